@@ -1,0 +1,31 @@
+//! The countersign domain, with no I/O.
+//!
+//! This crate decides what countersign does: the tool and preview contracts, which tools an
+//! agent is offered, the tool loop that runs a turn or suspends it for approval, the bounds on
+//! previews, the suspended state and its tolerant rehydration, the turn digest a decision
+//! binds to, the comparator that binds an approval to what its approver was shown, and the
+//! approval card.
+//!
+//! It must never do I/O of its own: no database, no broker, no network, no clock, no files.
+//! Everything outside — the model, the tools, the lease fence and the execution journal — is
+//! reached through the traits defined here, so every rule can be tested without a service.
+
+pub mod comparator;
+pub mod digest;
+pub mod ids;
+pub mod model;
+pub mod preview;
+pub mod state;
+pub mod tool;
+
+pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
+pub use model::{
+    Message, Model, ModelError, ModelOptions, ModelRequest, ModelResponse, Role, TokenUsage,
+    ToolCall,
+};
+pub use preview::CallPreview;
+pub use state::{PendingCall, StateError, SuspendedRunState};
+pub use tool::{
+    Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError, ToolOutput,
+    ToolPolicy, ToolPreview, ToolRegistry, ToolSpec,
+};

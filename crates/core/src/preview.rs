@@ -1,0 +1,268 @@
+//! Previews: producing them at suspend, bounding them before they are stored, and the lines
+//! that stand in for a preview that failed.
+//!
+//! A preview is model-triggered output stored in an encrypted column and re-read on every
+//! resume, so it is bounded before it is persisted. A failed preview is a line, never a blank:
+//! an approver must be able to tell "this tool has no preview" from "this preview broke".
+//! Only the error's code reaches the line; the error itself goes to the log.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::Poll;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::CallIndex;
+use crate::tool::{Principal, ToolError, ToolPreview};
+
+/// At most this many lines of a preview are stored; one more line says how many were cut.
+pub const MAX_LINES: usize = 20;
+/// Each stored line is cut to this many characters.
+pub const MAX_LINE_CHARS: usize = 500;
+/// Values quoted in a preview line are excerpted to this many characters.
+pub const EXCERPT_CHARS: usize = 120;
+
+/// The stored preview of one pending call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallPreview {
+    pub index: CallIndex,
+    pub tool: String,
+    pub lines: Vec<String>,
+    pub failed: bool,
+}
+
+/// The line stored when a preview fails at suspend.
+pub fn failed_at_suspend_line(code: &str) -> String {
+    format!("The preview for this call failed ({code}), so it shows nothing about what the call would do.")
+}
+
+/// The line stored when a preview returns nothing.
+pub const EMPTY_PREVIEW_LINE: &str = "The tool produced no preview for this call.";
+
+/// The line stored when a re-preview fails at resume where something was shown.
+pub fn failed_at_resume_line(code: &str) -> String {
+    format!(
+        "The preview for this call failed ({code}), so what it would do now cannot be compared with what you were shown."
+    )
+}
+
+/// The line stored when the tool no longer offers a preview at resume.
+pub const PREVIEW_VANISHED_LINE: &str =
+    "This tool is no longer available, so what the call would do now cannot be compared with what you were shown.";
+
+/// Bounds preview lines for storage: whitespace runs collapse to one space, lines are trimmed,
+/// blank lines dropped, each line cut to [`MAX_LINE_CHARS`] characters, and only the first
+/// [`MAX_LINES`] kept, followed by `… and N more line(s), not shown.` when more were given.
+pub fn bound_lines<S: AsRef<str>>(lines: &[S]) -> Vec<String> {
+    let cleaned: Vec<String> = lines
+        .iter()
+        .map(|l| collapse_whitespace(l.as_ref()))
+        .filter(|l| !l.is_empty())
+        .map(|l| cut_chars(&l, MAX_LINE_CHARS))
+        .collect();
+    let extra = cleaned.len().saturating_sub(MAX_LINES);
+    let mut out: Vec<String> = cleaned.into_iter().take(MAX_LINES).collect();
+    if extra > 0 {
+        out.push(format!("… and {extra} more line(s), not shown."));
+    }
+    out
+}
+
+/// One space for every run of whitespace, none at either end.
+pub fn collapse_whitespace(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn cut_chars(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((byte, _)) => s[..byte].to_owned(),
+        None => s.to_owned(),
+    }
+}
+
+/// A value as a preview shows it: `(empty)`, or quoted and excerpted to [`EXCERPT_CHARS`]
+/// characters with `…` when longer. Whitespace is collapsed so a value stays on its line.
+pub fn quote_excerpt(value: &str) -> String {
+    let v = collapse_whitespace(value);
+    if v.is_empty() {
+        return "(empty)".to_owned();
+    }
+    if v.chars().count() > EXCERPT_CHARS {
+        format!("\"{}…\"", cut_chars(&v, EXCERPT_CHARS))
+    } else {
+        format!("\"{v}\"")
+    }
+}
+
+/// What became of one attempt to preview a call.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    Lines(Vec<String>),
+    Empty,
+    Error(ToolError),
+    Panic,
+}
+
+impl Attempt {
+    pub(crate) fn code(&self) -> &'static str {
+        match self {
+            Attempt::Lines(_) => "ok",
+            Attempt::Empty => "empty_preview",
+            Attempt::Error(e) => e.code(),
+            Attempt::Panic => "panic",
+        }
+    }
+}
+
+/// Runs a preview, turning a panic into [`Attempt::Panic`] and bounding the lines.
+pub(crate) async fn attempt(
+    previewer: &dyn ToolPreview,
+    user: &Principal,
+    args: &Value,
+) -> Attempt {
+    match catch_unwind(previewer.preview(user, args)).await {
+        Ok(Ok(lines)) => {
+            let bounded = bound_lines(&lines);
+            if bounded.is_empty() {
+                Attempt::Empty
+            } else {
+                Attempt::Lines(bounded)
+            }
+        }
+        Ok(Err(e)) => Attempt::Error(e),
+        Err(_) => Attempt::Panic,
+    }
+}
+
+/// The preview stored at suspend for one call.
+pub(crate) fn at_suspend(index: CallIndex, tool: &str, attempt: Attempt) -> CallPreview {
+    let (lines, failed) = match attempt {
+        Attempt::Lines(lines) => (lines, false),
+        Attempt::Empty => {
+            tracing::warn!(tool, %index, "preview returned no lines");
+            (vec![EMPTY_PREVIEW_LINE.to_owned()], true)
+        }
+        Attempt::Error(e) => {
+            tracing::warn!(tool, %index, code = e.code(), error = %e, "preview failed at suspend");
+            (vec![failed_at_suspend_line(e.code())], true)
+        }
+        Attempt::Panic => {
+            tracing::error!(tool, %index, "preview panicked at suspend");
+            (vec![failed_at_suspend_line("panic")], true)
+        }
+    };
+    CallPreview {
+        index,
+        tool: tool.to_owned(),
+        lines,
+        failed,
+    }
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+async fn catch_unwind<T>(mut fut: BoxFuture<'_, T>) -> Result<T, Box<dyn Any + Send>> {
+    std::future::poll_fn(move |cx| {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic)),
+        }
+    })
+    .await
+}
+
+/// A preview that gave different lines for the same state.
+#[derive(Debug, thiserror::Error)]
+#[error("preview is not deterministic: {first:?} then {second:?}")]
+pub struct NonDeterministic {
+    pub first: Vec<String>,
+    pub second: Vec<String>,
+}
+
+/// Calls `preview` twice on the same state and reports whether the lines are equal. A tool
+/// whose preview is not deterministic stales every approval it is part of; run this in the
+/// tool's tests.
+pub async fn check_deterministic(
+    previewer: &dyn ToolPreview,
+    user: &Principal,
+    args: &Value,
+) -> Result<Vec<String>, NonDeterministic> {
+    let first = previewer
+        .preview(user, args)
+        .await
+        .map_err(|e| NonDeterministic {
+            first: vec![format!("error: {}", e.code())],
+            second: vec![],
+        })?;
+    let second = previewer
+        .preview(user, args)
+        .await
+        .map_err(|e| NonDeterministic {
+            first: first.clone(),
+            second: vec![format!("error: {}", e.code())],
+        })?;
+    if first == second {
+        Ok(first)
+    } else {
+        Err(NonDeterministic { first, second })
+    }
+}
+
+/// [`check_deterministic`] as an assertion, for tests.
+pub async fn assert_deterministic(previewer: &dyn ToolPreview, user: &Principal, args: &Value) {
+    if let Err(e) = check_deterministic(previewer, user, args).await {
+        panic!("{e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_past_twenty_are_cut_and_counted() {
+        let lines: Vec<String> = (0..23).map(|i| format!("line {i}")).collect();
+        let b = bound_lines(&lines);
+        assert_eq!(b.len(), 21);
+        assert_eq!(b[19], "line 19");
+        assert_eq!(b[20], "… and 3 more line(s), not shown.");
+    }
+
+    #[test]
+    fn twenty_lines_are_kept_without_a_marker() {
+        let lines: Vec<String> = (0..20).map(|i| format!("line {i}")).collect();
+        assert_eq!(bound_lines(&lines), lines);
+    }
+
+    #[test]
+    fn whitespace_collapses_and_lines_are_trimmed() {
+        assert_eq!(
+            bound_lines(&["  a \t\n b  ", "   "]),
+            vec!["a b".to_owned()]
+        );
+    }
+
+    #[test]
+    fn a_line_is_cut_to_500_characters() {
+        let long = "é".repeat(700);
+        let b = bound_lines(&[long]);
+        assert_eq!(b[0].chars().count(), 500);
+    }
+
+    #[test]
+    fn an_excerpt_is_quoted_cut_at_120_and_marked() {
+        assert_eq!(quote_excerpt(""), "(empty)");
+        assert_eq!(quote_excerpt("  "), "(empty)");
+        assert_eq!(quote_excerpt("Home"), "\"Home\"");
+        let long = "x".repeat(121);
+        assert_eq!(quote_excerpt(&long), format!("\"{}…\"", "x".repeat(120)));
+        assert_eq!(
+            quote_excerpt(&"x".repeat(120)),
+            format!("\"{}\"", "x".repeat(120))
+        );
+    }
+}

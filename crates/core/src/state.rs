@@ -1,0 +1,260 @@
+//! The suspended state of a run: one versioned JSON document, sealed at rest by the caller.
+//!
+//! Writing is strict: [`SuspendedRunState::to_json`] always writes every field of version 1.
+//! Reading is tolerant, because a running installation has suspended runs written by older
+//! code, and every one of them must still resume:
+//!
+//! - a missing or malformed optional field degrades (`call_previews` → no previews,
+//!   `stale_call_indexes` → none, counters → 0) instead of failing;
+//! - pending-call entries that are not usable (not an object, no tool name, no string id,
+//!   arguments not an object) are dropped, which renumbers the survivors; every stored index
+//!   is translated onto the surviving list, and one whose call did not survive is dropped,
+//!   never clamped — otherwise a corrupt blob would move a preview one call along;
+//! - a preview whose tool differs from the call now at its index is dropped;
+//! - a document newer than this code understands, or without the required fields, fails with
+//!   `state_unreadable`.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+use crate::digest::turn_digest;
+use crate::ids::{CallIndex, SuspensionSeq, TurnDigest};
+use crate::model::{Message, ModelOptions, TokenUsage};
+use crate::preview::CallPreview;
+
+/// The version this code writes and the newest it reads.
+pub const STATE_VERSION: u64 = 1;
+
+/// One call of the suspended turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingCall {
+    pub id: String,
+    pub tool: String,
+    pub arguments: Value,
+}
+
+/// Everything needed to resume a suspended run in any process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuspendedRunState {
+    pub transcript: Vec<Message>,
+    pub pending_calls: Vec<PendingCall>,
+    pub iterations: u32,
+    pub tokens: TokenUsage,
+    pub offered_tools: Vec<String>,
+    pub model_options: ModelOptions,
+    pub call_previews: Vec<CallPreview>,
+    /// The calls whose preview moved since the previous card. A field, never a preview line:
+    /// a line would join the next comparison and bounce the approval forever.
+    pub stale_call_indexes: Vec<CallIndex>,
+    pub suspension_seq: SuspensionSeq,
+    /// When the previews were captured; shown on the card, never compared.
+    pub captured_at: String,
+}
+
+/// Why a stored state cannot be read. Every variant is `state_unreadable` for the run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateError {
+    #[error("state is not JSON")]
+    NotJson,
+    #[error("state is not a JSON object")]
+    NotAnObject,
+    #[error("state has no usable version")]
+    NoVersion,
+    #[error("state version {0} is newer than this code understands")]
+    NewerVersion(u64),
+    #[error("state field {0} is missing or malformed")]
+    Malformed(&'static str),
+}
+
+impl StateError {
+    pub fn code(&self) -> &'static str {
+        "state_unreadable"
+    }
+}
+
+impl SuspendedRunState {
+    /// The digest of the pending calls, which a decision must name.
+    pub fn turn_digest(&self) -> TurnDigest {
+        turn_digest(&self.pending_calls)
+    }
+
+    /// The stored preview of the call at `index`, if any.
+    pub fn preview_of(&self, index: CallIndex) -> Option<&CallPreview> {
+        self.call_previews.iter().find(|p| p.index == index)
+    }
+
+    /// The strict, complete version-1 document.
+    pub fn to_json(&self) -> Value {
+        json!({
+            "v": STATE_VERSION,
+            "transcript": self.transcript,
+            "pending_calls": self.pending_calls,
+            "iterations": self.iterations,
+            "tokens": self.tokens,
+            "offered_tools": self.offered_tools,
+            "model_options": self.model_options,
+            "call_previews": self.call_previews,
+            "stale_call_indexes": self.stale_call_indexes,
+            "suspension_seq": self.suspension_seq,
+            "captured_at": self.captured_at,
+        })
+    }
+
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Serialising a `Value` cannot fail.
+        serde_json::to_vec(&self.to_json()).unwrap_or_default()
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self, StateError> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|_| StateError::NotJson)?;
+        Self::from_json(&value)
+    }
+
+    /// Tolerant read; see the module documentation for the rules.
+    pub fn from_json(value: &Value) -> Result<Self, StateError> {
+        let doc = value.as_object().ok_or(StateError::NotAnObject)?;
+        match doc.get("v").and_then(Value::as_u64) {
+            Some(STATE_VERSION) => {}
+            Some(v) if v > STATE_VERSION => return Err(StateError::NewerVersion(v)),
+            _ => return Err(StateError::NoVersion),
+        }
+
+        let transcript: Vec<Message> = doc
+            .get("transcript")
+            .cloned()
+            .and_then(|t| serde_json::from_value(t).ok())
+            .ok_or(StateError::Malformed("transcript"))?;
+        let suspension_seq = doc
+            .get("suspension_seq")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+            .and_then(|n| SuspensionSeq::new(n).ok())
+            .ok_or(StateError::Malformed("suspension_seq"))?;
+        let raw_calls = doc
+            .get("pending_calls")
+            .and_then(Value::as_array)
+            .ok_or(StateError::Malformed("pending_calls"))?;
+
+        // Position in the stored list → position in the surviving list.
+        let mut survivors = Vec::new();
+        let mut new_index: Vec<Option<usize>> = Vec::with_capacity(raw_calls.len());
+        for raw in raw_calls {
+            match usable_call(raw) {
+                Some(call) => {
+                    new_index.push(Some(survivors.len()));
+                    survivors.push(call);
+                }
+                None => new_index.push(None),
+            }
+        }
+        let translate = |old: CallIndex| -> Option<CallIndex> {
+            new_index
+                .get(old.get())
+                .copied()
+                .flatten()
+                .map(CallIndex::new)
+        };
+
+        let mut seen = BTreeSet::new();
+        let call_previews = doc
+            .get("call_previews")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|raw| {
+                let p = stored_preview(raw)?;
+                let index = translate(p.index)?;
+                (survivors[index.get()].tool == p.tool && seen.insert(index))
+                    .then_some(CallPreview { index, ..p })
+            })
+            .collect();
+
+        let stale_call_indexes: Vec<CallIndex> = doc
+            .get("stale_call_indexes")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| CallIndex::from_json(v).ok())
+            .filter_map(translate)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+
+        Ok(SuspendedRunState {
+            transcript,
+            pending_calls: survivors,
+            iterations: doc
+                .get("iterations")
+                .and_then(Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+                .unwrap_or(0),
+            tokens: doc
+                .get("tokens")
+                .cloned()
+                .and_then(|t| serde_json::from_value(t).ok())
+                .unwrap_or_default(),
+            offered_tools: doc
+                .get("offered_tools")
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|v| v.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            model_options: doc
+                .get("model_options")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_else(Map::new),
+            call_previews,
+            stale_call_indexes,
+            suspension_seq,
+            captured_at: doc
+                .get("captured_at")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        })
+    }
+}
+
+fn usable_call(raw: &Value) -> Option<PendingCall> {
+    let obj = raw.as_object()?;
+    let id = obj.get("id")?.as_str()?;
+    let tool = obj.get("tool")?.as_str().filter(|t| !t.is_empty())?;
+    let arguments = obj.get("arguments").filter(|a| a.is_object())?;
+    Some(PendingCall {
+        id: id.to_owned(),
+        tool: tool.to_owned(),
+        arguments: arguments.clone(),
+    })
+}
+
+/// A stored preview entry, with its index still in stored numbering.
+fn stored_preview(raw: &Value) -> Option<CallPreview> {
+    let obj = raw.as_object()?;
+    let index = CallIndex::from_json(obj.get("index")?).ok()?;
+    let tool = obj.get("tool")?.as_str()?;
+    let lines = obj
+        .get("lines")?
+        .as_array()?
+        .iter()
+        .map(|l| l.as_str().map(str::to_owned))
+        .collect::<Option<Vec<_>>>()?;
+    let failed = match obj.get("failed") {
+        None => false,
+        Some(v) => v.as_bool()?,
+    };
+    Some(CallPreview {
+        index,
+        tool: tool.to_owned(),
+        lines,
+        failed,
+    })
+}

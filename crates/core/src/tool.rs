@@ -1,0 +1,369 @@
+//! The tool contract, the opt-in preview contract, the registry, and which tools an agent is
+//! offered.
+//!
+//! A write is declared by the tool's [`Effect`], never by a separate approval flag: any write
+//! effect makes every call suspend for a human, so there is no flag to forget.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::{CallIndex, LeaseEpoch, RunId, SuspensionSeq};
+
+/// The user a run acts as, or a person looking at a card. Tools check permissions against an
+/// explicit principal; nothing reads an ambient user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    pub name: String,
+    pub admin: bool,
+}
+
+impl Principal {
+    pub fn new(name: impl Into<String>, admin: bool) -> Self {
+        Principal {
+            name: name.into(),
+            admin,
+        }
+    }
+}
+
+/// What a call does to the world.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effect {
+    ReadOnly,
+    IdempotentWrite,
+    NonIdempotentWrite,
+}
+
+impl Effect {
+    pub fn is_write(self) -> bool {
+        !matches!(self, Effect::ReadOnly)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Effect::ReadOnly => "read_only",
+            Effect::IdempotentWrite => "idempotent_write",
+            Effect::NonIdempotentWrite => "non_idempotent_write",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "read_only" => Some(Effect::ReadOnly),
+            "idempotent_write" => Some(Effect::IdempotentWrite),
+            "non_idempotent_write" => Some(Effect::NonIdempotentWrite),
+            _ => None,
+        }
+    }
+}
+
+/// What a tool declares about itself.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
+    pub group: String,
+    pub effect: Effect,
+    pub enabled_by_default: bool,
+    pub requires_admin: bool,
+}
+
+/// The lease a write must still hold at the resource. Built by the segment runner from the
+/// claim it won; a tool writing to the run's own database verifies it inside its transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceToken {
+    pub run_id: RunId,
+    pub lease_owner: String,
+    pub lease_epoch: LeaseEpoch,
+    pub suspension_seq: SuspensionSeq,
+    pub call_index: CallIndex,
+}
+
+impl FenceToken {
+    /// The idempotency key of this call for an external side effect: `run:suspension:call`.
+    pub fn idempotency_key(&self) -> String {
+        format!(
+            "{}:{}:{}",
+            self.run_id, self.suspension_seq, self.call_index
+        )
+    }
+}
+
+/// What a tool is given besides its arguments.
+#[derive(Debug, Clone)]
+pub struct ExecContext {
+    /// The run's acting user. Never the approver.
+    pub acting_user: Principal,
+    /// Present for every write executed by a segment; `None` for read-only calls.
+    pub fence: Option<FenceToken>,
+}
+
+/// The result of a call, as the model will read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolOutput {
+    pub content: String,
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    pub fn ok(content: impl Into<String>) -> Self {
+        ToolOutput {
+            content: content.into(),
+            is_error: false,
+        }
+    }
+
+    pub fn error(content: impl Into<String>) -> Self {
+        ToolOutput {
+            content: content.into(),
+            is_error: true,
+        }
+    }
+}
+
+/// A failure of a tool, as opposed to a refusal (which is a [`ToolOutput`] with `is_error`).
+///
+/// Only [`ToolError::code`] may reach a preview line, an event or the database; the detail
+/// goes to the log, because it can carry credentials or content.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolError {
+    /// The lease was lost: the write did not happen and the segment must stop.
+    #[error("lease lost before the write")]
+    FenceLost,
+    /// Any other failure, with a stable code such as `database_error`.
+    #[error("{code}: {detail}")]
+    Failed { code: &'static str, detail: String },
+}
+
+impl ToolError {
+    pub fn failed(code: &'static str, detail: impl fmt::Display) -> Self {
+        ToolError::Failed {
+            code,
+            detail: detail.to_string(),
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ToolError::FenceLost => "fence_lost",
+            ToolError::Failed { code, .. } => code,
+        }
+    }
+}
+
+/// A tool the model may call.
+#[async_trait]
+pub trait Tool: Send + Sync + fmt::Debug {
+    fn spec(&self) -> &ToolSpec;
+
+    /// Runs the call as `ctx.acting_user`. A refusal is an `Ok` output with `is_error`.
+    async fn execute(&self, ctx: &ExecContext, args: &Value) -> Result<ToolOutput, ToolError>;
+
+    /// The preview contract, for tools that offer one (opt-in).
+    fn previewer(&self) -> Option<&dyn ToolPreview> {
+        None
+    }
+}
+
+/// What a pending call would do, for the approver.
+///
+/// Contract on implementors, which the loop cannot enforce:
+/// - `preview` is deterministic: no clock, randomness or unstable ordering in the lines, or
+///   every approval of the tool goes stale. Check it with [`crate::preview::assert_deterministic`].
+/// - It reads only what the acting user may read, and on a refusal returns the tool's own
+///   neutral refusal line rather than an error.
+/// - It shows only the fields the call would write, each value excerpted to 120 characters.
+#[async_trait]
+pub trait ToolPreview: Send + Sync {
+    async fn preview(
+        &self,
+        acting_user: &Principal,
+        args: &Value,
+    ) -> Result<Vec<String>, ToolError>;
+
+    /// Whether `viewer` may be shown this call's preview: the same record check as the
+    /// preview, applied to the person looking at the card.
+    async fn may_viewer_read_preview(&self, args: &Value, viewer: &Principal) -> bool;
+}
+
+/// All tools known to a process, by name.
+#[derive(Debug, Clone, Default)]
+pub struct ToolRegistry {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+}
+
+impl ToolRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a tool; a later tool with the same name replaces the earlier one.
+    pub fn register(&mut self, tool: Arc<dyn Tool>) -> &mut Self {
+        self.tools.insert(tool.spec().name.clone(), tool);
+        self
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
+        self.tools.values()
+    }
+
+    /// The effect a gate must assume for `name`: an unknown tool counts as a non-idempotent
+    /// write.
+    pub fn effect_of(&self, name: &str) -> Effect {
+        self.get(name)
+            .map_or(Effect::NonIdempotentWrite, |t| t.spec().effect)
+    }
+}
+
+/// The tool-related part of an agent configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ToolPolicy {
+    /// Tool names the agent may use; empty means no name restriction.
+    #[serde(default)]
+    pub allowed_tools: Vec<String>,
+    /// Tool groups the agent may use; empty means no group restriction.
+    #[serde(default)]
+    pub allowed_groups: Vec<String>,
+    /// Tools switched on for this agent although they are disabled by default (the writers).
+    #[serde(default)]
+    pub enabled_tools: Vec<String>,
+}
+
+impl ToolPolicy {
+    /// Whether `spec` passes the allow-list, group, enable and admin rules for `user`.
+    pub fn permits(&self, spec: &ToolSpec, user: &Principal) -> bool {
+        let named = self.allowed_tools.is_empty() || self.allowed_tools.contains(&spec.name);
+        let grouped = self.allowed_groups.is_empty() || self.allowed_groups.contains(&spec.group);
+        let enabled = spec.enabled_by_default || self.enabled_tools.contains(&spec.name);
+        let admin_ok = !spec.requires_admin || user.admin;
+        named && grouped && enabled && admin_ok
+    }
+
+    /// The tools offered to a run of this agent acting as `user`, in name order.
+    pub fn offered(&self, registry: &ToolRegistry, user: &Principal) -> OfferedTools {
+        OfferedTools {
+            tools: registry
+                .iter()
+                .filter(|t| self.permits(t.spec(), user))
+                .cloned()
+                .collect(),
+        }
+    }
+}
+
+/// The tools offered to one segment, resolved live from the registry and the configuration.
+#[derive(Debug, Clone)]
+pub struct OfferedTools {
+    tools: Vec<Arc<dyn Tool>>,
+}
+
+impl OfferedTools {
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.iter().find(|t| t.spec().name == name)
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.tools.iter().map(|t| t.spec().name.clone()).collect()
+    }
+
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.tools.iter().map(|t| t.spec().clone()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, group: &str, effect: Effect, default_on: bool, admin: bool) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: String::new(),
+            parameters: serde_json::json!({"type": "object"}),
+            group: group.into(),
+            effect,
+            enabled_by_default: default_on,
+            requires_admin: admin,
+        }
+    }
+
+    #[test]
+    fn a_writer_disabled_by_default_is_offered_only_when_enabled_for_the_agent() {
+        let w = spec(
+            "update_page_metadata",
+            "editing",
+            Effect::IdempotentWrite,
+            false,
+            false,
+        );
+        let editor = Principal::new("editor", false);
+        assert!(!ToolPolicy::default().permits(&w, &editor));
+        let policy = ToolPolicy {
+            enabled_tools: vec![w.name.clone()],
+            ..Default::default()
+        };
+        assert!(policy.permits(&w, &editor));
+    }
+
+    #[test]
+    fn enabling_a_writer_does_not_pass_a_group_restriction_that_excludes_it() {
+        let w = spec(
+            "update_page_metadata",
+            "editing",
+            Effect::IdempotentWrite,
+            false,
+            false,
+        );
+        let policy = ToolPolicy {
+            allowed_groups: vec!["content".into()],
+            enabled_tools: vec![w.name.clone()],
+            ..Default::default()
+        };
+        assert!(!policy.permits(&w, &Principal::new("editor", false)));
+    }
+
+    #[test]
+    fn an_admin_only_tool_is_offered_to_admins_only() {
+        let r = spec(
+            "read_fal_asset_meta",
+            "structure",
+            Effect::ReadOnly,
+            true,
+            true,
+        );
+        let policy = ToolPolicy::default();
+        assert!(!policy.permits(&r, &Principal::new("editor", false)));
+        assert!(policy.permits(&r, &Principal::new("admin", true)));
+    }
+
+    #[test]
+    fn a_tool_outside_the_allow_list_is_not_offered() {
+        let r = spec("search_pages", "content", Effect::ReadOnly, true, false);
+        let policy = ToolPolicy {
+            allowed_tools: vec!["other".into()],
+            ..Default::default()
+        };
+        assert!(!policy.permits(&r, &Principal::new("editor", false)));
+    }
+
+    #[test]
+    fn an_unknown_tool_counts_as_a_non_idempotent_write() {
+        assert_eq!(
+            ToolRegistry::new().effect_of("nope"),
+            Effect::NonIdempotentWrite
+        );
+    }
+}
