@@ -10,6 +10,8 @@
 //! Everything outside — the model, the tools, the lease fence and the execution journal — is
 //! reached through the traits defined here, so every rule can be tested without a service.
 
+pub mod agent_loop;
+pub mod card;
 pub mod comparator;
 pub mod digest;
 pub mod ids;
@@ -18,6 +20,9 @@ pub mod preview;
 pub mod state;
 pub mod tool;
 
+pub use agent_loop::{
+    AgentConfig, Decision, HookError, Outcome, Segment, SegmentHooks, TerminationReason,
+};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
 pub use model::{
     Message, Model, ModelError, ModelOptions, ModelRequest, ModelResponse, Role, TokenUsage,

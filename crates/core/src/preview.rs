@@ -61,7 +61,7 @@ pub fn bound_lines<S: AsRef<str>>(lines: &[S]) -> Vec<String> {
         .iter()
         .map(|l| collapse_whitespace(l.as_ref()))
         .filter(|l| !l.is_empty())
-        .map(|l| cut_chars(&l, MAX_LINE_CHARS))
+        .map(|l| cut_chars(&l, MAX_LINE_CHARS).trim_end().to_owned())
         .collect();
     let extra = cleaned.len().saturating_sub(MAX_LINES);
     let mut out: Vec<String> = cleaned.into_iter().take(MAX_LINES).collect();
@@ -164,7 +164,7 @@ pub(crate) fn at_suspend(index: CallIndex, tool: &str, attempt: Attempt) -> Call
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-async fn catch_unwind<T>(mut fut: BoxFuture<'_, T>) -> Result<T, Box<dyn Any + Send>> {
+pub(crate) async fn catch_unwind<T>(mut fut: BoxFuture<'_, T>) -> Result<T, Box<dyn Any + Send>> {
     std::future::poll_fn(move |cx| {
         match std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
             Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),

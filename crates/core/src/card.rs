@@ -1,0 +1,117 @@
+//! The approval card: what an approver is shown for a suspended turn.
+//!
+//! A preview is produced under the run's acting user and read by an approver, who is not
+//! always the same person, so it is authorised twice: at production by the tool, and here,
+//! at reading, by asking the tool whether this viewer may read it. That gate fails closed on
+//! every branch the card cannot resolve — no viewer, a tool no longer registered, a tool
+//! without the preview contract — because the stored preview outlives the registration that
+//! produced it.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::ids::{CallIndex, SuspensionSeq, TurnDigest};
+use crate::state::SuspendedRunState;
+use crate::tool::{Principal, ToolRegistry};
+
+/// Shown under every card: the previews are a snapshot of the pause.
+pub const CAPTION: &str = "Captured when the run paused — the target may have changed since.";
+/// Shown for a call whose preview failed.
+pub const NO_PREVIEW_NOTICE: &str = "No preview — you are deciding without one";
+/// Shown for a call whose preview this viewer may not read.
+pub const WITHHELD_NOTICE: &str =
+    "Preview withheld — you may not read the record this call would change.";
+/// Shown when the card follows an approval that found a preview moved.
+pub const MOVED_NOTICE: &str = "What the marked call(s) would do changed after the last card was shown, so nothing was written. Review the current preview and decide again.";
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ApprovalCard {
+    pub suspension_seq: SuspensionSeq,
+    pub turn_digest: TurnDigest,
+    pub captured_at: String,
+    pub caption: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moved_notice: Option<&'static str>,
+    pub calls: Vec<CardCall>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CardCall {
+    pub index: CallIndex,
+    pub tool: String,
+    pub arguments: Value,
+    pub preview: CardPreview,
+    /// This call's preview changed since the previous card.
+    pub moved: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CardPreview {
+    Shown {
+        lines: Vec<String>,
+    },
+    Failed {
+        notice: &'static str,
+        lines: Vec<String>,
+    },
+    Withheld {
+        notice: &'static str,
+    },
+    /// The tool has no preview; the arguments are all there is.
+    None,
+}
+
+/// Builds the card of `state` for `viewer`.
+pub async fn build_card(
+    state: &SuspendedRunState,
+    registry: &ToolRegistry,
+    viewer: Option<&Principal>,
+) -> ApprovalCard {
+    let mut calls = Vec::with_capacity(state.pending_calls.len());
+    for (i, call) in state.pending_calls.iter().enumerate() {
+        let index = CallIndex::new(i);
+        let preview = match state.preview_of(index) {
+            None => CardPreview::None,
+            Some(p) if p.failed => CardPreview::Failed {
+                notice: NO_PREVIEW_NOTICE,
+                lines: p.lines.clone(),
+            },
+            Some(p) => {
+                let previewer = registry.get(&call.tool).and_then(|t| t.previewer());
+                let may_read = match (viewer, previewer) {
+                    (Some(viewer), Some(previewer)) => {
+                        previewer
+                            .may_viewer_read_preview(&call.arguments, viewer)
+                            .await
+                    }
+                    _ => false,
+                };
+                if may_read {
+                    CardPreview::Shown {
+                        lines: p.lines.clone(),
+                    }
+                } else {
+                    CardPreview::Withheld {
+                        notice: WITHHELD_NOTICE,
+                    }
+                }
+            }
+        };
+        calls.push(CardCall {
+            index,
+            tool: call.tool.clone(),
+            arguments: call.arguments.clone(),
+            preview,
+            moved: state.stale_call_indexes.contains(&index),
+        });
+    }
+    ApprovalCard {
+        suspension_seq: state.suspension_seq,
+        turn_digest: state.turn_digest(),
+        captured_at: state.captured_at.clone(),
+        caption: CAPTION,
+        moved_notice: (!state.stale_call_indexes.is_empty()).then_some(MOVED_NOTICE),
+        calls,
+    }
+}
