@@ -32,5 +32,5 @@ pub use preview::CallPreview;
 pub use state::{PendingCall, StateError, SuspendedRunState};
 pub use tool::{
     Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError, ToolOutput,
-    ToolPolicy, ToolPreview, ToolRegistry, ToolSpec,
+    ToolPolicy, ToolPreview, ToolRegistry, ToolSpec, UserDirectory,
 };

@@ -195,6 +195,13 @@ pub trait ToolPreview: Send + Sync {
     async fn may_viewer_read_preview(&self, args: &Value, viewer: &Principal) -> bool;
 }
 
+/// Where the principals tools act as come from: the users of the system the tools work on.
+#[async_trait]
+pub trait UserDirectory: Send + Sync + fmt::Debug {
+    /// The user called `name`, or `None` when there is no such user.
+    async fn principal(&self, name: &str) -> Result<Option<Principal>, ToolError>;
+}
+
 /// All tools known to a process, by name.
 #[derive(Debug, Clone, Default)]
 pub struct ToolRegistry {
