@@ -1,0 +1,243 @@
+//! Decisions on suspended runs.
+//!
+//! A decision is recorded once per `decision_id`, whatever its outcome, so that a producer
+//! replaying its message learns the same outcome again and nothing else happens. An accepted
+//! decision releases the turn: its row, its audit event and the transition
+//! `waiting_for_approval` → `queued`/`resume` (guarded by status, suspension number and turn
+//! digest) commit in one transaction. If the transition loses — another decision, a cancel or
+//! the reaper got there first — nothing commits, not even the decision row, and the run stays
+//! as the winner left it: an approval is never on record for a turn it did not release.
+
+use countersign_core::{RunId, SuspensionSeq, TurnDigest};
+use countersign_crypto::Purpose;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::events::{append_locked, lock_run, NewEvent};
+use crate::{Store, StoreError};
+
+/// The outcome of a decision, as recorded and published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DecisionOutcome {
+    Accepted,
+    NotAwaitingApproval,
+    StaleTurn,
+    AccessDenied,
+    ConfigurationGone,
+    SelfApprovalDenied,
+    ApproverNotPermitted,
+    NotAuditable,
+}
+
+impl DecisionOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionOutcome::Accepted => "accepted",
+            DecisionOutcome::NotAwaitingApproval => "not_awaiting_approval",
+            DecisionOutcome::StaleTurn => "stale_turn",
+            DecisionOutcome::AccessDenied => "access_denied",
+            DecisionOutcome::ConfigurationGone => "configuration_gone",
+            DecisionOutcome::SelfApprovalDenied => "self_approval_denied",
+            DecisionOutcome::ApproverNotPermitted => "approver_not_permitted",
+            DecisionOutcome::NotAuditable => "not_auditable",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "accepted" => DecisionOutcome::Accepted,
+            "not_awaiting_approval" => DecisionOutcome::NotAwaitingApproval,
+            "stale_turn" => DecisionOutcome::StaleTurn,
+            "access_denied" => DecisionOutcome::AccessDenied,
+            "configuration_gone" => DecisionOutcome::ConfigurationGone,
+            "self_approval_denied" => DecisionOutcome::SelfApprovalDenied,
+            "approver_not_permitted" => DecisionOutcome::ApproverNotPermitted,
+            "not_auditable" => DecisionOutcome::NotAuditable,
+            _ => return None,
+        })
+    }
+}
+
+/// A gated decision to record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDecision {
+    pub decision_id: Uuid,
+    pub run_id: RunId,
+    pub suspension_seq: SuspensionSeq,
+    pub turn_digest: TurnDigest,
+    pub approved: bool,
+    pub approver: String,
+    /// Sealed before it is stored.
+    pub comment: Option<String>,
+    /// What the gates decided. `Accepted` releases the turn (for a denial too: the model is
+    /// told the calls were denied).
+    pub outcome: DecisionOutcome,
+}
+
+/// The decision a resume segment continues from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptedDecision {
+    pub decision_id: Uuid,
+    pub approved: bool,
+    pub approver: String,
+    pub comment: Option<String>,
+}
+
+/// What became of [`Store::record_decision`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecisionRecord {
+    /// Recorded now with this outcome; an accepted one has released the turn.
+    Recorded(DecisionOutcome),
+    /// The decision id was recorded before: its outcome, and nothing else happened.
+    Replayed(DecisionOutcome),
+    /// An accepted decision whose transition lost: nothing was recorded.
+    TransitionLost,
+}
+
+fn outcome(s: &str) -> Result<DecisionOutcome, StoreError> {
+    DecisionOutcome::parse(s).ok_or(StoreError::unreadable("run_decisions.outcome"))
+}
+
+impl Store {
+    /// Records a decision, its audit event and, when accepted, the transition to
+    /// `queued`/`resume` — in one transaction. See the module documentation.
+    pub async fn record_decision(&self, d: &NewDecision) -> Result<DecisionRecord, StoreError> {
+        let comment = d
+            .comment
+            .as_ref()
+            .map(|c| self.keyring.seal(Purpose::Comment, d.run_id, c.as_bytes()))
+            .transpose()?;
+        let mut tx = self.pool.begin().await?;
+
+        // The transition comes first, so that two decisions on one turn serialise on the run
+        // row and the second simply loses.
+        if d.outcome == DecisionOutcome::Accepted {
+            let released = sqlx::query!(
+                r#"UPDATE runs
+                   SET status = 'queued', segment = 'resume', available_at = now(),
+                       dispatched_at = NULL, approval_deadline = NULL, requeue_count = 0,
+                       updated_at = now()
+                   WHERE id = $1 AND status = 'waiting_for_approval' AND suspension_seq = $2
+                     AND turn_digest = $3"#,
+                d.run_id.as_uuid(),
+                d.suspension_seq.as_i32(),
+                d.turn_digest.as_str(),
+            )
+            .execute(&mut *tx)
+            .await?;
+            if released.rows_affected() != 1 {
+                tx.rollback().await?;
+                // Lost to this very decision, recorded before or concurrently: a replay.
+                return Ok(match self.decision_outcome(d.decision_id).await? {
+                    Some(recorded) => DecisionRecord::Replayed(recorded),
+                    None => DecisionRecord::TransitionLost,
+                });
+            }
+        }
+
+        // A concurrent insert of the same id makes this one wait for it; once it commits this
+        // is a replay, and if it rolls back this insert goes ahead.
+        let inserted = sqlx::query_scalar!(
+            r#"INSERT INTO run_decisions
+                   (decision_id, run_id, suspension_seq, turn_digest, approved, approver, comment,
+                    outcome)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+               ON CONFLICT (decision_id) DO NOTHING
+               RETURNING decision_id"#,
+            d.decision_id,
+            d.run_id.as_uuid(),
+            d.suspension_seq.as_i32(),
+            d.turn_digest.as_str(),
+            d.approved,
+            d.approver,
+            comment,
+            d.outcome.as_str(),
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        if inserted.is_none() {
+            let recorded = sqlx::query_scalar!(
+                "SELECT outcome FROM run_decisions WHERE decision_id = $1",
+                d.decision_id
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            return Ok(DecisionRecord::Replayed(outcome(&recorded)?));
+        }
+
+        // A refused decision may name a run that does not exist; it is still recorded (for
+        // replays) but has no trail to join.
+        if lock_run(&mut tx, d.run_id).await? {
+            let kind = if d.outcome == DecisionOutcome::Accepted {
+                "decision.accepted"
+            } else {
+                "decision.refused"
+            };
+            let payload = json!({
+                "decision_id": d.decision_id,
+                "suspension_seq": d.suspension_seq.get(),
+                "turn_digest": d.turn_digest.as_str(),
+                "approved": d.approved,
+                "approver": d.approver,
+                "outcome": d.outcome.as_str(),
+                "has_comment": d.comment.is_some(),
+            });
+            append_locked(
+                &mut tx,
+                &self.keyring,
+                d.run_id,
+                &NewEvent::new(kind, payload),
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(DecisionRecord::Recorded(d.outcome))
+    }
+
+    /// The recorded outcome of a decision id, if any: the coordinator's replay gate.
+    pub async fn decision_outcome(
+        &self,
+        decision_id: Uuid,
+    ) -> Result<Option<DecisionOutcome>, StoreError> {
+        let recorded = sqlx::query_scalar!(
+            "SELECT outcome FROM run_decisions WHERE decision_id = $1",
+            decision_id
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        recorded.as_deref().map(outcome).transpose()
+    }
+
+    /// The decision that released suspension `seq` of the run, its comment opened: what a
+    /// resume segment acts on.
+    pub async fn accepted_decision(
+        &self,
+        run_id: RunId,
+        seq: SuspensionSeq,
+    ) -> Result<Option<AcceptedDecision>, StoreError> {
+        let row = sqlx::query!(
+            r#"SELECT decision_id, approved, approver, comment FROM run_decisions
+               WHERE run_id = $1 AND suspension_seq = $2 AND outcome = 'accepted'"#,
+            run_id.as_uuid(),
+            seq.as_i32(),
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let comment = row
+            .comment
+            .map(|sealed| {
+                let plain = self.keyring.open(Purpose::Comment, run_id, &sealed)?;
+                String::from_utf8(plain)
+                    .map_err(|_| StoreError::unreadable("run_decisions.comment"))
+            })
+            .transpose()?;
+        Ok(Some(AcceptedDecision {
+            decision_id: row.decision_id,
+            approved: row.approved,
+            approver: row.approver,
+            comment,
+        }))
+    }
+}

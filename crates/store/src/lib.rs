@@ -1,0 +1,85 @@
+//! PostgreSQL persistence for countersign: the source of truth for runs.
+//!
+//! This crate owns the `runs` side of the schema (migrations are embedded as [`MIGRATOR`]) and
+//! every statement that touches it: creating runs, the guarded transitions of the run
+//! lifecycle, leases and their renewal, the fenced write transaction that tools writing to the
+//! same database run inside, the audit events, decisions, the execution journal, agent
+//! configurations and the re-sealing of stored envelopes on key rotation.
+//!
+//! It must never:
+//! - decide a transition by a read followed by a write: every transition is ONE conditional
+//!   `UPDATE … WHERE status = … [AND lease guard]` that reports whether it won, and a caller
+//!   that lost backs off without side effects;
+//! - store content or an error message in clear: prompts, states, tool results, event content
+//!   and comments are sealed with the keyring, bound to their purpose and run; errors reach the
+//!   database only as stable codes;
+//! - use the caller's clock for a lease or a deadline: `now()` is the database's.
+
+mod agents;
+mod decisions;
+mod error;
+mod events;
+mod fence;
+mod journal;
+mod reaper;
+mod rotation;
+mod runs;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_crypto::Keyring;
+use sqlx::PgPool;
+
+pub use agents::{AgentConfig, StoredAgent};
+pub use decisions::{AcceptedDecision, DecisionOutcome, DecisionRecord, NewDecision};
+pub use error::StoreError;
+pub use events::{NewEvent, RunEvent};
+pub use fence::FencedWrite;
+pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
+pub use rotation::{ColumnRotation, RotationReport};
+pub use runs::{
+    Claim, CreatedRun, Lease, NewRun, RunCounters, RunRecord, RunStatus, Segment, Settlement,
+    TerminationReason, WaitingRun,
+};
+
+/// The migrations of the whole schema, embedded at build time.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// The handle every service uses: a connection pool and the keyring that seals what is stored.
+#[derive(Clone)]
+pub struct Store {
+    pool: PgPool,
+    keyring: Arc<Keyring>,
+}
+
+impl Store {
+    pub fn new(pool: PgPool, keyring: Arc<Keyring>) -> Store {
+        Store { pool, keyring }
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    pub fn keyring(&self) -> &Keyring {
+        &self.keyring
+    }
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The keyring is left out on purpose: it holds key material.
+        f.debug_struct("Store")
+            .field("pool_size", &self.pool.size())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A duration as whole milliseconds for `now() + $n * interval '1 millisecond'`, capped at
+/// ten years so an absurd configuration cannot overflow the database's timestamp arithmetic.
+fn millis(d: Duration) -> i64 {
+    const TEN_YEARS_MS: u128 = 10 * 366 * 24 * 3600 * 1000;
+    i64::try_from(d.as_millis().min(TEN_YEARS_MS)).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,243 @@
+//! The reaper's scans and transitions.
+//!
+//! A scan only proposes: between the scan and the UPDATE for one run, its worker may have
+//! renewed the lease, a decision may have arrived, an operator may have cancelled. So every
+//! UPDATE repeats the predicate that made the scan pick the run (`lease_expires_at < now()`,
+//! the epoch seen, the deadline passed), and a run that no longer matches is left alone —
+//! the heartbeat, the decision or the cancel wins. That makes a pass idempotent and safe to
+//! run twice at once: the second reaper's UPDATEs simply lose.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use countersign_core::{Effect, LeaseEpoch, RunId, SuspensionSeq};
+
+use crate::runs::{epoch, run_id, seq};
+use crate::{millis, Segment, Store, StoreError};
+
+/// A running run whose lease expired, as the scan saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpiredLease {
+    pub run_id: RunId,
+    pub epoch: LeaseEpoch,
+    pub segment: Segment,
+    pub requeue_count: i32,
+    pub pending_effect: Option<Effect>,
+}
+
+/// What [`Store::reap_expired`] did with one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReapOutcome {
+    /// Back to `queued` with `requeue_count + 1`.
+    Requeued,
+    /// Failed `retries_exhausted`.
+    RetriesExhausted,
+    /// Failed `not_retryable`: a non-idempotent external write may have happened.
+    NotRetryable,
+    /// The run moved since the scan (a heartbeat, a settle, a cancel): left alone.
+    Lost,
+}
+
+/// A waiting run whose approval deadline passed, as the scan saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingDeadline {
+    pub run_id: RunId,
+    pub suspension_seq: SuspensionSeq,
+    pub approval_deadline: DateTime<Utc>,
+}
+
+impl Store {
+    /// Running runs whose lease expired by the database clock, oldest expiry first.
+    pub async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
+        let rows = sqlx::query!(
+            r#"SELECT id, lease_epoch, segment, requeue_count, pending_effect FROM runs
+               WHERE status = 'running' AND lease_expires_at < now()
+               ORDER BY lease_expires_at LIMIT $1"#,
+            limit,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(ExpiredLease {
+                    run_id: run_id(r.id)?,
+                    epoch: epoch(r.lease_epoch)?,
+                    segment: Segment::parse(&r.segment)
+                        .ok_or(StoreError::unreadable("runs.segment"))?,
+                    requeue_count: r.requeue_count,
+                    pending_effect: r
+                        .pending_effect
+                        .map(|e| {
+                            Effect::parse(&e).ok_or(StoreError::unreadable("runs.pending_effect"))
+                        })
+                        .transpose()?,
+                })
+            })
+            .collect()
+    }
+
+    /// `running` → `queued` (same segment), `requeue_count + 1`, available after `backoff`;
+    /// only while the lease seen is still expired, the run may be retried
+    /// (`pending_effect` is not `non_idempotent_write`) and `requeue_count < max_requeues`.
+    pub async fn reaper_requeue(
+        &self,
+        run: &ExpiredLease,
+        max_requeues: i32,
+        backoff: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            r#"UPDATE runs
+               SET status = 'queued', requeue_count = requeue_count + 1,
+                   available_at = now() + $4 * interval '1 millisecond',
+                   lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
+                   updated_at = now()
+               WHERE id = $1 AND status = 'running' AND lease_epoch = $2
+                 AND lease_expires_at < now()
+                 AND pending_effect IS DISTINCT FROM 'non_idempotent_write'
+                 AND requeue_count < $3"#,
+            run.run_id.as_uuid(),
+            run.epoch.get(),
+            max_requeues,
+            millis(backoff) as f64,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// `running` → `failed` (`retries_exhausted`), while the lease seen is still expired and
+    /// `requeue_count >= max_requeues`.
+    pub async fn reaper_fail_exhausted(
+        &self,
+        run: &ExpiredLease,
+        max_requeues: i32,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            r#"UPDATE runs
+               SET status = 'failed', termination_reason = 'retries_exhausted',
+                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+               WHERE id = $1 AND status = 'running' AND lease_epoch = $2
+                 AND lease_expires_at < now()
+                 AND pending_effect IS DISTINCT FROM 'non_idempotent_write'
+                 AND requeue_count >= $3"#,
+            run.run_id.as_uuid(),
+            run.epoch.get(),
+            max_requeues,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// `running` → `failed` (`not_retryable`), while the lease seen is still expired and the
+    /// run is stamped `non_idempotent_write`: the effect may have happened, so it must not run
+    /// again.
+    pub async fn reaper_fail_not_retryable(&self, run: &ExpiredLease) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            r#"UPDATE runs
+               SET status = 'failed', termination_reason = 'not_retryable',
+                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+               WHERE id = $1 AND status = 'running' AND lease_epoch = $2
+                 AND lease_expires_at < now()
+                 AND pending_effect = 'non_idempotent_write'"#,
+            run.run_id.as_uuid(),
+            run.epoch.get(),
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Applies DESIGN's order to one expired lease: a fence that forbids retry fails it
+    /// `not_retryable`, exhausted retries fail it `retries_exhausted`, otherwise it is
+    /// requeued. The choice follows the scan, and the chosen UPDATE repeats it.
+    pub async fn reap_expired(
+        &self,
+        run: &ExpiredLease,
+        max_requeues: i32,
+        backoff: Duration,
+    ) -> Result<ReapOutcome, StoreError> {
+        let (won, outcome) = if run.pending_effect == Some(Effect::NonIdempotentWrite) {
+            (
+                self.reaper_fail_not_retryable(run).await?,
+                ReapOutcome::NotRetryable,
+            )
+        } else if run.requeue_count >= max_requeues {
+            (
+                self.reaper_fail_exhausted(run, max_requeues).await?,
+                ReapOutcome::RetriesExhausted,
+            )
+        } else {
+            (
+                self.reaper_requeue(run, max_requeues, backoff).await?,
+                ReapOutcome::Requeued,
+            )
+        };
+        Ok(if won { outcome } else { ReapOutcome::Lost })
+    }
+
+    /// Queued runs whose wake-up may have been lost: available for at least `grace` and never
+    /// dispatched since they became available (a publish lost between commit and broker).
+    pub async fn lost_dispatches(
+        &self,
+        grace: Duration,
+        limit: i64,
+    ) -> Result<Vec<RunId>, StoreError> {
+        let ids = sqlx::query_scalar!(
+            r#"SELECT id FROM runs
+               WHERE status = 'queued'
+                 AND available_at <= now() - $1 * interval '1 millisecond'
+                 AND (dispatched_at IS NULL OR dispatched_at < available_at)
+               ORDER BY available_at LIMIT $2"#,
+            millis(grace) as f64,
+            limit,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        ids.into_iter().map(run_id).collect()
+    }
+
+    /// Waiting runs whose approval deadline passed by the database clock.
+    pub async fn expired_approvals(&self, limit: i64) -> Result<Vec<WaitingDeadline>, StoreError> {
+        let rows = sqlx::query!(
+            r#"SELECT id, suspension_seq AS "suspension_seq!",
+                      approval_deadline AS "approval_deadline!"
+               FROM runs
+               WHERE status = 'waiting_for_approval' AND approval_deadline < now()
+               ORDER BY approval_deadline LIMIT $1"#,
+            limit,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(WaitingDeadline {
+                    run_id: run_id(r.id)?,
+                    suspension_seq: seq(r.suspension_seq)?,
+                    approval_deadline: r.approval_deadline,
+                })
+            })
+            .collect()
+    }
+
+    /// `waiting_for_approval` → `cancelled` (`approval_expired`), while the run still waits on
+    /// the same suspension and its deadline has passed.
+    pub async fn expire_approval(
+        &self,
+        run_id: RunId,
+        seq: SuspensionSeq,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            r#"UPDATE runs
+               SET status = 'cancelled', termination_reason = 'approval_expired',
+                   updated_at = now()
+               WHERE id = $1 AND status = 'waiting_for_approval' AND suspension_seq = $2
+                 AND approval_deadline < now()"#,
+            run_id.as_uuid(),
+            seq.as_i32(),
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+}

@@ -1,0 +1,706 @@
+//! Runs and the guarded transitions of their lifecycle.
+//!
+//! Every transition is one `UPDATE … WHERE status = … [AND lease guard]` whose
+//! `rows_affected() == 1` is the only answer to "did I win". No transition reads the row first
+//! and decides in Rust: between such a read and its write, a heartbeat, a reaper or a second
+//! worker could have moved the run, and the write would undo their work. A caller that lost
+//! must back off without side effects — the row already says what happened instead.
+//!
+//! The lease is `(lease_owner, lease_epoch, lease_expires_at)`. The epoch grows by one on every
+//! claim and is never reset, so a [`Lease`] taken before a requeue can never match again: that
+//! is what keeps a zombie segment from suspending, settling, renewing or writing.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use countersign_core::{
+    CallIndex, Effect, FenceToken, LeaseEpoch, RunId, SuspendedRunState, SuspensionSeq, TurnDigest,
+};
+use countersign_crypto::Purpose;
+use uuid::Uuid;
+
+use crate::{millis, Store, StoreError};
+
+/// A run as requested by a producer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRun {
+    /// Chosen by the producer; a duplicate creates nothing.
+    pub request_id: Uuid,
+    pub agent: String,
+    pub acting_user: String,
+    /// Sealed before it is stored.
+    pub prompt: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CreatedRun {
+    pub run_id: RunId,
+    /// `false` when the request id was known and this is the run created for it before.
+    pub created: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunStatus {
+    Queued,
+    Running,
+    WaitingForApproval,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "queued",
+            RunStatus::Running => "running",
+            RunStatus::WaitingForApproval => "waiting_for_approval",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => RunStatus::Queued,
+            "running" => RunStatus::Running,
+            "waiting_for_approval" => RunStatus::WaitingForApproval,
+            "completed" => RunStatus::Completed,
+            "failed" => RunStatus::Failed,
+            "cancelled" => RunStatus::Cancelled,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled
+        )
+    }
+}
+
+/// Which stretch of a run a claim executes: from the prompt, or after a decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Segment {
+    Start,
+    Resume,
+}
+
+impl Segment {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Segment::Start => "start",
+            Segment::Resume => "resume",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "start" => Some(Segment::Start),
+            "resume" => Some(Segment::Resume),
+            _ => None,
+        }
+    }
+}
+
+/// Why a run ended, in one machine-readable column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TerminationReason {
+    Completed,
+    MaxIterations,
+    ApprovalDenied,
+    ApprovalExpired,
+    ProviderFailed,
+    StateUnreadable,
+    RetriesExhausted,
+    NotRetryable,
+    SuspendFailed,
+    Cancelled,
+}
+
+impl TerminationReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TerminationReason::Completed => "completed",
+            TerminationReason::MaxIterations => "max_iterations",
+            TerminationReason::ApprovalDenied => "approval_denied",
+            TerminationReason::ApprovalExpired => "approval_expired",
+            TerminationReason::ProviderFailed => "provider_failed",
+            TerminationReason::StateUnreadable => "state_unreadable",
+            TerminationReason::RetriesExhausted => "retries_exhausted",
+            TerminationReason::NotRetryable => "not_retryable",
+            TerminationReason::SuspendFailed => "suspend_failed",
+            TerminationReason::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "completed" => TerminationReason::Completed,
+            "max_iterations" => TerminationReason::MaxIterations,
+            "approval_denied" => TerminationReason::ApprovalDenied,
+            "approval_expired" => TerminationReason::ApprovalExpired,
+            "provider_failed" => TerminationReason::ProviderFailed,
+            "state_unreadable" => TerminationReason::StateUnreadable,
+            "retries_exhausted" => TerminationReason::RetriesExhausted,
+            "not_retryable" => TerminationReason::NotRetryable,
+            "suspend_failed" => TerminationReason::SuspendFailed,
+            "cancelled" => TerminationReason::Cancelled,
+            _ => return None,
+        })
+    }
+}
+
+/// The lease a claim won. Every later statement of the segment is guarded by it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub run_id: RunId,
+    pub owner: String,
+    pub epoch: LeaseEpoch,
+}
+
+impl Lease {
+    /// The token a write of call `index` of suspension `seq` carries to the resource.
+    pub fn fence_token(&self, seq: SuspensionSeq, index: CallIndex) -> FenceToken {
+        FenceToken {
+            run_id: self.run_id,
+            lease_owner: self.owner.clone(),
+            lease_epoch: self.epoch,
+            suspension_seq: seq,
+            call_index: index,
+        }
+    }
+}
+
+/// A won claim: the lease and what the segment needs to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    pub lease: Lease,
+    /// By the database clock; renew every third of the ttl.
+    pub lease_expires_at: DateTime<Utc>,
+    pub segment: Segment,
+    pub agent: String,
+    pub acting_user: String,
+    /// The suspension a resume segment continues; `None` for a start that never suspended.
+    pub suspension_seq: Option<SuspensionSeq>,
+    pub requeue_count: i32,
+}
+
+/// The counters a run carries across segments.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RunCounters {
+    pub iterations: u32,
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+impl RunCounters {
+    fn columns(self) -> (i32, i64, i64) {
+        (
+            i32::try_from(self.iterations).unwrap_or(i32::MAX),
+            i64::try_from(self.prompt_tokens).unwrap_or(i64::MAX),
+            i64::try_from(self.completion_tokens).unwrap_or(i64::MAX),
+        )
+    }
+}
+
+/// How a segment ends its run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    /// `Completed` or `Failed`; any other status is refused by the statement's guard.
+    pub status: RunStatus,
+    pub reason: TerminationReason,
+    /// A stable code such as `provider_timeout`. A `&'static str` so that a formatted message
+    /// cannot be passed by accident; the schema also rejects anything that is not a code.
+    pub error_code: Option<&'static str>,
+    /// `None` keeps the counters stored at the last suspension.
+    pub counters: Option<RunCounters>,
+}
+
+impl Settlement {
+    pub fn completed(reason: TerminationReason, counters: RunCounters) -> Self {
+        Settlement {
+            status: RunStatus::Completed,
+            reason,
+            error_code: None,
+            counters: Some(counters),
+        }
+    }
+
+    pub fn failed(
+        reason: TerminationReason,
+        error_code: Option<&'static str>,
+        counters: Option<RunCounters>,
+    ) -> Self {
+        Settlement {
+            status: RunStatus::Failed,
+            reason,
+            error_code,
+            counters,
+        }
+    }
+}
+
+/// A run as stored, without its sealed columns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunRecord {
+    pub id: RunId,
+    pub request_id: Uuid,
+    pub agent: String,
+    pub acting_user: String,
+    pub status: RunStatus,
+    pub segment: Segment,
+    pub suspension_seq: Option<SuspensionSeq>,
+    pub turn_digest: Option<TurnDigest>,
+    pub pending_tools: Vec<String>,
+    pub lease_owner: Option<String>,
+    pub lease_epoch: LeaseEpoch,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    pub pending_effect: Option<Effect>,
+    pub requeue_count: i32,
+    pub available_at: DateTime<Utc>,
+    pub dispatched_at: Option<DateTime<Utc>>,
+    pub approval_deadline: Option<DateTime<Utc>>,
+    pub termination_reason: Option<TerminationReason>,
+    pub error_code: Option<String>,
+    pub counters: RunCounters,
+    pub has_state: bool,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A run waiting for a decision, as the inbox lists it (no content).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WaitingRun {
+    pub run_id: RunId,
+    pub agent: String,
+    pub acting_user: String,
+    pub suspension_seq: SuspensionSeq,
+    pub turn_digest: TurnDigest,
+    pub pending_tools: Vec<String>,
+    pub approval_deadline: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+pub(crate) fn run_id(uuid: Uuid) -> Result<RunId, StoreError> {
+    RunId::from_uuid(uuid).map_err(|_| StoreError::unreadable("runs.id"))
+}
+
+pub(crate) fn epoch(n: i64) -> Result<LeaseEpoch, StoreError> {
+    LeaseEpoch::new(n).map_err(|_| StoreError::unreadable("runs.lease_epoch"))
+}
+
+pub(crate) fn seq(n: i32) -> Result<SuspensionSeq, StoreError> {
+    SuspensionSeq::from_i32(n).map_err(|_| StoreError::unreadable("suspension_seq"))
+}
+
+fn opt_seq(n: Option<i32>) -> Result<Option<SuspensionSeq>, StoreError> {
+    n.map(seq).transpose()
+}
+
+fn segment(s: &str) -> Result<Segment, StoreError> {
+    Segment::parse(s).ok_or(StoreError::unreadable("runs.segment"))
+}
+
+fn digest(s: &str) -> Result<TurnDigest, StoreError> {
+    TurnDigest::parse(s).map_err(|_| StoreError::unreadable("runs.turn_digest"))
+}
+
+/// The stamp a heartbeat may leave: only writes are stamped, a read needs no warning.
+fn effect_stamp(effect: Option<Effect>) -> Option<&'static str> {
+    effect.filter(|e| e.is_write()).map(Effect::as_str)
+}
+
+impl Store {
+    /// (new) → `queued`/`start`. The request id is unique: a duplicate returns the run created
+    /// for it before, with `created == false`, and changes nothing. The prompt is sealed.
+    pub async fn create_run(&self, new: &NewRun) -> Result<CreatedRun, StoreError> {
+        let id = RunId::new();
+        let request = self
+            .keyring
+            .seal(Purpose::Request, id, new.prompt.as_bytes())?;
+        let inserted = sqlx::query_scalar!(
+            r#"INSERT INTO runs (id, request_id, agent, acting_user, status, segment, request)
+               VALUES ($1, $2, $3, $4, 'queued', 'start', $5)
+               ON CONFLICT (request_id) DO NOTHING
+               RETURNING id"#,
+            id.as_uuid(),
+            new.request_id,
+            new.agent,
+            new.acting_user,
+            request,
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        if inserted.is_some() {
+            return Ok(CreatedRun {
+                run_id: id,
+                created: true,
+            });
+        }
+        // The conflicting insert has committed (ON CONFLICT waited for it), so the row is
+        // visible to this new statement.
+        let existing =
+            sqlx::query_scalar!("SELECT id FROM runs WHERE request_id = $1", new.request_id)
+                .fetch_one(&self.pool)
+                .await?;
+        Ok(CreatedRun {
+            run_id: run_id(existing)?,
+            created: false,
+        })
+    }
+
+    /// `queued` → `running`: one UPDATE that sets the owner, `lease_epoch + 1` and
+    /// `lease_expires_at = now() + ttl`, only if the run is available by the database clock.
+    /// `None` when it lost (another claimer, not queued, or not yet available).
+    pub async fn claim(
+        &self,
+        run_id: RunId,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Claim>, StoreError> {
+        let row = sqlx::query!(
+            r#"UPDATE runs
+               SET status = 'running', lease_owner = $2, lease_epoch = lease_epoch + 1,
+                   lease_expires_at = now() + $3 * interval '1 millisecond',
+                   pending_effect = NULL, updated_at = now()
+               WHERE id = $1 AND status = 'queued' AND available_at <= now()
+               RETURNING lease_epoch, lease_expires_at AS "lease_expires_at!", segment, agent,
+                         acting_user, suspension_seq, requeue_count"#,
+            run_id.as_uuid(),
+            owner,
+            millis(ttl) as f64,
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some(Claim {
+            lease: Lease {
+                run_id,
+                owner: owner.to_owned(),
+                epoch: epoch(row.lease_epoch)?,
+            },
+            lease_expires_at: row.lease_expires_at,
+            segment: segment(&row.segment)?,
+            agent: row.agent,
+            acting_user: row.acting_user,
+            suspension_seq: opt_seq(row.suspension_seq)?,
+            requeue_count: row.requeue_count,
+        }))
+    }
+
+    /// Claims the queued run that has been available longest, skipping rows another claimer
+    /// is taking: the polling fallback when no wake-up arrived. `None` when none is available.
+    pub async fn claim_next(
+        &self,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Option<Claim>, StoreError> {
+        let row = sqlx::query!(
+            r#"UPDATE runs
+               SET status = 'running', lease_owner = $1, lease_epoch = lease_epoch + 1,
+                   lease_expires_at = now() + $2 * interval '1 millisecond',
+                   pending_effect = NULL, updated_at = now()
+               WHERE id = (SELECT id FROM runs
+                           WHERE status = 'queued' AND available_at <= now()
+                           ORDER BY available_at LIMIT 1
+                           FOR UPDATE SKIP LOCKED)
+                 AND status = 'queued' AND available_at <= now()
+               RETURNING id, lease_epoch, lease_expires_at AS "lease_expires_at!", segment,
+                         agent, acting_user, suspension_seq, requeue_count"#,
+            owner,
+            millis(ttl) as f64,
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        Ok(Some(Claim {
+            lease: Lease {
+                run_id: run_id(row.id)?,
+                owner: owner.to_owned(),
+                epoch: epoch(row.lease_epoch)?,
+            },
+            lease_expires_at: row.lease_expires_at,
+            segment: segment(&row.segment)?,
+            agent: row.agent,
+            acting_user: row.acting_user,
+            suspension_seq: opt_seq(row.suspension_seq)?,
+            requeue_count: row.requeue_count,
+        }))
+    }
+
+    /// Heartbeat: extends the lease to `now() + ttl` if this segment still holds it. `false`
+    /// means the lease is lost: stop at the next step boundary and settle nothing.
+    pub async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            r#"UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+            lease.run_id.as_uuid(),
+            lease.owner,
+            lease.epoch.get(),
+            millis(ttl) as f64,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// A heartbeat that also stamps `pending_effect` (or clears it with `None`) in the same
+    /// UPDATE, before an external side effect runs: the reaper never retries a run stamped
+    /// `non_idempotent_write`, because the effect may already have happened.
+    pub async fn renew_stamping(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+        effect: Option<Effect>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            r#"UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond',
+                               pending_effect = $5
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+            lease.run_id.as_uuid(),
+            lease.owner,
+            lease.epoch.get(),
+            millis(ttl) as f64,
+            effect_stamp(effect),
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// `running` → `waiting_for_approval`, guarded by owner and epoch. Seals the state, stores
+    /// the turn digest, the pending tool names in clear, the suspension number and counters,
+    /// sets `approval_deadline = now()` + the agent's deadline (seven days when the
+    /// configuration is gone) and clears the lease.
+    pub async fn suspend(
+        &self,
+        lease: &Lease,
+        state: &SuspendedRunState,
+    ) -> Result<bool, StoreError> {
+        let sealed = self
+            .keyring
+            .seal(Purpose::State, lease.run_id, &state.to_bytes())?;
+        let digest = state.turn_digest();
+        let tools: Vec<String> = state.pending_calls.iter().map(|c| c.tool.clone()).collect();
+        let (iterations, prompt_tokens, completion_tokens) = RunCounters {
+            iterations: state.iterations,
+            prompt_tokens: state.tokens.prompt,
+            completion_tokens: state.tokens.completion,
+        }
+        .columns();
+        let done = sqlx::query!(
+            r#"UPDATE runs
+               SET status = 'waiting_for_approval', state = $4, turn_digest = $5,
+                   pending_tools = $6, suspension_seq = $7,
+                   approval_deadline = now() + coalesce(
+                       (SELECT a.approval_deadline_seconds FROM agents a WHERE a.name = runs.agent),
+                       604800) * interval '1 second',
+                   iterations = $8, prompt_tokens = $9, completion_tokens = $10,
+                   lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
+                   updated_at = now()
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+            lease.run_id.as_uuid(),
+            lease.owner,
+            lease.epoch.get(),
+            sealed,
+            digest.as_str(),
+            &tools,
+            state.suspension_seq.as_i32(),
+            iterations,
+            prompt_tokens,
+            completion_tokens,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// `running` → `completed` | `failed`, guarded by owner and epoch; clears the lease.
+    pub async fn settle(&self, lease: &Lease, settlement: &Settlement) -> Result<bool, StoreError> {
+        if !matches!(settlement.status, RunStatus::Completed | RunStatus::Failed) {
+            return Ok(false);
+        }
+        let counters = settlement.counters.map(RunCounters::columns);
+        let done = sqlx::query!(
+            r#"UPDATE runs
+               SET status = $4, termination_reason = $5, error_code = $6,
+                   iterations = coalesce($7, iterations),
+                   prompt_tokens = coalesce($8, prompt_tokens),
+                   completion_tokens = coalesce($9, completion_tokens),
+                   lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
+                   updated_at = now()
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+            lease.run_id.as_uuid(),
+            lease.owner,
+            lease.epoch.get(),
+            settlement.status.as_str(),
+            settlement.reason.as_str(),
+            settlement.error_code,
+            counters.map(|c| c.0),
+            counters.map(|c| c.1),
+            counters.map(|c| c.2),
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// `running` → `queued` of the same segment, guarded by owner and epoch, available again
+    /// after `delay`: a segment that must stop (its process is shutting down) hands its run
+    /// back instead of leaving it to the reaper. The requeue count is not charged.
+    pub async fn requeue_segment(
+        &self,
+        lease: &Lease,
+        delay: Duration,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            r#"UPDATE runs
+               SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,
+                   available_at = now() + $4 * interval '1 millisecond', dispatched_at = NULL,
+                   updated_at = now()
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+            lease.run_id.as_uuid(),
+            lease.owner,
+            lease.epoch.get(),
+            millis(delay) as f64,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Any non-terminal status → `cancelled` (reason `cancelled`), by an operator. A running
+    /// segment learns it at its next heartbeat or fence.
+    pub async fn cancel(&self, run_id: RunId) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            r#"UPDATE runs
+               SET status = 'cancelled', termination_reason = 'cancelled',
+                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+               WHERE id = $1 AND status IN ('queued', 'running', 'waiting_for_approval')"#,
+            run_id.as_uuid(),
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records that the run's wake-up was published, so the reaper's lost-dispatch scan skips
+    /// it until it becomes available again.
+    pub async fn mark_dispatched(&self, run_id: RunId) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            "UPDATE runs SET dispatched_at = now() WHERE id = $1 AND status = 'queued'",
+            run_id.as_uuid(),
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The decrypted suspended state of a run, for core to parse. A state that does not open
+    /// (wrong key, tampered, another run's) is an error whose code is `state_unreadable`.
+    pub async fn load_state(&self, run_id: RunId) -> Result<Vec<u8>, StoreError> {
+        let row = sqlx::query!("SELECT state FROM runs WHERE id = $1", run_id.as_uuid())
+            .fetch_optional(&self.pool)
+            .await?
+            .ok_or(StoreError::RunNotFound(run_id))?;
+        let sealed = row.state.ok_or(StoreError::NoState(run_id))?;
+        Ok(self.keyring.open(Purpose::State, run_id, &sealed)?)
+    }
+
+    /// The decrypted prompt of a run.
+    pub async fn load_prompt(&self, run_id: RunId) -> Result<String, StoreError> {
+        let sealed =
+            sqlx::query_scalar!("SELECT request FROM runs WHERE id = $1", run_id.as_uuid())
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or(StoreError::RunNotFound(run_id))?;
+        let bytes = self.keyring.open(Purpose::Request, run_id, &sealed)?;
+        String::from_utf8(bytes).map_err(|_| StoreError::unreadable("runs.request"))
+    }
+
+    /// A run without its sealed columns.
+    pub async fn run(&self, run_id: RunId) -> Result<Option<RunRecord>, StoreError> {
+        let row = sqlx::query!(
+            r#"SELECT id, request_id, agent, acting_user, status, segment, suspension_seq,
+                      turn_digest, pending_tools, lease_owner, lease_epoch, lease_expires_at,
+                      pending_effect, requeue_count, available_at, dispatched_at,
+                      approval_deadline, termination_reason, error_code, iterations,
+                      prompt_tokens, completion_tokens, state IS NOT NULL AS "has_state!",
+                      created_at, updated_at
+               FROM runs WHERE id = $1"#,
+            run_id.as_uuid(),
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(r) = row else { return Ok(None) };
+        Ok(Some(RunRecord {
+            id: run_id,
+            request_id: r.request_id,
+            agent: r.agent,
+            acting_user: r.acting_user,
+            status: RunStatus::parse(&r.status).ok_or(StoreError::unreadable("runs.status"))?,
+            segment: segment(&r.segment)?,
+            suspension_seq: opt_seq(r.suspension_seq)?,
+            turn_digest: r.turn_digest.as_deref().map(digest).transpose()?,
+            pending_tools: r.pending_tools,
+            lease_owner: r.lease_owner,
+            lease_epoch: epoch(r.lease_epoch)?,
+            lease_expires_at: r.lease_expires_at,
+            pending_effect: r
+                .pending_effect
+                .map(|e| Effect::parse(&e).ok_or(StoreError::unreadable("runs.pending_effect")))
+                .transpose()?,
+            requeue_count: r.requeue_count,
+            available_at: r.available_at,
+            dispatched_at: r.dispatched_at,
+            approval_deadline: r.approval_deadline,
+            termination_reason: r
+                .termination_reason
+                .map(|t| {
+                    TerminationReason::parse(&t)
+                        .ok_or(StoreError::unreadable("runs.termination_reason"))
+                })
+                .transpose()?,
+            error_code: r.error_code,
+            counters: RunCounters {
+                iterations: u32::try_from(r.iterations).unwrap_or_default(),
+                prompt_tokens: u64::try_from(r.prompt_tokens).unwrap_or_default(),
+                completion_tokens: u64::try_from(r.completion_tokens).unwrap_or_default(),
+            },
+            has_state: r.has_state,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+        }))
+    }
+
+    /// Runs waiting for a decision, soonest deadline first.
+    pub async fn inbox(&self, limit: i64) -> Result<Vec<WaitingRun>, StoreError> {
+        let rows = sqlx::query!(
+            r#"SELECT id, agent, acting_user, suspension_seq AS "suspension_seq!",
+                      turn_digest AS "turn_digest!", pending_tools,
+                      approval_deadline AS "approval_deadline!", updated_at
+               FROM runs WHERE status = 'waiting_for_approval'
+               ORDER BY approval_deadline, id LIMIT $1"#,
+            limit,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok(WaitingRun {
+                    run_id: run_id(r.id)?,
+                    agent: r.agent,
+                    acting_user: r.acting_user,
+                    suspension_seq: seq(r.suspension_seq)?,
+                    turn_digest: digest(&r.turn_digest)?,
+                    pending_tools: r.pending_tools,
+                    approval_deadline: r.approval_deadline,
+                    updated_at: r.updated_at,
+                })
+            })
+            .collect()
+    }
+}

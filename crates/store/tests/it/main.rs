@@ -1,0 +1,9 @@
+//! The store against the real PostgreSQL at `DATABASE_URL`, one fresh database per test.
+//!
+//! Concurrency is made deterministic with barriers and the database clock: racers are released
+//! together and the assertions are about outcomes that hold for every interleaving (exactly one
+//! winner, no gaps), never about timing. A lease is expired by moving `lease_expires_at` into
+//! the past, not by sleeping.
+
+mod support;
+mod transitions;

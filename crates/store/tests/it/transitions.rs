@@ -1,0 +1,421 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_core::{CallIndex, SuspensionSeq, ToolOutput};
+use countersign_store::{
+    DecisionOutcome, DecisionRecord, NewDecision, RunCounters, RunStatus, Segment, Settlement,
+    StoreError, TerminationReason,
+};
+use sqlx::PgPool;
+use tokio::sync::Barrier;
+use uuid::Uuid;
+
+use crate::support::*;
+
+fn accept(run: countersign_core::RunId, st: &countersign_core::SuspendedRunState) -> NewDecision {
+    NewDecision {
+        decision_id: Uuid::now_v7(),
+        run_id: run,
+        suspension_seq: st.suspension_seq,
+        turn_digest: st.turn_digest(),
+        approved: true,
+        approver: "alice".into(),
+        comment: None,
+        outcome: DecisionOutcome::Accepted,
+    }
+}
+
+/// Runs `a` and `b` released together by a barrier and returns both results.
+async fn race<A, B, TA, TB>(a: A, b: B) -> (TA, TB)
+where
+    A: std::future::Future<Output = TA> + Send + 'static,
+    B: std::future::Future<Output = TB> + Send + 'static,
+    TA: Send + 'static,
+    TB: Send + 'static,
+{
+    let barrier = Arc::new(Barrier::new(2));
+    let (ba, bb) = (barrier.clone(), barrier);
+    let ta = tokio::spawn(async move {
+        ba.wait().await;
+        a.await
+    });
+    let tb = tokio::spawn(async move {
+        bb.wait().await;
+        b.await
+    });
+    (ta.await.expect("task a"), tb.await.expect("task b"))
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn two_claimers_released_by_a_barrier_exactly_one_wins(pool: PgPool) {
+    let store = store(pool);
+    let run = queued(&store).await;
+    let (s1, s2) = (store.clone(), store.clone());
+    let (a, b) = race(
+        async move { s1.claim(run, "worker-a", TTL).await.expect("claim a") },
+        async move { s2.claim(run, "worker-b", TTL).await.expect("claim b") },
+    )
+    .await;
+
+    let winners: Vec<_> = [a, b].into_iter().flatten().collect();
+    assert_eq!(winners.len(), 1, "exactly one claimer wins");
+    let won = &winners[0];
+    assert_eq!(won.lease.epoch.get(), 1);
+    assert_eq!(won.segment, Segment::Start);
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Running);
+    assert_eq!(row.lease_owner.as_deref(), Some(won.lease.owner.as_str()));
+    assert_eq!(row.lease_epoch, won.lease.epoch);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn every_transition_wins_once_and_loses_when_repeated(pool: PgPool) {
+    let store = store(pool);
+    let run = queued(&store).await;
+
+    // queued → running
+    let first = claim(&store, run, "worker-a").await;
+    assert!(store.claim(run, "worker-b", TTL).await.unwrap().is_none());
+    assert!(store.renew(&first.lease, TTL).await.unwrap());
+
+    // running → waiting_for_approval
+    let st = state(SuspensionSeq::FIRST);
+    assert!(store.suspend(&first.lease, &st).await.unwrap());
+    assert!(!store.suspend(&first.lease, &st).await.unwrap());
+    assert!(!store.renew(&first.lease, TTL).await.unwrap());
+
+    // waiting_for_approval → queued/resume
+    let decision = accept(run, &st);
+    assert_eq!(
+        store.record_decision(&decision).await.unwrap(),
+        DecisionRecord::Recorded(DecisionOutcome::Accepted)
+    );
+    let rival = accept(run, &st);
+    assert_eq!(
+        store.record_decision(&rival).await.unwrap(),
+        DecisionRecord::TransitionLost
+    );
+
+    // queued/resume → running, then handed back and claimed again
+    let resume = claim(&store, run, "worker-b").await;
+    assert_eq!(resume.segment, Segment::Resume);
+    assert_eq!(resume.suspension_seq, Some(SuspensionSeq::FIRST));
+    assert_eq!(resume.lease.epoch.get(), 2);
+    assert!(store
+        .requeue_segment(&resume.lease, Duration::ZERO)
+        .await
+        .unwrap());
+    assert!(!store
+        .requeue_segment(&resume.lease, Duration::ZERO)
+        .await
+        .unwrap());
+    let resume = claim(&store, run, "worker-b").await;
+    assert_eq!(resume.segment, Segment::Resume);
+    assert_eq!(resume.lease.epoch.get(), 3);
+
+    // running → completed
+    let done = Settlement::completed(TerminationReason::Completed, RunCounters::default());
+    assert!(store.settle(&resume.lease, &done).await.unwrap());
+    assert!(!store.settle(&resume.lease, &done).await.unwrap());
+    assert!(
+        !store.cancel(run).await.unwrap(),
+        "a terminal run cannot be cancelled"
+    );
+
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Completed);
+    assert_eq!(row.termination_reason, Some(TerminationReason::Completed));
+    assert_eq!(row.lease_owner, None);
+
+    // any non-terminal → cancelled
+    let other = queued(&store).await;
+    assert!(store.cancel(other).await.unwrap());
+    assert!(!store.cancel(other).await.unwrap());
+    assert!(store.claim(other, "worker-a", TTL).await.unwrap().is_none());
+    let row = store.run(other).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Cancelled);
+    assert_eq!(row.termination_reason, Some(TerminationReason::Cancelled));
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn each_transition_raced_against_a_rival_has_exactly_one_winner(pool: PgPool) {
+    let store = store(pool.clone());
+
+    // suspend against settle, by the same lease
+    let (_, lease) = running(&store).await;
+    let (s1, s2, l1, l2) = (store.clone(), store.clone(), lease.clone(), lease);
+    let (a, b) = race(
+        async move { s1.suspend(&l1, &state(SuspensionSeq::FIRST)).await.unwrap() },
+        async move {
+            let failed = Settlement::failed(TerminationReason::ProviderFailed, None, None);
+            s2.settle(&l2, &failed).await.unwrap()
+        },
+    )
+    .await;
+    assert!(a ^ b, "suspend {a}, settle {b}");
+
+    // a heartbeat against the reaper's requeue of the expired lease
+    let (run, lease) = running(&store).await;
+    expire_lease(&pool, run).await;
+    let expired = store.expired_leases(10).await.unwrap();
+    let seen = expired.into_iter().find(|e| e.run_id == run).unwrap();
+    let (s1, s2) = (store.clone(), store.clone());
+    let (a, b) = race(
+        async move { s1.renew(&lease, TTL).await.unwrap() },
+        async move { s2.reaper_requeue(&seen, 3, Duration::ZERO).await.unwrap() },
+    )
+    .await;
+    assert!(a ^ b, "renew {a}, requeue {b}");
+
+    // two decisions on one turn
+    let (run, st) = waiting(&store).await;
+    let (s1, s2, d1, d2) = (
+        store.clone(),
+        store.clone(),
+        accept(run, &st),
+        accept(run, &st),
+    );
+    let (a, b) = race(
+        async move { s1.record_decision(&d1).await.unwrap() },
+        async move { s2.record_decision(&d2).await.unwrap() },
+    )
+    .await;
+    let recorded = [a, b]
+        .iter()
+        .filter(|r| **r == DecisionRecord::Recorded(DecisionOutcome::Accepted))
+        .count();
+    let lost = [a, b]
+        .iter()
+        .filter(|r| **r == DecisionRecord::TransitionLost)
+        .count();
+    assert_eq!((recorded, lost), (1, 1), "{a:?} {b:?}");
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM run_decisions WHERE run_id = $1",
+            run
+        )
+        .await,
+        1
+    );
+
+    // a decision against the approval deadline
+    let (run, st) = waiting(&store).await;
+    sqlx::query("UPDATE runs SET approval_deadline = now() - interval '1 second' WHERE id = $1")
+        .bind(run.as_uuid())
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (s1, s2, d1) = (store.clone(), store.clone(), accept(run, &st));
+    let (a, b) = race(
+        async move { s1.record_decision(&d1).await.unwrap() },
+        async move { s2.expire_approval(run, SuspensionSeq::FIRST).await.unwrap() },
+    )
+    .await;
+    let decided = a == DecisionRecord::Recorded(DecisionOutcome::Accepted);
+    assert!(decided ^ b, "decision {a:?}, expiry {b}");
+
+    // two operators cancelling
+    let run = queued(&store).await;
+    let (s1, s2) = (store.clone(), store.clone());
+    let (a, b) = race(async move { s1.cancel(run).await.unwrap() }, async move {
+        s2.cancel(run).await.unwrap()
+    })
+    .await;
+    assert!(a ^ b, "cancel {a}, cancel {b}");
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_segment_holding_an_old_epoch_can_neither_suspend_settle_renew_nor_write(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, old) = running(&store).await;
+    expire_lease(&pool, run).await;
+    let seen = store.expired_leases(10).await.unwrap().remove(0);
+    assert!(store
+        .reaper_requeue(&seen, 3, Duration::ZERO)
+        .await
+        .unwrap());
+    // The same owner name claims again: only the epoch tells the two segments apart.
+    let current = claim(&store, run, &old.owner).await.lease;
+    assert_eq!(current.epoch.get(), old.epoch.get() + 1);
+    let before = store.run(run).await.unwrap().unwrap();
+
+    assert!(!store.renew(&old, TTL).await.unwrap());
+    assert!(!store
+        .suspend(&old, &state(SuspensionSeq::FIRST))
+        .await
+        .unwrap());
+    let failed = Settlement::failed(TerminationReason::ProviderFailed, None, None);
+    assert!(!store.settle(&old, &failed).await.unwrap());
+    assert!(!store.requeue_segment(&old, Duration::ZERO).await.unwrap());
+    let token = old.fence_token(SuspensionSeq::FIRST, CallIndex::new(0));
+    assert!(matches!(
+        store.fenced_write(&token).await,
+        Err(StoreError::FenceLost)
+    ));
+
+    assert_eq!(
+        store.run(run).await.unwrap().unwrap(),
+        before,
+        "nothing changed"
+    );
+    assert_eq!(event_count(&pool, run).await, 0);
+    assert_eq!(journal_count(&pool, run).await, 0);
+    // The current holder is unaffected.
+    assert!(store.renew(&current, TTL).await.unwrap());
+    let write = store
+        .fenced_write(&current.fence_token(SuspensionSeq::FIRST, CallIndex::new(0)))
+        .await
+        .unwrap();
+    write
+        .commit(
+            "update_page_metadata",
+            countersign_core::Effect::IdempotentWrite,
+            &ToolOutput::ok("done"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(journal_count(&pool, run).await, 1);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_duplicate_request_id_returns_the_existing_run(pool: PgPool) {
+    let store = store(pool.clone());
+    let request = new_run("first prompt");
+    let first = store.create_run(&request).await.unwrap();
+    assert!(first.created);
+    let again = countersign_store::NewRun {
+        prompt: "another prompt".into(),
+        ..request.clone()
+    };
+    let second = store.create_run(&again).await.unwrap();
+    assert_eq!(second.run_id, first.run_id);
+    assert!(!second.created);
+    assert_eq!(
+        store.load_prompt(first.run_id).await.unwrap(),
+        "first prompt"
+    );
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE request_id = $1")
+        .bind(request.request_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(runs, 1);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_run_is_claimed_only_once_available_by_the_database_clock(pool: PgPool) {
+    let store = store(pool.clone());
+    let run = queued(&store).await;
+    sqlx::query("UPDATE runs SET available_at = now() + interval '1 hour' WHERE id = $1")
+        .bind(run.as_uuid())
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(store.claim(run, "worker-a", TTL).await.unwrap().is_none());
+    assert!(store.claim_next("worker-a", TTL).await.unwrap().is_none());
+    sqlx::query("UPDATE runs SET available_at = now() - interval '1 second' WHERE id = $1")
+        .bind(run.as_uuid())
+        .execute(&pool)
+        .await
+        .unwrap();
+    let claimed = store.claim_next("worker-a", TTL).await.unwrap().unwrap();
+    assert_eq!(claimed.lease.run_id, run);
+    let ttl_ms: f64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM lease_expires_at - updated_at) * 1000)::float8 FROM runs WHERE id = $1",
+    )
+    .bind(run.as_uuid())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(ttl_ms, TTL.as_millis() as f64, "expiry is now() + ttl");
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn suspend_stores_the_sealed_state_digest_tool_names_and_the_agent_deadline(pool: PgPool) {
+    let store = store(pool.clone());
+    store
+        .upsert_agent(&countersign_store::AgentConfig {
+            name: "seo-assistant".into(),
+            active: true,
+            model: serde_json::json!({"provider": "scripted"}),
+            policy: Default::default(),
+            max_iterations: 8,
+            four_eyes: false,
+            approval_deadline: Duration::from_secs(3600),
+        })
+        .await
+        .unwrap();
+    let (run, st) = waiting(&store).await;
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::WaitingForApproval);
+    assert_eq!(row.suspension_seq, Some(SuspensionSeq::FIRST));
+    assert_eq!(row.turn_digest, Some(st.turn_digest()));
+    assert_eq!(row.pending_tools, vec!["update_page_metadata".to_string()]);
+    assert_eq!(row.lease_owner, None);
+    assert_eq!(row.lease_expires_at, None);
+    assert_eq!(
+        row.counters,
+        RunCounters {
+            iterations: 2,
+            prompt_tokens: 120,
+            completion_tokens: 30
+        }
+    );
+    let deadline_s: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM approval_deadline - updated_at)::float8 FROM runs WHERE id = $1",
+    )
+    .bind(run.as_uuid())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(deadline_s, 3600.0);
+
+    let raw: Vec<u8> = sqlx::query_scalar("SELECT state FROM runs WHERE id = $1")
+        .bind(run.as_uuid())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        !raw.windows(9).any(|w| w == b"New words"),
+        "the state is not stored in clear"
+    );
+    let opened = store.load_state(run).await.unwrap();
+    let back = countersign_core::SuspendedRunState::from_bytes(&opened).unwrap();
+    assert_eq!(back, st);
+
+    let inbox = store.inbox(10).await.unwrap();
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(inbox[0].run_id, run);
+    assert_eq!(inbox[0].turn_digest, st.turn_digest());
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn the_schema_refuses_an_error_message_where_a_code_belongs(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, lease) = running(&store).await;
+    let leaky = Settlement::failed(
+        TerminationReason::ProviderFailed,
+        Some("connection refused: password=hunter2"),
+        None,
+    );
+    let err = store.settle(&lease, &leaky).await.unwrap_err();
+    assert_eq!(err.code(), "database_error");
+    assert_eq!(
+        store.run(run).await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+    let coded = Settlement::failed(
+        TerminationReason::ProviderFailed,
+        Some("provider_timeout"),
+        Some(RunCounters {
+            iterations: 3,
+            ..Default::default()
+        }),
+    );
+    assert!(store.settle(&lease, &coded).await.unwrap());
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Failed);
+    assert_eq!(row.error_code.as_deref(), Some("provider_timeout"));
+    assert_eq!(row.counters.iterations, 3);
+}
