@@ -1,0 +1,246 @@
+//! Who may do what: the users of the content store and the checks every tool runs.
+//!
+//! Every check is made against an explicit user, looked up by name — the run's acting user, or
+//! the person looking at an approval card — never against an ambient one. The admin flag that
+//! counts is the one stored here: a [`countersign_core::Principal`] names the user, the content
+//! store decides what that user may do with its records.
+//!
+//! The four checks:
+//! - a page is editable for an admin, or when it sits at or below one of the user's page mounts;
+//!   a deleted page, or a page below one, does not exist for anybody;
+//! - a language is usable when it is among the user's allowed languages (admins: all);
+//! - a file is accessible when one of the user's file mounts (storage + path prefix) covers it
+//!   (admins: all);
+//! - an exclude field is writable with the matching field grant `<table>:<field>` (admins: all).
+
+use async_trait::async_trait;
+use countersign_core::{Principal, ToolError, UserDirectory};
+use sqlx::{PgConnection, PgPool};
+
+/// The grant that lets a user decide approvals without being admin or the run's owner.
+pub const AGENT_APPROVE: &str = "agent_approve";
+
+/// A file mount: the files of one storage whose identifier starts with a path prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileMount {
+    pub storage: i64,
+    /// Starts and ends with `/`.
+    pub path_prefix: String,
+}
+
+/// A user of the content store, with everything the permission checks need.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub uid: i64,
+    pub name: String,
+    pub admin: bool,
+    /// Tool-level grants such as [`AGENT_APPROVE`].
+    pub grants: Vec<String>,
+    pub allowed_languages: Vec<i32>,
+    pub page_mounts: Vec<i64>,
+    /// `<table>:<field>` entries for exclude fields.
+    pub field_grants: Vec<String>,
+    pub file_mounts: Vec<FileMount>,
+}
+
+impl User {
+    /// Loads an enabled user by name; `None` for an unknown or disabled user.
+    pub async fn load(conn: &mut PgConnection, name: &str) -> Result<Option<User>, sqlx::Error> {
+        let Some(row) = sqlx::query!(
+            r#"SELECT uid, name, admin, grants, allowed_languages, page_mounts, field_grants
+               FROM content.users
+               WHERE name = $1 AND NOT disabled"#,
+            name
+        )
+        .fetch_optional(&mut *conn)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let file_mounts = sqlx::query_as!(
+            FileMount,
+            r#"SELECT storage, path_prefix
+               FROM content.file_mounts
+               WHERE user_uid = $1
+               ORDER BY storage, path_prefix"#,
+            row.uid
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(Some(User {
+            uid: row.uid,
+            name: row.name,
+            admin: row.admin,
+            grants: row.grants,
+            allowed_languages: row.allowed_languages,
+            page_mounts: row.page_mounts,
+            field_grants: row.field_grants,
+            file_mounts,
+        }))
+    }
+
+    /// Whether the user holds a tool-level grant such as [`AGENT_APPROVE`].
+    pub fn has_grant(&self, grant: &str) -> bool {
+        self.grants.iter().any(|g| g == grant)
+    }
+
+    /// Whether the user may read and write records in `language`.
+    pub fn may_use_language(&self, language: i32) -> bool {
+        self.admin || self.allowed_languages.contains(&language)
+    }
+
+    /// Whether the user may edit the page with this rootline (its own uid first, then its
+    /// ancestors; `None` when the page or a page above it is deleted, i.e. does not exist).
+    pub fn may_edit_rootline(&self, rootline: Option<&[i64]>) -> bool {
+        match rootline {
+            None => false,
+            Some([]) => false,
+            Some(uids) => self.admin || uids.iter().any(|uid| self.page_mounts.contains(uid)),
+        }
+    }
+
+    /// Whether the file `identifier` in `storage` is inside one of the user's file mounts.
+    pub fn may_access_file(&self, storage: i64, identifier: &str) -> bool {
+        self.admin
+            || self
+                .file_mounts
+                .iter()
+                .any(|m| m.storage == storage && identifier.starts_with(&m.path_prefix))
+    }
+
+    /// Whether the user holds the grant for `table.field` (only asked about exclude fields).
+    pub fn holds_field_grant(&self, table: &str, field: &str) -> bool {
+        self.admin
+            || self.field_grants.iter().any(|g| {
+                g.split_once(':')
+                    .is_some_and(|(t, f)| t == table && f == field)
+            })
+    }
+}
+
+/// Looks a user up by name, for callers outside the tools (the approval gate asks whether an
+/// approver is admin or holds [`AGENT_APPROVE`]). `None` for an unknown or disabled user.
+pub async fn lookup_user(pool: &PgPool, name: &str) -> Result<Option<User>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    User::load(&mut conn, name).await
+}
+
+/// The content store's users as the principals runs act as: the worker asks it for the acting
+/// user's admin flag before it resolves which tools a run is offered.
+#[derive(Debug, Clone)]
+pub struct ContentUserDirectory {
+    pool: PgPool,
+}
+
+impl ContentUserDirectory {
+    pub fn new(pool: PgPool) -> Self {
+        ContentUserDirectory { pool }
+    }
+}
+
+#[async_trait]
+impl UserDirectory for ContentUserDirectory {
+    async fn principal(&self, name: &str) -> Result<Option<Principal>, ToolError> {
+        let user = lookup_user(&self.pool, name)
+            .await
+            .map_err(|e| ToolError::failed("database_error", e))?;
+        Ok(user.map(|u| Principal::new(u.name, u.admin)))
+    }
+}
+
+/// The exclude fields of `table`, in name order.
+pub(crate) async fn exclude_fields(
+    conn: &mut PgConnection,
+    table: &str,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"SELECT field FROM content.exclude_fields WHERE table_name = $1 ORDER BY field"#,
+        table
+    )
+    .fetch_all(&mut *conn)
+    .await
+}
+
+/// The exclude fields of `table` among `fields` that `user` holds no grant for.
+pub(crate) async fn ungranted_fields<'f>(
+    conn: &mut PgConnection,
+    user: &User,
+    table: &str,
+    fields: impl IntoIterator<Item = &'f str>,
+) -> Result<Vec<&'f str>, sqlx::Error> {
+    let excluded = exclude_fields(conn, table).await?;
+    Ok(fields
+        .into_iter()
+        .filter(|f| excluded.iter().any(|e| e == f) && !user.holds_field_grant(table, f))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn editor() -> User {
+        User {
+            uid: 2,
+            name: "editor".into(),
+            admin: false,
+            grants: vec![],
+            allowed_languages: vec![0],
+            page_mounts: vec![10],
+            field_grants: vec!["pages:seo_title".into()],
+            file_mounts: vec![FileMount {
+                storage: 1,
+                path_prefix: "/images/".into(),
+            }],
+        }
+    }
+
+    #[test]
+    fn a_page_below_a_mount_is_editable_and_one_beside_it_is_not() {
+        let u = editor();
+        assert!(u.may_edit_rootline(Some(&[15, 14, 10])));
+        assert!(u.may_edit_rootline(Some(&[10])));
+        assert!(!u.may_edit_rootline(Some(&[21, 20])));
+    }
+
+    #[test]
+    fn a_deleted_rootline_is_editable_for_nobody_not_even_an_admin() {
+        let admin = User {
+            admin: true,
+            ..editor()
+        };
+        assert!(!admin.may_edit_rootline(None));
+        assert!(!admin.may_edit_rootline(Some(&[])));
+        assert!(admin.may_edit_rootline(Some(&[21, 20])));
+    }
+
+    #[test]
+    fn a_file_mount_covers_its_prefix_in_its_own_storage_only() {
+        let u = editor();
+        assert!(u.may_access_file(1, "/images/hero.jpg"));
+        assert!(u.may_access_file(1, "/images/sub/deep.png"));
+        assert!(!u.may_access_file(2, "/images/hero.jpg"));
+        assert!(!u.may_access_file(1, "/imagesX/hero.jpg"));
+        assert!(!u.may_access_file(1, "/documents/a.pdf"));
+    }
+
+    #[test]
+    fn a_field_grant_names_table_and_field_exactly() {
+        let u = editor();
+        assert!(u.holds_field_grant("pages", "seo_title"));
+        assert!(!u.holds_field_grant("pages", "og_title"));
+        assert!(!u.holds_field_grant("elements", "seo_title"));
+    }
+
+    #[test]
+    fn languages_outside_the_allowed_list_are_refused_except_to_admins() {
+        let u = editor();
+        assert!(u.may_use_language(0));
+        assert!(!u.may_use_language(1));
+        assert!(User {
+            admin: true,
+            ..editor()
+        }
+        .may_use_language(1));
+    }
+}

@@ -1,0 +1,109 @@
+//! The reference content store, and the tools agents use on it.
+//!
+//! A small CMS in the PostgreSQL schema `content` (migration `0002_content.sql`): users with
+//! page mounts, file mounts, languages and field grants; a page tree in two languages; content
+//! elements; files in storages with per-language metadata; file references. The agents read it
+//! through five readers and change it through seven writers, and the writers are why this crate
+//! exists: each makes one narrow, reviewable change to exactly one subject, offers a preview an
+//! approver can read before countersigning it, and verifies its write by reading it back.
+//!
+//! It must never:
+//! - write without a lease, or outside the store's fenced transaction that verifies the lease
+//!   and records the audit event and journal row with the write;
+//! - report a write as done that the read-back did not confirm;
+//! - check permissions against anyone but the explicit acting user (or, for a card, the
+//!   explicit viewer), or let a preview show a record that user may not read;
+//! - confirm through a refusal that a record exists: each tool refuses with its one neutral
+//!   string, shared with the other tools of the same records;
+//! - write a draft workspace, create a record the call did not ask for, publish anything (every
+//!   record it creates is hidden), or apply half of a call whose arguments it refused;
+//! - put a clock, a random value or an unstable order into a preview: a preview that moves by
+//!   itself would stale every approval of its tool.
+
+pub mod access;
+mod args;
+mod datahandler;
+mod readers;
+mod records;
+pub mod refusals;
+mod writer;
+mod writers;
+
+use std::sync::Arc;
+
+use countersign_core::{Tool, ToolRegistry};
+use countersign_store::Store;
+use sqlx::PgPool;
+
+pub use access::{lookup_user, ContentUserDirectory, User, AGENT_APPROVE};
+pub use records::{PAGE_METADATA_FIELDS, REFERENCE_FIELDS};
+
+use readers::{
+    ListContentElements, ReadFalAssetMeta, ReadPageMetadata, ReaderTool, SearchFalFiles,
+    SearchPages,
+};
+use writer::WriterTool;
+use writers::attach_file::AttachFile;
+use writers::element_draft::CreateElementDraft;
+use writers::file_alternative::SetFileAlternativeText;
+use writers::move_element::MoveElement;
+use writers::page_draft::CreatePageDraft;
+use writers::page_metadata::UpdatePageMetadata;
+use writers::translation::CreateTranslationDraft;
+
+/// The names of the readers, in name order.
+pub const READER_NAMES: [&str; 5] = [
+    "list_content_elements",
+    "read_fal_asset_meta",
+    "read_page_metadata",
+    "search_fal_files",
+    "search_pages",
+];
+
+/// The names of the writers, in name order.
+pub const WRITER_NAMES: [&str; 7] = [
+    writers::attach_file::NAME,
+    writers::element_draft::NAME,
+    writers::page_draft::NAME,
+    writers::translation::NAME,
+    writers::move_element::NAME,
+    writers::file_alternative::NAME,
+    writers::page_metadata::NAME,
+];
+
+/// All twelve tools of the content store, readers then writers, each in name order. The
+/// writers are disabled by default; an agent configuration enables them one by one.
+pub fn tools(store: Store) -> Vec<Arc<dyn Tool>> {
+    vec![
+        Arc::new(ReaderTool::new(ListContentElements, store.clone())),
+        Arc::new(ReaderTool::new(ReadFalAssetMeta, store.clone())),
+        Arc::new(ReaderTool::new(ReadPageMetadata, store.clone())),
+        Arc::new(ReaderTool::new(SearchFalFiles, store.clone())),
+        Arc::new(ReaderTool::new(SearchPages, store.clone())),
+        Arc::new(WriterTool::new(AttachFile, store.clone())),
+        Arc::new(WriterTool::new(CreateElementDraft, store.clone())),
+        Arc::new(WriterTool::new(CreatePageDraft, store.clone())),
+        Arc::new(WriterTool::new(CreateTranslationDraft, store.clone())),
+        Arc::new(WriterTool::new(MoveElement, store.clone())),
+        Arc::new(WriterTool::new(SetFileAlternativeText, store.clone())),
+        Arc::new(WriterTool::new(UpdatePageMetadata, store)),
+    ]
+}
+
+/// Registers all twelve tools in `registry`.
+pub fn register(registry: &mut ToolRegistry, store: Store) {
+    for tool in tools(store) {
+        registry.register(tool);
+    }
+}
+
+/// The demo site's SQL, documented in the file itself.
+pub const DEMO_SITE_SQL: &str = include_str!("../seed/demo_site.sql");
+
+/// Seeds the demo site: a small two-language site (pages, elements with images, files in two
+/// storages) and the users `admin`, `editor`, `approver` (holds [`AGENT_APPROVE`]) and
+/// `restricted` (an editor without the SEO field grants). Seeding twice changes nothing.
+pub async fn seed_demo_site(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::raw_sql(DEMO_SITE_SQL).execute(pool).await?;
+    Ok(())
+}

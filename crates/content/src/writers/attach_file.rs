@@ -1,0 +1,261 @@
+//! `attach_file_to_content_element`: append one file reference to a content element's field.
+//!
+//! A RELATIVE write: how many references the field holds, and so where the new one lands, is
+//! an operand of the write, and the preview says so (`2 reference(s) → 3, appended last`). The
+//! element row is locked before the count is read, so two appends cannot both land third.
+
+use async_trait::async_trait;
+use countersign_core::preview::quote_excerpt;
+use countersign_core::{Effect, ToolOutput, ToolSpec};
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+
+use crate::access::User;
+use crate::args::Args;
+use crate::datahandler::{DataHandler, Fields, NewReference};
+use crate::records::{allowed_extensions, reference_count, Element, File, REFERENCE_FIELDS};
+use crate::refusals::{draft_workspace, named, ELEMENT_OR_FILE_NOT_PERMITTED};
+use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writers::{uid_schema, ReadBack};
+
+pub(crate) const NAME: &str = "attach_file_to_content_element";
+const TEXTS: [(&str, usize); 3] = [("title", 255), ("alternative", 1000), ("description", 2000)];
+
+#[derive(Debug, Clone)]
+pub(crate) struct AttachFile;
+
+#[derive(Debug, Clone)]
+pub(crate) struct AttachArgs {
+    element: i64,
+    file: i64,
+    field: &'static str,
+    texts: Fields,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct AttachPlan {
+    element: Element,
+    file: File,
+    field: &'static str,
+    texts: Fields,
+    count: i64,
+}
+
+#[async_trait]
+impl Writer for AttachFile {
+    type Args = AttachArgs;
+    type Plan = AttachPlan;
+
+    fn spec(&self) -> ToolSpec {
+        writer_spec(
+            NAME,
+            "Append a reference to one file at the end of a content element's image, assets or \
+             media field (default image), with optional title, alternative text and description. \
+             The file's extension must be one the field accepts. Every call is shown to a human \
+             for approval before it runs.",
+            Effect::NonIdempotentWrite,
+            json!({
+                "type": "object",
+                "properties": {
+                    "content_element": uid_schema("The content element."),
+                    "file": uid_schema("The file to reference."),
+                    "field": {"type": "string", "enum": REFERENCE_FIELDS, "default": "image"},
+                    "title": {"type": "string", "maxLength": TEXTS[0].1},
+                    "alternative": {"type": "string", "maxLength": TEXTS[1].1},
+                    "description": {"type": "string", "maxLength": TEXTS[2].1},
+                },
+                "required": ["content_element", "file"],
+                "additionalProperties": false,
+            }),
+        )
+    }
+
+    fn parse(&self, value: &Value) -> Result<AttachArgs, String> {
+        let args = Args::parse(
+            value,
+            &[
+                "content_element",
+                "file",
+                "field",
+                "title",
+                "alternative",
+                "description",
+            ],
+        )?;
+        let element = args.uid("content_element")?;
+        let file = args.uid("file")?;
+        let field = args
+            .opt_choice("field", &REFERENCE_FIELDS)?
+            .unwrap_or("image");
+        let mut texts = Fields::new();
+        for (name, cap) in TEXTS {
+            if let Some(v) = args.opt_text(name, cap, false)? {
+                texts.insert(name, v);
+            }
+        }
+        Ok(AttachArgs {
+            element,
+            file,
+            field,
+            texts,
+        })
+    }
+
+    fn not_permitted(&self, _args: &AttachArgs) -> &'static str {
+        ELEMENT_OR_FILE_NOT_PERMITTED
+    }
+
+    async fn lock(&self, conn: &mut PgConnection, args: &AttachArgs) -> Result<(), sqlx::Error> {
+        sqlx::query!(
+            r#"SELECT uid FROM content.elements WHERE uid = $1 FOR UPDATE"#,
+            args.element
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn plan(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        args: &AttachArgs,
+    ) -> Result<Planned<AttachPlan>, sqlx::Error> {
+        let element = Element::load(conn, args.element).await?;
+        let file = File::load(conn, args.file).await?;
+        let (Some(element), Some(file)) = (element, file) else {
+            return Ok(Err(Refusal::NotPermitted));
+        };
+        if !element.permits(user) || !file.permits(user) {
+            return Ok(Err(Refusal::NotPermitted));
+        }
+        if element.workspace != 0 {
+            return Ok(Err(Refusal::invalid(draft_workspace(
+                "Content element",
+                element.uid,
+                element.workspace,
+            ))));
+        }
+        let allowed = allowed_extensions(conn, args.field).await?;
+        if !allowed.contains(&file.extension) {
+            return Ok(Err(Refusal::invalid(format!(
+                "{} has the extension \"{}\", which field {} does not accept (it accepts: {}); \
+                 nothing was written.",
+                named("File", file.uid, &file.name),
+                file.extension,
+                args.field,
+                allowed.join(", ")
+            ))));
+        }
+        let count = reference_count(conn, element.uid, args.field).await?;
+        Ok(Ok(AttachPlan {
+            element,
+            file,
+            field: args.field,
+            texts: args.texts.clone(),
+            count,
+        }))
+    }
+
+    fn preview(&self, plan: &AttachPlan) -> Vec<String> {
+        let mut lines = vec![
+            format!(
+                "{} on page [{}]",
+                named("Content element", plan.element.uid, &plan.element.header),
+                plan.element.pid
+            ),
+            format!(
+                "field {}: {} reference(s) → {}, appended last",
+                plan.field,
+                plan.count,
+                plan.count + 1
+            ),
+            format!(
+                "{} ({})",
+                named("file", plan.file.uid, &plan.file.name),
+                plan.file.identifier
+            ),
+        ];
+        for (name, value) in &plan.texts {
+            lines.push(format!("{name}: {}", quote_excerpt(value)));
+        }
+        lines
+    }
+
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        plan: &AttachPlan,
+    ) -> Result<ToolOutput, sqlx::Error> {
+        let element = plan.element.uid;
+        let sorting = sqlx::query_scalar!(
+            r#"SELECT coalesce(max(sorting), 0) + 1 AS "next!"
+               FROM content.file_references
+               WHERE element = $1 AND field = $2"#,
+            element,
+            plan.field
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        let reference = DataHandler::new(user)
+            .insert_reference(
+                conn,
+                &NewReference {
+                    element,
+                    field: plan.field,
+                    file: plan.file.uid,
+                    sorting,
+                    fields: &plan.texts,
+                },
+            )
+            .await?;
+
+        let stored = sqlx::query!(
+            r#"SELECT r.element, r.field, r.file, r.title, r.alternative, r.description, r.deleted,
+                      (SELECT count(*) FROM content.file_references o
+                        WHERE o.element = r.element AND o.field = r.field AND NOT o.deleted)
+                          AS "total!",
+                      (SELECT count(*) FROM content.file_references o
+                        WHERE o.element = r.element AND o.field = r.field AND NOT o.deleted
+                          AND (o.sorting, o.uid) > (r.sorting, r.uid)) AS "after!"
+               FROM content.file_references r
+               WHERE r.uid = $1"#,
+            reference
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        let mut check = ReadBack::default();
+        match &stored {
+            None => check.field("reference", false),
+            Some(r) => {
+                check.field(
+                    "reference",
+                    r.element == element && r.field == plan.field && r.file == plan.file.uid,
+                );
+                check.field("position", !r.deleted && r.after == 0);
+                for (name, value) in &plan.texts {
+                    let got = match *name {
+                        "title" => &r.title,
+                        "alternative" => &r.alternative,
+                        _ => &r.description,
+                    };
+                    check.field(name, got == value);
+                }
+            }
+        }
+        let total = stored.as_ref().map_or(0, |r| r.total);
+        let success = format!(
+            "Attached file [{}] {} to field {} of content element [{element}] as reference \
+             [{reference}], last of {total}; the read-back confirms it.",
+            plan.file.uid,
+            quote_excerpt(&plan.file.name),
+            plan.field,
+        );
+        Ok(check.output(
+            success,
+            &format!("Reference [{reference}] of content element [{element}]"),
+            "the acting user may hold no grant for a text field",
+        ))
+    }
+}

@@ -1,0 +1,263 @@
+//! `create_content_element_draft`: create one content element, hidden, on a page.
+//!
+//! Always hidden: the agent drafts, a human publishes. The element is created in the default
+//! language of the live workspace; translations are made with `create_translation_draft`.
+
+use async_trait::async_trait;
+use countersign_core::preview::quote_excerpt;
+use countersign_core::{Effect, ToolOutput, ToolSpec};
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+
+use crate::access::User;
+use crate::args::Args;
+use crate::datahandler::{DataHandler, Fields, NewElement};
+use crate::records::{column, Element, Named, Page};
+use crate::refusals::{named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
+use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writers::move_element::{check_content_page, check_neighbour, MAX_COLUMN};
+use crate::writers::{place, uid_schema, ReadBack};
+
+pub(crate) const NAME: &str = "create_content_element_draft";
+/// The content types an agent may create: text and media, nothing that embeds code or forms.
+pub(crate) const CONTENT_TYPES: [&str; 5] = ["text", "textpic", "textmedia", "header", "bullets"];
+const HEADER_CAP: usize = 255;
+const BODYTEXT_CAP: usize = 20_000;
+
+#[derive(Debug, Clone)]
+pub(crate) struct CreateElementDraft;
+
+#[derive(Debug, Clone)]
+pub(crate) struct ElementDraftArgs {
+    page: i64,
+    ctype: &'static str,
+    column: i32,
+    after: Option<i64>,
+    fields: Fields,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct ElementDraftPlan {
+    page: Named,
+    ctype: &'static str,
+    column: i32,
+    after: Option<Named>,
+    index: usize,
+    /// The column as it is now, top to bottom.
+    existing: Vec<i64>,
+    fields: Fields,
+}
+
+#[async_trait]
+impl Writer for CreateElementDraft {
+    type Args = ElementDraftArgs;
+    type Plan = ElementDraftPlan;
+
+    fn spec(&self) -> ToolSpec {
+        writer_spec(
+            NAME,
+            "Create one content element, HIDDEN, on a page in the default language: a type, a \
+             header, an optional body text, a column (default 0) and a position (after \
+             `after_content_uid`, or at the top of the column). A human must unhide it before \
+             anyone sees it. Every call is shown to a human for approval before it runs.",
+            Effect::NonIdempotentWrite,
+            json!({
+                "type": "object",
+                "properties": {
+                    "page": uid_schema("The page to create it on."),
+                    "type": {"type": "string", "enum": CONTENT_TYPES, "default": "text"},
+                    "header": {"type": "string", "minLength": 1, "maxLength": HEADER_CAP},
+                    "bodytext": {"type": "string", "maxLength": BODYTEXT_CAP},
+                    "column": {"type": "integer", "minimum": 0, "maximum": MAX_COLUMN},
+                    "after_content_uid": uid_schema(
+                        "Place it after this element of the column; omit for the top."),
+                },
+                "required": ["page", "header"],
+                "additionalProperties": false,
+            }),
+        )
+    }
+
+    fn parse(&self, value: &Value) -> Result<ElementDraftArgs, String> {
+        let args = Args::parse(
+            value,
+            &[
+                "page",
+                "type",
+                "header",
+                "bodytext",
+                "column",
+                "after_content_uid",
+            ],
+        )?;
+        let page = args.uid("page")?;
+        let ctype = args.opt_choice("type", &CONTENT_TYPES)?.unwrap_or("text");
+        let header = args.text("header", HEADER_CAP)?;
+        let bodytext = args
+            .opt_text("bodytext", BODYTEXT_CAP, false)?
+            .unwrap_or_default();
+        let column = args.opt_int("column", 0, MAX_COLUMN)?.unwrap_or(0) as i32;
+        let after = args.opt_uid("after_content_uid")?;
+        Ok(ElementDraftArgs {
+            page,
+            ctype,
+            column,
+            after,
+            fields: Fields::from([("header", header), ("bodytext", bodytext)]),
+        })
+    }
+
+    fn not_permitted(&self, _args: &ElementDraftArgs) -> &'static str {
+        PAGE_NOT_PERMITTED
+    }
+
+    async fn lock(
+        &self,
+        conn: &mut PgConnection,
+        args: &ElementDraftArgs,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query!(
+            r#"SELECT uid FROM content.pages WHERE uid = $1 FOR UPDATE"#,
+            args.page
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn plan(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        args: &ElementDraftArgs,
+    ) -> Result<Planned<ElementDraftPlan>, sqlx::Error> {
+        let Some(page) = Page::load(conn, args.page).await? else {
+            return Ok(Err(Refusal::NotPermitted));
+        };
+        let after = match args.after {
+            Some(uid) => match Element::load(conn, uid).await? {
+                Some(a) => Some(a),
+                None => return Ok(Err(Refusal::NotPermitted)),
+            },
+            None => None,
+        };
+        if !page.permits(user)
+            || !user.may_use_language(0)
+            || after.as_ref().is_some_and(|a| !a.permits(user))
+        {
+            return Ok(Err(Refusal::NotPermitted));
+        }
+        if let Some(refusal) = check_content_page(&page) {
+            return Ok(Err(refusal));
+        }
+        if let Some(refusal) = after
+            .as_ref()
+            .and_then(|a| check_neighbour(a, page.uid, args.column, None))
+        {
+            return Ok(Err(refusal));
+        }
+        let existing = column(conn, page.uid, args.column).await?;
+        let index = match &after {
+            None => 0,
+            Some(a) => match existing.iter().position(|e| e.uid == a.uid) {
+                Some(i) => i + 1,
+                None => return Ok(Err(Refusal::NotPermitted)),
+            },
+        };
+        Ok(Ok(ElementDraftPlan {
+            page: Named {
+                uid: page.uid,
+                label: page.title,
+            },
+            ctype: args.ctype,
+            column: args.column,
+            after: index.checked_sub(1).map(|i| existing[i].clone()),
+            index,
+            existing: existing.iter().map(|e| e.uid).collect(),
+            fields: args.fields.clone(),
+        }))
+    }
+
+    fn preview(&self, plan: &ElementDraftPlan) -> Vec<String> {
+        let text = |f: &str| quote_excerpt(plan.fields.get(f).map_or("", String::as_str));
+        vec![
+            format!(
+                "New content element on {}",
+                named("page", plan.page.uid, &plan.page.label)
+            ),
+            format!("type: {}", plan.ctype),
+            format!("header: {}", text("header")),
+            format!("bodytext: {}", text("bodytext")),
+            format!(
+                "position: column {}, {}",
+                plan.column,
+                place(
+                    plan.index,
+                    plan.existing.len() + 1,
+                    plan.after.as_ref(),
+                    "content element"
+                )
+            ),
+            HIDDEN_LINE.to_owned(),
+        ]
+    }
+
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        plan: &ElementDraftPlan,
+    ) -> Result<ToolOutput, sqlx::Error> {
+        let handler = DataHandler::new(user);
+        let uid = handler
+            .insert_hidden_element(
+                conn,
+                &NewElement {
+                    pid: plan.page.uid,
+                    ctype: plan.ctype,
+                    colpos: plan.column,
+                    sorting: 0,
+                    language: 0,
+                    l10n_parent: None,
+                    fields: &plan.fields,
+                },
+            )
+            .await?;
+        let mut order = plan.existing.clone();
+        order.insert(plan.index, uid);
+        handler.order_column(conn, &order).await?;
+
+        let mut check = ReadBack::default();
+        match Element::load(conn, uid).await? {
+            None => check.field("record", false),
+            Some(e) => {
+                check.field("hidden", e.hidden);
+                check.field("type", e.ctype == plan.ctype);
+                check.field(
+                    "page and column",
+                    e.pid == plan.page.uid && e.colpos == plan.column && e.language == 0,
+                );
+                check.field("header", Some(&e.header) == plan.fields.get("header"));
+                check.field("bodytext", Some(&e.bodytext) == plan.fields.get("bodytext"));
+            }
+        }
+        let now: Vec<i64> = column(conn, plan.page.uid, plan.column)
+            .await?
+            .into_iter()
+            .map(|e| e.uid)
+            .collect();
+        check.field("position", now == order);
+        let success = format!(
+            "Created content element [{uid}] on page [{}], column {}, position {} — hidden: a human must \
+             unhide it before anyone sees it. The read-back confirms it.",
+            plan.page.uid,
+            plan.column,
+            place(plan.index, order.len(), plan.after.as_ref(), "content element")
+        );
+        Ok(check.output(
+            success,
+            &format!("New content element [{uid}]"),
+            "the acting user may hold no grant for a field",
+        ))
+    }
+}

@@ -1,0 +1,165 @@
+//! `set_file_alternative_text`: set the alternative text of one file, in the default language.
+//!
+//! The default language only, and no language argument: the readers of file metadata address
+//! the default-language row, and a writer that could land elsewhere would write what the model
+//! cannot read back and the card's "before" could not be trusted to describe. The default
+//! language is still checked against the user. The tool never creates a metadata record: a
+//! record nobody reviewed is not an edit.
+
+use async_trait::async_trait;
+use countersign_core::preview::quote_excerpt;
+use countersign_core::{Effect, ToolOutput, ToolSpec};
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+
+use crate::access::{ungranted_fields, User};
+use crate::args::Args;
+use crate::datahandler::{DataHandler, Fields};
+use crate::records::{File, Metadata};
+use crate::refusals::{named, ASSET_NOT_PERMITTED};
+use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writers::{uid_schema, ReadBack};
+
+pub(crate) const NAME: &str = "set_file_alternative_text";
+const ALTERNATIVE_CAP: usize = 1000;
+
+#[derive(Debug, Clone)]
+pub(crate) struct SetFileAlternativeText;
+
+#[derive(Debug, Clone)]
+pub(crate) struct AlternativeArgs {
+    uid: i64,
+    alternative: String,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct AlternativePlan {
+    file: File,
+    metadata: Metadata,
+    alternative: String,
+    granted: bool,
+}
+
+#[async_trait]
+impl Writer for SetFileAlternativeText {
+    type Args = AlternativeArgs;
+    type Plan = AlternativePlan;
+
+    fn spec(&self) -> ToolSpec {
+        writer_spec(
+            NAME,
+            "Set the alternative text of one file's metadata in the default language. An empty \
+             string clears it. Files without a metadata record are refused. Every call is shown \
+             to a human for approval before it runs.",
+            Effect::IdempotentWrite,
+            json!({
+                "type": "object",
+                "properties": {
+                    "uid": uid_schema("The file."),
+                    "alternative": {"type": "string", "maxLength": ALTERNATIVE_CAP},
+                },
+                "required": ["uid", "alternative"],
+                "additionalProperties": false,
+            }),
+        )
+    }
+
+    fn parse(&self, value: &Value) -> Result<AlternativeArgs, String> {
+        let args = Args::parse(value, &["uid", "alternative"])?;
+        let uid = args.uid("uid")?;
+        // Clearing an optional field is a write like any other, and the read-back verifies it.
+        let alternative = args
+            .opt_text("alternative", ALTERNATIVE_CAP, false)?
+            .ok_or("The argument \"alternative\" is required (an empty string clears it).")?;
+        Ok(AlternativeArgs { uid, alternative })
+    }
+
+    fn not_permitted(&self, _args: &AlternativeArgs) -> &'static str {
+        ASSET_NOT_PERMITTED
+    }
+
+    async fn plan(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        args: &AlternativeArgs,
+    ) -> Result<Planned<AlternativePlan>, sqlx::Error> {
+        let Some(file) = File::load(conn, args.uid).await? else {
+            return Ok(Err(Refusal::NotPermitted));
+        };
+        if !file.permits(user) || !user.may_use_language(0) {
+            return Ok(Err(Refusal::NotPermitted));
+        }
+        let Some(metadata) = Metadata::load_default(conn, file.uid).await? else {
+            return Ok(Err(Refusal::invalid(format!(
+                "{} has no metadata record in the default language of the live workspace; this \
+                 tool never creates one, so nothing was written.",
+                named("File", file.uid, &file.name)
+            ))));
+        };
+        let granted = ungranted_fields(conn, user, "file_metadata", ["alternative"])
+            .await?
+            .is_empty();
+        Ok(Ok(AlternativePlan {
+            file,
+            metadata,
+            alternative: args.alternative.clone(),
+            granted,
+        }))
+    }
+
+    fn preview(&self, plan: &AlternativePlan) -> Vec<String> {
+        let old = &plan.metadata.alternative;
+        let new = &plan.alternative;
+        let change = if old == new {
+            format!("alternative: unchanged ({})", quote_excerpt(old))
+        } else if !plan.granted {
+            format!(
+                "alternative: {} → {} — will not be stored: the acting user holds no grant for \
+                 this field",
+                quote_excerpt(old),
+                quote_excerpt(new)
+            )
+        } else {
+            format!(
+                "alternative: {} → {}",
+                quote_excerpt(old),
+                quote_excerpt(new)
+            )
+        };
+        vec![
+            format!(
+                "{} — alternative text (default language):",
+                named("File", plan.file.uid, &plan.file.name)
+            ),
+            change,
+        ]
+    }
+
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        plan: &AlternativePlan,
+    ) -> Result<ToolOutput, sqlx::Error> {
+        let fields = Fields::from([("alternative", plan.alternative.clone())]);
+        DataHandler::new(user)
+            .update_file_metadata(conn, plan.metadata.uid, &fields)
+            .await?;
+        let stored = Metadata::load_default(conn, plan.file.uid).await?;
+        let mut check = ReadBack::default();
+        check.field(
+            "alternative",
+            stored.is_some_and(|m| m.uid == plan.metadata.uid && m.alternative == plan.alternative),
+        );
+        let subject = format!("The alternative text of file [{}]", plan.file.uid);
+        Ok(check.output(
+            format!(
+                "{subject} (default language) is now {}; the read-back confirms it.",
+                quote_excerpt(&plan.alternative)
+            ),
+            &subject,
+            "the acting user may hold no grant for it",
+        ))
+    }
+}

@@ -1,0 +1,75 @@
+//! The seven writers. Each is a narrow change to exactly one subject, in the live workspace,
+//! with a preview an approver can read and a read-back that catches a write that did not take.
+
+pub(crate) mod attach_file;
+pub(crate) mod element_draft;
+pub(crate) mod file_alternative;
+pub(crate) mod move_element;
+pub(crate) mod page_draft;
+pub(crate) mod page_metadata;
+pub(crate) mod translation;
+
+use countersign_core::ToolOutput;
+use serde_json::{json, Value};
+
+use crate::records::Named;
+use crate::refusals::named;
+
+/// What a read-back found: which written values hold what was requested, and which do not.
+#[derive(Debug, Default)]
+pub(crate) struct ReadBack {
+    took: Vec<String>,
+    missed: Vec<String>,
+}
+
+impl ReadBack {
+    /// Records whether `name` holds its requested value.
+    pub(crate) fn field(&mut self, name: &str, ok: bool) {
+        if ok {
+            self.took.push(name.to_owned());
+        } else {
+            self.missed.push(name.to_owned());
+        }
+    }
+
+    pub(crate) fn took(&self) -> &[String] {
+        &self.took
+    }
+
+    /// `success` when everything took; otherwise an error output naming what did not — never
+    /// a success, because a human approved a specific change and must not be told it happened
+    /// when it did not.
+    pub(crate) fn output(self, success: String, subject: &str, cause: &str) -> ToolOutput {
+        if self.missed.is_empty() {
+            return ToolOutput::ok(success);
+        }
+        let held = if self.took.is_empty() {
+            "Nothing else was confirmed.".to_owned()
+        } else {
+            format!("Confirmed as requested: {}.", self.took.join(", "))
+        };
+        ToolOutput::error(format!(
+            "{subject} was NOT written as requested: the read-back found that {} does not hold \
+             the requested value ({cause}). {held}",
+            self.missed.join(", ")
+        ))
+    }
+}
+
+/// Where a record lands in an ordered list, as a preview or an output says it:
+/// `1 of 3, at the top` or `3 of 3, after content element [5] "Teaser"`.
+pub(crate) fn place(index: usize, total: usize, after: Option<&Named>, kind: &str) -> String {
+    match after {
+        None => format!("{} of {total}, at the top", index + 1),
+        Some(a) => format!(
+            "{} of {total}, after {}",
+            index + 1,
+            named(kind, a.uid, &a.label)
+        ),
+    }
+}
+
+/// The JSON Schema of an id argument.
+pub(crate) fn uid_schema(description: &str) -> Value {
+    json!({"type": "integer", "minimum": 1, "description": description})
+}

@@ -1,0 +1,334 @@
+//! `move_content_element`: move one content element to a page, column and position.
+//!
+//! The position is given relative to a neighbour (`after_content_uid`) or as the top of the
+//! column, and the preview names both ends with their positions, so a column that changed since
+//! the approver looked shows up as a different preview. A translation sits where its
+//! default-language element sits and moves with it; it is never moved on its own.
+
+use async_trait::async_trait;
+use countersign_core::{Effect, ToolOutput, ToolSpec};
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+
+use crate::access::User;
+use crate::args::Args;
+use crate::datahandler::DataHandler;
+use crate::records::{column, Element, Named, Page};
+use crate::refusals::{draft_workspace, named, ELEMENT_NOT_PERMITTED};
+use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writers::{place, uid_schema, ReadBack};
+
+pub(crate) const NAME: &str = "move_content_element";
+/// Columns are numbered from 0; no layout has anywhere near this many.
+pub(crate) const MAX_COLUMN: i64 = 99;
+
+#[derive(Debug, Clone)]
+pub(crate) struct MoveElement;
+
+#[derive(Debug, Clone)]
+pub(crate) struct MoveArgs {
+    uid: i64,
+    target_page: i64,
+    column: Option<i32>,
+    after: Option<i64>,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct MovePlan {
+    element: Element,
+    from_page: Named,
+    from_index: usize,
+    from_total: usize,
+    to_page: Named,
+    column: i32,
+    after: Option<Named>,
+    to_index: usize,
+    /// The target column, top to bottom, with the element in its new place.
+    order: Vec<i64>,
+    translations: i64,
+}
+
+/// Refuses an `after` element that is not in the target column (same words whether it exists
+/// elsewhere or not, so it confirms nothing).
+pub(crate) fn check_neighbour(
+    after: &Element,
+    page: i64,
+    colpos: i32,
+    subject: Option<i64>,
+) -> Option<Refusal> {
+    if subject == Some(after.uid) {
+        return Some(Refusal::invalid(format!(
+            "Content element [{}] cannot be placed after itself; nothing was written.",
+            after.uid
+        )));
+    }
+    let in_column =
+        after.pid == page && after.colpos == colpos && after.language == 0 && after.workspace == 0;
+    (!in_column).then(|| {
+        Refusal::invalid(format!(
+            "Content element [{}] is not in column {colpos} of page [{page}] in the default \
+             language, so nothing can be placed after it; nothing was written.",
+            after.uid
+        ))
+    })
+}
+
+/// Refuses a page that content cannot be placed on: a draft version or a translation.
+pub(crate) fn check_content_page(page: &Page) -> Option<Refusal> {
+    if page.workspace != 0 {
+        return Some(Refusal::invalid(draft_workspace(
+            "Page",
+            page.uid,
+            page.workspace,
+        )));
+    }
+    page.l10n_parent.map(|parent| {
+        Refusal::invalid(format!(
+            "Page [{}] is a translation; content is placed on its default-language page \
+             [{parent}], and translated with create_translation_draft. Nothing was written.",
+            page.uid
+        ))
+    })
+}
+
+#[async_trait]
+impl Writer for MoveElement {
+    type Args = MoveArgs;
+    type Plan = MovePlan;
+
+    fn spec(&self) -> ToolSpec {
+        writer_spec(
+            NAME,
+            "Move one content element (default language; its translations follow it) to a page, \
+             a column (default: its current column) and a position: after the element \
+             `after_content_uid`, or at the top of the column when it is not given. Every call \
+             is shown to a human for approval before it runs.",
+            Effect::IdempotentWrite,
+            json!({
+                "type": "object",
+                "properties": {
+                    "uid": uid_schema("The content element to move."),
+                    "target_page": uid_schema("The page to move it to."),
+                    "column": {"type": "integer", "minimum": 0, "maximum": MAX_COLUMN},
+                    "after_content_uid": uid_schema(
+                        "Place it after this element of the target column; omit for the top."),
+                },
+                "required": ["uid", "target_page"],
+                "additionalProperties": false,
+            }),
+        )
+    }
+
+    fn parse(&self, value: &Value) -> Result<MoveArgs, String> {
+        let args = Args::parse(
+            value,
+            &["uid", "target_page", "column", "after_content_uid"],
+        )?;
+        Ok(MoveArgs {
+            uid: args.uid("uid")?,
+            target_page: args.uid("target_page")?,
+            column: args.opt_int("column", 0, MAX_COLUMN)?.map(|c| c as i32),
+            after: args.opt_uid("after_content_uid")?,
+        })
+    }
+
+    fn not_permitted(&self, _args: &MoveArgs) -> &'static str {
+        ELEMENT_NOT_PERMITTED
+    }
+
+    async fn lock(&self, conn: &mut PgConnection, args: &MoveArgs) -> Result<(), sqlx::Error> {
+        sqlx::query!(
+            r#"SELECT uid FROM content.elements WHERE uid = $1 FOR UPDATE"#,
+            args.uid
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        sqlx::query!(
+            r#"SELECT uid FROM content.pages WHERE uid = $1 FOR UPDATE"#,
+            args.target_page
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn plan(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        args: &MoveArgs,
+    ) -> Result<Planned<MovePlan>, sqlx::Error> {
+        let element = Element::load(conn, args.uid).await?;
+        let target = Page::load(conn, args.target_page).await?;
+        let after = match args.after {
+            Some(uid) => match Element::load(conn, uid).await? {
+                Some(a) => Some(a),
+                None => return Ok(Err(Refusal::NotPermitted)),
+            },
+            None => None,
+        };
+        let (Some(element), Some(target)) = (element, target) else {
+            return Ok(Err(Refusal::NotPermitted));
+        };
+        let source = Page::load(conn, element.pid).await?;
+        let Some(source) = source else {
+            return Ok(Err(Refusal::NotPermitted));
+        };
+        if !element.permits(user)
+            || !target.permits(user)
+            || after.as_ref().is_some_and(|a| !a.permits(user))
+        {
+            return Ok(Err(Refusal::NotPermitted));
+        }
+
+        if element.workspace != 0 {
+            return Ok(Err(Refusal::invalid(draft_workspace(
+                "Content element",
+                element.uid,
+                element.workspace,
+            ))));
+        }
+        if let Some(parent) = element.l10n_parent {
+            return Ok(Err(Refusal::invalid(format!(
+                "Content element [{}] is a translation; it moves with its default-language \
+                 element [{parent}], so move that one instead. Nothing was written.",
+                element.uid
+            ))));
+        }
+        if let Some(refusal) = check_content_page(&target) {
+            return Ok(Err(refusal));
+        }
+        let colpos = args.column.unwrap_or(element.colpos);
+        if let Some(refusal) = after
+            .as_ref()
+            .and_then(|a| check_neighbour(a, target.uid, colpos, Some(element.uid)))
+        {
+            return Ok(Err(refusal));
+        }
+
+        let from = column(conn, element.pid, element.colpos).await?;
+        let from_index = from.iter().position(|e| e.uid == element.uid).unwrap_or(0);
+        let mut to = column(conn, target.uid, colpos).await?;
+        to.retain(|e| e.uid != element.uid);
+        let to_index = match &after {
+            None => 0,
+            Some(a) => match to.iter().position(|e| e.uid == a.uid) {
+                Some(i) => i + 1,
+                None => return Ok(Err(Refusal::NotPermitted)),
+            },
+        };
+        let after_named = to_index.checked_sub(1).map(|i| to[i].clone());
+        let mut order: Vec<i64> = to.iter().map(|e| e.uid).collect();
+        order.insert(to_index, element.uid);
+        let translations = sqlx::query_scalar!(
+            r#"SELECT count(*) AS "count!" FROM content.elements
+               WHERE l10n_parent = $1 AND NOT deleted"#,
+            element.uid
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+
+        Ok(Ok(MovePlan {
+            from_page: Named {
+                uid: source.uid,
+                label: source.title,
+            },
+            from_index,
+            from_total: from.len(),
+            to_page: Named {
+                uid: target.uid,
+                label: target.title,
+            },
+            column: colpos,
+            after: after_named,
+            to_index,
+            order,
+            translations,
+            element,
+        }))
+    }
+
+    fn preview(&self, plan: &MovePlan) -> Vec<String> {
+        let mut lines = vec![
+            named("Content element", plan.element.uid, &plan.element.header),
+            format!(
+                "from: {}, column {}, position {} of {}",
+                named("page", plan.from_page.uid, &plan.from_page.label),
+                plan.element.colpos,
+                plan.from_index + 1,
+                plan.from_total
+            ),
+            format!(
+                "to: {}, column {}, position {}",
+                named("page", plan.to_page.uid, &plan.to_page.label),
+                plan.column,
+                place(
+                    plan.to_index,
+                    plan.order.len(),
+                    plan.after.as_ref(),
+                    "content element"
+                )
+            ),
+        ];
+        if plan.translations > 0 {
+            lines.push(format!("translations: {} move with it", plan.translations));
+        }
+        lines
+    }
+
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        plan: &MovePlan,
+    ) -> Result<ToolOutput, sqlx::Error> {
+        let uid = plan.element.uid;
+        let handler = DataHandler::new(user);
+        handler
+            .place_element(conn, uid, plan.to_page.uid, plan.column)
+            .await?;
+        handler.order_column(conn, &plan.order).await?;
+
+        let mut check = ReadBack::default();
+        let stored = Element::load(conn, uid).await?;
+        check.field(
+            "page and column",
+            stored
+                .as_ref()
+                .is_some_and(|e| e.pid == plan.to_page.uid && e.colpos == plan.column),
+        );
+        let now: Vec<i64> = column(conn, plan.to_page.uid, plan.column)
+            .await?
+            .into_iter()
+            .map(|e| e.uid)
+            .collect();
+        check.field("position", now == plan.order);
+        let strays = sqlx::query_scalar!(
+            r#"SELECT count(*) AS "count!" FROM content.elements
+               WHERE l10n_parent = $1 AND NOT deleted AND (pid, colpos) <> ($2, $3)"#,
+            uid,
+            plan.to_page.uid,
+            plan.column
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        check.field("translations", strays == 0);
+        let success = format!(
+            "Moved content element [{uid}] to page [{}], column {}, position {}; the read-back \
+             confirms it.",
+            plan.to_page.uid,
+            plan.column,
+            place(
+                plan.to_index,
+                plan.order.len(),
+                plan.after.as_ref(),
+                "content element"
+            )
+        );
+        Ok(check.output(
+            success,
+            &format!("Content element [{uid}]"),
+            "the move did not land where it was planned",
+        ))
+    }
+}

@@ -1,0 +1,242 @@
+//! `create_page_draft`: create one standard page, hidden, below a page.
+//!
+//! Always hidden, always a standard page in the default language of the live workspace: what a
+//! page routes to, who may see it and when it is published are not a model's to decide.
+
+use async_trait::async_trait;
+use countersign_core::preview::quote_excerpt;
+use countersign_core::{Effect, ToolOutput, ToolSpec};
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+
+use crate::access::User;
+use crate::args::Args;
+use crate::datahandler::{DataHandler, Fields, NewPage};
+use crate::records::{subpages, Named, Page};
+use crate::refusals::{draft_workspace, named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
+use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writers::{place, uid_schema, ReadBack};
+
+pub(crate) const NAME: &str = "create_page_draft";
+/// The standard page type.
+const STANDARD_PAGE: i32 = 1;
+const TITLE_CAP: usize = 255;
+
+#[derive(Debug, Clone)]
+pub(crate) struct CreatePageDraft;
+
+#[derive(Debug, Clone)]
+pub(crate) struct PageDraftArgs {
+    parent: i64,
+    after: Option<i64>,
+    fields: Fields,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct PageDraftPlan {
+    parent: Named,
+    after: Option<Named>,
+    index: usize,
+    /// The subpages as they are now, in menu order.
+    existing: Vec<i64>,
+    fields: Fields,
+}
+
+#[async_trait]
+impl Writer for CreatePageDraft {
+    type Args = PageDraftArgs;
+    type Plan = PageDraftPlan;
+
+    fn spec(&self) -> ToolSpec {
+        writer_spec(
+            NAME,
+            "Create one standard page, HIDDEN, in the default language below a parent page, with \
+             a title, an optional navigation title and a position among the parent's subpages \
+             (after `after_page_uid`, or first when it is not given). A human must unhide it \
+             before anyone sees it. Every call is shown to a human for approval before it runs.",
+            Effect::NonIdempotentWrite,
+            json!({
+                "type": "object",
+                "properties": {
+                    "parent": uid_schema("The page to create it below."),
+                    "title": {"type": "string", "minLength": 1, "maxLength": TITLE_CAP},
+                    "nav_title": {"type": "string", "maxLength": TITLE_CAP},
+                    "after_page_uid": uid_schema(
+                        "Place it after this subpage of the parent; omit for first."),
+                },
+                "required": ["parent", "title"],
+                "additionalProperties": false,
+            }),
+        )
+    }
+
+    fn parse(&self, value: &Value) -> Result<PageDraftArgs, String> {
+        let args = Args::parse(value, &["parent", "title", "nav_title", "after_page_uid"])?;
+        let parent = args.uid("parent")?;
+        let title = args.text("title", TITLE_CAP)?;
+        let nav_title = args
+            .opt_text("nav_title", TITLE_CAP, false)?
+            .unwrap_or_default();
+        let after = args.opt_uid("after_page_uid")?;
+        Ok(PageDraftArgs {
+            parent,
+            after,
+            fields: Fields::from([("title", title), ("nav_title", nav_title)]),
+        })
+    }
+
+    fn not_permitted(&self, _args: &PageDraftArgs) -> &'static str {
+        PAGE_NOT_PERMITTED
+    }
+
+    async fn lock(&self, conn: &mut PgConnection, args: &PageDraftArgs) -> Result<(), sqlx::Error> {
+        sqlx::query!(
+            r#"SELECT uid FROM content.pages WHERE uid = $1 FOR UPDATE"#,
+            args.parent
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
+    async fn plan(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        args: &PageDraftArgs,
+    ) -> Result<Planned<PageDraftPlan>, sqlx::Error> {
+        let Some(parent) = Page::load(conn, args.parent).await? else {
+            return Ok(Err(Refusal::NotPermitted));
+        };
+        let after = match args.after {
+            Some(uid) => match Page::load(conn, uid).await? {
+                Some(a) => Some(a),
+                None => return Ok(Err(Refusal::NotPermitted)),
+            },
+            None => None,
+        };
+        if !parent.permits(user)
+            || !user.may_use_language(0)
+            || after.as_ref().is_some_and(|a| !a.permits(user))
+        {
+            return Ok(Err(Refusal::NotPermitted));
+        }
+        if parent.workspace != 0 {
+            return Ok(Err(Refusal::invalid(draft_workspace(
+                "Page",
+                parent.uid,
+                parent.workspace,
+            ))));
+        }
+        if let Some(default) = parent.l10n_parent {
+            return Ok(Err(Refusal::invalid(format!(
+                "Page [{}] is a translation; new pages go below its default-language page \
+                 [{default}]. Nothing was written.",
+                parent.uid
+            ))));
+        }
+        let existing = subpages(conn, parent.uid).await?;
+        let index = match &after {
+            None => 0,
+            Some(a) => match existing.iter().position(|p| p.uid == a.uid) {
+                Some(i) => i + 1,
+                None => {
+                    return Ok(Err(Refusal::invalid(format!(
+                        "Page [{}] is not a live subpage of page [{}] in the default language, \
+                         so nothing can be placed after it; nothing was written.",
+                        a.uid, parent.uid
+                    ))))
+                }
+            },
+        };
+        Ok(Ok(PageDraftPlan {
+            parent: Named {
+                uid: parent.uid,
+                label: parent.title,
+            },
+            after: index.checked_sub(1).map(|i| existing[i].clone()),
+            index,
+            existing: existing.iter().map(|p| p.uid).collect(),
+            fields: args.fields.clone(),
+        }))
+    }
+
+    fn preview(&self, plan: &PageDraftPlan) -> Vec<String> {
+        let text = |f: &str| quote_excerpt(plan.fields.get(f).map_or("", String::as_str));
+        vec![
+            format!(
+                "New standard page in the default language under {}",
+                named("page", plan.parent.uid, &plan.parent.label)
+            ),
+            format!("title: {}", text("title")),
+            format!("navigation title: {}", text("nav_title")),
+            format!(
+                "position: {}",
+                place(
+                    plan.index,
+                    plan.existing.len() + 1,
+                    plan.after.as_ref(),
+                    "page"
+                )
+            ),
+            HIDDEN_LINE.to_owned(),
+        ]
+    }
+
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        plan: &PageDraftPlan,
+    ) -> Result<ToolOutput, sqlx::Error> {
+        let handler = DataHandler::new(user);
+        let uid = handler
+            .insert_hidden_page(
+                conn,
+                &NewPage {
+                    pid: plan.parent.uid,
+                    sorting: 0,
+                    language: 0,
+                    l10n_parent: None,
+                    doktype: STANDARD_PAGE,
+                    fields: &plan.fields,
+                },
+            )
+            .await?;
+        let mut order = plan.existing.clone();
+        order.insert(plan.index, uid);
+        handler.order_subpages(conn, &order).await?;
+
+        let mut check = ReadBack::default();
+        match Page::load(conn, uid).await? {
+            None => check.field("record", false),
+            Some(p) => {
+                check.field("hidden", p.hidden);
+                check.field(
+                    "parent",
+                    p.pid == plan.parent.uid && p.language == 0 && p.doktype == STANDARD_PAGE,
+                );
+                for (field, value) in &plan.fields {
+                    check.field(field, p.field(field) == Some(value.as_str()));
+                }
+            }
+        }
+        let now: Vec<i64> = subpages(conn, plan.parent.uid)
+            .await?
+            .into_iter()
+            .map(|p| p.uid)
+            .collect();
+        check.field("position", now == order);
+        let success = format!(
+            "Created page [{uid}] under page [{}], position {} — hidden: a human must unhide it \
+             before anyone sees it. The read-back confirms it.",
+            plan.parent.uid,
+            place(plan.index, order.len(), plan.after.as_ref(), "page")
+        );
+        Ok(check.output(
+            success,
+            &format!("New page [{uid}]"),
+            "the acting user may hold no grant for a field",
+        ))
+    }
+}

@@ -1,0 +1,525 @@
+//! `create_translation_draft`: copy one default-language page or content element into another
+//! language, hidden.
+//!
+//! The language is an argument here, unlike for the file alternative text, because deciding
+//! the language is this tool's whole purpose; it is checked against the user like any record.
+//! A record that already has a translation in that language is refused unless the call says
+//! `overwrite: true`, and then the preview says in so many words that the existing translation
+//! is DISCARDED: replacing someone's translated text is not a detail.
+
+use async_trait::async_trait;
+use countersign_core::preview::quote_excerpt;
+use countersign_core::{Effect, ToolOutput, ToolSpec};
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+
+use crate::access::User;
+use crate::args::Args;
+use crate::datahandler::{DataHandler, Fields, NewElement, NewPage};
+use crate::records::{language_title, Element, Named, Page, PAGE_METADATA_FIELDS};
+use crate::refusals::{
+    draft_workspace, named, ELEMENT_NOT_PERMITTED, HIDDEN_LINE, PAGE_NOT_PERMITTED,
+};
+use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writers::{uid_schema, ReadBack};
+
+pub(crate) const NAME: &str = "create_translation_draft";
+const TABLES: [&str; 2] = ["pages", "content"];
+const MAX_LANGUAGE: i64 = 9999;
+
+#[derive(Debug, Clone)]
+pub(crate) struct CreateTranslationDraft;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Table {
+    Pages,
+    Content,
+}
+
+impl Table {
+    fn kind(self) -> &'static str {
+        match self {
+            Table::Pages => "page",
+            Table::Content => "content element",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct TranslationArgs {
+    table: Table,
+    uid: i64,
+    language: i32,
+    overwrite: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Source {
+    Page(Page),
+    Element {
+        element: Element,
+        /// Live references per field, in field order.
+        references: Vec<(String, i64)>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct TranslationPlan {
+    table: Table,
+    source: Source,
+    language: i32,
+    language_title: String,
+    /// Live translations in the language that the call discards.
+    discarded: Vec<Named>,
+    fields: Fields,
+}
+
+impl TranslationPlan {
+    fn source_uid(&self) -> i64 {
+        match &self.source {
+            Source::Page(p) => p.uid,
+            Source::Element { element, .. } => element.uid,
+        }
+    }
+
+    fn language_name(&self) -> String {
+        format!("{} (language {})", self.language_title, self.language)
+    }
+}
+
+async fn existing_page_translations(
+    conn: &mut PgConnection,
+    uid: i64,
+    language: i32,
+) -> Result<Vec<Named>, sqlx::Error> {
+    sqlx::query_as!(
+        Named,
+        r#"SELECT uid, title AS label FROM content.pages
+           WHERE l10n_parent = $1 AND language = $2 AND workspace = 0 AND NOT deleted
+           ORDER BY uid"#,
+        uid,
+        language
+    )
+    .fetch_all(&mut *conn)
+    .await
+}
+
+async fn existing_element_translations(
+    conn: &mut PgConnection,
+    uid: i64,
+    language: i32,
+) -> Result<Vec<Named>, sqlx::Error> {
+    sqlx::query_as!(
+        Named,
+        r#"SELECT uid, header AS label FROM content.elements
+           WHERE l10n_parent = $1 AND language = $2 AND workspace = 0 AND NOT deleted
+           ORDER BY uid"#,
+        uid,
+        language
+    )
+    .fetch_all(&mut *conn)
+    .await
+}
+
+async fn references_per_field(
+    conn: &mut PgConnection,
+    element: i64,
+) -> Result<Vec<(String, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"SELECT field, count(*) AS "count!" FROM content.file_references
+           WHERE element = $1 AND NOT deleted
+           GROUP BY field
+           ORDER BY field"#,
+        element
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.field, r.count)).collect())
+}
+
+#[async_trait]
+impl Writer for CreateTranslationDraft {
+    type Args = TranslationArgs;
+    type Plan = TranslationPlan;
+
+    fn spec(&self) -> ToolSpec {
+        writer_spec(
+            NAME,
+            "Create a HIDDEN translation of one default-language page (table \"pages\") or content \
+             element (table \"content\") in another language, copied from the default language \
+             (an element's file references are copied with it; its page must be translated \
+             first). An existing translation in that language is refused unless `overwrite` is \
+             true, which DISCARDS it. Every call is shown to a human for approval before it runs.",
+            Effect::NonIdempotentWrite,
+            json!({
+                "type": "object",
+                "properties": {
+                    "table": {"type": "string", "enum": TABLES},
+                    "uid": uid_schema("The default-language page or content element."),
+                    "language": {"type": "integer", "minimum": 1, "maximum": MAX_LANGUAGE},
+                    "overwrite": {"type": "boolean", "default": false},
+                },
+                "required": ["table", "uid", "language"],
+                "additionalProperties": false,
+            }),
+        )
+    }
+
+    fn parse(&self, value: &Value) -> Result<TranslationArgs, String> {
+        let args = Args::parse(value, &["table", "uid", "language", "overwrite"])?;
+        let table = match args.opt_choice("table", &TABLES)? {
+            Some("pages") => Table::Pages,
+            Some(_) => Table::Content,
+            None => return Err("The argument \"table\" is required (pages or content).".into()),
+        };
+        let uid = args.uid("uid")?;
+        let language = args
+            .opt_int("language", 0, MAX_LANGUAGE)?
+            .ok_or("The argument \"language\" is required.")?;
+        if language == 0 {
+            return Err(
+                "The argument \"language\" must not be 0: the default language is the \
+                        original, not a translation."
+                    .into(),
+            );
+        }
+        Ok(TranslationArgs {
+            table,
+            uid,
+            language: language as i32,
+            overwrite: args.opt_bool("overwrite")?.unwrap_or(false),
+        })
+    }
+
+    fn not_permitted(&self, args: &TranslationArgs) -> &'static str {
+        match args.table {
+            Table::Pages => PAGE_NOT_PERMITTED,
+            Table::Content => ELEMENT_NOT_PERMITTED,
+        }
+    }
+
+    async fn lock(
+        &self,
+        conn: &mut PgConnection,
+        args: &TranslationArgs,
+    ) -> Result<(), sqlx::Error> {
+        match args.table {
+            Table::Pages => {
+                sqlx::query!(
+                    r#"SELECT uid FROM content.pages WHERE uid = $1 FOR UPDATE"#,
+                    args.uid
+                )
+                .fetch_optional(&mut *conn)
+                .await?;
+            }
+            Table::Content => {
+                sqlx::query!(
+                    r#"SELECT uid FROM content.elements WHERE uid = $1 FOR UPDATE"#,
+                    args.uid
+                )
+                .fetch_optional(&mut *conn)
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn plan(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        args: &TranslationArgs,
+    ) -> Result<Planned<TranslationPlan>, sqlx::Error> {
+        // The record checks first, for both tables: the source record, then the language.
+        let (source, workspace, translated_from) = match args.table {
+            Table::Pages => {
+                let Some(page) = Page::load(conn, args.uid).await? else {
+                    return Ok(Err(Refusal::NotPermitted));
+                };
+                if !page.permits(user) {
+                    return Ok(Err(Refusal::NotPermitted));
+                }
+                let (w, p) = (page.workspace, page.l10n_parent);
+                (Source::Page(page), w, p)
+            }
+            Table::Content => {
+                let Some(element) = Element::load(conn, args.uid).await? else {
+                    return Ok(Err(Refusal::NotPermitted));
+                };
+                if !element.permits(user) {
+                    return Ok(Err(Refusal::NotPermitted));
+                }
+                let references = references_per_field(conn, element.uid).await?;
+                let (w, p) = (element.workspace, element.l10n_parent);
+                (
+                    Source::Element {
+                        element,
+                        references,
+                    },
+                    w,
+                    p,
+                )
+            }
+        };
+        if !user.may_use_language(args.language) {
+            return Ok(Err(Refusal::NotPermitted));
+        }
+
+        let kind = args.table.kind();
+        let capitalised = match args.table {
+            Table::Pages => "Page",
+            Table::Content => "Content element",
+        };
+        if workspace != 0 {
+            return Ok(Err(Refusal::invalid(draft_workspace(
+                capitalised,
+                args.uid,
+                workspace,
+            ))));
+        }
+        if let Some(default) = translated_from {
+            return Ok(Err(Refusal::invalid(format!(
+                "{capitalised} [{}] is itself a translation; translate its default-language \
+                 {kind} [{default}] instead. Nothing was written.",
+                args.uid
+            ))));
+        }
+        let Some(title) = language_title(conn, args.language).await? else {
+            return Ok(Err(Refusal::invalid(format!(
+                "Language {} is not configured on this site; nothing was written.",
+                args.language
+            ))));
+        };
+        let language_name = format!("{title} (language {})", args.language);
+
+        let (existing, fields) = match &source {
+            Source::Page(page) => {
+                let fields: Fields = PAGE_METADATA_FIELDS
+                    .iter()
+                    .map(|f| (*f, page.field(f).unwrap_or_default().to_owned()))
+                    .collect();
+                (
+                    existing_page_translations(conn, page.uid, args.language).await?,
+                    fields,
+                )
+            }
+            Source::Element { element, .. } => {
+                let page_translated = sqlx::query_scalar!(
+                    r#"SELECT uid FROM content.pages
+                       WHERE l10n_parent = $1 AND language = $2 AND workspace = 0 AND NOT deleted
+                       ORDER BY uid
+                       LIMIT 1"#,
+                    element.pid,
+                    args.language
+                )
+                .fetch_optional(&mut *conn)
+                .await?;
+                if page_translated.is_none() {
+                    return Ok(Err(Refusal::invalid(format!(
+                        "Page [{}] has no translation in {language_name} yet; translate the page \
+                         first (table \"pages\"). Nothing was written.",
+                        element.pid
+                    ))));
+                }
+                let fields = Fields::from([
+                    ("header", element.header.clone()),
+                    ("bodytext", element.bodytext.clone()),
+                ]);
+                (
+                    existing_element_translations(conn, element.uid, args.language).await?,
+                    fields,
+                )
+            }
+        };
+        if !existing.is_empty() && !args.overwrite {
+            let list: Vec<String> = existing
+                .iter()
+                .map(|e| named(kind, e.uid, &e.label))
+                .collect();
+            return Ok(Err(Refusal::invalid(format!(
+                "{capitalised} [{}] already has a translation in {language_name}: {}. Nothing \
+                 was written; to discard it and start again from the default language, call \
+                 again with \"overwrite\": true.",
+                args.uid,
+                list.join(", ")
+            ))));
+        }
+
+        Ok(Ok(TranslationPlan {
+            table: args.table,
+            source,
+            language: args.language,
+            language_title: title,
+            discarded: existing,
+            fields,
+        }))
+    }
+
+    fn preview(&self, plan: &TranslationPlan) -> Vec<String> {
+        let kind = plan.table.kind();
+        let mut lines = Vec::new();
+        match &plan.source {
+            Source::Page(page) => {
+                lines.push(format!(
+                    "New translation of {} into {}, copied from the default language:",
+                    named("page", page.uid, &page.title),
+                    plan.language_name()
+                ));
+                for field in PAGE_METADATA_FIELDS {
+                    let value = plan.fields.get(field).map_or("", String::as_str);
+                    if field == "title" || !value.trim().is_empty() {
+                        lines.push(format!("{field}: {}", quote_excerpt(value)));
+                    }
+                }
+            }
+            Source::Element {
+                element,
+                references,
+            } => {
+                lines.push(format!(
+                    "New translation of {} on page [{}] into {}, copied from the default language:",
+                    named("content element", element.uid, &element.header),
+                    element.pid,
+                    plan.language_name()
+                ));
+                lines.push(format!("type: {}", element.ctype));
+                lines.push(format!("header: {}", quote_excerpt(&element.header)));
+                lines.push(format!("bodytext: {}", quote_excerpt(&element.bodytext)));
+                if !references.is_empty() {
+                    let per_field: Vec<String> = references
+                        .iter()
+                        .map(|(field, n)| format!("{n} in {field}"))
+                        .collect();
+                    lines.push(format!("file references copied: {}", per_field.join(", ")));
+                }
+            }
+        }
+        for old in &plan.discarded {
+            lines.push(format!(
+                "DISCARDS the existing translation {}: it is marked deleted and replaced by this \
+                 copy",
+                named(kind, old.uid, &old.label)
+            ));
+        }
+        lines.push(HIDDEN_LINE.to_owned());
+        lines
+    }
+
+    async fn apply(
+        &self,
+        conn: &mut PgConnection,
+        user: &User,
+        plan: &TranslationPlan,
+    ) -> Result<ToolOutput, sqlx::Error> {
+        let handler = DataHandler::new(user);
+        let discarded: Vec<i64> = plan.discarded.iter().map(|d| d.uid).collect();
+        let source_uid = plan.source_uid();
+        let mut check = ReadBack::default();
+        let created = match &plan.source {
+            Source::Page(page) => {
+                if !discarded.is_empty() {
+                    handler.delete_pages(conn, &discarded).await?;
+                }
+                let uid = handler
+                    .insert_hidden_page(
+                        conn,
+                        &NewPage {
+                            pid: page.pid,
+                            sorting: page.sorting,
+                            language: plan.language,
+                            l10n_parent: Some(page.uid),
+                            doktype: page.doktype,
+                            fields: &plan.fields,
+                        },
+                    )
+                    .await?;
+                match Page::load(conn, uid).await? {
+                    None => check.field("record", false),
+                    Some(p) => {
+                        check.field("hidden", p.hidden);
+                        check.field(
+                            "language",
+                            p.language == plan.language && p.l10n_parent == Some(page.uid),
+                        );
+                        for (field, value) in &plan.fields {
+                            check.field(field, p.field(field) == Some(value.as_str()));
+                        }
+                    }
+                }
+                let live = existing_page_translations(conn, page.uid, plan.language).await?;
+                check.field(
+                    "discarded translation",
+                    live.len() == 1 && live[0].uid == uid,
+                );
+                uid
+            }
+            Source::Element {
+                element,
+                references,
+            } => {
+                if !discarded.is_empty() {
+                    handler.delete_elements(conn, &discarded).await?;
+                }
+                let uid = handler
+                    .insert_hidden_element(
+                        conn,
+                        &NewElement {
+                            pid: element.pid,
+                            ctype: &element.ctype,
+                            colpos: element.colpos,
+                            sorting: element.sorting,
+                            language: plan.language,
+                            l10n_parent: Some(element.uid),
+                            fields: &plan.fields,
+                        },
+                    )
+                    .await?;
+                handler.copy_references(conn, element.uid, uid).await?;
+                match Element::load(conn, uid).await? {
+                    None => check.field("record", false),
+                    Some(e) => {
+                        check.field("hidden", e.hidden);
+                        check.field(
+                            "language",
+                            e.language == plan.language && e.l10n_parent == Some(element.uid),
+                        );
+                        check.field("type", e.ctype == element.ctype);
+                        check.field("place", e.pid == element.pid && e.colpos == element.colpos);
+                        check.field("header", e.header == element.header);
+                        check.field("bodytext", e.bodytext == element.bodytext);
+                    }
+                }
+                check.field(
+                    "file references",
+                    references_per_field(conn, uid).await? == *references,
+                );
+                let live = existing_element_translations(conn, element.uid, plan.language).await?;
+                check.field(
+                    "discarded translation",
+                    live.len() == 1 && live[0].uid == uid,
+                );
+                uid
+            }
+        };
+        let kind = plan.table.kind();
+        let discarded_text = if discarded.is_empty() {
+            String::new()
+        } else {
+            let list: Vec<String> = discarded.iter().map(|d| format!("[{d}]")).collect();
+            format!(
+                " Discarded the previous translation {kind} {}.",
+                list.join(", ")
+            )
+        };
+        let success = format!(
+            "Created translation {kind} [{created}] of {kind} [{source_uid}] in {} — hidden: a \
+             human must unhide it before anyone sees it.{discarded_text} The read-back confirms it.",
+            plan.language_name()
+        );
+        Ok(check.output(
+            success,
+            &format!("Translation {kind} [{created}]"),
+            "the acting user may hold no grant for a field",
+        ))
+    }
+}
