@@ -176,8 +176,10 @@ impl Writer for AttachFile {
                 plan.file.identifier
             ),
         ];
-        for (name, value) in &plan.texts {
-            lines.push(format!("{name}: {}", quote_excerpt(value)));
+        for (name, _) in TEXTS {
+            if let Some(value) = plan.texts.get(name) {
+                lines.push(format!("{name}: {}", quote_excerpt(value)));
+            }
         }
         lines
     }

@@ -1,2 +1,16 @@
 //! The content store's tools against the real PostgreSQL: each test gets its own database,
 //! migrated with the store's migrator and seeded with the demo site.
+
+mod support;
+
+mod attach_file;
+mod element_draft;
+mod fence;
+mod file_alternative;
+mod move_element;
+mod page_draft;
+mod page_metadata;
+mod previews;
+mod readers;
+mod seed;
+mod translation;

@@ -1,0 +1,72 @@
+use countersign_content::{lookup_user, seed_demo_site, ContentUserDirectory, AGENT_APPROVE};
+use countersign_core::{Principal, UserDirectory};
+use sqlx::PgPool;
+
+use crate::support::Site;
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn seeding_twice_changes_nothing(pool: PgPool) {
+    let site = Site::seeded(pool).await;
+    let tables = [
+        "users",
+        "file_mounts",
+        "pages",
+        "elements",
+        "files",
+        "file_metadata",
+        "file_references",
+    ];
+    let mut before = Vec::new();
+    for t in tables {
+        before.push(
+            site.count(&format!("SELECT count(*) FROM content.{t}"))
+                .await,
+        );
+    }
+    seed_demo_site(&site.pool).await.expect("second seed");
+    for (t, n) in tables.iter().zip(before) {
+        assert_eq!(
+            site.count(&format!("SELECT count(*) FROM content.{t}"))
+                .await,
+            n,
+            "{t}"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn the_demo_users_are_an_admin_an_editor_an_approver_and_a_restricted_editor(pool: PgPool) {
+    let site = Site::seeded(pool).await;
+    let admin = lookup_user(&site.pool, "admin").await.unwrap().unwrap();
+    assert!(admin.admin);
+    let editor = lookup_user(&site.pool, "editor").await.unwrap().unwrap();
+    assert!(!editor.admin && !editor.page_mounts.is_empty() && !editor.file_mounts.is_empty());
+    assert!(editor.holds_field_grant("pages", "seo_title"));
+    let approver = lookup_user(&site.pool, "approver").await.unwrap().unwrap();
+    assert!(approver.has_grant(AGENT_APPROVE) && !approver.admin);
+    let restricted = lookup_user(&site.pool, "restricted")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(restricted.page_mounts, editor.page_mounts);
+    assert!(!restricted.holds_field_grant("pages", "seo_title"));
+    assert!(lookup_user(&site.pool, "mallory").await.unwrap().is_none());
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn the_user_directory_answers_with_the_stored_admin_flag(pool: PgPool) {
+    let site = Site::seeded(pool).await;
+    site.exec("INSERT INTO content.users (name, disabled) VALUES ('former', true)")
+        .await;
+    let directory = ContentUserDirectory::new(site.pool.clone());
+    assert_eq!(
+        directory.principal("admin").await.unwrap(),
+        Some(Principal::new("admin", true))
+    );
+    assert_eq!(
+        directory.principal("editor").await.unwrap(),
+        Some(Principal::new("editor", false))
+    );
+    assert_eq!(directory.principal("mallory").await.unwrap(), None);
+    assert_eq!(directory.principal("former").await.unwrap(), None);
+}
