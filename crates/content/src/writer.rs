@@ -11,8 +11,6 @@
 //! means for its read-back.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 
 use async_trait::async_trait;
 use countersign_core::{
@@ -240,20 +238,14 @@ impl<W: Writer> ToolPreview for WriterTool<W> {
 
 /// A transaction that sees one snapshot and cannot write: a preview reads several rows and
 /// must describe one state of them.
-///
-/// Boxed so that its `Send`-ness is stated once here rather than inferred through every
-/// generic tool that awaits it.
-pub(crate) fn read_only_snapshot(
+pub(crate) async fn read_only_snapshot(
     pool: &PgPool,
-) -> Pin<Box<dyn Future<Output = Result<Transaction<'static, Postgres>, sqlx::Error>> + Send + '_>>
-{
-    Box::pin(async move {
-        let mut tx = pool.begin().await?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            .execute(&mut *tx)
-            .await?;
-        Ok(tx)
-    })
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .execute(&mut *tx)
+        .await?;
+    Ok(tx)
 }
 
 pub(crate) fn database_error(e: sqlx::Error) -> ToolError {
@@ -267,7 +259,8 @@ fn store_error(e: StoreError) -> ToolError {
     }
 }
 
-/// The effect constants, named once so every writer's spec reads the same.
+/// The group of every writer: a group of its own, so that a configuration granting the read-only
+/// `content` group is not handed write capability by an upgrade.
 pub(crate) const EDITING: &str = "editing";
 
 /// A writer's spec: group `editing`, disabled by default, not admin-only.
