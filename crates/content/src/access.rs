@@ -128,18 +128,18 @@ pub async fn lookup_user(pool: &PgPool, name: &str) -> Result<Option<User>, sqlx
 /// The content store's users as the principals runs act as: the worker asks it for the acting
 /// user's admin flag before it resolves which tools a run is offered.
 #[derive(Debug, Clone)]
-pub struct ContentUserDirectory {
+pub struct ContentUsers {
     pool: PgPool,
 }
 
-impl ContentUserDirectory {
+impl ContentUsers {
     pub fn new(pool: PgPool) -> Self {
-        ContentUserDirectory { pool }
+        ContentUsers { pool }
     }
 }
 
 #[async_trait]
-impl UserDirectory for ContentUserDirectory {
+impl UserDirectory for ContentUsers {
     async fn principal(&self, name: &str) -> Result<Option<Principal>, ToolError> {
         let user = lookup_user(&self.pool, name)
             .await

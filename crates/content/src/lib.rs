@@ -35,7 +35,7 @@ use countersign_core::{Tool, ToolRegistry};
 use countersign_store::Store;
 use sqlx::PgPool;
 
-pub use access::{lookup_user, ContentUserDirectory, User, AGENT_APPROVE};
+pub use access::{lookup_user, ContentUsers, User, AGENT_APPROVE};
 pub use records::{PAGE_METADATA_FIELDS, REFERENCE_FIELDS};
 
 use readers::{

@@ -1,4 +1,4 @@
-use countersign_content::{lookup_user, seed_demo_site, ContentUserDirectory, AGENT_APPROVE};
+use countersign_content::{lookup_user, seed_demo_site, ContentUsers, AGENT_APPROVE};
 use countersign_core::{Principal, UserDirectory};
 use sqlx::PgPool;
 
@@ -58,7 +58,7 @@ async fn the_user_directory_answers_with_the_stored_admin_flag(pool: PgPool) {
     let site = Site::seeded(pool).await;
     site.exec("INSERT INTO content.users (name, disabled) VALUES ('former', true)")
         .await;
-    let directory = ContentUserDirectory::new(site.pool.clone());
+    let directory = ContentUsers::new(site.pool.clone());
     assert_eq!(
         directory.principal("admin").await.unwrap(),
         Some(Principal::new("admin", true))
