@@ -1,0 +1,11 @@
+//! `countersign`: operations on a countersign installation, and the demo.
+
+use clap::Parser;
+use countersign_cli::Cli;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    countersign_cli::init_tracing(cli.verbose);
+    countersign_cli::run(cli).await
+}

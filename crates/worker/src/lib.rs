@@ -1,0 +1,17 @@
+//! The countersign worker: runs one leased segment of a run at a time.
+//!
+//! A segment starts from a won claim — PostgreSQL decides who runs what, never a message —
+//! loads what the run needs (the sealed prompt, or the sealed state and the accepted
+//! decision), drives the domain's tool loop, and settles the outcome with statements guarded
+//! by its lease. While it runs, a heartbeat renews the lease every third of its time to live;
+//! a segment that loses its lease stops at the next step boundary and settles nothing.
+//!
+//! The worker must never write outside the lease fence, never store an error message (only
+//! codes), and never promise an approval it cannot resume: a run whose suspension cannot be
+//! stored is failed `suspend_failed`.
+
+mod hooks;
+mod segment;
+
+pub use hooks::StoreHooks;
+pub use segment::{SegmentEnd, SegmentRunner};

@@ -1,0 +1,312 @@
+//! One segment: claim won → load → tool loop → settle, every write guarded by the lease.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{SecondsFormat, Utc};
+use countersign_core::agent_loop::{
+    self, AgentConfig, Decision, Outcome, Segment, TerminationReason,
+};
+use countersign_core::{Model, SuspendedRunState, ToolRegistry, UserDirectory};
+use countersign_store::{
+    Claim, Lease, NewEvent, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
+};
+use serde_json::json;
+
+use crate::hooks::StoreHooks;
+
+/// How a segment ended, for the caller's metrics and logs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SegmentEnd {
+    Completed(TerminationReason),
+    Failed(TerminationReason),
+    /// Suspended for approval; `moved` counts the calls whose preview moved.
+    Suspended {
+        suspension_seq: u32,
+        moved: usize,
+    },
+    /// Stopped without settling (lease lost, store unreachable); the reaper takes it from here.
+    Interrupted(&'static str),
+}
+
+/// Everything a worker needs to run segments.
+#[derive(Debug, Clone)]
+pub struct SegmentRunner {
+    pub store: Store,
+    pub registry: Arc<ToolRegistry>,
+    pub model: Arc<dyn Model>,
+    pub users: Arc<dyn UserDirectory>,
+    pub lease_ttl: Duration,
+}
+
+impl SegmentRunner {
+    /// Runs the segment of a won claim to its end.
+    pub async fn run(&self, claim: &Claim) -> Result<SegmentEnd, StoreError> {
+        let hooks = StoreHooks::new(self.store.clone(), claim.lease.clone(), self.lease_ttl);
+        let heartbeat = hooks.spawn_heartbeat();
+        let end = self.drive(claim, &hooks).await;
+        heartbeat.abort();
+        end
+    }
+
+    async fn drive(&self, claim: &Claim, hooks: &StoreHooks) -> Result<SegmentEnd, StoreError> {
+        let lease = &claim.lease;
+        let run_id = lease.run_id;
+        let agent = match self.store.agent(&claim.agent).await? {
+            Some(stored) if stored.config.active => loop_config(&stored.config),
+            _ => {
+                return self
+                    .fail(lease, TerminationReason::NotRetryable, "configuration_gone")
+                    .await
+            }
+        };
+        let acting_user = match self.users.principal(&claim.acting_user).await {
+            Ok(Some(user)) => user,
+            Ok(None) => {
+                return self
+                    .fail(lease, TerminationReason::NotRetryable, "acting_user_gone")
+                    .await
+            }
+            Err(e) => {
+                tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "user directory failed");
+                return Ok(SegmentEnd::Interrupted(e.code()));
+            }
+        };
+        let captured_at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
+        let seg = Segment {
+            model: self.model.as_ref(),
+            registry: &self.registry,
+            agent: &agent,
+            acting_user: &acting_user,
+            hooks,
+            captured_at: &captured_at,
+        };
+
+        let outcome = match claim.segment {
+            SegmentKind::Start => match self.store.load_prompt(run_id).await {
+                Ok(prompt) => agent_loop::start(seg, &prompt).await,
+                Err(e) if e.code() == "state_unreadable" => {
+                    return self.unreadable(lease, &e).await
+                }
+                Err(e) => return Err(e),
+            },
+            SegmentKind::Resume => {
+                let Some(seq) = claim.suspension_seq else {
+                    return self
+                        .fail(
+                            lease,
+                            TerminationReason::StateUnreadable,
+                            "state_unreadable",
+                        )
+                        .await;
+                };
+                let state = match self.store.load_state(run_id).await {
+                    Ok(bytes) => SuspendedRunState::from_bytes(&bytes),
+                    Err(e) if e.code() == "state_unreadable" => {
+                        return self.unreadable(lease, &e).await
+                    }
+                    Err(e) => return Err(e),
+                };
+                let state = match state {
+                    Ok(state) if state.suspension_seq == seq => state,
+                    Ok(_) => {
+                        return self
+                            .fail(
+                                lease,
+                                TerminationReason::StateUnreadable,
+                                "state_unreadable",
+                            )
+                            .await
+                    }
+                    Err(e) => {
+                        tracing::error!(run.id = %run_id, error = %e, "suspended state unreadable");
+                        return self
+                            .fail(lease, TerminationReason::StateUnreadable, e.code())
+                            .await;
+                    }
+                };
+                let Some(decision) = self.store.accepted_decision(run_id, seq).await? else {
+                    return self
+                        .fail(lease, TerminationReason::NotRetryable, "decision_missing")
+                        .await;
+                };
+                let decision = Decision {
+                    approved: decision.approved,
+                    comment: decision.comment,
+                };
+                agent_loop::resume(seg, state, &decision).await
+            }
+        };
+        self.settle(lease, outcome).await
+    }
+
+    async fn settle(&self, lease: &Lease, outcome: Outcome) -> Result<SegmentEnd, StoreError> {
+        let run_id = lease.run_id;
+        match outcome {
+            Outcome::Completed {
+                reason,
+                transcript,
+                iterations,
+                tokens,
+            } => {
+                let counters = RunCounters {
+                    iterations,
+                    prompt_tokens: tokens.prompt,
+                    completion_tokens: tokens.completion,
+                };
+                if !self
+                    .store
+                    .settle(
+                        lease,
+                        &Settlement::completed(store_reason(reason), counters),
+                    )
+                    .await?
+                {
+                    return Ok(SegmentEnd::Interrupted("lease_lost"));
+                }
+                let answer = transcript
+                    .last()
+                    .map(|m| m.content.clone())
+                    .unwrap_or_default();
+                let event = NewEvent {
+                    content: Some(answer.as_bytes()),
+                    ..NewEvent::new(
+                        "run.completed",
+                        json!({"termination_reason": reason.as_str()}),
+                    )
+                };
+                self.event(run_id, &event).await;
+                tracing::info!(run.id = %run_id, reason = reason.as_str(), "run completed");
+                Ok(SegmentEnd::Completed(reason))
+            }
+            Outcome::Failed {
+                reason,
+                code,
+                iterations,
+                tokens,
+            } => {
+                let counters = RunCounters {
+                    iterations,
+                    prompt_tokens: tokens.prompt,
+                    completion_tokens: tokens.completion,
+                };
+                let settlement =
+                    Settlement::failed(store_reason(reason), Some(code), Some(counters));
+                if !self.store.settle(lease, &settlement).await? {
+                    return Ok(SegmentEnd::Interrupted("lease_lost"));
+                }
+                self.failed_event(run_id, reason, code).await;
+                Ok(SegmentEnd::Failed(reason))
+            }
+            Outcome::Suspended { state, moved } => {
+                match self.store.suspend(lease, &state).await {
+                    Ok(true) => {}
+                    Ok(false) => return Ok(SegmentEnd::Interrupted("lease_lost")),
+                    Err(e) => {
+                        tracing::error!(run.id = %run_id, code = e.code(), error = %e, "suspend failed");
+                        return self
+                            .fail(lease, TerminationReason::SuspendFailed, e.code())
+                            .await;
+                    }
+                }
+                let seq = state.suspension_seq.get();
+                let stale: Vec<usize> = state.stale_call_indexes.iter().map(|i| i.get()).collect();
+                if !moved.is_empty() {
+                    let tools: Vec<&str> = moved.iter().map(|(_, t)| t.as_str()).collect();
+                    let payload =
+                        json!({"suspension_seq": seq, "stale_call_indexes": stale, "tools": tools});
+                    self.event(run_id, &NewEvent::new("run.preview_moved", payload))
+                        .await;
+                }
+                let failed_previews = state.call_previews.iter().filter(|p| p.failed).count();
+                let payload = json!({
+                    "suspension_seq": seq,
+                    "turn_digest": state.turn_digest().as_str(),
+                    "stale_call_indexes": stale,
+                    "failed_previews": failed_previews,
+                });
+                self.event(run_id, &NewEvent::new("run.suspended", payload))
+                    .await;
+                tracing::info!(run.id = %run_id, suspension_seq = seq, moved = moved.len(), "run suspended for approval");
+                Ok(SegmentEnd::Suspended {
+                    suspension_seq: seq,
+                    moved: moved.len(),
+                })
+            }
+            Outcome::Interrupted { code } => {
+                tracing::warn!(run.id = %run_id, code, "segment interrupted; nothing settled");
+                Ok(SegmentEnd::Interrupted(code))
+            }
+        }
+    }
+
+    async fn unreadable(&self, lease: &Lease, e: &StoreError) -> Result<SegmentEnd, StoreError> {
+        tracing::error!(run.id = %lease.run_id, error = %e, "sealed run data unreadable");
+        self.fail(
+            lease,
+            TerminationReason::StateUnreadable,
+            "state_unreadable",
+        )
+        .await
+    }
+
+    async fn fail(
+        &self,
+        lease: &Lease,
+        reason: TerminationReason,
+        code: &'static str,
+    ) -> Result<SegmentEnd, StoreError> {
+        let settlement = Settlement::failed(store_reason(reason), Some(code), None);
+        if !self.store.settle(lease, &settlement).await? {
+            return Ok(SegmentEnd::Interrupted("lease_lost"));
+        }
+        self.failed_event(lease.run_id, reason, code).await;
+        Ok(SegmentEnd::Failed(reason))
+    }
+
+    async fn failed_event(
+        &self,
+        run_id: countersign_core::RunId,
+        reason: TerminationReason,
+        code: &str,
+    ) {
+        tracing::warn!(run.id = %run_id, reason = reason.as_str(), code, "run failed");
+        let payload = json!({"termination_reason": reason.as_str(), "error_code": code});
+        self.event(run_id, &NewEvent::new("run.failed", payload))
+            .await;
+    }
+
+    /// Events follow a transition that already committed; losing one is logged, not fatal.
+    async fn event(&self, run_id: countersign_core::RunId, event: &NewEvent<'_>) {
+        if let Err(e) = self.store.append_event(run_id, event).await {
+            tracing::warn!(run.id = %run_id, kind = event.kind, code = e.code(), error = %e, "event not stored");
+        }
+    }
+}
+
+/// The loop's view of a stored agent configuration. Provider settings may carry a
+/// `system_prompt` and the model `options` passed to every call.
+fn loop_config(agent: &countersign_store::AgentConfig) -> AgentConfig {
+    AgentConfig {
+        name: agent.name.clone(),
+        system_prompt: agent
+            .model
+            .get("system_prompt")
+            .and_then(|v| v.as_str())
+            .map(str::to_owned),
+        policy: agent.policy.clone(),
+        max_iterations: agent.max_iterations,
+        model_options: agent
+            .model
+            .get("options")
+            .and_then(|v| v.as_object())
+            .cloned()
+            .unwrap_or_default(),
+    }
+}
+
+fn store_reason(reason: TerminationReason) -> countersign_store::TerminationReason {
+    countersign_store::TerminationReason::parse(reason.as_str())
+        .unwrap_or(countersign_store::TerminationReason::NotRetryable)
+}

@@ -1,0 +1,3 @@
+//! End-to-end: the real binaries against the real PostgreSQL.
+
+mod demo;
