@@ -5,5 +5,12 @@
 //! winner, no gaps), never about timing. A lease is expired by moving `lease_expires_at` into
 //! the past, not by sleeping.
 
+mod agents;
+mod decisions;
+mod events;
+mod fence;
+mod journal;
+mod reaper;
+mod sealing;
 mod support;
 mod transitions;

@@ -1,0 +1,174 @@
+use countersign_core::{RunId, SuspendedRunState, SuspensionSeq};
+use countersign_store::{DecisionOutcome, DecisionRecord, NewDecision, RunStatus, Segment};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::support::*;
+
+fn decision(run: RunId, st: &SuspendedRunState, outcome: DecisionOutcome) -> NewDecision {
+    NewDecision {
+        decision_id: Uuid::now_v7(),
+        run_id: run,
+        suspension_seq: st.suspension_seq,
+        turn_digest: st.turn_digest(),
+        approved: false,
+        approver: "alice".into(),
+        comment: Some("Keep the old description.".into()),
+        outcome,
+    }
+}
+
+async fn decision_rows(pool: &PgPool, id: Uuid) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM run_decisions WHERE decision_id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn an_accepted_decision_releases_the_turn_with_its_audit_event(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, st) = waiting(&store).await;
+    let d = decision(run, &st, DecisionOutcome::Accepted);
+    assert_eq!(
+        store.record_decision(&d).await.unwrap(),
+        DecisionRecord::Recorded(DecisionOutcome::Accepted)
+    );
+
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.segment),
+        (RunStatus::Queued, Segment::Resume)
+    );
+    assert_eq!(row.dispatched_at, None);
+    let events = store.events(run).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].kind, "decision.accepted");
+    assert_eq!(events[0].payload["decision_id"], d.decision_id.to_string());
+    assert_eq!(events[0].payload["outcome"], "accepted");
+    assert!(
+        !events[0].payload.to_string().contains("Keep the old"),
+        "the comment is not in the payload"
+    );
+
+    let accepted = store
+        .accepted_decision(run, SuspensionSeq::FIRST)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(accepted.decision_id, d.decision_id);
+    assert!(!accepted.approved);
+    assert_eq!(accepted.approver, "alice");
+    assert_eq!(
+        accepted.comment.as_deref(),
+        Some("Keep the old description.")
+    );
+    let raw: Vec<u8> =
+        sqlx::query_scalar("SELECT comment FROM run_decisions WHERE decision_id = $1")
+            .bind(d.decision_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(!raw.windows(8).any(|w| w == b"Keep the"));
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_decision_replay_returns_the_recorded_outcome(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, st) = waiting(&store).await;
+    let d = decision(run, &st, DecisionOutcome::Accepted);
+    store.record_decision(&d).await.unwrap();
+    let after_first = store.run(run).await.unwrap().unwrap();
+
+    assert_eq!(
+        store.record_decision(&d).await.unwrap(),
+        DecisionRecord::Replayed(DecisionOutcome::Accepted)
+    );
+    assert_eq!(
+        store.decision_outcome(d.decision_id).await.unwrap(),
+        Some(DecisionOutcome::Accepted)
+    );
+    assert_eq!(store.run(run).await.unwrap().unwrap(), after_first);
+    assert_eq!(decision_rows(&pool, d.decision_id).await, 1);
+    assert_eq!(event_count(&pool, run).await, 1);
+
+    // A refused decision is recorded too, and its replay — whatever the gates would say now —
+    // returns the refusal.
+    let (run, st) = waiting(&store).await;
+    let refused = decision(run, &st, DecisionOutcome::StaleTurn);
+    assert_eq!(
+        store.record_decision(&refused).await.unwrap(),
+        DecisionRecord::Recorded(DecisionOutcome::StaleTurn)
+    );
+    assert_eq!(
+        store.run(run).await.unwrap().unwrap().status,
+        RunStatus::WaitingForApproval
+    );
+    let replay = NewDecision {
+        outcome: DecisionOutcome::Accepted,
+        ..refused.clone()
+    };
+    assert_eq!(
+        store.record_decision(&replay).await.unwrap(),
+        DecisionRecord::Replayed(DecisionOutcome::StaleTurn)
+    );
+    assert_eq!(
+        store.run(run).await.unwrap().unwrap().status,
+        RunStatus::WaitingForApproval,
+        "the replay released nothing"
+    );
+    let events = store.events(run).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].kind, "decision.refused");
+    assert_eq!(events[0].payload["outcome"], "stale_turn");
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_decision_whose_transition_loses_leaves_no_decision_row(pool: PgPool) {
+    let store = store(pool.clone());
+
+    // The run was cancelled before the decision arrived.
+    let (run, st) = waiting(&store).await;
+    assert!(store.cancel(run).await.unwrap());
+    let d = decision(run, &st, DecisionOutcome::Accepted);
+    assert_eq!(
+        store.record_decision(&d).await.unwrap(),
+        DecisionRecord::TransitionLost
+    );
+    assert_eq!(decision_rows(&pool, d.decision_id).await, 0);
+    assert_eq!(event_count(&pool, run).await, 0);
+    assert_eq!(store.decision_outcome(d.decision_id).await.unwrap(), None);
+
+    // The decision names an older card than the one the run now waits on.
+    let (run, st) = waiting(&store).await;
+    let stale = NewDecision {
+        suspension_seq: SuspensionSeq::FIRST.next(),
+        ..decision(run, &st, DecisionOutcome::Accepted)
+    };
+    assert_eq!(
+        store.record_decision(&stale).await.unwrap(),
+        DecisionRecord::TransitionLost
+    );
+    assert_eq!(decision_rows(&pool, stale.decision_id).await, 0);
+    assert_eq!(
+        store.run(run).await.unwrap().unwrap().status,
+        RunStatus::WaitingForApproval
+    );
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_refused_decision_naming_an_unknown_run_is_recorded_for_replay(pool: PgPool) {
+    let store = store(pool.clone());
+    let st = state(SuspensionSeq::FIRST);
+    let d = decision(RunId::new(), &st, DecisionOutcome::NotAwaitingApproval);
+    assert_eq!(
+        store.record_decision(&d).await.unwrap(),
+        DecisionRecord::Recorded(DecisionOutcome::NotAwaitingApproval)
+    );
+    assert_eq!(
+        store.record_decision(&d).await.unwrap(),
+        DecisionRecord::Replayed(DecisionOutcome::NotAwaitingApproval)
+    );
+    assert_eq!(decision_rows(&pool, d.decision_id).await, 1);
+}

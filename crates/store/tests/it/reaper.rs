@@ -1,0 +1,251 @@
+use std::time::Duration;
+
+use countersign_core::{Effect, SuspensionSeq};
+use countersign_store::{ReapOutcome, RunStatus, Segment, TerminationReason};
+use sqlx::PgPool;
+
+use crate::support::*;
+
+const BACKOFF: Duration = Duration::from_secs(90);
+
+/// Ends the run's backoff now, by the database clock.
+async fn make_available(pool: &PgPool, run: countersign_core::RunId) {
+    sqlx::query("UPDATE runs SET available_at = now() WHERE id = $1")
+        .bind(run.as_uuid())
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_heartbeat_after_the_reaper_requeued_loses(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, lease) = running(&store).await;
+    expire_lease(&pool, run).await;
+    let seen = store.expired_leases(10).await.unwrap().remove(0);
+    assert_eq!(
+        store.reap_expired(&seen, 3, BACKOFF).await.unwrap(),
+        ReapOutcome::Requeued
+    );
+
+    assert!(!store.renew(&lease, TTL).await.unwrap());
+    assert!(!store
+        .renew_stamping(&lease, TTL, Some(Effect::NonIdempotentWrite))
+        .await
+        .unwrap());
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Queued);
+    assert_eq!(row.lease_owner, None);
+    assert_eq!(row.pending_effect, None);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_heartbeat_landing_between_scan_and_update_beats_the_reaper(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, lease) = running(&store).await;
+    expire_lease(&pool, run).await;
+    let seen = store.expired_leases(10).await.unwrap().remove(0);
+    assert!(store.renew(&lease, TTL).await.unwrap());
+
+    assert_eq!(
+        store.reap_expired(&seen, 3, BACKOFF).await.unwrap(),
+        ReapOutcome::Lost
+    );
+    assert!(!store.reaper_fail_exhausted(&seen, 0).await.unwrap());
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Running);
+    assert_eq!(row.lease_epoch, lease.epoch);
+    assert!(store.expired_leases(10).await.unwrap().is_empty());
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn an_expired_lease_is_requeued_with_backoff_until_retries_are_exhausted(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, _) = running(&store).await;
+    let max = 2;
+    for attempt in 1..=max {
+        expire_lease(&pool, run).await;
+        let seen = store.expired_leases(10).await.unwrap().remove(0);
+        assert_eq!(seen.requeue_count, attempt - 1);
+        assert_eq!(
+            store.reap_expired(&seen, max, BACKOFF).await.unwrap(),
+            ReapOutcome::Requeued
+        );
+        let row = store.run(run).await.unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.segment),
+            (RunStatus::Queued, Segment::Start)
+        );
+        assert_eq!(row.requeue_count, attempt);
+        let backoff_s: f64 = sqlx::query_scalar(
+            "SELECT extract(epoch FROM available_at - updated_at)::float8 FROM runs WHERE id = $1",
+        )
+        .bind(run.as_uuid())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(backoff_s, BACKOFF.as_secs_f64());
+        assert!(
+            store.claim(run, "worker-a", TTL).await.unwrap().is_none(),
+            "not claimable during the backoff"
+        );
+        make_available(&pool, run).await;
+        claim(&store, run, "worker-a").await;
+    }
+
+    expire_lease(&pool, run).await;
+    let seen = store.expired_leases(10).await.unwrap().remove(0);
+    assert!(!store.reaper_requeue(&seen, max, BACKOFF).await.unwrap());
+    assert_eq!(
+        store.reap_expired(&seen, max, BACKOFF).await.unwrap(),
+        ReapOutcome::RetriesExhausted
+    );
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Failed);
+    assert_eq!(
+        row.termination_reason,
+        Some(TerminationReason::RetriesExhausted)
+    );
+    assert_eq!(row.lease_owner, None);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_run_stamped_non_idempotent_write_is_failed_not_retryable(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, lease) = running(&store).await;
+    assert!(store
+        .renew_stamping(&lease, TTL, Some(Effect::NonIdempotentWrite))
+        .await
+        .unwrap());
+    assert_eq!(
+        store.run(run).await.unwrap().unwrap().pending_effect,
+        Some(Effect::NonIdempotentWrite)
+    );
+    expire_lease(&pool, run).await;
+    let seen = store.expired_leases(10).await.unwrap().remove(0);
+    assert_eq!(seen.pending_effect, Some(Effect::NonIdempotentWrite));
+
+    assert!(
+        !store.reaper_requeue(&seen, 3, BACKOFF).await.unwrap(),
+        "a requeue refuses the stamp by itself"
+    );
+    assert_eq!(
+        store.reap_expired(&seen, 3, BACKOFF).await.unwrap(),
+        ReapOutcome::NotRetryable
+    );
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Failed);
+    assert_eq!(
+        row.termination_reason,
+        Some(TerminationReason::NotRetryable)
+    );
+
+    // Clearing the stamp after the effect made the run retryable again.
+    let (run, lease) = running(&store).await;
+    assert!(store
+        .renew_stamping(&lease, TTL, Some(Effect::NonIdempotentWrite))
+        .await
+        .unwrap());
+    assert!(store.renew_stamping(&lease, TTL, None).await.unwrap());
+    expire_lease(&pool, run).await;
+    let seen = store
+        .expired_leases(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.run_id == run)
+        .unwrap();
+    assert_eq!(
+        store.reap_expired(&seen, 3, BACKOFF).await.unwrap(),
+        ReapOutcome::Requeued
+    );
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_lost_dispatch_is_found_until_the_run_is_marked_dispatched(pool: PgPool) {
+    let store = store(pool.clone());
+    let run = queued(&store).await;
+    assert_eq!(
+        store.lost_dispatches(Duration::ZERO, 10).await.unwrap(),
+        vec![run]
+    );
+    assert!(
+        store
+            .lost_dispatches(Duration::from_secs(3600), 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a run just created is given time for its first publish"
+    );
+    assert!(store.mark_dispatched(run).await.unwrap());
+    assert!(store
+        .lost_dispatches(Duration::ZERO, 10)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Requeued by the reaper: not before its backoff ends, and found again after it.
+    claim(&store, run, "worker-a").await;
+    expire_lease(&pool, run).await;
+    let seen = store.expired_leases(10).await.unwrap().remove(0);
+    assert!(store.reaper_requeue(&seen, 3, BACKOFF).await.unwrap());
+    assert!(store
+        .lost_dispatches(Duration::ZERO, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    make_available(&pool, run).await;
+    assert_eq!(
+        store.lost_dispatches(Duration::ZERO, 10).await.unwrap(),
+        vec![run]
+    );
+
+    assert!(!store
+        .mark_dispatched(countersign_core::RunId::new())
+        .await
+        .unwrap());
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn an_approval_past_its_deadline_is_cancelled_approval_expired(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, _) = waiting(&store).await;
+    assert!(store.expired_approvals(10).await.unwrap().is_empty());
+    assert!(!store
+        .expire_approval(run, SuspensionSeq::FIRST)
+        .await
+        .unwrap());
+
+    sqlx::query("UPDATE runs SET approval_deadline = now() - interval '1 second' WHERE id = $1")
+        .bind(run.as_uuid())
+        .execute(&pool)
+        .await
+        .unwrap();
+    let expired = store.expired_approvals(10).await.unwrap();
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].run_id, run);
+    assert_eq!(expired[0].suspension_seq, SuspensionSeq::FIRST);
+
+    assert!(
+        !store
+            .expire_approval(run, SuspensionSeq::FIRST.next())
+            .await
+            .unwrap(),
+        "another card's deadline does not expire this one"
+    );
+    assert!(store
+        .expire_approval(run, SuspensionSeq::FIRST)
+        .await
+        .unwrap());
+    assert!(!store
+        .expire_approval(run, SuspensionSeq::FIRST)
+        .await
+        .unwrap());
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Cancelled);
+    assert_eq!(
+        row.termination_reason,
+        Some(TerminationReason::ApprovalExpired)
+    );
+    assert!(store.inbox(10).await.unwrap().is_empty());
+}
