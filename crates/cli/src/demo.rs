@@ -131,12 +131,7 @@ async fn story(store: &Store) -> anyhow::Result<()> {
     print!(
         "{}",
         render::card(
-            &build_card(
-                &state,
-                &registry,
-                Some(&principal(&users, APPROVER).await?)
-            )
-            .await
+            &build_card(&state, &registry, Some(&principal(&users, APPROVER).await?)).await
         )
     );
     let ops = build_card(
