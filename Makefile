@@ -12,6 +12,7 @@ export SQLX_OFFLINE := true
 test: services
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo build --workspace --bins  # the end-to-end tests in tests/ run these binaries
 	cargo test --workspace
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 

@@ -18,7 +18,7 @@ pub fn binary(name: &str) -> PathBuf {
     let path = dir.join(name);
     assert!(
         path.exists(),
-        "{} is not built; run the tests through `make test`",
+        "{} is not built; `make test` builds it (`cargo build --workspace --bins`)",
         path.display()
     );
     path
