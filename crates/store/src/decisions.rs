@@ -100,7 +100,10 @@ fn outcome(s: &str) -> Result<DecisionOutcome, StoreError> {
 
 impl Store {
     /// Records a decision, its audit event and, when accepted, the transition to
-    /// `queued`/`resume` — in one transaction. See the module documentation.
+    /// `queued`/`resume` — in one transaction. See the module documentation. The resume
+    /// segment starts with a fresh requeue count and is available at once; its wake-up is
+    /// not yet dispatched (`dispatched_at` is cleared), so the reaper re-publishes it if the
+    /// caller's publish is lost.
     pub async fn record_decision(&self, d: &NewDecision) -> Result<DecisionRecord, StoreError> {
         let comment = d
             .comment
@@ -166,10 +169,12 @@ impl Store {
             return Ok(DecisionRecord::Replayed(outcome(&recorded)?));
         }
 
-        // A refused decision may name a run that does not exist; it is still recorded (for
-        // replays) but has no trail to join.
-        if lock_run(&mut tx, d.run_id).await? {
-            let kind = if d.outcome == DecisionOutcome::Accepted {
+        // The accepted transition already holds the run row's lock. A refused decision may
+        // name a run that does not exist; it is still recorded (for replays) but has no trail
+        // to join.
+        let accepted = d.outcome == DecisionOutcome::Accepted;
+        if accepted || lock_run(&mut tx, d.run_id).await? {
+            let kind = if accepted {
                 "decision.accepted"
             } else {
                 "decision.refused"
