@@ -13,7 +13,7 @@ test: services
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo build --workspace --bins  # the end-to-end tests in tests/ run these binaries
-	cargo test --workspace
+	cargo test --workspace --no-fail-fast
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 ## Runs the demonstration end to end against the local PostgreSQL.
