@@ -17,6 +17,9 @@ use crate::events::{append_locked, lock_run, NewEvent};
 use crate::{Store, StoreError};
 
 /// The outcome of a decision, as recorded and published.
+///
+/// `malformed` and `unauthenticated_producer` are not here on purpose: such a message is not
+/// recorded, or anyone able to publish could claim a decision id before its real approver.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DecisionOutcome {
     Accepted,

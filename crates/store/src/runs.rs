@@ -209,7 +209,7 @@ impl RunCounters {
 /// How a segment ends its run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settlement {
-    /// `Completed` or `Failed`; any other status is refused by the statement's guard.
+    /// `Completed` or `Failed`; [`Store::settle`] refuses any other status (returns `false`).
     pub status: RunStatus,
     pub reason: TerminationReason,
     /// A stable code such as `provider_timeout`. A `&'static str` so that a formatted message

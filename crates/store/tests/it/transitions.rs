@@ -419,3 +419,67 @@ async fn the_schema_refuses_an_error_message_where_a_code_belongs(pool: PgPool) 
     assert_eq!(row.error_code.as_deref(), Some("provider_timeout"));
     assert_eq!(row.counters.iterations, 3);
 }
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn every_termination_reason_and_decision_outcome_fits_the_schema(pool: PgPool) {
+    let store = store(pool.clone());
+    let reasons = [
+        TerminationReason::Completed,
+        TerminationReason::MaxIterations,
+        TerminationReason::ApprovalDenied,
+        TerminationReason::ApprovalExpired,
+        TerminationReason::ProviderFailed,
+        TerminationReason::StateUnreadable,
+        TerminationReason::RetriesExhausted,
+        TerminationReason::NotRetryable,
+        TerminationReason::SuspendFailed,
+        TerminationReason::Cancelled,
+    ];
+    for reason in reasons {
+        let (run, lease) = running(&store).await;
+        let settlement = Settlement::failed(reason, Some("some_code"), None);
+        assert!(store.settle(&lease, &settlement).await.unwrap());
+        let row = store.run(run).await.unwrap().unwrap();
+        assert_eq!(row.termination_reason, Some(reason));
+        assert_eq!(TerminationReason::parse(reason.as_str()), Some(reason));
+    }
+
+    let outcomes = [
+        DecisionOutcome::NotAwaitingApproval,
+        DecisionOutcome::StaleTurn,
+        DecisionOutcome::AccessDenied,
+        DecisionOutcome::ConfigurationGone,
+        DecisionOutcome::SelfApprovalDenied,
+        DecisionOutcome::ApproverNotPermitted,
+        DecisionOutcome::NotAuditable,
+        DecisionOutcome::Accepted,
+    ];
+    let (run, st) = waiting(&store).await;
+    for outcome in outcomes {
+        let d = NewDecision {
+            outcome,
+            ..accept(run, &st)
+        };
+        assert_eq!(
+            store.record_decision(&d).await.unwrap(),
+            DecisionRecord::Recorded(outcome)
+        );
+        assert_eq!(
+            store.decision_outcome(d.decision_id).await.unwrap(),
+            Some(outcome)
+        );
+        assert_eq!(DecisionOutcome::parse(outcome.as_str()), Some(outcome));
+    }
+
+    // A status that does not end a run is not a settlement.
+    let (run, lease) = running(&store).await;
+    let bogus = Settlement {
+        status: RunStatus::Queued,
+        ..Settlement::completed(TerminationReason::Completed, RunCounters::default())
+    };
+    assert!(!store.settle(&lease, &bogus).await.unwrap());
+    assert_eq!(
+        store.run(run).await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+}
