@@ -313,6 +313,36 @@ fn effect_stamp(effect: Option<Effect>) -> Option<&'static str> {
     effect.filter(|e| e.is_write()).map(Effect::as_str)
 }
 
+/// What a claim's `RETURNING` gives back.
+struct ClaimRow {
+    id: Uuid,
+    lease_epoch: i64,
+    lease_expires_at: DateTime<Utc>,
+    segment: String,
+    agent: String,
+    acting_user: String,
+    suspension_seq: Option<i32>,
+    requeue_count: i32,
+}
+
+impl ClaimRow {
+    fn into_claim(self, owner: &str) -> Result<Claim, StoreError> {
+        Ok(Claim {
+            lease: Lease {
+                run_id: run_id(self.id)?,
+                owner: owner.to_owned(),
+                epoch: epoch(self.lease_epoch)?,
+            },
+            lease_expires_at: self.lease_expires_at,
+            segment: segment(&self.segment)?,
+            agent: self.agent,
+            acting_user: self.acting_user,
+            suspension_seq: opt_seq(self.suspension_seq)?,
+            requeue_count: self.requeue_count,
+        })
+    }
+}
+
 impl Store {
     /// (new) → `queued`/`start`. The request id is unique: a duplicate returns the run created
     /// for it before, with `created == false`, and changes nothing. The prompt is sealed.
@@ -361,34 +391,22 @@ impl Store {
         owner: &str,
         ttl: Duration,
     ) -> Result<Option<Claim>, StoreError> {
-        let row = sqlx::query!(
+        let row = sqlx::query_as!(
+            ClaimRow,
             r#"UPDATE runs
                SET status = 'running', lease_owner = $2, lease_epoch = lease_epoch + 1,
                    lease_expires_at = now() + $3 * interval '1 millisecond',
                    pending_effect = NULL, updated_at = now()
                WHERE id = $1 AND status = 'queued' AND available_at <= now()
-               RETURNING lease_epoch, lease_expires_at AS "lease_expires_at!", segment, agent,
-                         acting_user, suspension_seq, requeue_count"#,
+               RETURNING id, lease_epoch, lease_expires_at AS "lease_expires_at!", segment,
+                         agent, acting_user, suspension_seq, requeue_count"#,
             run_id.as_uuid(),
             owner,
             millis(ttl) as f64,
         )
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        Ok(Some(Claim {
-            lease: Lease {
-                run_id,
-                owner: owner.to_owned(),
-                epoch: epoch(row.lease_epoch)?,
-            },
-            lease_expires_at: row.lease_expires_at,
-            segment: segment(&row.segment)?,
-            agent: row.agent,
-            acting_user: row.acting_user,
-            suspension_seq: opt_seq(row.suspension_seq)?,
-            requeue_count: row.requeue_count,
-        }))
+        row.map(|r| r.into_claim(owner)).transpose()
     }
 
     /// Claims the queued run that has been available longest, skipping rows another claimer
@@ -398,7 +416,8 @@ impl Store {
         owner: &str,
         ttl: Duration,
     ) -> Result<Option<Claim>, StoreError> {
-        let row = sqlx::query!(
+        let row = sqlx::query_as!(
+            ClaimRow,
             r#"UPDATE runs
                SET status = 'running', lease_owner = $1, lease_epoch = lease_epoch + 1,
                    lease_expires_at = now() + $2 * interval '1 millisecond',
@@ -415,20 +434,7 @@ impl Store {
         )
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = row else { return Ok(None) };
-        Ok(Some(Claim {
-            lease: Lease {
-                run_id: run_id(row.id)?,
-                owner: owner.to_owned(),
-                epoch: epoch(row.lease_epoch)?,
-            },
-            lease_expires_at: row.lease_expires_at,
-            segment: segment(&row.segment)?,
-            agent: row.agent,
-            acting_user: row.acting_user,
-            suspension_seq: opt_seq(row.suspension_seq)?,
-            requeue_count: row.requeue_count,
-        }))
+        row.map(|r| r.into_claim(owner)).transpose()
     }
 
     /// Heartbeat: extends the lease to `now() + ttl` if this segment still holds it. `false`
