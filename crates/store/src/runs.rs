@@ -105,53 +105,8 @@ impl Segment {
     }
 }
 
-/// Why a run ended, in one machine-readable column.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum TerminationReason {
-    Completed,
-    MaxIterations,
-    ApprovalDenied,
-    ApprovalExpired,
-    ProviderFailed,
-    StateUnreadable,
-    RetriesExhausted,
-    NotRetryable,
-    SuspendFailed,
-    Cancelled,
-}
-
-impl TerminationReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TerminationReason::Completed => "completed",
-            TerminationReason::MaxIterations => "max_iterations",
-            TerminationReason::ApprovalDenied => "approval_denied",
-            TerminationReason::ApprovalExpired => "approval_expired",
-            TerminationReason::ProviderFailed => "provider_failed",
-            TerminationReason::StateUnreadable => "state_unreadable",
-            TerminationReason::RetriesExhausted => "retries_exhausted",
-            TerminationReason::NotRetryable => "not_retryable",
-            TerminationReason::SuspendFailed => "suspend_failed",
-            TerminationReason::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "completed" => TerminationReason::Completed,
-            "max_iterations" => TerminationReason::MaxIterations,
-            "approval_denied" => TerminationReason::ApprovalDenied,
-            "approval_expired" => TerminationReason::ApprovalExpired,
-            "provider_failed" => TerminationReason::ProviderFailed,
-            "state_unreadable" => TerminationReason::StateUnreadable,
-            "retries_exhausted" => TerminationReason::RetriesExhausted,
-            "not_retryable" => TerminationReason::NotRetryable,
-            "suspend_failed" => TerminationReason::SuspendFailed,
-            "cancelled" => TerminationReason::Cancelled,
-            _ => return None,
-        })
-    }
-}
+/// Why a run ended, in one machine-readable column: the domain's own list.
+pub use countersign_core::TerminationReason;
 
 /// The lease a claim won. Every later statement of the segment is guarded by it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -157,10 +157,7 @@ impl SegmentRunner {
                 };
                 if !self
                     .store
-                    .settle(
-                        lease,
-                        &Settlement::completed(store_reason(reason), counters),
-                    )
+                    .settle(lease, &Settlement::completed(reason, counters))
                     .await?
                 {
                     return Ok(SegmentEnd::Interrupted("lease_lost"));
@@ -191,8 +188,7 @@ impl SegmentRunner {
                     prompt_tokens: tokens.prompt,
                     completion_tokens: tokens.completion,
                 };
-                let settlement =
-                    Settlement::failed(store_reason(reason), Some(code), Some(counters));
+                let settlement = Settlement::failed(reason, Some(code), Some(counters));
                 if !self.store.settle(lease, &settlement).await? {
                     return Ok(SegmentEnd::Interrupted("lease_lost"));
                 }
@@ -257,7 +253,7 @@ impl SegmentRunner {
         reason: TerminationReason,
         code: &'static str,
     ) -> Result<SegmentEnd, StoreError> {
-        let settlement = Settlement::failed(store_reason(reason), Some(code), None);
+        let settlement = Settlement::failed(reason, Some(code), None);
         if !self.store.settle(lease, &settlement).await? {
             return Ok(SegmentEnd::Interrupted("lease_lost"));
         }
@@ -304,9 +300,4 @@ fn loop_config(agent: &countersign_store::AgentConfig) -> AgentConfig {
             .cloned()
             .unwrap_or_default(),
     }
-}
-
-fn store_reason(reason: TerminationReason) -> countersign_store::TerminationReason {
-    countersign_store::TerminationReason::parse(reason.as_str())
-        .unwrap_or(countersign_store::TerminationReason::NotRetryable)
 }

@@ -1,0 +1,4 @@
+//! Segments run against the real PostgreSQL, with the content store's real writers, real
+//! envelopes and the scripted model.
+
+mod segments;
