@@ -9,6 +9,9 @@
 //! It must never do I/O of its own: no database, no broker, no network, no clock, no files.
 //! Everything outside — the model, the tools, the lease fence and the execution journal — is
 //! reached through the traits defined here, so every rule can be tested without a service.
+//!
+//! Foreign producers of decisions compute the turn digest themselves: its canonical form is
+//! specified in [`digest`].
 
 pub mod agent_loop;
 pub mod card;

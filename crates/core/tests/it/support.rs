@@ -21,6 +21,8 @@ pub struct World {
     pub executed: Mutex<Vec<(String, Value)>>,
     /// Keys the viewer gate lets no one but admins read.
     pub secret_keys: Mutex<Vec<String>>,
+    /// The principal of every preview and every write, in order.
+    pub principals: Mutex<Vec<String>>,
 }
 
 impl World {
@@ -107,6 +109,11 @@ impl Tool for Append {
 
     async fn execute(&self, ctx: &ExecContext, args: &Value) -> Result<ToolOutput, ToolError> {
         assert!(ctx.fence.is_some(), "a write must be given its fence token");
+        self.world
+            .principals
+            .lock()
+            .unwrap()
+            .push(ctx.acting_user.name.clone());
         let key = key_of(args);
         let item = args["item"].as_str().unwrap_or_default().to_owned();
         self.world
@@ -134,7 +141,12 @@ impl Tool for Append {
 
 #[async_trait]
 impl ToolPreview for Append {
-    async fn preview(&self, _user: &Principal, args: &Value) -> Result<Vec<String>, ToolError> {
+    async fn preview(&self, user: &Principal, args: &Value) -> Result<Vec<String>, ToolError> {
+        self.world
+            .principals
+            .lock()
+            .unwrap()
+            .push(user.name.clone());
         let mode = *self.mode.lock().unwrap();
         match mode {
             PreviewMode::Real | PreviewMode::None => {
