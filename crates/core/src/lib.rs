@@ -18,6 +18,7 @@ pub mod card;
 pub mod comparator;
 pub mod digest;
 pub mod ids;
+pub mod messages;
 pub mod model;
 pub mod preview;
 pub mod state;
@@ -27,6 +28,7 @@ pub use agent_loop::{
     AgentConfig, Decision, HookError, Outcome, Segment, SegmentHooks, TerminationReason,
 };
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
+pub use messages::{DecisionMessage, Event, MessageError, RunRequest};
 pub use model::{
     Message, Model, ModelError, ModelOptions, ModelRequest, ModelResponse, Role, TokenUsage,
     ToolCall,
