@@ -82,6 +82,7 @@ async fn story(store: &Store) -> anyhow::Result<()> {
         model: Arc::new(ScriptedModel::from_json(SCRIPT)?),
         users: users.clone(),
         lease_ttl: LEASE_TTL,
+        events: None,
     };
     store
         .upsert_agent(&AgentConfig {

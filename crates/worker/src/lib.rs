@@ -14,4 +14,4 @@ mod hooks;
 mod segment;
 
 pub use hooks::StoreHooks;
-pub use segment::{SegmentEnd, SegmentRunner};
+pub use segment::{EventSink, SegmentEnd, SegmentRunner};

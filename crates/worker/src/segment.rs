@@ -3,15 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use chrono::{SecondsFormat, Utc};
 use countersign_core::agent_loop::{
     self, AgentConfig, Decision, Outcome, Segment, TerminationReason,
 };
-use countersign_core::{Model, SuspendedRunState, ToolRegistry, UserDirectory};
+use countersign_core::{Event, Model, SuspendedRunState, ToolRegistry, UserDirectory};
 use countersign_store::{
     Claim, Lease, NewEvent, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
 };
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::hooks::StoreHooks;
 
@@ -38,6 +39,15 @@ pub struct SegmentRunner {
     pub model: Arc<dyn Model>,
     pub users: Arc<dyn UserDirectory>,
     pub lease_ttl: Duration,
+    /// Where `run.*` events are published besides the run's audit trail.
+    pub events: Option<Arc<dyn EventSink>>,
+}
+
+/// Publishes events outside the process (the broker's events exchange).
+#[async_trait]
+pub trait EventSink: Send + Sync + std::fmt::Debug {
+    /// Publishes one event; a failure is the sink's to log, the run has moved on.
+    async fn publish(&self, event: &Event);
 }
 
 impl SegmentRunner {
@@ -166,14 +176,13 @@ impl SegmentRunner {
                     .last()
                     .map(|m| m.content.clone())
                     .unwrap_or_default();
-                let event = NewEvent {
-                    content: Some(answer.as_bytes()),
-                    ..NewEvent::new(
-                        "run.completed",
-                        json!({"termination_reason": reason.as_str()}),
-                    )
-                };
-                self.event(run_id, &event).await;
+                self.event(
+                    run_id,
+                    "run.completed",
+                    json!({"termination_reason": reason.as_str()}),
+                    Some(answer.as_bytes()),
+                )
+                .await;
                 tracing::info!(run.id = %run_id, reason = reason.as_str(), "run completed");
                 Ok(SegmentEnd::Completed(reason))
             }
@@ -212,8 +221,7 @@ impl SegmentRunner {
                     let tools: Vec<&str> = moved.iter().map(|(_, t)| t.as_str()).collect();
                     let payload =
                         json!({"suspension_seq": seq, "stale_call_indexes": stale, "tools": tools});
-                    self.event(run_id, &NewEvent::new("run.preview_moved", payload))
-                        .await;
+                    self.event(run_id, "run.preview_moved", payload, None).await;
                 }
                 let failed_previews = state.call_previews.iter().filter(|p| p.failed).count();
                 let payload = json!({
@@ -222,8 +230,7 @@ impl SegmentRunner {
                     "stale_call_indexes": stale,
                     "failed_previews": failed_previews,
                 });
-                self.event(run_id, &NewEvent::new("run.suspended", payload))
-                    .await;
+                self.event(run_id, "run.suspended", payload, None).await;
                 tracing::info!(run.id = %run_id, suspension_seq = seq, moved = moved.len(), "run suspended for approval");
                 Ok(SegmentEnd::Suspended {
                     suspension_seq: seq,
@@ -269,14 +276,30 @@ impl SegmentRunner {
     ) {
         tracing::warn!(run.id = %run_id, reason = reason.as_str(), code, "run failed");
         let payload = json!({"termination_reason": reason.as_str(), "error_code": code});
-        self.event(run_id, &NewEvent::new("run.failed", payload))
-            .await;
+        self.event(run_id, "run.failed", payload, None).await;
     }
 
-    /// Events follow a transition that already committed; losing one is logged, not fatal.
-    async fn event(&self, run_id: countersign_core::RunId, event: &NewEvent<'_>) {
-        if let Err(e) = self.store.append_event(run_id, event).await {
-            tracing::warn!(run.id = %run_id, kind = event.kind, code = e.code(), error = %e, "event not stored");
+    /// Records an event in the run's audit trail (content sealed) and publishes it, ids and
+    /// codes only, to the sink. Events follow a transition that already committed; losing one
+    /// is logged, not fatal.
+    async fn event(
+        &self,
+        run_id: countersign_core::RunId,
+        name: &'static str,
+        payload: Value,
+        content: Option<&[u8]>,
+    ) {
+        let stored = NewEvent {
+            content,
+            ..NewEvent::new(name, payload.clone())
+        };
+        if let Err(e) = self.store.append_event(run_id, &stored).await {
+            tracing::warn!(run.id = %run_id, kind = name, code = e.code(), error = %e, "event not stored");
+        }
+        if let Some(sink) = &self.events {
+            let mut event = Event::new(name, payload);
+            event.fields.insert("run_id".into(), json!(run_id));
+            sink.publish(&event).await;
         }
     }
 }

@@ -65,6 +65,7 @@ async fn harness(pool: PgPool) -> Harness {
         model: Arc::new(ScriptedModel::from_json(SCRIPT).unwrap()),
         users: Arc::new(ContentUsers::new(pool)),
         lease_ttl: TTL,
+        events: None,
     };
     Harness {
         store,
