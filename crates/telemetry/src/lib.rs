@@ -1,11 +1,23 @@
-//! What every countersign binary sets up the same way: logging.
+//! What every countersign binary sets up the same way: logging, metrics, and the HTTP
+//! surfaces `/metrics` (Prometheus), `/healthz` (the process answers) and `/readyz` (its
+//! dependencies answer).
 //!
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`, or `debug` when asked for),
 //! as JSON lines when `RUST_LOG_FORMAT=json` so that a log shipper can read `run.id` and the
-//! error codes as fields. This crate must never log anything itself, and must never decide
-//! what a binary logs: that stays with the code that knows the event.
+//! error codes as fields. This crate must never decide what a binary logs or counts: that
+//! stays with the code that knows the event. Nothing it serves carries content.
 
-/// Installs the global subscriber. Call once, first thing in `main`.
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+/// Installs the global log subscriber. Call once, first thing in `main`.
 pub fn init_tracing(verbose: bool) {
     let default = if verbose { "debug" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -17,5 +29,112 @@ pub fn init_tracing(verbose: bool) {
         builder.json().init();
     } else {
         builder.init();
+    }
+}
+
+/// Installs the global metrics recorder and returns the handle `/metrics` renders. Call once
+/// per process; the `metrics` macros record into it from then on.
+pub fn install_metrics() -> Result<PrometheusHandle, String> {
+    PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| e.to_string())
+}
+
+/// Whether a process can do its work: its database and broker answer.
+#[async_trait]
+pub trait Readiness: Send + Sync + 'static {
+    async fn ready(&self) -> bool;
+}
+
+#[derive(Clone)]
+struct Surfaces {
+    metrics: PrometheusHandle,
+    readiness: Arc<dyn Readiness>,
+}
+
+/// The router of the three surfaces.
+pub fn router(metrics: PrometheusHandle, readiness: Arc<dyn Readiness>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(render))
+        .with_state(Surfaces { metrics, readiness })
+}
+
+async fn readyz(State(s): State<Surfaces>) -> (StatusCode, &'static str) {
+    if s.readiness.ready().await {
+        (StatusCode::OK, "ready\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+    }
+}
+
+async fn render(State(s): State<Surfaces>) -> String {
+    s.metrics.render()
+}
+
+/// Serves the surfaces on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: PrometheusHandle,
+    readiness: Arc<dyn Readiness>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(metrics, readiness))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    struct Flag(AtomicBool);
+
+    #[async_trait]
+    impl Readiness for Flag {
+        async fn ready(&self) -> bool {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    async fn get(addr: std::net::SocketAddr, path: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        response
+    }
+
+    #[tokio::test]
+    async fn the_surfaces_answer_health_readiness_and_metrics() {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, || {
+            metrics::counter!("countersign_test_total", "outcome" => "accepted").increment(2);
+        });
+        let flag = Arc::new(Flag(AtomicBool::new(false)));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve(listener, handle, flag.clone(), async {
+            let _ = stopped.await;
+        }));
+
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 503"));
+        flag.0.store(true, Ordering::SeqCst);
+        assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        let metrics = get(addr, "/metrics").await;
+        assert!(
+            metrics.contains("countersign_test_total{outcome=\"accepted\"} 2"),
+            "{metrics}"
+        );
+
+        stop.send(()).unwrap();
+        server.await.unwrap().unwrap();
     }
 }
