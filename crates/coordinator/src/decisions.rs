@@ -1,0 +1,230 @@
+//! Decisions: the gates between an approver's message and the release of a suspended turn.
+//!
+//! The order is part of the contract, because each gate decides what the next may learn or
+//! burn. A malformed message is refused before its claims are read; an unauthenticated one
+//! before it can learn a recorded outcome or claim a decision id; a replay before any current
+//! fact is consulted, so it answers exactly what it answered the first time; and the cheap,
+//! run-level facts (waiting, same card) before the approver's authority, so that a stale tab
+//! is told it is stale whoever holds it.
+//!
+//! The gates read the run and decide; the release itself is the store's one guarded
+//! transaction (status, suspension number and digest repeated in its `UPDATE`), so a run that
+//! moved between the read and the write is never released twice — the loser is told
+//! `not_awaiting_approval`. Refusals are recorded too (a row and an audit event, never a change
+//! to the run), so a replay returns the same refusal.
+
+use countersign_content::{lookup_user, AGENT_APPROVE};
+use countersign_core::{DecisionMessage, Principal};
+use countersign_store::{
+    DecisionOutcome, DecisionRecord, NewDecision, RunRecord, RunStatus, StoredAgent,
+};
+
+use crate::producers::{self, ProducerKind};
+use crate::{Coordinator, CoordinatorError, DecisionVerdict};
+
+impl Coordinator {
+    /// Gates a decision, records it and, when accepted, releases its turn. The gates, in
+    /// order, each with its outcome:
+    ///
+    /// | # | gate | outcome |
+    /// |---|---|---|
+    /// | 1 | the body is a version-1 decision | `malformed` (dead-letter; nothing recorded) |
+    /// | 2 | `producer` is present and may assert the approver | `unauthenticated_producer` (nothing recorded) |
+    /// | 3 | the decision id was recorded before | the recorded outcome again; nothing else happens |
+    /// | 4 | the run is `waiting_for_approval` | `not_awaiting_approval` |
+    /// | 5 | digest and suspension number are the run's current ones | `stale_turn` (denials too) |
+    /// | 6 | the approver is admin, holds `agent_approve`, or is the run's acting user | `access_denied` |
+    /// | 7 | the agent configuration exists and is active | `configuration_gone` |
+    /// | 8 | an approval is not by the acting user under four-eyes (admins too) | `self_approval_denied` |
+    /// | 9 | approvals: the tool policy permits every pending write's tool for the approver | `approver_not_permitted` |
+    /// | 10 | decision row, audit event and transition to `queued`/`resume` commit together | `not_auditable` (run stays waiting) |
+    ///
+    /// Outcomes of gates 4–9 are recorded as refusals; `not_auditable` is not (the database
+    /// could not record anything), so a redelivery is gated afresh. A denial that passes every
+    /// gate is accepted: it releases the turn so that the model is told.
+    pub async fn take_decision(
+        &self,
+        body: &[u8],
+        producer: Option<&str>,
+    ) -> Result<DecisionVerdict, CoordinatorError> {
+        // 1. Schema.
+        let decision = match DecisionMessage::parse(body) {
+            Ok(decision) => decision,
+            Err(e) => {
+                tracing::warn!(reason = %e.reason(), "malformed decision");
+                return Ok(DecisionVerdict::malformed(e.reason()));
+            }
+        };
+
+        // 2. Producer.
+        let authenticated = match producer.filter(|p| !p.is_empty()) {
+            Some(p) => {
+                producers::may_assert(
+                    self.store.pool(),
+                    p,
+                    ProducerKind::Approver,
+                    &decision.approver,
+                )
+                .await?
+            }
+            None => false,
+        };
+        if !authenticated {
+            tracing::warn!(
+                run.id = %decision.run_id,
+                decision.id = %decision.decision_id,
+                "decision from an unauthenticated producer"
+            );
+            return Ok(DecisionVerdict::unauthenticated(
+                decision.decision_id,
+                decision.run_id,
+            ));
+        }
+
+        // 3. Replay.
+        if let Some(recorded) = self.store.decision_outcome(decision.decision_id).await? {
+            return Ok(self.verdict(&decision, recorded, true));
+        }
+
+        // 4–9.
+        let outcome = self.gate(&decision).await?;
+
+        // 10, and the record of a refusal.
+        self.record(&decision, outcome).await
+    }
+
+    /// Gates 4–9: `Accepted` when every gate passes.
+    async fn gate(&self, d: &DecisionMessage) -> Result<DecisionOutcome, CoordinatorError> {
+        // 4. The run is waiting.
+        let run: RunRecord = match self.store.run(d.run_id).await? {
+            Some(run) if run.status == RunStatus::WaitingForApproval => run,
+            _ => return Ok(DecisionOutcome::NotAwaitingApproval),
+        };
+
+        // 5. The calls and the card reviewed are the current ones.
+        if run.turn_digest.as_ref() != Some(&d.turn_digest)
+            || run.suspension_seq != Some(d.suspension_seq)
+        {
+            return Ok(DecisionOutcome::StaleTurn);
+        }
+
+        // 6. The approver may act on the run. An unknown or disabled user may not, whatever
+        //    name it shares with the run's acting user.
+        let approver = lookup_user(self.store.pool(), &d.approver)
+            .await
+            .map_err(CoordinatorError::Users)?;
+        let owner = d.approver == run.acting_user;
+        let Some(approver) = approver.filter(|u| u.admin || u.has_grant(AGENT_APPROVE) || owner)
+        else {
+            return Ok(DecisionOutcome::AccessDenied);
+        };
+
+        // 7. The configuration is still there and active.
+        let agent: StoredAgent = match self.store.agent(&run.agent).await? {
+            Some(agent) if agent.config.active => agent,
+            _ => return Ok(DecisionOutcome::ConfigurationGone),
+        };
+
+        if d.approved {
+            // 8. Four-eyes: the initiator does not release their own run's writes.
+            if agent.config.four_eyes && owner {
+                return Ok(DecisionOutcome::SelfApprovalDenied);
+            }
+
+            // 9. The approver may release every write of the turn. An unknown tool counts as
+            //    a non-idempotent write, and nobody is permitted to release it.
+            let principal = Principal::new(approver.name.clone(), approver.admin);
+            let permitted = run
+                .pending_tools
+                .iter()
+                .all(|name| match self.registry.get(name) {
+                    None => false,
+                    Some(tool) => {
+                        let spec = tool.spec();
+                        !spec.effect.is_write() || agent.config.policy.permits(spec, &principal)
+                    }
+                });
+            if !permitted {
+                return Ok(DecisionOutcome::ApproverNotPermitted);
+            }
+        }
+
+        Ok(DecisionOutcome::Accepted)
+    }
+
+    /// Records the gated outcome; for `Accepted`, in the transaction that releases the turn.
+    async fn record(
+        &self,
+        d: &DecisionMessage,
+        outcome: DecisionOutcome,
+    ) -> Result<DecisionVerdict, CoordinatorError> {
+        let new = NewDecision {
+            decision_id: d.decision_id,
+            run_id: d.run_id,
+            suspension_seq: d.suspension_seq,
+            turn_digest: d.turn_digest.clone(),
+            approved: d.approved,
+            approver: d.approver.clone(),
+            comment: d.comment.clone(),
+            outcome,
+        };
+        let record = match self.store.record_decision(&new).await {
+            Ok(record) => record,
+            Err(e) if outcome == DecisionOutcome::Accepted => {
+                // The commit itself may have failed after the database applied it: ask before
+                // saying nothing happened.
+                match self.store.decision_outcome(d.decision_id).await {
+                    Ok(Some(recorded)) => DecisionRecord::Recorded(recorded),
+                    _ => {
+                        tracing::error!(
+                            run.id = %d.run_id,
+                            decision.id = %d.decision_id,
+                            error.code = e.code(),
+                            error = %e,
+                            "decision not auditable; the run stays waiting"
+                        );
+                        return Ok(self.verdict(d, DecisionOutcome::NotAuditable, false));
+                    }
+                }
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let record = match record {
+            DecisionRecord::TransitionLost => {
+                // Another decision, a cancel or the reaper moved the run between the gates'
+                // read and the release. Recorded as the refusal it now is, so a replay agrees.
+                let refused = NewDecision {
+                    outcome: DecisionOutcome::NotAwaitingApproval,
+                    ..new
+                };
+                self.store.record_decision(&refused).await?
+            }
+            record => record,
+        };
+        Ok(match record {
+            DecisionRecord::Recorded(recorded) => self.verdict(d, recorded, false),
+            DecisionRecord::Replayed(recorded) => self.verdict(d, recorded, true),
+            // Only an accepted decision can lose its transition; a refusal has none.
+            DecisionRecord::TransitionLost => {
+                self.verdict(d, DecisionOutcome::NotAwaitingApproval, false)
+            }
+        })
+    }
+
+    fn verdict(
+        &self,
+        d: &DecisionMessage,
+        outcome: DecisionOutcome,
+        replayed: bool,
+    ) -> DecisionVerdict {
+        tracing::info!(
+            run.id = %d.run_id,
+            decision.id = %d.decision_id,
+            outcome = outcome.as_str(),
+            approved = d.approved,
+            replayed,
+            "decision gated"
+        );
+        DecisionVerdict::gated(d.decision_id, d.run_id, outcome, replayed)
+    }
+}

@@ -1,0 +1,96 @@
+//! Run requests: the gates before a run is created.
+//!
+//! The design authenticates only decision producers; run-request producers are authenticated
+//! here too, because a producer that may put any `acting_user` into a request could run agents
+//! as an administrator — every tool checks its permissions against that user.
+
+use countersign_content::lookup_user;
+use countersign_core::RunRequest;
+use countersign_store::NewRun;
+
+use crate::producers::{self, ProducerKind};
+use crate::{Coordinator, CoordinatorError, RequestOutcome, RequestVerdict};
+
+impl Coordinator {
+    /// Gates a run request and creates its run, in this order:
+    ///
+    /// 1. the body is a version-1 run request → else `malformed` (dead-letter it);
+    /// 2. `producer` (the transport-authenticated user) is present and allowed to assert the
+    ///    request's acting user → else `unauthenticated_producer`;
+    /// 3. the acting user exists in the content store → else `unknown_acting_user`;
+    /// 4. the agent configuration exists and is active → else `configuration_gone`;
+    /// 5. the run is created `queued`/`start`; a duplicate `request_id` returns the run created
+    ///    for it before (`created == false`), creates nothing and dispatches nothing.
+    ///
+    /// A refused request creates nothing. A duplicate is gated like its first copy, so one
+    /// arriving after its configuration was deactivated is refused although its run exists.
+    pub async fn take_run_request(
+        &self,
+        body: &[u8],
+        producer: Option<&str>,
+    ) -> Result<RequestVerdict, CoordinatorError> {
+        let request = match RunRequest::parse(body) {
+            Ok(request) => request,
+            Err(e) => {
+                tracing::warn!(reason = %e.reason(), "malformed run request");
+                return Ok(RequestVerdict::malformed(e.reason()));
+            }
+        };
+        let refuse = |outcome: RequestOutcome| {
+            tracing::info!(
+                request.id = %request.request_id,
+                outcome = outcome.code(),
+                "run request refused"
+            );
+            Ok(RequestVerdict::refused(request.request_id, outcome))
+        };
+
+        let pool = self.store.pool();
+        let authenticated = match producer.filter(|p| !p.is_empty()) {
+            Some(p) => {
+                producers::may_assert(pool, p, ProducerKind::ActingUser, &request.acting_user)
+                    .await?
+            }
+            None => false,
+        };
+        if !authenticated {
+            return refuse(RequestOutcome::UnauthenticatedProducer);
+        }
+        if lookup_user(pool, &request.acting_user)
+            .await
+            .map_err(CoordinatorError::Users)?
+            .is_none()
+        {
+            return refuse(RequestOutcome::UnknownActingUser);
+        }
+        let active = self
+            .store
+            .agent(&request.agent)
+            .await?
+            .is_some_and(|a| a.config.active);
+        if !active {
+            return refuse(RequestOutcome::ConfigurationGone);
+        }
+
+        let run = self
+            .store
+            .create_run(&NewRun {
+                request_id: request.request_id,
+                agent: request.agent,
+                acting_user: request.acting_user,
+                prompt: request.prompt,
+            })
+            .await?;
+        tracing::info!(
+            run.id = %run.run_id,
+            request.id = %request.request_id,
+            created = run.created,
+            "run request accepted"
+        );
+        Ok(RequestVerdict::accepted(
+            request.request_id,
+            run.run_id,
+            run.created,
+        ))
+    }
+}
