@@ -1,0 +1,432 @@
+//! One connection per process, one publishing channel in confirm mode, and the way back
+//! when either is lost.
+//!
+//! Every publish is persistent and waits for the broker's confirm, because the caller
+//! acts on "sent" (a coordinator marks a segment dispatched, a producer forgets its
+//! request): a message the broker never took must surface as an error, never as success.
+//! Publishes to a queue are `mandatory`, so a missing queue is an error too instead of a
+//! silent drop; events are not, because an event nobody subscribed to is not a loss.
+//!
+//! The broker closes a channel when it refuses a message (a `user_id` that is not the
+//! connection's user, for instance) and the connection when the network fails. Neither
+//! is fatal here: the next operation notices the closed channel or connection, opens a
+//! new channel or reconnects with exponential backoff (`backon`), and re-declares the
+//! whole topology on the new connection, so a broker that lost its definitions is
+//! repaired too. Consumers are not resurrected behind the caller's back: their stream
+//! ends and the caller consumes again, which is where it decides what to do with work in
+//! flight.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use countersign_core::{Event, RunId};
+use lapin::options::{
+    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+    QueueBindOptions, QueueDeclareOptions,
+};
+use lapin::types::{FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
+
+use crate::consumer::Consumer;
+use crate::error::QueueError;
+use crate::segment::segment_body;
+use crate::topology::{self, short, QueueConfig, Topology};
+
+/// `delivery_mode` 2: the broker writes the message to disk.
+const PERSISTENT: u8 = 2;
+const JSON: &str = "application/json";
+const CONSUMER_TAG: &str = "countersign";
+
+/// Optional AMQP properties a producer sets on a message.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MessageProperties {
+    /// The AMQP user asserted by the producer; the broker refuses the message unless it
+    /// is the connection's user.
+    pub user_id: Option<String>,
+    /// A queue the outcome is also published to.
+    pub reply_to: Option<String>,
+    /// Echoed on the reply.
+    pub correlation_id: Option<String>,
+}
+
+/// The properties of every message this crate publishes.
+pub(crate) fn base_properties() -> BasicProperties {
+    BasicProperties::default()
+        .with_content_type(JSON.into())
+        .with_delivery_mode(PERSISTENT)
+}
+
+/// A handle on the broker: cheap to clone, shared by every task of a process.
+#[derive(Clone, Debug)]
+pub struct Broker {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: QueueConfig,
+    /// The live link, read without waiting (`is_healthy` must not queue behind a
+    /// reconnect).
+    link: RwLock<Option<Link>>,
+    /// Held while a link is being replaced, so concurrent callers reconnect once.
+    replacing: tokio::sync::Mutex<()>,
+}
+
+#[derive(Clone, Debug)]
+struct Link {
+    connection: Arc<Connection>,
+    publisher: Channel,
+}
+
+impl Link {
+    fn usable(&self) -> bool {
+        self.connection.status().connected() && self.publisher.status().connected()
+    }
+}
+
+impl Broker {
+    /// Connects (retrying with backoff) and declares the topology. Declaring is
+    /// idempotent: any number of processes may connect with the same prefix.
+    pub async fn connect(config: QueueConfig) -> Result<Broker, QueueError> {
+        let broker = Broker {
+            inner: Arc::new(Inner {
+                config,
+                link: RwLock::new(None),
+                replacing: tokio::sync::Mutex::new(()),
+            }),
+        };
+        broker.link().await?;
+        Ok(broker)
+    }
+
+    pub fn topology(&self) -> &Topology {
+        &self.inner.config.topology
+    }
+
+    pub fn config(&self) -> &QueueConfig {
+        &self.inner.config
+    }
+
+    /// Whether the connection is open right now. Does not reconnect and never waits.
+    pub async fn is_healthy(&self) -> bool {
+        self.current()
+            .is_some_and(|link| link.connection.status().connected())
+    }
+
+    /// Wakes a worker for `run_id`: persistent, mandatory, confirmed.
+    pub async fn publish_segment(&self, run_id: RunId) -> Result<(), QueueError> {
+        let body = serde_json::to_vec(&segment_body(run_id))?;
+        let queue = self.topology().segments();
+        self.publish("", &queue, &body, base_properties(), true)
+            .await
+    }
+
+    /// Publishes an outcome to the events exchange with the event's name as routing key.
+    /// Confirmed, persistent; not mandatory: an event nobody listens to is not an error.
+    pub async fn publish_event(&self, event: &Event, at: &str) -> Result<(), QueueError> {
+        let body = serde_json::to_vec(&event.to_json(at))?;
+        let exchange = self.topology().events_exchange();
+        self.publish(&exchange, event.name, &body, base_properties(), false)
+            .await
+    }
+
+    /// Answers a producer on its `reply_to` queue (default exchange), echoing its
+    /// `correlation_id`. A reply queue that is gone is `unroutable`, which the caller may
+    /// log and ignore: the outcome is on the events exchange as well.
+    pub async fn publish_reply(
+        &self,
+        reply_to: &str,
+        correlation_id: Option<&str>,
+        body: &serde_json::Value,
+    ) -> Result<(), QueueError> {
+        let body = serde_json::to_vec(body)?;
+        let mut properties = base_properties();
+        if let Some(id) = correlation_id {
+            properties = properties.with_correlation_id(short(id)?);
+        }
+        self.publish("", reply_to, &body, properties, true).await
+    }
+
+    /// What a producer does: a JSON body to a queue, persistent, mandatory, confirmed,
+    /// optionally asserting an AMQP `user_id`.
+    pub async fn publish_to_queue(
+        &self,
+        queue: &str,
+        body: &[u8],
+        user_id: Option<&str>,
+    ) -> Result<(), QueueError> {
+        let properties = MessageProperties {
+            user_id: user_id.map(str::to_owned),
+            ..MessageProperties::default()
+        };
+        self.publish_message(queue, body, &properties).await
+    }
+
+    /// [`publish_to_queue`](Self::publish_to_queue) with `reply_to` and `correlation_id`
+    /// as well.
+    pub async fn publish_message(
+        &self,
+        queue: &str,
+        body: &[u8],
+        message: &MessageProperties,
+    ) -> Result<(), QueueError> {
+        let mut properties = base_properties();
+        if let Some(user) = &message.user_id {
+            properties = properties.with_user_id(short(user)?);
+        }
+        if let Some(reply_to) = &message.reply_to {
+            properties = properties.with_reply_to(short(reply_to)?);
+        }
+        if let Some(id) = &message.correlation_id {
+            properties = properties.with_correlation_id(short(id)?);
+        }
+        self.publish("", queue, body, properties, true).await
+    }
+
+    /// Consumes `queue` on a channel of its own with manual acks and at most `prefetch`
+    /// unacknowledged deliveries (at least 1: 0 would mean unlimited). The consumer ends
+    /// when its channel or the connection closes; consume again to go on.
+    pub async fn consume(&self, queue: &str, prefetch: u16) -> Result<Consumer, QueueError> {
+        let queue_name = short(queue)?;
+        let link = self.link().await?;
+        let channel = link
+            .connection
+            .create_channel()
+            .await
+            .map_err(QueueError::Consume)?;
+        channel
+            .basic_qos(prefetch.max(1), BasicQosOptions::default())
+            .await
+            .map_err(QueueError::Consume)?;
+        let stream = channel
+            .basic_consume(
+                queue_name,
+                CONSUMER_TAG.into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(QueueError::Consume)?;
+        Ok(Consumer::new(channel, stream, queue.to_owned()))
+    }
+
+    /// Declares a server-named, exclusive, auto-delete queue on this connection, for
+    /// replies or for watching events; it disappears with the connection.
+    pub async fn declare_private_queue(&self) -> Result<String, QueueError> {
+        let channel = self.admin_channel().await?;
+        let queue = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(QueueError::Topology)?;
+        Ok(queue.name().as_str().to_owned())
+    }
+
+    /// Binds `queue` to the events exchange with a topic pattern such as `run.*`.
+    pub async fn bind_events(&self, queue: &str, pattern: &str) -> Result<(), QueueError> {
+        let channel = self.admin_channel().await?;
+        channel
+            .queue_bind(
+                short(queue)?,
+                short(&self.topology().events_exchange())?,
+                short(pattern)?,
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(QueueError::Topology)
+    }
+
+    /// Deletes every queue (with its messages) and exchange of the topology. For tests,
+    /// which each use their own prefix.
+    pub async fn delete_topology(&self) -> Result<(), QueueError> {
+        let channel = self.admin_channel().await?;
+        topology::delete(&channel, self.topology()).await
+    }
+
+    /// A mandatory, confirmed publish with the given properties (the dead-letter copy).
+    pub(crate) async fn publish_properties(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+    ) -> Result<(), QueueError> {
+        self.publish(exchange, routing_key, body, properties, true)
+            .await
+    }
+
+    /// Publishes and waits for the confirm. A publish that could not even be handed to
+    /// the channel (it was already closed) is retried once on a fresh link: the broker
+    /// never saw it, so this cannot duplicate it.
+    async fn publish(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+        mandatory: bool,
+    ) -> Result<(), QueueError> {
+        let exchange_name = short(exchange)?;
+        let key = short(routing_key)?;
+        let options = BasicPublishOptions {
+            mandatory,
+            ..BasicPublishOptions::default()
+        };
+        let mut retried = false;
+        let confirm = loop {
+            let link = self.link().await?;
+            match link
+                .publisher
+                .basic_publish(
+                    exchange_name.clone(),
+                    key.clone(),
+                    options,
+                    body,
+                    properties.clone(),
+                )
+                .await
+            {
+                Ok(confirm) => break confirm,
+                Err(e) if !retried && never_sent(&e) => {
+                    tracing::debug!(error = %e, "publishing channel closed; retrying on a new one");
+                    retried = true;
+                }
+                Err(e) => return Err(QueueError::publish(e)),
+            }
+        };
+        match confirm.await.map_err(QueueError::publish)? {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(_returned)) => Err(QueueError::Unroutable {
+                exchange: exchange.to_owned(),
+                routing_key: routing_key.to_owned(),
+            }),
+            // NotRequested cannot happen on a channel in confirm mode; an unconfirmed
+            // message is treated as not taken.
+            Confirmation::Nack(_) | Confirmation::NotRequested => Err(QueueError::PublishNacked),
+        }
+    }
+
+    fn current(&self) -> Option<Link> {
+        self.inner
+            .link
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// The live link, replacing what was lost: a new publishing channel when only the
+    /// channel closed, a new connection (with the topology re-declared) otherwise.
+    async fn link(&self) -> Result<Link, QueueError> {
+        if let Some(link) = self.current().filter(Link::usable) {
+            return Ok(link);
+        }
+        let _replacing = self.inner.replacing.lock().await;
+        let current = self.current();
+        if let Some(link) = current.clone().filter(Link::usable) {
+            return Ok(link);
+        }
+        let reopened = match current {
+            Some(old) if old.connection.status().connected() => {
+                match open_publisher(&old.connection).await {
+                    Ok(publisher) => {
+                        tracing::info!("publishing channel reopened");
+                        Some(Link {
+                            connection: old.connection,
+                            publisher,
+                        })
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reopening the publishing channel failed; reconnecting");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        let link = match reopened {
+            Some(link) => link,
+            None => self.establish().await?,
+        };
+        *self
+            .inner
+            .link
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(link.clone());
+        Ok(link)
+    }
+
+    async fn establish(&self) -> Result<Link, QueueError> {
+        let config = &self.inner.config;
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(5))
+            .with_max_times(config.reconnect_attempts)
+            .with_jitter();
+        let link = (|| connect_once(config))
+            .retry(backoff)
+            .when(|e| matches!(e, QueueError::BrokerUnavailable(_)))
+            .notify(|e, wait| {
+                tracing::warn!(error = %e, cause = ?std::error::Error::source(e), ?wait, "broker unreachable; retrying");
+            })
+            .await?;
+        tracing::info!(prefix = %config.topology.prefix, "connected to the broker; topology declared");
+        Ok(link)
+    }
+
+    /// A short-lived channel for declarations, so a refused declaration closes it and not
+    /// the publishing channel.
+    async fn admin_channel(&self) -> Result<Channel, QueueError> {
+        let link = self.link().await?;
+        link.connection
+            .create_channel()
+            .await
+            .map_err(QueueError::Topology)
+    }
+}
+
+async fn connect_once(config: &QueueConfig) -> Result<Link, QueueError> {
+    let properties = ConnectionProperties::default().with_connection_name(LongString::from(
+        format!("countersign ({})", config.topology.prefix),
+    ));
+    let connection = Connection::connect(&config.addr, properties)
+        .await
+        .map_err(QueueError::BrokerUnavailable)?;
+    let declaring = connection
+        .create_channel()
+        .await
+        .map_err(QueueError::BrokerUnavailable)?;
+    topology::declare(&declaring, config).await?;
+    drop(declaring);
+    let publisher = open_publisher(&connection)
+        .await
+        .map_err(QueueError::BrokerUnavailable)?;
+    Ok(Link {
+        connection: Arc::new(connection),
+        publisher,
+    })
+}
+
+async fn open_publisher(connection: &Connection) -> Result<Channel, lapin::Error> {
+    let channel = connection.create_channel().await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    Ok(channel)
+}
+
+/// The publish failed before anything was written to the socket.
+fn never_sent(error: &lapin::Error) -> bool {
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::InvalidChannelState(..) | lapin::ErrorKind::InvalidConnectionState(_)
+    )
+}

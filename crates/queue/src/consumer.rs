@@ -1,0 +1,281 @@
+//! Deliveries with manual acknowledgement, settled only by the code that did the work.
+//!
+//! A [`Delivery`] must be settled exactly once, and only after the outcome of the work it
+//! triggered is durable elsewhere (PostgreSQL): `ack` when done, `requeue` when the work
+//! should be tried again (the quorum queue counts the attempt and dead-letters the
+//! message once the delivery limit is reached), `dead_letter` when the message itself is
+//! the problem. A delivery dropped without being settled is redelivered when its channel
+//! closes, which is the safe default for a crash.
+
+use futures_util::StreamExt;
+use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::types::{AMQPValue, LongString, ShortString};
+use lapin::Acker;
+use lapin::{BasicProperties, Channel};
+
+use crate::broker::Broker;
+use crate::error::QueueError;
+
+/// Header naming why a message was dead-lettered by countersign.
+pub const REASON_HEADER: &str = "x-countersign-reason";
+/// Header naming the queue a dead-lettered message came from.
+pub const SOURCE_QUEUE_HEADER: &str = "x-countersign-source-queue";
+/// Header keeping the producer's `user_id`, which cannot be re-asserted on the copy.
+pub const ORIGINAL_USER_HEADER: &str = "x-countersign-user-id";
+
+/// A stream of deliveries from one queue, on a channel of its own.
+#[derive(Debug)]
+pub struct Consumer {
+    channel: Channel,
+    stream: lapin::Consumer,
+    queue: String,
+}
+
+impl Consumer {
+    pub(crate) fn new(channel: Channel, stream: lapin::Consumer, queue: String) -> Self {
+        Consumer {
+            channel,
+            stream,
+            queue,
+        }
+    }
+
+    /// The queue consumed.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// The next delivery; `None` once the channel or connection has closed (after an
+    /// `Err` describing why, when there is one). The caller then consumes again.
+    pub async fn next(&mut self) -> Option<Result<Delivery, QueueError>> {
+        let delivery = match self.stream.next().await? {
+            Ok(delivery) => delivery,
+            Err(e) => return Some(Err(QueueError::Consume(e))),
+        };
+        let properties = delivery.properties;
+        let text = |v: &Option<ShortString>| v.as_ref().map(|s| s.as_str().to_owned());
+        Some(Ok(Delivery {
+            body: delivery.data,
+            user_id: text(properties.user_id()),
+            reply_to: text(properties.reply_to()),
+            correlation_id: text(properties.correlation_id()),
+            redelivered: delivery.redelivered,
+            acker: delivery.acker,
+            properties,
+            queue: self.queue.clone(),
+            _channel: self.channel.clone(),
+        }))
+    }
+}
+
+/// One message, to be settled exactly once with [`ack`](Self::ack),
+/// [`requeue`](Self::requeue) or [`dead_letter`](Self::dead_letter).
+#[derive(Debug)]
+pub struct Delivery {
+    pub body: Vec<u8>,
+    /// The producer's AMQP user, validated by the broker against its connection.
+    pub user_id: Option<String>,
+    pub reply_to: Option<String>,
+    pub correlation_id: Option<String>,
+    /// The broker delivered it before (to this or another consumer).
+    pub redelivered: bool,
+    acker: Acker,
+    properties: BasicProperties,
+    queue: String,
+    /// Keeps the channel open until the delivery is settled, even if the consumer is
+    /// dropped first.
+    _channel: Channel,
+}
+
+impl Delivery {
+    /// The queue this delivery came from.
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// A string-valued header, if present.
+    pub fn header(&self, name: &str) -> Option<String> {
+        header_text(self.properties.headers().as_ref()?.inner().get(name)?)
+    }
+
+    /// How many earlier deliveries of this message failed (`x-delivery-count`, set by
+    /// quorum queues on redelivery); 0 on the first.
+    pub fn delivery_count(&self) -> u64 {
+        self.properties
+            .headers()
+            .as_ref()
+            .and_then(|h| h.inner().get("x-delivery-count"))
+            .and_then(header_int)
+            .unwrap_or(0)
+    }
+
+    /// Why the message is in the dead-letter queue: countersign's reason header, or the
+    /// broker's (`delivery_limit`, `rejected`, …).
+    pub fn dead_letter_reason(&self) -> Option<String> {
+        self.header(REASON_HEADER)
+            .or_else(|| self.header("x-first-death-reason"))
+    }
+
+    /// The queue a dead-lettered message came from.
+    pub fn dead_letter_source(&self) -> Option<String> {
+        self.header(SOURCE_QUEUE_HEADER)
+            .or_else(|| self.header("x-first-death-queue"))
+    }
+
+    /// Done: the outcome is durable elsewhere.
+    pub async fn ack(self) -> Result<(), QueueError> {
+        settled(self.acker.ack(BasicAckOptions::default()).await)
+    }
+
+    /// Try again later: nack with requeue. The quorum queue counts the attempt and
+    /// dead-letters the message once the delivery limit is reached.
+    pub async fn requeue(self) -> Result<(), QueueError> {
+        settled(
+            self.acker
+                .nack(BasicNackOptions {
+                    multiple: false,
+                    requeue: true,
+                })
+                .await,
+        )
+    }
+
+    /// Poison: publishes a copy (body, properties, and the headers
+    /// `x-countersign-reason` and `x-countersign-source-queue`) to the dead-letter
+    /// exchange, waits for the confirm, and only then acks the original. If the copy
+    /// fails the original is left unsettled and the error returned, so nothing is lost.
+    pub async fn dead_letter(self, broker: &Broker, reason: &str) -> Result<(), QueueError> {
+        let properties = dead_letter_properties(&self.properties, &self.queue, reason);
+        let exchange = broker.topology().dead_letter_exchange();
+        broker
+            .publish_properties(&exchange, &self.queue, &self.body, properties)
+            .await?;
+        self.ack().await
+    }
+}
+
+fn settled(result: Result<bool, lapin::Error>) -> Result<(), QueueError> {
+    match result {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(QueueError::ChannelClosed),
+        Err(e) => Err(QueueError::Settle(e)),
+    }
+}
+
+/// The copy's properties: everything of the original except what would make the broker
+/// refuse or drop it (`user_id` is re-asserted by whoever publishes, so it moves to a
+/// header; an `expiration` would let the dead letter expire), made persistent.
+fn dead_letter_properties(
+    original: &BasicProperties,
+    queue: &str,
+    reason: &str,
+) -> BasicProperties {
+    let mut headers = original.headers().clone().unwrap_or_default();
+    headers.insert(REASON_HEADER.into(), long(reason));
+    headers.insert(SOURCE_QUEUE_HEADER.into(), long(queue));
+    if let Some(user) = original.user_id() {
+        headers.insert(ORIGINAL_USER_HEADER.into(), long(user.as_str()));
+    }
+    let mut copy = BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_headers(headers);
+    if let Some(v) = original.content_type() {
+        copy = copy.with_content_type(v.clone());
+    }
+    if let Some(v) = original.content_encoding() {
+        copy = copy.with_content_encoding(v.clone());
+    }
+    if let Some(v) = original.correlation_id() {
+        copy = copy.with_correlation_id(v.clone());
+    }
+    if let Some(v) = original.reply_to() {
+        copy = copy.with_reply_to(v.clone());
+    }
+    if let Some(v) = original.message_id() {
+        copy = copy.with_message_id(v.clone());
+    }
+    if let Some(v) = original.timestamp() {
+        copy = copy.with_timestamp(*v);
+    }
+    if let Some(v) = original.kind() {
+        copy = copy.with_type(v.clone());
+    }
+    if let Some(v) = original.app_id() {
+        copy = copy.with_app_id(v.clone());
+    }
+    copy
+}
+
+fn long(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s))
+}
+
+fn header_text(value: &AMQPValue) -> Option<String> {
+    match value {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+fn header_int(value: &AMQPValue) -> Option<u64> {
+    match *value {
+        AMQPValue::ShortShortInt(n) => u64::try_from(n).ok(),
+        AMQPValue::ShortShortUInt(n) => Some(u64::from(n)),
+        AMQPValue::ShortInt(n) => u64::try_from(n).ok(),
+        AMQPValue::ShortUInt(n) => Some(u64::from(n)),
+        AMQPValue::LongInt(n) => u64::try_from(n).ok(),
+        AMQPValue::LongUInt(n) => Some(u64::from(n)),
+        AMQPValue::LongLongInt(n) => u64::try_from(n).ok(),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lapin::types::FieldTable;
+
+    #[test]
+    fn a_dead_letter_copy_keeps_the_message_and_drops_what_the_broker_would_refuse() {
+        let mut headers = FieldTable::default();
+        headers.insert("trace".into(), long("t-1"));
+        let original = BasicProperties::default()
+            .with_content_type("application/json".into())
+            .with_user_id("producer".into())
+            .with_reply_to("replies".into())
+            .with_correlation_id("c-1".into())
+            .with_expiration("1000".into())
+            .with_headers(headers);
+        let copy = dead_letter_properties(&original, "p.decisions", "invalid_field:run_id");
+        let h = copy.headers().clone().unwrap();
+        let text = |k: &str| header_text(h.inner().get(k).unwrap());
+        assert_eq!(text(REASON_HEADER).as_deref(), Some("invalid_field:run_id"));
+        assert_eq!(text(SOURCE_QUEUE_HEADER).as_deref(), Some("p.decisions"));
+        assert_eq!(text(ORIGINAL_USER_HEADER).as_deref(), Some("producer"));
+        assert_eq!(text("trace").as_deref(), Some("t-1"));
+        assert_eq!(copy.user_id(), &None);
+        assert_eq!(copy.expiration(), &None);
+        assert_eq!(copy.delivery_mode(), &Some(2));
+        assert_eq!(
+            copy.reply_to().as_ref().map(|s| s.as_str()),
+            Some("replies")
+        );
+        assert_eq!(
+            copy.correlation_id().as_ref().map(|s| s.as_str()),
+            Some("c-1")
+        );
+        assert_eq!(
+            copy.content_type().as_ref().map(|s| s.as_str()),
+            Some("application/json")
+        );
+    }
+
+    #[test]
+    fn delivery_counts_are_read_from_any_integer_type() {
+        assert_eq!(header_int(&AMQPValue::LongLongInt(3)), Some(3));
+        assert_eq!(header_int(&AMQPValue::ShortShortUInt(2)), Some(2));
+        assert_eq!(header_int(&AMQPValue::LongInt(-1)), None);
+        assert_eq!(header_int(&long("3")), None);
+    }
+}

@@ -1,0 +1,105 @@
+//! What can go wrong talking to the broker, each with a stable code.
+//!
+//! The codes are what reaches a log field, a metric label or a `/readyz` answer; the
+//! messages (and the wrapped `lapin` errors) go to the log only. None of them carries the
+//! broker address, so a password in `AMQP_ADDR` never leaks through an error.
+
+/// A failure of the transport. Every variant has a [`code`](QueueError::code).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum QueueError {
+    /// No connection could be (re-)established within the retry budget.
+    #[error("the broker is unavailable")]
+    BrokerUnavailable(#[source] lapin::Error),
+    /// Declaring or deleting the topology failed, e.g. a queue already exists with other
+    /// arguments.
+    #[error("declaring or deleting the topology failed")]
+    Topology(#[source] lapin::Error),
+    /// The broker refused the message and closed the publishing channel (for example a
+    /// `user_id` that is not the connection's user). The next publish uses a new channel.
+    #[error("the broker refused the message")]
+    PublishRefused(#[source] lapin::Error),
+    /// The channel or connection failed while the message was being published; whether
+    /// the broker stored it is unknown, so the caller must treat it as not sent.
+    #[error("publishing failed")]
+    PublishFailed(#[source] lapin::Error),
+    /// The broker answered the publish with a negative confirm: it did not take the
+    /// message.
+    #[error("the broker did not confirm the message")]
+    PublishNacked,
+    /// The message was published as mandatory and no queue was bound to take it.
+    #[error("no queue takes messages routed to {exchange:?} with key {routing_key:?}")]
+    Unroutable {
+        exchange: String,
+        routing_key: String,
+    },
+    /// Opening a consumer (channel, qos or basic.consume) failed.
+    #[error("consuming failed")]
+    Consume(#[source] lapin::Error),
+    /// The delivery could not be settled; the broker redelivers it once its channel is
+    /// gone.
+    #[error("settling the delivery failed")]
+    Settle(#[source] lapin::Error),
+    /// The channel the delivery came on is already closed; the broker redelivers it.
+    #[error("the delivery's channel is closed")]
+    ChannelClosed,
+    /// A queue, exchange, routing key or property is longer than AMQP allows (255 bytes).
+    #[error("a name or property is longer than 255 bytes")]
+    NameTooLong,
+    /// A body could not be serialised.
+    #[error("the body could not be serialised")]
+    Encode(#[from] serde_json::Error),
+}
+
+impl QueueError {
+    /// A stable, machine-readable code.
+    pub fn code(&self) -> &'static str {
+        match self {
+            QueueError::BrokerUnavailable(_) => "broker_unavailable",
+            QueueError::Topology(_) => "topology_failed",
+            QueueError::PublishRefused(_) => "publish_refused",
+            QueueError::PublishFailed(_) => "publish_failed",
+            QueueError::PublishNacked => "publish_nacked",
+            QueueError::Unroutable { .. } => "unroutable",
+            QueueError::Consume(_) => "consume_failed",
+            QueueError::Settle(_) => "settle_failed",
+            QueueError::ChannelClosed => "channel_closed",
+            QueueError::NameTooLong => "name_too_long",
+            QueueError::Encode(_) => "encode_failed",
+        }
+    }
+
+    /// A publish error caused by the broker closing the channel over this message (a
+    /// protocol error) is a refusal; anything else is a transport failure.
+    pub(crate) fn publish(error: lapin::Error) -> Self {
+        if matches!(error.kind(), lapin::ErrorKind::ProtocolError(_)) {
+            QueueError::PublishRefused(error)
+        } else {
+            QueueError::PublishFailed(error)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct() {
+        let errors = [
+            QueueError::PublishNacked,
+            QueueError::Unroutable {
+                exchange: String::new(),
+                routing_key: "q".into(),
+            },
+            QueueError::ChannelClosed,
+            QueueError::NameTooLong,
+            QueueError::Encode(serde_json::from_str::<u8>("x").unwrap_err()),
+        ];
+        let mut codes: Vec<_> = errors.iter().map(QueueError::code).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), errors.len());
+        assert_eq!(QueueError::PublishNacked.code(), "publish_nacked");
+    }
+}
