@@ -108,6 +108,13 @@ impl Broker {
         &self.inner.config
     }
 
+    /// The AMQP user of the current connection: the only `user_id` the broker accepts on
+    /// a message published through this broker.
+    pub fn user(&self) -> Option<String> {
+        self.current()
+            .map(|link| link.connection.status().username())
+    }
+
     /// Whether the connection is open right now. Does not reconnect and never waits.
     pub async fn is_healthy(&self) -> bool {
         self.current()

@@ -1,1 +1,104 @@
+use std::time::Duration;
 
+use countersign_core::RunId;
+use countersign_queue::{parse_segment, ORIGINAL_USER_HEADER};
+
+use crate::support::{arrives_within, broker, cleaning_up, next};
+
+const NOTHING_WITHIN: Duration = Duration::from_millis(300);
+
+#[tokio::test]
+async fn dead_letter_puts_the_body_and_the_reason_in_dead_letters_and_removes_the_original() {
+    let broker = broker().await;
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        let queue = b.topology().decisions();
+        let user = b.user().unwrap();
+        let body = br#"{"type":"countersign.decision","version":1}"#;
+        b.publish_to_queue(&queue, body, Some(&user)).await.unwrap();
+
+        let mut inbound = b.consume(&queue, 1).await.unwrap();
+        let poison = next(&mut inbound).await;
+        poison
+            .dead_letter(&b, "missing_field:decision_id")
+            .await
+            .unwrap();
+        drop(inbound);
+
+        let mut dead = b.consume(&b.topology().dead_letters(), 1).await.unwrap();
+        let copy = next(&mut dead).await;
+        assert_eq!(copy.body, body);
+        assert_eq!(
+            copy.dead_letter_reason().as_deref(),
+            Some("missing_field:decision_id")
+        );
+        assert_eq!(copy.dead_letter_source().as_deref(), Some(queue.as_str()));
+        assert_eq!(copy.header(ORIGINAL_USER_HEADER), Some(user));
+        copy.ack().await.unwrap();
+
+        // The original was acked after the copy was confirmed: nothing comes back.
+        let mut again = b.consume(&queue, 1).await.unwrap();
+        assert!(arrives_within(&mut again, NOTHING_WITHIN).await.is_none());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn prefetch_limits_the_unacknowledged_deliveries() {
+    let broker = broker().await;
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        let runs: Vec<RunId> = (0..5).map(|_| RunId::new()).collect();
+        for run in &runs {
+            b.publish_segment(*run).await.unwrap();
+        }
+        let mut consumer = b.consume(&b.topology().segments(), 2).await.unwrap();
+        let first = next(&mut consumer).await;
+        let second = next(&mut consumer).await;
+        assert!(
+            arrives_within(&mut consumer, NOTHING_WITHIN)
+                .await
+                .is_none(),
+            "a third delivery arrived with two unacknowledged"
+        );
+        first.ack().await.unwrap();
+        let third = next(&mut consumer).await;
+        assert!(
+            arrives_within(&mut consumer, NOTHING_WITHIN)
+                .await
+                .is_none(),
+            "a fourth delivery arrived with two unacknowledged"
+        );
+        let seen: Vec<RunId> = [&second, &third]
+            .iter()
+            .map(|d| parse_segment(&d.body).unwrap())
+            .collect();
+        assert_eq!(seen, runs[1..3]);
+        second.ack().await.unwrap();
+        third.ack().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_delivery_left_unsettled_comes_back_redelivered_to_the_next_consumer() {
+    let broker = broker().await;
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        let run = RunId::new();
+        b.publish_segment(run).await.unwrap();
+        let mut consumer = b.consume(&b.topology().segments(), 1).await.unwrap();
+        let abandoned = next(&mut consumer).await;
+        assert!(!abandoned.redelivered);
+        // A crash: neither the delivery nor its consumer settle anything.
+        drop(abandoned);
+        drop(consumer);
+        let mut again = b.consume(&b.topology().segments(), 1).await.unwrap();
+        let back = next(&mut again).await;
+        assert_eq!(parse_segment(&back.body), Ok(run));
+        assert!(back.redelivered);
+        assert_eq!(back.delivery_count(), 1);
+        back.ack().await.unwrap();
+    })
+    .await;
+}

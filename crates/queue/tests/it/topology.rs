@@ -1,1 +1,102 @@
+use std::time::Duration;
 
+use countersign_core::RunId;
+use countersign_queue::{parse_segment, Broker};
+
+use crate::support::{arrives_within, cleaning_up, next, test_config, Proxy, ARRIVES_WITHIN};
+
+#[tokio::test]
+async fn declaring_the_topology_twice_with_the_same_prefix_succeeds() {
+    let config = test_config();
+    let first = Broker::connect(config.clone()).await.unwrap();
+    let second = Broker::connect(config).await.unwrap();
+    let (a, b) = (first.clone(), second.clone());
+    cleaning_up(&first, async move {
+        // They share the queues: what one publishes, the other consumes.
+        let run = RunId::new();
+        a.publish_segment(run).await.unwrap();
+        let mut consumer = b.consume(&b.topology().segments(), 1).await.unwrap();
+        let d = next(&mut consumer).await;
+        assert_eq!(parse_segment(&d.body), Ok(run));
+        d.ack().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_message_requeued_past_the_delivery_limit_is_dead_lettered_by_the_quorum_queue() {
+    let mut config = test_config();
+    config.delivery_limit = 2;
+    let broker = Broker::connect(config).await.unwrap();
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        let run = RunId::new();
+        b.publish_segment(run).await.unwrap();
+        let segments = b.topology().segments();
+        let mut consumer = b.consume(&segments, 1).await.unwrap();
+        // The first delivery and `delivery_limit` more; each is requeued.
+        for attempt in 0..=2 {
+            let d = next(&mut consumer).await;
+            assert_eq!(d.delivery_count(), attempt, "counted by the quorum queue");
+            d.requeue().await.unwrap();
+        }
+        assert!(
+            arrives_within(&mut consumer, Duration::from_millis(300))
+                .await
+                .is_none(),
+            "delivered beyond the limit"
+        );
+
+        let mut dead = b.consume(&b.topology().dead_letters(), 1).await.unwrap();
+        let d = next(&mut dead).await;
+        assert_eq!(parse_segment(&d.body), Ok(run));
+        assert_eq!(d.dead_letter_reason().as_deref(), Some("delivery_limit"));
+        assert_eq!(d.dead_letter_source().as_deref(), Some(segments.as_str()));
+        d.ack().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_lost_connection_is_re_established_and_the_topology_declared_again() {
+    let proxy = Proxy::start().await;
+    let direct_config = test_config();
+    let mut proxied_config = direct_config.clone();
+    proxied_config.addr = proxy.amqp_addr();
+    let proxied = Broker::connect(proxied_config).await.unwrap();
+    let direct = Broker::connect(direct_config).await.unwrap();
+    let d = direct.clone();
+    cleaning_up(&direct, async move {
+        let segments = proxied.topology().segments();
+        let mut consumer = proxied.consume(&segments, 1).await.unwrap();
+        assert!(proxied.is_healthy().await);
+
+        proxy.cut();
+        // The consumer ends (after an error saying why): its caller consumes again.
+        tokio::time::timeout(ARRIVES_WITHIN, async {
+            while let Some(item) = consumer.next().await {
+                assert!(item.is_err(), "nothing was published");
+            }
+        })
+        .await
+        .expect("the consumer ends when its connection is lost");
+        assert!(!proxied.is_healthy().await);
+
+        // Meanwhile the broker lost the definitions.
+        d.delete_topology().await.unwrap();
+
+        let run = RunId::new();
+        proxied.publish_segment(run).await.unwrap();
+        assert!(proxied.is_healthy().await);
+        let mut again = d.consume(&segments, 1).await.unwrap();
+        let delivery = next(&mut again).await;
+        assert_eq!(parse_segment(&delivery.body), Ok(run));
+        delivery.ack().await.unwrap();
+        drop(again);
+        // And the proxied broker consumes again over its new connection.
+        let mut resumed = proxied.consume(&segments, 1).await.unwrap();
+        proxied.publish_segment(run).await.unwrap();
+        next(&mut resumed).await.ack().await.unwrap();
+    })
+    .await;
+}
