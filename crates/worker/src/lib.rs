@@ -12,6 +12,7 @@
 
 mod hooks;
 mod segment;
+pub mod service;
 
 pub use hooks::StoreHooks;
 pub use segment::{EventSink, SegmentEnd, SegmentRunner};

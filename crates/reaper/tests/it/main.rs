@@ -1,0 +1,3 @@
+//! One reaper pass against the real PostgreSQL and the real RabbitMQ.
+
+mod pass;

@@ -1,0 +1,265 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_core::{
+    Effect, Message, PendingCall, RunId, SuspendedRunState, SuspensionSeq, TokenUsage,
+};
+use countersign_crypto::Keyring;
+use countersign_queue::{parse_segment, Broker, Consumer, QueueConfig, Topology};
+use countersign_reaper::{pass, PassSummary, ReaperConfig};
+use countersign_store::{NewRun, RunStatus, Store, TerminationReason};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+const TTL: Duration = Duration::from_secs(30);
+
+struct Harness {
+    store: Store,
+    broker: Broker,
+    config: ReaperConfig,
+    events: Consumer,
+    segments: Consumer,
+}
+
+async fn harness(pool: PgPool) -> Harness {
+    let store = Store::new(pool, Arc::new(Keyring::parse(KEYS).unwrap()));
+    let addr = std::env::var("AMQP_ADDR")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let topology = Topology::new(format!("test-reaper-{}", Uuid::now_v7()));
+    let broker = Broker::connect(QueueConfig::new(addr, topology))
+        .await
+        .unwrap();
+    let watch = broker.declare_private_queue().await.unwrap();
+    broker.bind_events(&watch, "run.*").await.unwrap();
+    let events = broker.consume(&watch, 10).await.unwrap();
+    let segments = broker
+        .consume(&broker.topology().segments(), 10)
+        .await
+        .unwrap();
+    let config = ReaperConfig {
+        max_requeues: 3,
+        backoff: Duration::ZERO,
+        dispatch_grace: Duration::ZERO,
+        batch: 100,
+    };
+    Harness {
+        store,
+        broker,
+        config,
+        events,
+        segments,
+    }
+}
+
+impl Harness {
+    async fn running_run(&self) -> RunId {
+        let run = self
+            .store
+            .create_run(&NewRun {
+                request_id: Uuid::now_v7(),
+                agent: "seo".into(),
+                acting_user: "editor".into(),
+                prompt: "Improve page 12.".into(),
+            })
+            .await
+            .unwrap();
+        self.store.mark_dispatched(run.run_id).await.unwrap();
+        self.store
+            .claim(run.run_id, "w1", TTL)
+            .await
+            .unwrap()
+            .expect("claimable");
+        run.run_id
+    }
+
+    async fn expire_lease(&self, run_id: RunId) {
+        sqlx::query("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+            .bind(run_id.as_uuid())
+            .execute(self.store.pool())
+            .await
+            .unwrap();
+    }
+
+    async fn pass(&self) -> PassSummary {
+        pass(&self.store, &self.broker, &self.config).await.unwrap()
+    }
+
+    async fn next_json(consumer: &mut Consumer) -> (Vec<u8>, Value) {
+        let delivery = tokio::time::timeout(Duration::from_secs(10), consumer.next())
+            .await
+            .expect("a message within 10 s")
+            .expect("the consumer is open")
+            .expect("a delivery");
+        let body = delivery.body.clone();
+        delivery.ack().await.unwrap();
+        let value = serde_json::from_slice(&body).unwrap();
+        (body, value)
+    }
+
+    async fn cleanup(self) {
+        self.broker.delete_topology().await.unwrap();
+    }
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn an_expired_lease_is_requeued_and_its_wake_up_published_once(pool: PgPool) {
+    let mut h = harness(pool).await;
+    let run_id = h.running_run().await;
+    h.expire_lease(run_id).await;
+
+    let summary = h.pass().await;
+    assert_eq!(
+        summary,
+        PassSummary {
+            requeued: 1,
+            redispatched: 1,
+            ..PassSummary::default()
+        }
+    );
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.requeue_count, 1);
+    let (body, _) = Harness::next_json(&mut h.segments).await;
+    assert_eq!(parse_segment(&body).unwrap(), run_id);
+
+    assert_eq!(
+        h.pass().await,
+        PassSummary::default(),
+        "a second pass finds nothing to do"
+    );
+    h.cleanup().await;
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_run_past_its_requeue_limit_fails_retries_exhausted_and_announces_it(pool: PgPool) {
+    let mut h = harness(pool).await;
+    let run_id = h.running_run().await;
+    sqlx::query("UPDATE runs SET requeue_count = 3 WHERE id = $1")
+        .bind(run_id.as_uuid())
+        .execute(h.store.pool())
+        .await
+        .unwrap();
+    h.expire_lease(run_id).await;
+
+    assert_eq!(
+        h.pass().await,
+        PassSummary {
+            retries_exhausted: 1,
+            ..PassSummary::default()
+        }
+    );
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(
+        run.termination_reason,
+        Some(TerminationReason::RetriesExhausted)
+    );
+    let (_, event) = Harness::next_json(&mut h.events).await;
+    assert_eq!(event["event"], "run.failed");
+    assert_eq!(event["run_id"], json!(run_id));
+    assert_eq!(event["termination_reason"], "retries_exhausted");
+    h.cleanup().await;
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_run_that_may_have_written_outside_is_failed_not_retryable(pool: PgPool) {
+    let h = harness(pool).await;
+    let run_id = h.running_run().await;
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    let lease = countersign_store::Lease {
+        run_id,
+        owner: "w1".into(),
+        epoch: run.lease_epoch,
+    };
+    assert!(h
+        .store
+        .renew_stamping(&lease, TTL, Some(Effect::NonIdempotentWrite))
+        .await
+        .unwrap());
+    h.expire_lease(run_id).await;
+
+    assert_eq!(
+        h.pass().await,
+        PassSummary {
+            not_retryable: 1,
+            ..PassSummary::default()
+        }
+    );
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(
+        run.termination_reason,
+        Some(TerminationReason::NotRetryable)
+    );
+    h.cleanup().await;
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn an_approval_past_its_deadline_is_cancelled_and_announced(pool: PgPool) {
+    let mut h = harness(pool).await;
+    let run_id = h.running_run().await;
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    let lease = countersign_store::Lease {
+        run_id,
+        owner: "w1".into(),
+        epoch: run.lease_epoch,
+    };
+    let state = SuspendedRunState {
+        transcript: vec![Message::user("Improve page 12.")],
+        pending_calls: vec![PendingCall {
+            id: "c1".into(),
+            tool: "update_page_metadata".into(),
+            arguments: json!({"uid": 12, "description": "New"}),
+        }],
+        iterations: 1,
+        tokens: TokenUsage::default(),
+        offered_tools: vec!["update_page_metadata".into()],
+        model_options: Default::default(),
+        call_previews: vec![],
+        stale_call_indexes: vec![],
+        suspension_seq: SuspensionSeq::FIRST,
+        captured_at: "2026-11-30T10:00:00Z".into(),
+    };
+    assert!(h.store.suspend(&lease, &state).await.unwrap());
+    sqlx::query("UPDATE runs SET approval_deadline = now() - interval '1 second' WHERE id = $1")
+        .bind(run_id.as_uuid())
+        .execute(h.store.pool())
+        .await
+        .unwrap();
+
+    assert_eq!(
+        h.pass().await,
+        PassSummary {
+            approvals_expired: 1,
+            ..PassSummary::default()
+        }
+    );
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Cancelled);
+    assert_eq!(
+        run.termination_reason,
+        Some(TerminationReason::ApprovalExpired)
+    );
+    let (_, event) = Harness::next_json(&mut h.events).await;
+    assert_eq!(event["event"], "run.cancelled");
+    assert_eq!(event["termination_reason"], "approval_expired");
+    h.cleanup().await;
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn two_passes_at_once_reap_each_expired_run_once(pool: PgPool) {
+    let h = harness(pool).await;
+    let mut runs = Vec::new();
+    for _ in 0..5 {
+        let run_id = h.running_run().await;
+        h.expire_lease(run_id).await;
+        runs.push(run_id);
+    }
+    let (a, b) = tokio::join!(h.pass(), h.pass());
+    assert_eq!(a.requeued + b.requeued, 5, "{a} / {b}");
+    for run_id in runs {
+        assert_eq!(h.store.run(run_id).await.unwrap().unwrap().requeue_count, 1);
+    }
+    h.cleanup().await;
+}

@@ -1,0 +1,130 @@
+//! `countersign-worker`: claims and runs segments of agent runs until stopped.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use countersign_content::ContentUsers;
+use countersign_core::ToolRegistry;
+use countersign_crypto::Keyring;
+use countersign_model::ScriptedModel;
+use countersign_queue::{Broker, QueueConfig, Topology};
+use countersign_store::Store;
+use countersign_worker::service::{self, BrokerEvents, WorkerConfig};
+use countersign_worker::SegmentRunner;
+use sqlx::postgres::PgPoolOptions;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "countersign-worker",
+    version,
+    about = "Runs leased segments of agent runs."
+)]
+struct Args {
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    #[arg(
+        long,
+        env = "AMQP_ADDR",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_addr: String,
+    /// Prefix of every queue and exchange name.
+    #[arg(long, env = "COUNTERSIGN_QUEUE_PREFIX", default_value = "countersign")]
+    queue_prefix: String,
+    /// The scripted model every agent runs with.
+    #[arg(long, env = "COUNTERSIGN_MODEL_SCRIPT")]
+    model_script: PathBuf,
+    /// Segments run at once.
+    #[arg(long, env = "COUNTERSIGN_WORKER_CONCURRENCY", default_value_t = 4)]
+    concurrency: usize,
+    /// Lease time to live, in seconds; renewed every third of it.
+    #[arg(long, default_value_t = 30)]
+    lease_ttl_secs: u64,
+    /// Seconds between looks for runs whose wake-up was lost.
+    #[arg(long, default_value_t = 5)]
+    poll_interval_secs: u64,
+    /// The lease owner name; defaults to the host name and process id.
+    #[arg(long, env = "COUNTERSIGN_WORKER_ID")]
+    owner: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    countersign_telemetry::init_tracing(false);
+    let keyring = Keyring::from_env()
+        .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
+    let model = ScriptedModel::from_path(&args.model_script).context("loading the model script")?;
+    let pool = PgPoolOptions::new()
+        .max_connections(u32::try_from(args.concurrency * 2 + 2).unwrap_or(16))
+        .connect(&args.database_url)
+        .await
+        .context("connecting to PostgreSQL")?;
+    let store = Store::new(pool.clone(), Arc::new(keyring));
+    let broker = Broker::connect(QueueConfig::new(
+        &args.amqp_addr,
+        Topology::new(&args.queue_prefix),
+    ))
+    .await
+    .context("connecting to RabbitMQ")?;
+    let mut registry = ToolRegistry::new();
+    countersign_content::register(&mut registry, store.clone());
+    let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));
+    let runner = SegmentRunner {
+        store,
+        registry: Arc::new(registry),
+        model: Arc::new(model),
+        users: Arc::new(ContentUsers::new(pool)),
+        lease_ttl,
+        events: Some(Arc::new(BrokerEvents(broker.clone()))),
+    };
+    let config = WorkerConfig {
+        owner: args.owner.unwrap_or_else(default_owner),
+        concurrency: args.concurrency.max(1),
+        poll_interval: Duration::from_secs(args.poll_interval_secs.max(1)),
+        shutdown_grace: lease_ttl,
+    };
+    tracing::info!(owner = %config.owner, concurrency = config.concurrency, "worker started");
+    service::run(runner, broker, config, shutdown_signal()).await;
+    Ok(())
+}
+
+fn default_owner() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default();
+    format!(
+        "{}:{}",
+        if host.is_empty() { "worker" } else { &host },
+        std::process::id()
+    )
+}
+
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn verify_cli() {
+        Args::command().debug_assert();
+    }
+}
