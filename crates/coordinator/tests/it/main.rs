@@ -4,4 +4,8 @@
 //! the scripted model, the way the worker's own tests make them. "Untouched" is checked on the
 //! whole run row, sealed state and `updated_at` included.
 
+mod gates;
 mod producers;
+mod release;
+mod requests;
+mod support;

@@ -1,0 +1,288 @@
+//! A seeded store, the agent `seo`, a real worker to suspend runs, and the coordinator.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_content::{seed_demo_site, ContentUsers};
+use countersign_coordinator::producers::{self, ProducerKind, ANY};
+use countersign_coordinator::{Coordinator, DecisionVerdict, RequestOutcome};
+use countersign_core::{RunId, SuspensionSeq, ToolPolicy, ToolRegistry, TurnDigest};
+use countersign_crypto::Keyring;
+use countersign_model::ScriptedModel;
+use countersign_store::{AgentConfig, RunStatus, Store};
+use countersign_worker::{SegmentEnd, SegmentRunner};
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+const TTL: Duration = Duration::from_secs(30);
+
+pub const AGENT: &str = "seo";
+pub const WRITERS: [&str; 2] = ["update_page_metadata", "attach_file_to_content_element"];
+/// The broker user of the approval inbox: may assert any approver.
+pub const INBOX: &str = "inbox";
+/// The broker user of a kiosk that may assert only the approver `approver`.
+pub const KIOSK: &str = "kiosk";
+/// The broker user of the editorial portal: may start runs as `editor` and `admin`.
+pub const PORTAL: &str = "portal";
+
+const SCRIPT: &str = r#"{"turns": [
+  {"tool_calls": [
+    {"name": "update_page_metadata", "arguments": {"uid": 12, "description": "Bicycles for every road."}},
+    {"name": "attach_file_to_content_element", "arguments": {"content_element": 5, "file": 13, "field": "image"}}
+  ]},
+  {"content": "Done."}
+]}"#;
+
+pub struct Harness {
+    pub store: Store,
+    pub pool: PgPool,
+    pub runner: SegmentRunner,
+    pub coordinator: Coordinator,
+}
+
+/// The agent as the harness configures it, before a test changes it.
+pub fn agent(four_eyes: bool) -> AgentConfig {
+    AgentConfig {
+        name: AGENT.into(),
+        active: true,
+        model: json!({}),
+        policy: ToolPolicy {
+            enabled_tools: WRITERS.iter().map(|w| w.to_string()).collect(),
+            ..Default::default()
+        },
+        max_iterations: 5,
+        four_eyes,
+        approval_deadline: Duration::from_secs(3600),
+    }
+}
+
+pub async fn harness(pool: PgPool) -> Harness {
+    seed_demo_site(&pool).await.unwrap();
+    let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
+    store.upsert_agent(&agent(false)).await.unwrap();
+    let mut registry = ToolRegistry::new();
+    countersign_content::register(&mut registry, store.clone());
+    let registry = Arc::new(registry);
+    let runner = SegmentRunner {
+        store: store.clone(),
+        registry: registry.clone(),
+        model: Arc::new(ScriptedModel::from_json(SCRIPT).unwrap()),
+        users: Arc::new(ContentUsers::new(pool.clone())),
+        lease_ttl: TTL,
+        events: None,
+    };
+    for (user, kind, name) in [
+        (INBOX, ProducerKind::Approver, ANY),
+        (KIOSK, ProducerKind::Approver, "approver"),
+        (PORTAL, ProducerKind::ActingUser, "editor"),
+        (PORTAL, ProducerKind::ActingUser, "admin"),
+    ] {
+        producers::allow(&pool, user, kind, name).await.unwrap();
+    }
+    Harness {
+        coordinator: Coordinator::new(store.clone(), registry),
+        store,
+        pool,
+        runner,
+    }
+}
+
+/// The card a decision names.
+#[derive(Debug, Clone)]
+pub struct Card {
+    pub run_id: RunId,
+    pub seq: SuspensionSeq,
+    pub digest: TurnDigest,
+}
+
+impl Card {
+    /// A decision on this card, as a producer would send it.
+    pub fn decision(&self, approved: bool, approver: &str) -> Value {
+        json!({
+            "type": "countersign.decision", "version": 1,
+            "decision_id": Uuid::now_v7(),
+            "run_id": self.run_id,
+            "suspension_seq": self.seq.get(),
+            "turn_digest": self.digest.as_str(),
+            "approved": approved,
+            "approver": approver,
+        })
+    }
+}
+
+pub fn bytes(v: &Value) -> Vec<u8> {
+    v.to_string().into_bytes()
+}
+
+pub fn request(acting_user: &str, agent: &str) -> Value {
+    json!({
+        "type": "countersign.run_request", "version": 1,
+        "request_id": Uuid::now_v7(),
+        "agent": agent,
+        "acting_user": acting_user,
+        "prompt": "Improve page 12.",
+    })
+}
+
+impl Harness {
+    /// A run requested through the coordinator, still queued for its start segment.
+    pub async fn queued_run(&self, acting_user: &str) -> RunId {
+        let verdict = self
+            .coordinator
+            .take_run_request(&bytes(&request(acting_user, AGENT)), Some(PORTAL))
+            .await
+            .unwrap();
+        assert_eq!(verdict.outcome, RequestOutcome::Accepted);
+        verdict.run_id.unwrap()
+    }
+
+    /// A run of the script acting as `acting_user`, suspended on its write turn by the worker.
+    pub async fn suspended_run(&self, acting_user: &str) -> Card {
+        let run_id = self.queued_run(acting_user).await;
+        assert_eq!(
+            self.claim_and_run(run_id, "w1").await,
+            SegmentEnd::Suspended {
+                suspension_seq: 1,
+                moved: 0
+            }
+        );
+        self.card(run_id).await
+    }
+
+    /// The run's current card.
+    pub async fn card(&self, run_id: RunId) -> Card {
+        let run = self.store.run(run_id).await.unwrap().unwrap();
+        assert_eq!(run.status, RunStatus::WaitingForApproval);
+        Card {
+            run_id,
+            seq: run.suspension_seq.unwrap(),
+            digest: run.turn_digest.unwrap(),
+        }
+    }
+
+    pub async fn claim_and_run(&self, run_id: RunId, owner: &str) -> SegmentEnd {
+        let claim = self
+            .store
+            .claim(run_id, owner, TTL)
+            .await
+            .unwrap()
+            .expect("claimable");
+        self.runner.run(&claim).await.unwrap()
+    }
+
+    /// Sends a decision from `producer`.
+    pub async fn decide(&self, decision: &Value, producer: Option<&str>) -> DecisionVerdict {
+        self.coordinator
+            .take_decision(&bytes(decision), producer)
+            .await
+            .unwrap()
+    }
+
+    /// The whole run row as JSON — status, segment, suspension, sealed state (as hex), lease,
+    /// deadlines and `updated_at` — to prove a refusal left it exactly as it was.
+    pub async fn row(&self, run_id: RunId) -> Value {
+        sqlx::query_scalar("SELECT to_jsonb(r) FROM runs r WHERE id = $1")
+            .bind(run_id.as_uuid())
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// `(decision_id, outcome)` of every decision recorded for the run, oldest first.
+    pub async fn decisions(&self, run_id: RunId) -> Vec<(Uuid, String)> {
+        sqlx::query_as(
+            "SELECT decision_id, outcome FROM run_decisions WHERE run_id = $1 ORDER BY created_at, decision_id",
+        )
+        .bind(run_id.as_uuid())
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+
+    /// The kinds of the run's audit events that concern decisions.
+    pub async fn decision_events(&self, run_id: RunId) -> Vec<(String, Value)> {
+        self.store
+            .events(run_id)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind.starts_with("decision."))
+            .map(|e| (e.kind, e.payload))
+            .collect()
+    }
+
+    /// Locks the run row as a concurrent writer would, until the returned transaction ends.
+    pub async fn lock_run(&self, run_id: RunId) -> sqlx::Transaction<'static, sqlx::Postgres> {
+        let mut tx = self.pool.begin().await.unwrap();
+        sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE")
+            .bind(run_id.as_uuid())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx
+    }
+
+    /// Waits until `n` statements of this database are blocked on a lock: the deciders have
+    /// passed their gates and queue behind the held run row. Fails after thirty seconds.
+    pub async fn wait_for_lock_waiters(&self, n: i64) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .unwrap();
+            if waiting >= n {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "only {waiting} of {n} deciders reached the run row"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub async fn runs(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM runs")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn teaser_images(&self) -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM content.file_references WHERE element = 5 AND field = 'image' AND NOT deleted",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
+/// Asserts a refusal that records nothing and publishes nothing.
+pub fn assert_unrecorded(v: &DecisionVerdict, code: &str) {
+    assert_eq!(v.outcome.code(), code);
+    assert!(v.dispatch.is_none(), "nothing is dispatched");
+    assert!(
+        v.event.is_none(),
+        "nothing is published on the events exchange"
+    );
+    assert!(!v.replayed);
+}
+
+/// Asserts a recorded refusal of `d`: its code, no dispatch, and the `decision.refused` event.
+pub fn assert_refused(v: &DecisionVerdict, d: &Value, code: &str) {
+    assert_eq!(v.outcome.code(), code);
+    assert!(v.dispatch.is_none(), "a refusal dispatches nothing");
+    let event = v.event.as_ref().expect("a refusal is published");
+    assert_eq!(event.name, "decision.refused");
+    assert_eq!(event.fields["outcome"], code);
+    assert_eq!(event.fields["decision_id"], d["decision_id"]);
+    assert_eq!(event.fields["run_id"], d["run_id"]);
+    assert_eq!(&v.reply, event, "the producer's reply says the same");
+}
