@@ -85,6 +85,39 @@ pub async fn serve(
         .await
 }
 
+/// Resolves on SIGINT or SIGTERM: the shutdown future a binary passes to its `run`.
+pub async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}
+
+/// Starts the surfaces on `addr` in the background, when an address is configured.
+pub async fn spawn_surfaces(
+    addr: Option<std::net::SocketAddr>,
+    readiness: Arc<dyn Readiness>,
+) -> std::io::Result<()> {
+    let Some(addr) = addr else { return Ok(()) };
+    let metrics = install_metrics().map_err(std::io::Error::other)?;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(async move {
+        if let Err(e) = serve(listener, metrics, readiness, std::future::pending()).await {
+            tracing::error!(error = %e, "the HTTP surfaces stopped");
+        }
+    });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

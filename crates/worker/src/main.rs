@@ -49,6 +49,22 @@ struct Args {
     /// The lease owner name; defaults to the host name and process id.
     #[arg(long, env = "COUNTERSIGN_WORKER_ID")]
     owner: Option<String>,
+    /// Where to serve /metrics, /healthz and /readyz (e.g. 0.0.0.0:9464); none when unset.
+    #[arg(long, env = "COUNTERSIGN_HTTP_ADDR")]
+    http_addr: Option<std::net::SocketAddr>,
+}
+
+/// Ready while PostgreSQL answers and the broker connection is open.
+struct Ready {
+    pool: sqlx::PgPool,
+    broker: Broker,
+}
+
+#[async_trait::async_trait]
+impl countersign_telemetry::Readiness for Ready {
+    async fn ready(&self) -> bool {
+        self.broker.is_healthy().await && sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
 }
 
 #[tokio::main]
@@ -70,6 +86,13 @@ async fn main() -> anyhow::Result<()> {
     ))
     .await
     .context("connecting to RabbitMQ")?;
+    let ready = Arc::new(Ready {
+        pool: pool.clone(),
+        broker: broker.clone(),
+    });
+    countersign_telemetry::spawn_surfaces(args.http_addr, ready)
+        .await
+        .context("serving the HTTP surfaces")?;
     let mut registry = ToolRegistry::new();
     countersign_content::register(&mut registry, store.clone());
     let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));
@@ -88,7 +111,13 @@ async fn main() -> anyhow::Result<()> {
         shutdown_grace: lease_ttl,
     };
     tracing::info!(owner = %config.owner, concurrency = config.concurrency, "worker started");
-    service::run(runner, broker, config, shutdown_signal()).await;
+    service::run(
+        runner,
+        broker,
+        config,
+        countersign_telemetry::shutdown_signal(),
+    )
+    .await;
     Ok(())
 }
 
@@ -101,21 +130,6 @@ fn default_owner() -> String {
         if host.is_empty() { "worker" } else { &host },
         std::process::id()
     )
-}
-
-async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
-    }
 }
 
 #[cfg(test)]

@@ -184,6 +184,7 @@ impl SegmentRunner {
                 )
                 .await;
                 tracing::info!(run.id = %run_id, reason = reason.as_str(), "run completed");
+                metrics::counter!("countersign_runs_total", "status" => "completed", "reason" => reason.as_str()).increment(1);
                 Ok(SegmentEnd::Completed(reason))
             }
             Outcome::Failed {
@@ -216,6 +217,14 @@ impl SegmentRunner {
                     }
                 }
                 let seq = state.suspension_seq.get();
+                metrics::counter!("countersign_suspensions_total").increment(1);
+                for p in state.call_previews.iter().filter(|p| p.failed) {
+                    metrics::counter!("countersign_preview_failures_total", "tool" => p.tool.clone()).increment(1);
+                }
+                for (_, tool) in &moved {
+                    metrics::counter!("countersign_preview_moves_total", "tool" => tool.clone())
+                        .increment(1);
+                }
                 let stale: Vec<usize> = state.stale_call_indexes.iter().map(|i| i.get()).collect();
                 if !moved.is_empty() {
                     let tools: Vec<&str> = moved.iter().map(|(_, t)| t.as_str()).collect();
@@ -238,6 +247,9 @@ impl SegmentRunner {
                 })
             }
             Outcome::Interrupted { code } => {
+                if code == "lease_lost" {
+                    metrics::counter!("countersign_leases_lost_total").increment(1);
+                }
                 tracing::warn!(run.id = %run_id, code, "segment interrupted; nothing settled");
                 Ok(SegmentEnd::Interrupted(code))
             }
@@ -275,6 +287,7 @@ impl SegmentRunner {
         code: &str,
     ) {
         tracing::warn!(run.id = %run_id, reason = reason.as_str(), code, "run failed");
+        metrics::counter!("countersign_runs_total", "status" => "failed", "reason" => reason.as_str()).increment(1);
         let payload = json!({"termination_reason": reason.as_str(), "error_code": code});
         self.event(run_id, "run.failed", payload, None).await;
     }
