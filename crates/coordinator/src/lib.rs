@@ -28,6 +28,7 @@
 mod decisions;
 pub mod producers;
 mod requests;
+pub mod service;
 mod verdict;
 
 use std::sync::Arc;

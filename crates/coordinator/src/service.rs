@@ -1,0 +1,155 @@
+//! The coordinator over RabbitMQ: one consumer for run requests, one for decisions.
+//!
+//! Each delivery is handed to the gates with the broker-validated `user_id`; the verdict says
+//! what to publish. A delivery is acked only after the verdict's effects are durable: the
+//! decision or run is committed, the segment wake-up confirmed (or left to the reaper's
+//! lost-dispatch scan), the event and the reply published. Malformed and unauthenticated
+//! messages are dead-lettered with their reason; nothing is dropped.
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{SecondsFormat, Utc};
+use countersign_core::Event;
+use countersign_queue::{Broker, Delivery};
+use serde_json::Value;
+
+use crate::{Coordinator, Dispatch};
+
+/// Deliveries each consumer may hold unacknowledged.
+const PREFETCH: u16 = 8;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Inbox {
+    RunRequests,
+    Decisions,
+}
+
+/// Consumes both public queues until `shutdown` resolves.
+pub async fn run(coordinator: Coordinator, broker: Broker, shutdown: impl Future<Output = ()>) {
+    let requests = consume(coordinator.clone(), broker.clone(), Inbox::RunRequests);
+    let decisions = consume(coordinator, broker, Inbox::Decisions);
+    tokio::select! {
+        () = shutdown => {}
+        () = requests => {}
+        () = decisions => {}
+    }
+}
+
+async fn consume(coordinator: Coordinator, broker: Broker, inbox: Inbox) {
+    let queue = match inbox {
+        Inbox::RunRequests => broker.topology().run_requests(),
+        Inbox::Decisions => broker.topology().decisions(),
+    };
+    loop {
+        let mut consumer = match broker.consume(&queue, PREFETCH).await {
+            Ok(consumer) => consumer,
+            Err(e) => {
+                tracing::warn!(queue, code = e.code(), error = %e, "cannot consume; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                continue;
+            }
+        };
+        while let Some(next) = consumer.next().await {
+            match next {
+                Ok(delivery) => handle(&coordinator, &broker, inbox, delivery).await,
+                Err(e) => tracing::warn!(queue, code = e.code(), error = %e, "consumer failed"),
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// What a verdict asks the transport to do.
+struct Effects {
+    counter: &'static str,
+    outcome: &'static str,
+    dead_letter: Option<String>,
+    dispatch: Option<Dispatch>,
+    event: Option<Event>,
+    reply: Event,
+}
+
+/// Malformed messages carry their parse reason; a message from a producer that may not
+/// assert the identity it names is kept too, for the operator to see who sent it.
+fn dead_letter_reason(malformed: Option<&str>, outcome: &'static str) -> Option<String> {
+    malformed
+        .map(str::to_owned)
+        .or_else(|| (outcome == "unauthenticated_producer").then(|| outcome.to_owned()))
+}
+
+async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery: Delivery) {
+    let producer = delivery.user_id.as_deref();
+    let effects = match inbox {
+        Inbox::RunRequests => coordinator
+            .take_run_request(&delivery.body, producer)
+            .await
+            .map(|v| Effects {
+                counter: "countersign_run_requests_total",
+                outcome: v.outcome.code(),
+                dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
+                dispatch: v.dispatch,
+                event: v.event,
+                reply: v.reply,
+            }),
+        Inbox::Decisions => coordinator
+            .take_decision(&delivery.body, producer)
+            .await
+            .map(|v| Effects {
+                counter: "countersign_decisions_total",
+                outcome: v.outcome.code(),
+                dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
+                dispatch: v.dispatch,
+                event: v.event,
+                reply: v.reply,
+            }),
+    };
+    let effects = match effects {
+        Ok(effects) => effects,
+        Err(e) => {
+            // Nothing was recorded that the next delivery would not redo.
+            tracing::warn!(code = e.code(), error = %e, "gates could not run; message requeued");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if let Err(e) = delivery.requeue().await {
+                tracing::warn!(code = e.code(), error = %e, "requeue failed");
+            }
+            return;
+        }
+    };
+    metrics::counter!(effects.counter, "outcome" => effects.outcome).increment(1);
+    let at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
+
+    if let Some(dispatch) = effects.dispatch {
+        match broker.publish_segment(dispatch.run_id).await {
+            Ok(()) => {
+                if let Err(e) = coordinator.confirm_dispatch(&dispatch).await {
+                    tracing::warn!(run.id = %dispatch.run_id, code = e.code(), error = %e, "dispatch not recorded; the reaper will publish again");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(run.id = %dispatch.run_id, code = e.code(), error = %e, "wake-up not published; the reaper will publish it")
+            }
+        }
+    }
+    if let Some(event) = &effects.event {
+        if let Err(e) = broker.publish_event(event, &at).await {
+            tracing::warn!(event = event.name, code = e.code(), error = %e, "event not published");
+        }
+    }
+    if let Some(reply_to) = delivery.reply_to.as_deref() {
+        let body: Value = effects.reply.to_json(&at);
+        if let Err(e) = broker
+            .publish_reply(reply_to, delivery.correlation_id.as_deref(), &body)
+            .await
+        {
+            tracing::warn!(code = e.code(), error = %e, "reply not published");
+        }
+    }
+    let settled = match effects.dead_letter {
+        Some(reason) => delivery.dead_letter(broker, &reason).await,
+        None => delivery.ack().await,
+    };
+    if let Err(e) = settled {
+        tracing::warn!(code = e.code(), error = %e, "delivery not settled; it will be redelivered and replayed");
+    }
+}
