@@ -1,11 +1,16 @@
-//! Black-box end-to-end tests of countersign: each test starts the real `countersign`
-//! binaries as a user would and checks what they print and leave in PostgreSQL.
+//! Black-box end-to-end tests of countersign: each test starts the real binaries as an
+//! operator would, talks to them only through PostgreSQL, RabbitMQ, HTTP and their command
+//! lines, and checks what they did.
 //!
-//! This crate has no code of its own; it depends on the command-line crate so that
-//! `cargo test` builds the binary before the tests run. It must never reach into a library
-//! crate to fake a step the binary performs.
+//! This crate must never reach into a library crate to fake a step a binary performs; the
+//! queue crate is used only as any foreign producer or event consumer would use RabbitMQ.
 
+use std::io::{Read, Write};
 use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+
+/// A fixed test keyring (32 zero bytes): these tests are about behaviour, not about keys.
+pub const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
 
 /// The path of a binary built from this workspace, next to the running test executable.
 pub fn binary(name: &str) -> PathBuf {
@@ -22,4 +27,106 @@ pub fn binary(name: &str) -> PathBuf {
         path.display()
     );
     path
+}
+
+/// A file of the workspace, by its path from the workspace root.
+pub fn workspace_file(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
+}
+
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+pub fn amqp_addr() -> String {
+    std::env::var("AMQP_ADDR")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+/// The environment one installation under test shares.
+#[derive(Debug, Clone)]
+pub struct Installation {
+    pub database_url: String,
+    pub queue_prefix: String,
+}
+
+impl Installation {
+    pub fn command(&self, binary_name: &str) -> Command {
+        let mut cmd = Command::new(binary(binary_name));
+        cmd.env("DATABASE_URL", &self.database_url)
+            .env("AMQP_ADDR", amqp_addr())
+            .env("COUNTERSIGN_QUEUE_PREFIX", &self.queue_prefix)
+            .env("COUNTERSIGN_KEYS", KEYS)
+            .env_remove("COUNTERSIGN_KEY_FILE")
+            .env("RUST_LOG", "warn");
+        cmd
+    }
+
+    /// Runs `countersign ARGS` to completion.
+    pub fn countersign(&self, args: &[&str]) -> Output {
+        self.command("countersign")
+            .args(args)
+            .output()
+            .expect("countersign starts")
+    }
+
+    /// Runs `countersign ARGS` and returns its stdout, failing the test on a non-zero exit.
+    pub fn countersign_ok(&self, args: &[&str]) -> String {
+        let out = self.countersign(args);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "countersign {args:?} failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    }
+
+    /// Starts a long-running binary; it is killed when the guard drops.
+    pub fn spawn(&self, binary_name: &str, args: &[&str]) -> Running {
+        let child = self
+            .command(binary_name)
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("the binary starts");
+        Running(child)
+    }
+}
+
+/// A running binary, killed on drop.
+#[derive(Debug)]
+pub struct Running(pub Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A free port on the loopback interface.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `GET path` on 127.0.0.1:port: (status line, body); `None` while nothing listens.
+pub fn http_get(port: u16, path: &str) -> Option<(String, String)> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    Some((head.lines().next()?.to_owned(), body.to_owned()))
 }

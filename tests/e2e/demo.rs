@@ -1,11 +1,6 @@
 use std::process::Command;
 
-use countersign_e2e::binary;
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
+use countersign_e2e::{binary, database_url};
 
 #[test]
 fn the_demo_bounces_a_moved_preview_and_writes_only_after_the_second_approval() {

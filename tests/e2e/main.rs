@@ -1,3 +1,4 @@
-//! End-to-end: the real binaries against the real PostgreSQL.
+//! End-to-end: the real binaries against the real PostgreSQL and RabbitMQ.
 
 mod demo;
+mod services;

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
@@ -15,6 +16,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 mod demo;
+mod ops;
 mod render;
 
 #[derive(Debug, Parser)]
@@ -32,6 +34,22 @@ pub struct Cli {
         global = true
     )]
     pub database_url: String,
+    /// RabbitMQ, for the commands that talk to the queues.
+    #[arg(
+        long,
+        env = "AMQP_ADDR",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        global = true
+    )]
+    pub amqp_addr: String,
+    /// Prefix of every queue and exchange name.
+    #[arg(
+        long,
+        env = "COUNTERSIGN_QUEUE_PREFIX",
+        default_value = "countersign",
+        global = true
+    )]
+    pub queue_prefix: String,
     /// Log at debug level.
     #[arg(short, long, global = true)]
     pub verbose: bool,
@@ -48,6 +66,50 @@ pub enum Command {
         #[command(subcommand)]
         command: KeysCommand,
     },
+    /// Manages agent configurations.
+    Agents {
+        #[command(subcommand)]
+        command: AgentsCommand,
+    },
+    /// Manages which broker users may assert which approvers and acting users.
+    Producers {
+        #[command(subcommand)]
+        command: ProducersCommand,
+    },
+    /// Seeds the reference content store with the demo site (idempotent).
+    SeedDemoSite,
+    /// Sends a run request through the queue and prints the coordinator's answer.
+    Submit {
+        #[arg(long)]
+        agent: String,
+        /// The user the run acts as.
+        #[arg(long = "as")]
+        acting_user: String,
+        prompt: String,
+        /// Seconds to wait for the coordinator's reply.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
+    /// Lists the runs waiting for approval, with their cards as VIEWER may see them.
+    Inbox {
+        #[arg(long = "as")]
+        viewer: String,
+    },
+    /// Decides on the card a run currently shows, through the queue.
+    Decide {
+        run_id: countersign_core::RunId,
+        #[arg(long = "as")]
+        approver: String,
+        #[arg(long, conflicts_with = "deny", required_unless_present = "deny")]
+        approve: bool,
+        #[arg(long)]
+        deny: bool,
+        #[arg(long)]
+        comment: Option<String>,
+        /// Seconds to wait for the coordinator's reply.
+        #[arg(long, default_value_t = 30)]
+        wait: u64,
+    },
     /// Runs a scripted agent end to end in a throwaway database, narrating each step.
     Demo {
         /// The database the demo creates (and drops first if it exists).
@@ -57,6 +119,32 @@ pub enum Command {
         #[arg(long)]
         keep: bool,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentsCommand {
+    /// Creates or replaces a configuration from a JSON file.
+    Put { file: PathBuf },
+    /// Lists the configurations.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ProducersCommand {
+    /// Lets AMQP_USER assert KIND (approver | acting-user) NAME (`*` for any).
+    Allow {
+        amqp_user: String,
+        kind: String,
+        name: String,
+    },
+    /// Takes a grant back.
+    Revoke {
+        amqp_user: String,
+        kind: String,
+        name: String,
+    },
+    /// Lists the grants.
+    List,
 }
 
 #[derive(Debug, Subcommand)]
@@ -118,6 +206,80 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 report.unreadable()
             );
             Ok(())
+        }
+        Command::Agents { command } => {
+            let store = ops::store_without_keys(connect(&cli.database_url).await?)?;
+            match command {
+                AgentsCommand::Put { file } => ops::put_agent(&store, &file).await,
+                AgentsCommand::List => ops::list_agents(&store).await,
+            }
+        }
+        Command::Producers { command } => {
+            let pool = connect(&cli.database_url).await?;
+            match command {
+                ProducersCommand::Allow {
+                    amqp_user,
+                    kind,
+                    name,
+                } => ops::allow_producer(&pool, &amqp_user, &kind, &name).await,
+                ProducersCommand::Revoke {
+                    amqp_user,
+                    kind,
+                    name,
+                } => ops::revoke_producer(&pool, &amqp_user, &kind, &name).await,
+                ProducersCommand::List => ops::list_producers(&pool).await,
+            }
+        }
+        Command::SeedDemoSite => {
+            countersign_content::seed_demo_site(&connect(&cli.database_url).await?).await?;
+            println!("demo site seeded");
+            Ok(())
+        }
+        Command::Submit {
+            agent,
+            acting_user,
+            prompt,
+            wait,
+        } => {
+            let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
+            ops::submit(
+                &broker,
+                &agent,
+                &acting_user,
+                &prompt,
+                Duration::from_secs(wait),
+            )
+            .await
+        }
+        Command::Inbox { viewer } => {
+            let pool = connect(&cli.database_url).await?;
+            let keyring = Keyring::from_env().context("loading the keyring to open the cards")?;
+            let store = Store::new(pool.clone(), Arc::new(keyring));
+            let mut registry = countersign_core::ToolRegistry::new();
+            countersign_content::register(&mut registry, store.clone());
+            let users = countersign_content::ContentUsers::new(pool);
+            ops::inbox(&store, &registry, &users, &viewer).await
+        }
+        Command::Decide {
+            run_id,
+            approver,
+            approve,
+            deny: _,
+            comment,
+            wait,
+        } => {
+            let store = ops::store_without_keys(connect(&cli.database_url).await?)?;
+            let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
+            ops::decide(
+                &store,
+                &broker,
+                run_id,
+                &approver,
+                approve,
+                comment,
+                Duration::from_secs(wait),
+            )
+            .await
         }
         Command::Demo { database, keep } => demo::run(&cli.database_url, &database, keep).await,
     }
