@@ -262,7 +262,7 @@ pub async fn resume(seg: Segment<'_>, state: SuspendedRunState, decision: &Decis
                 {
                     let moved_tools = moved
                         .iter()
-                        .map(|i| (*i, state.pending_calls[i.get()].tool.clone()))
+                        .filter_map(|i| Some((*i, state.pending_calls.get(i.get())?.tool.clone())))
                         .collect();
                     let state = SuspendedRunState {
                         call_previews: previews,

@@ -13,6 +13,7 @@ use countersign_store::{
     Claim, Lease, NewEvent, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
 };
 use serde_json::{json, Value};
+use tracing::Instrument;
 
 use crate::hooks::StoreHooks;
 
@@ -55,7 +56,9 @@ impl SegmentRunner {
     pub async fn run(&self, claim: &Claim) -> Result<SegmentEnd, StoreError> {
         let hooks = StoreHooks::new(self.store.clone(), claim.lease.clone(), self.lease_ttl);
         let heartbeat = hooks.spawn_heartbeat();
-        let end = self.drive(claim, &hooks).await;
+        // Every log line of the segment, the tools' included, carries the run id.
+        let span = tracing::info_span!("segment", run.id = %claim.lease.run_id, epoch = %claim.lease.epoch);
+        let end = self.drive(claim, &hooks).instrument(span).await;
         heartbeat.abort();
         end
     }
