@@ -6,6 +6,6 @@ use countersign_cli::Cli;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    countersign_telemetry::init_tracing(cli.verbose);
+    countersign_service::init_tracing(cli.verbose);
     countersign_cli::run(cli).await
 }

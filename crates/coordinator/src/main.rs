@@ -8,9 +8,8 @@ use clap::Parser;
 use countersign_coordinator::{service, Coordinator};
 use countersign_core::ToolRegistry;
 use countersign_crypto::Keyring;
-use countersign_queue::{Broker, QueueConfig, Topology};
+use countersign_service::{Connections, Ready};
 use countersign_store::Store;
-use sqlx::postgres::PgPoolOptions;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -19,70 +18,43 @@ use sqlx::postgres::PgPoolOptions;
     about = "Gates run requests and approval decisions from any queue producer."
 )]
 struct Args {
-    #[arg(long, env = "DATABASE_URL")]
-    database_url: String,
-    #[arg(
-        long,
-        env = "AMQP_ADDR",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    amqp_addr: String,
-    /// Prefix of every queue and exchange name.
-    #[arg(long, env = "COUNTERSIGN_QUEUE_PREFIX", default_value = "countersign")]
-    queue_prefix: String,
+    #[command(flatten)]
+    connections: Connections,
     /// Where to serve /metrics, /healthz and /readyz (e.g. 0.0.0.0:9465); none when unset.
     #[arg(long, env = "COUNTERSIGN_HTTP_ADDR")]
     http_addr: Option<std::net::SocketAddr>,
 }
 
-/// Ready while PostgreSQL answers and the broker connection is open.
-struct Ready {
-    pool: sqlx::PgPool,
-    broker: Broker,
-}
-
-#[async_trait::async_trait]
-impl countersign_telemetry::Readiness for Ready {
-    async fn ready(&self) -> bool {
-        self.broker.is_healthy().await && sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    countersign_telemetry::init_tracing(false);
+    countersign_service::init_tracing(false);
     let keyring = Keyring::from_env()
         .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
-    let pool = PgPoolOptions::new()
-        .max_connections(8)
-        .connect(&args.database_url)
+    let pool = args
+        .connections
+        .pool(8)
         .await
         .context("connecting to PostgreSQL")?;
-    let store = Store::new(pool.clone(), Arc::new(keyring));
-    let broker = Broker::connect(QueueConfig::new(
-        &args.amqp_addr,
-        Topology::new(&args.queue_prefix),
-    ))
-    .await
-    .context("connecting to RabbitMQ")?;
+    let broker = args
+        .connections
+        .broker()
+        .await
+        .context("connecting to RabbitMQ")?;
     let ready = Arc::new(Ready {
-        pool,
+        pool: pool.clone(),
         broker: broker.clone(),
     });
-    countersign_telemetry::spawn_surfaces(args.http_addr, ready)
+    countersign_service::spawn_surfaces(args.http_addr, ready)
         .await
         .context("serving the HTTP surfaces")?;
+
+    let store = Store::new(pool, Arc::new(keyring));
     let mut registry = ToolRegistry::new();
     countersign_content::register(&mut registry, store.clone());
     let coordinator = Coordinator::new(store, Arc::new(registry));
     tracing::info!("coordinator started");
-    service::run(
-        coordinator,
-        broker,
-        countersign_telemetry::shutdown_signal(),
-    )
-    .await;
+    service::run(coordinator, broker, countersign_service::shutdown_signal()).await;
     Ok(())
 }
 

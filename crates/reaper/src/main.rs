@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use countersign_crypto::{KeyId, Keyring};
-use countersign_queue::{Broker, QueueConfig, Topology};
 use countersign_reaper::{pass, ReaperConfig};
+use countersign_service::Connections;
 use countersign_store::Store;
-use sqlx::postgres::PgPoolOptions;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -20,17 +19,8 @@ use sqlx::postgres::PgPoolOptions;
     about = "Rescues runs whose lease expired, re-dispatches lost wake-ups, expires approvals."
 )]
 struct Args {
-    #[arg(long, env = "DATABASE_URL")]
-    database_url: String,
-    #[arg(
-        long,
-        env = "AMQP_ADDR",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    amqp_addr: String,
-    /// Prefix of every queue and exchange name.
-    #[arg(long, env = "COUNTERSIGN_QUEUE_PREFIX", default_value = "countersign")]
-    queue_prefix: String,
+    #[command(flatten)]
+    connections: Connections,
     /// Requeues of one run before it fails `retries_exhausted`.
     #[arg(long, env = "COUNTERSIGN_MAX_REQUEUES", default_value_t = 3)]
     max_requeues: i32,
@@ -48,19 +38,14 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    countersign_telemetry::init_tracing(false);
+    countersign_service::init_tracing(false);
     let config = ReaperConfig {
         max_requeues: args.max_requeues,
         backoff: Duration::from_secs(args.backoff_secs),
         dispatch_grace: Duration::from_secs(args.dispatch_grace_secs),
         ..ReaperConfig::default()
     };
-    let pool = match PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect(&args.database_url)
-        .await
-    {
+    let pool = match args.connections.pool(2).await {
         Ok(pool) => pool,
         Err(e) => {
             tracing::error!(error = %e, "PostgreSQL unreachable");
@@ -75,12 +60,7 @@ async fn main() -> ExitCode {
             _ => return ExitCode::from(2),
         };
     let store = Store::new(pool, Arc::new(keyring));
-    let broker = match Broker::connect(QueueConfig::new(
-        &args.amqp_addr,
-        Topology::new(&args.queue_prefix),
-    ))
-    .await
-    {
+    let broker = match args.connections.broker().await {
         Ok(broker) => broker,
         Err(e) => {
             tracing::error!(code = e.code(), error = %e, "RabbitMQ unreachable");

@@ -10,11 +10,10 @@ use countersign_content::ContentUsers;
 use countersign_core::ToolRegistry;
 use countersign_crypto::Keyring;
 use countersign_model::ScriptedModel;
-use countersign_queue::{Broker, QueueConfig, Topology};
+use countersign_service::{Connections, Ready};
 use countersign_store::Store;
 use countersign_worker::service::{self, BrokerEvents, WorkerConfig};
 use countersign_worker::SegmentRunner;
-use sqlx::postgres::PgPoolOptions;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -23,17 +22,8 @@ use sqlx::postgres::PgPoolOptions;
     about = "Runs leased segments of agent runs."
 )]
 struct Args {
-    #[arg(long, env = "DATABASE_URL")]
-    database_url: String,
-    #[arg(
-        long,
-        env = "AMQP_ADDR",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    amqp_addr: String,
-    /// Prefix of every queue and exchange name.
-    #[arg(long, env = "COUNTERSIGN_QUEUE_PREFIX", default_value = "countersign")]
-    queue_prefix: String,
+    #[command(flatten)]
+    connections: Connections,
     /// The scripted model every agent runs with.
     #[arg(long, env = "COUNTERSIGN_MODEL_SCRIPT")]
     model_script: PathBuf,
@@ -54,43 +44,29 @@ struct Args {
     http_addr: Option<std::net::SocketAddr>,
 }
 
-/// Ready while PostgreSQL answers and the broker connection is open.
-struct Ready {
-    pool: sqlx::PgPool,
-    broker: Broker,
-}
-
-#[async_trait::async_trait]
-impl countersign_telemetry::Readiness for Ready {
-    async fn ready(&self) -> bool {
-        self.broker.is_healthy().await && sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    countersign_telemetry::init_tracing(false);
+    countersign_service::init_tracing(false);
     let keyring = Keyring::from_env()
         .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
     let model = ScriptedModel::from_path(&args.model_script).context("loading the model script")?;
-    let pool = PgPoolOptions::new()
-        .max_connections(u32::try_from(args.concurrency * 2 + 2).unwrap_or(16))
-        .connect(&args.database_url)
+    let pool = args
+        .connections
+        .pool(u32::try_from(args.concurrency * 2 + 2).unwrap_or(16))
         .await
         .context("connecting to PostgreSQL")?;
     let store = Store::new(pool.clone(), Arc::new(keyring));
-    let broker = Broker::connect(QueueConfig::new(
-        &args.amqp_addr,
-        Topology::new(&args.queue_prefix),
-    ))
-    .await
-    .context("connecting to RabbitMQ")?;
+    let broker = args
+        .connections
+        .broker()
+        .await
+        .context("connecting to RabbitMQ")?;
     let ready = Arc::new(Ready {
         pool: pool.clone(),
         broker: broker.clone(),
     });
-    countersign_telemetry::spawn_surfaces(args.http_addr, ready)
+    countersign_service::spawn_surfaces(args.http_addr, ready)
         .await
         .context("serving the HTTP surfaces")?;
     let mut registry = ToolRegistry::new();
@@ -115,7 +91,7 @@ async fn main() -> anyhow::Result<()> {
         runner,
         broker,
         config,
-        countersign_telemetry::shutdown_signal(),
+        countersign_service::shutdown_signal(),
     )
     .await;
     Ok(())

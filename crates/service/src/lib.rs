@@ -1,6 +1,6 @@
-//! What every countersign binary sets up the same way: logging, metrics, and the HTTP
-//! surfaces `/metrics` (Prometheus), `/healthz` (the process answers) and `/readyz` (its
-//! dependencies answer).
+//! What every countersign binary sets up the same way: its connections to PostgreSQL and
+//! RabbitMQ, logging, metrics, the HTTP surfaces `/metrics` (Prometheus), `/healthz` (the
+//! process answers) and `/readyz` (its dependencies answer), and the shutdown signal.
 //!
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`, or `debug` when asked for),
 //! as JSON lines when `RUST_LOG_FORMAT=json` so that a log shipper can read `run.id` and the
@@ -16,6 +16,10 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+mod connections;
+
+pub use connections::{Connections, Ready};
 
 /// Installs the global log subscriber. Call once, first thing in `main`.
 pub fn init_tracing(verbose: bool) {
