@@ -20,9 +20,10 @@ test: services
 demo: services
 	cargo run --quiet -p countersign-cli -- demo
 
-## Prints the store and crypto benchmark figures.
+## Prints the benchmark figures: the store and crypto, then runs through the services.
 bench: services
 	cargo run --release -p countersign-store --example bench
+	cargo run --release --quiet -p countersign-cli -- bench --runs 500
 
 services:
 	@scripts/services.sh

@@ -15,6 +15,7 @@ use countersign_store::Store;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
+mod bench;
 mod demo;
 mod ops;
 mod render;
@@ -109,6 +110,16 @@ pub enum Command {
         /// Seconds to wait for the coordinator's reply.
         #[arg(long, default_value_t = 30)]
         wait: u64,
+    },
+    /// Times runs through an in-process coordinator and workers against baselines, in a
+    /// throwaway database, and prints the figures.
+    Bench {
+        /// Run requests to send.
+        #[arg(long, default_value_t = 200)]
+        runs: usize,
+        /// Workers to start (each runs up to 4 segments at once).
+        #[arg(long, default_value_t = 2)]
+        workers: usize,
     },
     /// Runs a scripted agent end to end in a throwaway database, narrating each step.
     Demo {
@@ -280,6 +291,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 Duration::from_secs(wait),
             )
             .await
+        }
+        Command::Bench { runs, workers } => {
+            bench::run(&cli.database_url, &cli.amqp_addr, runs, workers).await
         }
         Command::Demo { database, keep } => demo::run(&cli.database_url, &database, keep).await,
     }
