@@ -12,13 +12,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use countersign_content::ContentUsers;
+use countersign_coordinator::{producers, Coordinator, ProducerKind};
 use countersign_core::card::build_card;
-use countersign_core::{Principal, RunId, SuspendedRunState, ToolPolicy, ToolRegistry};
+use countersign_core::{
+    DecisionMessage, Principal, RunId, SuspendedRunState, ToolPolicy, ToolRegistry,
+};
 use countersign_crypto::{KeyId, Keyring};
 use countersign_model::ScriptedModel;
-use countersign_store::{
-    AgentConfig, DecisionOutcome, DecisionRecord, NewDecision, NewRun, RunStatus, Store,
-};
+use countersign_store::{AgentConfig, NewRun, Store};
 use countersign_worker::{SegmentEnd, SegmentRunner};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -33,6 +34,8 @@ const APPROVER: &str = "admin";
 const PROMPT: &str = "Tighten the description of page 12 and add bicycle.png to its teaser.";
 const SCRIPT: &str = include_str!("../demo/seo-assistant.json");
 const LEASE_TTL: Duration = Duration::from_secs(30);
+/// The broker user the demo's decisions come from, as a queue producer's would.
+const PRODUCER: &str = "demo-console";
 
 pub async fn run(database_url: &str, database: &str, keep: bool) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -76,6 +79,8 @@ async fn story(store: &Store) -> anyhow::Result<()> {
     }
     let registry = Arc::new(registry);
     let users = Arc::new(ContentUsers::new(store.pool().clone()));
+    producers::allow(store.pool(), PRODUCER, ProducerKind::Approver, "*").await?;
+    let coordinator = Coordinator::new(store.clone(), registry.clone());
     let runner = SegmentRunner {
         store: store.clone(),
         registry: registry.clone(),
@@ -169,11 +174,8 @@ async fn story(store: &Store) -> anyhow::Result<()> {
 
     // 4. The approval of the first card.
     println!("4. \"{APPROVER}\" approves suspension 1.");
-    let outcome = decide(store, run_id, &state, APPROVER, true).await?;
-    println!(
-        "   → decision {}; the run is queued to resume\n",
-        outcome.as_str()
-    );
+    let outcome = decide(&coordinator, run_id, &state, APPROVER, true).await?;
+    println!("   → decision {}; the run is queued to resume\n", outcome);
 
     // 5. The resume re-previews and finds the relative write moved.
     println!("5. A worker claims the resume and re-previews the whole turn before any write.");
@@ -208,16 +210,16 @@ async fn story(store: &Store) -> anyhow::Result<()> {
 
     // 6. A stale tab.
     println!("6. A second approver's tab still shows suspension 1, and approves it.");
-    let outcome = decide(store, run_id, &state, "approver", true).await?;
+    let outcome = decide(&coordinator, run_id, &state, "approver", true).await?;
     println!(
         "   → decision refused: {}; the run stays waiting, untouched\n",
-        outcome.as_str()
+        outcome
     );
 
     // 7. The approval of the current card executes the turn.
     println!("7. \"{APPROVER}\" approves suspension 2.");
-    let outcome = decide(store, run_id, &moved_state, APPROVER, true).await?;
-    println!("   → decision {}", outcome.as_str());
+    let outcome = decide(&coordinator, run_id, &moved_state, APPROVER, true).await?;
+    println!("   → decision {}", outcome);
     let end = claim_and_run(store, &runner, run_id, "worker-c").await?;
     let record = store.run(run_id).await?.context("the run vanished")?;
     println!(
@@ -290,25 +292,15 @@ async fn principal(users: &ContentUsers, name: &str) -> anyhow::Result<Principal
         .with_context(|| format!("no user {name}"))
 }
 
-/// The digest and suspension gates of a decision, then the store's one transaction.
+/// A decision through the coordinator's gates, as the demo console's producer.
 async fn decide(
-    store: &Store,
+    coordinator: &Coordinator,
     run_id: RunId,
     reviewed: &SuspendedRunState,
     approver: &str,
     approved: bool,
-) -> anyhow::Result<DecisionOutcome> {
-    let run = store.run(run_id).await?.context("the run vanished")?;
-    let outcome = if run.status != RunStatus::WaitingForApproval {
-        DecisionOutcome::NotAwaitingApproval
-    } else if run.suspension_seq != Some(reviewed.suspension_seq)
-        || run.turn_digest.as_ref() != Some(&reviewed.turn_digest())
-    {
-        DecisionOutcome::StaleTurn
-    } else {
-        DecisionOutcome::Accepted
-    };
-    let decision = NewDecision {
+) -> anyhow::Result<&'static str> {
+    let decision = DecisionMessage {
         decision_id: Uuid::now_v7(),
         run_id,
         suspension_seq: reviewed.suspension_seq,
@@ -316,12 +308,12 @@ async fn decide(
         approved,
         approver: approver.into(),
         comment: None,
-        outcome,
     };
-    match store.record_decision(&decision).await? {
-        DecisionRecord::Recorded(o) | DecisionRecord::Replayed(o) => Ok(o),
-        DecisionRecord::TransitionLost => Ok(DecisionOutcome::NotAwaitingApproval),
-    }
+    let body = decision.to_json().to_string();
+    let verdict = coordinator
+        .take_decision(body.as_bytes(), Some(PRODUCER))
+        .await?;
+    Ok(verdict.outcome.code())
 }
 
 async fn recreate_database(server: &PgConnectOptions, name: &str) -> anyhow::Result<()> {
