@@ -1,12 +1,8 @@
-//! Model providers for countersign.
+//! The deterministic provider: turns read from a script.
 //!
-//! [`ScriptedModel`] is the default provider: deterministic, loaded from a script, and
-//! stateless across processes. It derives its position from the transcript it is sent (the
-//! number of assistant turns so far), so a run suspended in one worker and resumed in another
-//! continues the script where it left off. It is what the demo and the end-to-end tests run.
-//!
-//! A provider must never keep per-run state in memory: everything a run needs travels in the
-//! request, because any worker may run the next segment.
+//! [`ScriptedModel`] derives its position from the transcript it is sent (the number of
+//! assistant turns so far), so a run suspended in one worker and resumed in another continues
+//! the script where it left off. It is what the demo and the end-to-end tests run.
 
 use std::path::Path;
 

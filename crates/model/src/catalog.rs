@@ -1,0 +1,224 @@
+//! From an agent configuration's `model` settings to a provider.
+//!
+//! A worker runs many segments of many runs; building an HTTP client (and its connection pool)
+//! or re-reading a script for each of them would waste both. The catalog therefore keeps one
+//! provider per distinct provider settings — never per run: providers hold no run state, so
+//! any number of runs share one.
+//!
+//! Only the fields that choose a provider make up the cache key. The rest of the `model`
+//! settings (`system_prompt`, `options`, …) belongs to the loop and is ignored here, so agents
+//! that differ only in their prompt share one client.
+//!
+//! The API key is read from the environment variable the settings name when the provider is
+//! first built; the settings never hold a key, and a settings object that tries to is refused.
+//! A rotated key is picked up by a new process (or a new catalog).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use countersign_core::Model;
+use secrecy::SecretString;
+use serde_json::{Map, Value};
+
+use crate::openai::{EndpointError, OpenAiCompatible, DEFAULT_TIMEOUT};
+use crate::scripted::{ScriptError, ScriptedModel};
+
+/// Why the `model` settings of an agent configuration name no usable provider.
+///
+/// Messages name settings fields and environment variable names, never a key.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelConfigError {
+    #[error("the model settings name no provider")]
+    MissingProvider,
+    #[error("unknown model provider {0:?}")]
+    UnknownProvider(String),
+    #[error("the environment variable {0} that should hold the API key is not set or empty")]
+    MissingApiKey(String),
+    #[error("invalid model settings: {0}")]
+    InvalidSettings(String),
+    #[error("invalid model endpoint: {0}")]
+    Endpoint(#[from] EndpointError),
+    #[error("cannot load the model script {}: {source}", path.display())]
+    ScriptUnreadable {
+        path: PathBuf,
+        #[source]
+        source: ScriptError,
+    },
+}
+
+impl ModelConfigError {
+    /// A stable code for the database, events and metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ModelConfigError::MissingProvider | ModelConfigError::UnknownProvider(_) => {
+                "unknown_provider"
+            }
+            ModelConfigError::MissingApiKey(_) => "missing_api_key",
+            ModelConfigError::InvalidSettings(_) | ModelConfigError::Endpoint(_) => {
+                "invalid_settings"
+            }
+            ModelConfigError::ScriptUnreadable { .. } => "script_unreadable",
+        }
+    }
+}
+
+/// The part of the `model` settings that chooses and builds a provider: the cache key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum ProviderSettings {
+    Scripted {
+        script: PathBuf,
+    },
+    OpenAi {
+        base_url: String,
+        model: String,
+        api_key_env: String,
+        timeout: Duration,
+    },
+}
+
+/// Builds and keeps the providers agent configurations name.
+///
+/// ```no_run
+/// use countersign_model::ModelCatalog;
+///
+/// let catalog = ModelCatalog::new().with_default_script("/etc/countersign/script.json");
+/// let settings = serde_json::json!({
+///     "provider": "openai",
+///     "base_url": "https://api.openai.com/v1",
+///     "model": "gpt-4o-mini",
+///     "api_key_env": "OPENAI_API_KEY",
+/// });
+/// let model = catalog.model_for(&settings)?; // Arc<dyn Model>, shared with equal settings
+/// # Ok::<(), countersign_model::ModelConfigError>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct ModelCatalog {
+    default_script: Option<PathBuf>,
+    built: Mutex<HashMap<ProviderSettings, Arc<dyn Model>>>,
+}
+
+impl ModelCatalog {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The script a `{"provider": "scripted"}` without a `script` path plays.
+    pub fn with_default_script(mut self, path: impl Into<PathBuf>) -> Self {
+        self.default_script = Some(path.into());
+        self
+    }
+
+    /// The provider the `model` settings of an agent configuration name, built on first use
+    /// and shared afterwards by every caller with the same provider settings.
+    pub fn model_for(&self, settings: &Value) -> Result<Arc<dyn Model>, ModelConfigError> {
+        let key = ProviderSettings::parse(settings, self.default_script.as_deref())?;
+        let mut built = self.built.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(model) = built.get(&key) {
+            return Ok(Arc::clone(model));
+        }
+        let model = key.build()?;
+        built.insert(key, Arc::clone(&model));
+        Ok(model)
+    }
+}
+
+impl ProviderSettings {
+    fn parse(settings: &Value, default_script: Option<&Path>) -> Result<Self, ModelConfigError> {
+        let fields = settings
+            .as_object()
+            .ok_or_else(|| invalid("the model settings are not an object"))?;
+        let provider = match fields.get("provider") {
+            None | Some(Value::Null) => return Err(ModelConfigError::MissingProvider),
+            Some(Value::String(name)) => name.as_str(),
+            Some(_) => return Err(invalid("provider is not a string")),
+        };
+        match provider {
+            "scripted" => {
+                let script = match optional_string(fields, "script")? {
+                    Some(path) => PathBuf::from(path),
+                    None => default_script
+                        .map(Path::to_path_buf)
+                        .ok_or_else(|| invalid("script is missing and there is no default"))?,
+                };
+                Ok(ProviderSettings::Scripted { script })
+            }
+            "openai" | "openai_compatible" => {
+                if fields.contains_key("api_key") {
+                    return Err(invalid(
+                        "api_key is refused: keys are never stored in settings, \
+                         name the environment variable in api_key_env",
+                    ));
+                }
+                let timeout = match fields.get("timeout_secs") {
+                    None | Some(Value::Null) => DEFAULT_TIMEOUT,
+                    Some(value) => match value.as_u64() {
+                        Some(secs) if secs > 0 => Duration::from_secs(secs),
+                        _ => return Err(invalid("timeout_secs is not a positive integer")),
+                    },
+                };
+                Ok(ProviderSettings::OpenAi {
+                    base_url: required_string(fields, "base_url")?,
+                    model: required_string(fields, "model")?,
+                    api_key_env: required_string(fields, "api_key_env")?,
+                    timeout,
+                })
+            }
+            other => Err(ModelConfigError::UnknownProvider(other.to_owned())),
+        }
+    }
+
+    fn build(&self) -> Result<Arc<dyn Model>, ModelConfigError> {
+        match self {
+            ProviderSettings::Scripted { script } => {
+                let model = ScriptedModel::from_path(script).map_err(|source| {
+                    ModelConfigError::ScriptUnreadable {
+                        path: script.clone(),
+                        source,
+                    }
+                })?;
+                Ok(Arc::new(model))
+            }
+            ProviderSettings::OpenAi {
+                base_url,
+                model,
+                api_key_env,
+                timeout,
+            } => {
+                let key = std::env::var(api_key_env)
+                    .ok()
+                    .filter(|key| !key.trim().is_empty())
+                    .ok_or_else(|| ModelConfigError::MissingApiKey(api_key_env.clone()))?;
+                let provider =
+                    OpenAiCompatible::new(base_url, model.clone(), SecretString::from(key))?
+                        .with_timeout(*timeout);
+                tracing::info!(endpoint = %provider.endpoint(), model = %model, "built a model provider");
+                Ok(Arc::new(provider))
+            }
+        }
+    }
+}
+
+fn invalid(reason: &str) -> ModelConfigError {
+    ModelConfigError::InvalidSettings(reason.to_owned())
+}
+
+fn optional_string(
+    fields: &Map<String, Value>,
+    name: &str,
+) -> Result<Option<String>, ModelConfigError> {
+    match fields.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) if !text.trim().is_empty() => Ok(Some(text.clone())),
+        Some(_) => Err(ModelConfigError::InvalidSettings(format!(
+            "{name} is not a non-empty string"
+        ))),
+    }
+}
+
+fn required_string(fields: &Map<String, Value>, name: &str) -> Result<String, ModelConfigError> {
+    optional_string(fields, name)?
+        .ok_or_else(|| ModelConfigError::InvalidSettings(format!("{name} is missing")))
+}

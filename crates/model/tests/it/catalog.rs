@@ -1,0 +1,212 @@
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use countersign_core::Message;
+use countersign_model::{ModelCatalog, ModelConfigError};
+use serde_json::json;
+
+use crate::support::{ask, completion, Endpoint};
+
+const SCRIPT: &str = r#"{"turns": [{"content": "Scripted hello."}]}"#;
+
+/// A script file of this test's own, removed when dropped.
+struct ScriptFile(PathBuf);
+
+impl ScriptFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "countersign-model-{}-{name}.json",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        ScriptFile(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for ScriptFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn code(result: Result<Arc<dyn countersign_core::Model>, ModelConfigError>) -> &'static str {
+    result.unwrap_err().code()
+}
+
+#[tokio::test]
+async fn a_scripted_provider_plays_the_script_its_settings_name() {
+    let script = ScriptFile::new("named", SCRIPT);
+    let model = ModelCatalog::new()
+        .model_for(&json!({"provider": "scripted", "script": script.path()}))
+        .unwrap();
+    let answer = ask(&*model, &[Message::user("go")]).await.unwrap();
+    assert_eq!(answer.content, "Scripted hello.");
+}
+
+#[tokio::test]
+async fn a_scripted_provider_without_a_script_plays_the_default_one() {
+    let script = ScriptFile::new("default", SCRIPT);
+    let catalog = ModelCatalog::new().with_default_script(script.path());
+    let model = catalog.model_for(&json!({"provider": "scripted"})).unwrap();
+    let answer = ask(&*model, &[Message::user("go")]).await.unwrap();
+    assert_eq!(answer.content, "Scripted hello.");
+
+    assert_eq!(
+        code(ModelCatalog::new().model_for(&json!({"provider": "scripted"}))),
+        "invalid_settings"
+    );
+}
+
+#[test]
+fn a_missing_or_invalid_script_is_script_unreadable() {
+    let missing = std::env::temp_dir().join("countersign-model-no-such-script.json");
+    assert_eq!(
+        code(ModelCatalog::new().model_for(&json!({"provider": "scripted", "script": missing}))),
+        "script_unreadable"
+    );
+    let broken = ScriptFile::new("broken", r#"{"turns": "#);
+    assert_eq!(
+        code(
+            ModelCatalog::new()
+                .model_for(&json!({"provider": "scripted", "script": broken.path()}))
+        ),
+        "script_unreadable"
+    );
+}
+
+#[tokio::test]
+async fn an_openai_provider_sends_the_key_from_the_variable_its_settings_name() {
+    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_SET", "sk-from-the-environment");
+    let endpoint = Endpoint::answering(&completion(json!({"content": "Hello."}))).await;
+    let model = ModelCatalog::new()
+        .model_for(&json!({
+            "provider": "openai",
+            "base_url": endpoint.base_url,
+            "model": "small-model",
+            "api_key_env": "COUNTERSIGN_MODEL_IT_KEY_SET",
+            "timeout_secs": 5,
+        }))
+        .unwrap();
+
+    let answer = ask(&*model, &[Message::user("go")]).await.unwrap();
+
+    assert_eq!(answer.content, "Hello.");
+    let sent = &endpoint.requests()[0];
+    assert_eq!(
+        sent.authorization.as_deref(),
+        Some("Bearer sk-from-the-environment")
+    );
+    assert_eq!(sent.body["model"], "small-model");
+}
+
+#[test]
+fn an_openai_provider_whose_variable_is_unset_or_empty_is_missing_api_key() {
+    std::env::remove_var("COUNTERSIGN_MODEL_IT_KEY_UNSET");
+    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_EMPTY", "  ");
+    for variable in [
+        "COUNTERSIGN_MODEL_IT_KEY_UNSET",
+        "COUNTERSIGN_MODEL_IT_KEY_EMPTY",
+    ] {
+        let err = ModelCatalog::new()
+            .model_for(&json!({
+                "provider": "openai",
+                "base_url": "http://127.0.0.1:9/v1",
+                "model": "small-model",
+                "api_key_env": variable,
+            }))
+            .unwrap_err();
+        assert_eq!(err.code(), "missing_api_key");
+        assert!(err.to_string().contains(variable), "{err}");
+    }
+}
+
+#[test]
+fn a_missing_or_unknown_provider_is_unknown_provider() {
+    let catalog = ModelCatalog::new();
+    assert_eq!(
+        code(catalog.model_for(&json!({"model": "x"}))),
+        "unknown_provider"
+    );
+    assert_eq!(
+        code(catalog.model_for(&json!({"provider": "oracle"}))),
+        "unknown_provider"
+    );
+}
+
+#[test]
+fn malformed_openai_settings_are_invalid_settings() {
+    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_INVALID", "sk-x");
+    let base = json!({
+        "provider": "openai",
+        "base_url": "http://127.0.0.1:9/v1",
+        "model": "small-model",
+        "api_key_env": "COUNTERSIGN_MODEL_IT_KEY_INVALID",
+    });
+    let with = |field: &str, value: serde_json::Value| {
+        let mut settings = base.clone();
+        settings[field] = value;
+        settings
+    };
+    let without = |field: &str| {
+        let mut settings = base.clone();
+        settings.as_object_mut().unwrap().remove(field);
+        settings
+    };
+    let catalog = ModelCatalog::new();
+    for settings in [
+        json!("openai"),
+        json!({"provider": 7}),
+        without("base_url"),
+        without("model"),
+        without("api_key_env"),
+        with("base_url", json!("not a url")),
+        with("base_url", json!("http://user:pw@127.0.0.1:9/v1")),
+        with("timeout_secs", json!(0)),
+        with("timeout_secs", json!("60")),
+        with("api_key", json!("sk-stored-in-settings")),
+    ] {
+        let err = catalog.model_for(&settings).unwrap_err();
+        assert_eq!(err.code(), "invalid_settings", "{settings}: {err}");
+        assert!(!err.to_string().contains("sk-"), "{err}");
+    }
+}
+
+#[test]
+fn equal_provider_settings_share_one_provider() {
+    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_CACHE", "sk-cache");
+    let settings = |model: &str, prompt: &str| {
+        json!({
+            "provider": "openai",
+            "base_url": "http://127.0.0.1:9/v1",
+            "model": model,
+            "api_key_env": "COUNTERSIGN_MODEL_IT_KEY_CACHE",
+            "system_prompt": prompt,
+            "options": {"temperature": 0.1},
+        })
+    };
+    let catalog = ModelCatalog::new();
+
+    let first = catalog
+        .model_for(&settings("small", "You edit pages."))
+        .unwrap();
+    let again = catalog
+        .model_for(&settings("small", "You edit pages."))
+        .unwrap();
+    let other_prompt = catalog
+        .model_for(&settings("small", "You review pages."))
+        .unwrap();
+    let other_model = catalog
+        .model_for(&settings("large", "You edit pages."))
+        .unwrap();
+
+    assert!(Arc::ptr_eq(&first, &again));
+    assert!(
+        Arc::ptr_eq(&first, &other_prompt),
+        "the prompt is not a provider setting"
+    );
+    assert!(!Arc::ptr_eq(&first, &other_model));
+}
