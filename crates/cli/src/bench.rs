@@ -31,7 +31,7 @@ use countersign_model::ScriptedModel;
 use countersign_queue::{Broker, MessageProperties, QueueConfig, Topology};
 use countersign_store::{AgentConfig, Store};
 use countersign_worker::service::{BrokerEvents, WorkerConfig};
-use countersign_worker::SegmentRunner;
+use countersign_worker::{Models, SegmentRunner};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Connection, PgConnection};
@@ -136,7 +136,7 @@ async fn bench(
         let runner = SegmentRunner {
             store: store.clone(),
             registry: registry.clone(),
-            model: Arc::new(ScriptedModel::from_json(SCRIPT)?),
+            models: Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?)),
             users: Arc::new(countersign_content::ContentUsers::new(pool.clone())),
             lease_ttl: Duration::from_secs(30),
             events: Some(Arc::new(BrokerEvents(broker.clone()))),

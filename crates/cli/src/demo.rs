@@ -20,7 +20,7 @@ use countersign_core::{
 use countersign_crypto::{KeyId, Keyring};
 use countersign_model::ScriptedModel;
 use countersign_store::{AgentConfig, NewRun, Store};
-use countersign_worker::{SegmentEnd, SegmentRunner};
+use countersign_worker::{Models, SegmentEnd, SegmentRunner};
 use serde_json::json;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::Connection;
@@ -84,7 +84,7 @@ async fn story(store: &Store) -> anyhow::Result<()> {
     let runner = SegmentRunner {
         store: store.clone(),
         registry: registry.clone(),
-        model: Arc::new(ScriptedModel::from_json(SCRIPT)?),
+        models: Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?)),
         users: users.clone(),
         lease_ttl: LEASE_TTL,
         events: None,

@@ -15,4 +15,4 @@ mod segment;
 pub mod service;
 
 pub use hooks::StoreHooks;
-pub use segment::{EventSink, SegmentEnd, SegmentRunner};
+pub use segment::{EventSink, Models, SegmentEnd, SegmentRunner};

@@ -9,11 +9,11 @@ use clap::Parser;
 use countersign_content::ContentUsers;
 use countersign_core::ToolRegistry;
 use countersign_crypto::Keyring;
-use countersign_model::ScriptedModel;
+use countersign_model::ModelCatalog;
 use countersign_service::{Connections, Ready};
 use countersign_store::Store;
 use countersign_worker::service::{self, BrokerEvents, WorkerConfig};
-use countersign_worker::SegmentRunner;
+use countersign_worker::{Models, SegmentRunner};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -24,9 +24,9 @@ use countersign_worker::SegmentRunner;
 struct Args {
     #[command(flatten)]
     connections: Connections,
-    /// The scripted model every agent runs with.
+    /// The script of agents whose model settings are `{"provider": "scripted"}` without one.
     #[arg(long, env = "COUNTERSIGN_MODEL_SCRIPT")]
-    model_script: PathBuf,
+    model_script: Option<PathBuf>,
     /// Segments run at once.
     #[arg(long, env = "COUNTERSIGN_WORKER_CONCURRENCY", default_value_t = 4)]
     concurrency: usize,
@@ -50,7 +50,11 @@ async fn main() -> anyhow::Result<()> {
     countersign_service::init_tracing(false);
     let keyring = Keyring::from_env()
         .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
-    let model = ScriptedModel::from_path(&args.model_script).context("loading the model script")?;
+    let catalog = ModelCatalog::new();
+    let catalog = match &args.model_script {
+        Some(path) => catalog.with_default_script(path),
+        None => catalog,
+    };
     let pool = args
         .connections
         .pool(u32::try_from(args.concurrency * 2 + 2).unwrap_or(16))
@@ -75,7 +79,7 @@ async fn main() -> anyhow::Result<()> {
     let runner = SegmentRunner {
         store,
         registry: Arc::new(registry),
-        model: Arc::new(model),
+        models: Models::PerAgent(Arc::new(catalog)),
         users: Arc::new(ContentUsers::new(pool)),
         lease_ttl,
         events: Some(Arc::new(BrokerEvents(broker.clone()))),

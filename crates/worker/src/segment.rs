@@ -9,6 +9,7 @@ use countersign_core::agent_loop::{
     self, AgentConfig, Decision, Outcome, Segment, TerminationReason,
 };
 use countersign_core::{Event, Model, SuspendedRunState, ToolRegistry, UserDirectory};
+use countersign_model::ModelCatalog;
 use countersign_store::{
     Claim, Lease, NewEvent, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
 };
@@ -37,11 +38,33 @@ pub enum SegmentEnd {
 pub struct SegmentRunner {
     pub store: Store,
     pub registry: Arc<ToolRegistry>,
-    pub model: Arc<dyn Model>,
+    pub models: Models,
     pub users: Arc<dyn UserDirectory>,
     pub lease_ttl: Duration,
     /// Where `run.*` events are published besides the run's audit trail.
     pub events: Option<Arc<dyn EventSink>>,
+}
+
+/// Where a segment's model comes from.
+#[derive(Debug, Clone)]
+pub enum Models {
+    /// One model for every agent (tests, the demo, the bench).
+    Fixed(Arc<dyn Model>),
+    /// The provider each agent configuration's `model` settings name.
+    PerAgent(Arc<ModelCatalog>),
+}
+
+impl Models {
+    /// The agent's model, or the stable code of why its settings name none.
+    fn for_agent(&self, settings: &Value) -> Result<Arc<dyn Model>, &'static str> {
+        match self {
+            Models::Fixed(model) => Ok(model.clone()),
+            Models::PerAgent(catalog) => catalog.model_for(settings).map_err(|e| {
+                tracing::warn!(code = e.code(), error = %e, "the agent's model settings name no usable model");
+                e.code()
+            }),
+        }
+    }
 }
 
 /// Publishes events outside the process (the broker's events exchange).
@@ -66,8 +89,17 @@ impl SegmentRunner {
     async fn drive(&self, claim: &Claim, hooks: &StoreHooks) -> Result<SegmentEnd, StoreError> {
         let lease = &claim.lease;
         let run_id = lease.run_id;
-        let agent = match self.store.agent(&claim.agent).await? {
-            Some(stored) if stored.config.active => loop_config(&stored.config),
+        let (agent, model) = match self.store.agent(&claim.agent).await? {
+            Some(stored) if stored.config.active => {
+                match self.models.for_agent(&stored.config.model) {
+                    Ok(model) => (loop_config(&stored.config), model),
+                    Err(code) => {
+                        return self
+                            .fail(lease, TerminationReason::ProviderFailed, code)
+                            .await
+                    }
+                }
+            }
             _ => {
                 return self
                     .fail(lease, TerminationReason::NotRetryable, "configuration_gone")
@@ -88,7 +120,7 @@ impl SegmentRunner {
         };
         let captured_at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
         let seg = Segment {
-            model: self.model.as_ref(),
+            model: model.as_ref(),
             registry: &self.registry,
             agent: &agent,
             acting_user: &acting_user,

@@ -68,7 +68,9 @@ pub async fn harness(pool: PgPool) -> Harness {
     let runner = SegmentRunner {
         store: store.clone(),
         registry: registry.clone(),
-        model: Arc::new(ScriptedModel::from_json(SCRIPT).unwrap()),
+        models: countersign_worker::Models::Fixed(Arc::new(
+            ScriptedModel::from_json(SCRIPT).unwrap(),
+        )),
         users: Arc::new(ContentUsers::new(pool.clone())),
         lease_ttl: TTL,
         events: None,

@@ -62,7 +62,9 @@ async fn harness(pool: PgPool) -> Harness {
     let runner = SegmentRunner {
         store: store.clone(),
         registry: registry.clone(),
-        model: Arc::new(ScriptedModel::from_json(SCRIPT).unwrap()),
+        models: countersign_worker::Models::Fixed(Arc::new(
+            ScriptedModel::from_json(SCRIPT).unwrap(),
+        )),
         users: Arc::new(ContentUsers::new(pool)),
         lease_ttl: TTL,
         events: None,
@@ -293,4 +295,34 @@ async fn a_deactivated_configuration_fails_the_run_without_running_it(pool: PgPo
     let run = h.store.run(run_id).await.unwrap().unwrap();
     assert_eq!(run.error_code.as_deref(), Some("configuration_gone"));
     assert_eq!(h.teaser_images().await, 2);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn an_agent_whose_model_settings_name_no_usable_model_fails_provider_failed(pool: PgPool) {
+    let mut h = harness(pool).await;
+    h.runner.models =
+        countersign_worker::Models::PerAgent(Arc::new(countersign_model::ModelCatalog::new()));
+    let mut agent = h.store.agent("seo").await.unwrap().unwrap().config;
+    agent.model = json!({
+        "provider": "openai",
+        "base_url": "http://127.0.0.1:9/v1",
+        "model": "any",
+        "api_key_env": "COUNTERSIGN_TEST_KEY_THAT_IS_NEVER_SET"
+    });
+    h.store.upsert_agent(&agent).await.unwrap();
+    let run = h
+        .store
+        .create_run(&NewRun {
+            request_id: Uuid::now_v7(),
+            agent: "seo".into(),
+            acting_user: "editor".into(),
+            prompt: "Improve page 12.".into(),
+        })
+        .await
+        .unwrap();
+
+    let end = h.claim_and_run(run.run_id, "w1").await;
+    assert_eq!(end, SegmentEnd::Failed(TerminationReason::ProviderFailed));
+    let row = h.store.run(run.run_id).await.unwrap().unwrap();
+    assert_eq!(row.error_code.as_deref(), Some("missing_api_key"));
 }
