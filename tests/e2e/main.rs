@@ -1,4 +1,5 @@
 //! End-to-end: the real binaries against the real PostgreSQL and RabbitMQ.
 
 mod demo;
+mod recovery;
 mod services;

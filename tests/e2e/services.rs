@@ -17,13 +17,13 @@ const TEASER_IMAGES: &str =
     "SELECT count(*) FROM content.file_references WHERE element = 5 AND field = 'image' AND NOT deleted";
 
 /// A database of its own for one installation, dropped at the end.
-struct Database {
+pub struct Database {
     server: PgConnectOptions,
     name: String,
 }
 
 impl Database {
-    async fn create(tag: &str) -> Database {
+    pub async fn create(tag: &str) -> Database {
         let server = PgConnectOptions::from_str(&database_url()).unwrap();
         let name = format!("countersign_e2e_{tag}_{}", std::process::id());
         let mut conn = PgConnection::connect_with(&server).await.unwrap();
@@ -38,7 +38,7 @@ impl Database {
         Database { server, name }
     }
 
-    fn url(&self) -> String {
+    pub fn url(&self) -> String {
         let base = database_url();
         let root = base
             .rsplit_once('/')
@@ -52,7 +52,7 @@ impl Database {
             .unwrap()
     }
 
-    async fn drop(self) {
+    pub async fn drop(self) {
         let mut conn = PgConnection::connect_with(&self.server).await.unwrap();
         sqlx::query(&format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
