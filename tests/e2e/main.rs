@@ -3,3 +3,4 @@
 mod demo;
 mod recovery;
 mod services;
+mod shutdown;

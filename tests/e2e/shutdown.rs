@@ -1,0 +1,72 @@
+//! Services stop cleanly on SIGTERM.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use countersign_e2e::{free_port, http_get, workspace_file, Installation};
+use uuid::Uuid;
+
+use crate::services::Database;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_and_coordinator_exit_zero_on_sigterm() {
+    let db = Database::create("shutdown").await;
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+    };
+    install.countersign_ok(&["migrate"]);
+    let script = workspace_file("crates/cli/demo/seo-assistant.json");
+
+    for (binary, args) in [
+        (
+            "countersign-worker",
+            vec!["--model-script", script.to_str().unwrap()],
+        ),
+        ("countersign-coordinator", vec![]),
+    ] {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut child = install
+            .command(binary)
+            .args(&args)
+            .args(["--http-addr", &addr])
+            .spawn()
+            .unwrap();
+        let up = Instant::now();
+        while http_get(port, "/readyz").is_none_or(|(status, _)| !status.contains("200")) {
+            assert!(
+                up.elapsed() < Duration::from_secs(30),
+                "{binary} never became ready"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        let term = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(term.success());
+        let asked = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                asked.elapsed() < Duration::from_secs(20),
+                "{binary} did not stop on SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert!(status.success(), "{binary} exited with {status}");
+    }
+
+    let broker = countersign_queue::Broker::connect(countersign_queue::QueueConfig::new(
+        countersign_e2e::amqp_addr(),
+        countersign_queue::Topology::new(&install.queue_prefix),
+    ))
+    .await
+    .unwrap();
+    broker.delete_topology().await.unwrap();
+    db.drop().await;
+}
