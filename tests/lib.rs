@@ -130,3 +130,16 @@ pub fn http_get(port: u16, path: &str) -> Option<(String, String)> {
     let (head, body) = response.split_once("\r\n\r\n")?;
     Some((head.lines().next()?.to_owned(), body.to_owned()))
 }
+
+/// Deletes the queues and exchanges an installation under test declared.
+pub async fn delete_topology(prefix: &str) {
+    let config =
+        countersign_queue::QueueConfig::new(amqp_addr(), countersign_queue::Topology::new(prefix));
+    let broker = countersign_queue::Broker::connect(config)
+        .await
+        .expect("the broker answers");
+    broker
+        .delete_topology()
+        .await
+        .expect("the topology is deleted");
+}

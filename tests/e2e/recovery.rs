@@ -143,12 +143,6 @@ async fn a_run_whose_worker_died_is_requeued_by_the_reaper_and_taken_up_by_anoth
 
     drop(conn);
     std::fs::remove_dir_all(&dir).unwrap();
-    let broker = countersign_queue::Broker::connect(countersign_queue::QueueConfig::new(
-        countersign_e2e::amqp_addr(),
-        countersign_queue::Topology::new(&install.queue_prefix),
-    ))
-    .await
-    .unwrap();
-    broker.delete_topology().await.unwrap();
+    countersign_e2e::delete_topology(&install.queue_prefix).await;
     db.drop().await;
 }

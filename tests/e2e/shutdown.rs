@@ -61,12 +61,6 @@ async fn an_idle_worker_and_coordinator_exit_zero_on_sigterm() {
         assert!(status.success(), "{binary} exited with {status}");
     }
 
-    let broker = countersign_queue::Broker::connect(countersign_queue::QueueConfig::new(
-        countersign_e2e::amqp_addr(),
-        countersign_queue::Topology::new(&install.queue_prefix),
-    ))
-    .await
-    .unwrap();
-    broker.delete_topology().await.unwrap();
+    countersign_e2e::delete_topology(&install.queue_prefix).await;
     db.drop().await;
 }

@@ -111,6 +111,10 @@ pub enum Command {
         #[arg(long, default_value_t = 30)]
         wait: u64,
     },
+    /// Shows a run: its status, counters and audit trail (codes, no content).
+    Show { run_id: countersign_core::RunId },
+    /// Cancels a run that has not ended.
+    Cancel { run_id: countersign_core::RunId },
     /// Times runs through an in-process coordinator and workers against baselines, in a
     /// throwaway database, and prints the figures.
     Bench {
@@ -291,6 +295,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 Duration::from_secs(wait),
             )
             .await
+        }
+        Command::Show { run_id } => {
+            let store = ops::store_without_keys(connect(&cli.database_url).await?)?;
+            ops::show_run(&store, run_id).await
+        }
+        Command::Cancel { run_id } => {
+            let store = ops::store_without_keys(connect(&cli.database_url).await?)?;
+            let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
+            ops::cancel(&store, &broker, run_id).await
         }
         Command::Bench { runs, workers } => {
             bench::run(&cli.database_url, &cli.amqp_addr, runs, workers).await

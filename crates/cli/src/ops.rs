@@ -266,3 +266,69 @@ pub async fn decide(
         bail!("decision refused: {outcome}")
     }
 }
+
+/// A run as an operator reads it: its row (no content) and its audit trail (codes only).
+pub async fn show_run(store: &Store, run_id: countersign_core::RunId) -> anyhow::Result<()> {
+    let run = store.run(run_id).await?.context("no such run")?;
+    println!("run {run_id}");
+    println!("  agent {} · acting as {}", run.agent, run.acting_user);
+    println!(
+        "  status {} · segment {}",
+        run.status.as_str(),
+        run.segment.as_str()
+    );
+    if let Some(seq) = run.suspension_seq {
+        let digest = run.turn_digest.as_ref().map_or("", |d| d.as_str());
+        println!("  suspension {seq} · turn {digest}");
+    }
+    if let Some(reason) = run.termination_reason {
+        println!(
+            "  termination {} · error {}",
+            reason.as_str(),
+            run.error_code.as_deref().unwrap_or("-")
+        );
+    }
+    println!(
+        "  lease epoch {} · requeues {} · iterations {} · tokens {}/{}",
+        run.lease_epoch,
+        run.requeue_count,
+        run.counters.iterations,
+        run.counters.prompt_tokens,
+        run.counters.completion_tokens
+    );
+    for event in store.events(run_id).await? {
+        println!(
+            "  {:>3} {} {} {}",
+            event.sequence,
+            event.created_at.to_rfc3339(),
+            event.kind,
+            event.payload
+        );
+    }
+    Ok(())
+}
+
+/// Cancels a run that has not ended, records and announces it. A running segment loses its
+/// lease at its next heartbeat or fence and writes nothing more.
+pub async fn cancel(
+    store: &Store,
+    broker: &Broker,
+    run_id: countersign_core::RunId,
+) -> anyhow::Result<()> {
+    if !store.cancel(run_id).await? {
+        bail!("run {run_id} does not exist or has already ended");
+    }
+    let fields = serde_json::json!({"run_id": run_id, "termination_reason": "cancelled"});
+    store
+        .append_event(
+            run_id,
+            &countersign_store::NewEvent::new("run.cancelled", fields.clone()),
+        )
+        .await?;
+    let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    broker
+        .publish_event(&countersign_core::Event::new("run.cancelled", fields), &at)
+        .await?;
+    println!("run {run_id} cancelled");
+    Ok(())
+}
