@@ -1,4 +1,4 @@
-//! Services stop cleanly on SIGTERM.
+//! Services stop cleanly on SIGTERM, once their `/readyz` said they were up.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -9,7 +9,7 @@ use uuid::Uuid;
 use crate::services::Database;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_worker_and_coordinator_exit_zero_on_sigterm() {
+async fn the_worker_the_coordinator_and_a_looping_reaper_exit_zero_on_sigterm() {
     let db = Database::create("shutdown").await;
     let install = Installation {
         database_url: db.url(),
@@ -24,6 +24,7 @@ async fn an_idle_worker_and_coordinator_exit_zero_on_sigterm() {
             vec!["--model-script", script.to_str().unwrap()],
         ),
         ("countersign-coordinator", vec![]),
+        ("countersign-reaper", vec!["--every", "60"]),
     ] {
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");

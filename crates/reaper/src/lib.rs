@@ -158,6 +158,16 @@ pub async fn pass(
             .await?;
         }
     }
+    for (action, n) in [
+        ("requeued", summary.requeued),
+        ("retries_exhausted", summary.retries_exhausted),
+        ("not_retryable", summary.not_retryable),
+        ("skipped", summary.skipped),
+        ("redispatched", summary.redispatched),
+        ("approval_expired", summary.approvals_expired),
+    ] {
+        metrics::counter!("countersign_reaper_actions_total", "action" => action).increment(n);
+    }
     Ok(summary)
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use countersign_crypto::{KeyId, Keyring};
 use countersign_reaper::{pass, ReaperConfig};
-use countersign_service::Connections;
+use countersign_service::{Connections, Ready};
 use countersign_store::Store;
 
 #[derive(Debug, Parser)]
@@ -33,6 +33,9 @@ struct Args {
     /// Run a pass every this many seconds instead of once.
     #[arg(long)]
     every: Option<u64>,
+    /// With --every: where to serve /metrics, /healthz and /readyz.
+    #[arg(long, env = "COUNTERSIGN_HTTP_ADDR", requires = "every")]
+    http_addr: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
@@ -59,7 +62,7 @@ async fn main() -> ExitCode {
             Ok(Ok(keyring)) => keyring,
             _ => return ExitCode::from(2),
         };
-    let store = Store::new(pool, Arc::new(keyring));
+    let store = Store::new(pool.clone(), Arc::new(keyring));
     let broker = match args.connections.broker().await {
         Ok(broker) => broker,
         Err(e) => {
@@ -68,6 +71,15 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+
+    let ready = Arc::new(Ready {
+        pool,
+        broker: broker.clone(),
+    });
+    if let Err(e) = countersign_service::spawn_surfaces(args.http_addr, ready).await {
+        eprintln!("reaper: cannot serve the HTTP surfaces: {e}");
+        return ExitCode::from(2);
+    }
 
     loop {
         match pass(&store, &broker, &config).await {
@@ -85,7 +97,7 @@ async fn main() -> ExitCode {
         };
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(every)) => {}
-            _ = tokio::signal::ctrl_c() => return ExitCode::SUCCESS,
+            () = countersign_service::shutdown_signal() => return ExitCode::SUCCESS,
         }
     }
 }
