@@ -29,6 +29,20 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// The agent configuration the demo, the services and the tests share.
+pub fn demo_agent() -> String {
+    workspace_file("deploy/agents/seo-assistant.json")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The script of the demo's scripted model.
+pub fn demo_script() -> String {
+    workspace_file("crates/cli/demo/seo-assistant.json")
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// A file of the workspace, by its path from the workspace root.
 pub fn workspace_file(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -83,6 +97,16 @@ impl Installation {
             String::from_utf8_lossy(&out.stderr)
         );
         stdout
+    }
+
+    /// Sets the installation up as an operator does: migrations, the demo site, the agent in
+    /// `agent_file`, and the broker user `guest` allowed to name any acting user and approver.
+    pub fn configure(&self, agent_file: &str) {
+        self.countersign_ok(&["migrate"]);
+        self.countersign_ok(&["seed-demo-site"]);
+        self.countersign_ok(&["agents", "put", agent_file]);
+        self.countersign_ok(&["producers", "allow", "guest", "acting-user", "*"]);
+        self.countersign_ok(&["producers", "allow", "guest", "approver", "*"]);
     }
 
     /// Starts a long-running binary; it is killed when the guard drops.

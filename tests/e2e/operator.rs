@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use countersign_e2e::{workspace_file, Installation};
+use countersign_e2e::{demo_agent, demo_script, Installation};
 use uuid::Uuid;
 
 use crate::services::Database;
@@ -14,18 +14,10 @@ async fn a_cancelled_waiting_run_refuses_every_later_decision() {
         database_url: db.url(),
         queue_prefix: format!("e2e-{}", Uuid::now_v7()),
     };
-    install.countersign_ok(&["migrate"]);
-    install.countersign_ok(&["seed-demo-site"]);
-    let agent = workspace_file("deploy/agents/seo-assistant.json");
-    install.countersign_ok(&["agents", "put", agent.to_str().unwrap()]);
-    install.countersign_ok(&["producers", "allow", "guest", "acting-user", "*"]);
-    install.countersign_ok(&["producers", "allow", "guest", "approver", "*"]);
-    let script = workspace_file("crates/cli/demo/seo-assistant.json");
+    install.configure(&demo_agent());
+    let script = demo_script();
     let _coordinator = install.spawn("countersign-coordinator", &[]);
-    let _worker = install.spawn(
-        "countersign-worker",
-        &["--model-script", script.to_str().unwrap()],
-    );
+    let _worker = install.spawn("countersign-worker", &["--model-script", &script]);
 
     let submitted = install.countersign_ok(&[
         "submit",

@@ -3,7 +3,7 @@
 use std::net::TcpListener;
 use std::time::Duration;
 
-use countersign_e2e::{workspace_file, Installation};
+use countersign_e2e::{demo_script, Installation};
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
@@ -63,12 +63,9 @@ async fn a_run_whose_worker_died_is_requeued_by_the_reaper_and_taken_up_by_anoth
                "model": "any", "api_key_env": "COUNTERSIGN_E2E_MODEL_KEY", "timeout_secs": 600}),
     );
     let scripted = agent_file(&dir, "scripted.json", json!({"provider": "scripted"}));
-    install.countersign_ok(&["migrate"]);
-    install.countersign_ok(&["seed-demo-site"]);
-    install.countersign_ok(&["agents", "put", &hanging]);
-    install.countersign_ok(&["producers", "allow", "guest", "acting-user", "*"]);
-    let script = workspace_file("crates/cli/demo/seo-assistant.json");
-    let script = script.to_str().unwrap();
+    install.configure(&hanging);
+    let script = demo_script();
+    let script = script.as_str();
 
     let _coordinator = install.spawn("countersign-coordinator", &[]);
     let mut doomed = install.command("countersign-worker");

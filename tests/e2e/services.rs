@@ -5,7 +5,9 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use countersign_e2e::{amqp_addr, database_url, free_port, http_get, workspace_file, Installation};
+use countersign_e2e::{
+    amqp_addr, database_url, demo_agent, demo_script, free_port, http_get, Installation,
+};
 use countersign_queue::{Broker, Consumer, MessageProperties, QueueConfig, Topology};
 use serde_json::Value;
 use sqlx::postgres::PgConnectOptions;
@@ -99,12 +101,7 @@ async fn a_run_requested_through_the_queue_is_approved_through_the_queue_and_wri
     };
 
     // Configure the installation the way an operator does.
-    install.countersign_ok(&["migrate"]);
-    install.countersign_ok(&["seed-demo-site"]);
-    let agent = workspace_file("deploy/agents/seo-assistant.json");
-    install.countersign_ok(&["agents", "put", agent.to_str().unwrap()]);
-    install.countersign_ok(&["producers", "allow", "guest", "acting-user", "*"]);
-    install.countersign_ok(&["producers", "allow", "guest", "approver", "*"]);
+    install.configure(&demo_agent());
 
     let broker = Broker::connect(QueueConfig::new(
         amqp_addr(),
@@ -118,7 +115,7 @@ async fn a_run_requested_through_the_queue_is_approved_through_the_queue_and_wri
 
     let coordinator_port = free_port();
     let worker_port = free_port();
-    let script = workspace_file("crates/cli/demo/seo-assistant.json");
+    let script = demo_script();
     let _coordinator = install.spawn(
         "countersign-coordinator",
         &["--http-addr", &format!("127.0.0.1:{coordinator_port}")],
@@ -127,7 +124,7 @@ async fn a_run_requested_through_the_queue_is_approved_through_the_queue_and_wri
         "countersign-worker",
         &[
             "--model-script",
-            script.to_str().unwrap(),
+            &script,
             "--http-addr",
             &format!("127.0.0.1:{worker_port}"),
             "--poll-interval-secs",

@@ -3,7 +3,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use countersign_e2e::{free_port, http_get, workspace_file, Installation};
+use countersign_e2e::{demo_script, free_port, http_get, Installation};
 use uuid::Uuid;
 
 use crate::services::Database;
@@ -16,13 +16,10 @@ async fn the_worker_the_coordinator_and_a_looping_reaper_exit_zero_on_sigterm() 
         queue_prefix: format!("e2e-{}", Uuid::now_v7()),
     };
     install.countersign_ok(&["migrate"]);
-    let script = workspace_file("crates/cli/demo/seo-assistant.json");
+    let script = demo_script();
 
     for (binary, args) in [
-        (
-            "countersign-worker",
-            vec!["--model-script", script.to_str().unwrap()],
-        ),
+        ("countersign-worker", vec!["--model-script", &script]),
         ("countersign-coordinator", vec![]),
         ("countersign-reaper", vec!["--every", "60"]),
     ] {

@@ -26,7 +26,7 @@ use countersign_coordinator::{producers, Coordinator, ProducerKind};
 use countersign_core::{
     DecisionMessage, RunId, RunRequest, SuspensionSeq, ToolPolicy, ToolRegistry, TurnDigest,
 };
-use countersign_crypto::{KeyId, Keyring};
+use countersign_crypto::Keyring;
 use countersign_model::ScriptedModel;
 use countersign_queue::{Broker, MessageProperties, QueueConfig, Topology};
 use countersign_store::{AgentConfig, Store};
@@ -82,8 +82,7 @@ async fn bench(
     countersign_content::seed_demo_site(&pool).await?;
     producers::allow(&pool, "guest", ProducerKind::ActingUser, "*").await?;
     producers::allow(&pool, "guest", ProducerKind::Approver, "*").await?;
-    let keyring = Keyring::parse(&Keyring::generate_entry(&KeyId::parse("bench")?))?;
-    let store = Store::new(pool.clone(), Arc::new(keyring));
+    let store = Store::new(pool.clone(), Arc::new(Keyring::ephemeral()));
     store
         .upsert_agent(&AgentConfig {
             name: AGENT.into(),

@@ -17,7 +17,7 @@ use countersign_core::card::build_card;
 use countersign_core::{
     DecisionMessage, Principal, RunId, SuspendedRunState, ToolPolicy, ToolRegistry,
 };
-use countersign_crypto::{KeyId, Keyring};
+use countersign_crypto::Keyring;
 use countersign_model::ScriptedModel;
 use countersign_store::{AgentConfig, NewRun, Store};
 use countersign_worker::{Models, SegmentEnd, SegmentRunner};
@@ -61,7 +61,7 @@ pub async fn run(database_url: &str, database: &str, keep: bool) -> anyhow::Resu
 
     let keyring = match Keyring::from_env() {
         Ok(keyring) => keyring,
-        Err(_) => Keyring::parse(&Keyring::generate_entry(&KeyId::parse("demo")?))?,
+        Err(_) => Keyring::ephemeral(),
     };
     let store = Store::new(pool.clone(), Arc::new(keyring));
     let result = story(&store).await;

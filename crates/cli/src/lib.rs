@@ -223,7 +223,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Agents { command } => {
-            let store = ops::store_without_keys(connect(&cli.database_url).await?)?;
+            let store = ops::store_without_keys(connect(&cli.database_url).await?);
             match command {
                 AgentsCommand::Put { file } => ops::put_agent(&store, &file).await,
                 AgentsCommand::List => ops::list_agents(&store).await,
@@ -283,7 +283,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             comment,
             wait,
         } => {
-            let store = ops::store_without_keys(connect(&cli.database_url).await?)?;
+            let store = ops::store_without_keys(connect(&cli.database_url).await?);
             let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
             ops::decide(
                 &store,
@@ -297,11 +297,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             .await
         }
         Command::Show { run_id } => {
-            let store = ops::store_without_keys(connect(&cli.database_url).await?)?;
+            let store = ops::store_without_keys(connect(&cli.database_url).await?);
             ops::show_run(&store, run_id).await
         }
         Command::Cancel { run_id } => {
-            let store = ops::store_without_keys(connect(&cli.database_url).await?)?;
+            let store = ops::store_without_keys(connect(&cli.database_url).await?);
             let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
             ops::cancel(&store, &broker, run_id).await
         }

@@ -16,7 +16,7 @@ use countersign_core::{
     DecisionMessage, Principal, RunRequest, SuspendedRunState, ToolPolicy, ToolRegistry,
     UserDirectory,
 };
-use countersign_crypto::{KeyId, Keyring};
+use countersign_crypto::Keyring;
 use countersign_queue::{Broker, MessageProperties, QueueConfig, Topology};
 use countersign_store::{AgentConfig, Store};
 use serde::Deserialize;
@@ -47,10 +47,10 @@ fn yes() -> bool {
     true
 }
 
-/// A store for commands that open no sealed value: a throwaway key satisfies it.
-pub fn store_without_keys(pool: PgPool) -> anyhow::Result<Store> {
-    let keyring = Keyring::parse(&Keyring::generate_entry(&KeyId::parse("unused")?))?;
-    Ok(Store::new(pool, Arc::new(keyring)))
+/// A store for commands that open no sealed value: a key that lives only in this process
+/// will do.
+pub fn store_without_keys(pool: PgPool) -> Store {
+    Store::new(pool, Arc::new(Keyring::ephemeral()))
 }
 
 pub async fn put_agent(store: &Store, path: &Path) -> anyhow::Result<()> {

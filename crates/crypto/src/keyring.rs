@@ -254,6 +254,18 @@ impl Keyring {
         format!("{id}:{}", STANDARD.encode(key.as_slice()))
     }
 
+    /// A keyring of one fresh random key, id `ephemeral`, that exists only in this process:
+    /// for a process that seals nothing it must open again later (the reaper, a throwaway
+    /// demo or benchmark database).
+    ///
+    /// # Panics
+    ///
+    /// If the operating system's random source fails, as [`Keyring::generate_entry`].
+    pub fn ephemeral() -> Keyring {
+        let id = KeyId::parse("ephemeral").expect("a valid key id");
+        Keyring::parse(&Keyring::generate_entry(&id)).expect("a generated entry parses")
+    }
+
     /// The id of the key that seals.
     pub fn active_key_id(&self) -> &KeyId {
         &self.active.id
@@ -491,5 +503,15 @@ mod tests {
                 clone.get(id).expect("cloned key").bytes()
             );
         }
+    }
+
+    #[test]
+    fn two_ephemeral_keyrings_hold_different_keys() {
+        let (a, b) = (Keyring::ephemeral(), Keyring::ephemeral());
+        assert_eq!(a.active_key_id().as_str(), "ephemeral");
+        assert_ne!(
+            a.get(a.active_key_id()).expect("key").bytes(),
+            b.get(b.active_key_id()).expect("key").bytes()
+        );
     }
 }

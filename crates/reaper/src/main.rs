@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use countersign_crypto::{KeyId, Keyring};
+use countersign_crypto::Keyring;
 use countersign_reaper::{pass, ReaperConfig};
 use countersign_service::{Connections, Ready};
 use countersign_store::Store;
@@ -56,12 +56,8 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // The reaper seals and opens nothing: a throwaway key satisfies the store.
-    let keyring =
-        match KeyId::parse("reaper").map(|id| Keyring::parse(&Keyring::generate_entry(&id))) {
-            Ok(Ok(keyring)) => keyring,
-            _ => return ExitCode::from(2),
-        };
+    // The reaper seals and opens nothing: a key that lives only in this process will do.
+    let keyring = Keyring::ephemeral();
     let store = Store::new(pool.clone(), Arc::new(keyring));
     let broker = match args.connections.broker().await {
         Ok(broker) => broker,

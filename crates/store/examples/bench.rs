@@ -22,7 +22,7 @@ use countersign_core::{
     CallIndex, CallPreview, Message, PendingCall, RunId, SuspendedRunState, SuspensionSeq,
     TokenUsage,
 };
-use countersign_crypto::{KeyId, Keyring, Purpose};
+use countersign_crypto::{Keyring, Purpose};
 use countersign_store::{
     DecisionOutcome, DecisionRecord, NewDecision, RunCounters, Settlement, Store,
     TerminationReason, MIGRATOR,
@@ -70,7 +70,7 @@ async fn run(options: PgConnectOptions) -> anyhow::Result<()> {
         .connect_with(options)
         .await?;
     MIGRATOR.run(&pool).await?;
-    let keyring = Keyring::parse(&Keyring::generate_entry(&KeyId::parse("bench")?))?;
+    let keyring = Keyring::ephemeral();
     let store = Store::new(pool.clone(), Arc::new(keyring));
 
     for claimers in [1, 4] {

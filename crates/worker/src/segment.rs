@@ -8,7 +8,7 @@ use chrono::{SecondsFormat, Utc};
 use countersign_core::agent_loop::{
     self, AgentConfig, Decision, Outcome, Segment, TerminationReason,
 };
-use countersign_core::{Event, Model, SuspendedRunState, ToolRegistry, UserDirectory};
+use countersign_core::{Event, Model, SuspendedRunState, TokenUsage, ToolRegistry, UserDirectory};
 use countersign_model::ModelCatalog;
 use countersign_store::{
     Claim, Lease, NewEvent, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
@@ -195,11 +195,7 @@ impl SegmentRunner {
                 iterations,
                 tokens,
             } => {
-                let counters = RunCounters {
-                    iterations,
-                    prompt_tokens: tokens.prompt,
-                    completion_tokens: tokens.completion,
-                };
+                let counters = counters(iterations, tokens);
                 if !self
                     .store
                     .settle(lease, &Settlement::completed(reason, counters))
@@ -228,12 +224,8 @@ impl SegmentRunner {
                 iterations,
                 tokens,
             } => {
-                let counters = RunCounters {
-                    iterations,
-                    prompt_tokens: tokens.prompt,
-                    completion_tokens: tokens.completion,
-                };
-                let settlement = Settlement::failed(reason, Some(code), Some(counters));
+                let settlement =
+                    Settlement::failed(reason, Some(code), Some(counters(iterations, tokens)));
                 if !self.store.settle(lease, &settlement).await? {
                     return Ok(SegmentEnd::Interrupted("lease_lost"));
                 }
@@ -349,6 +341,15 @@ impl SegmentRunner {
             event.fields.insert("run_id".into(), json!(run_id));
             sink.publish(&event).await;
         }
+    }
+}
+
+/// The run's counters as the row stores them.
+fn counters(iterations: u32, tokens: TokenUsage) -> RunCounters {
+    RunCounters {
+        iterations,
+        prompt_tokens: tokens.prompt,
+        completion_tokens: tokens.completion,
     }
 }
 

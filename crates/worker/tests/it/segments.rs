@@ -79,6 +79,20 @@ async fn harness(pool: PgPool) -> Harness {
 impl Harness {
     /// A run of the script, suspended on its write turn.
     async fn suspended_run(&self) -> RunId {
+        let run_id = self.new_run().await;
+        let end = self.claim_and_run(run_id, "w1").await;
+        assert_eq!(
+            end,
+            SegmentEnd::Suspended {
+                suspension_seq: 1,
+                moved: 0
+            }
+        );
+        run_id
+    }
+
+    /// A queued run of the script, acting as `editor`.
+    async fn new_run(&self) -> RunId {
         let run = self
             .store
             .create_run(&NewRun {
@@ -89,14 +103,6 @@ impl Harness {
             })
             .await
             .unwrap();
-        let end = self.claim_and_run(run.run_id, "w1").await;
-        assert_eq!(
-            end,
-            SegmentEnd::Suspended {
-                suspension_seq: 1,
-                moved: 0
-            }
-        );
         run.run_id
     }
 
@@ -310,19 +316,10 @@ async fn an_agent_whose_model_settings_name_no_usable_model_fails_provider_faile
         "api_key_env": "COUNTERSIGN_TEST_KEY_THAT_IS_NEVER_SET"
     });
     h.store.upsert_agent(&agent).await.unwrap();
-    let run = h
-        .store
-        .create_run(&NewRun {
-            request_id: Uuid::now_v7(),
-            agent: "seo".into(),
-            acting_user: "editor".into(),
-            prompt: "Improve page 12.".into(),
-        })
-        .await
-        .unwrap();
+    let run_id = h.new_run().await;
 
-    let end = h.claim_and_run(run.run_id, "w1").await;
+    let end = h.claim_and_run(run_id, "w1").await;
     assert_eq!(end, SegmentEnd::Failed(TerminationReason::ProviderFailed));
-    let row = h.store.run(run.run_id).await.unwrap().unwrap();
+    let row = h.store.run(run_id).await.unwrap().unwrap();
     assert_eq!(row.error_code.as_deref(), Some("missing_api_key"));
 }
