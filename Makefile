@@ -6,7 +6,7 @@ export DATABASE_URL AMQP_ADDR
 # The build uses the committed query cache in .sqlx/, never a live database.
 export SQLX_OFFLINE := true
 
-.PHONY: test demo bench services fmt sqlx-prepare
+.PHONY: test demo bench chaos services fmt sqlx-prepare
 
 ## Runs formatting and lint checks, then every test against the real PostgreSQL.
 test: services
@@ -14,11 +14,21 @@ test: services
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo build --workspace --bins  # the end-to-end tests in tests/ run these binaries
 	cargo test --workspace --no-fail-fast
+	CHAOS_RUNS=$(CI_CHAOS_RUNS) cargo run --quiet -p countersign-e2e --bin countersign-chaos
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
 ## Runs the demonstration end to end against the local PostgreSQL.
 demo: services
 	cargo run --quiet -p countersign-cli -- demo
+
+CHAOS_RUNS ?= 200
+CI_CHAOS_RUNS ?= 30
+
+## Many approved runs while workers are killed and a colleague edits the same element; exits
+## non-zero unless no approved write was lost, duplicated or landed against unseen state.
+chaos: services
+	cargo build --workspace --bins
+	CHAOS_RUNS=$(CHAOS_RUNS) cargo run --quiet -p countersign-e2e --bin countersign-chaos
 
 ## Prints the benchmark figures: the store and crypto, then runs through the services.
 bench: services

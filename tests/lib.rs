@@ -15,11 +15,14 @@ pub const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
 /// The path of a binary built from this workspace, next to the running test executable.
 pub fn binary(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the test executable has a path");
-    // target/<profile>/deps/e2e-<hash> → target/<profile>/<name>
-    let dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("a target directory");
+    // A test: target/<profile>/deps/e2e-<hash> → target/<profile>/<name>; a program of this
+    // crate (the chaos run): target/<profile>/<program> → target/<profile>/<name>.
+    let here = exe.parent().expect("a target directory");
+    let dir = if here.join(name).exists() {
+        here
+    } else {
+        here.parent().expect("a target directory")
+    };
     let path = dir.join(name);
     assert!(
         path.exists(),
@@ -166,4 +169,551 @@ pub async fn delete_topology(prefix: &str) {
         .delete_topology()
         .await
         .expect("the topology is deleted");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fault injection and observation: processes, the database, a fake model endpoint.
+// ---------------------------------------------------------------------------------------------
+
+/// Test seconds, for deadlines.
+pub fn secs(n: u64) -> std::time::Duration {
+    std::time::Duration::from_secs(n)
+}
+
+/// Polls `probe` every 50 ms until it yields a value, failing the test after `within`.
+pub async fn wait_until<T>(
+    what: &str,
+    within: std::time::Duration,
+    mut probe: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(
+            started.elapsed() < within,
+            "timed out after {within:?} waiting until {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits until the boolean query `sql` holds in the database `conn` is connected to.
+pub async fn wait_for_sql(
+    conn: &mut sqlx::PgConnection,
+    what: &str,
+    within: std::time::Duration,
+    sql: &str,
+) {
+    wait_until(what, within, async || {
+        let held: bool = sqlx::query_scalar(sql)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        held.then_some(())
+    })
+    .await;
+}
+
+/// The `bigint` the query `sql` returns (a `count(*)`, typically).
+pub async fn count(conn: &mut sqlx::PgConnection, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(conn)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// The names of the files a content element's `field` references (not deleted), in order.
+pub async fn referenced_files(
+    conn: &mut sqlx::PgConnection,
+    element: i64,
+    field: &str,
+) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT f.name FROM content.file_references r JOIN content.files f ON f.uid = r.file
+         WHERE r.element = $1 AND r.field = $2 AND NOT r.deleted
+         ORDER BY r.sorting, r.uid",
+    )
+    .bind(element)
+    .bind(field)
+    .fetch_all(conn)
+    .await
+    .expect("the references read")
+}
+
+/// The run row as JSON.
+pub async fn run_row(conn: &mut sqlx::PgConnection, run_id: &str) -> serde_json::Value {
+    sqlx::query_scalar("SELECT to_jsonb(r) - 'state' - 'request' FROM runs r WHERE id = $1::uuid")
+        .bind(run_id)
+        .fetch_one(conn)
+        .await
+        .expect("the run exists")
+}
+
+/// Waits until the run's status is `status` (and, for `waiting_for_approval`, any suspension).
+pub async fn wait_for_status(
+    conn: &mut sqlx::PgConnection,
+    run_id: &str,
+    status: &str,
+    within: std::time::Duration,
+) {
+    let sql = format!("SELECT status = '{status}' FROM runs WHERE id = '{run_id}'::uuid");
+    wait_for_sql(conn, &format!("run {run_id} is {status}"), within, &sql).await;
+}
+
+/// Waits until the run waits for approval on suspension `seq`.
+pub async fn wait_for_card(
+    conn: &mut sqlx::PgConnection,
+    run_id: &str,
+    seq: i32,
+    within: std::time::Duration,
+) {
+    let sql = format!(
+        "SELECT status = 'waiting_for_approval' AND suspension_seq = {seq}
+         FROM runs WHERE id = '{run_id}'::uuid"
+    );
+    wait_for_sql(
+        conn,
+        &format!("run {run_id} waits on card {seq}"),
+        within,
+        &sql,
+    )
+    .await;
+}
+
+/// An advisory-lock gate: a trigger on `table` whose function takes the shared transaction
+/// advisory lock `key` for every row matching `when`, so that whoever holds `key` exclusively
+/// (with [`hold_gate`]) stops those statements exactly there, inside their transactions.
+pub async fn install_gate(
+    conn: &mut sqlx::PgConnection,
+    name: &str,
+    table: &str,
+    event: &str,
+    when: &str,
+    key: i64,
+) {
+    for sql in [
+        format!(
+            "CREATE FUNCTION e2e_gate_{name}() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM pg_advisory_xact_lock_shared({key}); RETURN NEW; END $$"
+        ),
+        format!(
+            "CREATE TRIGGER e2e_gate_{name} BEFORE {event} ON {table}
+             FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION e2e_gate_{name}()"
+        ),
+    ] {
+        sqlx::query(&sql)
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+/// Removes a gate [`install_gate`] installed.
+pub async fn remove_gate(conn: &mut sqlx::PgConnection, name: &str, table: &str) {
+    for sql in [
+        format!("DROP TRIGGER e2e_gate_{name} ON {table}"),
+        format!("DROP FUNCTION e2e_gate_{name}()"),
+    ] {
+        sqlx::query(&sql)
+            .execute(&mut *conn)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+/// Closes the gate `key` on this connection: the gated statements wait from now on.
+pub async fn hold_gate(conn: &mut sqlx::PgConnection, key: i64) {
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(key)
+        .execute(conn)
+        .await
+        .expect("the advisory lock is taken");
+}
+
+/// Opens the gate `key` again: the waiting statements go on.
+pub async fn release_gate(conn: &mut sqlx::PgConnection, key: i64) {
+    let released: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+        .bind(key)
+        .fetch_one(conn)
+        .await
+        .expect("the advisory lock is released");
+    assert!(released, "the gate {key} was not held");
+}
+
+/// How many other backends of this database wait for the advisory lock `key`.
+pub async fn waiting_at_gate(conn: &mut sqlx::PgConnection, key: i64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND NOT l.granted AND l.classid = 0 AND l.objid = $1
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND l.pid <> pg_backend_pid()",
+    )
+    .bind(key)
+    .fetch_one(conn)
+    .await
+    .expect("pg_locks reads")
+}
+
+/// The backends of this database (not this one) waiting for a lock while they run a statement
+/// that starts with `statement` (whitespace collapsed).
+pub async fn waiting_on_lock(conn: &mut sqlx::PgConnection, statement: &str) -> i64 {
+    waiting(conn, statement, false).await
+}
+
+/// [`waiting_on_lock`], counting only backends inside an explicit transaction (one that began
+/// before the waiting statement did).
+pub async fn waiting_in_transaction(conn: &mut sqlx::PgConnection, statement: &str) -> i64 {
+    waiting(conn, statement, true).await
+}
+
+async fn waiting(conn: &mut sqlx::PgConnection, statement: &str, in_transaction: bool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()
+           AND state = 'active' AND wait_event_type = 'Lock'
+           AND (NOT $2 OR xact_start < query_start)
+           AND regexp_replace(query, '\\s+', ' ', 'g') LIKE $1 || '%'",
+    )
+    .bind(statement)
+    .bind(in_transaction)
+    .fetch_one(conn)
+    .await
+    .expect("pg_stat_activity reads")
+}
+
+/// Terminates every other connection to this database, as a failing network or a restarted
+/// pooler would; returns how many were cut.
+pub async fn cut_connections(conn: &mut sqlx::PgConnection) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_one(conn)
+    .await
+    .expect("the backends are terminated")
+}
+
+impl Running {
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.0.id()
+    }
+
+    /// SIGKILL: the process dies at once, settling nothing.
+    pub fn sigkill(&mut self) {
+        self.0.kill().expect("SIGKILL is delivered");
+        self.0.wait().expect("the killed child is reaped");
+    }
+
+    /// SIGTERM: the orderly stop.
+    pub fn sigterm(&self) {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .expect("kill starts");
+        assert!(sent.success(), "SIGTERM was not delivered");
+    }
+
+    /// Waits up to `within` for the process to exit; `None` if it is still running.
+    pub async fn exit_within(
+        &mut self,
+        within: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.0.try_wait().expect("the child can be polled") {
+                return Some(status);
+            }
+            if started.elapsed() >= within {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Installation {
+    /// Starts a long-running binary with extra environment variables; killed when dropped.
+    pub fn spawn_env(&self, binary_name: &str, args: &[&str], env: &[(&str, &str)]) -> Running {
+        let mut cmd = self.command(binary_name);
+        cmd.args(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        Running(cmd.spawn().expect("the binary starts"))
+    }
+
+    /// `countersign submit` through the queue; the new run's id.
+    pub fn submit(&self, agent: &str, acting_user: &str, prompt: &str) -> String {
+        let out = self.countersign_ok(&["submit", "--agent", agent, "--as", acting_user, prompt]);
+        out.split_whitespace()
+            .nth(1)
+            .unwrap_or_else(|| panic!("no run id in {out:?}"))
+            .to_owned()
+    }
+
+    /// A broker connection on this installation's topology, as a foreign producer has one.
+    pub async fn broker(&self) -> countersign_queue::Broker {
+        countersign_queue::Broker::connect(countersign_queue::QueueConfig::new(
+            amqp_addr(),
+            countersign_queue::Topology::new(&self.queue_prefix),
+        ))
+        .await
+        .expect("the broker answers")
+    }
+}
+
+/// Publishes a decision on `countersign.decisions` as the broker user `guest`, the way any
+/// producer does, without waiting for its outcome; returns its `decision_id`.
+pub async fn publish_decision(
+    broker: &countersign_queue::Broker,
+    run_id: &str,
+    suspension_seq: i64,
+    turn_digest: &str,
+    approved: bool,
+    approver: &str,
+) -> String {
+    let decision_id = uuid::Uuid::now_v7().to_string();
+    let body = serde_json::json!({
+        "type": "countersign.decision", "version": 1,
+        "decision_id": decision_id, "run_id": run_id,
+        "suspension_seq": suspension_seq, "turn_digest": turn_digest,
+        "approved": approved, "approver": approver,
+    });
+    broker
+        .publish_to_queue(
+            &broker.topology().decisions(),
+            body.to_string().as_bytes(),
+            Some("guest"),
+        )
+        .await
+        .expect("the decision is published");
+    decision_id
+}
+
+/// Publishes a segment wake-up for `run_id`, as the coordinator and the reaper do.
+pub async fn publish_wake_up(broker: &countersign_queue::Broker, run_id: &str) {
+    let body = serde_json::json!({"type": "countersign.segment", "version": 1, "run_id": run_id});
+    broker
+        .publish_to_queue(
+            &broker.topology().segments(),
+            body.to_string().as_bytes(),
+            None,
+        )
+        .await
+        .expect("the wake-up is published");
+}
+
+/// A directory of this test's files, removed when dropped.
+#[derive(Debug)]
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new() -> TempDir {
+        let dir = std::env::temp_dir().join(format!("countersign-e2e-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).expect("a temp dir");
+        TempDir(dir)
+    }
+
+    /// Writes `value` as JSON to `name` in the directory; its path.
+    pub fn json(&self, name: &str, value: &serde_json::Value) -> String {
+        let path = self.0.join(name);
+        std::fs::write(&path, value.to_string()).expect("the file is written");
+        path.to_str().expect("a UTF-8 temp path").to_owned()
+    }
+}
+
+impl Default for TempDir {
+    fn default() -> Self {
+        TempDir::new()
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The environment variable the fake model's agents name for their (fake) API key.
+pub const MODEL_KEY_ENV: &str = "COUNTERSIGN_E2E_MODEL_KEY";
+
+type Answer = dyn Fn(&serde_json::Value) -> Option<serde_json::Value> + Send + Sync;
+
+/// A fake OpenAI-compatible chat-completions endpoint on the loopback interface: every request
+/// body is recorded, and `answer` decides the reply — a chat completion body, or `None` to hold
+/// the connection open and never answer (a hanging provider). Stops when dropped.
+pub struct ModelEndpoint {
+    port: u16,
+    requests: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::fmt::Debug for ModelEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelEndpoint")
+            .field("port", &self.port)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ModelEndpoint {
+    pub fn start(
+        answer: impl Fn(&serde_json::Value) -> Option<serde_json::Value> + Send + Sync + 'static,
+    ) -> ModelEndpoint {
+        use std::sync::atomic::Ordering;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        listener
+            .set_nonblocking(true)
+            .expect("a non-blocking listener");
+        let port = listener.local_addr().expect("a local address").port();
+        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answer: std::sync::Arc<Answer> = std::sync::Arc::new(answer);
+        let (seen, stopped) = (requests.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stopped.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((stream, _)) => {
+                        let (seen, stopped, answer) =
+                            (seen.clone(), stopped.clone(), answer.clone());
+                        std::thread::spawn(move || serve(stream, &seen, &stopped, &*answer));
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+        });
+        ModelEndpoint {
+            port,
+            requests,
+            stop,
+        }
+    }
+
+    /// An endpoint that accepts every request and never answers.
+    pub fn silent() -> ModelEndpoint {
+        ModelEndpoint::start(|_| None)
+    }
+
+    /// The agent configuration's `model` settings that point at this endpoint.
+    pub fn model_settings(&self) -> serde_json::Value {
+        serde_json::json!({
+            "provider": "openai",
+            "base_url": format!("http://127.0.0.1:{}/v1", self.port),
+            "model": "fake",
+            "api_key_env": MODEL_KEY_ENV,
+            "timeout_secs": 600,
+        })
+    }
+
+    /// Every request body received so far, in arrival order.
+    pub fn requests(&self) -> Vec<serde_json::Value> {
+        self.requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Drop for ModelEndpoint {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// One connection of a [`ModelEndpoint`]: requests answered one by one, `Connection: close`.
+fn serve(
+    mut stream: std::net::TcpStream,
+    seen: &std::sync::Mutex<Vec<serde_json::Value>>,
+    stop: &std::sync::atomic::AtomicBool,
+    answer: &Answer,
+) {
+    use std::sync::atomic::Ordering;
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(100)));
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let (head_len, body_len) = loop {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+            let body_len = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buffer.len() >= end + 4 + body_len {
+                break (end + 4, body_len);
+            }
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) => return,
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    };
+    let request: serde_json::Value =
+        serde_json::from_slice(&buffer[head_len..head_len + body_len]).unwrap_or_default();
+    seen.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(request.clone());
+    let Some(reply) = answer(&request) else {
+        // Hold the connection, answering nothing, until the endpoint stops.
+        while !stop.load(Ordering::SeqCst) {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        return;
+    };
+    let body = reply.to_string();
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.flush();
+}
+
+/// A chat completion whose one choice says `content` and calls `calls` (name, arguments).
+pub fn chat_answer(content: &str, calls: &[(&str, serde_json::Value)]) -> serde_json::Value {
+    let tool_calls: Vec<serde_json::Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(n, (name, arguments))| {
+            serde_json::json!({
+                "id": format!("call_{}", n + 1), "type": "function",
+                "function": {"name": name, "arguments": arguments.to_string()},
+            })
+        })
+        .collect();
+    let mut message = serde_json::json!({"role": "assistant", "content": content});
+    if !tool_calls.is_empty() {
+        message["tool_calls"] = serde_json::Value::Array(tool_calls);
+    }
+    serde_json::json!({
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+    })
+}
+
+/// The messages of a chat-completion request with `role`, their `content` as text.
+pub fn messages_with_role(request: &serde_json::Value, role: &str) -> Vec<String> {
+    request["messages"]
+        .as_array()
+        .map(|messages| {
+            messages
+                .iter()
+                .filter(|m| m["role"] == role)
+                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }

@@ -42,6 +42,11 @@ async fn a_cancelled_waiting_run_refuses_every_later_decision() {
     }
     assert!(shown.contains("status waiting_for_approval"), "{shown}");
     assert!(shown.contains("suspension 1"), "{shown}");
+    let digest = shown
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("suspension 1 · turn "))
+        .unwrap_or_else(|| panic!("no turn digest in {shown}"))
+        .to_owned();
     assert!(shown.contains("run.suspended"), "{shown}");
     assert!(
         !shown.contains("Improve page 12."),
@@ -56,7 +61,18 @@ async fn a_cancelled_waiting_run_refuses_every_later_decision() {
     assert!(shown.contains("termination cancelled"), "{shown}");
     assert!(shown.contains("run.cancelled"), "{shown}");
 
-    let late = install.countersign(&["decide", &run_id, "--as", "approver", "--approve"]);
+    // The card `show` printed before the cancel.
+    let late = install.countersign(&[
+        "decide",
+        &run_id,
+        "--seq",
+        "1",
+        "--digest",
+        &digest,
+        "--as",
+        "approver",
+        "--approve",
+    ]);
     assert!(!late.status.success());
     assert!(String::from_utf8_lossy(&late.stderr).contains("not_awaiting_approval"));
     let again = install.countersign(&["cancel", &run_id]);

@@ -158,6 +158,7 @@ async fn a_run_requested_through_the_queue_is_approved_through_the_queue_and_wri
     // The card, as an admin sees it; nothing is written yet.
     let inbox = install.countersign_ok(&["inbox", "--as", "admin"]);
     assert!(inbox.contains(&run_id), "{inbox}");
+    let (seq, digest) = crate::cards::printed_card(&inbox, &run_id);
     assert!(
         inbox.contains("field image: 2 reference(s) → 3, appended last"),
         "{inbox}"
@@ -170,14 +171,36 @@ async fn a_run_requested_through_the_queue_is_approved_through_the_queue_and_wri
     assert_eq!(before, 2);
 
     // Four eyes: the run's own acting user may not approve it.
-    let own = install.countersign(&["decide", &run_id, "--as", "editor", "--approve"]);
+    let own = install.countersign(&[
+        "decide",
+        &run_id,
+        "--seq",
+        &seq,
+        "--digest",
+        &digest,
+        "--as",
+        "editor",
+        "--approve",
+    ]);
     assert!(!own.status.success());
     assert!(String::from_utf8_lossy(&own.stderr).contains("self_approval_denied"));
     let refused = next_event(&mut events, "decision.refused", &run_id).await;
     assert_eq!(refused["outcome"], "self_approval_denied");
 
     // An approver holding agent_approve releases the turn; the worker writes and completes.
-    install.countersign_ok(&["decide", &run_id, "--as", "approver", "--approve"]);
+    let card = std::env::temp_dir().join(format!("countersign-e2e-{run_id}-approver.json"));
+    let card = card.to_str().unwrap();
+    install.countersign_ok(&["inbox", "--as", "approver", "--save", card]);
+    install.countersign_ok(&[
+        "decide",
+        &run_id,
+        "--card",
+        card,
+        "--as",
+        "approver",
+        "--approve",
+    ]);
+    let _ = std::fs::remove_file(card);
     next_event(&mut events, "decision.accepted", &run_id).await;
     let completed = next_event(&mut events, "run.completed", &run_id).await;
     assert_eq!(completed["termination_reason"], "completed");

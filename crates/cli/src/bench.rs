@@ -30,7 +30,7 @@ use countersign_crypto::Keyring;
 use countersign_model::ScriptedModel;
 use countersign_queue::{Broker, MessageProperties, QueueConfig, Topology};
 use countersign_store::{AgentConfig, Store};
-use countersign_worker::service::{BrokerEvents, WorkerConfig};
+use countersign_worker::service::WorkerConfig;
 use countersign_worker::{Models, SegmentRunner};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -93,6 +93,7 @@ async fn bench(
                 ..ToolPolicy::default()
             },
             max_iterations: 5,
+            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             four_eyes: false,
             approval_deadline: Duration::from_secs(3600),
         })
@@ -138,7 +139,6 @@ async fn bench(
             models: Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?)),
             users: Arc::new(countersign_content::ContentUsers::new(pool.clone())),
             lease_ttl: Duration::from_secs(30),
-            events: Some(Arc::new(BrokerEvents(broker.clone()))),
         };
         let config = WorkerConfig {
             owner: format!("bench-worker-{n}"),

@@ -87,7 +87,6 @@ async fn story(store: &Store) -> anyhow::Result<()> {
         models: Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?)),
         users: users.clone(),
         lease_ttl: LEASE_TTL,
-        events: None,
     };
     store
         .upsert_agent(&AgentConfig {
@@ -103,6 +102,7 @@ async fn story(store: &Store) -> anyhow::Result<()> {
                 ],
             },
             max_iterations: 8,
+            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             four_eyes: true,
             approval_deadline: Duration::from_secs(24 * 3600),
         })

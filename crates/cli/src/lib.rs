@@ -2,14 +2,17 @@
 //!
 //! It is a thin layer over the library crates: every rule it exercises lives in them. It must
 //! never print key material other than a key it was asked to generate, nor a sealed value's
-//! plaintext other than what the demo narrates from its own throwaway database.
+//! plaintext other than the approval cards it shows (and saves) for their viewer and what the
+//! demo narrates from its own throwaway database; and it must never decide on a card other
+//! than the one its approver names.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{ArgGroup, Parser, Subcommand};
+use countersign_core::{SuspensionSeq, TurnDigest};
 use countersign_crypto::{KeyId, Keyring};
 use countersign_store::Store;
 use sqlx::postgres::PgPoolOptions;
@@ -91,15 +94,22 @@ pub enum Command {
         #[arg(long, default_value_t = 30)]
         wait: u64,
     },
-    /// Lists the runs waiting for approval, with their cards as VIEWER may see them.
+    /// Lists the runs waiting for approval, with their cards as VIEWER may see them, each with
+    /// the suspension number and turn digest a decision on it names.
     Inbox {
-        #[arg(long = "as")]
+        #[arg(long = "as", value_name = "VIEWER")]
         viewer: String,
+        /// Also write the cards shown to FILE (JSON), for `decide --card FILE`.
+        #[arg(long, value_name = "FILE")]
+        save: Option<PathBuf>,
     },
-    /// Decides on the card a run currently shows, through the queue.
+    /// Decides, through the queue, on the card the approver was shown: `--card FILE` (from
+    /// `inbox --save` or `show --save`), or `--seq` and `--digest` as `inbox` and `show` print
+    /// them. Never on the run's current card: one that changed since is refused `stale_turn`.
+    #[command(group(ArgGroup::new("card_shown").required(true).args(["card", "seq"])))]
     Decide {
         run_id: countersign_core::RunId,
-        #[arg(long = "as")]
+        #[arg(long = "as", value_name = "APPROVER")]
         approver: String,
         #[arg(long, conflicts_with = "deny", required_unless_present = "deny")]
         approve: bool,
@@ -107,12 +117,32 @@ pub enum Command {
         deny: bool,
         #[arg(long)]
         comment: Option<String>,
+        /// The card file `inbox --save` or `show --save` wrote; the decision names RUN_ID's
+        /// card in it.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["seq", "digest"])]
+        card: Option<PathBuf>,
+        /// The suspension number of the card shown.
+        #[arg(long, value_name = "N", requires = "digest", value_parser = parse_seq)]
+        seq: Option<SuspensionSeq>,
+        /// The turn digest of the card shown: all 64 hex characters.
+        #[arg(long, value_name = "HEX", requires = "seq", value_parser = parse_digest)]
+        digest: Option<TurnDigest>,
         /// Seconds to wait for the coordinator's reply.
         #[arg(long, default_value_t = 30)]
         wait: u64,
     },
-    /// Shows a run: its status, counters and audit trail (codes, no content).
-    Show { run_id: countersign_core::RunId },
+    /// Shows a run: its status, counters and audit trail (codes, no content); with `--as`, its
+    /// card as VIEWER may see it.
+    Show {
+        run_id: countersign_core::RunId,
+        /// Also show the run's card as VIEWER may see it (opens the sealed state: needs the
+        /// keyring).
+        #[arg(long = "as", value_name = "VIEWER")]
+        viewer: Option<String>,
+        /// Also write the card shown to FILE (JSON), for `decide --card FILE`.
+        #[arg(long, value_name = "FILE", requires = "viewer")]
+        save: Option<PathBuf>,
+    },
     /// Cancels a run that has not ended.
     Cancel { run_id: countersign_core::RunId },
     /// Times runs through an in-process coordinator and workers against baselines, in a
@@ -266,14 +296,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             )
             .await
         }
-        Command::Inbox { viewer } => {
-            let pool = connect(&cli.database_url).await?;
-            let keyring = Keyring::from_env().context("loading the keyring to open the cards")?;
-            let store = Store::new(pool.clone(), Arc::new(keyring));
-            let mut registry = countersign_core::ToolRegistry::new();
-            countersign_content::register(&mut registry, store.clone());
-            let users = countersign_content::ContentUsers::new(pool);
-            ops::inbox(&store, &registry, &users, &viewer).await
+        Command::Inbox { viewer, save } => {
+            let (store, registry, users) = card_reader(&cli.database_url).await?;
+            ops::inbox(&store, &registry, &users, &viewer, save.as_deref()).await
         }
         Command::Decide {
             run_id,
@@ -281,14 +306,25 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             approve,
             deny: _,
             comment,
+            card,
+            seq,
+            digest,
             wait,
         } => {
-            let store = ops::store_without_keys(connect(&cli.database_url).await?);
+            let reviewed = match (card, seq, digest) {
+                (Some(path), _, _) => ops::saved_card(&path, run_id)?,
+                (None, Some(suspension_seq), Some(turn_digest)) => ops::Reviewed {
+                    run_id,
+                    suspension_seq,
+                    turn_digest,
+                },
+                // clap requires --card, or --seq with --digest.
+                _ => anyhow::bail!("name the card decided on: --card FILE, or --seq and --digest"),
+            };
             let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
             ops::decide(
-                &store,
                 &broker,
-                run_id,
+                &reviewed,
                 &approver,
                 approve,
                 comment,
@@ -296,9 +332,22 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             )
             .await
         }
-        Command::Show { run_id } => {
+        Command::Show {
+            run_id,
+            viewer: None,
+            save: _,
+        } => {
             let store = ops::store_without_keys(connect(&cli.database_url).await?);
             ops::show_run(&store, run_id).await
+        }
+        Command::Show {
+            run_id,
+            viewer: Some(viewer),
+            save,
+        } => {
+            let (store, registry, users) = card_reader(&cli.database_url).await?;
+            ops::show_run(&store, run_id).await?;
+            ops::show_card(&store, &registry, &users, run_id, &viewer, save.as_deref()).await
         }
         Command::Cancel { run_id } => {
             let store = ops::store_without_keys(connect(&cli.database_url).await?);
@@ -310,6 +359,38 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Demo { database, keep } => demo::run(&cli.database_url, &database, keep).await,
     }
+}
+
+/// What opening a card takes: a store whose keyring opens the sealed state, the tools whose
+/// previews are on it, and the users who may or may not read them.
+async fn card_reader(
+    database_url: &str,
+) -> anyhow::Result<(
+    Store,
+    countersign_core::ToolRegistry,
+    countersign_content::ContentUsers,
+)> {
+    let pool = connect(database_url).await?;
+    let keyring = Keyring::from_env().context("loading the keyring to open the cards")?;
+    let store = Store::new(pool.clone(), Arc::new(keyring));
+    let mut registry = countersign_core::ToolRegistry::new();
+    countersign_content::register(&mut registry, store.clone());
+    Ok((
+        store,
+        registry,
+        countersign_content::ContentUsers::new(pool),
+    ))
+}
+
+fn parse_seq(s: &str) -> Result<SuspensionSeq, String> {
+    s.parse::<u32>()
+        .ok()
+        .and_then(|n| SuspensionSeq::new(n).ok())
+        .ok_or_else(|| "a suspension number is a whole number from 1".to_owned())
+}
+
+fn parse_digest(s: &str) -> Result<TurnDigest, String> {
+    TurnDigest::parse(s).map_err(|_| "a turn digest is 64 lowercase hex characters".to_owned())
 }
 
 pub(crate) async fn connect(url: &str) -> anyhow::Result<PgPool> {
@@ -328,5 +409,84 @@ mod tests {
     #[test]
     fn verify_cli() {
         Cli::command().debug_assert();
+    }
+
+    const RUN: &str = "0193c1f2-0000-7000-8000-000000000000";
+
+    fn decide(args: &[&str]) -> Result<Cli, clap::Error> {
+        let mut argv = vec![
+            "countersign",
+            "decide",
+            RUN,
+            "--as",
+            "approver",
+            "--approve",
+        ];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv)
+    }
+
+    #[test]
+    fn a_decision_must_name_the_card_it_was_made_on() {
+        let digest = "a".repeat(64);
+        for (args, kind) in [
+            (vec![], clap::error::ErrorKind::MissingRequiredArgument),
+            (
+                vec!["--seq", "1"],
+                clap::error::ErrorKind::MissingRequiredArgument,
+            ),
+            (
+                vec!["--digest", digest.as_str()],
+                clap::error::ErrorKind::MissingRequiredArgument,
+            ),
+            (
+                vec![
+                    "--card",
+                    "c.json",
+                    "--seq",
+                    "1",
+                    "--digest",
+                    digest.as_str(),
+                ],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                vec!["--seq", "0", "--digest", digest.as_str()],
+                clap::error::ErrorKind::ValueValidation,
+            ),
+            (
+                vec!["--seq", "1", "--digest", &digest[..16]],
+                clap::error::ErrorKind::ValueValidation,
+            ),
+        ] {
+            let err = decide(&args).expect_err(&format!("{args:?} is refused"));
+            assert_eq!(err.kind(), kind, "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_decision_names_its_card_by_file_or_by_number_and_digest() {
+        let digest = "0123456789abcdef".repeat(4);
+        let Command::Decide {
+            seq,
+            digest: d,
+            card,
+            ..
+        } = decide(&["--seq", "2", "--digest", &digest])
+            .unwrap()
+            .command
+        else {
+            panic!("not decide")
+        };
+        assert_eq!(seq.map(SuspensionSeq::get), Some(2));
+        assert_eq!(d.as_ref().map(TurnDigest::as_str), Some(digest.as_str()));
+        assert_eq!(card, None);
+
+        let Command::Decide { seq, card, .. } = decide(&["--card", "c.json"]).unwrap().command
+        else {
+            panic!("not decide")
+        };
+        assert_eq!(seq, None);
+        assert_eq!(card, Some(PathBuf::from("c.json")));
     }
 }

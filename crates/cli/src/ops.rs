@@ -4,6 +4,11 @@
 //! `submit` and `decide` are queue producers like any other: they publish the public
 //! messages as the AMQP user of their connection (which the broker validates), and wait for
 //! the coordinator's reply on a private queue.
+//!
+//! A decision names the card its approver was shown — the suspension number and turn digest
+//! `inbox` and `show` print with it, or the card file they `--save` — and never the run's
+//! current ones: a card that changed since it was shown must come back `stale_turn`, not be
+//! approved unseen.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -11,15 +16,15 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use countersign_coordinator::{producers, ProducerKind};
-use countersign_core::card::build_card;
+use countersign_core::card::{build_card, ApprovalCard};
 use countersign_core::{
-    DecisionMessage, Principal, RunRequest, SuspendedRunState, ToolPolicy, ToolRegistry,
-    UserDirectory,
+    DecisionMessage, Principal, RunId, RunRequest, SuspendedRunState, SuspensionSeq, ToolPolicy,
+    ToolRegistry, TurnDigest, UserDirectory,
 };
 use countersign_crypto::Keyring;
 use countersign_queue::{Broker, MessageProperties, QueueConfig, Topology};
-use countersign_store::{AgentConfig, Store};
-use serde::Deserialize;
+use countersign_store::{AgentConfig, DecisionOutcome, RunStatus, Store};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -38,9 +43,15 @@ struct AgentFile {
     #[serde(default)]
     policy: ToolPolicy,
     max_iterations: u32,
+    #[serde(default = "default_max_tool_calls")]
+    max_tool_calls_per_turn: u32,
     #[serde(default)]
     four_eyes: bool,
     approval_deadline_secs: u64,
+}
+
+fn default_max_tool_calls() -> u32 {
+    countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN
 }
 
 fn yes() -> bool {
@@ -69,6 +80,7 @@ pub async fn put_agent(store: &Store, path: &Path) -> anyhow::Result<()> {
             model,
             policy: file.policy,
             max_iterations: file.max_iterations,
+            max_tool_calls_per_turn: file.max_tool_calls_per_turn,
             four_eyes: file.four_eyes,
             approval_deadline: Duration::from_secs(file.approval_deadline_secs),
         })
@@ -189,17 +201,139 @@ pub async fn submit(
     Ok(())
 }
 
+/// The card a decision is made on: the run, and the suspension number and turn digest of the
+/// card its approver was shown. What `decide --card` reads of a saved card.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Reviewed {
+    pub run_id: RunId,
+    pub suspension_seq: SuspensionSeq,
+    pub turn_digest: TurnDigest,
+}
+
+/// `type` of a card file.
+const CARD_FILE: &str = "countersign.cards";
+
+/// A card file as `inbox --save` and `show --save` write it: every card shown, as shown.
+#[derive(Debug, Serialize)]
+struct CardFileOut<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    version: u32,
+    viewer: &'a str,
+    cards: Vec<SavedCard<'a>>,
+}
+
+/// One card as shown, with the run it is of: `run_id`, `suspension_seq`, `turn_digest`,
+/// `captured_at` and every call with its arguments and its preview as this viewer saw it.
+#[derive(Debug, Serialize)]
+struct SavedCard<'a> {
+    run_id: RunId,
+    #[serde(flatten)]
+    card: &'a ApprovalCard,
+}
+
+/// What `decide --card` reads of a card file; the rest is the approver's record of what they
+/// were shown.
+#[derive(Debug, Deserialize)]
+struct CardFileIn {
+    #[serde(rename = "type")]
+    kind: String,
+    version: u32,
+    cards: Vec<Reviewed>,
+}
+
+fn save_cards(path: &Path, viewer: &str, cards: &[(RunId, ApprovalCard)]) -> anyhow::Result<()> {
+    let file = CardFileOut {
+        kind: CARD_FILE,
+        version: 1,
+        viewer,
+        cards: cards
+            .iter()
+            .map(|(run_id, card)| SavedCard {
+                run_id: *run_id,
+                card,
+            })
+            .collect(),
+    };
+    let mut text = serde_json::to_string_pretty(&file)?;
+    text.push('\n');
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    // The previews and arguments are content: readable by the approver only.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut out = options
+        .open(path)
+        .with_context(|| format!("writing {}", path.display()))?;
+    std::io::Write::write_all(&mut out, text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// The card of `run_id` in the card file at `path`.
+pub fn saved_card(path: &Path, run_id: RunId) -> anyhow::Result<Reviewed> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let file: CardFileIn = serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not a card file written by `inbox --save` or `show --save`",
+            path.display()
+        )
+    })?;
+    anyhow::ensure!(
+        file.kind == CARD_FILE && file.version == 1,
+        "{} is not a version-1 card file ({} version {})",
+        path.display(),
+        file.kind,
+        file.version
+    );
+    file.cards
+        .into_iter()
+        .find(|card| card.run_id == run_id)
+        .with_context(|| format!("{} holds no card of run {run_id}", path.display()))
+}
+
+/// The run's card as `viewer` may see it, built from its sealed state — so the suspension
+/// number and digest it carries are those of the previews on it. `None` when the state cannot
+/// be opened with this keyring.
+async fn card_of(
+    store: &Store,
+    registry: &ToolRegistry,
+    viewer: Option<&Principal>,
+    run_id: RunId,
+) -> Option<ApprovalCard> {
+    let state = store
+        .load_state(run_id)
+        .await
+        .map(|bytes| SuspendedRunState::from_bytes(&bytes));
+    match state {
+        Ok(Ok(state)) => Some(build_card(&state, registry, viewer).await),
+        _ => None,
+    }
+}
+
+/// Prints a card, and how to decide on exactly this card.
+fn print_card(run_id: RunId, card: &ApprovalCard, viewer: &str) {
+    print!("{}", render::card(card));
+    println!(
+        "  decide on this card: countersign decide {run_id} --seq {} --digest {} --as {viewer} --approve (or --deny)",
+        card.suspension_seq, card.turn_digest
+    );
+}
+
 pub async fn inbox(
     store: &Store,
     registry: &ToolRegistry,
     users: &dyn UserDirectory,
-    viewer: &str,
+    viewer_name: &str,
+    save: Option<&Path>,
 ) -> anyhow::Result<()> {
-    let viewer: Option<Principal> = users.principal(viewer).await?;
+    let viewer: Option<Principal> = users.principal(viewer_name).await?;
     let waiting = store.inbox(100).await?;
     if waiting.is_empty() {
         println!("no run is waiting for approval");
     }
+    let mut shown = Vec::new();
     for run in waiting {
         println!(
             "run {} · agent {} · acting as {} · decide by {}",
@@ -208,45 +342,78 @@ pub async fn inbox(
             run.acting_user,
             run.approval_deadline.to_rfc3339()
         );
-        let state = match store
-            .load_state(run.run_id)
-            .await
-            .map(|b| SuspendedRunState::from_bytes(&b))
-        {
-            Ok(Ok(state)) => state,
-            _ => {
-                println!(
-                    "  (the suspended state cannot be read with this keyring: state_unreadable)"
-                );
-                continue;
-            }
+        let Some(card) = card_of(store, registry, viewer.as_ref(), run.run_id).await else {
+            println!("  (the suspended state cannot be read with this keyring: state_unreadable)");
+            continue;
         };
-        print!(
-            "{}",
-            render::card(&build_card(&state, registry, viewer.as_ref()).await)
+        print_card(run.run_id, &card, viewer_name);
+        shown.push((run.run_id, card));
+    }
+    if let Some(path) = save {
+        save_cards(path, viewer_name, &shown)?;
+        println!(
+            "saved {} card(s) to {}; decide on one with: countersign decide RUN_ID --card {} --as {viewer_name} --approve (or --deny)",
+            shown.len(),
+            path.display(),
+            path.display()
         );
     }
     Ok(())
 }
 
-pub async fn decide(
+/// The card of one run, as `viewer_name` may see it, printed after [`show_run`] and saved to
+/// `save` when asked.
+pub async fn show_card(
     store: &Store,
+    registry: &ToolRegistry,
+    users: &dyn UserDirectory,
+    run_id: RunId,
+    viewer_name: &str,
+    save: Option<&Path>,
+) -> anyhow::Result<()> {
+    let run = store.run(run_id).await?.context("no such run")?;
+    if run.status != RunStatus::WaitingForApproval {
+        println!("  (no card: the run is not waiting for approval)");
+        anyhow::ensure!(
+            save.is_none(),
+            "run {run_id} is {}: it has no card to save",
+            run.status.as_str()
+        );
+        return Ok(());
+    }
+    let viewer: Option<Principal> = users.principal(viewer_name).await?;
+    let Some(card) = card_of(store, registry, viewer.as_ref(), run_id).await else {
+        println!("  (the suspended state cannot be read with this keyring: state_unreadable)");
+        anyhow::ensure!(save.is_none(), "run {run_id}: no card to save");
+        return Ok(());
+    };
+    print_card(run_id, &card, viewer_name);
+    if let Some(path) = save {
+        save_cards(path, viewer_name, &[(run_id, card)])?;
+        println!(
+            "saved the card to {}; decide on it with: countersign decide {run_id} --card {} --as {viewer_name} --approve (or --deny)",
+            path.display(),
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Sends a decision on the card `reviewed` names and waits for the coordinator's verdict.
+/// A refusal is an error naming its outcome code, so the command exits non-zero.
+pub async fn decide(
     broker: &Broker,
-    run_id: countersign_core::RunId,
+    reviewed: &Reviewed,
     approver: &str,
     approved: bool,
     comment: Option<String>,
     wait: Duration,
 ) -> anyhow::Result<()> {
-    let run = store.run(run_id).await?.context("no such run")?;
-    let (Some(suspension_seq), Some(turn_digest)) = (run.suspension_seq, run.turn_digest) else {
-        bail!("run {run_id} has no card to decide on");
-    };
     let decision = DecisionMessage {
         decision_id: Uuid::now_v7(),
-        run_id,
-        suspension_seq,
-        turn_digest,
+        run_id: reviewed.run_id,
+        suspension_seq: reviewed.suspension_seq,
+        turn_digest: reviewed.turn_digest.clone(),
         approved,
         approver: approver.into(),
         comment,
@@ -260,15 +427,32 @@ pub async fn decide(
     .await?;
     let outcome = reply["outcome"].as_str().unwrap_or("unknown");
     if reply["event"] == "decision.accepted" {
-        println!("decision accepted (suspension {suspension_seq})");
-        Ok(())
-    } else {
-        bail!("decision refused: {outcome}")
+        println!(
+            "decision accepted: run {} suspension {} released",
+            reviewed.run_id, reviewed.suspension_seq
+        );
+        return Ok(());
     }
+    let why = match DecisionOutcome::parse(outcome) {
+        Some(DecisionOutcome::StaleTurn) => format!(
+            " — run {} no longer shows the card decided on (suspension {}, turn {}); \
+             nothing changed: look at the run again and decide on the card it shows now",
+            reviewed.run_id, reviewed.suspension_seq, reviewed.turn_digest
+        ),
+        Some(DecisionOutcome::NotAwaitingApproval) => format!(
+            " — run {} is not waiting for approval (decided, cancelled or expired)",
+            reviewed.run_id
+        ),
+        Some(DecisionOutcome::NotAuditable) => {
+            " — the decision could not be recorded and nothing changed; send it again".to_owned()
+        }
+        _ => String::new(),
+    };
+    bail!("decision refused: {outcome}{why}")
 }
 
 /// A run as an operator reads it: its row (no content) and its audit trail (codes only).
-pub async fn show_run(store: &Store, run_id: countersign_core::RunId) -> anyhow::Result<()> {
+pub async fn show_run(store: &Store, run_id: RunId) -> anyhow::Result<()> {
     let run = store.run(run_id).await?.context("no such run")?;
     println!("run {run_id}");
     println!("  agent {} · acting as {}", run.agent, run.acting_user);
@@ -315,20 +499,95 @@ pub async fn cancel(
     broker: &Broker,
     run_id: countersign_core::RunId,
 ) -> anyhow::Result<()> {
+    // The transition, its audit event and its outbox event: one transaction.
     if !store.cancel(run_id).await? {
         bail!("run {run_id} does not exist or has already ended");
     }
-    let fields = serde_json::json!({"run_id": run_id, "termination_reason": "cancelled"});
-    store
-        .append_event(
-            run_id,
-            &countersign_store::NewEvent::new("run.cancelled", fields.clone()),
-        )
-        .await?;
-    let at = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    broker
-        .publish_event(&countersign_core::Event::new("run.cancelled", fields), &at)
-        .await?;
+    // Published now rather than at a service relay's next poll; a failure leaves it to them.
+    countersign_service::relay::relay_now(store, broker).await;
     println!("run {run_id} cancelled");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use countersign_core::card::{CardCall, CardPreview, CAPTION};
+    use countersign_core::CallIndex;
+    use serde_json::json;
+
+    use super::*;
+
+    fn card(seq: u32, digest: &str) -> ApprovalCard {
+        ApprovalCard {
+            suspension_seq: SuspensionSeq::new(seq).unwrap(),
+            turn_digest: TurnDigest::parse(digest).unwrap(),
+            captured_at: "2026-11-30T10:00:00Z".into(),
+            caption: CAPTION,
+            moved_notice: None,
+            calls: vec![CardCall {
+                index: CallIndex::new(0),
+                tool: "update_page_metadata".into(),
+                arguments: json!({"uid": 12}),
+                preview: CardPreview::Shown {
+                    lines: vec!["field description: \"old\" → \"new\"".into()],
+                },
+                moved: false,
+            }],
+        }
+    }
+
+    #[test]
+    fn a_saved_card_file_names_each_card_shown_and_decide_reads_back_the_one_of_its_run() {
+        let dir = std::env::temp_dir().join(format!("countersign-cards-{}", Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("cards.json");
+        let (a, b) = (RunId::new(), RunId::new());
+        let (da, db) = ("a".repeat(64), "b".repeat(64));
+        save_cards(&path, "approver", &[(a, card(1, &da)), (b, card(3, &db))]).unwrap();
+
+        let text: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(text["type"], "countersign.cards");
+        assert_eq!(text["viewer"], "approver");
+        assert_eq!(text["cards"][1]["run_id"], json!(b));
+        assert_eq!(text["cards"][1]["suspension_seq"], 3);
+        assert_eq!(text["cards"][1]["turn_digest"], db.as_str());
+        assert_eq!(
+            text["cards"][1]["calls"][0]["preview"]["lines"][0],
+            "field description: \"old\" → \"new\"",
+            "the previews as shown"
+        );
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o077, 0, "readable by its owner only");
+        }
+
+        assert_eq!(
+            saved_card(&path, b).unwrap(),
+            Reviewed {
+                run_id: b,
+                suspension_seq: SuspensionSeq::new(3).unwrap(),
+                turn_digest: TurnDigest::parse(&db).unwrap(),
+            }
+        );
+        let missing = saved_card(&path, RunId::new()).unwrap_err();
+        assert!(
+            missing.to_string().contains("holds no card of run"),
+            "{missing}"
+        );
+
+        std::fs::write(
+            &path,
+            r#"{"type": "countersign.cards", "version": 2, "cards": []}"#,
+        )
+        .unwrap();
+        assert!(
+            saved_card(&path, a).is_err(),
+            "a newer format is not guessed at"
+        );
+        std::fs::write(&path, r#"{"run_id": "x"}"#).unwrap();
+        assert!(saved_card(&path, a).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -1,22 +1,28 @@
 //! The errands every writer runs around its write, shared; the decisions, kept per writer.
 //!
 //! Shared here, because it only executes: validating the arguments before anything else;
-//! refusing without a lease; opening the store's fenced transaction (which locks the run row
-//! and verifies the lease) and committing the outcome together with its audit event and
-//! journal row; producing the preview in a read-only snapshot; answering whether a viewer may
-//! read a preview; turning a refusal into the tool's output or its single preview line.
+//! refusing without a lease; taking part in the approved turn's one transaction (the
+//! [`TransactionalTool`] contract: name the subjects, lock them in the global order, re-plan
+//! under the locks, apply); producing the preview in a read-only snapshot; answering whether a
+//! viewer may read a preview; turning a refusal into the tool's output or its single preview
+//! line.
 //!
 //! Kept per writer, in [`Writer`]: its arguments and their limits, which rows it locks, its
 //! record checks and neutral refusal string, its preview lines, the write and what "it took"
 //! means for its read-back.
+//!
+//! Every database error is an infrastructure failure ([`ToolError::Unavailable`]): a failed
+//! statement aborts the turn's transaction, so nothing of the turn may be kept and the segment
+//! is retried — it is never journaled as the call's result.
 
 use std::fmt;
 
 use async_trait::async_trait;
 use countersign_core::{
-    Effect, ExecContext, Principal, Tool, ToolError, ToolOutput, ToolPreview, ToolSpec,
+    Effect, ExecContext, LockSubject, PlannedWrite, Principal, Tool, ToolError, ToolOutput,
+    ToolPreview, ToolSpec, TransactionalTool, TurnTransaction,
 };
-use countersign_store::{Store, StoreError};
+use countersign_store::{FencedWrite, Store, StoreError};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
@@ -41,15 +47,94 @@ impl Refusal {
 /// The outcome of planning a call.
 pub(crate) type Planned<P> = Result<P, Refusal>;
 
+/// A row of the content store a writer locks before it plans. Locked in one global order —
+/// pages, then elements, then files, each by uid — so that two writers sharing rows never wait
+/// for each other in opposite orders (a writer that rewrites a column locks the column's page
+/// before any of its elements).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Subject {
+    Page(i64),
+    Element(i64),
+    File(i64),
+}
+
+/// The lock space of the content store's subjects.
+const SPACE: &str = "content";
+
+impl Subject {
+    fn lock_subject(self) -> LockSubject {
+        let (rank, id) = match self {
+            Subject::Page(uid) => (0, uid),
+            Subject::Element(uid) => (1, uid),
+            Subject::File(uid) => (2, uid),
+        };
+        LockSubject {
+            space: SPACE,
+            rank,
+            id,
+        }
+    }
+
+    fn from_lock_subject(s: &LockSubject) -> Option<Self> {
+        match (s.space, s.rank) {
+            (SPACE, 0) => Some(Subject::Page(s.id)),
+            (SPACE, 1) => Some(Subject::Element(s.id)),
+            (SPACE, 2) => Some(Subject::File(s.id)),
+            _ => None,
+        }
+    }
+
+    /// Locks the row `FOR UPDATE`; a row that does not exist locks nothing (the plan refuses).
+    async fn lock(self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        match self {
+            Subject::Page(uid) => {
+                sqlx::query!(
+                    "SELECT uid FROM content.pages WHERE uid = $1 FOR UPDATE",
+                    uid
+                )
+                .fetch_optional(&mut *conn)
+                .await?;
+            }
+            Subject::Element(uid) => {
+                sqlx::query!(
+                    "SELECT uid FROM content.elements WHERE uid = $1 FOR UPDATE",
+                    uid
+                )
+                .fetch_optional(&mut *conn)
+                .await?;
+            }
+            Subject::File(uid) => {
+                sqlx::query!(
+                    "SELECT uid FROM content.files WHERE uid = $1 FOR UPDATE",
+                    uid
+                )
+                .fetch_optional(&mut *conn)
+                .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Locks `subjects` in the global order.
+async fn lock_all(conn: &mut PgConnection, mut subjects: Vec<Subject>) -> Result<(), sqlx::Error> {
+    subjects.sort();
+    subjects.dedup();
+    for subject in subjects {
+        subject.lock(conn).await?;
+    }
+    Ok(())
+}
+
 /// One writing tool's decisions.
 ///
 /// `plan` runs every record check before any other refusal, so that a refusal other than
 /// [`Refusal::NotPermitted`] is only ever given to a user who may see the records: the viewer
 /// check relies on that order.
 #[async_trait]
-pub(crate) trait Writer: Send + Sync + 'static {
+pub(crate) trait Writer: Clone + Send + Sync + 'static {
     type Args: Send + Sync;
-    type Plan: Send + Sync;
+    type Plan: Send + Sync + 'static;
 
     fn spec(&self) -> ToolSpec;
 
@@ -59,12 +144,15 @@ pub(crate) trait Writer: Send + Sync + 'static {
     /// The neutral refusal string for the records these arguments name.
     fn not_permitted(&self, args: &Self::Args) -> &'static str;
 
-    /// Locks, inside the write transaction and before `plan` reads them, the rows whose state
-    /// the write depends on (a relative write must not plan against a list another write is
-    /// about to change).
-    async fn lock(&self, _conn: &mut PgConnection, _args: &Self::Args) -> Result<(), sqlx::Error> {
-        Ok(())
-    }
+    /// The rows whose state the write depends on, which the write transaction locks before
+    /// `plan` reads them (a relative write must not plan against a list another write is about
+    /// to change; an absolute one must not overwrite a value it did not compare). Read without
+    /// locks; `plan` re-reads everything under them.
+    async fn subjects(
+        &self,
+        conn: &mut PgConnection,
+        args: &Self::Args,
+    ) -> Result<Vec<Subject>, sqlx::Error>;
 
     /// Looks up and checks the records, and settles exactly what the call would write.
     async fn plan(
@@ -120,14 +208,28 @@ impl<W: Writer> WriterTool<W> {
         acting_user: &Principal,
         args: &W::Args,
     ) -> Result<ToolOutput, sqlx::Error> {
-        self.writer.lock(conn, args).await?;
-        let Some(user) = User::load(conn, &acting_user.name).await? else {
-            return Ok(ToolOutput::error(self.writer.not_permitted(args)));
-        };
-        match self.writer.plan(conn, &user, args).await? {
-            Ok(plan) => self.writer.apply(conn, &user, &plan).await,
-            Err(refusal) => Ok(ToolOutput::error(self.refusal_text(args, refusal))),
+        let subjects = self.writer.subjects(conn, args).await?;
+        lock_all(conn, subjects).await?;
+        match self.planned(conn, acting_user, args).await? {
+            Ok((user, plan)) => self.writer.apply(conn, &user, &plan).await,
+            Err(text) => Ok(ToolOutput::error(text)),
         }
+    }
+
+    /// The plan of a call as `acting_user`, or the text of its refusal.
+    async fn planned(
+        &self,
+        conn: &mut PgConnection,
+        acting_user: &Principal,
+        args: &W::Args,
+    ) -> Result<Result<(User, W::Plan), String>, sqlx::Error> {
+        let Some(user) = User::load(conn, &acting_user.name).await? else {
+            return Ok(Err(self.writer.not_permitted(args).to_owned()));
+        };
+        Ok(match self.writer.plan(conn, &user, args).await? {
+            Ok(plan) => Ok((user, plan)),
+            Err(refusal) => Err(self.refusal_text(args, refusal)),
+        })
     }
 
     async fn preview_lines(
@@ -203,6 +305,119 @@ impl<W: Writer> Tool for WriterTool<W> {
     fn previewer(&self) -> Option<&dyn ToolPreview> {
         Some(self)
     }
+
+    fn transactional(&self) -> Option<&dyn TransactionalTool> {
+        Some(self)
+    }
+}
+
+/// The content store's connection inside a turn transaction of the run store.
+fn conn_of(tx: &mut dyn TurnTransaction) -> Result<&mut PgConnection, ToolError> {
+    tx.as_any_mut()
+        .downcast_mut::<FencedWrite>()
+        .map(FencedWrite::conn)
+        .ok_or_else(|| {
+            ToolError::unavailable(
+                "foreign_transaction",
+                "a content writer was handed a transaction of another store",
+            )
+        })
+}
+
+#[async_trait]
+impl<W: Writer> TransactionalTool for WriterTool<W> {
+    async fn subjects(
+        &self,
+        tx: &mut dyn TurnTransaction,
+        args: &Value,
+    ) -> Result<Vec<LockSubject>, ToolError> {
+        // Arguments that do not parse name no rows: the plan refuses the call.
+        let Ok(args) = self.writer.parse(args) else {
+            return Ok(vec![]);
+        };
+        let subjects = self
+            .writer
+            .subjects(conn_of(tx)?, &args)
+            .await
+            .map_err(database_error)?;
+        Ok(subjects.into_iter().map(Subject::lock_subject).collect())
+    }
+
+    async fn lock(
+        &self,
+        tx: &mut dyn TurnTransaction,
+        subject: &LockSubject,
+    ) -> Result<(), ToolError> {
+        let Some(subject) = Subject::from_lock_subject(subject) else {
+            return Err(ToolError::unavailable(
+                "foreign_lock_subject",
+                format!("{subject:?} is not a content store subject"),
+            ));
+        };
+        subject.lock(conn_of(tx)?).await.map_err(database_error)
+    }
+
+    async fn plan(
+        &self,
+        tx: &mut dyn TurnTransaction,
+        acting_user: &Principal,
+        args: &Value,
+    ) -> Result<Box<dyn PlannedWrite>, ToolError> {
+        let args = match self.writer.parse(args) {
+            Ok(args) => args,
+            Err(message) => return Ok(Box::new(Refused(message))),
+        };
+        let planned = self
+            .planned(conn_of(tx)?, acting_user, &args)
+            .await
+            .map_err(database_error)?;
+        Ok(match planned {
+            Ok((user, plan)) => Box::new(WriterPlan {
+                writer: self.writer.clone(),
+                user,
+                plan,
+            }),
+            Err(text) => Box::new(Refused(text)),
+        })
+    }
+}
+
+/// A call the turn will carry out, settled under the turn's locks.
+struct WriterPlan<W: Writer> {
+    writer: W,
+    user: User,
+    plan: W::Plan,
+}
+
+#[async_trait]
+impl<W: Writer> PlannedWrite for WriterPlan<W> {
+    fn preview(&self) -> Vec<String> {
+        self.writer.preview(&self.plan)
+    }
+
+    async fn apply(self: Box<Self>, tx: &mut dyn TurnTransaction) -> Result<ToolOutput, ToolError> {
+        self.writer
+            .apply(conn_of(tx)?, &self.user, &self.plan)
+            .await
+            .map_err(database_error)
+    }
+}
+
+/// A call the turn will refuse: its preview is its refusal line, its result the refusal.
+struct Refused(String);
+
+#[async_trait]
+impl PlannedWrite for Refused {
+    fn preview(&self) -> Vec<String> {
+        vec![self.0.clone()]
+    }
+
+    async fn apply(
+        self: Box<Self>,
+        _tx: &mut dyn TurnTransaction,
+    ) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::error(self.0))
+    }
 }
 
 #[async_trait]
@@ -248,14 +463,15 @@ pub(crate) async fn read_only_snapshot(
     Ok(tx)
 }
 
+/// Every database error of a writer: an infrastructure failure, never the call's result.
 pub(crate) fn database_error(e: sqlx::Error) -> ToolError {
-    ToolError::failed("database_error", e)
+    ToolError::unavailable("database_error", e)
 }
 
 fn store_error(e: StoreError) -> ToolError {
     match e {
         StoreError::FenceLost => ToolError::FenceLost,
-        other => ToolError::failed(other.code(), other),
+        other => ToolError::unavailable(other.code(), other),
     }
 }
 

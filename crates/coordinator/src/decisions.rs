@@ -40,8 +40,13 @@ impl Coordinator {
     /// | 10 | decision row, audit event and transition to `queued`/`resume` commit together | `not_auditable` (run stays waiting) |
     ///
     /// Outcomes of gates 4–9 are recorded as refusals; `not_auditable` is not (the database
-    /// could not record anything), so a redelivery is gated afresh. A denial that passes every
-    /// gate is accepted: it releases the turn so that the model is told.
+    /// refused to store the audit), so a producer may send the same decision again and it is
+    /// gated afresh. A transient store error at gate 10 (see [`StoreError::is_transient`]) is
+    /// no outcome at all: it is returned as an error, like a failure to read a gate's facts,
+    /// and the caller requeues the delivery. A denial that passes every gate is accepted: it
+    /// releases the turn so that the model is told.
+    ///
+    /// [`StoreError::is_transient`]: countersign_store::StoreError::is_transient
     pub async fn take_decision(
         &self,
         body: &[u8],
@@ -172,10 +177,25 @@ impl Coordinator {
             Ok(record) => record,
             Err(e) if outcome == DecisionOutcome::Accepted => {
                 // The commit itself may have failed after the database applied it: ask before
-                // saying nothing happened.
-                match self.store.decision_outcome(d.decision_id).await {
-                    Ok(Some(recorded)) => DecisionRecord::Recorded(recorded),
-                    _ => {
+                // saying nothing happened. If even the question cannot be answered, nobody
+                // knows; the redelivery's replay gate will.
+                match self.store.decision_outcome(d.decision_id).await? {
+                    Some(recorded) => DecisionRecord::Recorded(recorded),
+                    // A lost connection, a serialization failure, a deadlock or a restarting
+                    // server says nothing about the decision: it is an error, so the delivery
+                    // is requeued and gated afresh, rather than an answer that leaves an
+                    // approved run waiting until its deadline.
+                    None if e.is_transient() => {
+                        tracing::warn!(
+                            run.id = %d.run_id,
+                            decision.id = %d.decision_id,
+                            error.code = e.code(),
+                            error = %e,
+                            "decision not recorded this time; it will be gated again"
+                        );
+                        return Err(e.into());
+                    }
+                    None => {
                         tracing::error!(
                             run.id = %d.run_id,
                             decision.id = %d.decision_id,

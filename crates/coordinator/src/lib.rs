@@ -4,11 +4,12 @@
 //! It is transport-agnostic. A caller (the RabbitMQ consumer, later an HTTP API) hands it a raw
 //! message body and the producer identity its transport has authenticated — for RabbitMQ the
 //! `user_id` property, which the broker validates against the connection's user — and gets back
-//! a verdict: the outcome code, whether to dead-letter, which segment to dispatch, which event
-//! to publish on `countersign.events`, and the reply for `reply_to`. The caller does the I/O
-//! the verdict names; the gates, the records and the run transitions happen here, against
-//! PostgreSQL through [`countersign_store::Store`], and the users are the content store's
-//! ([`countersign_content::lookup_user`]).
+//! a verdict: the outcome code, whether to dead-letter, which segment to dispatch, the event
+//! that announced the outcome (already in the store's outbox, written with the record it
+//! announces), and the reply for `reply_to` (for an authenticated producer only). The caller
+//! does the I/O the verdict names; the gates, the records, the run transitions and their
+//! events happen here, against PostgreSQL through [`countersign_store::Store`], and the users
+//! are the content store's ([`countersign_content::lookup_user`]).
 //!
 //! The gates of a decision, in order (see [`Coordinator::take_decision`]): schema, producer,
 //! replay, run waiting, same turn and card, approver's access, configuration, four-eyes, the

@@ -19,10 +19,12 @@ impl Coordinator {
     ///    request's acting user → else `unauthenticated_producer`;
     /// 3. the acting user exists in the content store → else `unknown_acting_user`;
     /// 4. the agent configuration exists and is active → else `configuration_gone`;
-    /// 5. the run is created `queued`/`start`; a duplicate `request_id` returns the run created
-    ///    for it before (`created == false`), creates nothing and dispatches nothing.
+    /// 5. the run is created `queued`/`start`, and `run.accepted` announced, in one
+    ///    transaction; a duplicate `request_id` returns the run created for it before
+    ///    (`created == false`), creates, announces and dispatches nothing.
     ///
-    /// A refused request creates nothing. A duplicate is gated like its first copy, so one
+    /// A refused request creates nothing; its `run.refused` is written to the outbox before the
+    /// verdict is returned (unless the producer was not authenticated: then nothing is). A duplicate is gated like its first copy, so one
     /// arriving after its configuration was deactivated is refused although its run exists.
     pub async fn take_run_request(
         &self,
@@ -36,13 +38,18 @@ impl Coordinator {
                 return Ok(RequestVerdict::malformed(e.reason()));
             }
         };
-        let refuse = |outcome: RequestOutcome| {
+        let request_id = request.request_id;
+        let refuse = |outcome: RequestOutcome| async move {
             tracing::info!(
-                request.id = %request.request_id,
+                request.id = %request_id,
                 outcome = outcome.code(),
                 "run request refused"
             );
-            Ok(RequestVerdict::refused(request.request_id, outcome))
+            let verdict = RequestVerdict::refused(request_id, outcome);
+            if let Some(event) = &verdict.event {
+                self.store.announce(None, event).await?;
+            }
+            Ok(verdict)
         };
 
         let pool = self.store.pool();
@@ -54,14 +61,14 @@ impl Coordinator {
             None => false,
         };
         if !authenticated {
-            return refuse(RequestOutcome::UnauthenticatedProducer);
+            return refuse(RequestOutcome::UnauthenticatedProducer).await;
         }
         if lookup_user(pool, &request.acting_user)
             .await
             .map_err(CoordinatorError::Users)?
             .is_none()
         {
-            return refuse(RequestOutcome::UnknownActingUser);
+            return refuse(RequestOutcome::UnknownActingUser).await;
         }
         let active = self
             .store
@@ -69,7 +76,7 @@ impl Coordinator {
             .await?
             .is_some_and(|a| a.config.active);
         if !active {
-            return refuse(RequestOutcome::ConfigurationGone);
+            return refuse(RequestOutcome::ConfigurationGone).await;
         }
 
         let run = self

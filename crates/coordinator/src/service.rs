@@ -2,16 +2,21 @@
 //!
 //! Each delivery is handed to the gates with the broker-validated `user_id`; the verdict says
 //! what to publish. A delivery is acked only after the verdict's effects are durable: the
-//! decision or run is committed, the segment wake-up confirmed (or left to the reaper's
-//! lost-dispatch scan), the event and the reply published. Malformed and unauthenticated
-//! messages are dead-lettered with their reason; nothing is dropped.
+//! decision or run is committed with its event in the outbox, the segment wake-up confirmed
+//! (or left to the reaper's lost-dispatch scan), the reply published. Malformed and
+//! unauthenticated messages are dead-lettered with their reason and get no reply; nothing is
+//! dropped.
+//!
+//! The events themselves leave through the outbox relay this service runs beside its
+//! consumers: woken by each commit that wrote an event, polling as the fallback.
 
 use std::future::Future;
 use std::time::Duration;
 
 use chrono::{SecondsFormat, Utc};
-use countersign_core::Event;
+use countersign_core::{Event, RunId};
 use countersign_queue::{Broker, Delivery};
+use countersign_service::relay::{self, RelayConfig};
 use serde_json::Value;
 
 use crate::{Coordinator, Dispatch};
@@ -25,14 +30,28 @@ enum Inbox {
     Decisions,
 }
 
-/// Consumes both public queues until `shutdown` resolves.
+/// Consumes both public queues, and relays the outbox, until `shutdown` resolves; then
+/// publishes what the last verdicts announced.
 pub async fn run(coordinator: Coordinator, broker: Broker, shutdown: impl Future<Output = ()>) {
+    let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay = tokio::spawn(relay::run(
+        coordinator.store.clone(),
+        broker.clone(),
+        RelayConfig::default(),
+        async move {
+            let _ = relay_stopped.await;
+        },
+    ));
     let requests = consume(coordinator.clone(), broker.clone(), Inbox::RunRequests);
     let decisions = consume(coordinator, broker, Inbox::Decisions);
     tokio::select! {
         () = shutdown => {}
         () = requests => {}
         () = decisions => {}
+    }
+    let _ = stop_relay.send(());
+    if let Err(e) = relay.await {
+        tracing::warn!(error = %e, "the outbox relay stopped abnormally");
     }
 }
 
@@ -66,8 +85,10 @@ struct Effects {
     outcome: &'static str,
     dead_letter: Option<String>,
     dispatch: Option<Dispatch>,
-    event: Option<Event>,
-    reply: Event,
+    /// An event no transaction announced (a `not_auditable` decision), for the run it names.
+    unannounced: Option<(RunId, Event)>,
+    /// `None` for a producer that was not authenticated: no reply.
+    reply: Option<Event>,
 }
 
 /// Malformed messages carry their parse reason; a message from a producer that may not
@@ -89,7 +110,7 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
                 outcome: v.outcome.code(),
                 dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
                 dispatch: v.dispatch,
-                event: v.event,
+                unannounced: None,
                 reply: v.reply,
             }),
         Inbox::Decisions => coordinator
@@ -100,7 +121,7 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
                 outcome: v.outcome.code(),
                 dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
                 dispatch: v.dispatch,
-                event: v.event,
+                unannounced: v.run_id.zip(v.unannounced().cloned()),
                 reply: v.reply,
             }),
     };
@@ -131,13 +152,16 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
             }
         }
     }
-    if let Some(event) = &effects.event {
-        if let Err(e) = broker.publish_event(event, &at).await {
-            tracing::warn!(event = event.name, code = e.code(), error = %e, "event not published");
+    if let Some((run_id, event)) = &effects.unannounced {
+        // Nothing recorded this outcome, so nothing announced it: the outbox gets it now.
+        if let Err(e) = coordinator.store.announce(Some(*run_id), event).await {
+            tracing::warn!(run.id = %run_id, event = event.name, code = e.code(), error = %e, "event not announced");
         }
     }
-    if let Some(reply_to) = delivery.reply_to.as_deref() {
-        let body: Value = effects.reply.to_json(&at);
+    // Only an authenticated producer is answered: `reply_to` names any queue, and the reply is
+    // published as this service's user.
+    if let (Some(reply_to), Some(reply)) = (delivery.reply_to.as_deref(), &effects.reply) {
+        let body: Value = reply.to_json(&at);
         if let Err(e) = broker
             .publish_reply(reply_to, delivery.correlation_id.as_deref(), &body)
             .await

@@ -2,34 +2,38 @@
 //!
 //! A verdict is the whole contract between the gates and the transport: the caller
 //! dead-letters when [`RequestVerdict::dead_letter_reason`] / [`DecisionVerdict::dead_letter_reason`]
-//! says so (and acknowledges otherwise), publishes the [`Dispatch`] wake-up, publishes the
-//! event on `countersign.events` under its name, and sends the reply to `reply_to` when the
-//! message carried one. Events and replies carry ids and outcome codes, never a prompt or a
-//! comment.
+//! says so (and acknowledges otherwise), publishes the [`Dispatch`] wake-up, and sends the reply
+//! to `reply_to` when the message carried one and the verdict has one. Events and replies carry
+//! ids and outcome codes, never a prompt or a comment.
 //!
-//! Events are at least once: a replayed decision or a duplicate run request publishes its
-//! event again, because the first delivery may have been recorded and then lost before its
-//! event was published. Consumers deduplicate by `decision_id` / `request_id`. Dispatches are
-//! not repeated: the reaper re-publishes a queued run whose wake-up was never confirmed.
+//! The event of a verdict is already announced when the verdict is returned: written to the
+//! store's outbox in the transaction that recorded the outcome (a created run, a recorded
+//! decision) or, for a refused run request, which records nothing, by the gates themselves.
+//! The outbox relay publishes it, at least once; consumers deduplicate by `event_id`. A replayed
+//! decision or a duplicate run request announces nothing new — its first copy's event is in the
+//! outbox already — and the verdict's `event` is that first one. The one exception is
+//! `not_auditable`, which nothing recorded: the caller announces it
+//! ([`DecisionVerdict::unannounced`]). Dispatches are not repeated either: the reaper
+//! re-publishes a queued run whose wake-up was never confirmed.
 //!
-//! Only outcomes of an authenticated producer reach the events exchange. A malformed or
-//! unauthenticated message gets a reply (which goes back to its sender) and nothing else: an
-//! unauthenticated producer must not be able to put a refusal for someone else's decision id
-//! on the bus.
+//! Only outcomes of an authenticated producer are announced or answered. A malformed or
+//! unauthenticated message gets neither an event nor a reply — it is dead-lettered — so an
+//! unauthenticated producer can neither put a refusal for someone else's decision id on the bus
+//! nor make the coordinator publish to a queue of its choosing through `reply_to`.
 
 use countersign_core::{Event, RunId};
+use countersign_store::outbox::{decision_event, run_accepted};
 use countersign_store::{DecisionOutcome, Segment};
 use serde_json::json;
 use uuid::Uuid;
 
-/// A run was created for a request (or the request was a duplicate of one that was).
-pub const RUN_ACCEPTED: &str = "run.accepted";
+/// `run.accepted`: a run was created for a request (or the request was a duplicate of one
+/// that was); `decision.accepted`: a decision released its turn (an approval or a denial);
+/// `decision.refused`: a decision was refused and the run is unchanged. The store announces
+/// them with the records they describe.
+pub use countersign_store::outbox::{DECISION_ACCEPTED, DECISION_REFUSED, RUN_ACCEPTED};
 /// A run request was refused; nothing was created. Carries `request_id` and `outcome`.
 pub const RUN_REFUSED: &str = "run.refused";
-/// A decision released its turn (an approval or a denial).
-pub const DECISION_ACCEPTED: &str = "decision.accepted";
-/// A decision was refused; the run is unchanged.
-pub const DECISION_REFUSED: &str = "decision.refused";
 
 /// A segment wake-up to publish on `countersign.segments`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,11 +82,13 @@ pub struct RequestVerdict {
     pub created: bool,
     /// The start segment, only when the run was created now.
     pub dispatch: Option<Dispatch>,
-    /// `run.accepted` / `run.refused` for `countersign.events`; `None` for a malformed or
-    /// unauthenticated message.
+    /// `run.accepted` / `run.refused` as announced on `countersign.events` (through the
+    /// outbox, before the verdict was returned; for a duplicate, the first copy's); `None`
+    /// for a malformed or unauthenticated message.
     pub event: Option<Event>,
-    /// The outcome for the producer's `reply_to`, as an event body.
-    pub reply: Event,
+    /// The outcome for the producer's `reply_to`, as an event body; `None` for a malformed or
+    /// unauthenticated message, which gets no reply.
+    pub reply: Option<Event>,
 }
 
 impl RequestVerdict {
@@ -94,17 +100,14 @@ impl RequestVerdict {
         }
     }
 
-    /// The reply as a UTF-8 JSON body, stamped with `at` (RFC 3339).
-    pub fn reply_body(&self, at: &str) -> Vec<u8> {
-        body(&self.reply, at)
+    /// The reply as a UTF-8 JSON body, stamped with `at` (RFC 3339), if there is one.
+    pub fn reply_body(&self, at: &str) -> Option<Vec<u8>> {
+        self.reply.as_ref().map(|reply| body(reply, at))
     }
 
     pub(crate) fn malformed(reason: String) -> Self {
         RequestVerdict {
-            reply: Event::new(
-                RUN_REFUSED,
-                json!({"outcome": "malformed", "reason": reason}),
-            ),
+            reply: None,
             outcome: RequestOutcome::Malformed { reason },
             request_id: None,
             run_id: None,
@@ -119,23 +122,21 @@ impl RequestVerdict {
             RUN_REFUSED,
             json!({"request_id": request_id, "outcome": outcome.code()}),
         );
-        let published = !matches!(outcome, RequestOutcome::UnauthenticatedProducer);
+        let authenticated = !matches!(outcome, RequestOutcome::UnauthenticatedProducer);
+        let event = authenticated.then_some(event);
         RequestVerdict {
             outcome,
             request_id: Some(request_id),
             run_id: None,
             created: false,
             dispatch: None,
-            event: published.then(|| event.clone()),
-            reply: event,
+            reply: event.clone(),
+            event,
         }
     }
 
     pub(crate) fn accepted(request_id: Uuid, run_id: RunId, created: bool) -> Self {
-        let event = Event::new(
-            RUN_ACCEPTED,
-            json!({"request_id": request_id, "run_id": run_id}),
-        );
+        let event = run_accepted(request_id, run_id);
         RequestVerdict {
             outcome: RequestOutcome::Accepted,
             request_id: Some(request_id),
@@ -146,7 +147,7 @@ impl RequestVerdict {
                 segment: Segment::Start,
             }),
             event: Some(event.clone()),
-            reply: event,
+            reply: Some(event),
         }
     }
 }
@@ -188,11 +189,14 @@ pub struct DecisionVerdict {
     pub replayed: bool,
     /// The resume segment: only for a decision accepted now (never on a replay).
     pub dispatch: Option<Dispatch>,
-    /// `decision.accepted` / `decision.refused` for `countersign.events`, with `decision_id`,
-    /// `run_id` and `outcome`; `None` for a malformed or unauthenticated message.
+    /// `decision.accepted` / `decision.refused` with `decision_id`, `run_id` and `outcome`, as
+    /// announced on `countersign.events` (through the outbox, in the transaction that recorded
+    /// the decision; for a replay, the recorded one's; for `not_auditable`, see
+    /// [`DecisionVerdict::unannounced`]); `None` for a malformed or unauthenticated message.
     pub event: Option<Event>,
-    /// The outcome for the producer's `reply_to`, as an event body.
-    pub reply: Event,
+    /// The outcome for the producer's `reply_to`, as an event body; `None` for a malformed or
+    /// unauthenticated message, which gets no reply.
+    pub reply: Option<Event>,
 }
 
 impl DecisionVerdict {
@@ -209,17 +213,23 @@ impl DecisionVerdict {
         self.outcome == DecisionCode::Gated(DecisionOutcome::Accepted)
     }
 
-    /// The reply as a UTF-8 JSON body, stamped with `at` (RFC 3339).
-    pub fn reply_body(&self, at: &str) -> Vec<u8> {
-        body(&self.reply, at)
+    /// The event the caller must announce itself: only a `not_auditable` outcome's, which no
+    /// transaction recorded. Every other event of a verdict is in the outbox already.
+    pub fn unannounced(&self) -> Option<&Event> {
+        match self.outcome {
+            DecisionCode::Gated(DecisionOutcome::NotAuditable) => self.event.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The reply as a UTF-8 JSON body, stamped with `at` (RFC 3339), if there is one.
+    pub fn reply_body(&self, at: &str) -> Option<Vec<u8>> {
+        self.reply.as_ref().map(|reply| body(reply, at))
     }
 
     pub(crate) fn malformed(reason: String) -> Self {
         DecisionVerdict {
-            reply: Event::new(
-                DECISION_REFUSED,
-                json!({"outcome": "malformed", "reason": reason}),
-            ),
+            reply: None,
             outcome: DecisionCode::Malformed { reason },
             decision_id: None,
             run_id: None,
@@ -231,12 +241,7 @@ impl DecisionVerdict {
 
     pub(crate) fn unauthenticated(decision_id: Uuid, run_id: RunId) -> Self {
         DecisionVerdict {
-            reply: decision_event(
-                DECISION_REFUSED,
-                decision_id,
-                run_id,
-                "unauthenticated_producer",
-            ),
+            reply: None,
             outcome: DecisionCode::UnauthenticatedProducer,
             decision_id: Some(decision_id),
             run_id: Some(run_id),
@@ -253,12 +258,7 @@ impl DecisionVerdict {
         replayed: bool,
     ) -> Self {
         let accepted = outcome == DecisionOutcome::Accepted;
-        let name = if accepted {
-            DECISION_ACCEPTED
-        } else {
-            DECISION_REFUSED
-        };
-        let event = decision_event(name, decision_id, run_id, outcome.as_str());
+        let event = decision_event(decision_id, run_id, outcome);
         DecisionVerdict {
             outcome: DecisionCode::Gated(outcome),
             decision_id: Some(decision_id),
@@ -269,16 +269,9 @@ impl DecisionVerdict {
                 segment: Segment::Resume,
             }),
             event: Some(event.clone()),
-            reply: event,
+            reply: Some(event),
         }
     }
-}
-
-fn decision_event(name: &'static str, decision_id: Uuid, run_id: RunId, outcome: &str) -> Event {
-    Event::new(
-        name,
-        json!({"decision_id": decision_id, "run_id": run_id, "outcome": outcome}),
-    )
 }
 
 fn body(event: &Event, at: &str) -> Vec<u8> {

@@ -7,10 +7,14 @@
 //!   its calls runs — a read in the same turn waits too, so the approver sees the turn whole;
 //! - at suspend, every offered call whose tool has a preview gets one, produced as the acting
 //!   user and bounded;
-//! - on an approved resume, the comparator re-previews the turn before any call executes, and
-//!   a moved preview re-suspends the run with nothing written;
+//! - on an approved resume, every shown preview is re-previewed before any call executes, and
+//!   a moved preview re-suspends the run with nothing written. For writes to the run store's
+//!   own database the comparison and the writes share one transaction (see [`crate::turn`]),
+//!   so nothing can land in between;
 //! - every write is fenced, and every call of a resumed turn is journaled, so a retried resume
-//!   skips what already ran and reuses its recorded result.
+//!   reuses what already ran instead of writing twice;
+//! - an infrastructure failure (a lost connection, a deadlock) is never a tool result, a
+//!   preview line or a refusal: the segment is interrupted and retried.
 //!
 //! Everything with side effects is behind [`SegmentHooks`], [`Model`] and [`Tool`].
 
@@ -20,18 +24,19 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::comparator::{self, Binding};
+use crate::comparator::{self, Binding, Current};
 use crate::ids::{CallIndex, SuspensionSeq};
 use crate::model::{Message, Model, ModelOptions, ModelRequest, TokenUsage, ToolCall};
-use crate::preview;
-use crate::state::{PendingCall, SuspendedRunState};
+use crate::preview::{self, Attempt, CallPreview};
+use crate::state::{PendingCall, SuspendedRunState, MAX_STATE_BYTES};
 use crate::tool::{
     Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError, ToolOutput,
     ToolPolicy, ToolRegistry,
 };
+use crate::turn::{JournalEntry, LockSubject, PlannedWrite, TransactionalTool, TurnTransaction};
 
 /// What the loop needs of an agent configuration.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AgentConfig {
     pub name: String,
     #[serde(default)]
@@ -39,8 +44,31 @@ pub struct AgentConfig {
     #[serde(default)]
     pub policy: ToolPolicy,
     pub max_iterations: u32,
+    /// A turn proposing more calls than this is refused whole, and the model told so.
+    #[serde(default = "default_max_tool_calls")]
+    pub max_tool_calls_per_turn: u32,
     #[serde(default)]
     pub model_options: ModelOptions,
+}
+
+/// The default of [`AgentConfig::max_tool_calls_per_turn`].
+pub const DEFAULT_MAX_TOOL_CALLS_PER_TURN: u32 = 16;
+
+fn default_max_tool_calls() -> u32 {
+    DEFAULT_MAX_TOOL_CALLS_PER_TURN
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        AgentConfig {
+            name: String::new(),
+            system_prompt: None,
+            policy: ToolPolicy::default(),
+            max_iterations: 0,
+            max_tool_calls_per_turn: DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+            model_options: ModelOptions::default(),
+        }
+    }
 }
 
 /// Why a run ended, as stored in its one machine-readable column.
@@ -109,13 +137,32 @@ pub enum HookError {
     /// The store could not be reached; the detail is for the log only.
     #[error("{code}: {detail}")]
     Unavailable { code: &'static str, detail: String },
+    /// A sealed value of the run (a journal entry, a comment) does not open: retrying cannot
+    /// help, the run fails `state_unreadable`.
+    #[error("sealed value unreadable: {what}")]
+    Unreadable { what: &'static str },
+}
+
+impl HookError {
+    /// The interruption a tool's infrastructure failure stands for.
+    pub fn from_tool(e: &ToolError) -> Self {
+        match e {
+            ToolError::FenceLost => HookError::LeaseLost,
+            other => HookError::Unavailable {
+                code: other.code(),
+                detail: other.to_string(),
+            },
+        }
+    }
 }
 
 /// The side of a segment the loop cannot do itself: the lease and the execution journal.
 #[async_trait]
 pub trait SegmentHooks: Send + Sync {
-    /// Called before every write. Errs when the lease is no longer held; the returned token
-    /// goes to the tool, which verifies it again at the resource.
+    /// Called before a write that acts outside the store (the per-call path). Renews the lease
+    /// and stamps `effect` on the run in the same statement, so a run that dies during the
+    /// effect is never retried blindly when it is non-idempotent. Errs when the lease is no
+    /// longer held; the returned token carries the epoch and the idempotency key to the tool.
     async fn fence(
         &self,
         seq: SuspensionSeq,
@@ -130,8 +177,8 @@ pub trait SegmentHooks: Send + Sync {
         index: CallIndex,
     ) -> Result<Option<ToolOutput>, HookError>;
 
-    /// Records a call's result. Must be idempotent: a tool writing to the run's own database
-    /// journals inside its own transaction.
+    /// Records a call's result and clears the stamp [`fence`](Self::fence) left. Must be
+    /// idempotent.
     async fn record(
         &self,
         seq: SuspensionSeq,
@@ -143,6 +190,15 @@ pub trait SegmentHooks: Send + Sync {
 
     /// Whether any call of this suspension's turn has been journaled.
     async fn any_journaled(&self, seq: SuspensionSeq) -> Result<bool, HookError>;
+
+    /// Opens the transaction an approved store-local turn is compared and written in: the run
+    /// row locked, owner, epoch and status verified, the lease renewed.
+    async fn begin_turn(&self, _seq: SuspensionSeq) -> Result<Box<dyn TurnTransaction>, HookError> {
+        Err(HookError::Unavailable {
+            code: "no_turn_transactions",
+            detail: "these hooks cannot open a turn transaction".to_owned(),
+        })
+    }
 
     /// Checked at every step boundary: a segment that lost its lease stops and settles nothing.
     fn lease_lost(&self) -> bool {
@@ -222,6 +278,34 @@ pub fn not_available_result(tool: &str) -> String {
     format!("Error: tool \"{tool}\" is not available.")
 }
 
+/// Text the model receives for a call whose tool was not offered when the turn suspended: it
+/// was never on a card as a call that could run, so it does not run now.
+pub fn not_offered_at_suspend_result(tool: &str) -> String {
+    format!("Error: tool \"{tool}\" was not available when this turn was proposed and was not executed.")
+}
+
+/// Text the model receives for a call of a partly executed turn whose preview moved after the
+/// approval: it is not executed against a state nobody was shown.
+pub fn moved_after_approval_result(tool: &str) -> String {
+    format!(
+        "Error: tool \"{tool}\" was not executed: what it would do changed after the approval, \
+         and other calls of this turn had already run."
+    )
+}
+
+/// Text the model receives for every call of a turn with more calls than the agent allows.
+pub fn too_many_calls_result(tool: &str, limit: u32) -> String {
+    format!(
+        "Error: this turn proposed more than {limit} tool calls, so no call of it was executed \
+         (tool \"{tool}\"). Propose fewer calls per turn."
+    )
+}
+
+/// Text the model receives for every call of a turn in which a call names no tool.
+pub fn unnamed_call_result() -> String {
+    "Error: a call of this turn names no tool, so no call of this turn was executed.".to_owned()
+}
+
 /// Text the model receives when a turn is refused for malformed arguments.
 pub fn malformed_arguments_result(tool: &str) -> String {
     format!(
@@ -249,60 +333,32 @@ pub async fn start(seg: Segment<'_>, prompt: &str) -> Outcome {
 
 /// Resumes a suspended run with a decision on its turn.
 pub async fn resume(seg: Segment<'_>, state: SuspendedRunState, decision: &Decision) -> Outcome {
-    let offered = seg.agent.policy.offered(seg.registry, seg.acting_user);
     let seq = state.suspension_seq;
-
-    if decision.approved {
-        match seg.hooks.any_journaled(seq).await {
-            Err(e) => return interrupted(e),
-            Ok(true) => {}
-            Ok(false) => {
-                if let Binding::Moved { previews, moved } =
-                    comparator::compare(&state, &offered, seg.acting_user).await
-                {
-                    let moved_tools = moved
-                        .iter()
-                        .filter_map(|i| Some((*i, state.pending_calls.get(i.get())?.tool.clone())))
-                        .collect();
-                    let state = SuspendedRunState {
-                        call_previews: previews,
-                        stale_call_indexes: moved,
-                        suspension_seq: seq.next(),
-                        captured_at: seg.captured_at.to_owned(),
-                        ..state
-                    };
-                    return Outcome::Suspended {
-                        state,
-                        moved: moved_tools,
-                    };
-                }
+    let outputs = if decision.approved {
+        let offered = seg.agent.policy.offered(seg.registry, seg.acting_user);
+        match approved(seg, &state, &offered).await {
+            Ok(Approved::Executed(outputs)) => outputs,
+            Ok(Approved::Moved { previews, moved }) => {
+                return resuspend_moved(seg, state, previews, moved)
             }
+            Err(e) => return interrupted(e, state.iterations, state.tokens),
         }
-    }
+    } else {
+        state
+            .pending_calls
+            .iter()
+            .map(|c| ToolOutput::error(denied_result(&c.tool, decision.comment.as_deref())))
+            .collect()
+    };
 
     let mut transcript = state.transcript;
-    for (i, call) in state.pending_calls.iter().enumerate() {
-        if seg.hooks.lease_lost() {
-            return Outcome::Interrupted { code: "lease_lost" };
-        }
-        let index = CallIndex::new(i);
-        let output = if !decision.approved {
-            ToolOutput::error(denied_result(&call.tool, decision.comment.as_deref()))
-        } else if let Some(tool) = offered.get(&call.tool) {
-            match run_journaled(seg, seq, index, call, tool.as_ref()).await {
-                Ok(output) => output,
-                Err(e) => return interrupted(e),
-            }
-        } else {
-            ToolOutput::error(no_longer_permitted_result(&call.tool))
-        };
+    for (call, output) in state.pending_calls.iter().zip(outputs) {
         transcript.push(Message::tool_result(
             &call.id,
             output.content,
             output.is_error,
         ));
     }
-
     let cursor = Cursor {
         transcript,
         iterations: state.iterations,
@@ -312,6 +368,376 @@ pub async fn resume(seg: Segment<'_>, state: SuspendedRunState, decision: &Decis
         after_denial: !decision.approved,
     };
     run_turns(seg, cursor).await
+}
+
+/// The re-suspension of a turn whose previews moved: the same calls, the current previews, the
+/// moved indexes, the next suspension number. Nothing of the turn was written.
+fn resuspend_moved(
+    seg: Segment<'_>,
+    state: SuspendedRunState,
+    previews: Vec<CallPreview>,
+    moved: Vec<CallIndex>,
+) -> Outcome {
+    let moved_tools = moved
+        .iter()
+        .filter_map(|i| Some((*i, state.pending_calls.get(i.get())?.tool.clone())))
+        .collect();
+    let state = SuspendedRunState {
+        call_previews: previews,
+        stale_call_indexes: moved,
+        suspension_seq: state.suspension_seq.next(),
+        captured_at: seg.captured_at.to_owned(),
+        ..state
+    };
+    Outcome::Suspended {
+        state,
+        moved: moved_tools,
+    }
+}
+
+/// What became of an approved turn.
+enum Approved {
+    /// One output per pending call, in call order.
+    Executed(Vec<ToolOutput>),
+    /// A shown preview moved: nothing was written.
+    Moved {
+        previews: Vec<CallPreview>,
+        moved: Vec<CallIndex>,
+    },
+}
+
+/// How one call of an approved turn runs.
+enum Step<'a> {
+    /// Not executed; the model is told why.
+    Skip(ToolOutput),
+    Read(&'a dyn Tool),
+    /// A write to the run store's own database: compared and written in the turn transaction.
+    Local(&'a dyn Tool, &'a dyn TransactionalTool),
+    /// A write that acts outside the store: fenced, stamped and journaled per call.
+    External(&'a dyn Tool),
+}
+
+fn steps<'a>(state: &SuspendedRunState, offered: &'a OfferedTools) -> Vec<Step<'a>> {
+    state
+        .pending_calls
+        .iter()
+        .map(|call| {
+            if !state.offered_tools.contains(&call.tool) {
+                return Step::Skip(ToolOutput::error(not_offered_at_suspend_result(&call.tool)));
+            }
+            let Some(tool) = offered.get(&call.tool) else {
+                return Step::Skip(ToolOutput::error(no_longer_permitted_result(&call.tool)));
+            };
+            let tool = tool.as_ref();
+            match (tool.spec().effect.is_write(), tool.transactional()) {
+                (false, _) => Step::Read(tool),
+                (true, Some(local)) => Step::Local(tool, local),
+                (true, None) => Step::External(tool),
+            }
+        })
+        .collect()
+}
+
+async fn approved(
+    seg: Segment<'_>,
+    state: &SuspendedRunState,
+    offered: &OfferedTools,
+) -> Result<Approved, HookError> {
+    let steps = steps(state, offered);
+    if steps.iter().any(|s| matches!(s, Step::External(_))) {
+        return per_call(seg, state, offered, &steps).await;
+    }
+    let all: Vec<usize> = (0..steps.len()).collect();
+    match in_one_transaction(seg, state, &steps, &all).await? {
+        Transacted::Done(outputs) => Ok(Approved::Executed(outputs)),
+        Transacted::Moved { previews, moved } => Ok(Approved::Moved { previews, moved }),
+        // Results of an earlier attempt on the per-call path: finish it that way.
+        Transacted::Partial => per_call(seg, state, offered, &steps).await,
+    }
+}
+
+/// What [`in_one_transaction`] did.
+enum Transacted {
+    /// One output per call named, in the order named; committed (now or by an earlier attempt).
+    Done(Vec<ToolOutput>),
+    /// A shown preview of a named call moved; rolled back. `previews` are the current ones of
+    /// the named calls' stored previews.
+    Moved {
+        previews: Vec<CallPreview>,
+        moved: Vec<CallIndex>,
+    },
+    /// Some, not all, of the turn's calls were journaled by an earlier attempt.
+    Partial,
+}
+
+/// Compares and executes the calls at `indexes` in one turn transaction: lock the run row and
+/// verify the lease; lock every subject in the global order; re-plan every call and bound its
+/// preview as at suspend; compare with what the approver was shown; roll back if any moved,
+/// otherwise apply every call in order and commit the results with their audit events and
+/// journal rows once.
+async fn in_one_transaction(
+    seg: Segment<'_>,
+    state: &SuspendedRunState,
+    steps: &[Step<'_>],
+    indexes: &[usize],
+) -> Result<Transacted, HookError> {
+    let mut tx = seg.hooks.begin_turn(state.suspension_seq).await?;
+    match transact(seg, state, steps, indexes, tx.as_mut()).await {
+        Ok(Planned::Journaled(outputs)) => {
+            tx.rollback().await;
+            Ok(outputs)
+        }
+        Ok(Planned::Moved { previews, moved }) => {
+            tx.rollback().await;
+            Ok(Transacted::Moved { previews, moved })
+        }
+        Ok(Planned::Written(outputs)) => {
+            let entries: Vec<JournalEntry<'_>> = indexes
+                .iter()
+                .zip(&outputs)
+                .map(|(&i, output)| JournalEntry {
+                    index: CallIndex::new(i),
+                    tool: &state.pending_calls[i].tool,
+                    effect: effect_of(&steps[i]),
+                    output,
+                })
+                .collect();
+            tx.commit(&entries).await?;
+            Ok(Transacted::Done(outputs))
+        }
+        Err(e) => {
+            tx.rollback().await;
+            Err(e)
+        }
+    }
+}
+
+enum Planned {
+    Journaled(Transacted),
+    Moved {
+        previews: Vec<CallPreview>,
+        moved: Vec<CallIndex>,
+    },
+    Written(Vec<ToolOutput>),
+}
+
+async fn transact(
+    seg: Segment<'_>,
+    state: &SuspendedRunState,
+    steps: &[Step<'_>],
+    indexes: &[usize],
+    tx: &mut dyn TurnTransaction,
+) -> Result<Planned, HookError> {
+    // A retry after a commit whose answer was lost: the journal says what happened.
+    let recorded = tx.journaled().await?;
+    let found: Vec<Option<&ToolOutput>> = indexes
+        .iter()
+        .map(|&i| recorded.iter().find(|(j, _)| j.get() == i).map(|(_, o)| o))
+        .collect();
+    if found.iter().all(Option::is_some) {
+        let outputs = found.into_iter().flatten().cloned().collect();
+        return Ok(Planned::Journaled(Transacted::Done(outputs)));
+    }
+    if found.iter().any(Option::is_some) {
+        return Ok(Planned::Journaled(Transacted::Partial));
+    }
+
+    // Lock every subject of every call in the one global order.
+    let mut subjects: Vec<(LockSubject, &dyn TransactionalTool)> = Vec::new();
+    for &i in indexes {
+        if let Step::Local(_, local) = &steps[i] {
+            let args = &state.pending_calls[i].arguments;
+            for subject in local.subjects(tx, args).await.map_err(tool_interruption)? {
+                subjects.push((subject, *local));
+            }
+        }
+    }
+    subjects.sort_by(|a, b| a.0.cmp(&b.0));
+    subjects.dedup_by(|a, b| a.0 == b.0);
+    for (subject, local) in &subjects {
+        local.lock(tx, subject).await.map_err(tool_interruption)?;
+    }
+
+    // Re-plan every call under the locks.
+    let mut plans: Vec<Option<Result<Box<dyn PlannedWrite>, ToolError>>> =
+        indexes.iter().map(|_| None).collect();
+    for (slot, &i) in plans.iter_mut().zip(indexes) {
+        if let Step::Local(_, local) = &steps[i] {
+            let args = &state.pending_calls[i].arguments;
+            match local.plan(tx, seg.acting_user, args).await {
+                Err(e) if e.is_infrastructure() => return Err(HookError::from_tool(&e)),
+                planned => *slot = Some(planned),
+            }
+        }
+    }
+
+    // Compare what every plan would show with what the approver was shown.
+    let current = state
+        .call_previews
+        .iter()
+        .filter_map(|stored| {
+            let at = indexes.iter().position(|&i| i == stored.index.get())?;
+            let now = match (&steps[stored.index.get()], stored.failed, &plans[at]) {
+                (_, true, _) => None,
+                (Step::Local(tool, _), false, Some(planned)) => Some(match tool.previewer() {
+                    None => Current::Vanished,
+                    Some(_) => Current::Attempt(match planned {
+                        Ok(plan) => Attempt::of_lines(&plan.preview()),
+                        Err(e) => Attempt::Error(ToolError::failed(e.code(), "plan failed")),
+                    }),
+                }),
+                // Not offered any more, or no longer a store-local write: it will not run here.
+                _ => None,
+            };
+            Some((stored, now))
+        })
+        .collect::<Vec<_>>();
+    if let Binding::Moved { previews, moved } = comparator::bind(current) {
+        return Ok(Planned::Moved { previews, moved });
+    }
+
+    // Apply every call in order.
+    let mut outputs = Vec::with_capacity(indexes.len());
+    for (slot, &i) in plans.into_iter().zip(indexes) {
+        if seg.hooks.lease_lost() {
+            return Err(HookError::LeaseLost);
+        }
+        let call = &state.pending_calls[i];
+        let output = match (&steps[i], slot) {
+            (Step::Skip(output), _) => output.clone(),
+            (Step::Read(tool), _) => read(seg, *tool, &call.arguments).await?,
+            (Step::Local(..), Some(Ok(plan))) => match plan.apply(tx).await {
+                Ok(output) => output,
+                Err(e) if e.is_infrastructure() => return Err(HookError::from_tool(&e)),
+                Err(e) => failure_output(&call.tool, &e),
+            },
+            (Step::Local(..), Some(Err(e))) => failure_output(&call.tool, &e),
+            // Never: external calls do not come here, and every local call was planned.
+            (Step::Local(..), None) | (Step::External(_), _) => {
+                return Err(HookError::Unavailable {
+                    code: "turn_not_planned",
+                    detail: format!("call {i} reached the write without a plan"),
+                })
+            }
+        };
+        outputs.push(output);
+    }
+    Ok(Planned::Written(outputs))
+}
+
+/// The per-call path, for a turn with a write that acts outside the store. The whole turn is
+/// compared before its first call runs; a retry that finds some calls journaled compares each
+/// remaining one again just before it runs, and a call whose preview moved then is not run.
+async fn per_call(
+    seg: Segment<'_>,
+    state: &SuspendedRunState,
+    offered: &OfferedTools,
+    steps: &[Step<'_>],
+) -> Result<Approved, HookError> {
+    let seq = state.suspension_seq;
+    let retry = seg.hooks.any_journaled(seq).await?;
+    if !retry {
+        if let Binding::Moved { previews, moved } =
+            comparator::compare(state, offered, seg.acting_user).await?
+        {
+            return Ok(Approved::Moved { previews, moved });
+        }
+    }
+    let mut outputs = Vec::with_capacity(steps.len());
+    for (i, step) in steps.iter().enumerate() {
+        if seg.hooks.lease_lost() {
+            return Err(HookError::LeaseLost);
+        }
+        let index = CallIndex::new(i);
+        let call = &state.pending_calls[i];
+        if let Some(recorded) = seg.hooks.journaled(seq, index).await? {
+            outputs.push(recorded);
+            continue;
+        }
+        let output = match step {
+            Step::Skip(output) => output.clone(),
+            Step::Read(tool) => read(seg, *tool, &call.arguments).await?,
+            Step::Local(..) => match in_one_transaction(seg, state, steps, &[i]).await? {
+                Transacted::Done(mut one) => one.remove(0),
+                Transacted::Moved { .. } => {
+                    ToolOutput::error(moved_after_approval_result(&call.tool))
+                }
+                Transacted::Partial => {
+                    return Err(HookError::Unavailable {
+                        code: "journal_inconsistent",
+                        detail: format!("call {i} is journaled and not journaled"),
+                    })
+                }
+            },
+            Step::External(tool) => {
+                if retry && moved_since_shown(seg, state, i, *tool).await? {
+                    ToolOutput::error(moved_after_approval_result(&call.tool))
+                } else {
+                    let effect = tool.spec().effect;
+                    let fence = seg.hooks.fence(seq, index, effect).await?;
+                    let ctx = ExecContext {
+                        acting_user: seg.acting_user.clone(),
+                        fence: Some(fence),
+                    };
+                    let output = execute(*tool, &ctx, &call.arguments).await?;
+                    seg.hooks.record(seq, index, call, effect, &output).await?;
+                    output
+                }
+            }
+        };
+        outputs.push(output);
+    }
+    Ok(Approved::Executed(outputs))
+}
+
+/// Whether the shown preview of call `i` reads differently now.
+async fn moved_since_shown(
+    seg: Segment<'_>,
+    state: &SuspendedRunState,
+    i: usize,
+    tool: &dyn Tool,
+) -> Result<bool, HookError> {
+    let Some(stored) = state
+        .call_previews
+        .iter()
+        .find(|p| p.index.get() == i && !p.failed)
+    else {
+        return Ok(false);
+    };
+    let now = match tool.previewer() {
+        None => Current::Vanished,
+        Some(previewer) => {
+            let attempt = preview::attempt(
+                previewer,
+                seg.acting_user,
+                &state.pending_calls[i].arguments,
+            )
+            .await;
+            attempt.interruption()?;
+            Current::Attempt(attempt)
+        }
+    };
+    Ok(comparator::bind([(stored, Some(now))]) != Binding::Unchanged)
+}
+
+fn effect_of(step: &Step<'_>) -> Effect {
+    match step {
+        Step::Skip(_) => Effect::ReadOnly,
+        Step::Read(tool) | Step::Local(tool, _) | Step::External(tool) => tool.spec().effect,
+    }
+}
+
+fn tool_interruption(e: ToolError) -> HookError {
+    HookError::from_tool(&e)
+}
+
+/// Runs a read-only call: its own failure is its result, an infrastructure failure interrupts.
+async fn read(seg: Segment<'_>, tool: &dyn Tool, args: &Value) -> Result<ToolOutput, HookError> {
+    let ctx = ExecContext {
+        acting_user: seg.acting_user.clone(),
+        fence: None,
+    };
+    execute(tool, &ctx, args).await
 }
 
 /// Where a segment is in its run.
@@ -377,11 +803,24 @@ async fn run_turns(seg: Segment<'_>, mut cur: Cursor) -> Outcome {
         }
         cur.after_denial = false;
 
-        if calls.iter().any(|c| !c.arguments.is_object()) {
+        // Model output is untrusted: a turn is refused whole, before anything is stored,
+        // when a call names no tool, has arguments that are not an object, or the turn has
+        // more calls than the agent allows.
+        let limit = seg.agent.max_tool_calls_per_turn;
+        let refusal: Option<fn(&ToolCall, u32) -> String> = if calls.len() > limit as usize {
+            Some(|c, limit| too_many_calls_result(&c.name, limit))
+        } else if calls.iter().any(|c| c.name.trim().is_empty()) {
+            Some(|_, _| unnamed_call_result())
+        } else if calls.iter().any(|c| !c.arguments.is_object()) {
+            Some(|c, _| malformed_arguments_result(&c.name))
+        } else {
+            None
+        };
+        if let Some(text) = refusal {
+            tracing::warn!(calls = calls.len(), "turn refused at the model boundary");
             for call in &calls {
-                let text = malformed_arguments_result(&call.name);
                 cur.transcript
-                    .push(Message::tool_result(&call.id, text, true));
+                    .push(Message::tool_result(&call.id, text(call, limit), true));
             }
             continue;
         }
@@ -392,8 +831,25 @@ async fn run_turns(seg: Segment<'_>, mut cur: Cursor) -> Outcome {
                 .is_some_and(|t| t.spec().effect.is_write())
         });
         if writes {
+            let (iterations, tokens) = (cur.iterations, cur.tokens);
+            let state = match suspend(seg, cur, calls, &offered).await {
+                Ok(state) => state,
+                Err(e) => return interrupted(e, iterations, tokens),
+            };
+            if state.to_bytes().len() > MAX_STATE_BYTES {
+                tracing::error!(
+                    limit = MAX_STATE_BYTES,
+                    "suspended state too large to store"
+                );
+                return Outcome::Failed {
+                    reason: TerminationReason::SuspendFailed,
+                    code: "state_too_large",
+                    iterations,
+                    tokens,
+                };
+            }
             return Outcome::Suspended {
-                state: suspend(seg, cur, calls, &offered).await,
+                state,
                 moved: vec![],
             };
         }
@@ -411,7 +867,7 @@ async fn run_turns(seg: Segment<'_>, mut cur: Cursor) -> Outcome {
                     };
                     match execute(tool.as_ref(), &ctx, &call.arguments).await {
                         Ok(output) => output,
-                        Err(_) => return Outcome::Interrupted { code: "lease_lost" },
+                        Err(e) => return interrupted(e, cur.iterations, cur.tokens),
                     }
                 }
             };
@@ -430,7 +886,7 @@ async fn suspend(
     cur: Cursor,
     calls: Vec<ToolCall>,
     offered: &OfferedTools,
-) -> SuspendedRunState {
+) -> Result<SuspendedRunState, HookError> {
     let pending: Vec<PendingCall> = calls
         .into_iter()
         .map(|c| PendingCall {
@@ -445,9 +901,12 @@ async fn suspend(
             continue;
         };
         let attempt = preview::attempt(previewer, seg.acting_user, &call.arguments).await;
+        // A lost connection says nothing about the call: the approver must not be shown a
+        // failed preview for it.
+        attempt.interruption()?;
         call_previews.push(preview::at_suspend(CallIndex::new(i), &call.tool, attempt));
     }
-    SuspendedRunState {
+    Ok(SuspendedRunState {
         transcript: cur.transcript,
         pending_calls: pending,
         iterations: cur.iterations,
@@ -458,38 +917,11 @@ async fn suspend(
         stale_call_indexes: vec![],
         suspension_seq: cur.next_seq,
         captured_at: seg.captured_at.to_owned(),
-    }
+    })
 }
 
-/// Runs one call of an approved turn exactly once: a journaled result is reused; otherwise the
-/// write is fenced, executed and journaled.
-async fn run_journaled(
-    seg: Segment<'_>,
-    seq: SuspensionSeq,
-    index: CallIndex,
-    call: &PendingCall,
-    tool: &dyn Tool,
-) -> Result<ToolOutput, HookError> {
-    if let Some(recorded) = seg.hooks.journaled(seq, index).await? {
-        return Ok(recorded);
-    }
-    let effect = tool.spec().effect;
-    let fence = if effect.is_write() {
-        Some(seg.hooks.fence(seq, index, effect).await?)
-    } else {
-        None
-    };
-    let ctx = ExecContext {
-        acting_user: seg.acting_user.clone(),
-        fence,
-    };
-    let output = execute(tool, &ctx, &call.arguments).await?;
-    seg.hooks.record(seq, index, call, effect, &output).await?;
-    Ok(output)
-}
-
-/// Executes a call; a tool failure becomes an error result naming only its code, a lost fence
-/// stops the segment.
+/// Executes a call: the tool's own failure becomes an error result naming only its code; an
+/// infrastructure failure or a lost fence stops the segment.
 async fn execute(
     tool: &dyn Tool,
     ctx: &ExecContext,
@@ -498,14 +930,8 @@ async fn execute(
     let name = &tool.spec().name;
     match preview::catch_unwind(tool.execute(ctx, args)).await {
         Ok(Ok(output)) => Ok(output),
-        Ok(Err(ToolError::FenceLost)) => Err(HookError::LeaseLost),
-        Ok(Err(e)) => {
-            tracing::warn!(tool = %name, code = e.code(), error = %e, "tool call failed");
-            Ok(ToolOutput::error(format!(
-                "Error: tool \"{name}\" failed ({}).",
-                e.code()
-            )))
-        }
+        Ok(Err(e)) if e.is_infrastructure() => Err(HookError::from_tool(&e)),
+        Ok(Err(e)) => Ok(failure_output(name, &e)),
         Err(_) => {
             tracing::error!(tool = %name, "tool call panicked");
             Ok(ToolOutput::error(format!(
@@ -515,12 +941,28 @@ async fn execute(
     }
 }
 
-fn interrupted(e: HookError) -> Outcome {
+fn failure_output(name: &str, e: &ToolError) -> ToolOutput {
+    tracing::warn!(tool = %name, code = e.code(), error = %e, "tool call failed");
+    ToolOutput::error(format!("Error: tool \"{name}\" failed ({}).", e.code()))
+}
+
+/// The outcome of a segment stopped by `e`: interrupted for a retry, or failed at once when
+/// retrying cannot help.
+fn interrupted(e: HookError, iterations: u32, tokens: TokenUsage) -> Outcome {
     match e {
         HookError::LeaseLost => Outcome::Interrupted { code: "lease_lost" },
         HookError::Unavailable { code, detail } => {
             tracing::warn!(code, detail, "segment interrupted");
             Outcome::Interrupted { code }
+        }
+        HookError::Unreadable { what } => {
+            tracing::error!(what, "sealed run data unreadable");
+            Outcome::Failed {
+                reason: TerminationReason::StateUnreadable,
+                code: "state_unreadable",
+                iterations,
+                tokens,
+            }
         }
     }
 }

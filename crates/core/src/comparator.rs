@@ -7,6 +7,7 @@
 //! shown), previews that failed at suspend (the approver was told they decided blind), and
 //! calls no longer offered (they will not run).
 
+use crate::agent_loop::HookError;
 use crate::ids::CallIndex;
 use crate::preview::{self, Attempt, CallPreview, PREVIEW_VANISHED_LINE};
 use crate::state::SuspendedRunState;
@@ -25,54 +26,86 @@ pub enum Binding {
     },
 }
 
-/// Re-previews the turn of `state` as `acting_user` against the live `offered` tools.
+/// Re-previews the turn of `state` as `acting_user` against the live `offered` tools, each
+/// preview in its own read. Used where the writes cannot share one transaction with the
+/// comparison (tools acting outside the store); store-local turns compare inside their write
+/// transaction instead (see [`crate::turn`]). An infrastructure failure of a re-preview is not
+/// a moved preview: it interrupts the segment.
 pub async fn compare(
     state: &SuspendedRunState,
     offered: &OfferedTools,
     acting_user: &Principal,
-) -> Binding {
-    let mut previews = Vec::with_capacity(state.call_previews.len());
-    let mut moved = Vec::new();
-
+) -> Result<Binding, HookError> {
+    let mut current = Vec::with_capacity(state.call_previews.len());
     for stored in &state.call_previews {
         let Some(call) = state.pending_calls.get(stored.index.get()) else {
             continue;
         };
-        let current = match (stored.failed, offered.get(&call.tool)) {
-            (true, _) | (false, None) => stored.clone(),
-            (false, Some(tool)) => match tool.previewer() {
-                None => failed(stored, PREVIEW_VANISHED_LINE.to_owned()),
+        let now = match (stored.failed, offered.get(&call.tool)) {
+            (true, _) | (false, None) => None,
+            (false, Some(tool)) => Some(match tool.previewer() {
+                None => Current::Vanished,
                 Some(previewer) => {
-                    match preview::attempt(previewer, acting_user, &call.arguments).await {
-                        Attempt::Lines(lines) => CallPreview {
-                            lines,
-                            ..stored.clone()
-                        },
-                        other => {
-                            tracing::warn!(
-                                tool = %call.tool,
-                                index = %stored.index,
-                                code = other.code(),
-                                "re-preview failed at resume"
-                            );
-                            failed(stored, preview::failed_at_resume_line(other.code()))
-                        }
-                    }
+                    let attempt = preview::attempt(previewer, acting_user, &call.arguments).await;
+                    attempt.interruption()?;
+                    Current::Attempt(attempt)
                 }
-            },
+            }),
         };
-        if current != *stored {
+        current.push((stored, now));
+    }
+    Ok(bind(current))
+}
+
+/// What a shown preview reads now.
+#[derive(Debug)]
+pub(crate) enum Current {
+    Attempt(Attempt),
+    /// The tool no longer offers a preview.
+    Vanished,
+}
+
+/// The binding of a turn, from each stored preview and what it reads now (`None`: not
+/// compared, carried over unchanged).
+pub(crate) fn bind<'a>(
+    current: impl IntoIterator<Item = (&'a CallPreview, Option<Current>)>,
+) -> Binding {
+    let mut previews = Vec::new();
+    let mut moved = Vec::new();
+    for (stored, now) in current {
+        let now = judge(stored, now);
+        if now != *stored {
             moved.push(stored.index);
         }
-        previews.push(current);
+        previews.push(now);
     }
-
     if moved.is_empty() {
         Binding::Unchanged
     } else {
         moved.sort();
         previews.sort_by_key(|p| p.index);
         Binding::Moved { previews, moved }
+    }
+}
+
+/// The preview to store for `stored` given what it reads now.
+fn judge(stored: &CallPreview, now: Option<Current>) -> CallPreview {
+    match now {
+        None => stored.clone(),
+        Some(Current::Vanished) => failed(stored, PREVIEW_VANISHED_LINE.to_owned()),
+        Some(Current::Attempt(Attempt::Lines(lines))) => CallPreview {
+            lines,
+            ..stored.clone()
+        },
+        Some(Current::Attempt(other)) => {
+            tracing::warn!(
+                tool = %stored.tool,
+                index = %stored.index,
+                code = other.code(),
+                "re-preview failed at resume"
+            );
+            failed(stored, preview::failed_at_resume_line(other.code()))
+        }
     }
 }
 

@@ -23,6 +23,7 @@ pub mod model;
 pub mod preview;
 pub mod state;
 pub mod tool;
+pub mod turn;
 
 pub use agent_loop::{
     AgentConfig, Decision, HookError, Outcome, Segment, SegmentHooks, TerminationReason,
@@ -39,3 +40,4 @@ pub use tool::{
     Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError, ToolOutput,
     ToolPolicy, ToolPreview, ToolRegistry, ToolSpec, UserDirectory,
 };
+pub use turn::{JournalEntry, LockSubject, PlannedWrite, TransactionalTool, TurnTransaction};

@@ -165,6 +165,12 @@ impl DecisionMessage {
 }
 
 /// An event on the topic exchange `countersign.events`; the routing key is its name.
+///
+/// The services never publish an `Event` directly: the store writes it to its transactional
+/// outbox in the transaction of the change it announces, with `at` from the database clock and
+/// an `event_id` (a UUID, also the AMQP `message_id`) added to [`Event::to_json`]'s body, and a
+/// relay publishes that stored body with confirms. Delivery is at least once; consumers
+/// deduplicate by `event_id`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
     /// `run.accepted`, `run.suspended`, `run.preview_moved`, `run.completed`, `run.failed`,
@@ -186,7 +192,8 @@ impl Event {
         Event { name, fields }
     }
 
-    /// The published body, stamped with `at` (RFC 3339, from the caller's clock).
+    /// The body, stamped with `at` (RFC 3339). The outbox sets `at` to the database's time and
+    /// adds `event_id`; a reply to `reply_to` (not an event) uses this body as it is.
     pub fn to_json(&self, at: &str) -> Value {
         let mut body = Map::new();
         body.insert("type".into(), json!(Self::TYPE));

@@ -15,6 +15,7 @@ use std::task::Poll;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::agent_loop::HookError;
 use crate::ids::CallIndex;
 use crate::tool::{Principal, ToolError, ToolPreview};
 
@@ -107,6 +108,25 @@ pub(crate) enum Attempt {
 }
 
 impl Attempt {
+    /// The attempt of a plan's raw lines: bounded, and `Empty` when nothing is left.
+    pub(crate) fn of_lines<S: AsRef<str>>(lines: &[S]) -> Attempt {
+        let bounded = bound_lines(lines);
+        if bounded.is_empty() {
+            Attempt::Empty
+        } else {
+            Attempt::Lines(bounded)
+        }
+    }
+
+    /// The interruption an infrastructure failure stands for: it says nothing about the call,
+    /// so it must never become a failed preview line.
+    pub(crate) fn interruption(&self) -> Result<(), HookError> {
+        match self {
+            Attempt::Error(e) if e.is_infrastructure() => Err(HookError::from_tool(e)),
+            _ => Ok(()),
+        }
+    }
+
     pub(crate) fn code(&self) -> &'static str {
         match self {
             Attempt::Lines(_) => "ok",
@@ -124,14 +144,7 @@ pub(crate) async fn attempt(
     args: &Value,
 ) -> Attempt {
     match catch_unwind(previewer.preview(user, args)).await {
-        Ok(Ok(lines)) => {
-            let bounded = bound_lines(&lines);
-            if bounded.is_empty() {
-                Attempt::Empty
-            } else {
-                Attempt::Lines(bounded)
-            }
-        }
+        Ok(Ok(lines)) => Attempt::of_lines(&lines),
         Ok(Err(e)) => Attempt::Error(e),
         Err(_) => Attempt::Panic,
     }

@@ -24,6 +24,10 @@ use crate::ids::{CallIndex, SuspensionSeq, TurnDigest};
 use crate::model::{Message, ModelOptions, TokenUsage};
 use crate::preview::CallPreview;
 
+/// The largest suspended state, in bytes of its JSON, that a run may store: a turn whose state
+/// is larger fails `suspend_failed` (`state_too_large`) instead of filling the database.
+pub const MAX_STATE_BYTES: usize = 4 * 1024 * 1024;
+
 /// The version this code writes and the newest it reads.
 pub const STATE_VERSION: u64 = 1;
 

@@ -139,9 +139,14 @@ pub enum ToolError {
     /// The lease was lost: the write did not happen and the segment must stop.
     #[error("lease lost before the write")]
     FenceLost,
-    /// Any other failure, with a stable code such as `database_error`.
+    /// The tool's own failure, with a stable code: it becomes the call's error result.
     #[error("{code}: {detail}")]
     Failed { code: &'static str, detail: String },
+    /// The infrastructure under the tool failed (a lost connection, a deadlock, a pool
+    /// timeout): nothing is known about the call. Never a tool result, a preview line or a
+    /// refusal — the segment rolls back and is interrupted, to be retried.
+    #[error("{code} (infrastructure): {detail}")]
+    Unavailable { code: &'static str, detail: String },
 }
 
 impl ToolError {
@@ -152,11 +157,23 @@ impl ToolError {
         }
     }
 
+    pub fn unavailable(code: &'static str, detail: impl fmt::Display) -> Self {
+        ToolError::Unavailable {
+            code,
+            detail: detail.to_string(),
+        }
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             ToolError::FenceLost => "fence_lost",
-            ToolError::Failed { code, .. } => code,
+            ToolError::Failed { code, .. } | ToolError::Unavailable { code, .. } => code,
         }
+    }
+
+    /// Whether the failure says nothing about the call itself (see [`ToolError::Unavailable`]).
+    pub fn is_infrastructure(&self) -> bool {
+        matches!(self, ToolError::Unavailable { .. } | ToolError::FenceLost)
     }
 }
 
@@ -170,6 +187,13 @@ pub trait Tool: Send + Sync + fmt::Debug {
 
     /// The preview contract, for tools that offer one (opt-in).
     fn previewer(&self) -> Option<&dyn ToolPreview> {
+        None
+    }
+
+    /// For a writer whose writes land in the run store's own database: the contract that lets
+    /// an approved turn be re-previewed and written in one transaction (see [`crate::turn`]).
+    /// A writer without it acts outside the store and runs on the per-call path.
+    fn transactional(&self) -> Option<&dyn crate::turn::TransactionalTool> {
         None
     }
 }

@@ -10,9 +10,9 @@
 //! The broker closes a channel when it refuses a message (a `user_id` that is not the
 //! connection's user, for instance) and the connection when the network fails. Neither
 //! is fatal here: the next operation notices the closed channel or connection, opens a
-//! new channel or reconnects with exponential backoff (`backon`), and re-declares the
-//! whole topology on the new connection, so a broker that lost its definitions is
-//! repaired too. Consumers are not resurrected behind the caller's back: their stream
+//! new channel or reconnects with exponential backoff (`backon`), and declares the
+//! topology again on the new connection (what is missing, unless the process declares
+//! nothing), so a broker that lost its definitions is repaired too. Consumers are not resurrected behind the caller's back: their stream
 //! ends and the caller consumes again, which is where it decides what to do with work in
 //! flight.
 
@@ -57,6 +57,21 @@ pub(crate) fn base_properties() -> BasicProperties {
         .with_delivery_mode(PERSISTENT)
 }
 
+/// The properties of a producer's message: the base ones and what the producer set.
+fn producer_properties(message: &MessageProperties) -> Result<BasicProperties, QueueError> {
+    let mut properties = base_properties();
+    if let Some(user) = &message.user_id {
+        properties = properties.with_user_id(short(user)?);
+    }
+    if let Some(reply_to) = &message.reply_to {
+        properties = properties.with_reply_to(short(reply_to)?);
+    }
+    if let Some(id) = &message.correlation_id {
+        properties = properties.with_correlation_id(short(id)?);
+    }
+    Ok(properties)
+}
+
 /// A handle on the broker: cheap to clone, shared by every task of a process.
 #[derive(Clone, Debug)]
 pub struct Broker {
@@ -86,8 +101,9 @@ impl Link {
 }
 
 impl Broker {
-    /// Connects (retrying with backoff) and declares the topology. Declaring is
-    /// idempotent: any number of processes may connect with the same prefix.
+    /// Connects (retrying with backoff) and declares the topology as
+    /// [`QueueConfig::declare`] says: by default what is missing, or nothing (only checked).
+    /// Declaring is idempotent: any number of processes may connect with the same prefix.
     pub async fn connect(config: QueueConfig) -> Result<Broker, QueueError> {
         let broker = Broker {
             inner: Arc::new(Inner {
@@ -129,12 +145,31 @@ impl Broker {
             .await
     }
 
-    /// Publishes an outcome to the events exchange with the event's name as routing key.
-    /// Confirmed, persistent; not mandatory: an event nobody listens to is not an error.
+    /// Publishes an outcome to the events exchange with the event's name as routing key,
+    /// stamped with `at`. Confirmed, persistent; not mandatory: an event nobody listens to is
+    /// not an error. The services announce their events through the store's outbox and
+    /// [`publish_event_body`](Self::publish_event_body) instead; this is for a body built here.
     pub async fn publish_event(&self, event: &Event, at: &str) -> Result<(), QueueError> {
         let body = serde_json::to_vec(&event.to_json(at))?;
         let exchange = self.topology().events_exchange();
         self.publish(&exchange, event.name, &body, base_properties(), false)
+            .await
+    }
+
+    /// Publishes a pre-built event body (an outbox row's) to the events exchange under
+    /// `routing_key` (the event name), with `event_id` as the AMQP `message_id` so a consumer
+    /// can deduplicate without parsing. Confirmed, persistent, not mandatory, like
+    /// [`publish_event`](Self::publish_event): `Ok` only once the broker has taken it.
+    pub async fn publish_event_body(
+        &self,
+        routing_key: &str,
+        event_id: &str,
+        body: &serde_json::Value,
+    ) -> Result<(), QueueError> {
+        let bytes = serde_json::to_vec(body)?;
+        let exchange = self.topology().events_exchange();
+        let properties = base_properties().with_message_id(short(event_id)?);
+        self.publish(&exchange, routing_key, &bytes, properties, false)
             .await
     }
 
@@ -178,17 +213,25 @@ impl Broker {
         body: &[u8],
         message: &MessageProperties,
     ) -> Result<(), QueueError> {
-        let mut properties = base_properties();
-        if let Some(user) = &message.user_id {
-            properties = properties.with_user_id(short(user)?);
-        }
-        if let Some(reply_to) = &message.reply_to {
-            properties = properties.with_reply_to(short(reply_to)?);
-        }
-        if let Some(id) = &message.correlation_id {
-            properties = properties.with_correlation_id(short(id)?);
-        }
+        let properties = producer_properties(message)?;
         self.publish("", queue, body, properties, true).await
+    }
+
+    /// Publishes to a public queue (`queue` is [`Topology::run_requests`] or
+    /// [`Topology::decisions`]) through the fanout exchange of the same name, rather than
+    /// through the default exchange as [`publish_message`](Self::publish_message) does.
+    /// RabbitMQ checks a publish against the exchange it names, and write permission on the
+    /// default exchange (`amq.default`) reaches every queue of the vhost: this is the way in
+    /// for a producer whose user may write to the two public queues and nothing else.
+    /// Persistent, mandatory, confirmed.
+    pub async fn publish_public(
+        &self,
+        queue: &str,
+        body: &[u8],
+        message: &MessageProperties,
+    ) -> Result<(), QueueError> {
+        let properties = producer_properties(message)?;
+        self.publish(queue, "", body, properties, true).await
     }
 
     /// Consumes `queue` on a channel of its own with manual acks and at most `prefetch`
@@ -407,12 +450,7 @@ async fn connect_once(config: &QueueConfig) -> Result<Link, QueueError> {
     let connection = Connection::connect(&config.addr, properties)
         .await
         .map_err(QueueError::BrokerUnavailable)?;
-    let declaring = connection
-        .create_channel()
-        .await
-        .map_err(QueueError::BrokerUnavailable)?;
-    topology::declare(&declaring, config).await?;
-    drop(declaring);
+    topology::declare(&connection, config).await?;
     let publisher = open_publisher(&connection)
         .await
         .map_err(QueueError::BrokerUnavailable)?;

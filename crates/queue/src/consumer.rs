@@ -59,6 +59,7 @@ impl Consumer {
             user_id: text(properties.user_id()),
             reply_to: text(properties.reply_to()),
             correlation_id: text(properties.correlation_id()),
+            message_id: text(properties.message_id()),
             redelivered: delivery.redelivered,
             acker: delivery.acker,
             properties,
@@ -77,6 +78,8 @@ pub struct Delivery {
     pub user_id: Option<String>,
     pub reply_to: Option<String>,
     pub correlation_id: Option<String>,
+    /// The publisher's message id: for an event, its `event_id`.
+    pub message_id: Option<String>,
     /// The broker delivered it before (to this or another consumer).
     pub redelivered: bool,
     acker: Acker,

@@ -15,6 +15,10 @@ pub enum QueueError {
     /// arguments.
     #[error("declaring or deleting the topology failed")]
     Topology(#[source] lapin::Error),
+    /// A process that declares nothing found a queue or exchange missing (named here):
+    /// the broker's definitions were not imported, or the prefix or vhost is wrong.
+    #[error("{0} does not exist; import the broker definitions or let this process declare the topology")]
+    TopologyMissing(String),
     /// The broker refused the message and closed the publishing channel (for example a
     /// `user_id` that is not the connection's user). The next publish uses a new channel.
     #[error("the broker refused the message")]
@@ -57,6 +61,7 @@ impl QueueError {
         match self {
             QueueError::BrokerUnavailable(_) => "broker_unavailable",
             QueueError::Topology(_) => "topology_failed",
+            QueueError::TopologyMissing(_) => "topology_missing",
             QueueError::PublishRefused(_) => "publish_refused",
             QueueError::PublishFailed(_) => "publish_failed",
             QueueError::PublishNacked => "publish_nacked",
@@ -94,6 +99,7 @@ mod tests {
             },
             QueueError::ChannelClosed,
             QueueError::NameTooLong,
+            QueueError::TopologyMissing("queue q".into()),
             QueueError::Encode(serde_json::from_str::<u8>("x").unwrap_err()),
         ];
         let mut codes: Vec<_> = errors.iter().map(QueueError::code).collect();

@@ -30,6 +30,6 @@ pub use consumer::{Consumer, Delivery, ORIGINAL_USER_HEADER, REASON_HEADER, SOUR
 pub use error::QueueError;
 pub use segment::{parse_segment, segment_body, SEGMENT_TYPE};
 pub use topology::{
-    redact, QueueConfig, Topology, DEFAULT_DELIVERY_LIMIT, DEFAULT_PREFIX,
+    redact, Declare, QueueConfig, Topology, DEFAULT_DELIVERY_LIMIT, DEFAULT_PREFIX,
     DEFAULT_RECONNECT_ATTEMPTS,
 };

@@ -317,7 +317,9 @@ mod tests {
     fn every_event_example_is_what_the_core_event_type_publishes() {
         let schema = load(EVENT_V1);
         let required: Vec<Value> = schema["required"].as_array().unwrap().clone();
-        let bare = Event::new("run.completed", json!({})).to_json("2026-11-30T10:00:00Z");
+        // What the store's outbox publishes: the core body plus the event's id.
+        let mut bare = Event::new("run.completed", json!({})).to_json("2026-11-30T10:00:00Z");
+        bare["event_id"] = json!("0193c1f4-0a1b-7c2d-8e3f-000000000009");
         let mut written: Vec<&String> = bare.as_object().unwrap().keys().collect();
         written.sort();
         let mut required_names: Vec<&str> = required.iter().map(|v| v.as_str().unwrap()).collect();

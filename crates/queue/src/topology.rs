@@ -1,8 +1,19 @@
 //! The names and shape of every queue and exchange, declared from one prefix.
 //!
-//! Declaring is idempotent, so every process declares the whole topology on every
-//! (re)connect instead of trusting that someone else did: a broker that lost its
-//! definitions, or a fresh vhost, is repaired by the first process that connects.
+//! A process connecting to the broker does one of three things with the topology
+//! ([`Declare`]): by default it creates what is missing and leaves what exists as it is, so
+//! a broker that lost its definitions, or a fresh vhost, is repaired by the first process
+//! that connects. Existence is checked first with a passive declare because RabbitMQ
+//! refuses (`PRECONDITION_FAILED`, closing the channel) to declare an existing queue with
+//! arguments other than its own, in either direction: a queue an operator created from the
+//! definitions file (no dead-letter arguments, a policy gives them) or one an earlier
+//! release declared with another delivery limit would otherwise stop every process from
+//! starting. A queue's arguments are fixed at creation; policies are not, which is why the
+//! definitions file (`deploy/rabbitmq/definitions.json`) sets dead-lettering and the
+//! delivery limit as policies, and a process can create missing queues without those
+//! arguments ([`Declare::WithoutArguments`]) or declare nothing at all
+//! ([`Declare::Nothing`]: it only checks, which needs no configure permission, so a
+//! service can run as a least-privilege user).
 //!
 //! The inbound queues are quorum queues because they hold work that must survive a node
 //! loss, and because only quorum queues count deliveries: a message that keeps failing
@@ -10,15 +21,22 @@
 //! `delivery_limit` attempts instead of looping forever. Dead-lettering is
 //! `at-least-once` (which RabbitMQ only offers with `x-overflow: reject-publish`), so a
 //! poison message is not lost on its way to the dead-letter queue either.
+//!
+//! Each public queue has a fanout exchange of the same name bound to it. RabbitMQ checks a
+//! publish against the exchange it names, and the default exchange (`amq.default`) reaches
+//! every queue: a producer allowed to write only to the exchanges of the two public queues
+//! can reach those two queues and nothing else.
 
+use std::collections::HashSet;
 use std::fmt;
 
 use lapin::options::{
     ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions,
     QueueDeleteOptions,
 };
+use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{Channel, ExchangeKind};
+use lapin::{Channel, Connection, ExchangeKind};
 
 use crate::error::QueueError;
 
@@ -77,6 +95,12 @@ impl Topology {
     pub fn work_queues(&self) -> [String; 3] {
         [self.run_requests(), self.decisions(), self.segments()]
     }
+
+    /// The two public queues, each also the name of the fanout exchange in front of it (see
+    /// [`Broker::publish_public`](crate::Broker::publish_public)).
+    pub fn public_queues(&self) -> [String; 2] {
+        [self.run_requests(), self.decisions()]
+    }
 }
 
 impl Default for Topology {
@@ -85,14 +109,37 @@ impl Default for Topology {
     }
 }
 
+/// What a process does with the topology when it connects (and reconnects).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Declare {
+    /// Create what is missing, the work queues with dead-lettering and the delivery limit
+    /// as queue arguments; leave what exists as it is. For a broker nobody set up: the
+    /// tests, a first start without the definitions file.
+    #[default]
+    WithArguments,
+    /// Create what is missing, the work queues with their type only: the broker's policies
+    /// (the definitions file's) give them dead-lettering and the delivery limit, and can
+    /// change both without a queue being declared again.
+    WithoutArguments,
+    /// Create nothing; check that every queue and exchange exists and fail with
+    /// `topology_missing` otherwise. A passive check needs no configure permission, so this
+    /// is the mode of a least-privilege user on a broker the definitions set up.
+    Nothing,
+}
+
 /// Where the broker is and how the topology is declared.
 #[derive(Clone)]
 pub struct QueueConfig {
     /// `amqp://user:password@host:port/vhost`. Never logged: it may carry a password.
     pub addr: String,
     pub topology: Topology,
-    /// Deliveries a work queue attempts before dead-lettering a message (default 5).
+    /// Deliveries a work queue attempts before dead-lettering a message (default 5), when
+    /// this process creates it with [`Declare::WithArguments`].
     pub delivery_limit: u32,
+    /// Whether to create missing queues and exchanges, and how (default
+    /// [`Declare::WithArguments`]).
+    pub declare: Declare,
     /// Tests only: declare the exchanges auto-delete, so they disappear with the last
     /// binding. Quorum queues cannot be auto-delete; a test removes them with
     /// [`Broker::delete_topology`](crate::Broker::delete_topology), which is why every
@@ -110,6 +157,7 @@ impl QueueConfig {
             addr: addr.into(),
             topology,
             delivery_limit: DEFAULT_DELIVERY_LIMIT,
+            declare: Declare::default(),
             auto_delete: false,
             reconnect_attempts: DEFAULT_RECONNECT_ATTEMPTS,
         }
@@ -122,6 +170,7 @@ impl fmt::Debug for QueueConfig {
             .field("addr", &redact(&self.addr))
             .field("topology", &self.topology)
             .field("delivery_limit", &self.delivery_limit)
+            .field("declare", &self.declare)
             .field("auto_delete", &self.auto_delete)
             .field("reconnect_attempts", &self.reconnect_attempts)
             .finish()
@@ -151,10 +200,10 @@ fn long(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s))
 }
 
-fn quorum_arguments(config: &QueueConfig, dead_letter_exchange: Option<&str>) -> FieldTable {
+fn queue_arguments(config: &QueueConfig, dead_letter_exchange: Option<&str>) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert("x-queue-type".into(), long("quorum"));
-    if let Some(dlx) = dead_letter_exchange {
+    if let (Some(dlx), Declare::WithArguments) = (dead_letter_exchange, config.declare) {
         args.insert("x-dead-letter-exchange".into(), long(dlx));
         args.insert("x-dead-letter-strategy".into(), long("at-least-once"));
         args.insert("x-overflow".into(), long("reject-publish"));
@@ -173,64 +222,188 @@ fn durable_queue() -> QueueDeclareOptions {
     }
 }
 
-/// Declares every exchange, queue and binding. Idempotent; fails if an existing entity
-/// was declared with other arguments.
-pub(crate) async fn declare(channel: &Channel, config: &QueueConfig) -> Result<(), QueueError> {
+/// Every exchange of the topology, with its kind.
+fn exchanges(t: &Topology) -> Vec<(String, ExchangeKind)> {
+    let mut all = vec![
+        (t.dead_letter_exchange(), ExchangeKind::Fanout),
+        (t.events_exchange(), ExchangeKind::Topic),
+    ];
+    all.extend(
+        t.public_queues()
+            .into_iter()
+            .map(|q| (q, ExchangeKind::Fanout)),
+    );
+    all
+}
+
+/// Every queue of the topology, with the dead-letter exchange it uses, if any.
+fn queues(t: &Topology) -> Vec<(String, Option<String>)> {
+    let mut all = vec![(t.dead_letters(), None)];
+    all.extend(
+        t.work_queues()
+            .into_iter()
+            .map(|q| (q, Some(t.dead_letter_exchange()))),
+    );
+    all
+}
+
+/// Every binding of the topology: (queue, exchange).
+fn bindings(t: &Topology) -> Vec<(String, String)> {
+    let mut all = vec![(t.dead_letters(), t.dead_letter_exchange())];
+    all.extend(t.public_queues().into_iter().map(|q| (q.clone(), q)));
+    all
+}
+
+/// Makes the topology what `config.declare` asks for (see [`Declare`]): creates what is
+/// missing, never redeclares what exists, or only checks.
+pub(crate) async fn declare(
+    connection: &Connection,
+    config: &QueueConfig,
+) -> Result<(), QueueError> {
     let t = &config.topology;
+    let mut probe = Probe {
+        connection,
+        channel: None,
+    };
+    if config.declare == Declare::Nothing {
+        for (name, _) in exchanges(t) {
+            if !probe.exists(Entity::Exchange, &name).await? {
+                return Err(QueueError::TopologyMissing(format!("exchange {name}")));
+            }
+        }
+        for (name, _) in queues(t) {
+            if !probe.exists(Entity::Queue, &name).await? {
+                return Err(QueueError::TopologyMissing(format!("queue {name}")));
+            }
+        }
+        return Ok(());
+    }
+
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(QueueError::Topology)?;
+    let mut created = HashSet::new();
     let exchange = ExchangeDeclareOptions {
         durable: true,
         auto_delete: config.auto_delete,
         ..ExchangeDeclareOptions::default()
     };
-    let dlx = t.dead_letter_exchange();
-    channel
-        .exchange_declare(
-            short(&dlx)?,
-            ExchangeKind::Fanout,
-            exchange,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(QueueError::Topology)?;
-    channel
-        .exchange_declare(
-            short(&t.events_exchange())?,
-            ExchangeKind::Topic,
-            exchange,
-            FieldTable::default(),
-        )
-        .await
-        .map_err(QueueError::Topology)?;
-    let dead_letters = t.dead_letters();
-    channel
-        .queue_declare(
-            short(&dead_letters)?,
-            durable_queue(),
-            quorum_arguments(config, None),
-        )
-        .await
-        .map_err(QueueError::Topology)?;
-    channel
-        .queue_bind(
-            short(&dead_letters)?,
-            short(&dlx)?,
-            "".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .map_err(QueueError::Topology)?;
-    for queue in t.work_queues() {
+    for (name, kind) in exchanges(t) {
+        if probe.exists(Entity::Exchange, &name).await? {
+            continue;
+        }
+        channel
+            .exchange_declare(short(&name)?, kind, exchange, FieldTable::default())
+            .await
+            .map_err(QueueError::Topology)?;
+        created.insert(name);
+    }
+    for (name, dlx) in queues(t) {
+        if probe.exists(Entity::Queue, &name).await? {
+            continue;
+        }
         channel
             .queue_declare(
-                short(&queue)?,
+                short(&name)?,
                 durable_queue(),
-                quorum_arguments(config, Some(&dlx)),
+                queue_arguments(config, dlx.as_deref()),
+            )
+            .await
+            .map_err(QueueError::Topology)?;
+        created.insert(name);
+    }
+    // A binding between two entities that both existed is left alone like them: binding
+    // needs permissions (write on the queue, read on the exchange) a process that found
+    // everything in place should not need.
+    for (queue, exchange) in bindings(t) {
+        if !created.contains(&queue) && !created.contains(&exchange) {
+            continue;
+        }
+        channel
+            .queue_bind(
+                short(&queue)?,
+                short(&exchange)?,
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
             )
             .await
             .map_err(QueueError::Topology)?;
     }
+    if !created.is_empty() {
+        tracing::info!(prefix = %t.prefix, created = created.len(), declare = ?config.declare, "declared the missing parts of the topology");
+    }
     Ok(())
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Entity {
+    Queue,
+    Exchange,
+}
+
+/// Passive declares on a channel of their own: a missing entity closes the channel
+/// (`NOT_FOUND`), so the next check opens another.
+struct Probe<'a> {
+    connection: &'a Connection,
+    channel: Option<Channel>,
+}
+
+impl Probe<'_> {
+    async fn exists(&mut self, entity: Entity, name: &str) -> Result<bool, QueueError> {
+        let channel = match self.channel.take().filter(|c| c.status().connected()) {
+            Some(channel) => channel,
+            None => self
+                .connection
+                .create_channel()
+                .await
+                .map_err(QueueError::Topology)?,
+        };
+        let answer = match entity {
+            Entity::Queue => channel
+                .queue_declare(
+                    short(name)?,
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .map(drop),
+            Entity::Exchange => {
+                channel
+                    .exchange_declare(
+                        short(name)?,
+                        // A passive declare only checks the name; the kind is ignored.
+                        ExchangeKind::Fanout,
+                        ExchangeDeclareOptions {
+                            passive: true,
+                            ..ExchangeDeclareOptions::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await
+            }
+        };
+        match answer {
+            Ok(()) => {
+                self.channel = Some(channel);
+                Ok(true)
+            }
+            Err(e) if not_found(&e) => Ok(false),
+            Err(e) => Err(QueueError::Topology(e)),
+        }
+    }
+}
+
+fn not_found(error: &lapin::Error) -> bool {
+    matches!(
+        error.kind(),
+        lapin::ErrorKind::ProtocolError(e)
+            if matches!(e.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    )
 }
 
 /// Deletes every queue and exchange of the topology, with their messages. Deleting what
@@ -246,7 +419,7 @@ pub(crate) async fn delete(channel: &Channel, topology: &Topology) -> Result<(),
             .await
             .map_err(QueueError::Topology)?;
     }
-    for exchange in [topology.events_exchange(), topology.dead_letter_exchange()] {
+    for (exchange, _) in exchanges(topology) {
         channel
             .exchange_delete(short(&exchange)?, ExchangeDeleteOptions::default())
             .await
@@ -290,13 +463,37 @@ mod tests {
     fn work_queues_are_quorum_with_dead_lettering_and_a_delivery_limit() {
         let mut c = QueueConfig::new("amqp://h", Topology::default());
         c.delivery_limit = 7;
-        let args = quorum_arguments(&c, Some("countersign.dlx"));
+        let args = queue_arguments(&c, Some("countersign.dlx"));
         let get = |k: &str| args.inner().get(k).cloned();
         assert_eq!(get("x-queue-type"), Some(long("quorum")));
         assert_eq!(get("x-dead-letter-exchange"), Some(long("countersign.dlx")));
         assert_eq!(get("x-delivery-limit"), Some(AMQPValue::LongLongInt(7)));
-        let dead = quorum_arguments(&c, None);
+        let dead = queue_arguments(&c, None);
         assert!(dead.inner().get("x-dead-letter-exchange").is_none());
         assert!(dead.inner().get("x-delivery-limit").is_none());
+    }
+
+    #[test]
+    fn work_queues_left_to_policies_carry_only_their_type() {
+        let mut c = QueueConfig::new("amqp://h", Topology::default());
+        c.declare = Declare::WithoutArguments;
+        let args = queue_arguments(&c, Some("countersign.dlx"));
+        let keys: Vec<_> = args.inner().keys().map(|k| k.as_str().to_owned()).collect();
+        assert_eq!(keys, ["x-queue-type"]);
+    }
+
+    #[test]
+    fn each_public_queue_has_an_exchange_of_its_name_bound_to_it() {
+        let t = Topology::new("p");
+        let names: Vec<_> = exchanges(&t).into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["p.dlx", "p.events", "p.run-requests", "p.decisions"]);
+        assert_eq!(
+            bindings(&t),
+            [
+                ("p.dead-letters".to_owned(), "p.dlx".to_owned()),
+                ("p.run-requests".to_owned(), "p.run-requests".to_owned()),
+                ("p.decisions".to_owned(), "p.decisions".to_owned()),
+            ]
+        );
     }
 }

@@ -13,6 +13,12 @@
 //!    published again.
 //! 3. `waiting_for_approval` runs past their approval deadline: cancelled
 //!    `approval_expired`.
+//! 4. Events: every transition above announces itself in its own transaction (`run.failed`,
+//!    `run.cancelled` in the outbox), and the pass publishes what is unpublished — first the
+//!    rows left unpublished longer than [`ReaperConfig::republish_after`], whose process relay
+//!    failed or died (`events_republished`), then the rest, its own among them
+//!    (`events_published`). Publishing is confirmed; a row is marked only once the broker took
+//!    it, so a failure leaves it for the next pass.
 //!
 //! It must never run a segment, never touch a run that moved since its scan, and never
 //! retry a run that may have performed a non-idempotent write.
@@ -20,11 +26,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use chrono::{SecondsFormat, Utc};
-use countersign_core::{Event, RunId, TerminationReason};
 use countersign_queue::{Broker, QueueError};
-use countersign_store::{NewEvent, ReapOutcome, Store, StoreError};
-use serde_json::json;
+use countersign_service::relay::{relay_round, RelayConfig, RelayError};
+use countersign_store::{ReapOutcome, Store, StoreError};
 
 /// How a pass treats what it finds.
 #[derive(Debug, Clone)]
@@ -35,8 +39,11 @@ pub struct ReaperConfig {
     pub backoff: Duration,
     /// How long a queued run may wait for its wake-up before it counts as lost.
     pub dispatch_grace: Duration,
-    /// Runs handled per scan.
+    /// Runs handled per scan, and outbox rows per relay transaction.
     pub batch: i64,
+    /// How long an event may stay unpublished before the pass republishes it: longer than a
+    /// process relay's polling interval, so a healthy relay is not raced.
+    pub republish_after: Duration,
 }
 
 impl Default for ReaperConfig {
@@ -46,6 +53,7 @@ impl Default for ReaperConfig {
             backoff: Duration::from_secs(5),
             dispatch_grace: Duration::from_secs(30),
             batch: 500,
+            republish_after: Duration::from_secs(10),
         }
     }
 }
@@ -60,19 +68,25 @@ pub struct PassSummary {
     pub skipped: u64,
     pub redispatched: u64,
     pub approvals_expired: u64,
+    /// Events left unpublished longer than the grace, published by this pass.
+    pub events_republished: u64,
+    /// Other unpublished events (this pass's own among them), published by this pass.
+    pub events_published: u64,
 }
 
 impl fmt::Display for PassSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reaper pass: requeued={} retries_exhausted={} not_retryable={} skipped={} redispatched={} approvals_expired={}",
+            "reaper pass: requeued={} retries_exhausted={} not_retryable={} skipped={} redispatched={} approvals_expired={} events_republished={} events_published={}",
             self.requeued,
             self.retries_exhausted,
             self.not_retryable,
             self.skipped,
             self.redispatched,
-            self.approvals_expired
+            self.approvals_expired,
+            self.events_republished,
+            self.events_published
         )
     }
 }
@@ -84,6 +98,9 @@ pub enum ReaperError {
     Store(#[from] StoreError),
     #[error("broker: {0}")]
     Queue(#[from] QueueError),
+    /// Publishing the outbox failed (its store or its broker).
+    #[error("relay: {0}")]
+    Relay(#[from] RelayError),
 }
 
 impl ReaperError {
@@ -91,6 +108,7 @@ impl ReaperError {
         match self {
             ReaperError::Store(e) => e.code(),
             ReaperError::Queue(e) => e.code(),
+            ReaperError::Relay(e) => e.code(),
         }
     }
 }
@@ -113,20 +131,8 @@ pub async fn pass(
         match outcome {
             ReapOutcome::Requeued => summary.requeued += 1,
             ReapOutcome::Lost => summary.skipped += 1,
-            ReapOutcome::RetriesExhausted => {
-                summary.retries_exhausted += 1;
-                failed(
-                    store,
-                    broker,
-                    lease.run_id,
-                    TerminationReason::RetriesExhausted,
-                )
-                .await?;
-            }
-            ReapOutcome::NotRetryable => {
-                summary.not_retryable += 1;
-                failed(store, broker, lease.run_id, TerminationReason::NotRetryable).await?;
-            }
+            ReapOutcome::RetriesExhausted => summary.retries_exhausted += 1,
+            ReapOutcome::NotRetryable => summary.not_retryable += 1,
         }
     }
 
@@ -147,17 +153,16 @@ pub async fn pass(
             .await?
         {
             summary.approvals_expired += 1;
-            let fields =
-                json!({"run_id": waiting.run_id, "termination_reason": "approval_expired"});
-            announce(
-                store,
-                broker,
-                waiting.run_id,
-                Event::new("run.cancelled", fields),
-            )
-            .await?;
         }
     }
+
+    let relay = RelayConfig {
+        batch: config.batch,
+        ..RelayConfig::default()
+    };
+    summary.events_republished =
+        relay_round(store, broker, config.republish_after, relay, 1).await?;
+    summary.events_published = relay_round(store, broker, Duration::ZERO, relay, 1).await?;
     for (action, n) in [
         ("requeued", summary.requeued),
         ("retries_exhausted", summary.retries_exhausted),
@@ -165,34 +170,10 @@ pub async fn pass(
         ("skipped", summary.skipped),
         ("redispatched", summary.redispatched),
         ("approval_expired", summary.approvals_expired),
+        ("event_republished", summary.events_republished),
+        ("event_published", summary.events_published),
     ] {
         metrics::counter!("countersign_reaper_actions_total", "action" => action).increment(n);
     }
     Ok(summary)
-}
-
-async fn failed(
-    store: &Store,
-    broker: &Broker,
-    run_id: RunId,
-    reason: TerminationReason,
-) -> Result<(), ReaperError> {
-    let fields = json!({"run_id": run_id, "termination_reason": reason.as_str()});
-    announce(store, broker, run_id, Event::new("run.failed", fields)).await
-}
-
-/// Records the event in the run's audit trail and publishes it.
-async fn announce(
-    store: &Store,
-    broker: &Broker,
-    run_id: RunId,
-    event: Event,
-) -> Result<(), ReaperError> {
-    let payload = serde_json::Value::Object(event.fields.clone());
-    store
-        .append_event(run_id, &NewEvent::new(event.name, payload))
-        .await?;
-    let at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
-    broker.publish_event(&event, &at).await?;
-    Ok(())
 }

@@ -16,7 +16,7 @@ use countersign_store::Store;
 #[command(
     name = "countersign-reaper",
     version,
-    about = "Rescues runs whose lease expired, re-dispatches lost wake-ups, expires approvals."
+    about = "Rescues runs whose lease expired, re-dispatches lost wake-ups, expires approvals, republishes unsent events."
 )]
 struct Args {
     #[command(flatten)]
@@ -30,6 +30,9 @@ struct Args {
     /// Seconds a queued run may wait for its wake-up before it is published again.
     #[arg(long, default_value_t = 30)]
     dispatch_grace_secs: u64,
+    /// Seconds an event may stay unpublished in the outbox before it is published again.
+    #[arg(long, default_value_t = 10)]
+    republish_after_secs: u64,
     /// Run a pass every this many seconds instead of once.
     #[arg(long)]
     every: Option<u64>,
@@ -46,6 +49,7 @@ async fn main() -> ExitCode {
         max_requeues: args.max_requeues,
         backoff: Duration::from_secs(args.backoff_secs),
         dispatch_grace: Duration::from_secs(args.dispatch_grace_secs),
+        republish_after: Duration::from_secs(args.republish_after_secs),
         ..ReaperConfig::default()
     };
     let pool = match args.connections.pool(2).await {

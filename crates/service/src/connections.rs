@@ -3,13 +3,14 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use countersign_queue::{Broker, QueueConfig, QueueError, Topology};
+use countersign_queue::{Broker, Declare, QueueConfig, QueueError, Topology};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use crate::Readiness;
 
-/// `--database-url`, `--amqp-addr` and `--queue-prefix`, with their environment fallbacks.
+/// `--database-url`, `--amqp-addr`, `--queue-prefix` and how the broker's topology is
+/// declared (`--no-declare`, `--queue-arguments`), with their environment fallbacks.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Connections {
     /// PostgreSQL, the source of truth.
@@ -25,6 +26,34 @@ pub struct Connections {
     /// Prefix of every queue and exchange name.
     #[arg(long, env = "COUNTERSIGN_QUEUE_PREFIX", default_value = "countersign")]
     pub queue_prefix: String,
+    /// Declare no queue or exchange, only check that they exist: the broker's definitions
+    /// (deploy/rabbitmq/definitions.json) made them. Needs no configure permission, so the
+    /// process can run as a least-privilege AMQP user.
+    #[arg(
+        long,
+        env = "COUNTERSIGN_NO_DECLARE",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub no_declare: bool,
+    /// Where a work queue this process creates gets its dead-lettering and delivery limit:
+    /// `inline` as queue arguments, `policy` from the broker's policies. Queues that exist
+    /// are left as they are.
+    #[arg(
+        long,
+        env = "COUNTERSIGN_QUEUE_ARGUMENTS",
+        value_enum,
+        default_value_t = QueueArguments::Inline
+    )]
+    pub queue_arguments: QueueArguments,
+}
+
+/// Where the work queues' dead-lettering and delivery limit come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum QueueArguments {
+    /// Queue arguments, fixed when the queue is created.
+    Inline,
+    /// The broker's policies, which can change without the queue being declared again.
+    Policy,
 }
 
 impl Connections {
@@ -37,13 +66,20 @@ impl Connections {
             .await
     }
 
-    /// The broker, with the topology declared.
+    /// How this process connects to the broker and treats its topology.
+    pub fn queue_config(&self) -> QueueConfig {
+        let mut config = QueueConfig::new(&self.amqp_addr, Topology::new(&self.queue_prefix));
+        config.declare = match (self.no_declare, self.queue_arguments) {
+            (true, _) => Declare::Nothing,
+            (false, QueueArguments::Inline) => Declare::WithArguments,
+            (false, QueueArguments::Policy) => Declare::WithoutArguments,
+        };
+        config
+    }
+
+    /// The broker, with the topology declared as the flags say (or only checked).
     pub async fn broker(&self) -> Result<Broker, QueueError> {
-        Broker::connect(QueueConfig::new(
-            &self.amqp_addr,
-            Topology::new(&self.queue_prefix),
-        ))
-        .await
+        Broker::connect(self.queue_config()).await
     }
 }
 
@@ -58,5 +94,41 @@ pub struct Ready {
 impl Readiness for Ready {
     async fn ready(&self) -> bool {
         self.broker.is_healthy().await && sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Args {
+        #[command(flatten)]
+        connections: Connections,
+    }
+
+    fn declare(args: &[&str]) -> Declare {
+        let args = Args::try_parse_from(
+            ["service", "--database-url", "postgres://h/db"]
+                .iter()
+                .chain(args),
+        )
+        .unwrap();
+        args.connections.queue_config().declare
+    }
+
+    #[test]
+    fn a_service_declares_what_is_missing_with_arguments_unless_told_otherwise() {
+        assert_eq!(declare(&[]), Declare::WithArguments);
+        assert_eq!(
+            declare(&["--queue-arguments", "policy"]),
+            Declare::WithoutArguments
+        );
+        assert_eq!(declare(&["--no-declare"]), Declare::Nothing);
+        assert_eq!(
+            declare(&["--no-declare", "--queue-arguments", "policy"]),
+            Declare::Nothing
+        );
     }
 }

@@ -1,6 +1,7 @@
 //! What every countersign binary sets up the same way: its connections to PostgreSQL and
 //! RabbitMQ, logging, metrics, the HTTP surfaces `/metrics` (Prometheus), `/healthz` (the
-//! process answers) and `/readyz` (its dependencies answer), and the shutdown signal.
+//! process answers) and `/readyz` (its dependencies answer), the shutdown signal, and the
+//! [`relay`] that publishes the events the store wrote to its outbox.
 //!
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`, or `debug` when asked for),
 //! as JSON lines when `RUST_LOG_FORMAT=json` so that a log shipper can read `run.id` and the
@@ -18,8 +19,9 @@ use axum::Router;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 mod connections;
+pub mod relay;
 
-pub use connections::{Connections, Ready};
+pub use connections::{Connections, QueueArguments, Ready};
 
 /// Installs the global log subscriber. Call once, first thing in `main`.
 pub fn init_tracing(verbose: bool) {

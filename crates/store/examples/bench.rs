@@ -185,7 +185,7 @@ async fn lifecycle(store: Store, run: RunId) -> anyhow::Result<()> {
         .context("claim lost")?
         .lease;
     let state = suspended_state();
-    anyhow::ensure!(store.suspend(&lease, &state).await?, "suspend lost");
+    anyhow::ensure!(store.suspend(&lease, &state, &[]).await?, "suspend lost");
     let decision = NewDecision {
         decision_id: Uuid::now_v7(),
         run_id: run,

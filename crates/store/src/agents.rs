@@ -24,6 +24,8 @@ pub struct AgentConfig {
     pub model: Value,
     pub policy: ToolPolicy,
     pub max_iterations: u32,
+    /// A model turn proposing more tool calls than this is refused whole (1–256).
+    pub max_tool_calls_per_turn: u32,
     /// An approval by the run's initiator is refused: a second person must approve.
     pub four_eyes: bool,
     /// How long a suspended run may wait for a decision before the reaper expires it. Stored
@@ -47,6 +49,7 @@ struct Row {
     allowed_tools: Vec<String>,
     enabled_tools: Vec<String>,
     max_iterations: i32,
+    max_tool_calls_per_turn: i32,
     four_eyes: bool,
     approval_deadline_seconds: i64,
     created_at: DateTime<Utc>,
@@ -67,6 +70,7 @@ impl From<Row> for StoredAgent {
                 },
                 // The schema keeps both positive.
                 max_iterations: u32::try_from(r.max_iterations).unwrap_or(1),
+                max_tool_calls_per_turn: u32::try_from(r.max_tool_calls_per_turn).unwrap_or(1),
                 four_eyes: r.four_eyes,
                 approval_deadline: Duration::from_secs(
                     u64::try_from(r.approval_deadline_seconds).unwrap_or(1),
@@ -84,8 +88,9 @@ impl Store {
         let deadline = i64::try_from(agent.approval_deadline.as_secs().max(1)).unwrap_or(i64::MAX);
         sqlx::query!(
             r#"INSERT INTO agents (name, active, model, allowed_groups, allowed_tools, enabled_tools,
-                                   max_iterations, four_eyes, approval_deadline_seconds)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                                   max_iterations, four_eyes, approval_deadline_seconds,
+                                   max_tool_calls_per_turn)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
                ON CONFLICT (name) DO UPDATE SET
                    active = excluded.active, model = excluded.model,
                    allowed_groups = excluded.allowed_groups,
@@ -93,6 +98,7 @@ impl Store {
                    enabled_tools = excluded.enabled_tools,
                    max_iterations = excluded.max_iterations, four_eyes = excluded.four_eyes,
                    approval_deadline_seconds = excluded.approval_deadline_seconds,
+                   max_tool_calls_per_turn = excluded.max_tool_calls_per_turn,
                    updated_at = now()"#,
             agent.name,
             agent.active,
@@ -103,6 +109,7 @@ impl Store {
             i32::try_from(agent.max_iterations).unwrap_or(i32::MAX),
             agent.four_eyes,
             deadline,
+            i32::try_from(agent.max_tool_calls_per_turn.clamp(1, 256)).unwrap_or(256),
         )
         .execute(&self.pool)
         .await?;
@@ -114,7 +121,8 @@ impl Store {
         let row = sqlx::query_as!(
             Row,
             r#"SELECT name, active, model, allowed_groups, allowed_tools, enabled_tools,
-                      max_iterations, four_eyes, approval_deadline_seconds, created_at, updated_at
+                      max_iterations, max_tool_calls_per_turn, four_eyes, approval_deadline_seconds,
+                      created_at, updated_at
                FROM agents WHERE name = $1"#,
             name,
         )
@@ -128,7 +136,8 @@ impl Store {
         let rows = sqlx::query_as!(
             Row,
             r#"SELECT name, active, model, allowed_groups, allowed_tools, enabled_tools,
-                      max_iterations, four_eyes, approval_deadline_seconds, created_at, updated_at
+                      max_iterations, max_tool_calls_per_turn, four_eyes, approval_deadline_seconds,
+                      created_at, updated_at
                FROM agents ORDER BY name"#,
         )
         .fetch_all(&self.pool)

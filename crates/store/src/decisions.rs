@@ -1,10 +1,11 @@
 //! Decisions on suspended runs.
 //!
 //! A decision is recorded once per `decision_id`, whatever its outcome, so that a producer
-//! replaying its message learns the same outcome again and nothing else happens. An accepted
-//! decision releases the turn: its row, its audit event and the transition
-//! `waiting_for_approval` → `queued`/`resume` (guarded by status, suspension number and turn
-//! digest) commit in one transaction. If the transition loses — another decision, a cancel or
+//! replaying its message learns the same outcome again and nothing else happens. Its row, its
+//! audit event and its public event (`decision.accepted` / `decision.refused`, in the outbox)
+//! commit together, so a replay finds the announcement already made. An accepted decision
+//! releases the turn: the transition `waiting_for_approval` → `queued`/`resume` (guarded by
+//! status, suspension number and turn digest) is part of the same transaction. If the transition loses — another decision, a cancel or
 //! the reaper got there first — nothing commits, not even the decision row, and the run stays
 //! as the winner left it: an approval is never on record for a turn it did not release.
 
@@ -14,7 +15,7 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::events::{append_locked, lock_run, NewEvent};
-use crate::{Store, StoreError};
+use crate::{outbox, Store, StoreError};
 
 /// The outcome of a decision, as recorded and published.
 ///
@@ -102,8 +103,8 @@ fn outcome(s: &str) -> Result<DecisionOutcome, StoreError> {
 }
 
 impl Store {
-    /// Records a decision, its audit event and, when accepted, the transition to
-    /// `queued`/`resume` — in one transaction. See the module documentation. The resume
+    /// Records a decision, its audit event, its outbox event and, when accepted, the transition
+    /// to `queued`/`resume` — in one transaction. See the module documentation. The resume
     /// segment starts with a fresh requeue count and is available at once; its wake-up is
     /// not yet dispatched (`dispatched_at` is cleared), so the reaper re-publishes it if the
     /// caller's publish is lost.
@@ -176,12 +177,8 @@ impl Store {
         // name a run that does not exist; it is still recorded (for replays) but has no trail
         // to join.
         let accepted = d.outcome == DecisionOutcome::Accepted;
+        let event = outbox::decision_event(d.decision_id, d.run_id, d.outcome);
         if accepted || lock_run(&mut tx, d.run_id).await? {
-            let kind = if accepted {
-                "decision.accepted"
-            } else {
-                "decision.refused"
-            };
             let payload = json!({
                 "decision_id": d.decision_id,
                 "suspension_seq": d.suspension_seq.get(),
@@ -195,11 +192,14 @@ impl Store {
                 &mut tx,
                 &self.keyring,
                 d.run_id,
-                &NewEvent::new(kind, payload),
+                &NewEvent::new(event.name, payload),
             )
             .await?;
         }
+        // Announced whether or not the run exists: the producer learns its refusal either way.
+        outbox::append(&mut tx, Some(d.run_id), &event).await?;
         tx.commit().await?;
+        self.wake_relay();
         Ok(DecisionRecord::Recorded(d.outcome))
     }
 

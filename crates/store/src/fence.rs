@@ -1,45 +1,93 @@
 //! The fenced write: how a tool writing to this database proves, at the resource, that its
-//! segment still holds the lease.
+//! segment still holds the lease — and how an approved turn is compared and written at once.
 //!
 //! A heartbeat that failed a moment ago, a paused process, a lease the reaper has already
 //! handed to another worker: a segment cannot know by itself that it became a zombie. So the
-//! check happens inside the same transaction as the write. [`Store::fenced_write`] locks the
-//! run row `FOR UPDATE` and verifies owner, epoch and `running`; while the lock is held no
-//! claim, requeue, cancel or settle can move the run. The tool then writes and reads its write
-//! back on [`FencedWrite::conn`], and [`FencedWrite::commit`] appends the `tool_write` audit
-//! event and the journal row before committing — the write, its audit and its journal entry
-//! are kept together or lost together. Dropping a `FencedWrite` rolls everything back.
+//! check happens inside the same transaction as the write. [`Store::begin_turn`] renews the
+//! lease with one guarded `UPDATE` of the run row — which also locks the row until the
+//! transaction ends, so no claim, requeue, cancel or settle can move the run meanwhile. The
+//! turn's tools then lock their subjects, re-plan, compare and write on
+//! [`FencedWrite::conn`], and [`TurnTransaction::commit`] appends the `tool_write` audit events
+//! and the journal rows before committing once: the writes, their audit and their journal
+//! entries are kept together or lost together. Dropping a `FencedWrite` rolls everything back.
+//!
+//! Lock order, for every transaction that writes content on behalf of a run: the run row
+//! first, then the turn's subjects in [`countersign_core::LockSubject`] order.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
-use countersign_core::{Effect, FenceToken, ToolOutput};
+use async_trait::async_trait;
+use countersign_core::{
+    CallIndex, Effect, FenceToken, HookError, JournalEntry, SuspensionSeq, ToolOutput,
+    TurnTransaction,
+};
 use countersign_crypto::Keyring;
 use serde_json::json;
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::events::{append_locked, NewEvent};
-use crate::{Store, StoreError};
+use crate::journal::{self, JournalKey};
+use crate::{millis, Lease, Store, StoreError};
 
 /// An open transaction in which the run's lease has been verified and the run row is locked.
 pub struct FencedWrite {
     tx: Transaction<'static, Postgres>,
-    token: FenceToken,
+    lease: Lease,
+    seq: SuspensionSeq,
+    /// The call a single-call write ([`Store::fenced_write`]) is for.
+    call: Option<CallIndex>,
     keyring: Arc<Keyring>,
 }
 
 impl fmt::Debug for FencedWrite {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("FencedWrite")
-            .field("token", &self.token)
+            .field("lease", &self.lease)
+            .field("seq", &self.seq)
             .finish_non_exhaustive()
     }
 }
 
 impl Store {
-    /// Opens a transaction, locks the run row `FOR UPDATE` and verifies that `token`'s owner
-    /// and epoch still hold it and the run is `running`. Otherwise [`StoreError::FenceLost`],
-    /// with nothing written.
+    /// Opens the transaction of an approved turn of suspension `seq`: renews the lease to
+    /// `now() + ttl` in one `UPDATE` guarded by owner, epoch and `running`, which locks the run
+    /// row until the transaction ends. Otherwise [`StoreError::FenceLost`], nothing written.
+    pub async fn begin_turn(
+        &self,
+        lease: &Lease,
+        seq: SuspensionSeq,
+        ttl: Duration,
+    ) -> Result<FencedWrite, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let held = sqlx::query!(
+            r#"UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+            lease.run_id.as_uuid(),
+            lease.owner,
+            lease.epoch.get(),
+            millis(ttl) as f64,
+        )
+        .execute(&mut *tx)
+        .await?;
+        if held.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Err(StoreError::FenceLost);
+        }
+        Ok(FencedWrite {
+            tx,
+            lease: lease.clone(),
+            seq,
+            call: None,
+            keyring: Arc::clone(&self.keyring),
+        })
+    }
+
+    /// Opens a transaction for one call's write, locks the run row `FOR UPDATE` and verifies
+    /// that `token`'s owner and epoch still hold it and the run is `running`. Otherwise
+    /// [`StoreError::FenceLost`], with nothing written.
     pub async fn fenced_write(&self, token: &FenceToken) -> Result<FencedWrite, StoreError> {
         let mut tx = self.pool.begin().await?;
         // The guard is in the WHERE clause: a row locked by a concurrent transition is
@@ -60,59 +108,83 @@ impl Store {
         }
         Ok(FencedWrite {
             tx,
-            token: token.clone(),
+            lease: Lease {
+                run_id: token.run_id,
+                owner: token.lease_owner.clone(),
+                epoch: token.lease_epoch,
+            },
+            seq: token.suspension_seq,
+            call: Some(token.call_index),
             keyring: Arc::clone(&self.keyring),
         })
     }
 }
 
 impl FencedWrite {
-    /// The transaction's connection: the tool performs its write and its read-back here.
+    /// The transaction's connection: the tools lock, plan, write and read back here.
     pub fn conn(&mut self) -> &mut PgConnection {
         &mut self.tx
     }
 
-    pub fn token(&self) -> &FenceToken {
-        &self.token
+    /// Appends the `tool_write` audit event of a write (in clear: tool, effect, call index,
+    /// suspension number, lease epoch, whether the output is an error — never content; the
+    /// output itself sealed) and the journal row of the call (its result sealed).
+    async fn journal(&mut self, entry: &JournalEntry<'_>) -> Result<(), StoreError> {
+        if entry.effect.is_write() {
+            let payload = json!({
+                "tool": entry.tool,
+                "effect": entry.effect.as_str(),
+                "call_index": entry.index.get(),
+                "suspension_seq": self.seq.get(),
+                "lease_epoch": self.lease.epoch.get(),
+                "is_error": entry.output.is_error,
+            });
+            let event = NewEvent {
+                content: Some(entry.output.content.as_bytes()),
+                ..NewEvent::new("tool_write", payload)
+            };
+            append_locked(&mut self.tx, &self.keyring, self.lease.run_id, &event).await?;
+        }
+        let key = JournalKey {
+            run_id: self.lease.run_id,
+            seq: self.seq,
+            index: entry.index,
+            epoch: self.lease.epoch,
+        };
+        let inserted = journal::insert(
+            &mut self.tx,
+            &self.keyring,
+            &key,
+            entry.tool,
+            entry.effect,
+            entry.output,
+        )
+        .await?;
+        if !inserted {
+            return Err(StoreError::AlreadyJournaled);
+        }
+        Ok(())
     }
 
-    /// Appends the `tool_write` audit event (in clear: tool, effect, call index, suspension
-    /// number, lease epoch, whether the output is an error — never content; the output itself
-    /// sealed) and the journal row of the call (its result sealed), then commits. All or
-    /// nothing: if the call was journaled already, [`StoreError::AlreadyJournaled`] and the
-    /// write is rolled back with everything else.
+    /// Journals a single-call write ([`Store::fenced_write`]) with its audit event and commits.
+    /// All or nothing: if the call was journaled already, [`StoreError::AlreadyJournaled`] and
+    /// the write is rolled back with everything else.
     pub async fn commit(
         mut self,
         tool: &str,
         effect: Effect,
         output: &ToolOutput,
     ) -> Result<(), StoreError> {
-        let t = &self.token;
-        let payload = json!({
-            "tool": tool,
-            "effect": effect.as_str(),
-            "call_index": t.call_index.get(),
-            "suspension_seq": t.suspension_seq.get(),
-            "lease_epoch": t.lease_epoch.get(),
-            "is_error": output.is_error,
-        });
-        let event = NewEvent {
-            content: Some(output.content.as_bytes()),
-            ..NewEvent::new("tool_write", payload)
-        };
-        append_locked(&mut self.tx, &self.keyring, t.run_id, &event).await?;
-        let inserted = crate::journal::insert(
-            &mut self.tx,
-            &self.keyring,
-            &self.token,
+        let index = self.call.unwrap_or(CallIndex::new(0));
+        let entry = JournalEntry {
+            index,
             tool,
             effect,
             output,
-        )
-        .await?;
-        if !inserted {
+        };
+        if let Err(e) = self.journal(&entry).await {
             self.tx.rollback().await?;
-            return Err(StoreError::AlreadyJournaled);
+            return Err(e);
         }
         self.tx.commit().await?;
         Ok(())
@@ -122,5 +194,51 @@ impl FencedWrite {
     pub async fn rollback(self) -> Result<(), StoreError> {
         self.tx.rollback().await?;
         Ok(())
+    }
+}
+
+/// What a store error means to the loop: a lost fence stops the segment, a sealed value that
+/// does not open fails the run, anything else interrupts it for a retry.
+pub fn hook_error(e: StoreError) -> HookError {
+    match e {
+        StoreError::FenceLost => HookError::LeaseLost,
+        StoreError::Unreadable { what } => HookError::Unreadable { what },
+        StoreError::Crypto(_) => HookError::Unreadable {
+            what: "sealed run data",
+        },
+        other => HookError::Unavailable {
+            code: other.code(),
+            detail: other.to_string(),
+        },
+    }
+}
+
+#[async_trait]
+impl TurnTransaction for FencedWrite {
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    async fn journaled(&mut self) -> Result<Vec<(CallIndex, ToolOutput)>, HookError> {
+        journal::turn(&mut self.tx, &self.keyring, self.lease.run_id, self.seq)
+            .await
+            .map_err(hook_error)
+    }
+
+    async fn commit(mut self: Box<Self>, entries: &[JournalEntry<'_>]) -> Result<(), HookError> {
+        for entry in entries {
+            self.journal(entry).await.map_err(hook_error)?;
+        }
+        self.tx
+            .commit()
+            .await
+            .map_err(|e| hook_error(StoreError::Database(e)))
+    }
+
+    async fn rollback(self: Box<Self>) {
+        let run_id = self.lease.run_id;
+        if let Err(e) = self.tx.rollback().await {
+            tracing::warn!(run.id = %run_id, error = %e, "turn rollback failed; the connection drops it");
+        }
     }
 }

@@ -1,47 +1,86 @@
 //! The execution journal: what a resume segment has already executed.
 //!
-//! A resume segment can die between two calls and be retried by another worker. The journal
-//! row of a call, keyed `(run, suspension_seq, call_index)`, is what lets the retry skip a call
-//! that already ran and hand the model the recorded result instead of writing twice. For
-//! writes to this database the row is inserted inside the fenced write's transaction, so it
-//! exists exactly when the write does. The comparator may only run while no call of the turn
-//! has been journaled ([`Store::any_journaled`]): once a call executed, the turn is committed
-//! to.
+//! A resume segment can die during its turn and be retried by another worker. The journal row
+//! of a call, keyed `(run, suspension_seq, call_index)`, is what lets the retry hand the model
+//! the recorded result instead of writing twice. For a turn written to this database the rows
+//! of every call are inserted in the turn's one transaction, together with the writes, so the
+//! journal of such a turn is all or nothing: a retry finds every result or none, and compares
+//! again. A call that acts outside the store is journaled on its own, in the transaction that
+//! also clears the run's `pending_effect` stamp ([`Store::record_effect`]).
 
-use countersign_core::{CallIndex, Effect, FenceToken, RunId, SuspensionSeq, ToolOutput};
+use countersign_core::{CallIndex, Effect, LeaseEpoch, RunId, SuspensionSeq, ToolOutput};
 use countersign_crypto::{Keyring, Purpose};
 use sqlx::PgConnection;
 
-use crate::{Store, StoreError};
+use crate::{Lease, Store, StoreError};
 
-/// Inserts the journal row of `token`'s call; `false` when one exists already.
+/// Which call a journal row is for, and the epoch of the lease it ran under.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JournalKey {
+    pub run_id: RunId,
+    pub seq: SuspensionSeq,
+    pub index: CallIndex,
+    pub epoch: LeaseEpoch,
+}
+
+/// Inserts the journal row of a call; `false` when one exists already.
 pub(crate) async fn insert(
     conn: &mut PgConnection,
     keyring: &Keyring,
-    token: &FenceToken,
+    key: &JournalKey,
     tool: &str,
     effect: Effect,
     output: &ToolOutput,
 ) -> Result<bool, StoreError> {
     let plain =
         serde_json::to_vec(output).map_err(|_| StoreError::unreadable("run_journal.result"))?;
-    let sealed = keyring.seal(Purpose::Journal, token.run_id, &plain)?;
+    let sealed = keyring.seal(Purpose::Journal, key.run_id, &plain)?;
     let inserted = sqlx::query_scalar!(
         r#"INSERT INTO run_journal (run_id, suspension_seq, call_index, tool, effect, result, lease_epoch)
            VALUES ($1, $2, $3, $4, $5, $6, $7)
            ON CONFLICT (run_id, suspension_seq, call_index) DO NOTHING
            RETURNING call_index"#,
-        token.run_id.as_uuid(),
-        token.suspension_seq.as_i32(),
-        token.call_index.as_i32(),
+        key.run_id.as_uuid(),
+        key.seq.as_i32(),
+        key.index.as_i32(),
         tool,
         effect.as_str(),
         sealed,
-        token.lease_epoch.get(),
+        key.epoch.get(),
     )
     .fetch_optional(conn)
     .await?;
     Ok(inserted.is_some())
+}
+
+/// Every journaled result of suspension `seq`'s turn, in call order.
+pub(crate) async fn turn(
+    conn: &mut PgConnection,
+    keyring: &Keyring,
+    run_id: RunId,
+    seq: SuspensionSeq,
+) -> Result<Vec<(CallIndex, ToolOutput)>, StoreError> {
+    let rows = sqlx::query!(
+        r#"SELECT call_index, result FROM run_journal
+           WHERE run_id = $1 AND suspension_seq = $2 ORDER BY call_index"#,
+        run_id.as_uuid(),
+        seq.as_i32(),
+    )
+    .fetch_all(conn)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            let index = usize::try_from(r.call_index)
+                .map(CallIndex::new)
+                .map_err(|_| StoreError::unreadable("run_journal.call_index"))?;
+            Ok((index, open(keyring, run_id, &r.result)?))
+        })
+        .collect()
+}
+
+fn open(keyring: &Keyring, run_id: RunId, sealed: &[u8]) -> Result<ToolOutput, StoreError> {
+    let plain = keyring.open(Purpose::Journal, run_id, sealed)?;
+    serde_json::from_slice(&plain).map_err(|_| StoreError::unreadable("run_journal.result"))
 }
 
 impl Store {
@@ -61,27 +100,48 @@ impl Store {
         )
         .fetch_optional(&self.pool)
         .await?;
-        let Some(sealed) = sealed else {
-            return Ok(None);
-        };
-        let plain = self.keyring.open(Purpose::Journal, run_id, &sealed)?;
-        serde_json::from_slice(&plain)
-            .map(Some)
-            .map_err(|_| StoreError::unreadable("run_journal.result"))
+        sealed
+            .map(|sealed| open(&self.keyring, run_id, &sealed))
+            .transpose()
     }
 
     /// Records the result of a call executed outside this database (an external effect, whose
-    /// idempotency key the resource already enforced). Idempotent: a second record of the same
-    /// call keeps the first and returns `false`.
-    pub async fn record_journal(
+    /// idempotency key the resource enforces) and clears the run's `pending_effect` stamp, in
+    /// one transaction guarded by the lease. Idempotent: a second record of the same call keeps
+    /// the first and returns `false`. [`StoreError::FenceLost`] when the lease is gone: the
+    /// result is not recorded, and the stamp stays for the reaper to judge.
+    pub async fn record_effect(
         &self,
-        token: &FenceToken,
+        lease: &Lease,
+        seq: SuspensionSeq,
+        index: CallIndex,
         tool: &str,
         effect: Effect,
         output: &ToolOutput,
     ) -> Result<bool, StoreError> {
-        let mut conn = self.pool.acquire().await?;
-        insert(&mut conn, &self.keyring, token, tool, effect, output).await
+        let mut tx = self.pool.begin().await?;
+        let held = sqlx::query!(
+            r#"UPDATE runs SET pending_effect = NULL
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+            lease.run_id.as_uuid(),
+            lease.owner,
+            lease.epoch.get(),
+        )
+        .execute(&mut *tx)
+        .await?;
+        if held.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Err(StoreError::FenceLost);
+        }
+        let key = JournalKey {
+            run_id: lease.run_id,
+            seq,
+            index,
+            epoch: lease.epoch,
+        };
+        let inserted = insert(&mut tx, &self.keyring, &key, tool, effect, output).await?;
+        tx.commit().await?;
+        Ok(inserted)
     }
 
     /// Whether any call of the suspension has been journaled.

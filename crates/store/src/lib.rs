@@ -3,8 +3,9 @@
 //! This crate owns the `runs` side of the schema (migrations are embedded as [`MIGRATOR`]) and
 //! every statement that touches it: creating runs, the guarded transitions of the run
 //! lifecycle, leases and their renewal, the fenced write transaction that tools writing to the
-//! same database run inside, the audit events, decisions, the execution journal, agent
-//! configurations and the re-sealing of stored envelopes on key rotation.
+//! same database run inside, the audit events, the outbox of the public events and its relay,
+//! decisions, the execution journal, agent configurations and the re-sealing of stored
+//! envelopes on key rotation.
 //!
 //! It must never:
 //! - decide a transition by a read followed by a write: every transition is ONE conditional
@@ -13,7 +14,10 @@
 //! - store content or an error message in clear: prompts, states, tool results, event content
 //!   and comments are sealed with the keyring, bound to their purpose and run; errors reach the
 //!   database only as stable codes;
-//! - use the caller's clock for a lease or a deadline: `now()` is the database's.
+//! - use the caller's clock for a lease, a deadline or an event's time: `now()` is the
+//!   database's;
+//! - announce a transition outside its transaction: the event's outbox row (and its audit row)
+//!   commit with the change they announce, or not at all ([`outbox`]).
 
 mod agents;
 mod decisions;
@@ -21,6 +25,7 @@ mod error;
 mod events;
 mod fence;
 mod journal;
+pub mod outbox;
 mod reaper;
 mod rotation;
 mod runs;
@@ -31,12 +36,14 @@ use std::time::Duration;
 
 use countersign_crypto::Keyring;
 use sqlx::PgPool;
+use tokio::sync::Notify;
 
 pub use agents::{AgentConfig, StoredAgent};
 pub use decisions::{AcceptedDecision, DecisionOutcome, DecisionRecord, NewDecision};
 pub use error::StoreError;
 pub use events::{NewEvent, RunEvent};
-pub use fence::FencedWrite;
+pub use fence::{hook_error, FencedWrite};
+pub use outbox::{EventPublisher, OutboxEvent, RelayReport};
 pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
 pub use rotation::{ColumnRotation, RotationReport};
 pub use runs::{
@@ -52,11 +59,18 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations"
 pub struct Store {
     pool: PgPool,
     keyring: Arc<Keyring>,
+    /// Woken after a commit that wrote outbox rows; shared by every clone, so the relay of
+    /// this process hears every transition made through it.
+    relay_kick: Arc<Notify>,
 }
 
 impl Store {
     pub fn new(pool: PgPool, keyring: Arc<Keyring>) -> Store {
-        Store { pool, keyring }
+        Store {
+            pool,
+            keyring,
+            relay_kick: Arc::new(Notify::new()),
+        }
     }
 
     pub fn pool(&self) -> &PgPool {

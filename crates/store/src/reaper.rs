@@ -6,14 +6,19 @@
 //! the epoch seen, the deadline passed), and a run that no longer matches is left alone —
 //! the heartbeat, the decision or the cancel wins. That makes a pass idempotent and safe to
 //! run twice at once: the second reaper's UPDATEs simply lose.
+//!
+//! A transition that ends a run announces it in its own transaction — `run.failed` or
+//! `run.cancelled`, an audit row and an outbox row — so a reaper that dies after its commit
+//! has still said what it did.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use countersign_core::{Effect, LeaseEpoch, RunId, SuspensionSeq};
+use countersign_core::{Effect, LeaseEpoch, RunId, SuspensionSeq, TerminationReason};
+use sqlx::{Postgres, Transaction};
 
 use crate::runs::{epoch, run_id, seq};
-use crate::{millis, Segment, Store, StoreError};
+use crate::{millis, outbox, Segment, Store, StoreError};
 
 /// A running run whose lease expired, as the scan saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,12 +111,13 @@ impl Store {
     }
 
     /// `running` → `failed` (`retries_exhausted`), while the lease seen is still expired and
-    /// `requeue_count >= max_requeues`.
+    /// `requeue_count >= max_requeues`; announced as `run.failed` in the same transaction.
     pub async fn reaper_fail_exhausted(
         &self,
         run: &ExpiredLease,
         max_requeues: i32,
     ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query!(
             r#"UPDATE runs
                SET status = 'failed', termination_reason = 'retries_exhausted',
@@ -124,15 +130,23 @@ impl Store {
             run.epoch.get(),
             max_requeues,
         )
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        self.end_announced(
+            tx,
+            done.rows_affected(),
+            "run.failed",
+            run.run_id,
+            TerminationReason::RetriesExhausted,
+        )
+        .await
     }
 
     /// `running` → `failed` (`not_retryable`), while the lease seen is still expired and the
     /// run is stamped `non_idempotent_write`: the effect may have happened, so it must not run
-    /// again.
+    /// again. Announced as `run.failed` in the same transaction.
     pub async fn reaper_fail_not_retryable(&self, run: &ExpiredLease) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query!(
             r#"UPDATE runs
                SET status = 'failed', termination_reason = 'not_retryable',
@@ -143,9 +157,16 @@ impl Store {
             run.run_id.as_uuid(),
             run.epoch.get(),
         )
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        self.end_announced(
+            tx,
+            done.rows_affected(),
+            "run.failed",
+            run.run_id,
+            TerminationReason::NotRetryable,
+        )
+        .await
     }
 
     /// Applies DESIGN's order to one expired lease: a fence that forbids retry fails it
@@ -221,12 +242,14 @@ impl Store {
     }
 
     /// `waiting_for_approval` → `cancelled` (`approval_expired`), while the run still waits on
-    /// the same suspension and its deadline has passed.
+    /// the same suspension and its deadline has passed; announced as `run.cancelled` in the
+    /// same transaction.
     pub async fn expire_approval(
         &self,
         run_id: RunId,
         seq: SuspensionSeq,
     ) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query!(
             r#"UPDATE runs
                SET status = 'cancelled', termination_reason = 'approval_expired',
@@ -236,8 +259,36 @@ impl Store {
             run_id.as_uuid(),
             seq.as_i32(),
         )
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        self.end_announced(
+            tx,
+            done.rows_affected(),
+            "run.cancelled",
+            run_id,
+            TerminationReason::ApprovalExpired,
+        )
+        .await
+    }
+
+    /// Finishes the transaction of a guarded transition that ends a run: when it won (`rows`
+    /// is 1), its event is announced and everything commits; otherwise nothing does.
+    async fn end_announced(
+        &self,
+        mut tx: Transaction<'_, Postgres>,
+        rows: u64,
+        name: &'static str,
+        run_id: RunId,
+        reason: TerminationReason,
+    ) -> Result<bool, StoreError> {
+        if rows != 1 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        let event = outbox::ended_event(name, run_id, reason);
+        outbox::announce_locked(&mut tx, &self.keyring, run_id, &event, None).await?;
+        tx.commit().await?;
+        self.wake_relay();
+        Ok(true)
     }
 }

@@ -19,7 +19,7 @@ use countersign_core::{
 use countersign_crypto::Purpose;
 use uuid::Uuid;
 
-use crate::{millis, Store, StoreError};
+use crate::{millis, outbox, Store, StoreError};
 
 /// A run as requested by a producer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,6 +172,8 @@ pub struct Settlement {
     pub error_code: Option<&'static str>,
     /// `None` keeps the counters stored at the last suspension.
     pub counters: Option<RunCounters>,
+    /// The run's final answer, sealed into the audit row of `run.completed`; never published.
+    pub answer: Option<String>,
 }
 
 impl Settlement {
@@ -181,6 +183,15 @@ impl Settlement {
             reason,
             error_code: None,
             counters: Some(counters),
+            answer: None,
+        }
+    }
+
+    /// The same settlement, with the final answer to seal into the run's audit trail.
+    pub fn with_answer(self, answer: impl Into<String>) -> Self {
+        Settlement {
+            answer: Some(answer.into()),
+            ..self
         }
     }
 
@@ -194,6 +205,7 @@ impl Settlement {
             reason,
             error_code,
             counters,
+            answer: None,
         }
     }
 }
@@ -299,13 +311,16 @@ impl ClaimRow {
 }
 
 impl Store {
-    /// (new) → `queued`/`start`. The request id is unique: a duplicate returns the run created
-    /// for it before, with `created == false`, and changes nothing. The prompt is sealed.
+    /// (new) → `queued`/`start`, with its `run.accepted` event in the same transaction. The
+    /// request id is unique: a duplicate returns the run created for it before, with
+    /// `created == false`, and changes nothing (its event was announced with it). The prompt is
+    /// sealed.
     pub async fn create_run(&self, new: &NewRun) -> Result<CreatedRun, StoreError> {
         let id = RunId::new();
         let request = self
             .keyring
             .seal(Purpose::Request, id, new.prompt.as_bytes())?;
+        let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query_scalar!(
             r#"INSERT INTO runs (id, request_id, agent, acting_user, status, segment, request)
                VALUES ($1, $2, $3, $4, 'queued', 'start', $5)
@@ -317,14 +332,18 @@ impl Store {
             new.acting_user,
             request,
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(&mut *tx)
         .await?;
         if inserted.is_some() {
+            outbox::append(&mut tx, Some(id), &outbox::run_accepted(new.request_id, id)).await?;
+            tx.commit().await?;
+            self.wake_relay();
             return Ok(CreatedRun {
                 run_id: id,
                 created: true,
             });
         }
+        tx.rollback().await?;
         // The conflicting insert has committed (ON CONFLICT waited for it), so the row is
         // visible to this new statement.
         let existing =
@@ -435,11 +454,15 @@ impl Store {
     /// `running` → `waiting_for_approval`, guarded by owner and epoch. Seals the state, stores
     /// the turn digest, the pending tool names in clear, the suspension number and counters,
     /// sets `approval_deadline = now()` + the agent's deadline (seven days when the
-    /// configuration is gone) and clears the lease.
+    /// configuration is gone) and clears the lease. In the same transaction it announces the
+    /// suspension: when the binding refused an approved turn (`moved_tools`, the tools of the
+    /// calls whose preview moved, not empty) `run.preview_moved`, then `run.suspended` — each an
+    /// audit row and an outbox row. Nothing is written when the guard loses.
     pub async fn suspend(
         &self,
         lease: &Lease,
         state: &SuspendedRunState,
+        moved_tools: &[&str],
     ) -> Result<bool, StoreError> {
         let sealed = self
             .keyring
@@ -452,6 +475,7 @@ impl Store {
             completion_tokens: state.tokens.completion,
         }
         .columns();
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query!(
             r#"UPDATE runs
                SET status = 'waiting_for_approval', state = $4, turn_digest = $5,
@@ -474,17 +498,29 @@ impl Store {
             prompt_tokens,
             completion_tokens,
         )
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        for event in outbox::suspension_events(lease.run_id, state, moved_tools) {
+            outbox::announce_locked(&mut tx, &self.keyring, lease.run_id, &event, None).await?;
+        }
+        tx.commit().await?;
+        self.wake_relay();
+        Ok(true)
     }
 
-    /// `running` → `completed` | `failed`, guarded by owner and epoch; clears the lease.
+    /// `running` → `completed` | `failed`, guarded by owner and epoch; clears the lease. In the
+    /// same transaction it announces `run.completed` (the answer sealed into its audit row) or
+    /// `run.failed` (with the error code). Nothing is written when the guard loses.
     pub async fn settle(&self, lease: &Lease, settlement: &Settlement) -> Result<bool, StoreError> {
         if !matches!(settlement.status, RunStatus::Completed | RunStatus::Failed) {
             return Ok(false);
         }
         let counters = settlement.counters.map(RunCounters::columns);
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query!(
             r#"UPDATE runs
                SET status = $4, termination_reason = $5, error_code = $6,
@@ -504,14 +540,25 @@ impl Store {
             counters.map(|c| c.1),
             counters.map(|c| c.2),
         )
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        let event = outbox::settlement_event(lease.run_id, settlement);
+        let answer = settlement.answer.as_deref().map(str::as_bytes);
+        outbox::announce_locked(&mut tx, &self.keyring, lease.run_id, &event, answer).await?;
+        tx.commit().await?;
+        self.wake_relay();
+        Ok(true)
     }
 
     /// `running` → `queued` of the same segment, guarded by owner and epoch, available again
     /// after `delay`: a segment that must stop (its process is shutting down) hands its run
-    /// back instead of leaving it to the reaper. The requeue count is not charged.
+    /// back instead of leaving it to the reaper. The requeue count is not charged. A run stamped
+    /// `non_idempotent_write` is not handed back (`false`): its effect may have happened, and
+    /// only the reaper, once the lease expired, decides it (`not_retryable`).
     pub async fn requeue_segment(
         &self,
         lease: &Lease,
@@ -522,7 +569,8 @@ impl Store {
                SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,
                    available_at = now() + $4 * interval '1 millisecond', dispatched_at = NULL,
                    updated_at = now()
-               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3
+                 AND pending_effect IS DISTINCT FROM 'non_idempotent_write'"#,
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),
@@ -533,9 +581,12 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Any non-terminal status → `cancelled` (reason `cancelled`), by an operator. A running
-    /// segment learns it at its next heartbeat or fence.
+    /// Any non-terminal status → `cancelled` (reason `cancelled`), by an operator, with its
+    /// `run.cancelled` audit row and outbox row in the same transaction: one commit, or nothing
+    /// (`false` when the run does not exist or has already ended). A running segment learns it
+    /// at its next heartbeat or fence.
     pub async fn cancel(&self, run_id: RunId) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
         let done = sqlx::query!(
             r#"UPDATE runs
                SET status = 'cancelled', termination_reason = 'cancelled',
@@ -543,9 +594,17 @@ impl Store {
                WHERE id = $1 AND status IN ('queued', 'running', 'waiting_for_approval')"#,
             run_id.as_uuid(),
         )
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(done.rows_affected() == 1)
+        if done.rows_affected() != 1 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        let event = outbox::ended_event("run.cancelled", run_id, TerminationReason::Cancelled);
+        outbox::announce_locked(&mut tx, &self.keyring, run_id, &event, None).await?;
+        tx.commit().await?;
+        self.wake_relay();
+        Ok(true)
     }
 
     /// Records that the run's wake-up was published, so the reaper's lost-dispatch scan skips

@@ -1,4 +1,5 @@
-//! The segment's side of the loop: the lease fence and the execution journal, in PostgreSQL.
+//! The segment's side of the loop: the lease, the fence, the turn transaction and the
+//! execution journal, in PostgreSQL.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -6,16 +7,27 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use countersign_core::agent_loop::{HookError, SegmentHooks};
-use countersign_core::{CallIndex, Effect, FenceToken, PendingCall, SuspensionSeq, ToolOutput};
-use countersign_store::{Lease, Store, StoreError};
+use countersign_core::{
+    CallIndex, Effect, FenceToken, PendingCall, SuspensionSeq, ToolOutput, TurnTransaction,
+};
+use countersign_store::{hook_error, Lease, Store};
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
-/// Fence and journal of one segment, over the store.
+/// Fence, journal and lease of one segment, over the store.
 #[derive(Debug, Clone)]
 pub struct StoreHooks {
     store: Store,
     lease: Lease,
     ttl: Duration,
-    lost: Arc<AtomicBool>,
+    lost: Arc<Lost>,
+}
+
+/// Whether the lease is lost, and a way to wait for it.
+#[derive(Debug, Default)]
+struct Lost {
+    flag: AtomicBool,
+    notify: Notify,
 }
 
 impl StoreHooks {
@@ -24,43 +36,58 @@ impl StoreHooks {
             store,
             lease,
             ttl,
-            lost: Arc::new(AtomicBool::new(false)),
+            lost: Arc::default(),
         }
     }
 
-    /// Marks the lease lost: the loop stops at its next step boundary.
+    /// Marks the lease lost: the loop stops at its next step boundary, and whoever waits in
+    /// [`lost`](Self::lost) wakes.
     pub fn mark_lost(&self) {
-        self.lost.store(true, Ordering::SeqCst);
+        self.lost.flag.store(true, Ordering::SeqCst);
+        self.lost.notify.notify_waiters();
+    }
+
+    /// Resolves once the lease is lost.
+    pub async fn lost(&self) {
+        loop {
+            let notified = self.lost.notify.notified();
+            if self.lost.flag.load(Ordering::SeqCst) {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Renews the lease every third of its time to live until it is lost or the task is
-    /// aborted. A store error is retried on the next beat: the lease may still be ours.
+    /// aborted. A store error is retried on the next beat, since the lease may still be ours;
+    /// but once no renewal has succeeded for a whole time to live the lease has expired by any
+    /// clock, the reaper may hand the run on, and the segment must stop: it declares the lease
+    /// lost.
     pub fn spawn_heartbeat(&self) -> tokio::task::JoinHandle<()> {
         let hooks = self.clone();
         tokio::spawn(async move {
             let beat = hooks.ttl / 3;
+            let mut renewed = Instant::now();
             loop {
                 tokio::time::sleep(beat).await;
                 match hooks.store.renew(&hooks.lease, hooks.ttl).await {
-                    Ok(true) => {}
+                    Ok(true) => renewed = Instant::now(),
                     Ok(false) => {
                         tracing::warn!(run.id = %hooks.lease.run_id, "lease lost");
                         hooks.mark_lost();
                         return;
                     }
                     Err(e) => {
-                        tracing::warn!(run.id = %hooks.lease.run_id, code = e.code(), error = %e, "heartbeat failed")
+                        tracing::warn!(run.id = %hooks.lease.run_id, code = e.code(), error = %e, "heartbeat failed");
+                        if renewed.elapsed() + beat >= hooks.ttl {
+                            tracing::warn!(run.id = %hooks.lease.run_id, "lease not renewed in time; declared lost");
+                            hooks.mark_lost();
+                            return;
+                        }
                     }
                 }
             }
         })
-    }
-}
-
-fn unavailable(e: StoreError) -> HookError {
-    HookError::Unavailable {
-        code: e.code(),
-        detail: e.to_string(),
     }
 }
 
@@ -70,18 +97,21 @@ impl SegmentHooks for StoreHooks {
         &self,
         seq: SuspensionSeq,
         index: CallIndex,
-        _effect: Effect,
+        effect: Effect,
     ) -> Result<FenceToken, HookError> {
-        // Renewing is the check: it succeeds only while owner, epoch and status still hold,
-        // and it leaves a full lease for the write. The tool checks the token again at the
-        // resource, inside its own transaction.
-        match self.store.renew(&self.lease, self.ttl).await {
+        // Renewing is the check, and the stamp rides in the same UPDATE: it succeeds only while
+        // owner, epoch and status still hold, and it leaves a full lease for the effect.
+        match self
+            .store
+            .renew_stamping(&self.lease, self.ttl, Some(effect))
+            .await
+        {
             Ok(true) => Ok(self.lease.fence_token(seq, index)),
             Ok(false) => {
                 self.mark_lost();
                 Err(HookError::LeaseLost)
             }
-            Err(e) => Err(unavailable(e)),
+            Err(e) => Err(hook_error(e)),
         }
     }
 
@@ -93,7 +123,7 @@ impl SegmentHooks for StoreHooks {
         self.store
             .journaled(self.lease.run_id, seq, index)
             .await
-            .map_err(unavailable)
+            .map_err(hook_error)
     }
 
     async fn record(
@@ -104,22 +134,43 @@ impl SegmentHooks for StoreHooks {
         effect: Effect,
         output: &ToolOutput,
     ) -> Result<(), HookError> {
-        let token = self.lease.fence_token(seq, index);
-        self.store
-            .record_journal(&token, &call.tool, effect, output)
-            .await
-            .map(|_| ())
-            .map_err(unavailable)
+        let recorded = self
+            .store
+            .record_effect(&self.lease, seq, index, &call.tool, effect, output)
+            .await;
+        match recorded {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                let e = hook_error(e);
+                if matches!(e, HookError::LeaseLost) {
+                    self.mark_lost();
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn any_journaled(&self, seq: SuspensionSeq) -> Result<bool, HookError> {
         self.store
             .any_journaled(self.lease.run_id, seq)
             .await
-            .map_err(unavailable)
+            .map_err(hook_error)
+    }
+
+    async fn begin_turn(&self, seq: SuspensionSeq) -> Result<Box<dyn TurnTransaction>, HookError> {
+        match self.store.begin_turn(&self.lease, seq, self.ttl).await {
+            Ok(tx) => Ok(Box::new(tx)),
+            Err(e) => {
+                let e = hook_error(e);
+                if matches!(e, HookError::LeaseLost) {
+                    self.mark_lost();
+                }
+                Err(e)
+            }
+        }
     }
 
     fn lease_lost(&self) -> bool {
-        self.lost.load(Ordering::SeqCst)
+        self.lost.flag.load(Ordering::SeqCst)
     }
 }

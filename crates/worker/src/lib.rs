@@ -5,6 +5,8 @@
 //! decision), drives the domain's tool loop, and settles the outcome with statements guarded
 //! by its lease. While it runs, a heartbeat renews the lease every third of its time to live;
 //! a segment that loses its lease stops at the next step boundary and settles nothing.
+//! Every transition it makes is announced in its own transaction through the store's outbox,
+//! and the worker's relay ([`service::run`] starts it) publishes those events.
 //!
 //! The worker must never write outside the lease fence, never store an error message (only
 //! codes), and never promise an approval it cannot resume: a run whose suspension cannot be
@@ -15,4 +17,4 @@ mod segment;
 pub mod service;
 
 pub use hooks::StoreHooks;
-pub use segment::{EventSink, Models, SegmentEnd, SegmentRunner};
+pub use segment::{Models, SegmentEnd, SegmentRunner};

@@ -12,7 +12,7 @@ use countersign_crypto::Keyring;
 use countersign_model::ModelCatalog;
 use countersign_service::{Connections, Ready};
 use countersign_store::Store;
-use countersign_worker::service::{self, BrokerEvents, WorkerConfig};
+use countersign_worker::service::{self, WorkerConfig};
 use countersign_worker::{Models, SegmentRunner};
 
 #[derive(Debug, Parser)]
@@ -82,7 +82,6 @@ async fn main() -> anyhow::Result<()> {
         models: Models::PerAgent(Arc::new(catalog)),
         users: Arc::new(ContentUsers::new(pool)),
         lease_ttl,
-        events: Some(Arc::new(BrokerEvents(broker.clone()))),
     };
     let config = WorkerConfig {
         owner: args.owner.unwrap_or_else(default_owner),

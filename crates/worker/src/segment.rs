@@ -3,17 +3,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
+use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::{SecondsFormat, Utc};
 use countersign_core::agent_loop::{
-    self, AgentConfig, Decision, Outcome, Segment, TerminationReason,
+    self, AgentConfig, Decision, Outcome, Segment, SegmentHooks, TerminationReason,
 };
-use countersign_core::{Event, Model, SuspendedRunState, TokenUsage, ToolRegistry, UserDirectory};
+use countersign_core::{Model, SuspendedRunState, TokenUsage, ToolRegistry, UserDirectory};
 use countersign_model::ModelCatalog;
 use countersign_store::{
-    Claim, Lease, NewEvent, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
+    Claim, Lease, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
 };
-use serde_json::{json, Value};
+use serde_json::Value;
 use tracing::Instrument;
 
 use crate::hooks::StoreHooks;
@@ -31,7 +31,12 @@ pub enum SegmentEnd {
     },
     /// Stopped without settling (lease lost, store unreachable); the reaper takes it from here.
     Interrupted(&'static str),
+    /// Handed back to the queue at shutdown, its retry budget untouched.
+    Released,
 }
+
+/// How often a segment interrupted by the store is run again before it is left to the reaper.
+const SEGMENT_RETRIES: usize = 3;
 
 /// Everything a worker needs to run segments.
 #[derive(Debug, Clone)]
@@ -41,8 +46,6 @@ pub struct SegmentRunner {
     pub models: Models,
     pub users: Arc<dyn UserDirectory>,
     pub lease_ttl: Duration,
-    /// Where `run.*` events are published besides the run's audit trail.
-    pub events: Option<Arc<dyn EventSink>>,
 }
 
 /// Where a segment's model comes from.
@@ -67,23 +70,71 @@ impl Models {
     }
 }
 
-/// Publishes events outside the process (the broker's events exchange).
-#[async_trait]
-pub trait EventSink: Send + Sync + std::fmt::Debug {
-    /// Publishes one event; a failure is the sink's to log, the run has moved on.
-    async fn publish(&self, event: &Event);
-}
-
 impl SegmentRunner {
     /// Runs the segment of a won claim to its end.
     pub async fn run(&self, claim: &Claim) -> Result<SegmentEnd, StoreError> {
+        self.run_until(claim, std::future::pending()).await
+    }
+
+    /// Runs the segment of a won claim to its end, or until `release` resolves (the process is
+    /// shutting down): then the segment is dropped where it stands — a turn transaction in
+    /// flight rolls back — and the run handed back to the queue without spending its retry
+    /// budget, which counts crashes only.
+    ///
+    /// A lost lease drops the segment at once too, in-flight model call or preview included:
+    /// its next owner must not race a zombie. A segment interrupted by the store (a lost
+    /// connection, a deadlock) is run again from its stored state a few times with a backoff
+    /// while the lease is held; the journal makes that safe.
+    pub async fn run_until(
+        &self,
+        claim: &Claim,
+        release: impl std::future::Future<Output = ()>,
+    ) -> Result<SegmentEnd, StoreError> {
         let hooks = StoreHooks::new(self.store.clone(), claim.lease.clone(), self.lease_ttl);
         let heartbeat = hooks.spawn_heartbeat();
         // Every log line of the segment, the tools' included, carries the run id.
         let span = tracing::info_span!("segment", run.id = %claim.lease.run_id, epoch = %claim.lease.epoch);
-        let end = self.drive(claim, &hooks).instrument(span).await;
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(2))
+            .with_max_times(SEGMENT_RETRIES)
+            .build();
+        tokio::pin!(release);
+        let end = loop {
+            let end = tokio::select! {
+                end = self.drive(claim, &hooks).instrument(span.clone()) => end,
+                () = hooks.lost() => Ok(SegmentEnd::Interrupted("lease_lost")),
+                () = &mut release => break self.release(&claim.lease).await,
+            };
+            match end {
+                Ok(SegmentEnd::Interrupted(code))
+                    if code != "lease_lost" && !hooks.lease_lost() =>
+                {
+                    match backoff.next() {
+                        Some(pause) => {
+                            tracing::info!(run.id = %claim.lease.run_id, code, ?pause, "segment interrupted; running it again");
+                            tokio::time::sleep(pause).await;
+                        }
+                        None => break end,
+                    }
+                }
+                end => break end,
+            }
+        };
         heartbeat.abort();
         end
+    }
+
+    /// Hands the run back to the queue at shutdown; the poll or the reaper's lost-dispatch
+    /// scan wakes the next worker.
+    async fn release(&self, lease: &Lease) -> Result<SegmentEnd, StoreError> {
+        let handed_back = self.store.requeue_segment(lease, Duration::ZERO).await?;
+        tracing::info!(run.id = %lease.run_id, handed_back, "segment released at shutdown");
+        Ok(if handed_back {
+            SegmentEnd::Released
+        } else {
+            SegmentEnd::Interrupted("lease_lost")
+        })
     }
 
     async fn drive(&self, claim: &Claim, hooks: &StoreHooks) -> Result<SegmentEnd, StoreError> {
@@ -131,9 +182,7 @@ impl SegmentRunner {
         let outcome = match claim.segment {
             SegmentKind::Start => match self.store.load_prompt(run_id).await {
                 Ok(prompt) => agent_loop::start(seg, &prompt).await,
-                Err(e) if e.code() == "state_unreadable" => {
-                    return self.unreadable(lease, &e).await
-                }
+                Err(e) if e.is_unreadable() => return self.unreadable(lease, &e).await,
                 Err(e) => return Err(e),
             },
             SegmentKind::Resume => {
@@ -148,9 +197,7 @@ impl SegmentRunner {
                 };
                 let state = match self.store.load_state(run_id).await {
                     Ok(bytes) => SuspendedRunState::from_bytes(&bytes),
-                    Err(e) if e.code() == "state_unreadable" => {
-                        return self.unreadable(lease, &e).await
-                    }
+                    Err(e) if e.is_unreadable() => return self.unreadable(lease, &e).await,
                     Err(e) => return Err(e),
                 };
                 let state = match state {
@@ -171,7 +218,12 @@ impl SegmentRunner {
                             .await;
                     }
                 };
-                let Some(decision) = self.store.accepted_decision(run_id, seq).await? else {
+                // A sealed comment that does not open fails the run now: no retry can open it.
+                let decision = match self.store.accepted_decision(run_id, seq).await {
+                    Err(e) if e.is_unreadable() => return self.unreadable(lease, &e).await,
+                    decision => decision?,
+                };
+                let Some(decision) = decision else {
                     return self
                         .fail(lease, TerminationReason::NotRetryable, "decision_missing")
                         .await;
@@ -196,24 +248,15 @@ impl SegmentRunner {
                 tokens,
             } => {
                 let counters = counters(iterations, tokens);
-                if !self
-                    .store
-                    .settle(lease, &Settlement::completed(reason, counters))
-                    .await?
-                {
-                    return Ok(SegmentEnd::Interrupted("lease_lost"));
-                }
                 let answer = transcript
                     .last()
                     .map(|m| m.content.clone())
                     .unwrap_or_default();
-                self.event(
-                    run_id,
-                    "run.completed",
-                    json!({"termination_reason": reason.as_str()}),
-                    Some(answer.as_bytes()),
-                )
-                .await;
+                // `run.completed` (the answer sealed into its audit row) commits with the settle.
+                let settlement = Settlement::completed(reason, counters).with_answer(answer);
+                if !self.store.settle(lease, &settlement).await? {
+                    return Ok(SegmentEnd::Interrupted("lease_lost"));
+                }
                 tracing::info!(run.id = %run_id, reason = reason.as_str(), "run completed");
                 metrics::counter!("countersign_runs_total", "status" => "completed", "reason" => reason.as_str()).increment(1);
                 Ok(SegmentEnd::Completed(reason))
@@ -229,11 +272,14 @@ impl SegmentRunner {
                 if !self.store.settle(lease, &settlement).await? {
                     return Ok(SegmentEnd::Interrupted("lease_lost"));
                 }
-                self.failed_event(run_id, reason, code).await;
+                failed(run_id, reason, code);
                 Ok(SegmentEnd::Failed(reason))
             }
             Outcome::Suspended { state, moved } => {
-                match self.store.suspend(lease, &state).await {
+                // `run.preview_moved` (when the binding refused the approved turn) and
+                // `run.suspended` commit with the suspension, or the run fails `suspend_failed`.
+                let moved_tools: Vec<&str> = moved.iter().map(|(_, t)| t.as_str()).collect();
+                match self.store.suspend(lease, &state, &moved_tools).await {
                     Ok(true) => {}
                     Ok(false) => return Ok(SegmentEnd::Interrupted("lease_lost")),
                     Err(e) => {
@@ -252,21 +298,6 @@ impl SegmentRunner {
                     metrics::counter!("countersign_preview_moves_total", "tool" => tool.clone())
                         .increment(1);
                 }
-                let stale: Vec<usize> = state.stale_call_indexes.iter().map(|i| i.get()).collect();
-                if !moved.is_empty() {
-                    let tools: Vec<&str> = moved.iter().map(|(_, t)| t.as_str()).collect();
-                    let payload =
-                        json!({"suspension_seq": seq, "stale_call_indexes": stale, "tools": tools});
-                    self.event(run_id, "run.preview_moved", payload, None).await;
-                }
-                let failed_previews = state.call_previews.iter().filter(|p| p.failed).count();
-                let payload = json!({
-                    "suspension_seq": seq,
-                    "turn_digest": state.turn_digest().as_str(),
-                    "stale_call_indexes": stale,
-                    "failed_previews": failed_previews,
-                });
-                self.event(run_id, "run.suspended", payload, None).await;
                 tracing::info!(run.id = %run_id, suspension_seq = seq, moved = moved.len(), "run suspended for approval");
                 Ok(SegmentEnd::Suspended {
                     suspension_seq: seq,
@@ -303,45 +334,16 @@ impl SegmentRunner {
         if !self.store.settle(lease, &settlement).await? {
             return Ok(SegmentEnd::Interrupted("lease_lost"));
         }
-        self.failed_event(lease.run_id, reason, code).await;
+        failed(lease.run_id, reason, code);
         Ok(SegmentEnd::Failed(reason))
     }
+}
 
-    async fn failed_event(
-        &self,
-        run_id: countersign_core::RunId,
-        reason: TerminationReason,
-        code: &str,
-    ) {
-        tracing::warn!(run.id = %run_id, reason = reason.as_str(), code, "run failed");
-        metrics::counter!("countersign_runs_total", "status" => "failed", "reason" => reason.as_str()).increment(1);
-        let payload = json!({"termination_reason": reason.as_str(), "error_code": code});
-        self.event(run_id, "run.failed", payload, None).await;
-    }
-
-    /// Records an event in the run's audit trail (content sealed) and publishes it, ids and
-    /// codes only, to the sink. Events follow a transition that already committed; losing one
-    /// is logged, not fatal.
-    async fn event(
-        &self,
-        run_id: countersign_core::RunId,
-        name: &'static str,
-        payload: Value,
-        content: Option<&[u8]>,
-    ) {
-        let stored = NewEvent {
-            content,
-            ..NewEvent::new(name, payload.clone())
-        };
-        if let Err(e) = self.store.append_event(run_id, &stored).await {
-            tracing::warn!(run.id = %run_id, kind = name, code = e.code(), error = %e, "event not stored");
-        }
-        if let Some(sink) = &self.events {
-            let mut event = Event::new(name, payload);
-            event.fields.insert("run_id".into(), json!(run_id));
-            sink.publish(&event).await;
-        }
-    }
+/// Logs and counts a failed run; its `run.failed` event committed with the settle.
+fn failed(run_id: countersign_core::RunId, reason: TerminationReason, code: &str) {
+    tracing::warn!(run.id = %run_id, reason = reason.as_str(), code, "run failed");
+    metrics::counter!("countersign_runs_total", "status" => "failed", "reason" => reason.as_str())
+        .increment(1);
 }
 
 /// The run's counters as the row stores them.
@@ -365,6 +367,7 @@ fn loop_config(agent: &countersign_store::AgentConfig) -> AgentConfig {
             .map(str::to_owned),
         policy: agent.policy.clone(),
         max_iterations: agent.max_iterations,
+        max_tool_calls_per_turn: agent.max_tool_calls_per_turn,
         model_options: agent
             .model
             .get("options")

@@ -5,20 +5,22 @@
 //! soon as the claim committed or lost, so a long segment never holds a delivery open past the
 //! broker's consumer timeout. A lost wake-up costs at most one poll interval: every interval,
 //! while a slot is free, the worker claims the oldest available run itself.
+//!
+//! Beside the segments runs the outbox relay, woken by each commit that announced an event,
+//! so `run.suspended` and the rest leave right after their transitions; it stops last, after
+//! the segments, and publishes what they committed before the process exits.
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use chrono::{SecondsFormat, Utc};
-use countersign_core::Event;
 use countersign_queue::{parse_segment, Broker, Delivery};
+use countersign_service::relay::{self, RelayConfig};
 use countersign_store::Claim;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 
-use crate::segment::{EventSink, SegmentRunner};
+use crate::segment::SegmentRunner;
 
 /// How the worker runs.
 #[derive(Debug, Clone)]
@@ -29,22 +31,9 @@ pub struct WorkerConfig {
     pub concurrency: usize,
     /// How often the worker looks for available runs without a wake-up.
     pub poll_interval: Duration,
-    /// How long shutdown waits for running segments before abandoning them to the reaper.
+    /// How long shutdown waits for running segments to end on their own before it hands their
+    /// runs back to the queue.
     pub shutdown_grace: Duration,
-}
-
-/// Publishes the runner's events on the broker's events exchange.
-#[derive(Debug, Clone)]
-pub struct BrokerEvents(pub Broker);
-
-#[async_trait]
-impl EventSink for BrokerEvents {
-    async fn publish(&self, event: &Event) {
-        let at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
-        if let Err(e) = self.0.publish_event(event, &at).await {
-            tracing::warn!(event = event.name, code = e.code(), error = %e, "event not published");
-        }
-    }
 }
 
 /// Runs until `shutdown` resolves, then waits up to the grace period for running segments.
@@ -58,9 +47,20 @@ pub async fn run(
     let prefetch = u16::try_from(config.concurrency.max(1)).unwrap_or(u16::MAX);
     let queue = broker.topology().segments();
     let mut running: JoinSet<()> = JoinSet::new();
+    // Flipped once the grace period is over: every segment still running hands its run back.
+    let (release, released) = watch::channel(false);
     let mut consumer = None;
     let mut poll = tokio::time::interval(config.poll_interval);
     tokio::pin!(shutdown);
+    let (stop_relay, relay_stopped) = oneshot::channel::<()>();
+    let relay = tokio::spawn(relay::run(
+        runner.store.clone(),
+        broker.clone(),
+        RelayConfig::default(),
+        async move {
+            let _ = relay_stopped.await;
+        },
+    ));
 
     loop {
         if consumer.is_none() {
@@ -77,7 +77,7 @@ pub async fn run(
             _ = poll.tick() => {
                 while let Ok(permit) = slots.clone().try_acquire_owned() {
                     match runner.store.claim_next(&config.owner, runner.lease_ttl).await {
-                        Ok(Some(claim)) => spawn(&mut running, &runner, claim, permit),
+                        Ok(Some(claim)) => spawn(&mut running, &runner, claim, permit, &released),
                         Ok(None) => break,
                         Err(e) => {
                             tracing::warn!(code = e.code(), error = %e, "poll claim failed");
@@ -90,7 +90,7 @@ pub async fn run(
                 Some(delivery) => {
                     let Ok(permit) = slots.clone().acquire_owned().await else { break };
                     if let Some(claim) = take(&runner, &broker, &config, delivery).await {
-                        spawn(&mut running, &runner, claim, permit);
+                        spawn(&mut running, &runner, claim, permit, &released);
                     }
                 }
                 None => {
@@ -110,13 +110,31 @@ pub async fn run(
     })
     .await;
     if drained.is_err() {
-        tracing::warn!(
-            abandoned = running.len(),
-            "segments abandoned at shutdown; their leases will expire"
+        tracing::info!(
+            running = running.len(),
+            "grace period over; handing the remaining runs back"
         );
-        running.abort_all();
+        let _ = release.send(true);
+        let handed_back = tokio::time::timeout(RELEASE_TIMEOUT, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await;
+        if handed_back.is_err() {
+            tracing::warn!(
+                abandoned = running.len(),
+                "segments abandoned at shutdown; their leases will expire"
+            );
+            running.abort_all();
+        }
+    }
+    let _ = stop_relay.send(());
+    if let Err(e) = relay.await {
+        tracing::warn!(error = %e, "the outbox relay stopped abnormally");
     }
 }
+
+/// How long handing the remaining runs back at shutdown may take.
+const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn next(consumer: &mut Option<countersign_queue::Consumer>) -> Option<Delivery> {
     let c = consumer.as_mut()?;
@@ -172,12 +190,18 @@ fn spawn(
     runner: &SegmentRunner,
     claim: Claim,
     permit: OwnedSemaphorePermit,
+    released: &watch::Receiver<bool>,
 ) {
     let runner = runner.clone();
+    let mut released = released.clone();
     running.spawn(async move {
         let _permit = permit;
         let run_id = claim.lease.run_id;
-        match runner.run(&claim).await {
+        let release = async move {
+            // A closed channel means the worker is gone: release as well.
+            let _ = released.wait_for(|r| *r).await;
+        };
+        match runner.run_until(&claim, release).await {
             Ok(end) => tracing::info!(run.id = %run_id, ?end, "segment ended"),
             Err(e) => tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "segment stopped on a store error"),
         }

@@ -15,7 +15,7 @@ use crate::args::Args;
 use crate::datahandler::{DataHandler, Fields, NewReference};
 use crate::records::{allowed_extensions, reference_count, Element, File, REFERENCE_FIELDS};
 use crate::refusals::{draft_workspace, named, ELEMENT_OR_FILE_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
 use crate::writers::{uid_schema, ReadBack};
 
 pub(crate) const NAME: &str = "attach_file_to_content_element";
@@ -105,14 +105,13 @@ impl Writer for AttachFile {
         ELEMENT_OR_FILE_NOT_PERMITTED
     }
 
-    async fn lock(&self, conn: &mut PgConnection, args: &AttachArgs) -> Result<(), sqlx::Error> {
-        sqlx::query!(
-            r#"SELECT uid FROM content.elements WHERE uid = $1 FOR UPDATE"#,
-            args.element
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        Ok(())
+    async fn subjects(
+        &self,
+        _conn: &mut PgConnection,
+        args: &AttachArgs,
+    ) -> Result<Vec<Subject>, sqlx::Error> {
+        // Appending changes only the element's own list of references.
+        Ok(vec![Subject::Element(args.element)])
     }
 
     async fn plan(

@@ -14,7 +14,7 @@ use crate::args::Args;
 use crate::datahandler::{DataHandler, Fields, NewElement};
 use crate::records::{column, Element, Named, Page};
 use crate::refusals::{named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
 use crate::writers::move_element::{check_content_page, check_neighbour, MAX_COLUMN};
 use crate::writers::{place, uid_schema, ReadBack};
 
@@ -111,18 +111,13 @@ impl Writer for CreateElementDraft {
         PAGE_NOT_PERMITTED
     }
 
-    async fn lock(
+    async fn subjects(
         &self,
-        conn: &mut PgConnection,
+        _conn: &mut PgConnection,
         args: &ElementDraftArgs,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query!(
-            r#"SELECT uid FROM content.pages WHERE uid = $1 FOR UPDATE"#,
-            args.page
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        Ok(())
+    ) -> Result<Vec<Subject>, sqlx::Error> {
+        // The new element joins a column of the page: the page is the column's lock.
+        Ok(vec![Subject::Page(args.page)])
     }
 
     async fn plan(

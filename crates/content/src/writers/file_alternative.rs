@@ -17,7 +17,7 @@ use crate::args::Args;
 use crate::datahandler::{DataHandler, Fields};
 use crate::records::{File, Metadata};
 use crate::refusals::{named, ASSET_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
 use crate::writers::{uid_schema, ReadBack};
 
 pub(crate) const NAME: &str = "set_file_alternative_text";
@@ -76,6 +76,15 @@ impl Writer for SetFileAlternativeText {
 
     fn not_permitted(&self, _args: &AlternativeArgs) -> &'static str {
         ASSET_NOT_PERMITTED
+    }
+
+    async fn subjects(
+        &self,
+        _conn: &mut PgConnection,
+        args: &AlternativeArgs,
+    ) -> Result<Vec<Subject>, sqlx::Error> {
+        // The metadata rows of a file are written under the file's lock.
+        Ok(vec![Subject::File(args.uid)])
     }
 
     async fn plan(

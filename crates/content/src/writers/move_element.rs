@@ -15,7 +15,7 @@ use crate::args::Args;
 use crate::datahandler::DataHandler;
 use crate::records::{column, Element, Named, Page};
 use crate::refusals::{draft_workspace, named, ELEMENT_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
 use crate::writers::{place, uid_schema, ReadBack};
 
 pub(crate) const NAME: &str = "move_content_element";
@@ -136,20 +136,23 @@ impl Writer for MoveElement {
         ELEMENT_NOT_PERMITTED
     }
 
-    async fn lock(&self, conn: &mut PgConnection, args: &MoveArgs) -> Result<(), sqlx::Error> {
-        sqlx::query!(
-            r#"SELECT uid FROM content.elements WHERE uid = $1 FOR UPDATE"#,
-            args.uid
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        sqlx::query!(
-            r#"SELECT uid FROM content.pages WHERE uid = $1 FOR UPDATE"#,
-            args.target_page
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        Ok(())
+    async fn subjects(
+        &self,
+        conn: &mut PgConnection,
+        args: &MoveArgs,
+    ) -> Result<Vec<Subject>, sqlx::Error> {
+        // The element leaves a column of its current page and joins one of the target page:
+        // both pages (the columns' locks) and the element itself. The current page is read
+        // without a lock; should the element move in between, the plan reads its new page
+        // under the element's lock, and a lock taken out of order is a deadlock PostgreSQL
+        // detects, which interrupts and retries the turn.
+        let current =
+            sqlx::query_scalar!("SELECT pid FROM content.elements WHERE uid = $1", args.uid)
+                .fetch_optional(&mut *conn)
+                .await?;
+        let mut subjects = vec![Subject::Page(args.target_page), Subject::Element(args.uid)];
+        subjects.extend(current.map(Subject::Page));
+        Ok(subjects)
     }
 
     async fn plan(

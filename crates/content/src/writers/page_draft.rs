@@ -14,7 +14,7 @@ use crate::args::Args;
 use crate::datahandler::{DataHandler, Fields, NewPage};
 use crate::records::{subpages, Named, Page};
 use crate::refusals::{draft_workspace, named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
 use crate::writers::{place, uid_schema, ReadBack};
 
 pub(crate) const NAME: &str = "create_page_draft";
@@ -89,14 +89,13 @@ impl Writer for CreatePageDraft {
         PAGE_NOT_PERMITTED
     }
 
-    async fn lock(&self, conn: &mut PgConnection, args: &PageDraftArgs) -> Result<(), sqlx::Error> {
-        sqlx::query!(
-            r#"SELECT uid FROM content.pages WHERE uid = $1 FOR UPDATE"#,
-            args.parent
-        )
-        .fetch_optional(&mut *conn)
-        .await?;
-        Ok(())
+    async fn subjects(
+        &self,
+        _conn: &mut PgConnection,
+        args: &PageDraftArgs,
+    ) -> Result<Vec<Subject>, sqlx::Error> {
+        // The new page joins the parent's list of subpages: the parent is the list's lock.
+        Ok(vec![Subject::Page(args.parent)])
     }
 
     async fn plan(

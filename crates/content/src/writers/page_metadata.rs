@@ -11,7 +11,7 @@ use crate::args::Args;
 use crate::datahandler::{DataHandler, Fields};
 use crate::records::{Page, PAGE_METADATA_FIELDS};
 use crate::refusals::{draft_workspace, named, PAGE_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
 use crate::writers::ReadBack;
 
 pub(crate) const NAME: &str = "update_page_metadata";
@@ -97,6 +97,14 @@ impl Writer for UpdatePageMetadata {
 
     fn not_permitted(&self, _args: &PageMetadataArgs) -> &'static str {
         PAGE_NOT_PERMITTED
+    }
+
+    async fn subjects(
+        &self,
+        _conn: &mut PgConnection,
+        args: &PageMetadataArgs,
+    ) -> Result<Vec<Subject>, sqlx::Error> {
+        Ok(vec![Subject::Page(args.uid)])
     }
 
     async fn plan(

@@ -20,7 +20,7 @@ use crate::records::{language_title, Element, Named, Page, PAGE_METADATA_FIELDS}
 use crate::refusals::{
     draft_workspace, named, ELEMENT_NOT_PERMITTED, HIDDEN_LINE, PAGE_NOT_PERMITTED,
 };
-use crate::writer::{writer_spec, Planned, Refusal, Writer};
+use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
 use crate::writers::{uid_schema, ReadBack};
 
 pub(crate) const NAME: &str = "create_translation_draft";
@@ -198,30 +198,15 @@ impl Writer for CreateTranslationDraft {
         }
     }
 
-    async fn lock(
+    async fn subjects(
         &self,
-        conn: &mut PgConnection,
+        _conn: &mut PgConnection,
         args: &TranslationArgs,
-    ) -> Result<(), sqlx::Error> {
-        match args.table {
-            Table::Pages => {
-                sqlx::query!(
-                    r#"SELECT uid FROM content.pages WHERE uid = $1 FOR UPDATE"#,
-                    args.uid
-                )
-                .fetch_optional(&mut *conn)
-                .await?;
-            }
-            Table::Content => {
-                sqlx::query!(
-                    r#"SELECT uid FROM content.elements WHERE uid = $1 FOR UPDATE"#,
-                    args.uid
-                )
-                .fetch_optional(&mut *conn)
-                .await?;
-            }
-        }
-        Ok(())
+    ) -> Result<Vec<Subject>, sqlx::Error> {
+        Ok(vec![match args.table {
+            Table::Pages => Subject::Page(args.uid),
+            Table::Content => Subject::Element(args.uid),
+        }])
     }
 
     async fn plan(

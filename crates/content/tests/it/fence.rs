@@ -131,7 +131,7 @@ async fn a_write_is_journaled_with_its_result_and_cannot_run_twice(pool: PgPool)
     assert!(
         matches!(
             again,
-            Err(ToolError::Failed {
+            Err(ToolError::Unavailable {
                 code: "already_journaled",
                 ..
             })

@@ -36,7 +36,7 @@ async fn a_malformed_decision_is_dead_lettered_with_its_reason_and_records_nothi
         }
     );
     assert_eq!(v.dead_letter_reason(), Some("missing_field:turn_digest"));
-    assert_eq!(v.reply.fields["outcome"], "malformed");
+    assert_eq!(v.reply, None, "a malformed message is not answered");
     assert_eq!(h.row(card.run_id).await, before);
     assert!(h.decisions(card.run_id).await.is_empty());
     assert!(h.decision_events(card.run_id).await.is_empty());
@@ -57,11 +57,12 @@ async fn a_decision_without_a_broker_validated_user_is_unauthenticated_and_recor
         let v = h.decide(&d, producer).await;
         assert_unrecorded(&v, "unauthenticated_producer");
         assert_eq!(v.dead_letter_reason(), None);
-        assert_eq!(v.reply.fields["outcome"], "unauthenticated_producer");
+        assert_eq!(v.reply, None, "an unauthenticated producer is not answered");
     }
     assert_eq!(h.row(card.run_id).await, before);
     assert!(h.decisions(card.run_id).await.is_empty());
     assert!(h.decision_events(card.run_id).await.is_empty());
+    assert!(h.announced_decisions(card.run_id).await.is_empty());
 
     // The decision id was not burnt: the real approver's copy still goes through.
     let v = h.decide(&d, Some(INBOX)).await;
@@ -110,13 +111,16 @@ async fn a_replayed_decision_returns_its_first_outcome_and_dispatches_nothing(po
     );
     assert!(again.replayed);
     assert_eq!(again.dispatch, None, "no second dispatch");
-    assert_eq!(
-        again.event, first.event,
-        "the event is published again, the same"
-    );
+    assert_eq!(again.event, first.event, "the recorded event");
+    assert_eq!(again.unannounced(), None, "already announced");
     assert_eq!(h.row(card.run_id).await, after_first);
     assert_eq!(h.decisions(card.run_id).await.len(), 1);
     assert_eq!(h.decision_events(card.run_id).await.len(), 1);
+    assert_eq!(
+        h.announced_decisions(card.run_id).await,
+        ["decision.accepted"],
+        "announced once, with the record; the replay adds nothing to the outbox"
+    );
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]

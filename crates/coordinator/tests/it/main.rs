@@ -6,6 +6,8 @@
 
 mod gates;
 mod producers;
+mod recording;
 mod release;
 mod requests;
+mod service;
 mod support;

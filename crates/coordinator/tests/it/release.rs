@@ -40,7 +40,7 @@ async fn an_accepted_approval_moves_the_run_to_its_resume_segment_with_one_decis
         serde_json::Value::Object(event.fields.clone()),
         json!({"decision_id": d["decision_id"], "run_id": d["run_id"], "outcome": "accepted"})
     );
-    let reply = String::from_utf8(v.reply_body("2026-11-30T10:00:00Z")).unwrap();
+    let reply = String::from_utf8(v.reply_body("2026-11-30T10:00:00Z").unwrap()).unwrap();
     assert!(!reply.contains("4711"), "the comment never leaves: {reply}");
     assert!(reply.contains("\"event\":\"decision.accepted\""));
 

@@ -36,8 +36,8 @@ async fn a_run_request_creates_one_queued_run_and_asks_for_its_start_segment(poo
         serde_json::Value::Object(event.fields.clone()),
         json!({"request_id": r["request_id"], "run_id": run_id})
     );
-    assert_eq!(&v.reply, event);
-    let reply = String::from_utf8(v.reply_body("2026-11-30T10:00:00Z")).unwrap();
+    assert_eq!(v.reply.as_ref(), Some(event));
+    let reply = String::from_utf8(v.reply_body("2026-11-30T10:00:00Z").unwrap()).unwrap();
     assert!(
         !reply.contains("Improve page"),
         "the prompt never leaves: {reply}"
@@ -65,8 +65,18 @@ async fn a_duplicate_request_id_returns_the_same_run_and_dispatches_nothing(pool
     assert!(!again.created);
     assert_eq!(again.run_id, first.run_id);
     assert_eq!(again.dispatch, None);
-    assert_eq!(again.event, first.event, "the same event, published again");
+    assert_eq!(again.event, first.event, "the first copy's event");
     assert_eq!(h.runs().await, 1);
+    let announced = h.store.outbox(first.run_id.unwrap()).await.unwrap();
+    assert_eq!(
+        announced
+            .iter()
+            .map(|e| e.kind.as_str())
+            .collect::<Vec<_>>(),
+        ["run.accepted"],
+        "announced once, with the run; the duplicate adds nothing to the outbox"
+    );
+    assert_eq!(announced[0].body["request_id"], r["request_id"]);
     assert_eq!(h.row(first.run_id.unwrap()).await, row);
 }
 
@@ -88,10 +98,11 @@ async fn a_run_request_without_an_allowed_producer_is_refused_and_creates_nothin
         assert_eq!(v.run_id, None);
         assert_eq!(v.dispatch, None);
         assert_eq!(v.event, None, "not published on the events exchange");
-        assert_eq!(v.reply.fields["outcome"], "unauthenticated_producer");
+        assert_eq!(v.reply, None, "and not answered");
         assert_eq!(v.dead_letter_reason(), None);
     }
     assert_eq!(h.runs().await, 0);
+    assert!(h.announced_refusals().await.is_empty());
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
@@ -122,8 +133,18 @@ async fn a_run_request_for_an_unknown_or_disabled_acting_user_is_refused_and_cre
             serde_json::Value::Object(event.fields.clone()),
             json!({"request_id": r["request_id"], "outcome": "unknown_acting_user"})
         );
+        assert_eq!(v.reply.as_ref(), Some(event), "the producer is answered");
     }
     assert_eq!(h.runs().await, 0);
+    let announced = h.announced_refusals().await;
+    assert_eq!(
+        announced.len(),
+        2,
+        "each refusal is in the outbox: {announced:?}"
+    );
+    assert!(announced
+        .iter()
+        .all(|body| body["outcome"] == "unknown_acting_user" && body["event_id"].is_string()));
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
@@ -169,7 +190,7 @@ async fn a_malformed_run_request_is_dead_lettered_with_its_reason_even_from_nobo
         assert_eq!(v.request_id, None);
         assert_eq!(v.event, None);
         assert_eq!(v.dispatch, None);
-        assert_eq!(v.reply.fields["reason"], "invalid_field:prompt");
+        assert_eq!(v.reply, None, "a malformed message is not answered");
     }
     let v = h
         .coordinator

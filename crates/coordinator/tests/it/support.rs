@@ -53,6 +53,7 @@ pub fn agent(four_eyes: bool) -> AgentConfig {
             ..Default::default()
         },
         max_iterations: 5,
+        max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
         four_eyes,
         approval_deadline: Duration::from_secs(3600),
     }
@@ -73,7 +74,6 @@ pub async fn harness(pool: PgPool) -> Harness {
         )),
         users: Arc::new(ContentUsers::new(pool.clone())),
         lease_ttl: TTL,
-        events: None,
     };
     for (user, kind, name) in [
         (INBOX, ProducerKind::Approver, ANY),
@@ -215,6 +215,28 @@ impl Harness {
             .collect()
     }
 
+    /// The kinds of the outbox events about decisions on the run, oldest first.
+    pub async fn announced_decisions(&self, run_id: RunId) -> Vec<String> {
+        self.store
+            .outbox(run_id)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind.starts_with("decision."))
+            .map(|e| e.kind)
+            .collect()
+    }
+
+    /// The bodies of every `run.refused` in the outbox (they name no run), oldest first.
+    pub async fn announced_refusals(&self) -> Vec<Value> {
+        sqlx::query_scalar(
+            "SELECT body FROM event_outbox WHERE kind = 'run.refused' ORDER BY created_at, id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+
     /// Locks the run row as a concurrent writer would, until the returned transaction ends.
     pub async fn lock_run(&self, run_id: RunId) -> sqlx::Transaction<'static, sqlx::Postgres> {
         let mut tx = self.pool.begin().await.unwrap();
@@ -286,5 +308,9 @@ pub fn assert_refused(v: &DecisionVerdict, d: &Value, code: &str) {
     assert_eq!(event.fields["outcome"], code);
     assert_eq!(event.fields["decision_id"], d["decision_id"]);
     assert_eq!(event.fields["run_id"], d["run_id"]);
-    assert_eq!(&v.reply, event, "the producer's reply says the same");
+    assert_eq!(
+        v.reply.as_ref(),
+        Some(event),
+        "the producer's reply says the same"
+    );
 }

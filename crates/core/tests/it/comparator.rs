@@ -26,7 +26,12 @@ async fn equal_previews_bind_as_unchanged() {
     let f = Fixture::new();
     let state = suspended(&f).await;
     let offered = f.agent.policy.offered(&f.registry, &f.user);
-    assert_eq!(compare(&state, &offered, &f.user).await, Binding::Unchanged);
+    assert_eq!(
+        compare(&state, &offered, &f.user)
+            .await
+            .expect("no infrastructure failure"),
+        Binding::Unchanged
+    );
 }
 
 #[tokio::test]
@@ -35,7 +40,12 @@ async fn a_change_to_state_no_preview_showed_does_not_bind() {
     let state = suspended(&f).await;
     f.world.set("unrelated", &["a", "b"]);
     let offered = f.agent.policy.offered(&f.registry, &f.user);
-    assert_eq!(compare(&state, &offered, &f.user).await, Binding::Unchanged);
+    assert_eq!(
+        compare(&state, &offered, &f.user)
+            .await
+            .expect("no infrastructure failure"),
+        Binding::Unchanged
+    );
 }
 
 #[tokio::test]
@@ -45,7 +55,10 @@ async fn moved_previews_report_every_moved_index_and_keep_the_unmoved_ones() {
     f.world.set("k1", &["a"]);
     f.world.set("k2", &["b"]);
     let offered = f.agent.policy.offered(&f.registry, &f.user);
-    match compare(&state, &offered, &f.user).await {
+    match compare(&state, &offered, &f.user)
+        .await
+        .expect("no infrastructure failure")
+    {
         Binding::Moved { previews, moved } => {
             assert_eq!(moved, vec![CallIndex::new(0), CallIndex::new(1)]);
             assert_eq!(
@@ -61,7 +74,10 @@ async fn moved_previews_report_every_moved_index_and_keep_the_unmoved_ones() {
     }
 
     f.world.set("k2", &[]);
-    match compare(&state, &offered, &f.user).await {
+    match compare(&state, &offered, &f.user)
+        .await
+        .expect("no infrastructure failure")
+    {
         Binding::Moved { previews, moved } => {
             assert_eq!(moved, vec![CallIndex::new(0)]);
             assert_eq!(
@@ -79,7 +95,10 @@ async fn a_panicking_re_preview_counts_as_moved() {
     let state = suspended(&f).await;
     f.append2.set_mode(PreviewMode::Panics);
     let offered = f.agent.policy.offered(&f.registry, &f.user);
-    match compare(&state, &offered, &f.user).await {
+    match compare(&state, &offered, &f.user)
+        .await
+        .expect("no infrastructure failure")
+    {
         Binding::Moved { previews, moved } => {
             assert_eq!(moved, vec![CallIndex::new(1)]);
             assert!(previews[1].failed);

@@ -3,6 +3,7 @@
 
 mod support;
 
+mod boundary;
 mod card;
 mod comparator;
 mod loop_scenarios;

@@ -59,6 +59,8 @@ pub enum PreviewMode {
     /// No preview contract at all.
     None,
     Errors,
+    /// The store under the preview is unreachable.
+    Unavailable,
     Panics,
     Empty,
 }
@@ -160,6 +162,10 @@ impl ToolPreview for Append {
             PreviewMode::Errors => Err(ToolError::failed(
                 "database_error",
                 "connection refused for user secret@db.internal",
+            )),
+            PreviewMode::Unavailable => Err(ToolError::unavailable(
+                "database_error",
+                "connection reset by peer",
             )),
             PreviewMode::Panics => panic!("preview exploded"),
             PreviewMode::Empty => Ok(vec!["   ".into()]),
@@ -393,6 +399,7 @@ impl Fixture {
                 ..Default::default()
             },
             max_iterations: 10,
+            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             model_options: Default::default(),
         };
         Fixture {

@@ -61,6 +61,33 @@ async fn an_event_is_routed_by_its_name_to_a_matching_binding_only() {
 }
 
 #[tokio::test]
+async fn a_prebuilt_event_body_is_published_as_stored_with_its_event_id_as_message_id() {
+    let broker = broker().await;
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        let runs = b.declare_private_queue().await.unwrap();
+        b.bind_events(&runs, "run.*").await.unwrap();
+        let event_id = uuid::Uuid::now_v7().to_string();
+        let body = json!({
+            "type": "countersign.event", "version": 1, "event": "run.cancelled",
+            "event_id": event_id, "run_id": RunId::new(), "termination_reason": "cancelled",
+            "at": "2026-11-30T10:00:00.123456Z",
+        });
+        b.publish_event_body("run.cancelled", &event_id, &body)
+            .await
+            .unwrap();
+
+        let mut on_runs = b.consume(&runs, 1).await.unwrap();
+        let got = next(&mut on_runs).await;
+        let received: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+        assert_eq!(received, body);
+        assert_eq!(got.message_id.as_deref(), Some(event_id.as_str()));
+        got.ack().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_user_id_set_by_the_producer_arrives_in_the_delivery() {
     let broker = broker().await;
     let b = broker.clone();

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use countersign_core::RunId;
-use countersign_queue::{parse_segment, Broker};
+use countersign_queue::{parse_segment, Broker, Declare, MessageProperties};
 
 use crate::support::{arrives_within, cleaning_up, next, test_config, Proxy, ARRIVES_WITHIN};
 
@@ -97,6 +97,89 @@ async fn a_lost_connection_is_re_established_and_the_topology_declared_again() {
         let mut resumed = proxied.consume(&segments, 1).await.unwrap();
         proxied.publish_segment(run).await.unwrap();
         next(&mut resumed).await.ack().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_queue_that_exists_with_other_arguments_is_left_as_it_is() {
+    let mut first = test_config();
+    first.delivery_limit = 2;
+    let mut second = first.clone();
+    second.delivery_limit = 7;
+    let broker = Broker::connect(first).await.unwrap();
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        // RabbitMQ refuses to declare an existing queue with other arguments; the second
+        // process finds the queues and does not declare them again.
+        let other = Broker::connect(second)
+            .await
+            .expect("connects to queues declared with another delivery limit");
+        let run = RunId::new();
+        other.publish_segment(run).await.unwrap();
+        let mut consumer = b.consume(&b.topology().segments(), 1).await.unwrap();
+        let d = next(&mut consumer).await;
+        assert_eq!(parse_segment(&d.body), Ok(run));
+        d.ack().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_process_that_declares_nothing_refuses_to_start_on_a_missing_topology() {
+    let mut config = test_config();
+    config.declare = Declare::Nothing;
+    let refused = Broker::connect(config.clone())
+        .await
+        .expect_err("nothing was declared under this prefix");
+    assert_eq!(refused.code(), "topology_missing");
+    assert!(
+        refused.to_string().contains(&config.topology.dead_letter_exchange()),
+        "{refused}"
+    );
+    // It created nothing either: a second look finds the topology just as missing.
+    let again = Broker::connect(config).await.expect_err("still missing");
+    assert_eq!(again.code(), "topology_missing");
+}
+
+#[tokio::test]
+async fn a_process_that_declares_nothing_works_on_the_topology_another_declared() {
+    let declaring = test_config();
+    let mut checking = declaring.clone();
+    checking.declare = Declare::Nothing;
+    let broker = Broker::connect(declaring).await.unwrap();
+    cleaning_up(&broker, async move {
+        let quiet = Broker::connect(checking).await.unwrap();
+        let run = RunId::new();
+        quiet.publish_segment(run).await.unwrap();
+        let mut consumer = quiet.consume(&quiet.topology().segments(), 1).await.unwrap();
+        let d = next(&mut consumer).await;
+        assert_eq!(parse_segment(&d.body), Ok(run));
+        d.ack().await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_message_published_to_the_exchange_of_a_public_queue_reaches_that_queue() {
+    let broker = Broker::connect(test_config()).await.unwrap();
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        let properties = MessageProperties {
+            user_id: b.user(),
+            ..MessageProperties::default()
+        };
+        for queue in b.topology().public_queues() {
+            let body = format!("{{\"to\":\"{queue}\"}}");
+            b.publish_public(&queue, body.as_bytes(), &properties)
+                .await
+                .unwrap();
+            let mut consumer = b.consume(&queue, 1).await.unwrap();
+            let d = next(&mut consumer).await;
+            assert_eq!(d.body, body.as_bytes());
+            assert_eq!(d.user_id, b.user());
+            d.ack().await.unwrap();
+        }
     })
     .await;
 }

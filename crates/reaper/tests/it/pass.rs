@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
 const TTL: Duration = Duration::from_secs(30);
+const REPUBLISH_AFTER: Duration = Duration::from_secs(10);
 
 struct Harness {
     store: Store,
@@ -43,6 +44,7 @@ async fn harness(pool: PgPool) -> Harness {
         backoff: Duration::ZERO,
         dispatch_grace: Duration::ZERO,
         batch: 100,
+        republish_after: REPUBLISH_AFTER,
     };
     Harness {
         store,
@@ -71,7 +73,29 @@ impl Harness {
             .await
             .unwrap()
             .expect("claimable");
+        self.outbox_relayed().await;
         run.run_id
+    }
+
+    /// Marks every outbox row published, as the relay of the process that wrote it would have:
+    /// what a pass publishes is then only what it is being tested for.
+    async fn outbox_relayed(&self) {
+        sqlx::query("UPDATE event_outbox SET published_at = now() WHERE published_at IS NULL")
+            .execute(self.store.pool())
+            .await
+            .unwrap();
+    }
+
+    /// Ages the unpublished outbox rows by `by`, by the database clock.
+    async fn age_unpublished_events(&self, by: Duration) {
+        sqlx::query(
+            "UPDATE event_outbox SET created_at = created_at - $1 * interval '1 millisecond'
+             WHERE published_at IS NULL",
+        )
+        .bind(by.as_millis() as f64)
+        .execute(self.store.pool())
+        .await
+        .unwrap();
     }
 
     async fn expire_lease(&self, run_id: RunId) {
@@ -147,6 +171,7 @@ async fn a_run_past_its_requeue_limit_fails_retries_exhausted_and_announces_it(p
         h.pass().await,
         PassSummary {
             retries_exhausted: 1,
+            events_published: 1,
             ..PassSummary::default()
         }
     );
@@ -184,6 +209,7 @@ async fn a_run_that_may_have_written_outside_is_failed_not_retryable(pool: PgPoo
         h.pass().await,
         PassSummary {
             not_retryable: 1,
+            events_published: 1,
             ..PassSummary::default()
         }
     );
@@ -221,7 +247,8 @@ async fn an_approval_past_its_deadline_is_cancelled_and_announced(pool: PgPool) 
         suspension_seq: SuspensionSeq::FIRST,
         captured_at: "2026-11-30T10:00:00Z".into(),
     };
-    assert!(h.store.suspend(&lease, &state).await.unwrap());
+    assert!(h.store.suspend(&lease, &state, &[]).await.unwrap());
+    h.outbox_relayed().await;
     sqlx::query("UPDATE runs SET approval_deadline = now() - interval '1 second' WHERE id = $1")
         .bind(run_id.as_uuid())
         .execute(h.store.pool())
@@ -232,6 +259,7 @@ async fn an_approval_past_its_deadline_is_cancelled_and_announced(pool: PgPool) 
         h.pass().await,
         PassSummary {
             approvals_expired: 1,
+            events_published: 1,
             ..PassSummary::default()
         }
     );
@@ -261,5 +289,82 @@ async fn two_passes_at_once_reap_each_expired_run_once(pool: PgPool) {
     for run_id in runs {
         assert_eq!(h.store.run(run_id).await.unwrap().unwrap().requeue_count, 1);
     }
+    h.cleanup().await;
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn the_reaper_republishes_an_event_its_relay_left_unpublished(pool: PgPool) {
+    let mut h = harness(pool).await;
+    let run_id = h.running_run().await;
+    // An operator's cancel commits its event; the process that would have relayed it is gone.
+    assert!(h.store.cancel(run_id).await.unwrap());
+    let row = h.store.outbox(run_id).await.unwrap().pop().unwrap();
+    assert_eq!(
+        (row.kind.as_str(), row.published_at),
+        ("run.cancelled", None)
+    );
+
+    // Younger than the grace: a healthy relay's to publish, not republished.
+    let mut fresh = h.config.clone();
+    fresh.republish_after = Duration::from_secs(3600);
+    let summary = pass(&h.store, &h.broker, &fresh).await.unwrap();
+    assert_eq!(summary.events_republished, 0);
+    assert_eq!(summary.events_published, 1, "its own pass publishes it");
+    let (_, event) = Harness::next_json(&mut h.events).await;
+    assert_eq!(event["event_id"], json!(row.id));
+
+    // Once more, unsent and older than the grace: republished.
+    sqlx::query("UPDATE event_outbox SET published_at = NULL WHERE id = $1")
+        .bind(row.id)
+        .execute(h.store.pool())
+        .await
+        .unwrap();
+    h.age_unpublished_events(REPUBLISH_AFTER * 2).await;
+    assert_eq!(
+        h.pass().await,
+        PassSummary {
+            events_republished: 1,
+            ..PassSummary::default()
+        }
+    );
+    let delivery = tokio::time::timeout(Duration::from_secs(10), h.events.next())
+        .await
+        .expect("a message within 10 s")
+        .expect("the consumer is open")
+        .expect("a delivery");
+    let event: Value = serde_json::from_slice(&delivery.body).unwrap();
+    let message_id = delivery.message_id.clone();
+    delivery.ack().await.unwrap();
+    assert_eq!(event, row.body, "the body as it was committed");
+    assert_eq!(event["event"], "run.cancelled");
+    assert_eq!(event["run_id"], json!(run_id));
+    assert_eq!(event["termination_reason"], "cancelled");
+    assert_eq!(event["event_id"], json!(row.id));
+    assert_eq!(
+        message_id,
+        Some(row.id.to_string()),
+        "the event id as message id"
+    );
+
+    let after = h.store.outbox(run_id).await.unwrap().pop().unwrap();
+    assert!(
+        after.published_at.is_some(),
+        "marked once the broker confirmed"
+    );
+    assert_eq!(
+        h.pass().await,
+        PassSummary::default(),
+        "a published event is not republished"
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), h.events.next())
+            .await
+            .is_err(),
+        "nothing more arrives"
+    );
+    assert!(
+        format!("{}", PassSummary::default()).contains(" events_republished=0"),
+        "the summary line names it"
+    );
     h.cleanup().await;
 }

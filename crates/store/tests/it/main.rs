@@ -10,6 +10,7 @@ mod decisions;
 mod events;
 mod fence;
 mod journal;
+mod outbox;
 mod reaper;
 mod sealing;
 mod support;

@@ -62,8 +62,10 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
         };
         before.append_event(run, &event).await.unwrap();
         before
-            .record_journal(
-                &lease.fence_token(SuspensionSeq::FIRST, CallIndex::new(0)),
+            .record_effect(
+                &lease,
+                SuspensionSeq::FIRST,
+                CallIndex::new(0),
                 "notify",
                 Effect::IdempotentWrite,
                 &ToolOutput::ok(format!("journal {i}")),
@@ -71,7 +73,7 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
             .await
             .unwrap();
         let st = state(SuspensionSeq::FIRST);
-        assert!(before.suspend(&lease, &st).await.unwrap());
+        assert!(before.suspend(&lease, &st, &[]).await.unwrap());
         let decision = NewDecision {
             decision_id: Uuid::now_v7(),
             run_id: run,

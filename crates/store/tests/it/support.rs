@@ -92,7 +92,7 @@ pub fn state(seq: SuspensionSeq) -> SuspendedRunState {
 pub async fn waiting(store: &Store) -> (RunId, SuspendedRunState) {
     let (run, lease) = running(store).await;
     let st = state(SuspensionSeq::FIRST);
-    assert!(store.suspend(&lease, &st).await.expect("suspend"));
+    assert!(store.suspend(&lease, &st, &[]).await.expect("suspend"));
     (run, st)
 }
 

@@ -80,8 +80,8 @@ async fn every_transition_wins_once_and_loses_when_repeated(pool: PgPool) {
 
     // running → waiting_for_approval
     let st = state(SuspensionSeq::FIRST);
-    assert!(store.suspend(&first.lease, &st).await.unwrap());
-    assert!(!store.suspend(&first.lease, &st).await.unwrap());
+    assert!(store.suspend(&first.lease, &st, &[]).await.unwrap());
+    assert!(!store.suspend(&first.lease, &st, &[]).await.unwrap());
     assert!(!store.renew(&first.lease, TTL).await.unwrap());
 
     // waiting_for_approval → queued/resume
@@ -145,7 +145,11 @@ async fn each_transition_raced_against_a_rival_has_exactly_one_winner(pool: PgPo
     let (_, lease) = running(&store).await;
     let (s1, s2, l1, l2) = (store.clone(), store.clone(), lease.clone(), lease);
     let (a, b) = race(
-        async move { s1.suspend(&l1, &state(SuspensionSeq::FIRST)).await.unwrap() },
+        async move {
+            s1.suspend(&l1, &state(SuspensionSeq::FIRST), &[])
+                .await
+                .unwrap()
+        },
         async move {
             let failed = Settlement::failed(TerminationReason::ProviderFailed, None, None);
             s2.settle(&l2, &failed).await.unwrap()
@@ -242,7 +246,7 @@ async fn a_segment_holding_an_old_epoch_can_neither_suspend_settle_renew_nor_wri
 
     assert!(!store.renew(&old, TTL).await.unwrap());
     assert!(!store
-        .suspend(&old, &state(SuspensionSeq::FIRST))
+        .suspend(&old, &state(SuspensionSeq::FIRST), &[])
         .await
         .unwrap());
     let failed = Settlement::failed(TerminationReason::ProviderFailed, None, None);
@@ -341,6 +345,7 @@ async fn suspend_stores_the_sealed_state_digest_tool_names_and_the_agent_deadlin
             model: serde_json::json!({"provider": "scripted"}),
             policy: Default::default(),
             max_iterations: 8,
+            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             four_eyes: false,
             approval_deadline: Duration::from_secs(3600),
         })

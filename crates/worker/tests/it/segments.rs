@@ -51,6 +51,7 @@ async fn harness(pool: PgPool) -> Harness {
                 ..Default::default()
             },
             max_iterations: 5,
+            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             four_eyes: false,
             approval_deadline: Duration::from_secs(3600),
         })
@@ -67,7 +68,6 @@ async fn harness(pool: PgPool) -> Harness {
         )),
         users: Arc::new(ContentUsers::new(pool)),
         lease_ttl: TTL,
-        events: None,
     };
     Harness {
         store,
@@ -185,14 +185,15 @@ async fn an_approved_turn_writes_each_call_once_and_completes(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
-async fn a_resume_retried_after_a_crash_skips_the_journaled_write_and_does_not_re_compare(
+async fn a_retry_that_finds_part_of_a_turn_journaled_reuses_it_and_writes_only_the_rest(
     pool: PgPool,
 ) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;
     h.approve(run_id).await;
 
-    // A first worker claims the resume, executes call 0 under its fence, and dies.
+    // A first worker claims the resume, executes call 0 alone under its fence (as a turn with
+    // an external call does, call by call), and dies.
     let first = h.store.claim(run_id, "w-dead", TTL).await.unwrap().unwrap();
     let token = first
         .lease
@@ -223,7 +224,8 @@ async fn a_resume_retried_after_a_crash_skips_the_journaled_write_and_does_not_r
         .await
         .unwrap();
 
-    // Call 0's own write moved its preview; a comparator run now would bounce the turn.
+    // Call 0's own write moved its preview; comparing the whole turn now would bounce it, so
+    // the retry reuses call 0's result and compares only call 1, in its write transaction.
     let end = h.claim_and_run(run_id, "w3").await;
     assert_eq!(end, SegmentEnd::Completed(TerminationReason::Completed));
     assert_eq!(
@@ -322,4 +324,354 @@ async fn an_agent_whose_model_settings_name_no_usable_model_fails_provider_faile
     assert_eq!(end, SegmentEnd::Failed(TerminationReason::ProviderFailed));
     let row = h.store.run(run_id).await.unwrap().unwrap();
     assert_eq!(row.error_code.as_deref(), Some("missing_api_key"));
+}
+
+async fn journal_rows(store: &Store, run_id: RunId) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM run_journal WHERE run_id = $1")
+        .bind(run_id.as_uuid())
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+}
+
+/// A colleague's reference on element 5, as the CMS would add it.
+async fn colleague_attaches(store: &Store) {
+    sqlx::query(
+        "INSERT INTO content.file_references (element, field, file, sorting) VALUES (5, 'image', 7, 999)",
+    )
+    .execute(store.pool())
+    .await
+    .unwrap();
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn an_approval_whose_preview_moved_writes_no_call_of_the_turn(pool: PgPool) {
+    let h = harness(pool).await;
+    let run_id = h.suspended_run().await;
+    h.approve(run_id).await;
+    colleague_attaches(&h.store).await;
+
+    let end = h.claim_and_run(run_id, "w2").await;
+    assert_eq!(
+        end,
+        SegmentEnd::Suspended {
+            suspension_seq: 2,
+            moved: 1
+        }
+    );
+    // Call 0's preview did not move, and it is not written either: the turn is one unit.
+    assert_ne!(h.description().await, NEW_DESCRIPTION);
+    assert_eq!(h.teaser_images().await, 3, "only the colleague's reference");
+    assert_eq!(journal_rows(&h.store, run_id).await, 0);
+    assert_eq!(h.tool_writes(run_id).await, 0);
+    let state = SuspendedRunState::from_bytes(&h.store.load_state(run_id).await.unwrap()).unwrap();
+    assert_eq!(state.stale_call_indexes, vec![CallIndex::new(1)]);
+    assert!(state.call_previews[1]
+        .lines
+        .iter()
+        .any(|l| l.contains("3 reference(s) → 4")));
+
+    // The bounce is announced with the re-suspension: the moved calls, then the new card.
+    let announced = h.store.outbox(run_id).await.unwrap();
+    let tail: Vec<&str> = announced
+        .iter()
+        .rev()
+        .take(2)
+        .rev()
+        .map(|e| e.kind.as_str())
+        .collect();
+    assert_eq!(tail, ["run.preview_moved", "run.suspended"]);
+    let moved = &announced[announced.len() - 2].body;
+    assert_eq!(moved["stale_call_indexes"], json!([1]));
+    assert_eq!(moved["tools"], json!(["attach_file_to_content_element"]));
+    let card = &announced[announced.len() - 1].body;
+    assert_eq!(card["suspension_seq"], 2);
+    assert_eq!(card["stale_call_indexes"], json!([1]));
+    assert_eq!(
+        card["at"], moved["at"],
+        "one transaction, one database instant"
+    );
+}
+
+/// Makes the next `n` inserts into the content store's references fail as a serialization
+/// failure would: an infrastructure error in the middle of an approved turn.
+async fn fail_reference_inserts(store: &Store, n: i32) {
+    for statement in [
+        "CREATE TABLE IF NOT EXISTS public.fault_budget (n int NOT NULL)".to_owned(),
+        "DELETE FROM public.fault_budget".to_owned(),
+        format!("INSERT INTO public.fault_budget VALUES ({n})"),
+        r#"CREATE OR REPLACE FUNCTION public.fault_reference_insert() RETURNS trigger AS $$
+           BEGIN
+             -- A failure that is counted in a table would roll its own count back; a sequence
+             -- is not transactional, so it counts every attempt.
+             IF nextval('public.fault_attempts') <= (SELECT n FROM public.fault_budget) THEN
+               RAISE EXCEPTION 'injected' USING ERRCODE = '40001';
+             END IF;
+             RETURN NEW;
+           END $$ LANGUAGE plpgsql"#
+            .to_owned(),
+        "CREATE SEQUENCE IF NOT EXISTS public.fault_attempts".to_owned(),
+        "SELECT setval('public.fault_attempts', 1, false)".to_owned(),
+        "DROP TRIGGER IF EXISTS fault ON content.file_references".to_owned(),
+        "CREATE TRIGGER fault BEFORE INSERT ON content.file_references FOR EACH ROW EXECUTE FUNCTION public.fault_reference_insert()".to_owned(),
+    ] {
+        sqlx::query(&statement).execute(store.pool()).await.unwrap();
+    }
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_transient_store_error_inside_the_turn_rolls_it_back_and_the_retry_writes_it_once(
+    pool: PgPool,
+) {
+    let h = harness(pool).await;
+    let run_id = h.suspended_run().await;
+    h.approve(run_id).await;
+    // The first attempt writes call 0, then call 1 fails: call 0 must not survive it.
+    fail_reference_inserts(&h.store, 1).await;
+
+    let end = h.claim_and_run(run_id, "w2").await;
+    assert_eq!(end, SegmentEnd::Completed(TerminationReason::Completed));
+    assert_eq!(h.description().await, NEW_DESCRIPTION);
+    assert_eq!(h.teaser_images().await, 3);
+    assert_eq!(h.tool_writes(run_id).await, 2, "one audit event per call");
+    assert_eq!(journal_rows(&h.store, run_id).await, 2);
+    for i in 0..2 {
+        let result = h
+            .store
+            .journaled(run_id, SuspensionSeq::FIRST, CallIndex::new(i))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!result.is_error, "call {i}: {}", result.content);
+    }
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_store_error_that_persists_interrupts_the_turn_and_records_no_result(pool: PgPool) {
+    let h = harness(pool).await;
+    let run_id = h.suspended_run().await;
+    h.approve(run_id).await;
+    fail_reference_inserts(&h.store, 1_000).await;
+
+    let end = h.claim_and_run(run_id, "w2").await;
+    assert_eq!(end, SegmentEnd::Interrupted("database_error"));
+    assert_ne!(h.description().await, NEW_DESCRIPTION, "call 0 rolled back");
+    assert_eq!(h.teaser_images().await, 2);
+    assert_eq!(
+        journal_rows(&h.store, run_id).await,
+        0,
+        "no error journaled as a result"
+    );
+    assert_eq!(h.tool_writes(run_id).await, 0);
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(
+        run.status,
+        RunStatus::Running,
+        "left for the reaper to retry"
+    );
+}
+
+/// `notify {message}`: a non-idempotent write that acts outside the store, like a webhook.
+/// It records the run's `pending_effect` as it sees it while it runs, and its fence token.
+#[derive(Debug)]
+struct Notify {
+    spec: countersign_core::ToolSpec,
+    pool: PgPool,
+    seen: std::sync::Mutex<Vec<(Option<String>, String)>>,
+    hang: bool,
+    started: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl countersign_core::Tool for Notify {
+    fn spec(&self) -> &countersign_core::ToolSpec {
+        &self.spec
+    }
+
+    async fn execute(
+        &self,
+        ctx: &ExecContext,
+        _args: &serde_json::Value,
+    ) -> Result<countersign_core::ToolOutput, countersign_core::ToolError> {
+        let token = ctx
+            .fence
+            .clone()
+            .expect("an external write gets its fence token");
+        let stamp: Option<String> =
+            sqlx::query_scalar("SELECT pending_effect FROM runs WHERE id = $1")
+                .bind(token.run_id.as_uuid())
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
+        self.seen
+            .lock()
+            .unwrap()
+            .push((stamp, token.idempotency_key()));
+        self.started.notify_one();
+        if self.hang {
+            std::future::pending::<()>().await;
+        }
+        Ok(countersign_core::ToolOutput::ok("sent"))
+    }
+}
+
+const NOTIFY_SCRIPT: &str = r#"{"turns": [
+  {"tool_calls": [{"name": "notify", "arguments": {"message": "Page 12 is ready."}}]},
+  {"content": "Done."}
+]}"#;
+
+async fn external_harness(pool: PgPool, hang: bool) -> (Harness, Arc<Notify>) {
+    let mut h = harness(pool.clone()).await;
+    let notify = Arc::new(Notify {
+        spec: countersign_core::ToolSpec {
+            name: "notify".into(),
+            description: "Sends a message.".into(),
+            parameters: json!({"type": "object"}),
+            group: "editing".into(),
+            effect: countersign_core::Effect::NonIdempotentWrite,
+            enabled_by_default: false,
+            requires_admin: false,
+        },
+        pool: pool.clone(),
+        seen: Default::default(),
+        hang,
+        started: Default::default(),
+    });
+    let mut registry = (*h.registry).clone();
+    registry.register(notify.clone());
+    h.registry = Arc::new(registry);
+    h.runner.registry = h.registry.clone();
+    h.runner.models = countersign_worker::Models::Fixed(Arc::new(
+        ScriptedModel::from_json(NOTIFY_SCRIPT).unwrap(),
+    ));
+    let mut agent = h.store.agent("seo").await.unwrap().unwrap().config;
+    agent.policy.enabled_tools.push("notify".into());
+    h.store.upsert_agent(&agent).await.unwrap();
+    (h, notify)
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn an_external_write_is_stamped_before_it_runs_and_the_stamp_clears_with_its_journal_row(
+    pool: PgPool,
+) {
+    let (h, notify) = external_harness(pool, false).await;
+    let run_id = h.suspended_run().await;
+    h.approve(run_id).await;
+
+    let end = h.claim_and_run(run_id, "w2").await;
+    assert_eq!(end, SegmentEnd::Completed(TerminationReason::Completed));
+    let seen = notify.seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![(
+            Some("non_idempotent_write".to_owned()),
+            format!("{run_id}:1:0")
+        )]
+    );
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.pending_effect, None);
+    assert_eq!(journal_rows(&h.store, run_id).await, 1);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_run_that_dies_during_a_non_idempotent_external_write_fails_not_retryable(pool: PgPool) {
+    let (h, notify) = external_harness(pool, true).await;
+    let run_id = h.suspended_run().await;
+    h.approve(run_id).await;
+
+    let claim = h.store.claim(run_id, "w-dies", TTL).await.unwrap().unwrap();
+    let runner = h.runner.clone();
+    let segment = tokio::spawn(async move { runner.run(&claim).await });
+    notify.started.notified().await;
+    segment.abort(); // the worker dies during the effect
+
+    sqlx::query("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = $1")
+        .bind(run_id.as_uuid())
+        .execute(h.store.pool())
+        .await
+        .unwrap();
+    let expired = h.store.expired_leases(10).await.unwrap();
+    assert_eq!(
+        h.store
+            .reap_expired(&expired[0], 3, Duration::ZERO)
+            .await
+            .unwrap(),
+        countersign_store::ReapOutcome::NotRetryable
+    );
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(
+        run.termination_reason,
+        Some(TerminationReason::NotRetryable)
+    );
+    assert_eq!(notify.seen.lock().unwrap().len(), 1, "never sent twice");
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_segment_released_at_shutdown_is_requeued_without_spending_its_retry_budget(
+    pool: PgPool,
+) {
+    let (h, notify) = external_harness(pool, false).await;
+    let run_id = h.new_run().await;
+    let claim = h
+        .store
+        .claim(run_id, "w-stopping", TTL)
+        .await
+        .unwrap()
+        .unwrap();
+    let end = h
+        .runner
+        .run_until(&claim, std::future::ready(()))
+        .await
+        .unwrap();
+    assert_eq!(end, SegmentEnd::Released);
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(run.requeue_count, 0);
+    assert!(notify.seen.lock().unwrap().is_empty());
+}
+
+/// A model that never answers, like a provider that hangs.
+#[derive(Debug)]
+struct Hanging;
+
+#[async_trait::async_trait]
+impl countersign_core::Model for Hanging {
+    async fn complete(
+        &self,
+        _request: countersign_core::ModelRequest<'_>,
+    ) -> Result<countersign_core::ModelResponse, countersign_core::ModelError> {
+        std::future::pending().await
+    }
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_lost_lease_cancels_the_model_call_in_flight(pool: PgPool) {
+    let mut h = harness(pool).await;
+    h.runner.models = countersign_worker::Models::Fixed(Arc::new(Hanging));
+    h.runner.lease_ttl = Duration::from_secs(3);
+    let run_id = h.new_run().await;
+    let claim = h
+        .store
+        .claim(run_id, "w-slow", h.runner.lease_ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let runner = h.runner.clone();
+    let segment = tokio::spawn(async move { runner.run(&claim).await });
+
+    // Another worker takes the run over; the next heartbeat finds the lease gone.
+    sqlx::query(
+        "UPDATE runs SET lease_owner = 'w-other', lease_epoch = lease_epoch + 1 WHERE id = $1",
+    )
+    .bind(run_id.as_uuid())
+    .execute(h.store.pool())
+    .await
+    .unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(20), segment)
+        .await
+        .expect("the segment stops instead of waiting for the model")
+        .unwrap()
+        .unwrap();
+    assert_eq!(end, SegmentEnd::Interrupted("lease_lost"));
 }

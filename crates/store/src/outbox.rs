@@ -1,0 +1,308 @@
+//! The transactional outbox of the public events.
+//!
+//! Publishing an event after the commit of the transition it announces loses it whenever the
+//! process dies in between — and a lost `run.suspended` is a run nobody is ever asked to
+//! approve. So an event is a row of `event_outbox`, written by [`append`] in the transaction of
+//! its transition: the announcement exists exactly when the change does. A relay
+//! ([`Store::relay_batch`]) then claims unpublished rows `FOR UPDATE SKIP LOCKED`, hands each
+//! to a publisher that waits for the broker's confirm, marks the sent ones `published_at =
+//! now()` and commits. A crash after the confirm and before that commit sends the row again,
+//! so delivery is at least once, and the body carries `event_id` (the row's id) for consumers
+//! to deduplicate by. Two relays never send the same row at once: each skips the rows the
+//! other holds, and a row re-checked after the other's commit is no longer unpublished.
+//!
+//! The body is [`Event::to_json`] with `at` from the database clock (`now()`, the time of the
+//! transaction, so the same instant as the transition's `updated_at`), never a process's.
+//! Order is by `(created_at, id)` within one relay; relays in several processes may interleave,
+//! so a consumer orders by the facts the events carry (`suspension_seq`, `at`), not by arrival.
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use countersign_core::{Event, RunId, SuspendedRunState, TerminationReason};
+use countersign_crypto::Keyring;
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::decisions::DecisionOutcome;
+use crate::events::{append_locked, NewEvent};
+use crate::runs::{RunStatus, Settlement};
+use crate::{millis, Store, StoreError};
+
+/// A run exists for a request. Carries `request_id` and `run_id`.
+pub const RUN_ACCEPTED: &str = "run.accepted";
+/// A decision released its turn (an approval or a denial). Carries `decision_id`, `run_id`
+/// and `outcome`.
+pub const DECISION_ACCEPTED: &str = "decision.accepted";
+/// A decision was refused; the run is unchanged. Carries `decision_id`, `run_id`, `outcome`.
+pub const DECISION_REFUSED: &str = "decision.refused";
+
+/// An outbox row as the relay hands it to a publisher.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxEvent {
+    /// The event id, also the body's `event_id`.
+    pub id: Uuid,
+    /// `None` for an event about no stored run (a refused run request).
+    pub run_id: Option<Uuid>,
+    /// The event name: the routing key.
+    pub kind: String,
+    /// The full public body.
+    pub body: Value,
+    pub created_at: DateTime<Utc>,
+    pub published_at: Option<DateTime<Utc>>,
+}
+
+/// Where the relay sends events: the broker's events exchange, with confirms.
+pub trait EventPublisher: Send + Sync {
+    type Error: Send;
+
+    /// Publishes one event and resolves once the broker confirmed it. An error leaves the row
+    /// unpublished for the next attempt.
+    fn publish(&self, event: &OutboxEvent) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
+
+/// What one [`Store::relay_batch`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelayReport<E> {
+    /// Rows published and marked.
+    pub published: u64,
+    /// Rows the batch claimed (published, failed, or not tried after a failure).
+    pub claimed: u64,
+    /// The publish failure that stopped the batch; the rest of its rows stay unpublished.
+    pub error: Option<E>,
+}
+
+/// Appends `event` to the outbox inside the caller's transaction and returns its id. The body
+/// is `event.to_json` with `at` = the database's `now()` (RFC 3339, UTC) and `event_id` = the
+/// id. It is published only if the transaction commits; call [`Store::wake_relay`] after the
+/// commit to publish it at once rather than at the relay's next poll.
+pub async fn append(
+    conn: &mut PgConnection,
+    run_id: Option<RunId>,
+    event: &Event,
+) -> Result<Uuid, StoreError> {
+    let id = Uuid::now_v7();
+    let mut body = event.to_json("");
+    if let Value::Object(map) = &mut body {
+        map.remove("at");
+        map.remove("event_id");
+    }
+    sqlx::query!(
+        r#"INSERT INTO event_outbox (id, run_id, kind, body)
+           VALUES ($1, $2, $3,
+                   $4::jsonb || jsonb_build_object(
+                       'event_id', $1::uuid,
+                       'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))"#,
+        id,
+        run_id.map(|r| r.as_uuid()),
+        event.name,
+        body,
+    )
+    .execute(conn)
+    .await?;
+    Ok(id)
+}
+
+/// Appends the event's audit row to the run's trail (its fields but `run_id` as the payload,
+/// `content` sealed) and its outbox row, inside a transaction that holds the run row's lock.
+pub(crate) async fn announce_locked(
+    conn: &mut PgConnection,
+    keyring: &Keyring,
+    run_id: RunId,
+    event: &Event,
+    content: Option<&[u8]>,
+) -> Result<Uuid, StoreError> {
+    let mut payload = event.fields.clone();
+    payload.remove("run_id");
+    let audit = NewEvent {
+        content,
+        ..NewEvent::new(event.name, Value::Object(payload))
+    };
+    append_locked(conn, keyring, run_id, &audit).await?;
+    append(conn, Some(run_id), event).await
+}
+
+/// `run.accepted`: a run exists for the request.
+pub fn run_accepted(request_id: Uuid, run_id: RunId) -> Event {
+    Event::new(
+        RUN_ACCEPTED,
+        json!({"request_id": request_id, "run_id": run_id}),
+    )
+}
+
+/// `decision.accepted` / `decision.refused` with the gated outcome.
+pub fn decision_event(decision_id: Uuid, run_id: RunId, outcome: DecisionOutcome) -> Event {
+    let name = if outcome == DecisionOutcome::Accepted {
+        DECISION_ACCEPTED
+    } else {
+        DECISION_REFUSED
+    };
+    Event::new(
+        name,
+        json!({"decision_id": decision_id, "run_id": run_id, "outcome": outcome.as_str()}),
+    )
+}
+
+/// `run.preview_moved`, when the binding refused an approved turn, then `run.suspended`.
+pub(crate) fn suspension_events(
+    run_id: RunId,
+    state: &SuspendedRunState,
+    moved_tools: &[&str],
+) -> Vec<Event> {
+    let seq = state.suspension_seq.get();
+    let stale: Vec<usize> = state.stale_call_indexes.iter().map(|i| i.get()).collect();
+    let mut events = Vec::with_capacity(2);
+    if !moved_tools.is_empty() {
+        events.push(Event::new(
+            "run.preview_moved",
+            json!({"run_id": run_id, "suspension_seq": seq, "stale_call_indexes": stale,
+                   "tools": moved_tools}),
+        ));
+    }
+    let failed_previews = state.call_previews.iter().filter(|p| p.failed).count();
+    events.push(Event::new(
+        "run.suspended",
+        json!({
+            "run_id": run_id,
+            "suspension_seq": seq,
+            "turn_digest": state.turn_digest().as_str(),
+            "stale_call_indexes": stale,
+            "failed_previews": failed_previews,
+        }),
+    ));
+    events
+}
+
+/// `run.completed` or `run.failed`, as a worker settles.
+pub(crate) fn settlement_event(run_id: RunId, settlement: &Settlement) -> Event {
+    let mut fields = json!({"run_id": run_id, "termination_reason": settlement.reason.as_str()});
+    if let Some(code) = settlement.error_code {
+        fields["error_code"] = json!(code);
+    }
+    let name = if settlement.status == RunStatus::Completed {
+        "run.completed"
+    } else {
+        "run.failed"
+    };
+    Event::new(name, fields)
+}
+
+/// `run.failed`, `run.cancelled`: a run ended by the reaper or an operator.
+pub(crate) fn ended_event(name: &'static str, run_id: RunId, reason: TerminationReason) -> Event {
+    Event::new(
+        name,
+        json!({"run_id": run_id, "termination_reason": reason.as_str()}),
+    )
+}
+
+struct Row {
+    id: Uuid,
+    run_id: Option<Uuid>,
+    kind: String,
+    body: Value,
+    created_at: DateTime<Utc>,
+    published_at: Option<DateTime<Utc>>,
+}
+
+impl From<Row> for OutboxEvent {
+    fn from(r: Row) -> Self {
+        OutboxEvent {
+            id: r.id,
+            run_id: r.run_id,
+            kind: r.kind,
+            body: r.body,
+            created_at: r.created_at,
+            published_at: r.published_at,
+        }
+    }
+}
+
+impl Store {
+    /// Appends `event` to the outbox in a transaction of its own (for an event that announces
+    /// no transition, such as a refused run request) and wakes the relay.
+    pub async fn announce(&self, run_id: Option<RunId>, event: &Event) -> Result<Uuid, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let id = append(&mut conn, run_id, event).await?;
+        self.wake_relay();
+        Ok(id)
+    }
+
+    /// Tells this process's relay that outbox rows were committed. A wake-up while the relay
+    /// is busy is kept for its next wait, so none is lost.
+    pub fn wake_relay(&self) {
+        self.relay_kick.notify_one();
+    }
+
+    /// Resolves at the next [`Store::wake_relay`] (or at once if one is pending): what the relay
+    /// waits on besides its polling interval.
+    pub async fn relay_woken(&self) {
+        self.relay_kick.notified().await;
+    }
+
+    /// One relay step, in one transaction: claims up to `limit` unpublished rows created at
+    /// least `older_than` ago (by the database clock), oldest first, skipping rows another
+    /// relay holds; hands them to `publisher` one by one; marks the confirmed ones published
+    /// and commits. The first publish failure stops the batch: it and the rows after it stay
+    /// unpublished for the next attempt.
+    pub async fn relay_batch<P: EventPublisher>(
+        &self,
+        older_than: Duration,
+        limit: i64,
+        publisher: &P,
+    ) -> Result<RelayReport<P::Error>, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let rows = sqlx::query_as!(
+            Row,
+            r#"SELECT id, run_id, kind, body, created_at, published_at FROM event_outbox
+               WHERE published_at IS NULL AND created_at <= now() - $1 * interval '1 millisecond'
+               ORDER BY created_at, id LIMIT $2
+               FOR UPDATE SKIP LOCKED"#,
+            millis(older_than) as f64,
+            limit,
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        let claimed = rows.len() as u64;
+        let mut sent = Vec::with_capacity(rows.len());
+        let mut error = None;
+        for row in rows {
+            let event = OutboxEvent::from(row);
+            match publisher.publish(&event).await {
+                Ok(()) => sent.push(event.id),
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            }
+        }
+        if !sent.is_empty() {
+            sqlx::query!(
+                "UPDATE event_outbox SET published_at = now() WHERE id = ANY($1)",
+                &sent,
+            )
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(RelayReport {
+            published: sent.len() as u64,
+            claimed,
+            error,
+        })
+    }
+
+    /// The outbox rows about a run, oldest first: what was announced, and whether it went out.
+    pub async fn outbox(&self, run_id: RunId) -> Result<Vec<OutboxEvent>, StoreError> {
+        let rows = sqlx::query_as!(
+            Row,
+            r#"SELECT id, run_id, kind, body, created_at, published_at FROM event_outbox
+               WHERE run_id = $1 ORDER BY created_at, id"#,
+            run_id.as_uuid(),
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows.into_iter().map(OutboxEvent::from).collect())
+    }
+}

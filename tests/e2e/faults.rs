@@ -1,0 +1,923 @@
+//! Faults injected into a running installation — a colleague's edit between approval and write,
+//! a worker killed or stopped mid-turn, every database connection cut, one wake-up delivered
+//! twice, a denial, an approval left to expire — and what must hold afterwards, read from the
+//! content store and the journal: no approved write lost, none duplicated, none written
+//! against a state the approver was not shown.
+//!
+//! Timing is made deterministic with advisory-lock gates: a trigger installed in the test
+//! database makes a chosen statement of a service take a shared advisory lock that the test
+//! holds, so the service stops exactly inside the transaction under test, where the test can
+//! see it waiting (`pg_locks`, `pg_stat_activity`) before it acts and then lets it go on.
+
+use std::time::{Duration, Instant};
+
+use countersign_e2e::{
+    chat_answer, count, cut_connections, demo_script, hold_gate, install_gate, messages_with_role,
+    publish_decision, publish_wake_up, referenced_files, release_gate, remove_gate, run_row, secs,
+    wait_for_card, wait_for_sql, wait_for_status, wait_until, waiting_at_gate,
+    waiting_in_transaction, waiting_on_lock, Installation, ModelEndpoint, Running, TempDir,
+    MODEL_KEY_ENV,
+};
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+use crate::services::Database;
+
+const PROMPT: &str = "Tighten the description of page 12 and add bicycle.png to its teaser.";
+/// What the demo's model writes into page 12.
+const NEW_DESCRIPTION: &str =
+    "Bicycles for every road: repairs, rentals and advice from our workshop in the old town.";
+/// How page 12's seeded description begins.
+const OLD_DESCRIPTION: &str = "Welcome to the countersign demo site";
+/// The teaser (element 5) images as seeded.
+const SEEDED_TEASER: [&str; 2] = ["hero.jpg", "team.jpg"];
+
+/// Gate of the turn transaction of a resume: the lease renewal that opens it, `UPDATE runs …
+/// WHERE … status = 'running' …` on a resumed run.
+const TURN_GATE: i64 = 4242;
+const TURN_GATE_WHEN: &str =
+    "OLD.status = 'running' AND NEW.status = 'running' AND OLD.segment = 'resume'";
+/// How the lease renewal statement begins (the heartbeat's is the same, but not in a
+/// transaction of its own).
+const LEASE_RENEWAL: &str = "UPDATE runs SET lease_expires_at";
+/// Gate of the coordinator's release of a turn (`waiting_for_approval` → `queued`).
+const RELEASE_GATE: i64 = 4243;
+const RELEASE_GATE_WHEN: &str = "OLD.status = 'waiting_for_approval' AND NEW.status = 'queued'";
+/// Gate of a worker's claim of a resume segment.
+const CLAIM_GATE: i64 = 4244;
+const CLAIM_GATE_WHEN: &str =
+    "OLD.status = 'queued' AND NEW.status = 'running' AND OLD.segment = 'resume'";
+const CLAIM: &str = "UPDATE runs SET status = 'running', lease_owner";
+
+/// One installation under test: its database, queues, agent file, a connection, and the
+/// services started in the background (stopped before the database and queues go).
+struct Site {
+    db: Database,
+    install: Installation,
+    conn: PgConnection,
+    dir: TempDir,
+    services: Vec<Running>,
+}
+
+impl Site {
+    async fn new(tag: &str, agent: &Value) -> Site {
+        let db = Database::create(tag).await;
+        let install = Installation {
+            database_url: db.url(),
+            queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+        };
+        let dir = TempDir::new();
+        install.configure(&dir.json("agent.json", agent));
+        let conn = PgConnection::connect(&db.url()).await.unwrap();
+        Site {
+            db,
+            install,
+            conn,
+            dir,
+            services: Vec::new(),
+        }
+    }
+
+    async fn connect(&self) -> PgConnection {
+        PgConnection::connect(&self.db.url()).await.unwrap()
+    }
+
+    fn start_coordinator(&mut self) {
+        let coordinator = self.install.spawn("countersign-coordinator", &[]);
+        self.services.push(coordinator);
+    }
+
+    fn start_worker(&mut self, args: &[&str]) {
+        let worker = self.worker(args);
+        self.services.push(worker);
+    }
+
+    /// A worker the test keeps its hands on (to kill or stop it).
+    fn worker(&self, args: &[&str]) -> Running {
+        self.install
+            .spawn_env("countersign-worker", args, &[(MODEL_KEY_ENV, "fake-key")])
+    }
+
+    /// Approves (or denies) card `seq` of the run through the queue, as `admin`, and checks the
+    /// coordinator accepted it.
+    fn decide(&self, run_id: &str, seq: i32, digest: &str, verdict: &[&str]) {
+        let seq = seq.to_string();
+        let mut args = vec![
+            "decide", run_id, "--seq", &seq, "--digest", digest, "--as", "admin",
+        ];
+        args.extend_from_slice(verdict);
+        let out = self.install.countersign_ok(&args);
+        assert!(out.contains("decision accepted"), "{out}");
+    }
+
+    async fn digest(&mut self, run_id: &str) -> String {
+        run_row(&mut self.conn, run_id).await["turn_digest"]
+            .as_str()
+            .expect("a turn digest")
+            .to_owned()
+    }
+
+    async fn finish(mut self) {
+        self.services.clear();
+        drop(self.conn);
+        drop(self.dir);
+        countersign_e2e::delete_topology(&self.install.queue_prefix).await;
+        self.db.drop().await;
+    }
+}
+
+/// An agent configuration with the demo's two writers enabled and four eyes.
+fn agent(model: Value, approval_deadline_secs: u64) -> Value {
+    json!({
+        "name": "seo-assistant",
+        "model": model,
+        "policy": {
+            "allowed_groups": ["content", "editing"],
+            "enabled_tools": ["update_page_metadata", "attach_file_to_content_element"]
+        },
+        "max_iterations": 8,
+        "four_eyes": true,
+        "approval_deadline_secs": approval_deadline_secs
+    })
+}
+
+/// The demo's scripted model: read page 12, then propose its description and bicycle.png on
+/// the teaser (element 5), then finish.
+fn demo_model() -> Value {
+    json!({"provider": "scripted", "script": demo_script()})
+}
+
+/// The journal and the audit trail of the run hold exactly the turn of suspension `seq`,
+/// written once: one journal row per call (`calls` of them, nothing of another suspension),
+/// all in one lease epoch, and one `tool_write` audit event per call, none an error. Returns
+/// the epoch that wrote it.
+async fn assert_written_once(conn: &mut PgConnection, run_id: &str, seq: i64, calls: i64) -> i64 {
+    let journal: Vec<(i32, i32, i64)> = sqlx::query_as(
+        "SELECT suspension_seq, call_index, lease_epoch FROM run_journal
+         WHERE run_id = $1::uuid ORDER BY suspension_seq, call_index",
+    )
+    .bind(run_id)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let keys: Vec<(i64, i64)> = journal
+        .iter()
+        .map(|(s, i, _)| (i64::from(*s), i64::from(*i)))
+        .collect();
+    let expected: Vec<(i64, i64)> = (0..calls).map(|i| (seq, i)).collect();
+    assert_eq!(keys, expected, "run {run_id}: the journal of the turn");
+    let epoch = journal[0].2;
+    assert!(
+        journal.iter().all(|(_, _, e)| *e == epoch),
+        "run {run_id}: the turn was journaled by one segment: {journal:?}"
+    );
+
+    let writes: Vec<Value> = sqlx::query_scalar(
+        "SELECT payload FROM run_events WHERE run_id = $1::uuid AND kind = 'tool_write'
+         ORDER BY sequence",
+    )
+    .bind(run_id)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        writes.len() as i64,
+        calls,
+        "run {run_id}: one tool_write event per write call: {writes:?}"
+    );
+    for (index, write) in writes.iter().enumerate() {
+        assert_eq!(write["call_index"], index, "{write}");
+        assert_eq!(write["suspension_seq"], seq, "{write}");
+        assert_eq!(write["lease_epoch"], epoch, "{write}");
+        assert_eq!(
+            write["is_error"], false,
+            "run {run_id}: a write failed: {write}"
+        );
+    }
+    let accepted = count(
+        conn,
+        &format!(
+            "SELECT count(*) FROM run_decisions WHERE run_id = '{run_id}'::uuid
+             AND suspension_seq = {seq} AND outcome = 'accepted' AND approved"
+        ),
+    )
+    .await;
+    assert_eq!(accepted, 1, "run {run_id}: the turn was approved once");
+    epoch
+}
+
+/// Nothing of the run's turn was written: no journal row, no `tool_write` event.
+async fn assert_nothing_journaled(conn: &mut PgConnection, run_id: &str) {
+    let journaled = count(
+        conn,
+        &format!("SELECT count(*) FROM run_journal WHERE run_id = '{run_id}'::uuid"),
+    )
+    .await;
+    let writes = count(
+        conn,
+        &format!(
+            "SELECT count(*) FROM run_events WHERE run_id = '{run_id}'::uuid AND kind = 'tool_write'"
+        ),
+    )
+    .await;
+    assert_eq!((journaled, writes), (0, 0), "run {run_id} wrote nothing");
+}
+
+async fn page_description(conn: &mut PgConnection, page: i64) -> String {
+    sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = $1")
+        .bind(page)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// The demo turn's effect on the content store: page 12's description and the teaser.
+async fn assert_demo_site(conn: &mut PgConnection, written: bool, teaser: &[&str]) {
+    let description = page_description(conn, 12).await;
+    if written {
+        assert_eq!(description, NEW_DESCRIPTION);
+    } else {
+        assert!(description.starts_with(OLD_DESCRIPTION), "{description}");
+    }
+    assert_eq!(referenced_files(conn, 5, "image").await, teaser);
+}
+
+/// Events the outbox holds for the run, of kind `kind`, oldest first.
+async fn outbox(conn: &mut PgConnection, run_id: &str, kind: &str) -> Vec<Value> {
+    sqlx::query_scalar(
+        "SELECT body FROM event_outbox WHERE run_id = $1::uuid AND kind = $2
+         ORDER BY created_at, id",
+    )
+    .bind(run_id)
+    .bind(kind)
+    .fetch_all(conn)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_landing_while_the_approved_turn_renews_its_lease_re_suspends_the_turn_and_card_two_is_written_once_after_it(
+) {
+    let mut site = Site::new("faults_moved", &agent(demo_model(), 3600)).await;
+    site.start_coordinator();
+    site.start_worker(&["--poll-interval-secs", "1"]);
+    let run = site.install.submit("seo-assistant", "editor", PROMPT);
+    wait_for_card(&mut site.conn, &run, 1, secs(30)).await;
+    let digest = site.digest(&run).await;
+
+    // The approved turn stops inside its transaction, at the lease renewal that opens it.
+    install_gate(
+        &mut site.conn,
+        "turn",
+        "runs",
+        "UPDATE",
+        TURN_GATE_WHEN,
+        TURN_GATE,
+    )
+    .await;
+    hold_gate(&mut site.conn, TURN_GATE).await;
+    site.decide(&run, 1, &digest, &["--approve"]);
+    wait_until(
+        "the turn transaction waits at the gate",
+        secs(30),
+        async || {
+            (waiting_in_transaction(&mut site.conn, LEASE_RENEWAL).await == 1
+                && waiting_at_gate(&mut site.conn, TURN_GATE).await == 1)
+                .then_some(())
+        },
+    )
+    .await;
+
+    // A colleague attaches logo.svg to the teaser meanwhile, as the demo's colleague does.
+    let mut colleague = site.connect().await;
+    sqlx::query(
+        "INSERT INTO content.file_references (element, field, file, sorting)
+         SELECT 5, 'image', 10, coalesce(max(sorting), 0) + 1
+         FROM content.file_references WHERE element = 5 AND field = 'image'",
+    )
+    .execute(&mut colleague)
+    .await
+    .unwrap();
+    release_gate(&mut site.conn, TURN_GATE).await;
+
+    // The re-plan under the locks sees the colleague's reference: the attach moved, nothing
+    // of the turn is written, and the run waits on card 2 with the moved index.
+    wait_for_card(&mut site.conn, &run, 2, secs(30)).await;
+    remove_gate(&mut site.conn, "turn", "runs").await;
+    assert_demo_site(&mut site.conn, false, &["hero.jpg", "team.jpg", "logo.svg"]).await;
+    assert_nothing_journaled(&mut site.conn, &run).await;
+    let moved = outbox(&mut site.conn, &run, "run.preview_moved").await;
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert_eq!(moved[0]["suspension_seq"], 2);
+    assert_eq!(moved[0]["stale_call_indexes"], json!([1]));
+    assert_eq!(moved[0]["tools"], json!(["attach_file_to_content_element"]));
+    let suspended = outbox(&mut site.conn, &run, "run.suspended").await;
+    assert_eq!(suspended.len(), 2, "{suspended:?}");
+    assert_eq!(suspended[1]["suspension_seq"], 2);
+    assert_eq!(suspended[1]["stale_call_indexes"], json!([1]));
+    assert_eq!(suspended[1]["turn_digest"], digest.as_str(), "same calls");
+
+    // Card 2 says where the reference lands now; approving it writes the turn once, there.
+    let card = site.dir.0.join("card-2.json");
+    let card = card.to_str().unwrap();
+    site.install
+        .countersign_ok(&["show", &run, "--as", "admin", "--save", card]);
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(card).unwrap()).unwrap();
+    let calls = &saved["cards"][0]["calls"];
+    assert_eq!(saved["cards"][0]["suspension_seq"], 2, "{saved}");
+    assert_eq!(
+        (&calls[0]["moved"], &calls[1]["moved"]),
+        (&json!(false), &json!(true))
+    );
+    assert!(
+        calls[1]
+            .to_string()
+            .contains("field image: 3 reference(s) → 4, appended last"),
+        "{saved}"
+    );
+    let decided = site.install.countersign_ok(&[
+        "decide",
+        &run,
+        "--card",
+        card,
+        "--as",
+        "admin",
+        "--approve",
+    ]);
+    assert!(decided.contains("decision accepted"), "{decided}");
+    wait_for_status(&mut site.conn, &run, "completed", secs(30)).await;
+
+    assert_demo_site(
+        &mut site.conn,
+        true,
+        &["hero.jpg", "team.jpg", "logo.svg", "bicycle.png"],
+    )
+    .await;
+    assert_written_once(&mut site.conn, &run, 2, 2).await;
+    assert_eq!(
+        run_row(&mut site.conn, &run).await["termination_reason"],
+        "completed"
+    );
+    site.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_inside_its_turn_transaction_writes_nothing_and_the_rescuing_worker_writes_the_turn_once(
+) {
+    let mut site = Site::new("faults_kill", &agent(demo_model(), 3600)).await;
+    site.start_coordinator();
+    let mut doomed = site.worker(&["--lease-ttl-secs", "3", "--poll-interval-secs", "1"]);
+    let run = site.install.submit("seo-assistant", "editor", PROMPT);
+    wait_for_card(&mut site.conn, &run, 1, secs(30)).await;
+    let digest = site.digest(&run).await;
+
+    install_gate(
+        &mut site.conn,
+        "turn",
+        "runs",
+        "UPDATE",
+        TURN_GATE_WHEN,
+        TURN_GATE,
+    )
+    .await;
+    hold_gate(&mut site.conn, TURN_GATE).await;
+    site.decide(&run, 1, &digest, &["--approve"]);
+    wait_until(
+        "the turn transaction waits at the gate",
+        secs(30),
+        async || {
+            (waiting_in_transaction(&mut site.conn, LEASE_RENEWAL).await == 1
+                && waiting_at_gate(&mut site.conn, TURN_GATE).await >= 1)
+                .then_some(())
+        },
+    )
+    .await;
+    let doomed_epoch = run_row(&mut site.conn, &run).await["lease_epoch"]
+        .as_i64()
+        .unwrap();
+
+    // Killed mid-transaction; its backend finishes the statement, finds no client, rolls back.
+    doomed.sigkill();
+    release_gate(&mut site.conn, TURN_GATE).await;
+    remove_gate(&mut site.conn, "turn", "runs").await;
+    wait_for_sql(
+        &mut site.conn,
+        "the killed worker's transaction is gone and its lease has expired",
+        secs(30),
+        &format!(
+            "SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity
+                                WHERE datname = current_database() AND pid <> pg_backend_pid()
+                                  AND xact_start IS NOT NULL)
+                AND (SELECT lease_expires_at < now() FROM runs WHERE id = '{run}'::uuid)"
+        ),
+    )
+    .await;
+    assert_demo_site(&mut site.conn, false, &SEEDED_TEASER).await;
+    assert_nothing_journaled(&mut site.conn, &run).await;
+
+    // The reaper hands the run on; a second worker resumes it and writes the turn once.
+    let reaper = site
+        .install
+        .command("countersign-reaper")
+        .args(["--backoff-secs", "0", "--dispatch-grace-secs", "0"])
+        .output()
+        .unwrap();
+    let summary = String::from_utf8_lossy(&reaper.stdout);
+    assert!(
+        reaper.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reaper.stderr)
+    );
+    assert!(
+        summary.contains("requeued=1") && summary.contains("not_retryable=0"),
+        "{summary}"
+    );
+    site.start_worker(&["--poll-interval-secs", "1"]);
+    wait_for_status(&mut site.conn, &run, "completed", secs(30)).await;
+
+    assert_demo_site(
+        &mut site.conn,
+        true,
+        &["hero.jpg", "team.jpg", "bicycle.png"],
+    )
+    .await;
+    let epoch = assert_written_once(&mut site.conn, &run, 1, 2).await;
+    assert_eq!(epoch, doomed_epoch + 1, "written by the rescuer's lease");
+    let row = run_row(&mut site.conn, &run).await;
+    assert_eq!(
+        (&row["termination_reason"], &row["requeue_count"]),
+        (&json!("completed"), &json!(1)),
+        "{row}"
+    );
+    site.finish().await;
+}
+
+/// The fault pages: page 9000+n with teaser element 9100+n (no images), n = 1..=RUNS.
+const RUNS: i64 = 10;
+
+/// A model for the fault pages: the prompt names the page; the first turn proposes its new
+/// description and hero.jpg on its teaser, the second finishes.
+fn fault_page_model(request: &Value) -> Option<Value> {
+    let prompt = messages_with_role(request, "user").into_iter().next()?;
+    let page: Option<i64> = prompt
+        .strip_prefix("Edit fault page ")
+        .and_then(|rest| rest.trim_end_matches('.').parse().ok());
+    let Some(page) = page else {
+        return Some(chat_answer("I cannot tell which page to edit.", &[]));
+    };
+    Some(match messages_with_role(request, "assistant").len() {
+        0 => chat_answer(
+            "I propose a new description and the hero image on the teaser.",
+            &[
+                (
+                    "update_page_metadata",
+                    json!({"uid": page, "description": format!("Fault page {page}, rewritten.")}),
+                ),
+                (
+                    "attach_file_to_content_element",
+                    json!({"content_element": page + 100, "file": 7, "field": "image",
+                           "alternative": format!("Hero of page {page}")}),
+                ),
+            ],
+        ),
+        _ => chat_answer("Done.", &[]),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cutting_every_database_connection_while_ten_approvals_are_in_flight_loses_and_duplicates_no_write(
+) {
+    let model = ModelEndpoint::start(fault_page_model);
+    let mut site = Site::new("faults_cut", &agent(model.model_settings(), 3600)).await;
+    sqlx::query(
+        "INSERT INTO content.pages (uid, pid, sorting, title, description)
+         SELECT 9000 + n, 10, 4000 + n, 'Fault page ' || n, 'Before ' || n
+         FROM generate_series(1, $1::int) n",
+    )
+    .bind(RUNS as i32)
+    .execute(&mut site.conn)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO content.elements (uid, pid, ctype, header, sorting)
+         SELECT 9100 + n, 9000 + n, 'textpic', 'Fault teaser ' || n, 256
+         FROM generate_series(1, $1::int) n",
+    )
+    .bind(RUNS as i32)
+    .execute(&mut site.conn)
+    .await
+    .unwrap();
+    site.start_coordinator();
+    site.start_worker(&["--poll-interval-secs", "1"]);
+    site.start_worker(&["--poll-interval-secs", "1"]);
+    let runs: Vec<(i64, String)> = (1..=RUNS)
+        .map(|n| {
+            let page = 9000 + n;
+            let prompt = format!("Edit fault page {page}.");
+            (
+                page,
+                site.install.submit("seo-assistant", "editor", &prompt),
+            )
+        })
+        .collect();
+    wait_for_sql(
+        &mut site.conn,
+        "every run waits on card 1",
+        secs(30),
+        &format!(
+            "SELECT count(*) = {RUNS} FROM runs
+             WHERE status = 'waiting_for_approval' AND suspension_seq = 1"
+        ),
+    )
+    .await;
+    let mut digests = Vec::new();
+    for (_, run) in &runs {
+        digests.push(site.digest(run).await);
+    }
+
+    // Half the approvals get as far as their turn transactions; the other half are held in the
+    // coordinator's transaction that releases the turn.
+    install_gate(
+        &mut site.conn,
+        "turn",
+        "runs",
+        "UPDATE",
+        TURN_GATE_WHEN,
+        TURN_GATE,
+    )
+    .await;
+    install_gate(
+        &mut site.conn,
+        "release",
+        "runs",
+        "UPDATE",
+        RELEASE_GATE_WHEN,
+        RELEASE_GATE,
+    )
+    .await;
+    hold_gate(&mut site.conn, TURN_GATE).await;
+    let broker = site.install.broker().await;
+    let half = (RUNS / 2) as usize;
+    for ((_, run), digest) in runs.iter().zip(&digests).take(half) {
+        publish_decision(&broker, run, 1, digest, true, "admin").await;
+    }
+    wait_until(
+        "five turn transactions wait at the gate",
+        secs(30),
+        async || (waiting_at_gate(&mut site.conn, TURN_GATE).await == half as i64).then_some(()),
+    )
+    .await;
+    hold_gate(&mut site.conn, RELEASE_GATE).await;
+    for ((_, run), digest) in runs.iter().zip(&digests).skip(half) {
+        publish_decision(&broker, run, 1, digest, true, "admin").await;
+    }
+    wait_until("a release waits at the gate", secs(30), async || {
+        (waiting_at_gate(&mut site.conn, RELEASE_GATE).await == 1).then_some(())
+    })
+    .await;
+
+    // Every connection of every service to this database is cut.
+    let cut = cut_connections(&mut site.conn).await;
+    assert!(cut > half as i64, "only {cut} connections were cut");
+
+    // The interrupted segments are run again under their leases and the interrupted decision
+    // gated again: they come back to the gates, not to the reaper or to a refusal.
+    wait_until(
+        "the interrupted work comes back to the gates",
+        secs(20),
+        async || {
+            (waiting_at_gate(&mut site.conn, TURN_GATE).await == half as i64
+                && waiting_at_gate(&mut site.conn, RELEASE_GATE).await == 1)
+                .then_some(())
+        },
+    )
+    .await;
+    release_gate(&mut site.conn, RELEASE_GATE).await;
+    release_gate(&mut site.conn, TURN_GATE).await;
+    wait_for_sql(
+        &mut site.conn,
+        "every run completed",
+        secs(45),
+        &format!("SELECT count(*) = {RUNS} FROM runs WHERE status = 'completed'"),
+    )
+    .await;
+
+    let outcomes: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT outcome, count(*) FROM run_decisions GROUP BY outcome ORDER BY outcome",
+    )
+    .fetch_all(&mut site.conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        outcomes,
+        vec![("accepted".to_owned(), RUNS)],
+        "no decision refused"
+    );
+    let requests = model.requests();
+    for (page, run) in &runs {
+        let row = run_row(&mut site.conn, run).await;
+        assert_eq!(row["termination_reason"], "completed", "{row}");
+        assert_eq!(
+            page_description(&mut site.conn, *page).await,
+            format!("Fault page {page}, rewritten.")
+        );
+        assert_eq!(
+            referenced_files(&mut site.conn, page + 100, "image").await,
+            ["hero.jpg"],
+            "page {page}'s teaser holds the approved reference once"
+        );
+        let epoch = assert_written_once(&mut site.conn, run, 1, 2).await;
+        assert_eq!(
+            (epoch, &row["lease_epoch"], &row["requeue_count"]),
+            (2, &json!(2), &json!(0)),
+            "written by the resume's own lease, retried in place, not rescued by the reaper: {row}"
+        );
+        // What the model was told the calls did: their journaled results, never an
+        // infrastructure failure.
+        let prompt = format!("Edit fault page {page}.");
+        let told: Vec<Vec<String>> = requests
+            .iter()
+            .filter(|r| messages_with_role(r, "user").first() == Some(&prompt))
+            .map(|r| messages_with_role(r, "tool"))
+            .filter(|results| !results.is_empty())
+            .collect();
+        assert!(
+            !told.is_empty(),
+            "page {page}: the model never heard of its turn"
+        );
+        for results in &told {
+            assert_eq!(results.len(), 2, "{results:?}");
+            assert!(
+                results[0].starts_with(&format!("Page [{page}] updated")),
+                "{results:?}"
+            );
+            assert!(results[1].starts_with("Attached file [7]"), "{results:?}");
+            assert!(
+                results.iter().all(|r| !r.contains("failed (")),
+                "an infrastructure error became a tool result: {results:?}"
+            );
+        }
+    }
+    site.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_with_sigterm_mid_segment_exits_zero_and_hands_the_run_back_without_spending_its_retry_budget(
+) {
+    let model = ModelEndpoint::silent();
+    let mut site = Site::new("faults_term", &agent(model.model_settings(), 3600)).await;
+    site.start_coordinator();
+    // A lease of 3 s is also the worker's shutdown grace.
+    let grace = Duration::from_secs(3);
+    let mut worker = site.worker(&["--lease-ttl-secs", "3", "--poll-interval-secs", "1"]);
+    let run = site
+        .install
+        .submit("seo-assistant", "editor", "Improve page 12.");
+    wait_until("the segment waits on the model", secs(30), async || {
+        let row = run_row(&mut site.conn, &run).await;
+        (row["status"] == "running" && !model.requests().is_empty()).then_some(())
+    })
+    .await;
+
+    worker.sigterm();
+    let asked = Instant::now();
+    let status = worker
+        .exit_within(grace + secs(5))
+        .await
+        .expect("the worker exits within its grace period and a few seconds");
+    let took = asked.elapsed();
+    assert!(status.success(), "the worker exited with {status}");
+    assert!(
+        took >= grace,
+        "the worker waited its grace period first ({took:?})"
+    );
+    let row = run_row(&mut site.conn, &run).await;
+    assert_eq!(
+        (
+            &row["status"],
+            &row["segment"],
+            &row["requeue_count"],
+            &row["lease_owner"],
+            &row["lease_epoch"]
+        ),
+        (
+            &json!("queued"),
+            &json!("start"),
+            &json!(0),
+            &Value::Null,
+            &json!(1)
+        ),
+        "handed back, the retry budget untouched: {row}"
+    );
+
+    // Another worker takes it up and completes it (the model answers now).
+    let script = site.dir.json(
+        "reads-and-finishes.json",
+        &json!({"turns": [
+            {"content": "Reading.", "tool_calls": [{"name": "read_page_metadata", "arguments": {"uid": 12}}]},
+            {"content": "Page 12 reads well; nothing to change."}
+        ]}),
+    );
+    let scripted = site.dir.json(
+        "scripted.json",
+        &agent(json!({"provider": "scripted", "script": script}), 3600),
+    );
+    site.install.countersign_ok(&["agents", "put", &scripted]);
+    site.start_worker(&["--poll-interval-secs", "1"]);
+    wait_for_status(&mut site.conn, &run, "completed", secs(30)).await;
+    let row = run_row(&mut site.conn, &run).await;
+    assert_eq!(
+        (
+            &row["termination_reason"],
+            &row["requeue_count"],
+            &row["lease_epoch"]
+        ),
+        (&json!("completed"), &json!(0), &json!(2)),
+        "{row}"
+    );
+    site.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_resume_wake_up_delivered_to_two_workers_is_claimed_once_and_its_writes_land_once() {
+    let mut site = Site::new("faults_twice", &agent(demo_model(), 3600)).await;
+    site.start_coordinator();
+    // One segment at a time each, and no polling: each claims only from a delivery.
+    let only_deliveries = ["--concurrency", "1", "--poll-interval-secs", "3600"];
+    let mut workers = [site.worker(&only_deliveries), site.worker(&only_deliveries)];
+    let run = site.install.submit("seo-assistant", "editor", PROMPT);
+    wait_for_card(&mut site.conn, &run, 1, secs(30)).await;
+    let digest = site.digest(&run).await;
+
+    // Both claims of the resume are held at the gate until both workers have made theirs.
+    install_gate(
+        &mut site.conn,
+        "claim",
+        "runs",
+        "UPDATE",
+        CLAIM_GATE_WHEN,
+        CLAIM_GATE,
+    )
+    .await;
+    hold_gate(&mut site.conn, CLAIM_GATE).await;
+    site.decide(&run, 1, &digest, &["--approve"]);
+    let broker = site.install.broker().await;
+    publish_wake_up(&broker, &run).await;
+    wait_until("both workers claim the run", secs(30), async || {
+        (waiting_on_lock(&mut site.conn, CLAIM).await == 2).then_some(())
+    })
+    .await;
+    release_gate(&mut site.conn, CLAIM_GATE).await;
+    wait_for_status(&mut site.conn, &run, "completed", secs(30)).await;
+
+    let row = run_row(&mut site.conn, &run).await;
+    assert_eq!(
+        row["lease_epoch"], 2,
+        "one claim for the start, one for the resume: {row}"
+    );
+    assert_demo_site(
+        &mut site.conn,
+        true,
+        &["hero.jpg", "team.jpg", "bicycle.png"],
+    )
+    .await;
+    assert_written_once(&mut site.conn, &run, 1, 2).await;
+
+    // Both deliveries were settled, the lost claim's too: nothing is left on the queue.
+    for worker in &mut workers {
+        worker.sigterm();
+        let status = worker
+            .exit_within(secs(15))
+            .await
+            .expect("the worker stops");
+        assert!(status.success(), "{status}");
+    }
+    let mut segments = broker
+        .consume(&broker.topology().segments(), 10)
+        .await
+        .unwrap();
+    let left = tokio::time::timeout(secs(2), segments.next()).await;
+    assert!(left.is_err(), "a wake-up was left unsettled");
+    drop(segments);
+    site.finish().await;
+}
+
+/// A model that proposes the demo's turn on page 12 and, told of a denial, gives up.
+fn proposing_model(request: &Value) -> Option<Value> {
+    Some(match messages_with_role(request, "assistant").len() {
+        0 => chat_answer(
+            "I propose a tighter description and bicycle.png on the teaser.",
+            &[
+                (
+                    "update_page_metadata",
+                    json!({"uid": 12, "description": NEW_DESCRIPTION}),
+                ),
+                (
+                    "attach_file_to_content_element",
+                    json!({"content_element": 5, "file": 13, "field": "image"}),
+                ),
+            ],
+        ),
+        _ => chat_answer("Understood; I leave page 12 as it is.", &[]),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_with_a_comment_through_the_queue_reaches_the_model_and_writes_nothing() {
+    let model = ModelEndpoint::start(proposing_model);
+    let mut site = Site::new("faults_deny", &agent(model.model_settings(), 3600)).await;
+    site.start_coordinator();
+    site.start_worker(&["--poll-interval-secs", "1"]);
+    let run = site.install.submit("seo-assistant", "editor", PROMPT);
+    wait_for_card(&mut site.conn, &run, 1, secs(30)).await;
+    let digest = site.digest(&run).await;
+
+    let comment = "Keep the old description; no new images this season.";
+    site.decide(&run, 1, &digest, &["--deny", "--comment", comment]);
+    wait_for_status(&mut site.conn, &run, "completed", secs(30)).await;
+
+    let row = run_row(&mut site.conn, &run).await;
+    assert_eq!(row["termination_reason"], "approval_denied", "{row}");
+    let requests = model.requests();
+    assert_eq!(
+        requests.len(),
+        2,
+        "one call to propose, one after the denial"
+    );
+    assert_eq!(
+        messages_with_role(&requests[1], "tool"),
+        [
+            format!("Error: tool \"update_page_metadata\" was denied by the operator. Comment: {comment}"),
+            format!("Error: tool \"attach_file_to_content_element\" was denied by the operator. Comment: {comment}"),
+        ]
+    );
+    assert_demo_site(&mut site.conn, false, &SEEDED_TEASER).await;
+    let writes = count(
+        &mut site.conn,
+        &format!(
+            "SELECT count(*) FROM run_events WHERE run_id = '{run}'::uuid AND kind = 'tool_write'"
+        ),
+    )
+    .await;
+    assert_eq!(writes, 0);
+    site.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_left_past_its_deadline_is_cancelled_approval_expired_by_the_reaper_and_a_late_approval_is_refused(
+) {
+    let mut site = Site::new("faults_expiry", &agent(demo_model(), 1)).await;
+    site.start_coordinator();
+    site.start_worker(&["--poll-interval-secs", "1"]);
+    let run = site.install.submit("seo-assistant", "editor", PROMPT);
+    wait_for_card(&mut site.conn, &run, 1, secs(30)).await;
+    let digest = site.digest(&run).await;
+    wait_for_sql(
+        &mut site.conn,
+        "the approval deadline passed by the database clock",
+        secs(10),
+        &format!("SELECT approval_deadline < now() FROM runs WHERE id = '{run}'::uuid"),
+    )
+    .await;
+
+    let reaper = site.install.command("countersign-reaper").output().unwrap();
+    let summary = String::from_utf8_lossy(&reaper.stdout);
+    assert!(
+        reaper.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reaper.stderr)
+    );
+    assert!(summary.contains("approvals_expired=1"), "{summary}");
+    let row = run_row(&mut site.conn, &run).await;
+    assert_eq!(
+        (&row["status"], &row["termination_reason"]),
+        (&json!("cancelled"), &json!("approval_expired")),
+        "{row}"
+    );
+    assert_eq!(outbox(&mut site.conn, &run, "run.cancelled").await.len(), 1);
+
+    // The approver who comes back to card 1 finds it expired; nothing is written.
+    let late = site.install.countersign(&[
+        "decide",
+        &run,
+        "--seq",
+        "1",
+        "--digest",
+        &digest,
+        "--as",
+        "admin",
+        "--approve",
+    ]);
+    let stderr = String::from_utf8_lossy(&late.stderr);
+    assert_eq!(late.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("not_awaiting_approval"), "{stderr}");
+    assert_eq!(
+        run_row(&mut site.conn, &run).await,
+        row,
+        "the run is untouched"
+    );
+    assert_demo_site(&mut site.conn, false, &SEEDED_TEASER).await;
+    assert_nothing_journaled(&mut site.conn, &run).await;
+    site.finish().await;
+}
