@@ -10,7 +10,7 @@ pub fn card(card: &ApprovalCard) -> String {
         out,
         "  ┌ approval card — suspension {}, turn {}",
         card.suspension_seq,
-        &card.turn_digest.as_str()[..16]
+        card.turn_digest.as_str()
     );
     if let Some(notice) = card.moved_notice {
         let _ = writeln!(out, "  │ ⚠ {notice}");

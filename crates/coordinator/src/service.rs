@@ -13,6 +13,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::{SecondsFormat, Utc};
 use countersign_core::{Event, RunId};
 use countersign_queue::{Broker, Delivery};
@@ -99,6 +100,29 @@ fn dead_letter_reason(malformed: Option<&str>, outcome: &'static str) -> Option<
         .or_else(|| (outcome == "unauthenticated_producer").then(|| outcome.to_owned()))
 }
 
+/// How long a consumer holds a message it could not gate while it waits for the store.
+const STORE_WAIT: Duration = Duration::from_secs(30);
+
+/// Waits, with a growing pause, until the store answers or [`STORE_WAIT`] has passed.
+async fn wait_for_store(coordinator: &Coordinator) {
+    let mut pauses = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(250))
+        .with_max_delay(Duration::from_secs(4))
+        .with_total_delay(Some(STORE_WAIT))
+        .without_max_times()
+        .build();
+    while let Some(pause) = pauses.next() {
+        tokio::time::sleep(pause).await;
+        if sqlx::query("SELECT 1")
+            .execute(coordinator.store.pool())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
 async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery: Delivery) {
     let producer = delivery.user_id.as_deref();
     let effects = match inbox {
@@ -128,9 +152,12 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
     let effects = match effects {
         Ok(effects) => effects,
         Err(e) => {
-            // Nothing was recorded that the next delivery would not redo.
+            // Nothing was recorded that the next delivery would not redo. The queue counts
+            // every redelivery against its delivery limit, so the message goes back only once
+            // the store answers again (or after a bounded wait): an outage of a few seconds
+            // must not dead-letter an approval.
             tracing::warn!(code = e.code(), error = %e, "gates could not run; message requeued");
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            wait_for_store(coordinator).await;
             if let Err(e) = delivery.requeue().await {
                 tracing::warn!(code = e.code(), error = %e, "requeue failed");
             }
