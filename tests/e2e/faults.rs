@@ -111,6 +111,26 @@ impl Site {
         assert!(out.contains("decision accepted"), "{out}");
     }
 
+    /// Approves card `seq` of the run through the queue as `admin` and waits until the
+    /// coordinator has recorded it accepted. Unlike `countersign decide`, it does not wait for
+    /// the coordinator's reply, which comes after the coordinator has recorded the dispatch on
+    /// the run row — a statement a gated claim or turn transaction can hold up.
+    async fn approve_through_queue(&mut self, run_id: &str, seq: i32, digest: &str) {
+        let broker = self.install.broker().await;
+        publish_decision(&broker, run_id, seq.into(), digest, true, "admin").await;
+        let accepted = format!(
+            "SELECT EXISTS (SELECT 1 FROM run_decisions WHERE run_id = '{run_id}'::uuid
+                            AND suspension_seq = {seq} AND outcome = 'accepted')"
+        );
+        wait_for_sql(
+            &mut self.conn,
+            "the approval is accepted",
+            secs(30),
+            &accepted,
+        )
+        .await;
+    }
+
     async fn digest(&mut self, run_id: &str) -> String {
         run_row(&mut self.conn, run_id).await["turn_digest"]
             .as_str()
@@ -277,7 +297,7 @@ async fn an_edit_landing_while_the_approved_turn_renews_its_lease_re_suspends_th
     )
     .await;
     hold_gate(&mut site.conn, TURN_GATE).await;
-    site.decide(&run, 1, &digest, &["--approve"]);
+    site.approve_through_queue(&run, 1, &digest).await;
     wait_until(
         "the turn transaction waits at the gate",
         secs(30),
@@ -382,7 +402,7 @@ async fn a_worker_killed_inside_its_turn_transaction_writes_nothing_and_the_resc
     )
     .await;
     hold_gate(&mut site.conn, TURN_GATE).await;
-    site.decide(&run, 1, &digest, &["--approve"]);
+    site.approve_through_queue(&run, 1, &digest).await;
     wait_until(
         "the turn transaction waits at the gate",
         secs(30),
@@ -761,7 +781,7 @@ async fn one_resume_wake_up_delivered_to_two_workers_is_claimed_once_and_its_wri
     )
     .await;
     hold_gate(&mut site.conn, CLAIM_GATE).await;
-    site.decide(&run, 1, &digest, &["--approve"]);
+    site.approve_through_queue(&run, 1, &digest).await;
     let broker = site.install.broker().await;
     publish_wake_up(&broker, &run).await;
     wait_until("both workers claim the run", secs(30), async || {

@@ -2,7 +2,9 @@
 
 mod cards;
 mod demo;
+mod deploy;
 mod faults;
+mod inbox;
 mod operator;
 mod recovery;
 mod services;
