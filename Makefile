@@ -6,11 +6,12 @@ export DATABASE_URL AMQP_ADDR
 # The build uses the committed query cache in .sqlx/, never a live database.
 export SQLX_OFFLINE := true
 
-.PHONY: test demo bench chaos services fmt sqlx-prepare
+.PHONY: test demo bench chaos services fmt sqlx-prepare deny audit
 
 ## Runs formatting and lint checks, then every test against the real PostgreSQL.
 test: services
 	cargo fmt --all -- --check
+	cargo deny --locked check licenses bans sources  # deny.toml; the advisories are `make audit`
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo build --workspace --bins  # the end-to-end tests in tests/ run these binaries
 	cargo test --workspace --no-fail-fast
@@ -37,6 +38,14 @@ bench: services
 
 services:
 	@scripts/services.sh
+
+## Licences, banned and duplicate crates, sources (deny.toml): needs crates.io, nothing else.
+deny:
+	cargo deny --locked check licenses bans sources
+
+## The RustSec advisories too; fetches the advisory database from GitHub, so it needs that.
+audit:
+	cargo deny --locked check advisories licenses bans sources
 
 fmt:
 	cargo fmt --all

@@ -72,6 +72,14 @@ fn producer_properties(message: &MessageProperties) -> Result<BasicProperties, Q
     Ok(properties)
 }
 
+/// Messages this process published and the broker confirmed, for the benchmark.
+static PUBLISHED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many messages this process has published and the broker has confirmed.
+pub fn published_total() -> u64 {
+    PUBLISHED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 /// A handle on the broker: cheap to clone, shared by every task of a process.
 #[derive(Clone, Debug)]
 pub struct Broker {
@@ -354,7 +362,10 @@ impl Broker {
             }
         };
         match confirm.await.map_err(QueueError::publish)? {
-            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(None) => {
+                PUBLISHED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
             Confirmation::Ack(Some(_returned)) => Err(QueueError::Unroutable {
                 exchange: exchange.to_owned(),
                 routing_key: routing_key.to_owned(),

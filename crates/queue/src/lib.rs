@@ -25,7 +25,7 @@ pub mod schemas;
 mod segment;
 mod topology;
 
-pub use broker::{Broker, MessageProperties};
+pub use broker::{published_total, Broker, MessageProperties};
 pub use consumer::{Consumer, Delivery, ORIGINAL_USER_HEADER, REASON_HEADER, SOURCE_QUEUE_HEADER};
 pub use error::QueueError;
 pub use segment::{parse_segment, segment_body, SEGMENT_TYPE};

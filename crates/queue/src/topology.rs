@@ -486,7 +486,10 @@ mod tests {
     fn each_public_queue_has_an_exchange_of_its_name_bound_to_it() {
         let t = Topology::new("p");
         let names: Vec<_> = exchanges(&t).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["p.dlx", "p.events", "p.run-requests", "p.decisions"]);
+        assert_eq!(
+            names,
+            ["p.dlx", "p.events", "p.run-requests", "p.decisions"]
+        );
         assert_eq!(
             bindings(&t),
             [

@@ -134,7 +134,9 @@ async fn a_process_that_declares_nothing_refuses_to_start_on_a_missing_topology(
         .expect_err("nothing was declared under this prefix");
     assert_eq!(refused.code(), "topology_missing");
     assert!(
-        refused.to_string().contains(&config.topology.dead_letter_exchange()),
+        refused
+            .to_string()
+            .contains(&config.topology.dead_letter_exchange()),
         "{refused}"
     );
     // It created nothing either: a second look finds the topology just as missing.
@@ -152,7 +154,10 @@ async fn a_process_that_declares_nothing_works_on_the_topology_another_declared(
         let quiet = Broker::connect(checking).await.unwrap();
         let run = RunId::new();
         quiet.publish_segment(run).await.unwrap();
-        let mut consumer = quiet.consume(&quiet.topology().segments(), 1).await.unwrap();
+        let mut consumer = quiet
+            .consume(&quiet.topology().segments(), 1)
+            .await
+            .unwrap();
         let d = next(&mut consumer).await;
         assert_eq!(parse_segment(&d.body), Ok(run));
         d.ack().await.unwrap();

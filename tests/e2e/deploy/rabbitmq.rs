@@ -1,0 +1,600 @@
+//! deploy/rabbitmq/definitions.json: it holds the topology the services check for, with
+//! dead-lettering and the delivery limit as a policy; imported into a fresh vhost of the real
+//! broker, it lets the services run a whole cycle as its least-privilege users with
+//! `--no-declare`, and its producer user reach the two public queues and nothing else.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use countersign_e2e::{
+    amqp_addr, demo_agent, demo_script, free_port, http_get, workspace_file, Installation, Running,
+};
+use countersign_queue::{
+    Broker, Consumer, Declare, MessageProperties, QueueConfig, Topology, DEFAULT_DELIVERY_LIMIT,
+};
+use serde_json::{json, Value};
+use sqlx::Connection;
+use uuid::Uuid;
+
+use super::{entries, scalar, yaml};
+use crate::services::Database;
+
+/// Within this, what must happen has happened; never a statement about speed.
+const GUARD: Duration = Duration::from_secs(60);
+
+/// The producer's password in the definitions: the development one, like those compose uses
+/// for the services (README, Deployment).
+const PRODUCER_PASSWORD: &str = "producer-dev";
+
+fn definitions() -> Value {
+    let path = workspace_file("deploy/rabbitmq/definitions.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).expect("JSON")
+}
+
+fn by_name<'a>(definitions: &'a Value, field: &str) -> Vec<&'a Value> {
+    definitions[field].as_array().expect(field).iter().collect()
+}
+
+#[test]
+fn the_definitions_hold_the_topology_the_services_check_for_with_dead_lettering_as_a_policy() {
+    let d = definitions();
+    let t = Topology::default();
+    let vhost = d["vhosts"][0]["name"].as_str().expect("one vhost");
+    assert_eq!(d["vhosts"].as_array().unwrap().len(), 1);
+
+    let queues: BTreeSet<String> = by_name(&d, "queues")
+        .into_iter()
+        .map(|q| {
+            let name = q["name"].as_str().unwrap().to_owned();
+            assert_eq!(q["vhost"], vhost, "{name}");
+            assert_eq!(q["durable"], true, "{name}");
+            assert_eq!(q["auto_delete"], false, "{name}");
+            // Only what cannot be a policy: everything else can change without a redeclare.
+            assert_eq!(q["arguments"], json!({"x-queue-type": "quorum"}), "{name}");
+            name
+        })
+        .collect();
+    let mut expected: BTreeSet<String> = t.work_queues().into_iter().collect();
+    expected.insert(t.dead_letters());
+    assert_eq!(queues, expected);
+
+    let exchanges: BTreeSet<(String, String)> = by_name(&d, "exchanges")
+        .into_iter()
+        .map(|e| {
+            assert_eq!(e["vhost"], vhost);
+            assert_eq!(e["durable"], true);
+            (
+                e["name"].as_str().unwrap().to_owned(),
+                e["type"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mut expected = BTreeSet::from([
+        (t.dead_letter_exchange(), "fanout".to_owned()),
+        (t.events_exchange(), "topic".to_owned()),
+    ]);
+    expected.extend(t.public_queues().map(|q| (q, "fanout".to_owned())));
+    assert_eq!(exchanges, expected);
+
+    let bindings: BTreeSet<(String, String)> = by_name(&d, "bindings")
+        .into_iter()
+        .map(|b| {
+            assert_eq!(b["destination_type"], "queue");
+            (
+                b["source"].as_str().unwrap().to_owned(),
+                b["destination"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let mut expected = BTreeSet::from([(t.dead_letter_exchange(), t.dead_letters())]);
+    expected.extend(t.public_queues().map(|q| (q.clone(), q)));
+    assert_eq!(bindings, expected);
+
+    let policies = by_name(&d, "policies");
+    assert_eq!(policies.len(), 1);
+    let policy = policies[0];
+    let suffixes: Vec<String> = t
+        .work_queues()
+        .iter()
+        .map(|q| {
+            q.strip_prefix(&format!("{}.", t.prefix))
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        policy["pattern"],
+        format!("^{}\\.({})$", t.prefix, suffixes.join("|")),
+        "the policy matches exactly the work queues"
+    );
+    assert_eq!(policy["apply-to"], "queues");
+    assert_eq!(
+        policy["definition"],
+        json!({
+            "dead-letter-exchange": t.dead_letter_exchange(),
+            "dead-letter-strategy": "at-least-once",
+            "overflow": "reject-publish",
+            "delivery-limit": DEFAULT_DELIVERY_LIMIT,
+        })
+    );
+
+    // compose connects each service to this vhost as one of these users.
+    let users: BTreeSet<&str> = by_name(&d, "users")
+        .into_iter()
+        .map(|u| u["name"].as_str().unwrap())
+        .collect();
+    for (service, (user, _, service_vhost)) in compose_logins() {
+        assert!(
+            users.contains(user.as_str()),
+            "compose {service}: user {user}"
+        );
+        assert_eq!(service_vhost, vhost, "compose {service}");
+    }
+}
+
+/// `(service, (user, password, vhost))` of every compose service's `AMQP_ADDR`.
+fn compose_logins() -> Vec<(String, (String, String, String))> {
+    let compose = yaml("deploy/compose.yaml").remove(0);
+    entries(&compose["services"])
+        .into_iter()
+        .filter_map(|(name, service)| {
+            let addr = scalar(&service["environment"]["AMQP_ADDR"])?;
+            let rest = addr.strip_prefix("amqp://").expect("amqp://");
+            let (userinfo, rest) = rest.split_once('@').expect("user:password@");
+            let (user, password) = userinfo.split_once(':').expect("user:password");
+            let vhost = rest.split_once('/').expect("/vhost").1;
+            Some((
+                name,
+                (user.to_owned(), password.to_owned(), vhost.to_owned()),
+            ))
+        })
+        .collect()
+}
+
+/// The compose password of `user`, which the definitions' hash must accept.
+fn compose_password(user: &str) -> String {
+    compose_logins()
+        .into_iter()
+        .find(|(_, (u, _, _))| u == user)
+        .map(|(_, (_, password, _))| password)
+        .unwrap_or_else(|| panic!("no compose service connects as {user}"))
+}
+
+fn rabbitmqctl_program() -> String {
+    std::env::var("RABBITMQCTL").unwrap_or_else(|_| "rabbitmqctl".to_owned())
+}
+
+/// Runs `rabbitmqctl ARGS`, whatever its exit status.
+fn try_rabbitmqctl(args: &[&str]) -> Output {
+    let program = rabbitmqctl_program();
+    Command::new(&program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("{program} is needed to import the broker definitions (RABBITMQCTL names another): {e}")
+        })
+}
+
+/// Runs `rabbitmqctl ARGS`, which must succeed.
+fn rabbitmqctl(args: &[&str]) -> Output {
+    let program = rabbitmqctl_program();
+    let out = try_rabbitmqctl(args);
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The definitions imported into a vhost of their own, with their users renamed so that tests
+/// running at once do not share them; removed on drop, also when the test failed.
+struct Imported {
+    vhost: String,
+    suffix: String,
+    users: Vec<String>,
+}
+
+impl Imported {
+    fn new(tag: &str) -> Imported {
+        let id = Uuid::now_v7().simple().to_string();
+        let suffix = format!("{tag}-{}", &id[id.len() - 12..]);
+        let mut d = definitions();
+        let vhost = format!("{}-e2e-{suffix}", d["vhosts"][0]["name"].as_str().unwrap());
+        d["vhosts"] = json!([{ "name": vhost }]);
+        rewrite(&mut d, &mut |key, value| {
+            if key == "vhost" {
+                *value = json!(vhost);
+            }
+        });
+        let mut users = Vec::new();
+        for user in d["users"].as_array_mut().unwrap() {
+            let renamed = format!("{}-{suffix}", user["name"].as_str().unwrap());
+            users.push(renamed.clone());
+            user["name"] = json!(renamed);
+        }
+        for permission in d["permissions"].as_array_mut().unwrap() {
+            permission["user"] =
+                json!(format!("{}-{suffix}", permission["user"].as_str().unwrap()));
+        }
+        // The administrator of AMQP_ADDR watches the events and reads the queues of the vhost.
+        d["permissions"].as_array_mut().unwrap().push(json!({
+            "user": admin().0, "vhost": vhost, "configure": ".*", "write": ".*", "read": ".*"
+        }));
+        let imported = Imported {
+            vhost,
+            suffix,
+            users,
+        };
+        let file =
+            std::env::temp_dir().join(format!("countersign-definitions-{}.json", imported.suffix));
+        std::fs::write(&file, serde_json::to_vec(&d).unwrap()).unwrap();
+        rabbitmqctl(&["import_definitions", file.to_str().unwrap()]);
+        let _ = std::fs::remove_file(&file);
+        imported.wait_for_bindings();
+        imported
+    }
+
+    /// The broker imports asynchronously, bindings last: wait until they are there.
+    fn wait_for_bindings(&self) {
+        let expected = by_name(&definitions(), "bindings").len();
+        let deadline = Instant::now() + GUARD;
+        loop {
+            // Until the import has created the vhost, this fails.
+            let out = try_rabbitmqctl(&[
+                "list_bindings",
+                "-p",
+                &self.vhost,
+                "-q",
+                "--no-table-headers",
+                "source_name",
+            ]);
+            let named = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .count();
+            if out.status.success() && named >= expected {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the definitions were not imported within {GUARD:?}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `user` of the definitions, as renamed here.
+    fn user(&self, user: &str) -> String {
+        format!("{user}-{}", self.suffix)
+    }
+
+    /// `AMQP_ADDR` as `user` (of the definitions, with `password`) on this vhost.
+    fn addr(&self, user: &str, password: &str) -> String {
+        addr_as(&self.user(user), password, &self.vhost)
+    }
+
+    fn admin_addr(&self) -> String {
+        let (user, password) = admin();
+        addr_as(&user, &password, &self.vhost)
+    }
+
+    /// A broker handle that declares nothing, as the services in this vhost do.
+    async fn broker(&self, addr: String) -> Result<Broker, countersign_queue::QueueError> {
+        let mut config = QueueConfig::new(addr, Topology::default());
+        config.declare = Declare::Nothing;
+        config.reconnect_attempts = 2;
+        Broker::connect(config).await
+    }
+}
+
+impl Drop for Imported {
+    fn drop(&mut self) {
+        let _ = try_rabbitmqctl(&["delete_vhost", &self.vhost]);
+        for user in &self.users {
+            let _ = try_rabbitmqctl(&["delete_user", user]);
+        }
+    }
+}
+
+/// Calls `f` on every `(key, value)` of every object, depth first.
+fn rewrite(value: &mut Value, f: &mut impl FnMut(&str, &mut Value)) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map.iter_mut() {
+                f(k, v);
+                rewrite(v, f);
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| rewrite(v, f)),
+        _ => {}
+    }
+}
+
+/// The user and password of `AMQP_ADDR`, an administrator of the broker.
+fn admin() -> (String, String) {
+    let addr = amqp_addr();
+    let rest = addr.split_once("://").map_or(addr.as_str(), |(_, r)| r);
+    let userinfo = rest.rsplit_once('@').map_or("guest:guest", |(u, _)| u);
+    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+    (user.to_owned(), password.to_owned())
+}
+
+/// `AMQP_ADDR`'s host and port, as `user` on `vhost`.
+fn addr_as(user: &str, password: &str, vhost: &str) -> String {
+    let addr = amqp_addr();
+    let (scheme, rest) = addr.split_once("://").unwrap_or(("amqp", addr.as_str()));
+    let authority = rest.split('/').next().unwrap();
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    format!("{scheme}://{user}:{password}@{host}/{vhost}")
+}
+
+async fn next_event(events: &mut Consumer, name: &str, key: &str, value: &str) -> Value {
+    loop {
+        let delivery = tokio::time::timeout(GUARD, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("no {name} event within {GUARD:?}"))
+            .expect("the event consumer is open")
+            .expect("a delivery");
+        let event: Value = serde_json::from_slice(&delivery.body).unwrap();
+        delivery.ack().await.unwrap();
+        if event["event"] == name && event[key] == value {
+            return event;
+        }
+    }
+}
+
+async fn wait_ready(port: u16) {
+    let deadline = Instant::now() + GUARD;
+    loop {
+        if http_get(port, "/readyz").is_some_and(|(status, _)| status.contains("200")) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "nothing ready on port {port}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_goes_from_request_to_write_under_the_least_privilege_users_declaring_nothing() {
+    let mq = Imported::new("cycle");
+    let db = Database::create("deploy").await;
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: Topology::default().prefix,
+    };
+    install.configure(&demo_agent());
+    let producer = mq.user("countersign-producer");
+    install.countersign_ok(&["producers", "allow", &producer, "acting-user", "*"]);
+    install.countersign_ok(&["producers", "allow", &producer, "approver", "*"]);
+
+    let watcher = mq.broker(mq.admin_addr()).await.unwrap();
+    let watch = watcher.declare_private_queue().await.unwrap();
+    watcher.bind_events(&watch, "#").await.unwrap();
+    let mut events = watcher.consume(&watch, 50).await.unwrap();
+
+    let as_user = |binary: &str, user: &str| {
+        let mut cmd = install.command(binary);
+        cmd.env("AMQP_ADDR", mq.addr(user, &compose_password(user)));
+        cmd
+    };
+    let (coordinator_port, worker_port) = (free_port(), free_port());
+    // What each service logs (warnings and errors): a refusal by the broker shows there even
+    // where another relay covers for it.
+    let log =
+        |name: &str| std::env::temp_dir().join(format!("countersign-{name}-{}.log", mq.suffix));
+    let log_to = |name: &str| Stdio::from(std::fs::File::create(log(name)).unwrap());
+    // --no-declare by its variable for one service, by its flag for the others.
+    let _coordinator = Running(
+        as_user("countersign-coordinator", "countersign-coordinator")
+            .env("COUNTERSIGN_NO_DECLARE", "true")
+            .args(["--http-addr", &format!("127.0.0.1:{coordinator_port}")])
+            .stdout(Stdio::null())
+            .stderr(log_to("coordinator"))
+            .spawn()
+            .unwrap(),
+    );
+    let _worker = Running(
+        as_user("countersign-worker", "countersign-worker")
+            .args(["--no-declare", "--model-script", &demo_script()])
+            .args(["--http-addr", &format!("127.0.0.1:{worker_port}")])
+            .args(["--poll-interval-secs", "1"])
+            .stdout(Stdio::null())
+            .stderr(log_to("worker"))
+            .spawn()
+            .unwrap(),
+    );
+    wait_ready(coordinator_port).await;
+    wait_ready(worker_port).await;
+
+    // A foreign producer, allowed to write to the two public queues and nothing else.
+    let t = Topology::default();
+    let producing = mq
+        .broker(mq.addr("countersign-producer", PRODUCER_PASSWORD))
+        .await
+        .expect("the producer's password opens its user");
+    let as_producer = MessageProperties {
+        user_id: Some(producer.clone()),
+        ..MessageProperties::default()
+    };
+    let request_id = Uuid::now_v7().to_string();
+    let request = json!({
+        "type": "countersign.run_request", "version": 1, "request_id": request_id,
+        "agent": "seo-assistant", "acting_user": "editor",
+        "prompt": "Tighten the description of page 12 and add bicycle.png to its teaser.",
+    });
+    producing
+        .publish_public(
+            &t.run_requests(),
+            request.to_string().as_bytes(),
+            &as_producer,
+        )
+        .await
+        .unwrap();
+    let accepted = next_event(&mut events, "run.accepted", "request_id", &request_id).await;
+    let run_id = accepted["run_id"].as_str().unwrap().to_owned();
+    let suspended = next_event(&mut events, "run.suspended", "run_id", &run_id).await;
+
+    // The decision names the card the event announced.
+    let decision = json!({
+        "type": "countersign.decision", "version": 1, "decision_id": Uuid::now_v7(),
+        "run_id": run_id, "suspension_seq": suspended["suspension_seq"],
+        "turn_digest": suspended["turn_digest"], "approved": true, "approver": "approver",
+    });
+    producing
+        .publish_public(
+            &t.decisions(),
+            decision.to_string().as_bytes(),
+            &as_producer,
+        )
+        .await
+        .unwrap();
+    next_event(&mut events, "decision.accepted", "run_id", &run_id).await;
+    let completed = next_event(&mut events, "run.completed", "run_id", &run_id).await;
+    assert_eq!(completed["termination_reason"], "completed");
+    let mut conn = sqlx::PgConnection::connect(&db.url()).await.unwrap();
+    let images: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM content.file_references WHERE element = 5 AND field = 'image' AND NOT deleted",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(images, 3, "the approved attachment was written");
+    drop(conn);
+
+    // The reaper, as its own user, finds nothing to repair.
+    let reaper = as_user("countersign-reaper", "countersign-reaper")
+        .arg("--no-declare")
+        .output()
+        .unwrap();
+    assert!(
+        reaper.status.success(),
+        "{}",
+        String::from_utf8_lossy(&reaper.stderr)
+    );
+    assert!(String::from_utf8_lossy(&reaper.stdout).starts_with("reaper pass: requeued=0"));
+
+    for name in ["coordinator", "worker"] {
+        let logged = std::fs::read_to_string(log(name)).unwrap();
+        let _ = std::fs::remove_file(log(name));
+        for code in [
+            "ACCESS_REFUSED",
+            "publish_refused",
+            "consume_failed",
+            "topology_failed",
+            "topology_missing",
+        ] {
+            assert!(
+                !logged.contains(code),
+                "the {name} was refused ({code}):\n{logged}"
+            );
+        }
+    }
+    drop((_coordinator, _worker));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn the_producer_user_reaches_the_two_public_queues_and_nothing_else() {
+    let mq = Imported::new("producer");
+    let t = Topology::default();
+    let producer = mq.user("countersign-producer");
+    let producing = mq
+        .broker(mq.addr("countersign-producer", PRODUCER_PASSWORD))
+        .await
+        .unwrap();
+    let properties = MessageProperties {
+        user_id: Some(producer),
+        ..MessageProperties::default()
+    };
+    for queue in t.public_queues() {
+        producing
+            .publish_public(&queue, b"{}", &properties)
+            .await
+            .unwrap_or_else(|e| panic!("{queue}: {e}"));
+    }
+    // The default exchange would reach every queue: refused, for the public ones too.
+    for queue in [t.segments(), t.run_requests()] {
+        let refused = producing
+            .publish_message(&queue, b"{}", &properties)
+            .await
+            .expect_err("no write permission on amq.default");
+        assert_eq!(refused.code(), "publish_refused", "{queue}");
+    }
+    let refused = producing
+        .consume(&t.run_requests(), 1)
+        .await
+        .expect_err("no read permission");
+    assert_eq!(refused.code(), "consume_failed");
+    assert!(
+        producing.declare_private_queue().await.is_err(),
+        "no configure permission"
+    );
+
+    // What it sent is in the public queues, under its validated user.
+    let admin = mq.broker(mq.admin_addr()).await.unwrap();
+    for queue in t.public_queues() {
+        let mut consumer = admin.consume(&queue, 1).await.unwrap();
+        let d = tokio::time::timeout(GUARD, consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("nothing in {queue}"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.user_id, properties.user_id, "{queue}");
+        d.ack().await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_policy_dead_letters_a_message_redelivered_past_the_delivery_limit() {
+    let mq = Imported::new("policy");
+    let t = Topology::default();
+
+    // The queues carry no dead-letter arguments: the policy gives them.
+    let out = rabbitmqctl(&[
+        "list_queues",
+        "-p",
+        &mq.vhost,
+        "-q",
+        "--no-table-headers",
+        "name",
+        "policy",
+        "arguments",
+    ]);
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    for queue in t.work_queues() {
+        let line = listing
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(queue.as_str()))
+            .unwrap_or_else(|| panic!("{queue} in {listing}"));
+        assert!(line.contains("countersign-work-queues"), "{line}");
+        assert!(!line.contains("x-dead-letter"), "{line}");
+        assert!(!line.contains("x-delivery-limit"), "{line}");
+    }
+
+    let broker = mq.broker(mq.admin_addr()).await.unwrap();
+    let run = countersign_core::RunId::new();
+    broker.publish_segment(run).await.unwrap();
+    let mut segments = broker.consume(&t.segments(), 1).await.unwrap();
+    for attempt in 0..=u64::from(DEFAULT_DELIVERY_LIMIT) {
+        let d = tokio::time::timeout(GUARD, segments.next())
+            .await
+            .expect("redelivered within the limit")
+            .unwrap()
+            .unwrap();
+        assert_eq!(d.delivery_count(), attempt);
+        d.requeue().await.unwrap();
+    }
+    let mut dead = broker.consume(&t.dead_letters(), 1).await.unwrap();
+    let d = tokio::time::timeout(GUARD, dead.next())
+        .await
+        .expect("dead-lettered by the policy")
+        .unwrap()
+        .unwrap();
+    assert_eq!(countersign_queue::parse_segment(&d.body), Ok(run));
+    assert_eq!(d.dead_letter_reason().as_deref(), Some("delivery_limit"));
+    d.ack().await.unwrap();
+}
