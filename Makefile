@@ -18,9 +18,11 @@ test: services
 	CHAOS_RUNS=$(CI_CHAOS_RUNS) cargo run --quiet -p countersign-e2e --bin countersign-chaos
 	RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 
-## Runs the demonstration end to end against the local PostgreSQL.
+## Runs the demonstration through the real services (coordinator, two workers, reaper) over
+## RabbitMQ, in a throwaway database and queue prefix. KEEP=1 leaves them running.
 demo: services
-	cargo run --quiet -p countersign-cli -- demo
+	cargo build --quiet -p countersign-cli -p countersign-coordinator -p countersign-worker -p countersign-reaper -p countersign-api --bins
+	cargo run --quiet -p countersign-cli -- demo $(if $(KEEP),--keep)
 
 CHAOS_RUNS ?= 200
 CI_CHAOS_RUNS ?= 30

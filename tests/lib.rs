@@ -717,3 +717,298 @@ pub fn messages_with_role(request: &serde_json::Value, role: &str) -> Vec<String
         })
         .unwrap_or_default()
 }
+
+// ---------------------------------------------------------------------------------------------
+// The services themselves restarted: throwaway databases, PostgreSQL and RabbitMQ stopped and
+// started under a test, and the guard that brings them back whatever the test did.
+// ---------------------------------------------------------------------------------------------
+
+/// A database of its own for one installation under test, named after the tag and this process,
+/// dropped by [`Database::drop`] (a database left by a panicking test is dropped by the next run
+/// that creates the same name).
+#[derive(Debug)]
+pub struct Database {
+    name: String,
+}
+
+impl Database {
+    pub async fn create(tag: &str) -> Database {
+        use sqlx::Connection;
+        let name = format!("countersign_e2e_{tag}_{}", std::process::id());
+        let mut conn = sqlx::PgConnection::connect(&database_url())
+            .await
+            .expect("PostgreSQL answers");
+        for sql in [
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("CREATE DATABASE {name}"),
+        ] {
+            sqlx::query(&sql)
+                .execute(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+        Database { name }
+    }
+
+    /// The URL of this database on the server of [`database_url`].
+    pub fn url(&self) -> String {
+        let base = database_url();
+        let root = base
+            .rsplit_once('/')
+            .map_or(base.as_str(), |(root, _)| root);
+        format!("{root}/{}", self.name)
+    }
+
+    pub async fn drop(self) {
+        use sqlx::Connection;
+        let mut conn = sqlx::PgConnection::connect(&database_url())
+            .await
+            .expect("PostgreSQL answers");
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        ))
+        .execute(&mut conn)
+        .await
+        .expect("the test database is dropped");
+    }
+}
+
+/// Terminates the backends of this database that wait for the advisory lock `key` (statements
+/// held at a gate whose client is gone), so that what they were about to do never happens;
+/// returns how many were cut.
+pub async fn cut_waiting_at_gate(conn: &mut sqlx::PgConnection, key: i64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE pg_terminate_backend(l.pid)) FROM pg_locks l
+         WHERE l.locktype = 'advisory' AND NOT l.granted AND l.classid = 0 AND l.objid = $1
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+           AND l.pid <> pg_backend_pid()",
+    )
+    .bind(key)
+    .fetch_one(conn)
+    .await
+    .expect("the waiting backends are terminated")
+}
+
+/// What identifies another engineer's test process (an e2e or `it` test binary, the chaos
+/// run): a restart of a shared service must not land under one.
+pub const OTHER_TESTS: &str = "e2e-|it-|countersign-chaos";
+
+/// The processes matching [`OTHER_TESTS`] that are not this process or its descendants, as
+/// `pid command line`.
+pub fn other_tests() -> Vec<String> {
+    let Ok(out) = Command::new("pgrep").args(["-af", OTHER_TESTS]).output() else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| {
+            line.split_whitespace()
+                .next()
+                .and_then(|pid| pid.parse::<u32>().ok())
+                .is_some_and(|pid| !descends_from(pid, me))
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether `pid` is `ancestor` or one of its descendants, by the parent links in /proc.
+fn descends_from(mut pid: u32, ancestor: u32) -> bool {
+    for _ in 0..64 {
+        if pid == ancestor {
+            return true;
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            return false;
+        };
+        if ppid <= 1 {
+            return false;
+        }
+        pid = ppid;
+    }
+    false
+}
+
+/// Waits, 20 s at a time and at most `within`, until no other test process runs; fails the
+/// test (naming them) rather than restart a service under someone else's test.
+pub async fn wait_for_other_tests(within: std::time::Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        let others = other_tests();
+        if others.is_empty() {
+            return;
+        }
+        assert!(
+            started.elapsed() < within,
+            "other tests still run after {within:?}; not restarting a shared service under them:\n{}",
+            others.join("\n")
+        );
+        eprintln!(
+            "restarts: waiting for {} other test process(es) to finish before restarting a service",
+            others.len()
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(20)).await;
+    }
+}
+
+/// Runs a service-control command to completion; its status and output, for the failure text.
+fn control(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{program} {args:?} did not start: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {args:?} exited with {}:\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// The PostgreSQL cluster version on this machine (the first under /etc/postgresql).
+fn postgres_version() -> String {
+    let mut versions: Vec<String> = std::fs::read_dir("/etc/postgresql")
+        .expect("/etc/postgresql lists the clusters")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    versions.sort();
+    versions.into_iter().next().expect("a PostgreSQL cluster")
+}
+
+fn postgres_ready() -> bool {
+    Command::new("pg_isready")
+        .args(["-q", "-h", "127.0.0.1", "-p", "5432"])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Polls `pg_isready` until PostgreSQL accepts connections, at most `within`.
+fn wait_for_postgres(within: std::time::Duration) -> Result<(), String> {
+    let started = std::time::Instant::now();
+    while !postgres_ready() {
+        if started.elapsed() >= within {
+            return Err(format!("PostgreSQL not ready after {within:?}"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// Restarts the PostgreSQL cluster (every connection dies with it, advisory locks included)
+/// and waits until it accepts connections again.
+pub fn restart_postgres() {
+    let version = postgres_version();
+    control(
+        "pg_ctlcluster",
+        &["--skip-systemctl-redirect", &version, "main", "restart"],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_postgres(std::time::Duration::from_secs(60)).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Stops the RabbitMQ application (the node stays up; every connection is closed).
+pub fn stop_broker() {
+    control("rabbitmqctl", &["-q", "stop_app"]).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Starts the RabbitMQ application again and waits until it has started.
+pub fn start_broker() {
+    control("rabbitmqctl", &["-q", "start_app"]).unwrap_or_else(|e| panic!("{e}"));
+    control("timeout", &["120", "rabbitmqctl", "-q", "await_startup"])
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Brings PostgreSQL and RabbitMQ up, as `scripts/services.sh` does, waiting until they answer:
+/// `pg_isready`, then `rabbitmqctl start_app` (harmless when it runs) and `await_startup`.
+/// Errors are collected, not raised: this runs in a drop guard.
+pub fn restore_services() -> Result<(), String> {
+    let mut errors = Vec::new();
+    if !postgres_ready() {
+        let version = postgres_version();
+        // `start` fails on a cluster that is starting already; the wait decides.
+        let _ = control(
+            "pg_ctlcluster",
+            &["--skip-systemctl-redirect", &version, "main", "start"],
+        );
+        if let Err(e) = wait_for_postgres(std::time::Duration::from_secs(60)) {
+            errors.push(e);
+        }
+    }
+    if control("timeout", &["20", "rabbitmqctl", "-q", "status"]).is_err() {
+        let _ = control("rabbitmq-server", &["-detached"]);
+    }
+    let _ = control("timeout", &["60", "rabbitmqctl", "-q", "start_app"]);
+    if let Err(e) = control("timeout", &["120", "rabbitmqctl", "-q", "await_startup"]) {
+        errors.push(e);
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("\n"))
+    }
+}
+
+/// Brings PostgreSQL and RabbitMQ back up when dropped — when the test ends, and when it panics
+/// with a service stopped.
+#[derive(Debug, Default)]
+pub struct ServicesRestored;
+
+impl Drop for ServicesRestored {
+    fn drop(&mut self) {
+        if let Err(e) = restore_services() {
+            eprintln!("restarts: the services could not be restored:\n{e}");
+            if !std::thread::panicking() {
+                panic!("the services could not be restored:\n{e}");
+            }
+        }
+    }
+}
+
+/// How many consumers the broker counts on `queue` (`rabbitmqctl list_queues`); `None` when
+/// the queue is not listed or the broker does not answer.
+pub fn consumers(queue: &str) -> Option<u32> {
+    let out = Command::new("timeout")
+        .args([
+            "20",
+            "rabbitmqctl",
+            "list_queues",
+            "-q",
+            "--no-table-headers",
+            "name",
+            "consumers",
+        ])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| {
+            let (name, consumers) = line.split_once('\t')?;
+            (name == queue).then(|| consumers.trim().parse().ok())?
+        })
+}
+
+/// The sum of a Prometheus counter's samples (every label set) in a `/metrics` body.
+pub fn counter_total(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}

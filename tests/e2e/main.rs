@@ -5,6 +5,7 @@ mod demo;
 mod deploy;
 mod faults;
 mod inbox;
+mod observability;
 mod operator;
 mod recovery;
 mod services;

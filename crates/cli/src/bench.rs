@@ -1,52 +1,66 @@
-//! `countersign bench`: runs through the real services, timed, against baselines measured in
-//! the same run.
+//! `countersign bench`: the approval cycle users pay for, through the real services, with the
+//! figures that say where its time goes, against ceilings measured in the same run.
 //!
-//! It starts a coordinator and workers in this process (the same code the binaries run),
-//! against a throwaway database and its own queue prefix, and sends run requests through
-//! RabbitMQ as a producer would. Two paths are timed from the producer's side, by the events
-//! the services publish:
+//! One cycle is what a run with a write costs end to end: run request → the coordinator's gates
+//! → a claim → a read turn → the write turn's preview → the sealed suspension → `run.suspended`
+//! → the approval → its gates and transaction → the resume: the re-preview and the write in one
+//! transaction → the model's answer → the settle → `run.completed`. Every cycle writes a page of
+//! its own (the run request's `inputs` name it), so approvals do not move each other's previews.
 //!
-//! - request → `run.suspended`: the coordinator's gates and dispatch, a claim, one read-only
-//!   turn, the write turn's preview, the sealed suspension;
-//! - decision → `run.completed`: the decision's gates and transaction, the resume segment, the
-//!   model's answer, the settle. The decisions are denials: every run proposes a write to the
-//!   same page, so approving them all would move each other's previews — the binding doing
-//!   its job — and time the bounce instead of the path.
+//! The coordinator and one worker run in this process — the same code the binaries run, over
+//! RabbitMQ and PostgreSQL — so the process's own figures (CPU, RSS, SQL statements) are theirs.
+//! PostgreSQL's and RabbitMQ's CPU is read from `/proc`; commits and WAL bytes from
+//! `pg_stat_database` and `pg_stat_wal`; statements are counted as sqlx issues them.
 //!
-//! The baselines are what one step of those paths costs at least on this machine: a RabbitMQ
-//! publish → consume round trip, and a single-row PostgreSQL `UPDATE` commit.
+//! At the end every cycle is verified from the content store: each approved write landed once,
+//! on its page, and nothing else changed; otherwise the bench exits non-zero.
+//!
+//! The long-segment part gives one worker thousands of segments whose model (an
+//! OpenAI-compatible stub in this process) takes seconds to answer, and reports throughput
+//! against the ideal, RSS, heartbeat statements per second and PostgreSQL connections.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use chrono::{DateTime, Utc};
 use countersign_coordinator::{producers, Coordinator, ProducerKind};
-use countersign_core::{
-    DecisionMessage, RunId, RunRequest, SuspensionSeq, ToolPolicy, ToolRegistry, TurnDigest,
-};
+use countersign_core::{RunRequest, ToolPolicy, ToolRegistry};
 use countersign_crypto::Keyring;
-use countersign_model::ScriptedModel;
-use countersign_queue::{Broker, MessageProperties, QueueConfig, Topology};
+use countersign_model::{ModelCatalog, ScriptedModel};
+use countersign_queue::{Broker, Consumer, MessageProperties, QueueConfig, Topology};
 use countersign_store::{AgentConfig, Store};
 use countersign_worker::service::WorkerConfig;
 use countersign_worker::{Models, SegmentRunner};
 use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection};
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
 const SCRIPT: &str = include_str!("../demo/bench-agent.json");
 const AGENT: &str = "bench-agent";
+const LONG_AGENT: &str = "bench-long";
+/// The page every bench page is created under (inside the editor's page mount).
+const PARENT_PAGE: i64 = 10;
+/// Segments the worker runs at once in the cycle part.
+const WORKER_CONCURRENCY: usize = 512;
 
-pub async fn run(
-    database_url: &str,
-    amqp_addr: &str,
-    runs: usize,
-    workers: usize,
-) -> anyhow::Result<()> {
+/// What the bench is asked to do.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// Full cycles per measured phase.
+    pub cycles: usize,
+    /// Segments in flight in the long-segment part (0 skips it).
+    pub long_segments: usize,
+    /// How long the stub model takes per answer in the long-segment part.
+    pub model_latency: Duration,
+}
+
+pub async fn run(database_url: &str, amqp_addr: &str, config: BenchConfig) -> anyhow::Result<()> {
     let server = PgConnectOptions::from_str(database_url).context("parsing DATABASE_URL")?;
     let database = format!("countersign_bench_{}", std::process::id());
     let mut admin = PgConnection::connect_with(&server)
@@ -55,25 +69,14 @@ pub async fn run(
     sqlx::query(&format!("CREATE DATABASE {database}"))
         .execute(&mut admin)
         .await?;
-    let result = bench(
-        &server.clone().database(&database),
-        amqp_addr,
-        runs,
-        workers,
-    )
-    .await;
+    let result = bench(&server.clone().database(&database), amqp_addr, &config).await;
     sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
         .execute(&mut admin)
         .await?;
     result
 }
 
-async fn bench(
-    db: &PgConnectOptions,
-    amqp_addr: &str,
-    runs: usize,
-    workers: usize,
-) -> anyhow::Result<()> {
+async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> anyhow::Result<()> {
     let pool = PgPoolOptions::new()
         .max_connections(16)
         .connect_with(db.clone())
@@ -83,37 +86,57 @@ async fn bench(
     producers::allow(&pool, "guest", ProducerKind::ActingUser, "*").await?;
     producers::allow(&pool, "guest", ProducerKind::Approver, "*").await?;
     let store = Store::new(pool.clone(), Arc::new(Keyring::ephemeral()));
+    let agent = |name: &str, model: Value, enabled: Vec<String>| AgentConfig {
+        name: name.into(),
+        active: true,
+        model,
+        policy: ToolPolicy {
+            enabled_tools: enabled,
+            ..ToolPolicy::default()
+        },
+        max_iterations: 5,
+        max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+        four_eyes: false,
+        approval_deadline: Duration::from_secs(3600),
+    };
     store
-        .upsert_agent(&AgentConfig {
-            name: AGENT.into(),
-            active: true,
-            model: json!({"provider": "scripted"}),
-            policy: ToolPolicy {
-                enabled_tools: vec!["update_page_metadata".into()],
-                ..ToolPolicy::default()
-            },
-            max_iterations: 5,
-            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-            four_eyes: false,
-            approval_deadline: Duration::from_secs(3600),
-        })
+        .upsert_agent(&agent(
+            AGENT,
+            json!({"provider": "scripted"}),
+            vec!["update_page_metadata".into()],
+        ))
         .await?;
+    let phases = [1usize, 16, 256];
+    let total: usize = phases
+        .iter()
+        .map(|&c| phase_cycles(c, config.cycles))
+        .sum::<usize>()
+        + config.cycles;
+    let pages = seed_pages(&pool, total).await?;
+
     let broker = Broker::connect(QueueConfig::new(
         amqp_addr,
         Topology::new(format!("bench-{}", Uuid::now_v7())),
     ))
     .await?;
     let user = broker.user().context("the broker connection has no user")?;
+    let as_producer = MessageProperties {
+        user_id: Some(user),
+        ..MessageProperties::default()
+    };
 
-    println!("countersign bench: {runs} runs, {workers} worker(s) × 4 segments, coordinator and workers in process");
+    println!(
+        "countersign bench: the full approval cycle (request → suspend → approve → re-preview → write → completed),\n\
+         coordinator and one worker ({WORKER_CONCURRENCY} segments at once) in this process, over RabbitMQ and PostgreSQL"
+    );
     let amqp = amqp_round_trips(&broker, 200).await?;
     let pg = update_commits(&pool, 200).await?;
     println!(
-        "baseline  RabbitMQ publish→consume round trip:   {}",
+        "baseline  RabbitMQ publish→consume round trip:  {}",
         amqp.summary()
     );
     println!(
-        "baseline  PostgreSQL single-row UPDATE commit:   {}",
+        "baseline  PostgreSQL single-row UPDATE commit:  {}",
         pg.summary()
     );
 
@@ -122,8 +145,12 @@ async fn bench(
     countersign_content::register(&mut registry, store.clone());
     let registry = Arc::new(registry);
     let mut services = tokio::task::JoinSet::new();
+    // Each service gets a store of its own, as in its own process: its relay wakes for its
+    // own commits only. They share the connection pool.
+    let keyring = Arc::new(Keyring::ephemeral());
+    let service_store = || Store::new(pool.clone(), keyring.clone());
     {
-        let coordinator = Coordinator::new(store.clone(), registry.clone());
+        let coordinator = Coordinator::new(service_store(), registry.clone());
         let (broker, stop) = (broker.clone(), stop.clone());
         services.spawn(async move {
             countersign_coordinator::service::run(coordinator, broker, async move {
@@ -132,216 +159,630 @@ async fn bench(
             .await
         });
     }
-    for n in 0..workers.max(1) {
-        let runner = SegmentRunner {
-            store: store.clone(),
-            registry: registry.clone(),
-            models: Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?)),
-            users: Arc::new(countersign_content::ContentUsers::new(pool.clone())),
-            lease_ttl: Duration::from_secs(30),
-        };
-        let config = WorkerConfig {
-            owner: format!("bench-worker-{n}"),
-            concurrency: 4,
-            poll_interval: Duration::from_secs(1),
-            shutdown_grace: Duration::from_secs(5),
-        };
-        let (broker, stop) = (broker.clone(), stop.clone());
-        services.spawn(async move {
-            countersign_worker::service::run(runner, broker, config, async move {
-                stop.notified().await
-            })
-            .await
-        });
-    }
+    let runner = SegmentRunner {
+        store: service_store(),
+        registry: registry.clone(),
+        models: Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?)),
+        users: Arc::new(countersign_content::ContentUsers::new(pool.clone())),
+        lease_ttl: Duration::from_secs(30),
+        heartbeat: Default::default(),
+    };
+    spawn_worker(&mut services, runner, &broker, &stop, WORKER_CONCURRENCY);
 
     let watch = broker.declare_private_queue().await?;
     broker.bind_events(&watch, "#").await?;
-    let events = broker.consume(&watch, 500).await?;
-    let as_producer = MessageProperties {
-        user_id: Some(user),
-        ..MessageProperties::default()
-    };
-
-    let mut flow = Flow {
+    let events = broker.consume(&watch, 1000).await?;
+    let mut driver = Driver {
         broker: &broker,
         events,
         as_producer: as_producer.clone(),
+        pages: pages.into_iter(),
+        cycles: HashMap::new(),
         run_of: HashMap::new(),
-        early: HashMap::new(),
+        early: Vec::new(),
+        done: Vec::new(),
     };
 
-    // One run at a time: the path's own latency, nothing queued in front of it.
-    let alone = runs.clamp(1, 20);
-    let mut solo = Vec::with_capacity(alone);
-    for _ in 0..alone {
-        let sent = flow.request().await?;
-        let done = flow.suspensions(1).await?;
-        solo.extend(done.values().map(|(at, _)| *at - sent.1));
-    }
-    let solo = Latencies::new(solo);
-
-    // All at once: throughput, and latency under load.
-    let mut sent: HashMap<Uuid, Instant> = HashMap::new();
-    let started = Instant::now();
-    for _ in 0..runs {
-        let (request_id, at) = flow.request().await?;
-        sent.insert(request_id, at);
-    }
-    let suspended = flow.suspensions(runs).await?;
-    let suspend_window = started.elapsed();
-    let to_suspend = Latencies::new(
-        suspended
-            .iter()
-            .map(|(run, (at, _))| *at - sent[&flow.run_of[run]])
-            .collect(),
+    println!();
+    println!(
+        "{:<28} {:>9} {:>26} {:>6} {:>6} {:>8} {:>6} {:>8} {:>8} {:>8}",
+        "phase",
+        "cycles/s",
+        "decision→write p50/p95/p99",
+        "stmts",
+        "commit",
+        "WAL B",
+        "pubs",
+        "cpu self",
+        "cpu pg",
+        "cpu mq"
     );
-    let mut events = flow.events;
-
-    // Decisions → completions.
-    let mut decided: HashMap<String, Instant> = HashMap::new();
-    let started = Instant::now();
-    for (run, (_, event)) in &suspended {
-        let decision = DecisionMessage {
-            decision_id: Uuid::now_v7(),
-            run_id: RunId::parse(run)?,
-            suspension_seq: SuspensionSeq::new(u32::try_from(
-                event["suspension_seq"].as_u64().unwrap_or(0),
-            )?)?,
-            turn_digest: TurnDigest::parse(event["turn_digest"].as_str().unwrap_or_default())?,
-            approved: false,
-            approver: "approver".into(),
-            comment: Some("Not now.".into()),
-        };
-        decided.insert(run.clone(), Instant::now());
-        broker
-            .publish_message(
-                &broker.topology().decisions(),
-                &serde_json::to_vec(&decision.to_json())?,
-                &as_producer,
-            )
-            .await?;
-    }
-    let mut completed: HashMap<String, Instant> = HashMap::new();
-    while completed.len() < runs {
-        let (at, event) = next_event(&mut events).await?;
-        let run_id = event["run_id"].as_str().unwrap_or_default().to_owned();
-        match event["event"].as_str() {
-            Some("run.completed") if decided.contains_key(&run_id) => {
-                completed.insert(run_id, at);
-            }
-            Some("run.failed") => bail!("a run failed: {event}"),
-            Some("decision.refused") => bail!("a decision was refused: {event}"),
-            _ => {}
+    let mut peak: Option<(usize, f64, Latencies)> = None;
+    for &in_flight in &phases {
+        let n = phase_cycles(in_flight, config.cycles);
+        let before = Counters::read(&pool).await?;
+        reset_profile();
+        let started = Instant::now();
+        let cycles = driver.closed_loop(n, in_flight).await?;
+        let elapsed = started.elapsed();
+        let after = Counters::read(&pool).await?;
+        let rate = n as f64 / elapsed.as_secs_f64();
+        let latency = write_latencies(&pool, &cycles).await?;
+        print_phase(
+            &format!("{in_flight} in flight, {n} cycles"),
+            rate,
+            &latency,
+            &before,
+            &after,
+            n,
+        );
+        print_profile(n);
+        if peak.as_ref().is_none_or(|(_, r, _)| rate > *r) {
+            peak = Some((in_flight, rate, latency));
         }
     }
-    let complete_window = started.elapsed();
-    let to_complete = Latencies::new(
-        completed
-            .iter()
-            .map(|(run, at)| *at - decided[run])
-            .collect(),
+    let (peak_flight, peak_rate, _) = peak.context("no phase ran")?;
+    let half = peak_rate / 2.0;
+    let before = Counters::read(&pool).await?;
+    let started = Instant::now();
+    let cycles = driver.open_loop(config.cycles, half).await?;
+    let elapsed = started.elapsed();
+    let after = Counters::read(&pool).await?;
+    let latency = write_latencies(&pool, &cycles).await?;
+    print_phase(
+        &format!("half the peak, {half:.0}/s offered"),
+        config.cycles as f64 / elapsed.as_secs_f64(),
+        &latency,
+        &before,
+        &after,
+        config.cycles,
+    );
+    println!(
+        "peak at {peak_flight} in flight; process RSS {:.0} MB",
+        rss_bytes() as f64 / 1e6
     );
 
+    let ceilings_at = 16;
+    let commits = commit_ceiling(&pool, ceilings_at, Duration::from_secs(3)).await?;
+    let publishes = publish_ceiling(&broker, 5000, 256).await?;
     println!(
-        "request→run.suspended, one at a time:        latency {}",
-        solo.summary()
-    );
-    println!(
-        "request→run.suspended:   {:>7.1} runs/s  ({runs} in {:.2} s)   latency {}",
-        runs as f64 / suspend_window.as_secs_f64(),
-        suspend_window.as_secs_f64(),
-        to_suspend.summary()
-    );
-    println!(
-        "decision→run.completed:  {:>7.1} runs/s  ({runs} in {:.2} s)   latency {}",
-        runs as f64 / complete_window.as_secs_f64(),
-        complete_window.as_secs_f64(),
-        to_complete.summary()
+        "ceiling   single-row commits/s with {ceilings_at} connections: {commits:.0}; confirmed publishes/s, 256 confirms in flight: {publishes:.0}"
     );
     let floor = amqp.percentile(50) + pg.percentile(50);
     println!(
-        "p50 request→suspended, one at a time, is {:.1}× one broker round trip plus one commit ({:.2} ms)",
-        solo.percentile(50).as_secs_f64() / floor.as_secs_f64(),
+        "floor     one broker round trip plus one commit: {:.2} ms",
         floor.as_secs_f64() * 1000.0
+    );
+
+    verify(&pool, &driver.done).await?;
+    println!(
+        "verified  {} approved writes landed once each, on their own page; nothing else changed",
+        driver.done.len()
     );
 
     stop.notify_waiters();
     while services.join_next().await.is_some() {}
+
+    if config.long_segments > 0 {
+        long_segments(&pool, &store, &broker, &as_producer, config).await?;
+    }
     broker.delete_topology().await?;
     pool.close().await;
     Ok(())
 }
 
-/// The producer's side of the bench: requests out, events in.
-struct Flow<'a> {
-    broker: &'a Broker,
-    events: countersign_queue::Consumer,
-    as_producer: MessageProperties,
-    /// run id → the request that created it.
-    run_of: HashMap<String, Uuid>,
-    /// Suspensions announced before their run's `run.accepted` was read.
-    early: HashMap<String, (Instant, Value)>,
+/// Cycles a phase runs: enough for its concurrency to matter, at most what was asked.
+fn phase_cycles(in_flight: usize, cycles: usize) -> usize {
+    match in_flight {
+        1 => cycles.min(50),
+        n => cycles.max(n * 2),
+    }
 }
 
-impl Flow<'_> {
-    async fn request(&mut self) -> anyhow::Result<(Uuid, Instant)> {
+fn spawn_worker(
+    services: &mut tokio::task::JoinSet<()>,
+    runner: SegmentRunner,
+    broker: &Broker,
+    stop: &Arc<Notify>,
+    concurrency: usize,
+) {
+    let config = WorkerConfig {
+        owner: format!("bench-worker-{}", Uuid::now_v7()),
+        concurrency,
+        poll_interval: Duration::from_secs(1),
+        shutdown_grace: Duration::from_secs(5),
+    };
+    let (broker, stop) = (broker.clone(), stop.clone());
+    services.spawn(async move {
+        countersign_worker::service::run(
+            runner,
+            broker,
+            config,
+            async move { stop.notified().await },
+        )
+        .await
+    });
+}
+
+fn print_phase(
+    name: &str,
+    rate: f64,
+    latency: &Latencies,
+    before: &Counters,
+    after: &Counters,
+    cycles: usize,
+) {
+    let per = |a: f64, b: f64| (b - a) / cycles as f64;
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{:<28} {:>9.1} {:>26} {:>6.1} {:>6.1} {:>8.0} {:>6.1} {:>7.1}ms {:>7.1}ms {:>7.1}ms",
+        name,
+        rate,
+        format!(
+            "{:.1} / {:.1} / {:.1} ms",
+            ms(latency.percentile(50)),
+            ms(latency.percentile(95)),
+            ms(latency.percentile(99))
+        ),
+        per(before.statements as f64, after.statements as f64),
+        per(before.commits as f64, after.commits as f64),
+        per(before.wal_bytes as f64, after.wal_bytes as f64),
+        per(before.publishes as f64, after.publishes as f64),
+        per(before.cpu_self, after.cpu_self) * 1000.0,
+        per(before.cpu_postgres, after.cpu_postgres) * 1000.0,
+        per(before.cpu_rabbitmq, after.cpu_rabbitmq) * 1000.0,
+    );
+}
+
+/// One bench page per cycle, a copy of the demo's home page.
+async fn seed_pages(pool: &PgPool, n: usize) -> anyhow::Result<Vec<i64>> {
+    let pages = sqlx::query_scalar(
+        "INSERT INTO content.pages (pid, sorting, title, description)
+         SELECT $1, 10000 + i, 'Bench page ' || i, 'Untouched.'
+         FROM generate_series(1, $2::int) AS i
+         RETURNING uid",
+    )
+    .bind(PARENT_PAGE)
+    .bind(i32::try_from(n)?)
+    .fetch_all(pool)
+    .await?;
+    Ok(pages)
+}
+
+/// The description cycle `page` writes.
+fn description(page: i64) -> String {
+    format!("Bench cycle wrote page {page}.")
+}
+
+/// One cycle as the producer sees it.
+#[derive(Debug, Clone)]
+struct Cycle {
+    page: i64,
+    run_id: Option<String>,
+    decided_at: Option<DateTime<Utc>>,
+}
+
+/// The producer's side: requests and decisions out, events in.
+struct Driver<'a> {
+    broker: &'a Broker,
+    events: Consumer,
+    as_producer: MessageProperties,
+    pages: std::vec::IntoIter<i64>,
+    /// request id → cycle
+    cycles: HashMap<Uuid, Cycle>,
+    /// run id → request id
+    run_of: HashMap<String, Uuid>,
+    /// Events about runs whose `run.accepted` was not read yet.
+    early: Vec<Value>,
+    /// Every completed cycle of the bench.
+    done: Vec<Cycle>,
+}
+
+impl Driver<'_> {
+    async fn request(&mut self) -> anyhow::Result<()> {
+        let page = self.pages.next().context("the bench ran out of pages")?;
         let request = RunRequest {
             request_id: Uuid::now_v7(),
             agent: AGENT.into(),
             acting_user: "editor".into(),
-            prompt: "Tighten the description of page 12.".into(),
+            prompt: "Describe the bench page.".into(),
+            inputs: json!({"page": page, "description": description(page)})
+                .as_object()
+                .cloned(),
         };
-        let at = Instant::now();
-        let body = serde_json::to_vec(&request.to_json())?;
+        self.cycles.insert(
+            request.request_id,
+            Cycle {
+                page,
+                run_id: None,
+                decided_at: None,
+            },
+        );
         self.broker
             .publish_message(
                 &self.broker.topology().run_requests(),
-                &body,
+                &serde_json::to_vec(&request.to_json())?,
                 &self.as_producer,
             )
             .await?;
-        Ok((request.request_id, at))
+        Ok(())
     }
 
-    /// Waits for `n` suspensions of runs requested by this flow.
-    async fn suspensions(&mut self, n: usize) -> anyhow::Result<HashMap<String, (Instant, Value)>> {
-        let mut suspended = HashMap::new();
-        while suspended.len() < n {
-            let (at, event) = next_event(&mut self.events).await?;
-            let run_id = event["run_id"].as_str().unwrap_or_default().to_owned();
-            match event["event"].as_str() {
-                Some("run.accepted") => {
-                    let request_id =
-                        Uuid::parse_str(event["request_id"].as_str().unwrap_or_default())?;
+    /// Handles one event; the completed cycle, if it completed one.
+    async fn handle(&mut self, event: Value) -> anyhow::Result<Option<Cycle>> {
+        let run_id = event["run_id"].as_str().unwrap_or_default().to_owned();
+        match event["event"].as_str() {
+            Some("run.accepted") => {
+                let request_id = Uuid::parse_str(event["request_id"].as_str().unwrap_or_default())?;
+                if let Some(cycle) = self.cycles.get_mut(&request_id) {
+                    cycle.run_id = Some(run_id.clone());
                     self.run_of.insert(run_id.clone(), request_id);
-                    if let Some(seen) = self.early.remove(&run_id) {
-                        suspended.insert(run_id, seen);
+                    let early: Vec<Value> = std::mem::take(&mut self.early);
+                    let (mine, rest): (Vec<Value>, Vec<Value>) = early
+                        .into_iter()
+                        .partition(|e| e["run_id"] == run_id.as_str());
+                    self.early = rest;
+                    for e in mine {
+                        if let Some(done) = Box::pin(self.handle(e)).await? {
+                            return Ok(Some(done));
+                        }
                     }
                 }
-                Some("run.suspended") if self.run_of.contains_key(&run_id) => {
-                    suspended.insert(run_id, (at, event));
+                Ok(None)
+            }
+            Some("run.suspended") | Some("run.completed") if !self.run_of.contains_key(&run_id) => {
+                self.early.push(event);
+                Ok(None)
+            }
+            Some("run.suspended") => {
+                let decision = json!({
+                    "type": "countersign.decision", "version": 1,
+                    "decision_id": Uuid::now_v7(), "run_id": run_id,
+                    "suspension_seq": event["suspension_seq"], "turn_digest": event["turn_digest"],
+                    "approved": true, "approver": "approver",
+                });
+                let request = self.run_of[&run_id];
+                if let Some(cycle) = self.cycles.get_mut(&request) {
+                    cycle.decided_at = Some(Utc::now());
                 }
-                Some("run.suspended") => {
-                    self.early.insert(run_id, (at, event));
+                self.broker
+                    .publish_message(
+                        &self.broker.topology().decisions(),
+                        &serde_json::to_vec(&decision)?,
+                        &self.as_producer,
+                    )
+                    .await?;
+                Ok(None)
+            }
+            Some("run.completed") => {
+                let request = self.run_of[&run_id];
+                let cycle = self
+                    .cycles
+                    .remove(&request)
+                    .context("a cycle completed twice")?;
+                self.done.push(cycle.clone());
+                Ok(Some(cycle))
+            }
+            Some("run.failed") => bail!("a run failed: {event}"),
+            Some("decision.refused") => bail!("a decision was refused: {event}"),
+            _ => Ok(None),
+        }
+    }
+
+    /// `n` cycles, keeping `in_flight` of them going.
+    async fn closed_loop(&mut self, n: usize, in_flight: usize) -> anyhow::Result<Vec<Cycle>> {
+        let mut started = 0;
+        let mut finished = Vec::with_capacity(n);
+        while started < n.min(in_flight) {
+            self.request().await?;
+            started += 1;
+        }
+        while finished.len() < n {
+            let event = next_event(&mut self.events).await?;
+            if let Some(cycle) = self.handle(event).await? {
+                finished.push(cycle);
+                if started < n {
+                    self.request().await?;
+                    started += 1;
                 }
-                Some("run.failed") => bail!("a run failed: {event}"),
-                _ => {}
             }
         }
-        Ok(suspended)
+        Ok(finished)
+    }
+
+    /// `n` cycles, requested at `rate` per second whatever is in flight.
+    async fn open_loop(&mut self, n: usize, rate: f64) -> anyhow::Result<Vec<Cycle>> {
+        let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1.0)));
+        let mut started = 0;
+        let mut finished = Vec::with_capacity(n);
+        while finished.len() < n {
+            // Only the stream's `next` may be cancelled by the tick: it is cancel-safe, an
+            // event half acknowledged would not be.
+            let delivery = tokio::select! {
+                _ = ticks.tick(), if started < n => {
+                    self.request().await?;
+                    started += 1;
+                    continue;
+                }
+                delivery = self.events.next() => delivery,
+                () = tokio::time::sleep(Duration::from_secs(60)) => {
+                    bail!("no event for 60 s; the services stalled")
+                }
+            };
+            let delivery = delivery.context("the event consumer closed")??;
+            let event = serde_json::from_slice(&delivery.body)?;
+            delivery.ack().await?;
+            if let Some(cycle) = self.handle(event).await? {
+                finished.push(cycle);
+            }
+        }
+        Ok(finished)
     }
 }
 
-async fn next_event(events: &mut countersign_queue::Consumer) -> anyhow::Result<(Instant, Value)> {
+async fn next_event(events: &mut Consumer) -> anyhow::Result<Value> {
     let delivery = tokio::time::timeout(Duration::from_secs(60), events.next())
         .await
         .context("no event for 60 s; the services stalled")?
         .context("the event consumer closed")??;
-    let at = Instant::now();
     let event = serde_json::from_slice(&delivery.body)?;
     delivery.ack().await?;
-    Ok((at, event))
+    Ok(event)
+}
+
+/// Decision → write committed: from the approval's publish to the insert of the turn's journal
+/// row, the last statement before the turn's commit (both clocks are this machine's).
+async fn write_latencies(pool: &PgPool, cycles: &[Cycle]) -> anyhow::Result<Latencies> {
+    let ids: Vec<Uuid> = cycles
+        .iter()
+        .filter_map(|c| c.run_id.as_deref().and_then(|r| Uuid::parse_str(r).ok()))
+        .collect();
+    let written: HashMap<Uuid, DateTime<Utc>> = sqlx::query_as(
+        "SELECT run_id, max(created_at) FROM run_journal WHERE run_id = ANY($1) GROUP BY run_id",
+    )
+    .bind(&ids)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .collect();
+    Ok(Latencies::new(
+        cycles
+            .iter()
+            .filter_map(|c| {
+                let run = Uuid::parse_str(c.run_id.as_deref()?).ok()?;
+                let decided = c.decided_at?;
+                (*written.get(&run)? - decided).to_std().ok()
+            })
+            .collect(),
+    ))
+}
+
+/// Every cycle's page holds what its approval wrote, and every other page is untouched.
+async fn verify(pool: &PgPool, done: &[Cycle]) -> anyhow::Result<()> {
+    let written: HashSet<i64> = done.iter().map(|c| c.page).collect();
+    let pages: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT uid, description FROM content.pages WHERE pid = $1 AND sorting > 10000",
+    )
+    .bind(PARENT_PAGE)
+    .fetch_all(pool)
+    .await?;
+    let mut wrong = 0;
+    for (uid, desc) in &pages {
+        let expected = if written.contains(uid) {
+            description(*uid)
+        } else {
+            "Untouched.".to_owned()
+        };
+        if *desc != expected {
+            wrong += 1;
+        }
+    }
+    let writes: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM run_events WHERE kind = 'tool_write' AND payload->>'is_error' = 'false'",
+    )
+    .fetch_one(pool)
+    .await?;
+    if wrong > 0 || writes != done.len() as i64 {
+        bail!(
+            "verification failed: {wrong} page(s) do not hold what their approval wrote, \
+             {writes} write(s) recorded for {} approved",
+            done.len()
+        );
+    }
+    Ok(())
+}
+
+/// Counters read before and after a phase.
+#[derive(Debug, Clone, Copy)]
+struct Counters {
+    statements: u64,
+    commits: i64,
+    wal_bytes: i64,
+    publishes: u64,
+    cpu_self: f64,
+    cpu_postgres: f64,
+    cpu_rabbitmq: f64,
+}
+
+impl Counters {
+    async fn read(pool: &PgPool) -> anyhow::Result<Counters> {
+        // A backend reports its statistics when it goes idle, at most once a second: wait, then
+        // have every connection of the pool run a statement so each one reports.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let mut conns = Vec::new();
+        while let Ok(Some(conn)) = tokio::time::timeout(Duration::from_millis(50), pool.acquire())
+            .await
+            .map(Result::ok)
+        {
+            conns.push(conn);
+        }
+        for conn in &mut conns {
+            sqlx::query("SELECT 1").execute(&mut **conn).await?;
+        }
+        drop(conns);
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(pool)
+            .await?;
+        let (commits, wal_bytes): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+                    (SELECT wal_bytes::int8 FROM pg_stat_wal)",
+        )
+        .fetch_one(pool)
+        .await?;
+        Ok(Counters {
+            statements: STATEMENTS.load(Ordering::Relaxed),
+            commits,
+            wal_bytes,
+            publishes: countersign_queue::published_total(),
+            cpu_self: cpu_seconds(|pid| pid == std::process::id()),
+            cpu_postgres: cpu_of("postgres"),
+            cpu_rabbitmq: cpu_of("beam.smp"),
+        })
+    }
+}
+
+/// SQL statements issued by this process, as sqlx logs them.
+static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+/// Lease renewals among them.
+static HEARTBEATS: AtomicU64 = AtomicU64::new(0);
+
+/// Tracing for the bench: the usual log lines, and a count of every statement sqlx issues.
+pub fn init_tracing(verbose: bool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let default = if verbose { "debug" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let statements = StatementCounter.with_filter(
+        tracing_subscriber::filter::Targets::new()
+            .with_target("sqlx::query", tracing::Level::TRACE),
+    );
+    tracing_subscriber::registry()
+        .with(log)
+        .with(statements)
+        .init();
+    if std::env::var_os("COUNTERSIGN_BENCH_PROFILE").is_some() {
+        let _ = PROFILE.set(Default::default());
+    }
+}
+
+struct StatementCounter;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StatementCounter {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        STATEMENTS.fetch_add(1, Ordering::Relaxed);
+        let mut text = StatementText(String::new());
+        event.record(&mut text);
+        if text.0.contains("UPDATE runs r SET lease_expires_at") {
+            HEARTBEATS.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Some(profile) = PROFILE.get() {
+            let key: String = text.0.split_whitespace().collect::<Vec<_>>().join(" ");
+            let key: String = key.chars().take(90).collect();
+            *profile
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(key)
+                .or_default() += 1;
+        }
+    }
+}
+
+/// Statements by their first words, when `COUNTERSIGN_BENCH_PROFILE` is set.
+static PROFILE: std::sync::OnceLock<std::sync::Mutex<HashMap<String, u64>>> =
+    std::sync::OnceLock::new();
+
+/// The statement a sqlx log event is about.
+struct StatementText(String);
+
+impl tracing::field::Visit for StatementText {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "db.statement" || (field.name() == "summary" && self.0.is_empty()) {
+            self.0 = value.to_owned();
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "db.statement" || (field.name() == "summary" && self.0.is_empty()) {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+fn reset_profile() {
+    if let Some(profile) = PROFILE.get() {
+        profile.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+/// Prints the statements of a phase by kind, per cycle, and starts counting afresh.
+fn print_profile(cycles: usize) {
+    let Some(profile) = PROFILE.get() else { return };
+    let mut counts: Vec<(String, u64)> = profile
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .collect();
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+    for (statement, n) in counts.iter().take(40) {
+        println!("    {:>6.2}  {statement}", *n as f64 / cycles as f64);
+    }
+}
+
+/// CPU seconds (user + system) of the processes whose pid `matches`, from `/proc`.
+fn cpu_seconds(matches: impl Fn(u32) -> bool) -> f64 {
+    proc_stats()
+        .filter(|(pid, _, _)| matches(*pid))
+        .map(|(_, _, ticks)| ticks)
+        .sum::<u64>() as f64
+        / CLOCK_TICKS
+}
+
+fn cpu_of(command: &str) -> f64 {
+    proc_stats()
+        .filter(|(_, comm, _)| comm == command)
+        .map(|(_, _, ticks)| ticks)
+        .sum::<u64>() as f64
+        / CLOCK_TICKS
+}
+
+/// `sysconf(_SC_CLK_TCK)` on Linux.
+const CLOCK_TICKS: f64 = 100.0;
+
+/// (pid, command, utime + stime) of every process.
+fn proc_stats() -> impl Iterator<Item = (u32, String, u64)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let (head, tail) = stat.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1.to_owned();
+            let fields: Vec<&str> = tail.split_whitespace().collect();
+            // After the command: state is field 3; utime and stime are fields 14 and 15.
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some((pid, comm, utime + stime))
+        })
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
 }
 
 async fn amqp_round_trips(broker: &Broker, n: usize) -> anyhow::Result<Latencies> {
@@ -363,11 +804,11 @@ async fn amqp_round_trips(broker: &Broker, n: usize) -> anyhow::Result<Latencies
     Ok(Latencies::new(samples))
 }
 
-async fn update_commits(pool: &sqlx::PgPool, n: usize) -> anyhow::Result<Latencies> {
+async fn update_commits(pool: &PgPool, n: usize) -> anyhow::Result<Latencies> {
     sqlx::query("CREATE TABLE bench_baseline (id int PRIMARY KEY, n bigint NOT NULL)")
         .execute(pool)
         .await?;
-    sqlx::query("INSERT INTO bench_baseline VALUES (1, 0)")
+    sqlx::query("INSERT INTO bench_baseline SELECT i, 0 FROM generate_series(1, 64) AS i")
         .execute(pool)
         .await?;
     let mut samples = Vec::with_capacity(n);
@@ -379,6 +820,223 @@ async fn update_commits(pool: &sqlx::PgPool, n: usize) -> anyhow::Result<Latenci
         samples.push(t.elapsed());
     }
     Ok(Latencies::new(samples))
+}
+
+/// Single-row commits per second from `connections` connections at once, each on its own row.
+async fn commit_ceiling(
+    pool: &PgPool,
+    connections: usize,
+    period: Duration,
+) -> anyhow::Result<f64> {
+    let until = Instant::now() + period;
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in 1..=connections.min(64) as i32 {
+        let pool = pool.clone();
+        tasks.spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < until {
+                sqlx::query("UPDATE bench_baseline SET n = n + 1 WHERE id = $1")
+                    .bind(id)
+                    .execute(&pool)
+                    .await?;
+                n += 1;
+            }
+            Ok::<u64, sqlx::Error>(n)
+        });
+    }
+    let mut total = 0;
+    while let Some(done) = tasks.join_next().await {
+        total += done??;
+    }
+    Ok(total as f64 / period.as_secs_f64())
+}
+
+/// Confirmed publishes per second with `in_flight` confirms outstanding at once.
+async fn publish_ceiling(broker: &Broker, n: usize, in_flight: usize) -> anyhow::Result<f64> {
+    let queue = broker.declare_private_queue().await?;
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..n {
+        if tasks.len() >= in_flight {
+            tasks
+                .join_next()
+                .await
+                .context("a publish task vanished")???;
+        }
+        let (broker, queue) = (broker.clone(), queue.clone());
+        tasks.spawn(async move {
+            let body = format!("{{\"n\":{i}}}");
+            broker
+                .publish_message(&queue, body.as_bytes(), &MessageProperties::default())
+                .await
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Thousands of segments at once in one worker, each waiting seconds for its model.
+async fn long_segments(
+    pool: &PgPool,
+    store: &Store,
+    broker: &Broker,
+    as_producer: &MessageProperties,
+    config: &BenchConfig,
+) -> anyhow::Result<()> {
+    let n = config.long_segments;
+    let (addr, stub) = stub_model(config.model_latency).await?;
+    // The stub takes no key, but the provider sends one from the environment.
+    std::env::set_var("COUNTERSIGN_BENCH_STUB_KEY", "stub");
+    store
+        .upsert_agent(&AgentConfig {
+            name: LONG_AGENT.into(),
+            active: true,
+            model: json!({
+                "provider": "openai", "base_url": format!("http://{addr}/v1"),
+                "model": "stub", "api_key_env": "COUNTERSIGN_BENCH_STUB_KEY",
+                "timeout_secs": 120,
+            }),
+            policy: ToolPolicy::default(),
+            max_iterations: 2,
+            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+            four_eyes: false,
+            approval_deadline: Duration::from_secs(3600),
+        })
+        .await?;
+    let stop = Arc::new(Notify::new());
+    let mut services = tokio::task::JoinSet::new();
+    let mut registry = ToolRegistry::new();
+    countersign_content::register(&mut registry, store.clone());
+    let registry = Arc::new(registry);
+    {
+        let coordinator = Coordinator::new(store.clone(), registry.clone());
+        let (broker, stop) = (broker.clone(), stop.clone());
+        services.spawn(async move {
+            countersign_coordinator::service::run(coordinator, broker, async move {
+                stop.notified().await
+            })
+            .await
+        });
+    }
+    let runner = SegmentRunner {
+        store: store.clone(),
+        registry,
+        models: Models::PerAgent(Arc::new(ModelCatalog::new())),
+        users: Arc::new(countersign_content::ContentUsers::new(pool.clone())),
+        lease_ttl: Duration::from_secs(6),
+        heartbeat: Default::default(),
+    };
+    spawn_worker(&mut services, runner, broker, &stop, n);
+
+    let watch = broker.declare_private_queue().await?;
+    broker.bind_events(&watch, "run.*").await?;
+    let mut events = broker.consume(&watch, 1000).await?;
+    let heartbeats_before = HEARTBEATS.load(Ordering::Relaxed);
+    let started = Instant::now();
+    for _ in 0..n {
+        let request = RunRequest {
+            request_id: Uuid::now_v7(),
+            agent: LONG_AGENT.into(),
+            acting_user: "editor".into(),
+            prompt: "Say done.".into(),
+            inputs: None,
+        };
+        broker
+            .publish_message(
+                &broker.topology().run_requests(),
+                &serde_json::to_vec(&request.to_json())?,
+                as_producer,
+            )
+            .await?;
+    }
+    let mut completed = 0;
+    let mut connections = 0i64;
+    let mut rss = 0u64;
+    let mut peak_calls = 0u64;
+    while completed < n {
+        let event = next_event(&mut events).await?;
+        match event["event"].as_str() {
+            Some("run.completed") => completed += 1,
+            Some("run.failed") => bail!("a long run failed: {event}"),
+            _ => {}
+        }
+        if completed % 100 == 0 {
+            rss = rss.max(rss_bytes());
+            peak_calls = peak_calls.max(stub.in_flight.load(Ordering::Relaxed));
+            let used: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
+            )
+            .fetch_one(pool)
+            .await?;
+            connections = connections.max(used);
+        }
+    }
+    let elapsed = started.elapsed();
+    let heartbeats = HEARTBEATS.load(Ordering::Relaxed) - heartbeats_before;
+    let ideal = n as f64 / config.model_latency.as_secs_f64();
+    let rate = n as f64 / elapsed.as_secs_f64();
+    println!();
+    println!(
+        "long segments: {n} runs in flight in one worker, the model answering in {:.1} s",
+        config.model_latency.as_secs_f64()
+    );
+    println!(
+        "  {rate:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — {n} runs in {:.1} s; \
+         at most {peak_calls} model calls in flight",
+        100.0 * rate / ideal,
+        elapsed.as_secs_f64()
+    );
+    println!(
+        "  process RSS {:.0} MB; heartbeat statements {:.2}/s (lease ttl 6 s); PostgreSQL connections used: {connections}",
+        rss as f64 / 1e6,
+        heartbeats as f64 / elapsed.as_secs_f64()
+    );
+    stop.notify_waiters();
+    while services.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// An OpenAI-compatible chat endpoint that answers "Done." after `latency`.
+struct Stub {
+    in_flight: AtomicU64,
+}
+
+async fn stub_model(latency: Duration) -> anyhow::Result<(std::net::SocketAddr, Arc<Stub>)> {
+    use axum::routing::post;
+    let stub = Arc::new(Stub {
+        in_flight: AtomicU64::new(0),
+    });
+    let state = stub.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(move || {
+            let stub = state.clone();
+            async move {
+                stub.in_flight.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(latency).await;
+                stub.in_flight.fetch_sub(1, Ordering::Relaxed);
+                let body = json!({
+                    "choices": [{"message": {"role": "assistant", "content": "Done."},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+                });
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    body.to_string(),
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            tracing::warn!(error = %e, "the stub model stopped");
+        }
+    });
+    Ok((addr, stub))
 }
 
 /// Sorted latency samples.

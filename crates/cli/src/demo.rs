@@ -1,53 +1,102 @@
-//! `countersign demo`: one run, start to finish, in a throwaway database.
+//! `countersign demo`: one run through the real services, start to finish, narrated and checked.
 //!
-//! Everything is real except the model, which is the deterministic scripted one: PostgreSQL
-//! holds the runs and the content, state is sealed with AES-256-GCM, the tools are the content
-//! store's writers, and every transition is the store's guarded statement. The story it tells
-//! is the one the design exists for: a relative write whose preview moves between the card and
-//! the approval is not executed, and the approver decides again on the current card.
+//! The demo starts what an installation runs — `countersign-coordinator`, two
+//! `countersign-worker`s and `countersign-reaper --every 1` — as separate processes over
+//! RabbitMQ, against a throwaway database and queue prefix, and plays the operator and the
+//! approvers with the `countersign` commands README documents: `submit` sends the run request
+//! through the queue like any producer, `inbox --save` shows a card and keeps it, `decide --card`
+//! sends the decision on exactly that card. Only the model is a stand-in: the deterministic
+//! scripted one for the story, and an OpenAI-compatible endpoint the demo serves itself for the
+//! worker that dies holding a lease.
+//!
+//! Every step is checked in the database (the run row, its decisions, its audit events, the
+//! content store) before the next one is told, and the demo fails loudly at the first step that
+//! did not behave as narrated: `make demo` exiting 0 means the story happened.
+//!
+//! There is no in-process mode. It would tell the same story with fewer moving parts — which is
+//! what the demo must not do, since the point is that the services, the queues and the crash
+//! recovery are real — and a second copy of the story would drift from this one.
 
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
-use countersign_content::ContentUsers;
-use countersign_coordinator::{producers, Coordinator, ProducerKind};
-use countersign_core::card::build_card;
-use countersign_core::{
-    DecisionMessage, Principal, RunId, SuspendedRunState, ToolPolicy, ToolRegistry,
-};
-use countersign_crypto::Keyring;
-use countersign_model::ScriptedModel;
-use countersign_store::{AgentConfig, NewRun, Store};
-use countersign_worker::{Models, SegmentEnd, SegmentRunner};
-use serde_json::json;
+use anyhow::{bail, ensure, Context};
+use countersign_coordinator::{producers, ProducerKind};
+use countersign_core::{RunId, ToolPolicy};
+use countersign_crypto::{KeyId, Keyring};
+use countersign_queue::Broker;
+use countersign_store::{AgentConfig, RunRecord, RunStatus, Store};
+use serde_json::{json, Value};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::Connection;
+use sqlx::{Connection, PgPool};
 use uuid::Uuid;
 
-use crate::render;
+use crate::ops;
 
 const AGENT: &str = "seo-assistant";
 const ACTING_USER: &str = "editor";
 const APPROVER: &str = "admin";
+/// A second approver, without rights on page 12: their card withholds the previews.
+const SECOND_APPROVER: &str = "approver";
 const PROMPT: &str = "Tighten the description of page 12 and add bicycle.png to its teaser.";
 const SCRIPT: &str = include_str!("../demo/seo-assistant.json");
-const LEASE_TTL: Duration = Duration::from_secs(30);
-/// The broker user the demo's decisions come from, as a queue producer's would.
-const PRODUCER: &str = "demo-console";
 
-pub async fn run(database_url: &str, database: &str, keep: bool) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        database
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_'),
+/// The agent whose model call hangs while a worker is killed.
+const SUMMARISER: &str = "page-summariser";
+const SUMMARY_PROMPT: &str = "Summarise page 12 for the newsletter.";
+const SUMMARY: &str = "Page 12: bicycles for every road — repairs, rentals and advice.";
+/// The variable the summariser's model settings name for their (stand-in) API key.
+const MODEL_KEY_ENV: &str = "COUNTERSIGN_DEMO_MODEL_KEY";
+
+const COORDINATOR: &str = "countersign-coordinator";
+const WORKER: &str = "countersign-worker";
+const REAPER: &str = "countersign-reaper";
+const API: &str = "countersign-api";
+/// Short, so that a dead worker's lease runs out within the demo; renewed every second.
+const LEASE_TTL_SECS: &str = "3";
+/// How long any one step may take before the demo calls it broken.
+const STEP: Duration = Duration::from_secs(30);
+
+const TEASER_IMAGES: &str = "SELECT count(*) FROM content.file_references
+                             WHERE element = 5 AND field = 'image' AND NOT deleted";
+
+pub async fn run(
+    database_url: &str,
+    amqp_addr: &str,
+    database: &str,
+    keep: bool,
+) -> anyhow::Result<()> {
+    ensure!(
+        !database.is_empty()
+            && database
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_'),
         "the demo database name may hold only letters, digits and underscores"
     );
+    let started = Instant::now();
+    println!("countersign demo — an agent proposes, a human countersigns\n");
+    let binaries = binaries()?;
+    let (dir, leftover) = demo_dir(database)?;
+    if let Some(prefix) = leftover {
+        let broker = ops::connect_broker(amqp_addr, &prefix).await?;
+        broker
+            .delete_topology()
+            .await
+            .context("deleting the queues a previous demo left")?;
+        println!("(Deleted the queues {prefix}.* a previous demo left behind.)\n");
+    }
     let server = PgConnectOptions::from_str(database_url).context("parsing DATABASE_URL")?;
     recreate_database(&server, database).await?;
     let pool = PgPoolOptions::new()
-        .max_connections(8)
+        .max_connections(4)
         .connect_with(server.clone().database(database))
         .await
         .context("connecting to the demo database")?;
@@ -58,262 +107,1293 @@ pub async fn run(database_url: &str, database: &str, keep: bool) -> anyhow::Resu
     countersign_content::seed_demo_site(&pool)
         .await
         .context("seeding the demo site")?;
+    let prefix = format!(
+        "countersign-demo-{}",
+        &Uuid::now_v7().simple().to_string()[24..]
+    );
+    // Recorded so that the next demo deletes these queues if this one leaves them behind.
+    std::fs::write(dir.join(QUEUES_FILE), &prefix).context("recording the queue prefix")?;
+    let model = ModelStandIn::start()?;
+    let env = Env::new(database_url, database, amqp_addr, &prefix, &dir)?;
 
-    let keyring = match Keyring::from_env() {
-        Ok(keyring) => keyring,
-        Err(_) => Keyring::ephemeral(),
+    let mut demo = Demo {
+        store: ops::store_without_keys(pool.clone()),
+        pool: pool.clone(),
+        broker: None,
+        amqp_addr: amqp_addr.to_owned(),
+        launch: Launch {
+            binaries,
+            dir: dir.clone(),
+            env,
+        },
+        model,
+        services: Services::default(),
+        database: database.to_owned(),
+        prefix: prefix.clone(),
     };
-    let store = Store::new(pool.clone(), Arc::new(keyring));
-    let result = story(&store).await;
+    let result = tokio::select! {
+        result = demo.story(keep) => result,
+        _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
+    };
+    if result.is_ok() && keep {
+        println!(
+            "Every step behaved as told ({:.1} s).\n",
+            started.elapsed().as_secs_f64()
+        );
+        demo.keep_running()?;
+        return Ok(());
+    }
+    demo.services.kill_all();
     pool.close().await;
-    if !keep {
-        drop_database(&server, database).await?;
+    drop_database(&server, database).await?;
+    let broker = match demo.broker.take() {
+        Some(broker) => broker,
+        None => ops::connect_broker(amqp_addr, &prefix).await?,
+    };
+    broker
+        .delete_topology()
+        .await
+        .context("deleting the demo's queues")?;
+    std::fs::remove_file(dir.join(QUEUES_FILE)).ok();
+    match &result {
+        Ok(()) => {
+            std::fs::remove_dir_all(&dir).ok();
+            println!(
+                "\nThe demo database, queues and files are gone. Every step behaved as told ({:.1} s).",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Err(_) => eprintln!(
+            "\nThe demo failed; the services' logs are in {}.",
+            dir.display()
+        ),
     }
     result
 }
 
-async fn story(store: &Store) -> anyhow::Result<()> {
-    let mut registry = ToolRegistry::new();
-    for tool in countersign_content::tools(store.clone()) {
-        registry.register(tool);
-    }
-    let registry = Arc::new(registry);
-    let users = Arc::new(ContentUsers::new(store.pool().clone()));
-    producers::allow(store.pool(), PRODUCER, ProducerKind::Approver, "*").await?;
-    let coordinator = Coordinator::new(store.clone(), registry.clone());
-    let runner = SegmentRunner {
-        store: store.clone(),
-        registry: registry.clone(),
-        models: Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?)),
-        users: users.clone(),
-        lease_ttl: LEASE_TTL,
-    };
-    store
-        .upsert_agent(&AgentConfig {
-            name: AGENT.into(),
-            active: true,
-            model: json!({"provider": "scripted"}),
-            policy: ToolPolicy {
-                allowed_tools: vec![],
-                allowed_groups: vec!["content".into(), "editing".into()],
-                enabled_tools: vec![
-                    "update_page_metadata".into(),
-                    "attach_file_to_content_element".into(),
-                ],
-            },
-            max_iterations: 8,
-            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-            four_eyes: true,
-            approval_deadline: Duration::from_secs(24 * 3600),
-        })
-        .await?;
+/// One demo: its database, its queues, its services, and what it learned along the way.
+struct Demo {
+    store: Store,
+    pool: PgPool,
+    /// Connected once the services declared the queues.
+    broker: Option<Broker>,
+    amqp_addr: String,
+    launch: Launch,
+    model: ModelStandIn,
+    services: Services,
+    database: String,
+    prefix: String,
+}
 
-    println!("countersign demo — an agent proposes, a human countersigns\n");
+impl Demo {
+    async fn story(&mut self, keep: bool) -> anyhow::Result<()> {
+        self.configure().await?;
+        self.start_services().await?;
+        let broker = ops::connect_broker(&self.amqp_addr, &self.prefix).await?;
+        let user = self.allow_producer(&broker).await?;
+        self.broker = Some(broker);
+        println!(
+            "Set up: database {} (migrated, demo site seeded) and queues {}.*;",
+            self.database, self.prefix
+        );
+        println!(
+            "agents \"{AGENT}\" (scripted model, two writers, four eyes) and \"{SUMMARISER}\""
+        );
+        println!("(read-only, OpenAI-compatible model); the broker user \"{user}\" may name any acting user");
+        println!("and approver.\n");
 
-    // 1. The request.
-    let run = store
-        .create_run(&NewRun {
-            request_id: Uuid::now_v7(),
-            agent: AGENT.into(),
-            acting_user: ACTING_USER.into(),
-            prompt: PROMPT.into(),
-        })
-        .await?;
-    let run_id = run.run_id;
-    println!("1. A run request arrives for agent \"{AGENT}\", acting as \"{ACTING_USER}\":");
-    println!("     \"{PROMPT}\"");
-    println!("   → run {run_id} queued\n");
+        // 1. The request, through the queue.
+        println!(
+            "1. A run request for agent \"{AGENT}\", acting as \"{ACTING_USER}\", goes through"
+        );
+        println!("   the queue like any producer's:");
+        let run_id = self.submit(AGENT, PROMPT)?;
+        let run = self.run_row(run_id).await?;
+        ensure!(
+            run.agent == AGENT && run.acting_user == ACTING_USER,
+            "the run was recorded for agent {} acting as {}",
+            run.agent,
+            run.acting_user
+        );
+        println!("   → the coordinator gated the request and queued the run\n");
 
-    // 2. The first segment suspends the write turn.
-    println!("2. A worker claims the run and runs the tool loop. The model reads page 12, then");
-    println!("   proposes two writes in one turn. The whole turn suspends before either runs, and");
-    println!(
-        "   each call's preview is produced as \"{ACTING_USER}\" and sealed with the run state."
-    );
-    let end = claim_and_run(store, &runner, run_id, "worker-a").await?;
-    expect_suspended(&end, 1)?;
-    let state = load_state(store, run_id).await?;
-    println!("   → waiting for approval, suspension 1\n");
-    print!(
-        "{}",
-        render::card(
-            &build_card(&state, &registry, Some(&principal(&users, APPROVER).await?)).await
+        // 2. The first segment suspends the write turn.
+        println!(
+            "2. A worker claims the run and runs the tool loop. The model reads page 12, then"
+        );
+        println!(
+            "   proposes two writes in one turn. The whole turn suspends before either runs, and"
+        );
+        println!(
+            "   each call's preview is produced as \"{ACTING_USER}\" and sealed with the run state."
+        );
+        let run = self.wait_for_card(run_id, 1).await?;
+        ensure!(
+            run.pending_tools == ["update_page_metadata", "attach_file_to_content_element"],
+            "the suspended turn holds {:?}",
+            run.pending_tools
+        );
+        self.expect_nothing_written(2).await?;
+        println!("   → waiting for approval, suspension 1; nothing is written yet\n");
+        self.show(&["inbox", "--as", APPROVER, "--save", "card-1.json"])?;
+        let card_1 = self.card("card-1.json")?;
+        ensure!(
+            previews(&card_1, "shown") == 2
+                && card_text(&card_1).contains("field image: 2 reference(s) → 3, appended last"),
+            "the card does not show both previews: {card_1}"
+        );
+        self.countersign(&["inbox", "--as", SECOND_APPROVER, "--save", "tab.json"])?;
+        let tab = self.card("tab.json")?;
+        let withheld = previews(&tab, "withheld");
+        ensure!(
+            withheld > 0 && tab["suspension_seq"] == 1,
+            "the second approver's card: {tab}"
+        );
+        println!(
+            "   (\"{SECOND_APPROVER}\", who may approve but holds no rights on page 12, opens the same"
+        );
+        println!("    card in a tab of their own, with {withheld} preview(s) withheld.)\n");
+
+        // 3. Someone edits the target in the CMS.
+        println!("3. Meanwhile a colleague attaches logo.svg to the same teaser in the CMS.");
+        sqlx::query(
+            "INSERT INTO content.file_references (element, field, file, sorting)
+             SELECT 5, 'image', 10, coalesce(max(sorting), 0) + 1
+             FROM content.file_references WHERE element = 5 AND field = 'image'",
         )
-    );
-    let ops = build_card(
-        &state,
-        &registry,
-        Some(&principal(&users, "approver").await?),
-    )
-    .await;
-    let withheld = ops
-        .calls
-        .iter()
-        .filter(|c| {
-            matches!(
-                c.preview,
-                countersign_core::card::CardPreview::Withheld { .. }
-            )
-        })
-        .count();
-    println!(
-        "   (\"approver\", who may approve but holds no rights on page 12, is shown the same card"
-    );
-    println!("    with {withheld} preview(s) withheld.)\n");
+        .execute(&self.pool)
+        .await?;
+        ensure!(
+            self.count(TEASER_IMAGES).await? == 3,
+            "the colleague's edit"
+        );
+        println!(
+            "   → the teaser's image field now holds one more reference than the card shows\n"
+        );
 
-    // 3. Someone edits the target in the CMS.
-    println!("3. Meanwhile a colleague attaches logo.svg to the same teaser in the CMS.");
-    sqlx::query(
-        "INSERT INTO content.file_references (element, field, file, sorting)
-         SELECT 5, 'image', 10, coalesce(max(sorting), 0) + 1
-         FROM content.file_references WHERE element = 5 AND field = 'image'",
-    )
-    .execute(store.pool())
-    .await?;
-    println!("   → the teaser's image field now holds one more reference than the card shows\n");
+        // 4. The approval of the first card.
+        println!("4. \"{APPROVER}\" approves the card they were shown, suspension 1:");
+        self.decide(run_id, "card-1.json", APPROVER)?;
+        ensure!(
+            self.decisions(run_id).await? == ["accepted"],
+            "the coordinator did not record the approval"
+        );
+        println!("   → decision accepted; the run is queued to resume\n");
 
-    // 4. The approval of the first card.
-    println!("4. \"{APPROVER}\" approves suspension 1.");
-    let outcome = decide(&coordinator, run_id, &state, APPROVER, true).await?;
-    println!("   → decision {}; the run is queued to resume\n", outcome);
+        // 5. The resume re-previews and finds the relative write moved.
+        println!("5. A worker claims the resume and re-previews the whole turn before any write.");
+        self.wait_for_card(run_id, 2).await?;
+        self.expect_nothing_written(3).await?;
+        ensure!(
+            self.has_event(run_id, "run.preview_moved").await?,
+            "no run.preview_moved event"
+        );
+        let inbox = ["inbox", "--as", APPROVER, "--save", "card-2.json"];
+        let shown = self.countersign(&inbox)?;
+        let card_2 = self.card("card-2.json")?;
+        let moved: Vec<String> = card_2["calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|call| call["moved"] == true)
+            .map(|call| call["index"].to_string())
+            .collect();
+        ensure!(
+            moved == ["1"] && card_2["turn_digest"] == card_1["turn_digest"],
+            "the second card: {card_2}"
+        );
+        println!(
+            "   The attach call's preview no longer reads as shown: nothing is written, and the run"
+        );
+        println!(
+            "   re-suspends with the current previews. Moved call(s): [{}]",
+            moved.join(", ")
+        );
+        println!("   → waiting for approval, suspension 2 (same calls, same digest, new card)\n");
+        echo(&inbox, &shown);
+        ensure!(
+            card_text(&card_2).contains("field image: 3 reference(s) → 4, appended last"),
+            "the second card does not show the current preview: {card_2}"
+        );
+        println!();
 
-    // 5. The resume re-previews and finds the relative write moved.
-    println!("5. A worker claims the resume and re-previews the whole turn before any write.");
-    let end = claim_and_run(store, &runner, run_id, "worker-b").await?;
-    expect_suspended(&end, 2)?;
-    let moved_state = load_state(store, run_id).await?;
-    let moved: Vec<String> = moved_state
-        .stale_call_indexes
-        .iter()
-        .map(|i| i.to_string())
-        .collect();
-    println!(
-        "   The attach call's preview no longer reads as shown: nothing is written, and the run"
-    );
-    println!(
-        "   re-suspends with the current previews. Moved call(s): [{}]",
-        moved.join(", ")
-    );
-    println!("   → waiting for approval, suspension 2 (same calls, same digest, new card)\n");
-    print!(
-        "{}",
-        render::card(
-            &build_card(
-                &moved_state,
-                &registry,
-                Some(&principal(&users, APPROVER).await?)
-            )
-            .await
-        )
-    );
-    println!();
+        // 6. A stale tab.
+        println!("6. The second approver's tab still shows suspension 1, and they approve it:");
+        let out = self.show_refused(&[
+            "decide",
+            &run_id.to_string(),
+            "--card",
+            "tab.json",
+            "--as",
+            SECOND_APPROVER,
+            "--approve",
+        ])?;
+        ensure!(
+            out.contains("decision refused: stale_turn"),
+            "the stale tab's decision was not refused stale_turn: {out}"
+        );
+        ensure!(
+            self.decisions(run_id).await? == ["accepted", "stale_turn"],
+            "the refusal was not recorded"
+        );
+        let run = self.run_row(run_id).await?;
+        ensure!(
+            run.status == RunStatus::WaitingForApproval
+                && run.suspension_seq.map(|s| s.get()) == Some(2),
+            "the run moved: {:?}",
+            run.status
+        );
+        println!("   → decision refused: stale_turn; the run stays waiting, untouched\n");
 
-    // 6. A stale tab.
-    println!("6. A second approver's tab still shows suspension 1, and approves it.");
-    let outcome = decide(&coordinator, run_id, &state, "approver", true).await?;
-    println!(
-        "   → decision refused: {}; the run stays waiting, untouched\n",
-        outcome
-    );
+        // 7. The approval of the current card executes the turn.
+        println!("7. \"{APPROVER}\" approves the card they are shown now, suspension 2:");
+        self.decide(run_id, "card-2.json", APPROVER)?;
+        let run = self.wait_for_status(run_id, RunStatus::Completed).await?;
+        ensure!(
+            run.termination_reason.map(|r| r.as_str()) == Some("completed"),
+            "the run ended {:?}",
+            run.termination_reason
+        );
+        println!(
+            "   A worker claims the resume (lease epoch {}): every preview reads as shown, so both",
+            run.lease_epoch
+        );
+        println!(
+            "   writes execute under the lease fence, each with its read-back, audit event and"
+        );
+        println!("   journal row in one transaction. The model is told the results and answers.");
+        println!("   → run completed: completed\n");
 
-    // 7. The approval of the current card executes the turn.
-    println!("7. \"{APPROVER}\" approves suspension 2.");
-    let outcome = decide(&coordinator, run_id, &moved_state, APPROVER, true).await?;
-    println!("   → decision {}", outcome);
-    let end = claim_and_run(store, &runner, run_id, "worker-c").await?;
-    let record = store.run(run_id).await?.context("the run vanished")?;
-    println!(
-        "   A worker claims the resume (lease epoch {}): every preview reads as shown, so both",
-        record.lease_epoch
-    );
-    println!("   writes execute under the lease fence, each with its read-back, audit event and");
-    println!("   journal row in one transaction. The model is told the results and answers.");
-    match end {
-        SegmentEnd::Completed(reason) => {
-            println!("   → run {}: {}\n", record.status.as_str(), reason.as_str())
+        // 8. What changed.
+        println!("8. What the run changed, read back from the content store:");
+        let description: String =
+            sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = 12")
+                .fetch_one(&self.pool)
+                .await?;
+        let files = self.teaser_images().await?;
+        let kinds = self.event_kinds(run_id).await?;
+        ensure!(
+            description.starts_with("Bicycles for every road")
+                && files == ["hero.jpg", "team.jpg", "logo.svg", "bicycle.png"]
+                && kinds.iter().filter(|k| *k == "tool_write").count() == 2,
+            "the writes did not land as approved: {description:?}, {files:?}, {kinds:?}"
+        );
+        println!("   page 12 description: \"{description}\"");
+        println!("   teaser images, in order: {}", files.join(", "));
+        println!("   run events: {}\n", kinds.join(" → "));
+
+        // 9. A worker dies holding a lease.
+        self.crash().await?;
+
+        // The web inbox over the same installation.
+        self.web_inbox().await?;
+
+        if keep {
+            return Ok(());
         }
-        other => bail!("expected the run to complete, it ended {other:?}"),
+        // 10. The orderly stop.
+        println!("10. Every service is sent SIGTERM, as systemd or Kubernetes would stop it:");
+        for (name, pid, status) in self.services.stop_all().await? {
+            ensure!(status.success(), "{name} (pid {pid}) exited {status}");
+            println!("   {name} (pid {pid}) exited 0");
+        }
+        Ok(())
     }
 
-    // 8. What changed.
-    println!("8. What the run changed:");
-    let description: String =
-        sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = 12")
-            .fetch_one(store.pool())
+    /// Step 9: the summariser's first model call hangs; its worker is SIGKILLed holding the
+    /// lease; the reaper requeues the run once the lease ran out, and the other worker runs it.
+    async fn crash(&mut self) -> anyhow::Result<()> {
+        println!(
+            "9. A second agent, \"{SUMMARISER}\", calls an OpenAI-compatible endpoint (a stand-in"
+        );
+        println!(
+            "   the demo serves on 127.0.0.1:{}), whose first answer never comes:",
+            self.model.port
+        );
+        let run_id = self.submit(SUMMARISER, SUMMARY_PROMPT)?;
+        let (run, doomed) = self
+            .wait_for("a worker waits on the model, holding the lease", || async {
+                let run = self.run_row(run_id).await?;
+                let waiting = run.status == RunStatus::Running && self.model.requests() == 1;
+                Ok(waiting
+                    .then(|| run.lease_owner.clone())
+                    .flatten()
+                    .map(|owner| (run, owner)))
+            })
             .await?;
-    println!("   page 12 description: \"{description}\"");
-    let files: Vec<String> = sqlx::query_scalar(
-        "SELECT f.name FROM content.file_references r JOIN content.files f ON f.uid = r.file
-         WHERE r.element = 5 AND r.field = 'image' AND NOT r.deleted ORDER BY r.sorting, r.uid",
-    )
-    .fetch_all(store.pool())
-    .await?;
-    println!("   teaser images, in order: {}", files.join(", "));
-    let kinds: Vec<String> = store
-        .events(run_id)
-        .await?
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
-    println!("   run events: {}", kinds.join(" → "));
-    Ok(())
-}
+        ensure!(
+            run.lease_epoch.get() == 1 && run.requeue_count == 0,
+            "the first claim"
+        );
+        let pid = self.services.pid(&doomed)?;
+        println!(
+            "   → {doomed} (pid {pid}) holds the lease (epoch 1) and waits on the model, renewing"
+        );
+        println!("     the lease every second");
+        println!("   $ kill -KILL {pid}");
+        let status = self.services.kill(&doomed)?;
+        ensure!(
+            std::os::unix::process::ExitStatusExt::signal(&status) == Some(9),
+            "{doomed} ended {status}"
+        );
+        let run = self.run_row(run_id).await?;
+        ensure!(
+            run.status == RunStatus::Running && run.lease_owner.as_deref() == Some(doomed.as_str()),
+            "the dead worker's run was settled: {:?}",
+            run.status
+        );
+        println!("   → {doomed} died settling nothing: the run still reads running, leased to it");
+        println!(
+            "   The lease runs out by the database clock. The reaper's next pass requeues the run"
+        );
+        println!("   and publishes its wake-up again:");
+        let (run, rescuer) = self
+            .wait_for("another worker claims the requeued run", || async {
+                let run = self.run_row(run_id).await?;
+                let claimed = run.status == RunStatus::Running && run.lease_epoch.get() == 2;
+                Ok(claimed
+                    .then(|| run.lease_owner.clone())
+                    .flatten()
+                    .map(|owner| (run, owner)))
+            })
+            .await?;
+        ensure!(
+            rescuer != doomed && run.requeue_count == 1,
+            "the run was taken up by {rescuer} after {} requeue(s)",
+            run.requeue_count
+        );
+        // The pass prints its line once it is over, which may be after the claim it caused.
+        // Its `redispatched` counts only wake-ups still unclaimed when the pass marked them.
+        let pass = self
+            .wait_for("a reaper pass reports the requeue", || async {
+                Ok(self
+                    .services
+                    .log_lines(REAPER)?
+                    .into_iter()
+                    .find(|line| line.contains("requeued=1")))
+            })
+            .await?;
+        println!("     {pass}");
+        println!("   → {rescuer} claims it (lease epoch 2, requeue 1). The endpoint answers its first call");
+        println!("     HTTP 429 with Retry-After: 1; the provider waits as asked and calls again.");
+        let run = self.wait_for_status(run_id, RunStatus::Completed).await?;
+        ensure!(
+            run.termination_reason.map(|r| r.as_str()) == Some("completed")
+                && run.lease_epoch.get() == 2
+                && self.model.requests() == 3,
+            "the rescued run ended {:?} at epoch {} after {} model call(s)",
+            run.termination_reason,
+            run.lease_epoch,
+            self.model.requests()
+        );
+        println!(
+            "   → run completed: completed (three model calls: one lost with the dead worker, one"
+        );
+        println!("     rate-limited, one answered)");
+        self.services.restart(&self.launch, &doomed)?;
+        self.services.wait_ready(&self.launch, &doomed).await?;
+        println!(
+            "   A supervisor would start the dead worker again; the demo does: {doomed} (pid {}) is ready.\n",
+            self.services.pid(&doomed)?
+        );
+        Ok(())
+    }
 
-async fn claim_and_run(
-    store: &Store,
-    runner: &SegmentRunner,
-    run_id: RunId,
-    owner: &str,
-) -> anyhow::Result<SegmentEnd> {
-    let claim = store
-        .claim(run_id, owner, LEASE_TTL)
-        .await?
-        .context("the run could not be claimed")?;
-    Ok(runner.run(&claim).await?)
-}
+    /// Where the web inbox of crates/api will be shown: started as one more service, with its
+    /// URL and a sign-in token for the demo approver printed here. Prints nothing until then.
+    //
+    /// The web inbox: `countersign-api` started like the other services, a token minted for
+    /// the demo's approver, and where to sign in (usable until the services stop; with
+    /// `--keep`, until they are stopped by hand).
+    async fn web_inbox(&mut self) -> anyhow::Result<()> {
+        let port = free_port()?;
+        self.services.start(
+            &self.launch,
+            "api",
+            API,
+            &["--listen", &format!("127.0.0.1:{port}")],
+        )?;
+        self.services.wait_ready(&self.launch, "api").await?;
+        let token = countersign_api::tokens::create(&self.pool, APPROVER, Some("demo"), None)
+            .await
+            .context("minting the demo approver's token")?;
+        println!();
+        println!(
+            "The HTTP API and the web inbox (countersign-api, pid {}):",
+            self.services.pid("api")?
+        );
+        for line in countersign_api::inbox_hint(&format!("http://127.0.0.1:{port}"), &token).lines()
+        {
+            println!("   {line}");
+        }
+        println!();
+        Ok(())
+    }
 
-fn expect_suspended(end: &SegmentEnd, seq: u32) -> anyhow::Result<()> {
-    match end {
-        SegmentEnd::Suspended { suspension_seq, .. } if *suspension_seq == seq => Ok(()),
-        other => bail!("expected suspension {seq}, the segment ended {other:?}"),
+    /// The demo's two agents, as `countersign agents put` would store them.
+    async fn configure(&self) -> anyhow::Result<()> {
+        let script = self.launch.dir.join("seo-assistant.script.json");
+        std::fs::write(&script, SCRIPT).context("writing the demo's model script")?;
+        let scripted = json!({"provider": "scripted", "script": script});
+        let stand_in = json!({
+            "provider": "openai",
+            "base_url": format!("http://127.0.0.1:{}/v1", self.model.port),
+            "model": "demo-summariser",
+            "api_key_env": MODEL_KEY_ENV,
+            "timeout_secs": 60,
+            "retry": {"max_attempts": 3, "max_elapsed_secs": 20},
+        });
+        for (name, model, groups, enabled, four_eyes) in [
+            (
+                AGENT,
+                scripted,
+                vec!["content", "editing"],
+                vec!["update_page_metadata", "attach_file_to_content_element"],
+                true,
+            ),
+            (SUMMARISER, stand_in, vec!["content"], vec![], false),
+        ] {
+            // The workers' parser; its notes are about this process's environment, not theirs.
+            countersign_model::ModelCatalog::new()
+                .check(&model)
+                .with_context(|| format!("the model settings of {name}"))?;
+            self.store
+                .upsert_agent(&AgentConfig {
+                    name: name.into(),
+                    active: true,
+                    model,
+                    policy: ToolPolicy {
+                        allowed_tools: vec![],
+                        allowed_groups: groups.into_iter().map(Into::into).collect(),
+                        enabled_tools: enabled.into_iter().map(Into::into).collect(),
+                    },
+                    max_iterations: 8,
+                    max_tool_calls_per_turn:
+                        countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+                    four_eyes,
+                    approval_deadline: Duration::from_secs(24 * 3600),
+                })
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Lets the broker user of the demo's commands name any acting user and approver, as
+    /// `countersign producers allow` would.
+    async fn allow_producer(&self, broker: &Broker) -> anyhow::Result<String> {
+        let user = broker
+            .user()
+            .context("the broker connection names no user")?;
+        for kind in [ProducerKind::ActingUser, ProducerKind::Approver] {
+            producers::allow(&self.pool, &user, kind, "*").await?;
+        }
+        Ok(user)
+    }
+
+    async fn start_services(&mut self) -> anyhow::Result<()> {
+        let workers = ["demo-worker-1", "demo-worker-2"];
+        self.services
+            .start(&self.launch, "coordinator", COORDINATOR, &[])?;
+        for worker in workers {
+            self.services.start(
+                &self.launch,
+                worker,
+                WORKER,
+                &["--owner", worker, "--lease-ttl-secs", LEASE_TTL_SECS],
+            )?;
+        }
+        self.services.start(
+            &self.launch,
+            "reaper",
+            REAPER,
+            &[
+                "--every",
+                "1",
+                "--backoff-secs",
+                "0",
+                "--dispatch-grace-secs",
+                "0",
+            ],
+        )?;
+        println!("The services, each its own process, over RabbitMQ and PostgreSQL:");
+        for name in ["coordinator", workers[0], workers[1], "reaper"] {
+            self.services.wait_ready(&self.launch, name).await?;
+            let service = self.services.get(name)?;
+            println!(
+                "   {name:<14} pid {:<7} ready on :{}/readyz   {}",
+                service.child.id(),
+                service.port,
+                shell_words(
+                    &std::iter::once(service.binary)
+                        .chain(service.args.iter().map(String::as_str))
+                        .collect::<Vec<_>>()
+                )
+            );
+        }
+        println!();
+        Ok(())
+    }
+
+    /// `countersign submit`: the run id the coordinator answered with.
+    fn submit(&self, agent: &str, prompt: &str) -> anyhow::Result<RunId> {
+        let out = self.show(&["submit", "--agent", agent, "--as", ACTING_USER, prompt])?;
+        out.split_whitespace()
+            .nth(1)
+            .and_then(|id| RunId::from_str(id).ok())
+            .with_context(|| format!("no run id in {out:?}"))
+    }
+
+    /// `countersign decide RUN --card FILE --as APPROVER --approve`, which must be accepted.
+    fn decide(&self, run_id: RunId, card: &str, approver: &str) -> anyhow::Result<()> {
+        let out = self.show(&[
+            "decide",
+            &run_id.to_string(),
+            "--card",
+            card,
+            "--as",
+            approver,
+            "--approve",
+        ])?;
+        ensure!(out.contains("decision accepted"), "{out}");
+        Ok(())
+    }
+
+    /// Runs `countersign ARGS` in the demo's directory with the services' environment; fails
+    /// on a non-zero exit.
+    fn countersign(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.countersign_output(args)?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        ensure!(
+            out.status.success(),
+            "countersign {} failed ({}):\n{stdout}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(stdout)
+    }
+
+    fn countersign_output(&self, args: &[&str]) -> anyhow::Result<Output> {
+        let mut command = Command::new(self.launch.binaries.join("countersign"));
+        self.launch.env.apply(&mut command);
+        command
+            .args(args)
+            .current_dir(&self.launch.dir)
+            .output()
+            .context("running countersign")
+    }
+
+    /// [`Self::countersign`], printing the command line and what it printed.
+    fn show(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.countersign(args)?;
+        echo(args, &out);
+        Ok(out)
+    }
+
+    /// Runs a command that must be refused (exit status 1), printing it and its error.
+    fn show_refused(&self, args: &[&str]) -> anyhow::Result<String> {
+        println!("   $ countersign {}", shell_words(args));
+        let out = self.countersign_output(args)?;
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        ensure!(
+            out.status.code() == Some(1),
+            "countersign {} was not refused ({}): {}{stderr}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stdout)
+        );
+        print_indented(&stderr);
+        Ok(stderr)
+    }
+
+    /// The one card in a card file `inbox --save` wrote.
+    fn card(&self, name: &str) -> anyhow::Result<Value> {
+        let text = std::fs::read_to_string(self.launch.dir.join(name))
+            .with_context(|| format!("reading {name}"))?;
+        let file: Value = serde_json::from_str(&text)?;
+        match file["cards"].as_array().map(Vec::as_slice) {
+            Some([card]) => Ok(card.clone()),
+            _ => bail!("{name} does not hold exactly one card: {file}"),
+        }
+    }
+
+    async fn run_row(&self, run_id: RunId) -> anyhow::Result<RunRecord> {
+        self.store.run(run_id).await?.context("the run vanished")
+    }
+
+    async fn wait_for_status(&self, run_id: RunId, status: RunStatus) -> anyhow::Result<RunRecord> {
+        self.wait_for(&format!("the run is {}", status.as_str()), || async {
+            let run = self.run_row(run_id).await?;
+            ensure!(
+                !run.status.is_terminal() || run.status == status,
+                "the run ended {} ({:?}, {:?}) instead",
+                run.status.as_str(),
+                run.termination_reason,
+                run.error_code
+            );
+            Ok((run.status == status).then_some(run))
+        })
+        .await
+    }
+
+    async fn wait_for_card(&self, run_id: RunId, seq: u32) -> anyhow::Result<RunRecord> {
+        self.wait_for(&format!("the run waits on card {seq}"), || async {
+            let run = self.run_row(run_id).await?;
+            ensure!(
+                !run.status.is_terminal(),
+                "the run ended {} ({:?}, {:?})",
+                run.status.as_str(),
+                run.termination_reason,
+                run.error_code
+            );
+            let waiting = run.status == RunStatus::WaitingForApproval
+                && run.suspension_seq.map(|s| s.get()) == Some(seq);
+            Ok(waiting.then_some(run))
+        })
+        .await
+    }
+
+    /// Polls `probe` until it yields a value; fails after [`STEP`], or when a service died.
+    async fn wait_for<T, F, Fut>(&self, what: &str, mut probe: F) -> anyhow::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+    {
+        let started = Instant::now();
+        loop {
+            if let Some(value) = probe().await? {
+                return Ok(value);
+            }
+            self.services.all_alive()?;
+            ensure!(
+                started.elapsed() < STEP,
+                "timed out after {STEP:?} waiting until {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn expect_nothing_written(&self, images: i64) -> anyhow::Result<()> {
+        let description: String =
+            sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = 12")
+                .fetch_one(&self.pool)
+                .await?;
+        let teaser = self.count(TEASER_IMAGES).await?;
+        ensure!(
+            !description.starts_with("Bicycles for every road") && teaser == images,
+            "something was written before its approval: {description:?}, {teaser} image(s)"
+        );
+        Ok(())
+    }
+
+    async fn count(&self, sql: &str) -> anyhow::Result<i64> {
+        Ok(sqlx::query_scalar(sql).fetch_one(&self.pool).await?)
+    }
+
+    async fn teaser_images(&self) -> anyhow::Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT f.name FROM content.file_references r JOIN content.files f ON f.uid = r.file
+             WHERE r.element = 5 AND r.field = 'image' AND NOT r.deleted ORDER BY r.sorting, r.uid",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The outcomes of the run's recorded decisions, in order.
+    async fn decisions(&self, run_id: RunId) -> anyhow::Result<Vec<String>> {
+        Ok(sqlx::query_scalar(
+            "SELECT outcome FROM run_decisions WHERE run_id = $1 ORDER BY created_at, decision_id",
+        )
+        .bind(run_id.as_uuid())
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    async fn event_kinds(&self, run_id: RunId) -> anyhow::Result<Vec<String>> {
+        Ok(self
+            .store
+            .events(run_id)
+            .await?
+            .into_iter()
+            .map(|e| e.kind)
+            .collect())
+    }
+
+    async fn has_event(&self, run_id: RunId, kind: &str) -> anyhow::Result<bool> {
+        Ok(self.event_kinds(run_id).await?.iter().any(|k| k == kind))
+    }
+
+    /// `--keep`: the services go on; say how to reach and stop them.
+    fn keep_running(&mut self) -> anyhow::Result<()> {
+        let pids = self.services.detach();
+        let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+        let dir = &self.launch.dir;
+        std::fs::write(dir.join("services.pid"), list.join("\n") + "\n")
+            .context("writing services.pid")?;
+        println!("The services keep running (--keep, KEEP=1), with the database and the queues:");
+        println!("   logs:       {}/*.log", dir.display());
+        // The URLs may carry passwords: they go to a file of the owner's, not to the terminal.
+        std::fs::write(dir.join("demo.env"), self.launch.env.shown())
+            .context("writing demo.env")?;
+        println!(
+            "   look:       cd {} && (set -a; . ./demo.env; {} inbox --as {APPROVER})",
+            dir.display(),
+            self.launch.binaries.join("countersign").display()
+        );
+        println!("   stop them:  kill -TERM {}", list.join(" "));
+        println!(
+            "   clean up:   the next `make demo` replaces the database {} and deletes the queues {}.*",
+            self.database, self.prefix
+        );
+        Ok(())
     }
 }
 
-async fn load_state(store: &Store, run_id: RunId) -> anyhow::Result<SuspendedRunState> {
-    let bytes = store.load_state(run_id).await?;
-    Ok(SuspendedRunState::from_bytes(&bytes)?)
+/// The environment every process of the demo runs with: the demo's database, broker, queue
+/// prefix and keyring.
+struct Env {
+    vars: Vec<(&'static str, String)>,
 }
 
-async fn principal(users: &ContentUsers, name: &str) -> anyhow::Result<Principal> {
-    use countersign_core::UserDirectory;
-    users
-        .principal(name)
-        .await?
-        .with_context(|| format!("no user {name}"))
+/// Variables of the caller's environment that would point a demo process elsewhere.
+const CLEARED: [&str; 5] = [
+    "COUNTERSIGN_HTTP_ADDR",
+    "COUNTERSIGN_WORKER_ID",
+    "COUNTERSIGN_MODEL_SCRIPT",
+    "COUNTERSIGN_NO_DECLARE",
+    "COUNTERSIGN_QUEUE_ARGUMENTS",
+];
+
+impl Env {
+    fn new(
+        database_url: &str,
+        database: &str,
+        amqp_addr: &str,
+        prefix: &str,
+        dir: &Path,
+    ) -> anyhow::Result<Env> {
+        let mut vars = vec![
+            ("DATABASE_URL", with_database(database_url, database)?),
+            ("AMQP_ADDR", amqp_addr.to_owned()),
+            ("COUNTERSIGN_QUEUE_PREFIX", prefix.to_owned()),
+            (MODEL_KEY_ENV, "demo-key-not-a-secret".to_owned()),
+        ];
+        let configured = ["COUNTERSIGN_KEYS", "COUNTERSIGN_KEY_FILE"]
+            .iter()
+            .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()));
+        if configured {
+            // The caller's keyring, inherited by every process.
+            Keyring::from_env().context("loading the keyring the environment names")?;
+        } else {
+            let path = dir.join("keys");
+            let entry = Keyring::generate_entry(&KeyId::parse("demo")?);
+            let mut options = std::fs::OpenOptions::new();
+            std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+            let mut file = options
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .context("writing the demo's key file")?;
+            writeln!(file, "{entry}")?;
+            vars.push(("COUNTERSIGN_KEY_FILE", path.display().to_string()));
+        }
+        Ok(Env { vars })
+    }
+
+    fn apply(&self, command: &mut Command) {
+        for name in CLEARED {
+            command.env_remove(name);
+        }
+        if self
+            .vars
+            .iter()
+            .any(|(name, _)| *name == "COUNTERSIGN_KEY_FILE")
+        {
+            command.env_remove("COUNTERSIGN_KEYS");
+        }
+        for (name, value) in &self.vars {
+            command.env(name, value);
+        }
+        // Refusals are expected and printed: their message, not a backtrace; plain logs.
+        command
+            .env("RUST_BACKTRACE", "0")
+            .env("RUST_LIB_BACKTRACE", "0")
+            .env("NO_COLOR", "1");
+    }
+
+    /// The variables a shell needs to talk to the kept demo, one `NAME=VALUE` line each.
+    fn shown(&self) -> String {
+        self.vars
+            .iter()
+            .filter(|(name, _)| *name != MODEL_KEY_ENV)
+            .map(|(name, value)| format!("{name}={}\n", shell_word(value)))
+            .collect()
+    }
 }
 
-/// A decision through the coordinator's gates, as the demo console's producer.
-async fn decide(
-    coordinator: &Coordinator,
-    run_id: RunId,
-    reviewed: &SuspendedRunState,
-    approver: &str,
-    approved: bool,
-) -> anyhow::Result<&'static str> {
-    let decision = DecisionMessage {
-        decision_id: Uuid::now_v7(),
-        run_id,
-        suspension_seq: reviewed.suspension_seq,
-        turn_digest: reviewed.turn_digest(),
-        approved,
-        approver: approver.into(),
-        comment: None,
+/// What starting a process of the demo takes: where the binaries are, the demo's directory
+/// (logs, card files, its key file) and its environment.
+struct Launch {
+    binaries: PathBuf,
+    dir: PathBuf,
+    env: Env,
+}
+
+/// One service process.
+struct Service {
+    name: String,
+    binary: &'static str,
+    args: Vec<String>,
+    port: u16,
+    child: Child,
+    log: PathBuf,
+    /// SIGKILLed by the demo, until it is started again.
+    killed: bool,
+}
+
+/// The demo's service processes. Those still running when it is dropped are killed, unless
+/// they were detached to keep running.
+#[derive(Default)]
+struct Services(Vec<Service>);
+
+impl Services {
+    fn start(
+        &mut self,
+        launch: &Launch,
+        name: &str,
+        binary: &'static str,
+        args: &[&str],
+    ) -> anyhow::Result<()> {
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let service = spawn(launch, name, binary, args)?;
+        self.0.push(service);
+        Ok(())
+    }
+
+    fn get(&self, name: &str) -> anyhow::Result<&Service> {
+        self.0
+            .iter()
+            .find(|s| s.name == name)
+            .with_context(|| format!("no service {name}"))
+    }
+
+    fn get_mut(&mut self, name: &str) -> anyhow::Result<&mut Service> {
+        self.0
+            .iter_mut()
+            .find(|s| s.name == name)
+            .with_context(|| format!("no service {name}"))
+    }
+
+    fn pid(&self, name: &str) -> anyhow::Result<u32> {
+        Ok(self.get(name)?.child.id())
+    }
+
+    /// Waits until the service answers `/readyz` with 200. One that could not bind the port
+    /// it was given (taken since it was found free) is started again on another.
+    async fn wait_ready(&mut self, launch: &Launch, name: &str) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let mut rebinds = 0;
+        loop {
+            let service = self.get_mut(name)?;
+            if let Some(status) = service.child.try_wait()? {
+                let log = tail(&service.log);
+                if log.contains("Address already in use") && rebinds < 3 {
+                    rebinds += 1;
+                    self.restart(launch, name)?;
+                    continue;
+                }
+                bail!("{name} exited {status} before it was ready:\n{log}");
+            }
+            if ready(service.port) {
+                return Ok(());
+            }
+            ensure!(
+                started.elapsed() < STEP,
+                "{name} was not ready within {STEP:?}:\n{}",
+                tail(&service.log)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Fails when a service is no longer running.
+    fn all_alive(&self) -> anyhow::Result<()> {
+        for service in self.0.iter().filter(|s| !s.killed) {
+            let pid = service.child.id();
+            ensure!(
+                process_runs(pid),
+                "{} (pid {pid}) died:\n{}",
+                service.name,
+                tail(&service.log)
+            );
+        }
+        Ok(())
+    }
+
+    /// SIGKILL: the process dies at once, settling nothing.
+    fn kill(&mut self, name: &str) -> anyhow::Result<ExitStatus> {
+        let service = self.get_mut(name)?;
+        service.child.kill().context("sending SIGKILL")?;
+        service.killed = true;
+        Ok(service.child.wait()?)
+    }
+
+    /// Starts a killed service again with the same arguments, as a supervisor would.
+    fn restart(&mut self, launch: &Launch, name: &str) -> anyhow::Result<()> {
+        let old = self.get_mut(name)?;
+        let (binary, args) = (old.binary, old.args.clone());
+        let new = spawn(launch, name, binary, args)?;
+        *self.get_mut(name)? = new;
+        Ok(())
+    }
+
+    /// SIGTERM to every service, in order; their exit statuses.
+    async fn stop_all(&mut self) -> anyhow::Result<Vec<(String, u32, ExitStatus)>> {
+        let mut stopped = Vec::new();
+        for mut service in std::mem::take(&mut self.0) {
+            let pid = service.child.id();
+            let sent = Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .context("running kill")?;
+            ensure!(
+                sent.success(),
+                "SIGTERM could not be sent to {}",
+                service.name
+            );
+            let asked = Instant::now();
+            let status = loop {
+                if let Some(status) = service.child.try_wait()? {
+                    break status;
+                }
+                if asked.elapsed() > STEP {
+                    let _ = service.child.kill();
+                    bail!("{} (pid {pid}) did not stop on SIGTERM", service.name);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            stopped.push((service.name, pid, status));
+        }
+        Ok(stopped)
+    }
+
+    /// Lets the services run on after the demo; their pids.
+    fn detach(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.0)
+            .into_iter()
+            .filter(|s| !s.killed)
+            .map(|s| s.child.id())
+            .collect()
+    }
+
+    fn kill_all(&mut self) {
+        for mut service in std::mem::take(&mut self.0) {
+            let _ = service.child.kill();
+            let _ = service.child.wait();
+        }
+    }
+
+    fn log_lines(&self, binary: &str) -> anyhow::Result<Vec<String>> {
+        let service = self
+            .0
+            .iter()
+            .find(|s| s.binary == binary)
+            .with_context(|| format!("no {binary}"))?;
+        let file = File::open(&service.log)?;
+        Ok(BufReader::new(file).lines().map_while(Result::ok).collect())
+    }
+}
+
+impl Drop for Services {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+fn spawn(
+    launch: &Launch,
+    name: &str,
+    binary: &'static str,
+    args: Vec<String>,
+) -> anyhow::Result<Service> {
+    let port = free_port()?;
+    let log = launch.dir.join(format!("{name}.log"));
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    let mut command = Command::new(launch.binaries.join(binary));
+    launch.env.apply(&mut command);
+    let child = command
+        .args(&args)
+        .args(["--http-addr", &format!("127.0.0.1:{port}")])
+        .current_dir(&launch.dir)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("starting {binary}"))?;
+    Ok(Service {
+        name: name.to_owned(),
+        binary,
+        args,
+        port,
+        child,
+        log,
+        killed: false,
+    })
+}
+
+/// The file in the demo's directory naming its queue prefix.
+const QUEUES_FILE: &str = "queues";
+
+/// The directory of this executable, where `cargo build` put the service binaries too.
+fn binaries() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the countersign executable")?;
+    let dir = exe
+        .parent()
+        .context("the countersign executable has no directory")?
+        .to_path_buf();
+    for binary in ["countersign", COORDINATOR, WORKER, REAPER] {
+        ensure!(
+            dir.join(binary).is_file(),
+            "{} is not built; the demo runs the services next to countersign. Build them with \
+             `cargo build --workspace --bins` (`make demo` does)",
+            dir.join(binary).display()
+        );
+    }
+    Ok(dir)
+}
+
+/// The demo's directory (logs, card files, the key file, a kept demo's pids), made afresh —
+/// unless a demo kept with `--keep` still runs from it — and the queue prefix of a previous
+/// demo whose queues may still exist.
+fn demo_dir(database: &str) -> anyhow::Result<(PathBuf, Option<String>)> {
+    let dir = std::env::temp_dir().join(format!("countersign-demo-{database}"));
+    if let Ok(pids) = std::fs::read_to_string(dir.join("services.pid")) {
+        let running: Vec<&str> = pids
+            .split_whitespace()
+            .filter(|pid| pid.parse().is_ok_and(process_runs))
+            .collect();
+        ensure!(
+            running.is_empty(),
+            "a demo kept with --keep still runs on database {database}: stop it with \
+             `kill -TERM {}` first (or remove {} if those processes are not its services)",
+            running.join(" "),
+            dir.join("services.pid").display()
+        );
+    }
+    let leftover = std::fs::read_to_string(dir.join(QUEUES_FILE))
+        .ok()
+        .map(|prefix| prefix.trim().to_owned())
+        .filter(|prefix| prefix.starts_with("countersign-demo-"));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    // Card files hold content: the directory is its owner's only.
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(&dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    Ok((dir, leftover))
+}
+
+/// `url` naming `database` instead of the database it names (its query kept).
+fn with_database(url: &str, database: &str) -> anyhow::Result<String> {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
     };
-    let body = decision.to_json().to_string();
-    let verdict = coordinator
-        .take_decision(body.as_bytes(), Some(PRODUCER))
-        .await?;
-    Ok(verdict.outcome.code())
+    let authority = base.find("://").context("DATABASE_URL is not a URL")? + 3;
+    let server = match base[authority..].find('/') {
+        Some(slash) => &base[..authority + slash],
+        None => base,
+    };
+    Ok(match query {
+        Some(query) => format!("{server}/{database}?{query}"),
+        None => format!("{server}/{database}"),
+    })
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Whether `GET /readyz` on the port answers 200.
+fn ready(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.ends_with(b" 200")
+}
+
+/// Whether process `pid` exists and is not a zombie (dead, its status not yet collected).
+fn process_runs(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The state follows the command name, which is in parentheses and may hold anything.
+    stat.rsplit_once(") ")
+        .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+/// The last lines of a log, for a failure message.
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
+/// Prints a `countersign` command line and what it printed.
+fn echo(args: &[&str], out: &str) {
+    println!("   $ countersign {}", shell_words(args));
+    print_indented(out);
+}
+
+fn print_indented(text: &str) {
+    for line in text.lines() {
+        println!("     {line}");
+    }
+}
+
+/// `args` as a shell would need them typed.
+fn shell_words(args: &[&str]) -> String {
+    args.iter()
+        .map(|a| shell_word(a))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
+/// How many calls of a saved card show a preview of `kind` (`shown`, `withheld`, …).
+fn previews(card: &Value, kind: &str) -> usize {
+    card["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|call| call["preview"]["kind"] == kind)
+        .count()
+}
+
+/// Every preview line of a saved card.
+fn card_text(card: &Value) -> String {
+    card["calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|call| {
+            call["preview"]["lines"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|line| line.as_str().map(str::to_owned))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// An OpenAI-compatible chat-completions endpoint on the loopback interface, standing in for
+/// the summariser's provider: the first request is held unanswered (its worker is killed
+/// waiting for it), the second is answered HTTP 429 with `Retry-After: 1`, every later one with
+/// the summary.
+struct ModelStandIn {
+    port: u16,
+    requests: Arc<AtomicUsize>,
+}
+
+impl ModelStandIn {
+    fn start() -> anyhow::Result<ModelStandIn> {
+        let listener = TcpListener::bind("127.0.0.1:0").context("serving the model stand-in")?;
+        let port = listener.local_addr()?.port();
+        let requests = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&requests);
+        std::thread::spawn(move || {
+            for stream in listener.incoming().flatten() {
+                let seen = Arc::clone(&seen);
+                std::thread::spawn(move || answer(stream, &seen));
+            }
+        });
+        Ok(ModelStandIn { port, requests })
+    }
+
+    /// Requests received whole so far.
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
+    }
+}
+
+/// One connection of the stand-in: one request, one answer, `Connection: close`.
+fn answer(mut stream: TcpStream, seen: &AtomicUsize) {
+    if !read_request(&mut stream) {
+        return;
+    }
+    let (status, extra, body) = match seen.fetch_add(1, Ordering::SeqCst) + 1 {
+        1 => {
+            // Held until the caller goes away: its worker is killed waiting.
+            let mut rest = [0u8; 256];
+            while matches!(stream.read(&mut rest), Ok(n) if n > 0) {}
+            return;
+        }
+        2 => (
+            "429 Too Many Requests",
+            "Retry-After: 1\r\n",
+            json!({"error": {"message": "rate limited, try again in a second"}}),
+        ),
+        _ => (
+            "200 OK",
+            "",
+            json!({
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": SUMMARY}}],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+            }),
+        ),
+    };
+    let body = body.to_string();
+    let _ = write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// Reads one HTTP request, head and body; `false` when the connection ends first.
+fn read_request(stream: &mut TcpStream) -> bool {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+            let body = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if buffer.len() >= end + 4 + body {
+                return true;
+            }
+        }
+        match stream.read(&mut chunk) {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+        }
+    }
 }
 
 async fn recreate_database(server: &PgConnectOptions, name: &str) -> anyhow::Result<()> {
@@ -335,4 +1415,43 @@ async fn drop_database(server: &PgConnectOptions, name: &str) -> anyhow::Result<
         .execute(&mut conn)
         .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_database_url_names_the_demo_database_and_keeps_the_rest() {
+        for (url, expected) in [
+            (
+                "postgres://postgres@127.0.0.1:5432/postgres",
+                "postgres://postgres@127.0.0.1:5432/countersign_demo",
+            ),
+            (
+                "postgres://u:p@db:5432/app?sslmode=disable",
+                "postgres://u:p@db:5432/countersign_demo?sslmode=disable",
+            ),
+            (
+                "postgres://127.0.0.1",
+                "postgres://127.0.0.1/countersign_demo",
+            ),
+        ] {
+            assert_eq!(with_database(url, "countersign_demo").unwrap(), expected);
+        }
+        assert!(with_database("not a url", "x").is_err());
+    }
+
+    #[test]
+    fn a_printed_command_quotes_exactly_the_words_a_shell_would_split() {
+        assert_eq!(
+            shell_words(&["decide", "0193c1f2-0000", "--card", "card-1.json"]),
+            "decide 0193c1f2-0000 --card card-1.json"
+        );
+        assert_eq!(
+            shell_words(&["submit", "Tighten page 12.", "it's"]),
+            r"submit 'Tighten page 12.' 'it'\''s'"
+        );
+        assert_eq!(shell_word(""), "''");
+    }
 }

@@ -18,10 +18,11 @@ use countersign_store::Store;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-mod bench;
+pub mod bench;
 mod demo;
 mod ops;
 mod render;
+mod tokens;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -80,6 +81,11 @@ pub enum Command {
         #[command(subcommand)]
         command: ProducersCommand,
     },
+    /// Manages the tokens of the HTTP API and the web inbox.
+    Tokens {
+        #[command(subcommand)]
+        command: tokens::TokensCommand,
+    },
     /// Seeds the reference content store with the demo site (idempotent).
     SeedDemoSite,
     /// Sends a run request through the queue and prints the coordinator's answer.
@@ -90,6 +96,9 @@ pub enum Command {
         #[arg(long = "as")]
         acting_user: String,
         prompt: String,
+        /// Structured inputs of the run, a JSON object (sealed like the prompt).
+        #[arg(long, value_name = "JSON")]
+        inputs: Option<String>,
         /// Seconds to wait for the coordinator's reply.
         #[arg(long, default_value_t = 30)]
         wait: u64,
@@ -148,19 +157,25 @@ pub enum Command {
     /// Times runs through an in-process coordinator and workers against baselines, in a
     /// throwaway database, and prints the figures.
     Bench {
-        /// Run requests to send.
-        #[arg(long, default_value_t = 200)]
+        /// Full approval cycles per measured phase.
+        #[arg(long, default_value_t = 500)]
         runs: usize,
-        /// Workers to start (each runs up to 4 segments at once).
-        #[arg(long, default_value_t = 2)]
-        workers: usize,
+        /// Segments in flight in the long-segment part (0 skips it).
+        #[arg(long, default_value_t = 2000)]
+        long: usize,
+        /// How long the stub model of the long-segment part takes to answer, in milliseconds.
+        #[arg(long, default_value_t = 2000)]
+        model_latency_ms: u64,
     },
-    /// Runs a scripted agent end to end in a throwaway database, narrating each step.
+    /// Runs the coordinator, two workers and the reaper (built next to this executable) over
+    /// RabbitMQ in a throwaway database and queue prefix, drives a run through them as an
+    /// operator and its approvers would, narrating and checking each step.
     Demo {
         /// The database the demo creates (and drops first if it exists).
         #[arg(long, default_value = "countersign_demo")]
         database: String,
-        /// Keep the demo database afterwards, to look around with psql.
+        /// Keep the services running afterwards, with the database and the queues, to look
+        /// around; the demo prints how to stop them.
         #[arg(long)]
         keep: bool,
     },
@@ -275,6 +290,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 ProducersCommand::List => ops::list_producers(&pool).await,
             }
         }
+        Command::Tokens { command } => {
+            tokens::run(&connect(&cli.database_url).await?, command).await
+        }
         Command::SeedDemoSite => {
             countersign_content::seed_demo_site(&connect(&cli.database_url).await?).await?;
             println!("demo site seeded");
@@ -284,14 +302,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             agent,
             acting_user,
             prompt,
+            inputs,
             wait,
         } => {
+            let inputs = inputs.as_deref().map(ops::parse_inputs).transpose()?;
             let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
             ops::submit(
                 &broker,
                 &agent,
                 &acting_user,
                 &prompt,
+                inputs,
                 Duration::from_secs(wait),
             )
             .await
@@ -354,10 +375,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
             ops::cancel(&store, &broker, run_id).await
         }
-        Command::Bench { runs, workers } => {
-            bench::run(&cli.database_url, &cli.amqp_addr, runs, workers).await
+        Command::Bench {
+            runs,
+            long,
+            model_latency_ms,
+        } => {
+            let config = bench::BenchConfig {
+                cycles: runs,
+                long_segments: long,
+                model_latency: Duration::from_millis(model_latency_ms),
+            };
+            bench::run(&cli.database_url, &cli.amqp_addr, config).await
         }
-        Command::Demo { database, keep } => demo::run(&cli.database_url, &database, keep).await,
+        Command::Demo { database, keep } => {
+            demo::run(&cli.database_url, &cli.amqp_addr, &database, keep).await
+        }
     }
 }
 

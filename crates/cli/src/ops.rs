@@ -68,11 +68,10 @@ pub async fn put_agent(store: &Store, path: &Path) -> anyhow::Result<()> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let file: AgentFile = serde_json::from_str(&text).context("the agent file is not valid")?;
-    let model = if file.model.is_null() {
-        Value::Object(Default::default())
-    } else {
-        file.model
-    };
+    let (model, notes) = checked_model(&file.name, file.model)?;
+    for note in &notes {
+        println!("note: {note}");
+    }
     store
         .upsert_agent(&AgentConfig {
             name: file.name.clone(),
@@ -87,6 +86,24 @@ pub async fn put_agent(store: &Store, path: &Path) -> anyhow::Result<()> {
         .await?;
     println!("agent {} stored", file.name);
     Ok(())
+}
+
+/// The model settings of agent `name`, read by the workers' own parser: what it refuses would
+/// fail every run of the agent, so it is not stored. What only the workers' environment can
+/// settle (the key's variable, a script file) comes back as notes.
+fn checked_model(name: &str, model: Value) -> anyhow::Result<(Value, Vec<String>)> {
+    let model = if model.is_null() {
+        Value::Object(Default::default())
+    } else {
+        model
+    };
+    match countersign_model::ModelCatalog::new().check(&model) {
+        Ok(check) => Ok((model, check.notes)),
+        Err(e) => bail!(
+            "agent {name} not stored: its model settings are not usable ({}): {e}",
+            e.code()
+        ),
+    }
 }
 
 pub async fn list_agents(store: &Store) -> anyhow::Result<()> {
@@ -171,11 +188,20 @@ async fn publish_and_wait(
     Ok(reply)
 }
 
+/// `--inputs`: a JSON object.
+pub fn parse_inputs(text: &str) -> anyhow::Result<serde_json::Map<String, Value>> {
+    match serde_json::from_str(text).context("--inputs is not JSON")? {
+        Value::Object(map) => Ok(map),
+        _ => bail!("--inputs must be a JSON object"),
+    }
+}
+
 pub async fn submit(
     broker: &Broker,
     agent: &str,
     acting_user: &str,
     prompt: &str,
+    inputs: Option<serde_json::Map<String, Value>>,
     wait: Duration,
 ) -> anyhow::Result<()> {
     let request = RunRequest {
@@ -183,6 +209,7 @@ pub async fn submit(
         agent: agent.into(),
         acting_user: acting_user.into(),
         prompt: prompt.into(),
+        inputs,
     };
     let reply = publish_and_wait(
         broker,
@@ -534,6 +561,42 @@ mod tests {
                 moved: false,
             }],
         }
+    }
+
+    #[test]
+    fn an_agent_whose_model_settings_a_worker_would_refuse_is_not_stored_and_an_unset_key_is_noted()
+    {
+        for (model, says) in [
+            (Value::Null, "name no provider"),
+            (
+                json!({"provider": "oracle"}),
+                "unknown model provider \"oracle\"",
+            ),
+            (
+                json!({"provider": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}),
+                "api_key_env is missing",
+            ),
+        ] {
+            let err = checked_model("seo-assistant", model)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("agent seo-assistant not stored") && err.contains(says),
+                "{err}"
+            );
+        }
+
+        let variable = "COUNTERSIGN_CLI_TEST_KEY_NEVER_SET";
+        std::env::remove_var(variable);
+        let settings = json!({"provider": "openai", "base_url": "https://api.example.test/v1",
+                              "model": "m", "api_key_env": variable});
+        let (stored, notes) = checked_model("seo-assistant", settings.clone()).unwrap();
+        assert_eq!(stored, settings, "stored as written");
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(
+            notes[0].contains(&format!("{variable} is not set here")),
+            "{notes:?}"
+        );
     }
 
     #[test]

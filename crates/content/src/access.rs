@@ -46,10 +46,19 @@ pub struct User {
 impl User {
     /// Loads an enabled user by name; `None` for an unknown or disabled user.
     pub async fn load(conn: &mut PgConnection, name: &str) -> Result<Option<User>, sqlx::Error> {
+        // One statement: a preview, a plan and a gate each load their user, so this is on
+        // every path of a run.
         let Some(row) = sqlx::query!(
-            r#"SELECT uid, name, admin, grants, allowed_languages, page_mounts, field_grants
-               FROM content.users
-               WHERE name = $1 AND NOT disabled"#,
+            r#"SELECT u.uid, u.name, u.admin, u.grants, u.allowed_languages, u.page_mounts,
+                      u.field_grants,
+                      coalesce(m.storages, '{}') AS "mount_storages!",
+                      coalesce(m.prefixes, '{}') AS "mount_prefixes!"
+               FROM content.users u
+               LEFT JOIN LATERAL (
+                   SELECT array_agg(storage ORDER BY storage, path_prefix) AS storages,
+                          array_agg(path_prefix ORDER BY storage, path_prefix) AS prefixes
+                   FROM content.file_mounts WHERE user_uid = u.uid) m ON true
+               WHERE u.name = $1 AND NOT u.disabled"#,
             name
         )
         .fetch_optional(&mut *conn)
@@ -57,16 +66,15 @@ impl User {
         else {
             return Ok(None);
         };
-        let file_mounts = sqlx::query_as!(
-            FileMount,
-            r#"SELECT storage, path_prefix
-               FROM content.file_mounts
-               WHERE user_uid = $1
-               ORDER BY storage, path_prefix"#,
-            row.uid
-        )
-        .fetch_all(&mut *conn)
-        .await?;
+        let file_mounts = row
+            .mount_storages
+            .into_iter()
+            .zip(row.mount_prefixes)
+            .map(|(storage, path_prefix)| FileMount {
+                storage,
+                path_prefix,
+            })
+            .collect();
         Ok(Some(User {
             uid: row.uid,
             name: row.name,

@@ -456,11 +456,9 @@ impl<W: Writer> ToolPreview for WriterTool<W> {
 pub(crate) async fn read_only_snapshot(
     pool: &PgPool,
 ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        .execute(&mut *tx)
-        .await?;
-    Ok(tx)
+    // One round trip: the snapshot's mode is part of its BEGIN.
+    pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        .await
 }
 
 /// Every database error of a writer: an infrastructure failure, never the call's result.

@@ -28,7 +28,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    countersign_service::init_tracing(false);
+    let telemetry = args
+        .connections
+        .init_telemetry("countersign-coordinator")
+        .context("setting up traces")?;
     let keyring = Keyring::from_env()
         .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
     let pool = args
@@ -55,6 +58,7 @@ async fn main() -> anyhow::Result<()> {
     let coordinator = Coordinator::new(store, Arc::new(registry));
     tracing::info!("coordinator started");
     service::run(coordinator, broker, countersign_service::shutdown_signal()).await;
+    telemetry.shutdown().await;
     Ok(())
 }
 

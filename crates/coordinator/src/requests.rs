@@ -86,6 +86,7 @@ impl Coordinator {
                 agent: request.agent,
                 acting_user: request.acting_user,
                 prompt: request.prompt,
+                inputs: request.inputs,
             })
             .await?;
         tracing::info!(

@@ -9,6 +9,12 @@
 //!
 //! The events themselves leave through the outbox relay this service runs beside its
 //! consumers: woken by each commit that wrote an event, polling as the fallback.
+//!
+//! Each delivery is gated inside a span (`run_request`, `decision`) whose parent is the trace
+//! context its producer sent, so the segment wake-up published from inside it carries the
+//! producer's trace on to the worker. Beside the consumers, the backlog gauges — runs waiting
+//! for approval, the oldest wait, approvals about to expire, expired leases, dead letters —
+//! are refreshed from one query and one passive declare every [`BACKLOG_INTERVAL`].
 
 use std::future::Future;
 use std::time::Duration;
@@ -19,6 +25,9 @@ use countersign_core::{Event, RunId};
 use countersign_queue::{Broker, Delivery};
 use countersign_service::relay::{self, RelayConfig};
 use serde_json::Value;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use uuid::Uuid;
 
 use crate::{Coordinator, Dispatch};
 
@@ -44,11 +53,13 @@ pub async fn run(coordinator: Coordinator, broker: Broker, shutdown: impl Future
         },
     ));
     let requests = consume(coordinator.clone(), broker.clone(), Inbox::RunRequests);
+    let backlog = watch_backlog(coordinator.clone(), broker.clone());
     let decisions = consume(coordinator, broker, Inbox::Decisions);
     tokio::select! {
         () = shutdown => {}
         () = requests => {}
         () = decisions => {}
+        () = backlog => {}
     }
     let _ = stop_relay.send(());
     if let Err(e) = relay.await {
@@ -90,6 +101,8 @@ struct Effects {
     unannounced: Option<(RunId, Event)>,
     /// `None` for a producer that was not authenticated: no reply.
     reply: Option<Event>,
+    /// A decision accepted now (not a replay): how long its run waited is recorded.
+    accepted_decision: Option<Uuid>,
 }
 
 /// Malformed messages carry their parse reason; a message from a producer that may not
@@ -105,13 +118,13 @@ const STORE_WAIT: Duration = Duration::from_secs(30);
 
 /// Waits, with a growing pause, until the store answers or [`STORE_WAIT`] has passed.
 async fn wait_for_store(coordinator: &Coordinator) {
-    let mut pauses = ExponentialBuilder::default()
+    let pauses = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(250))
         .with_max_delay(Duration::from_secs(4))
         .with_total_delay(Some(STORE_WAIT))
         .without_max_times()
         .build();
-    while let Some(pause) = pauses.next() {
+    for pause in pauses {
         tokio::time::sleep(pause).await;
         if sqlx::query("SELECT 1")
             .execute(coordinator.store.pool())
@@ -123,7 +136,27 @@ async fn wait_for_store(coordinator: &Coordinator) {
     }
 }
 
+/// Gates one delivery inside a span that continues its producer's trace.
 async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery: Delivery) {
+    let span = match inbox {
+        Inbox::RunRequests => tracing::info_span!(
+            "run_request",
+            otel.kind = "consumer",
+            outcome = tracing::field::Empty
+        ),
+        Inbox::Decisions => tracing::info_span!(
+            "decision",
+            otel.kind = "consumer",
+            outcome = tracing::field::Empty
+        ),
+    };
+    let _ = span.set_parent(delivery.trace_context());
+    gate(coordinator, broker, inbox, delivery)
+        .instrument(span)
+        .await;
+}
+
+async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery: Delivery) {
     let producer = delivery.user_id.as_deref();
     let effects = match inbox {
         Inbox::RunRequests => coordinator
@@ -136,6 +169,7 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
                 dispatch: v.dispatch,
                 unannounced: None,
                 reply: v.reply,
+                accepted_decision: None,
             }),
         Inbox::Decisions => coordinator
             .take_decision(&delivery.body, producer)
@@ -144,6 +178,7 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
                 counter: "countersign_decisions_total",
                 outcome: v.outcome.code(),
                 dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
+                accepted_decision: v.dispatch.as_ref().and(v.decision_id),
                 dispatch: v.dispatch,
                 unannounced: v.run_id.zip(v.unannounced().cloned()),
                 reply: v.reply,
@@ -165,6 +200,18 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
         }
     };
     metrics::counter!(effects.counter, "outcome" => effects.outcome).increment(1);
+    tracing::Span::current().record("outcome", effects.outcome);
+    if let Some(decision_id) = effects.accepted_decision {
+        match coordinator.store.approval_wait(decision_id).await {
+            Ok(Some(waited)) => {
+                metrics::histogram!("countersign_approval_wait_seconds").record(waited.max(0.0))
+            }
+            Ok(None) => {}
+            Err(e) => {
+                tracing::debug!(code = e.code(), error = %e, "approval wait not measured")
+            }
+        }
+    }
     let at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
 
     if let Some(dispatch) = effects.dispatch {
@@ -202,5 +249,44 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
     };
     if let Err(e) = settled {
         tracing::warn!(code = e.code(), error = %e, "delivery not settled; it will be redelivered and replayed");
+    }
+}
+
+/// How often the backlog gauges are refreshed.
+pub const BACKLOG_INTERVAL: Duration = Duration::from_secs(15);
+/// An approval whose deadline is this close counts as about to expire.
+pub const EXPIRING_WITHIN: Duration = Duration::from_secs(3600);
+
+/// Refreshes the backlog gauges every [`BACKLOG_INTERVAL`], until dropped.
+async fn watch_backlog(coordinator: Coordinator, broker: Broker) {
+    let mut every = tokio::time::interval(BACKLOG_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        refresh_backlog(&coordinator, &broker).await;
+    }
+}
+
+/// Sets `countersign_runs_waiting_for_approval`, `countersign_oldest_approval_wait_seconds`,
+/// `countersign_approvals_expiring_soon`, `countersign_expired_leases` and
+/// `countersign_dead_letter_messages`. A gauge whose source does not answer keeps its last value
+/// (`/readyz` says why).
+pub async fn refresh_backlog(coordinator: &Coordinator, broker: &Broker) {
+    match coordinator.store.backlog(EXPIRING_WITHIN).await {
+        Ok(b) => {
+            metrics::gauge!("countersign_runs_waiting_for_approval")
+                .set(b.waiting_for_approval as f64);
+            metrics::gauge!("countersign_oldest_approval_wait_seconds").set(b.oldest_waiting_secs);
+            metrics::gauge!("countersign_approvals_expiring_soon").set(b.expiring as f64);
+            metrics::gauge!("countersign_expired_leases").set(b.expired_leases as f64);
+        }
+        Err(e) => tracing::warn!(code = e.code(), error = %e, "backlog not measured"),
+    }
+    match broker
+        .message_count(&broker.topology().dead_letters())
+        .await
+    {
+        Ok(n) => metrics::gauge!("countersign_dead_letter_messages").set(f64::from(n)),
+        Err(e) => tracing::warn!(code = e.code(), error = %e, "dead letters not counted"),
     }
 }

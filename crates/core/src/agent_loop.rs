@@ -22,11 +22,12 @@ use std::fmt;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Map, Value};
+use tracing::Instrument;
 
 use crate::comparator::{self, Binding, Current};
 use crate::ids::{CallIndex, SuspensionSeq};
-use crate::model::{Message, Model, ModelOptions, ModelRequest, TokenUsage, ToolCall};
+use crate::model::{Message, Model, ModelOptions, ModelRequest, Role, TokenUsage, ToolCall};
 use crate::preview::{self, Attempt, CallPreview};
 use crate::state::{PendingCall, SuspendedRunState, MAX_STATE_BYTES};
 use crate::tool::{
@@ -313,13 +314,41 @@ pub fn malformed_arguments_result(tool: &str) -> String {
     )
 }
 
-/// Runs a new run from its prompt.
-pub async fn start(seg: Segment<'_>, prompt: &str) -> Outcome {
+/// The line that introduces a run's inputs in its first user message.
+pub const INPUTS_MARKER: &str = "Inputs (JSON):";
+
+/// The first user message of a run: its prompt, then its inputs (when it has any) as one line
+/// of JSON after [`INPUTS_MARKER`]. Kept in the transcript, so every later segment and every
+/// provider sees the same inputs.
+pub fn first_message(prompt: &str, inputs: Option<&Map<String, Value>>) -> String {
+    match inputs.filter(|m| !m.is_empty()) {
+        None => prompt.to_owned(),
+        Some(inputs) => format!(
+            "{prompt}\n\n{INPUTS_MARKER}\n{}",
+            Value::Object(inputs.clone())
+        ),
+    }
+}
+
+/// The inputs of a run, read back from the first user message of its transcript.
+pub fn inputs_of(transcript: &[Message]) -> Option<Map<String, Value>> {
+    let first = transcript.iter().find(|m| m.role == Role::User)?;
+    let (_, json) = first
+        .content
+        .rsplit_once(&format!("\n\n{INPUTS_MARKER}\n"))?;
+    match serde_json::from_str(json).ok()? {
+        Value::Object(map) => Some(map),
+        _ => None,
+    }
+}
+
+/// Runs a new run from its prompt and inputs.
+pub async fn start(seg: Segment<'_>, prompt: &str, inputs: Option<&Map<String, Value>>) -> Outcome {
     let mut transcript = Vec::with_capacity(2);
     if let Some(system) = seg.agent.system_prompt.as_deref().filter(|s| !s.is_empty()) {
         transcript.push(Message::system(system));
     }
-    transcript.push(Message::user(prompt));
+    transcript.push(Message::user(first_message(prompt, inputs)));
     let cursor = Cursor {
         transcript,
         iterations: 0,
@@ -564,7 +593,14 @@ async fn transact(
     for (slot, &i) in plans.iter_mut().zip(indexes) {
         if let Step::Local(_, local) = &steps[i] {
             let args = &state.pending_calls[i].arguments;
-            match local.plan(tx, seg.acting_user, args).await {
+            let tool = &state.pending_calls[i].tool;
+            let planned = local
+                .plan(tx, seg.acting_user, args)
+                .instrument(
+                    tracing::info_span!("preview", %tool, call.index = i, at = "write_transaction"),
+                )
+                .await;
+            match planned {
                 Err(e) if e.is_infrastructure() => return Err(HookError::from_tool(&e)),
                 planned => *slot = Some(planned),
             }
@@ -606,7 +642,11 @@ async fn transact(
         let output = match (&steps[i], slot) {
             (Step::Skip(output), _) => output.clone(),
             (Step::Read(tool), _) => read(seg, *tool, &call.arguments).await?,
-            (Step::Local(..), Some(Ok(plan))) => match plan.apply(tx).await {
+            (Step::Local(..), Some(Ok(plan))) => match plan
+                .apply(tx)
+                .instrument(tracing::info_span!("tool_call", tool = %call.tool, call.index = i))
+                .await
+            {
                 Ok(output) => output,
                 Err(e) if e.is_infrastructure() => return Err(HookError::from_tool(&e)),
                 Err(e) => failure_output(&call.tool, &e),
@@ -712,6 +752,12 @@ async fn moved_since_shown(
                 seg.acting_user,
                 &state.pending_calls[i].arguments,
             )
+            .instrument(tracing::info_span!(
+                "preview",
+                tool = %tool.spec().name,
+                call.index = i,
+                at = "resume"
+            ))
             .await;
             attempt.interruption()?;
             Current::Attempt(attempt)
@@ -900,7 +946,11 @@ async fn suspend(
         let Some(previewer) = offered.get(&call.tool).and_then(|t| t.previewer()) else {
             continue;
         };
-        let attempt = preview::attempt(previewer, seg.acting_user, &call.arguments).await;
+        let attempt = preview::attempt(previewer, seg.acting_user, &call.arguments)
+            .instrument(
+                tracing::info_span!("preview", tool = %call.tool, call.index = i, at = "suspend"),
+            )
+            .await;
         // A lost connection says nothing about the call: the approver must not be shown a
         // failed preview for it.
         attempt.interruption()?;
@@ -928,7 +978,11 @@ async fn execute(
     args: &Value,
 ) -> Result<ToolOutput, HookError> {
     let name = &tool.spec().name;
-    match preview::catch_unwind(tool.execute(ctx, args)).await {
+    let span = tracing::info_span!("tool_call", tool = %name);
+    match preview::catch_unwind(tool.execute(ctx, args))
+        .instrument(span)
+        .await
+    {
         Ok(Ok(output)) => Ok(output),
         Ok(Err(e)) if e.is_infrastructure() => Err(HookError::from_tool(&e)),
         Ok(Err(e)) => Ok(failure_output(name, &e)),

@@ -7,6 +7,8 @@
 //! shown), previews that failed at suspend (the approver was told they decided blind), and
 //! calls no longer offered (they will not run).
 
+use tracing::Instrument;
+
 use crate::agent_loop::HookError;
 use crate::ids::CallIndex;
 use crate::preview::{self, Attempt, CallPreview, PREVIEW_VANISHED_LINE};
@@ -46,7 +48,14 @@ pub async fn compare(
             (false, Some(tool)) => Some(match tool.previewer() {
                 None => Current::Vanished,
                 Some(previewer) => {
-                    let attempt = preview::attempt(previewer, acting_user, &call.arguments).await;
+                    let attempt = preview::attempt(previewer, acting_user, &call.arguments)
+                        .instrument(tracing::info_span!(
+                            "preview",
+                            tool = %call.tool,
+                            call.index = stored.index.get(),
+                            at = "resume"
+                        ))
+                        .await;
                     attempt.interruption()?;
                     Current::Attempt(attempt)
                 }

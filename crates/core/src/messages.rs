@@ -57,7 +57,13 @@ pub struct RunRequest {
     pub agent: String,
     pub acting_user: String,
     pub prompt: String,
+    /// Optional structured inputs (a JSON object), sealed at rest like the prompt. The model
+    /// receives them with its first message; a scripted model substitutes them into its calls.
+    pub inputs: Option<Map<String, Value>>,
 }
+
+/// The largest `inputs` object a run request may carry, in bytes of its JSON.
+pub const MAX_INPUTS_BYTES: usize = 64 * 1024;
 
 impl RunRequest {
     pub const TYPE: &'static str = "countersign.run_request";
@@ -69,6 +75,7 @@ impl RunRequest {
             agent: name_field(&doc, "agent")?,
             acting_user: name_field(&doc, "acting_user")?,
             prompt: text_field(&doc, "prompt", MAX_PROMPT_CHARS)?,
+            inputs: inputs_field(&doc)?,
         })
     }
 
@@ -80,7 +87,23 @@ impl RunRequest {
             "agent": self.agent,
             "acting_user": self.acting_user,
             "prompt": self.prompt,
+            "inputs": self.inputs,
         })
+    }
+}
+
+/// `inputs`: absent or null → none; otherwise a JSON object of at most [`MAX_INPUTS_BYTES`].
+fn inputs_field(doc: &Map<String, Value>) -> Result<Option<Map<String, Value>>, MessageError> {
+    match doc.get("inputs") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) => {
+            let size = serde_json::to_vec(map).map_or(usize::MAX, |b| b.len());
+            if size > MAX_INPUTS_BYTES {
+                return Err(MessageError::Invalid("inputs"));
+            }
+            Ok(Some(map.clone()))
+        }
+        Some(_) => Err(MessageError::Invalid("inputs")),
     }
 }
 
@@ -349,12 +372,42 @@ mod tests {
     }
 
     #[test]
+    fn a_run_request_carries_an_inputs_object_and_refuses_anything_else() {
+        let r = RunRequest {
+            request_id: Uuid::now_v7(),
+            agent: "seo-assistant".into(),
+            acting_user: "editor".into(),
+            prompt: "Tighten the page.".into(),
+            inputs: json!({"page": 12}).as_object().cloned(),
+        };
+        assert_eq!(
+            RunRequest::parse(r.to_json().to_string().as_bytes()).unwrap(),
+            r
+        );
+        for bad in [json!([12]), json!("12"), json!(12)] {
+            let mut v = r.to_json();
+            v["inputs"] = bad;
+            assert_eq!(
+                RunRequest::parse(v.to_string().as_bytes()),
+                Err(MessageError::Invalid("inputs"))
+            );
+        }
+        let mut v = r.to_json();
+        v["inputs"] = json!({"blob": "x".repeat(MAX_INPUTS_BYTES)});
+        assert_eq!(
+            RunRequest::parse(v.to_string().as_bytes()),
+            Err(MessageError::Invalid("inputs"))
+        );
+    }
+
+    #[test]
     fn a_run_request_round_trips_and_refuses_an_empty_prompt() {
         let r = RunRequest {
             request_id: Uuid::now_v7(),
             agent: "seo-assistant".into(),
             acting_user: "editor".into(),
             prompt: "Tighten page 12.".into(),
+            inputs: None,
         };
         assert_eq!(
             RunRequest::parse(r.to_json().to_string().as_bytes()).unwrap(),

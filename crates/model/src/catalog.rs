@@ -12,6 +12,10 @@
 //! The API key is read from the environment variable the settings name when the provider is
 //! first built; the settings never hold a key, and a settings object that tries to is refused.
 //! A rotated key is picked up by a new process (or a new catalog).
+//!
+//! [`ModelCatalog::check`] reads settings with the same parser, without building anything, so
+//! that `countersign agents put` refuses what a worker would refuse before any run meets it,
+//! and says what can only be known where the workers run (the key's variable, the script file).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -22,8 +26,11 @@ use countersign_core::Model;
 use secrecy::SecretString;
 use serde_json::{Map, Value};
 
-use crate::openai::{EndpointError, OpenAiCompatible, DEFAULT_TIMEOUT};
+use crate::openai::{endpoint, EndpointError, OpenAiCompatible, RetryPolicy, DEFAULT_TIMEOUT};
 use crate::scripted::{ScriptError, ScriptedModel};
+
+/// The providers the catalog knows, as settings name them.
+const PROVIDERS: &str = "\"scripted\", \"openai\" (or \"openai_compatible\")";
 
 /// Why the `model` settings of an agent configuration name no usable provider.
 ///
@@ -31,9 +38,9 @@ use crate::scripted::{ScriptError, ScriptedModel};
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ModelConfigError {
-    #[error("the model settings name no provider")]
+    #[error("the model settings name no provider: \"provider\" is one of {PROVIDERS}")]
     MissingProvider,
-    #[error("unknown model provider {0:?}")]
+    #[error("unknown model provider {0:?}: \"provider\" is one of {PROVIDERS}")]
     UnknownProvider(String),
     #[error("the environment variable {0} that should hold the API key is not set or empty")]
     MissingApiKey(String),
@@ -69,14 +76,26 @@ impl ModelConfigError {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 enum ProviderSettings {
     Scripted {
-        script: PathBuf,
+        /// `None`: the settings name none and the catalog has no default.
+        script: Option<PathBuf>,
     },
     OpenAi {
         base_url: String,
         model: String,
         api_key_env: String,
         timeout: Duration,
+        retry: RetryPolicy,
     },
+}
+
+/// What [`ModelCatalog::check`] found in settings it accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SettingsCheck {
+    /// The provider, as the catalog names it: `scripted` or `openai`.
+    pub provider: &'static str,
+    /// What could not be checked here and must hold where the workers run, one sentence each.
+    pub notes: Vec<String>,
 }
 
 /// Builds and keeps the providers agent configurations name.
@@ -123,6 +142,54 @@ impl ModelCatalog {
         built.insert(key, Arc::clone(&model));
         Ok(model)
     }
+
+    /// Reads `settings` as [`model_for`](Self::model_for) does, building nothing and reading no
+    /// key: an error is what every worker would refuse them for. What depends on the machine a
+    /// worker runs on is not an error here but a note — the key's environment variable not set
+    /// in this process, a script this process cannot read, no script named and no default.
+    pub fn check(&self, settings: &Value) -> Result<SettingsCheck, ModelConfigError> {
+        let mut notes = Vec::new();
+        let provider = match ProviderSettings::parse(settings, self.default_script.as_deref())? {
+            ProviderSettings::Scripted { script } => {
+                match script {
+                    None => notes.push(
+                        "the settings name no script: a worker plays the script of its \
+                         --model-script (COUNTERSIGN_MODEL_SCRIPT), and one started without \
+                         fails the agent's runs provider_failed (invalid_settings)"
+                            .to_owned(),
+                    ),
+                    Some(path) => match ScriptedModel::from_path(&path) {
+                        Ok(_) => {}
+                        Err(ScriptError::Read(e)) => notes.push(format!(
+                            "the script {} cannot be read here ({e}): the workers must be able \
+                             to read it, or they fail the agent's runs provider_failed \
+                             (script_unreadable)",
+                            path.display()
+                        )),
+                        Err(source) => {
+                            return Err(ModelConfigError::ScriptUnreadable { path, source })
+                        }
+                    },
+                }
+                "scripted"
+            }
+            ProviderSettings::OpenAi { api_key_env, .. } => {
+                if !key_is_set(&api_key_env) {
+                    notes.push(format!(
+                        "the environment variable {api_key_env} is not set here: the workers \
+                         read the API key from it, and one without it fails the agent's runs \
+                         provider_failed (missing_api_key)"
+                    ));
+                }
+                "openai"
+            }
+        };
+        Ok(SettingsCheck { provider, notes })
+    }
+}
+
+fn key_is_set(variable: &str) -> bool {
+    std::env::var(variable).is_ok_and(|key| !key.trim().is_empty())
 }
 
 impl ProviderSettings {
@@ -137,12 +204,9 @@ impl ProviderSettings {
         };
         match provider {
             "scripted" => {
-                let script = match optional_string(fields, "script")? {
-                    Some(path) => PathBuf::from(path),
-                    None => default_script
-                        .map(Path::to_path_buf)
-                        .ok_or_else(|| invalid("script is missing and there is no default"))?,
-                };
+                let script = optional_string(fields, "script")?
+                    .map(PathBuf::from)
+                    .or_else(|| default_script.map(Path::to_path_buf));
                 Ok(ProviderSettings::Scripted { script })
             }
             "openai" | "openai_compatible" => {
@@ -159,11 +223,20 @@ impl ProviderSettings {
                         _ => return Err(invalid("timeout_secs is not a positive integer")),
                     },
                 };
+                let base_url = required_string(fields, "base_url")?;
+                endpoint(&base_url)?;
+                let api_key_env = optional_string(fields, "api_key_env")?.ok_or_else(|| {
+                    invalid(
+                        "api_key_env is missing: name the environment variable that holds \
+                         the API key",
+                    )
+                })?;
                 Ok(ProviderSettings::OpenAi {
-                    base_url: required_string(fields, "base_url")?,
+                    base_url,
                     model: required_string(fields, "model")?,
-                    api_key_env: required_string(fields, "api_key_env")?,
+                    api_key_env,
                     timeout,
+                    retry: retry_policy(fields.get("retry"))?,
                 })
             }
             other => Err(ModelConfigError::UnknownProvider(other.to_owned())),
@@ -172,7 +245,12 @@ impl ProviderSettings {
 
     fn build(&self) -> Result<Arc<dyn Model>, ModelConfigError> {
         match self {
-            ProviderSettings::Scripted { script } => {
+            ProviderSettings::Scripted { script: None } => {
+                Err(invalid("script is missing and there is no default"))
+            }
+            ProviderSettings::Scripted {
+                script: Some(script),
+            } => {
                 let model = ScriptedModel::from_path(script).map_err(|source| {
                     ModelConfigError::ScriptUnreadable {
                         path: script.clone(),
@@ -186,6 +264,7 @@ impl ProviderSettings {
                 model,
                 api_key_env,
                 timeout,
+                retry,
             } => {
                 let key = std::env::var(api_key_env)
                     .ok()
@@ -193,12 +272,48 @@ impl ProviderSettings {
                     .ok_or_else(|| ModelConfigError::MissingApiKey(api_key_env.clone()))?;
                 let provider =
                     OpenAiCompatible::new(base_url, model.clone(), SecretString::from(key))?
-                        .with_timeout(*timeout);
+                        .with_timeout(*timeout)
+                        .with_retry(*retry);
                 tracing::info!(endpoint = %provider.endpoint(), model = %model, "built a model provider");
                 Ok(Arc::new(provider))
             }
         }
     }
+}
+
+/// The `retry` settings: absent fields keep their defaults, an unknown one is refused (a typo
+/// would otherwise silently keep the default).
+fn retry_policy(value: Option<&Value>) -> Result<RetryPolicy, ModelConfigError> {
+    let mut policy = RetryPolicy::default();
+    let fields = match value {
+        None | Some(Value::Null) => return Ok(policy),
+        Some(Value::Object(fields)) => fields,
+        Some(_) => return Err(invalid("retry is not an object")),
+    };
+    let bounded = |name: &str, value: &Value, max: u64| match value.as_u64() {
+        Some(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(ModelConfigError::InvalidSettings(format!(
+            "retry.{name} is not a whole number from 1 to {max}"
+        ))),
+    };
+    for (name, value) in fields {
+        match name.as_str() {
+            "max_attempts" => {
+                let n = bounded(name, value, u64::from(RetryPolicy::MAX_ATTEMPTS))?;
+                policy.max_attempts = u32::try_from(n).unwrap_or(RetryPolicy::MAX_ATTEMPTS);
+            }
+            "max_elapsed_secs" => {
+                let secs = bounded(name, value, RetryPolicy::MAX_ELAPSED.as_secs())?;
+                policy.max_elapsed = Duration::from_secs(secs);
+            }
+            other => {
+                return Err(ModelConfigError::InvalidSettings(format!(
+                    "retry.{other} is not a retry setting (max_attempts, max_elapsed_secs)"
+                )))
+            }
+        }
+    }
+    Ok(policy)
 }
 
 fn invalid(reason: &str) -> ModelConfigError {

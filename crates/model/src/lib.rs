@@ -25,8 +25,12 @@
 //! { "provider": "openai",                                        // or "openai_compatible"
 //!   "base_url": "https://api.openai.com/v1", "model": "gpt-4o-mini",
 //!   "api_key_env": "OPENAI_API_KEY",                             // the variable's NAME
-//!   "timeout_secs": 60 }                                         // optional, default 60
+//!   "timeout_secs": 60,                                          // optional, default 60
+//!   "retry": { "max_attempts": 4, "max_elapsed_secs": 60 } }     // optional, these defaults
 //! ```
+//!
+//! [`ModelCatalog::check`] reads settings with the same parser without building anything:
+//! what `countersign agents put` runs before it stores an agent.
 //!
 //! # Transport and TLS
 //!
@@ -44,6 +48,10 @@
 //!   anything logged of a provider's answer. No error text carries the key or the prompt.
 //! - **Keep per-run state.** Everything a run needs travels in the request, because any worker
 //!   may run the next segment. Providers are shared by every run with the same settings.
+//! - **Fail a run on a bad minute.** Rate limits (429), server trouble (5xx) and broken
+//!   connections are tried again under the agent's [`RetryPolicy`], honouring `Retry-After`,
+//!   before the call fails `provider_unavailable`; the policy bounds both the attempts and the
+//!   time, because the run holds its lease all the while.
 //! - **Let a provider's answer crash a run.** Every malformed answer is a
 //!   [`ModelError`](countersign_core::ModelError) with a stable code (`provider_unavailable`,
 //!   `provider_invalid_response`); arguments that are not JSON are passed on as a JSON string,
@@ -53,6 +61,6 @@ mod catalog;
 mod openai;
 mod scripted;
 
-pub use catalog::{ModelCatalog, ModelConfigError};
-pub use openai::{EndpointError, OpenAiCompatible, DEFAULT_TIMEOUT};
+pub use catalog::{ModelCatalog, ModelConfigError, SettingsCheck};
+pub use openai::{EndpointError, OpenAiCompatible, RetryPolicy, DEFAULT_TIMEOUT};
 pub use scripted::{Script, ScriptError, ScriptedCall, ScriptedModel, ScriptedTurn};

@@ -9,17 +9,27 @@
 //! [`ModelError::InvalidResponse`], and arguments that are not JSON are passed on as a JSON
 //! string so that the loop refuses that turn the way it refuses any argument that is not an
 //! object.
+//!
+//! A bad minute at the provider should not fail a run that a second try would finish: a call
+//! answered HTTP 429 or a 5xx that may pass, or whose connection could not be made or broke
+//! off, is tried again under the agent's [`RetryPolicy`] — after the `Retry-After` the provider
+//! asked for, else after an exponential, jittered pause — and only a failure that outlasts the
+//! policy's attempts or its time budget reaches the run as `provider_unavailable`. A call that
+//! times out is not tried again: the timeout already was the patience for it. A chat completion
+//! has no side effect to repeat, so trying one again is safe.
 
 use std::fmt;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
+use backon::{ExponentialBuilder, Retryable};
 use countersign_core::{
     Message, Model, ModelError, ModelRequest, ModelResponse, Role, TokenUsage, ToolCall, ToolSpec,
 };
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
-use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -40,6 +50,56 @@ const RESERVED_FIELDS: [&str; 4] = ["model", "messages", "tools", "stream"];
 
 /// What the provider logs of a body it could not use.
 const LOGGED_BODY_CHARS: usize = 500;
+
+/// How often, and for how long, a call that failed in a way that may pass is tried again.
+///
+/// Retried: HTTP 429, any 5xx but 501 and 505 (which do not pass), a connection that could not
+/// be made, and an answer cut off. Not retried: other statuses (400, 401, 404, …), a call that
+/// timed out, and an answer that is not a usable chat completion. The pause before a retry is
+/// the provider's `Retry-After` (seconds or an HTTP date) when it sent one, else
+/// [`first_delay`](Self::first_delay) doubled after each failure (up to
+/// [`max_delay`](Self::max_delay)) plus a random jitter of up to as much again. An attempt that
+/// would start later than [`max_elapsed`](Self::max_elapsed) after the first one started is not
+/// made — also when `Retry-After` asks for longer: the call fails at once rather than wait for
+/// a retry it may not make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RetryPolicy {
+    /// Calls in all, the first included: 1 never retries.
+    pub max_attempts: u32,
+    /// No attempt starts later than this after the first one started.
+    pub max_elapsed: Duration,
+    /// The pause before the first retry when the provider named none.
+    pub first_delay: Duration,
+    /// The longest pause when the provider named none.
+    pub max_delay: Duration,
+}
+
+impl RetryPolicy {
+    /// The most attempts agent settings may ask for.
+    pub const MAX_ATTEMPTS: u32 = 10;
+    /// The longest budget agent settings may ask for: a run holds its lease all along.
+    pub const MAX_ELAPSED: Duration = Duration::from_secs(600);
+
+    /// One attempt, no retry.
+    pub fn never() -> Self {
+        RetryPolicy {
+            max_attempts: 1,
+            ..RetryPolicy::default()
+        }
+    }
+}
+
+impl Default for RetryPolicy {
+    /// Four attempts within a minute, pausing about 0.5, 1 and 2 s (jittered) between them.
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 4,
+            max_elapsed: Duration::from_secs(60),
+            first_delay: Duration::from_millis(500),
+            max_delay: Duration::from_secs(8),
+        }
+    }
+}
 
 #[cfg(feature = "tls")]
 type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
@@ -87,6 +147,7 @@ pub struct OpenAiCompatible {
     key: SecretString,
     authorization: HeaderValue,
     timeout: Duration,
+    retry: RetryPolicy,
 }
 
 impl fmt::Debug for OpenAiCompatible {
@@ -95,13 +156,15 @@ impl fmt::Debug for OpenAiCompatible {
             .field("endpoint", &self.endpoint)
             .field("model", &self.model)
             .field("timeout", &self.timeout)
+            .field("retry", &self.retry)
             .finish_non_exhaustive()
     }
 }
 
 impl OpenAiCompatible {
     /// A provider calling `{base_url}/chat/completions` (e.g. `https://api.openai.com/v1`) for
-    /// `model`, with [`DEFAULT_TIMEOUT`]. Surrounding whitespace of the key is dropped.
+    /// `model`, with [`DEFAULT_TIMEOUT`] and the default [`RetryPolicy`]. Surrounding
+    /// whitespace of the key is dropped.
     pub fn new(
         base_url: &str,
         model: impl Into<String>,
@@ -126,7 +189,14 @@ impl OpenAiCompatible {
             key,
             authorization,
             timeout: DEFAULT_TIMEOUT,
+            retry: RetryPolicy::default(),
         })
+    }
+
+    /// How a call that failed in a way that may pass is tried again.
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
     }
 
     /// How long one call may take, from connecting to the last byte of the answer.
@@ -148,7 +218,8 @@ impl OpenAiCompatible {
     }
 }
 
-fn endpoint(base_url: &str) -> Result<Uri, EndpointError> {
+/// The URL calls to `base_url` are posted to; refused as the provider would refuse it.
+pub(crate) fn endpoint(base_url: &str) -> Result<Uri, EndpointError> {
     let url = format!("{}/chat/completions", base_url.trim().trim_end_matches('/'));
     let uri: Uri = url.parse().map_err(|_| EndpointError::InvalidUrl)?;
     let authority = uri.authority().ok_or(EndpointError::InvalidUrl)?;
@@ -192,6 +263,40 @@ enum Failure {
     Body(Box<dyn std::error::Error + Send + Sync>),
 }
 
+/// One failed attempt: the error the run records if it is the last, and whether another
+/// attempt may do better.
+struct Failed {
+    error: ModelError,
+    retry: Retry,
+}
+
+enum Retry {
+    /// Another attempt would fail the same way.
+    No,
+    /// It may pass; `after` is the pause the provider asked for.
+    May { after: Option<Duration> },
+}
+
+impl Failed {
+    fn fatal(error: ModelError) -> Self {
+        Failed {
+            error,
+            retry: Retry::No,
+        }
+    }
+
+    fn transient(reason: String, after: Option<Duration>) -> Self {
+        Failed {
+            error: ModelError::Unavailable(reason),
+            retry: Retry::May { after },
+        }
+    }
+
+    fn may_pass(&self) -> bool {
+        matches!(self.retry, Retry::May { .. })
+    }
+}
+
 #[async_trait]
 impl Model for OpenAiCompatible {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
@@ -201,17 +306,87 @@ impl Model for OpenAiCompatible {
             .iter()
             .filter(|m| m.role == Role::Assistant)
             .count();
-        let body = request_body(&self.model, &request);
+        let body = Bytes::from(request_body(&self.model, &request).to_string());
+        let started = Instant::now();
+        let attempts = AtomicU32::new(0);
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(self.retry.first_delay)
+            .with_max_delay(self.retry.max_delay)
+            .with_factor(2.0)
+            .with_jitter()
+            .with_max_times(self.retry.max_attempts.saturating_sub(1) as usize);
+        let outcome = (|| {
+            attempts.fetch_add(1, Ordering::Relaxed);
+            self.attempt(body.clone(), turn)
+        })
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        .when(Failed::may_pass)
+        .adjust(|failed, next| self.pause(failed, next, started.elapsed()))
+        .notify(|failed, pause| {
+            tracing::warn!(
+                endpoint = %self.endpoint,
+                attempt = attempts.load(Ordering::Relaxed),
+                max_attempts = self.retry.max_attempts,
+                ?pause,
+                error = %failed.error,
+                "the model call failed in a way that may pass; trying again"
+            );
+        })
+        .await;
+        outcome.map_err(|failed| {
+            let attempts = attempts.load(Ordering::Relaxed);
+            match failed.error {
+                ModelError::Unavailable(reason) if attempts > 1 => {
+                    ModelError::Unavailable(format!("{reason} (gave up after {attempts} attempts)"))
+                }
+                error => error,
+            }
+        })
+    }
+}
+
+impl OpenAiCompatible {
+    /// The pause before the next attempt, or `None` when there is to be none: the attempts are
+    /// spent (`next` is `None`), or the attempt would start past the time budget.
+    fn pause(
+        &self,
+        failed: &Failed,
+        next: Option<Duration>,
+        elapsed: Duration,
+    ) -> Option<Duration> {
+        let Retry::May { after } = failed.retry else {
+            return None;
+        };
+        // `next` is `None` once the attempts are spent, whatever the provider asked for.
+        let pause = after.unwrap_or(next?);
+        if elapsed.saturating_add(pause) > self.retry.max_elapsed {
+            tracing::warn!(
+                endpoint = %self.endpoint,
+                ?pause,
+                ?elapsed,
+                budget = ?self.retry.max_elapsed,
+                "the retry budget is spent: the model call is not tried again"
+            );
+            return None;
+        }
+        Some(pause)
+    }
+
+    /// One exchange with the provider, judged.
+    async fn attempt(&self, body: Bytes, turn: usize) -> Result<ModelResponse, Failed> {
         let http_request = Request::builder()
             .method(Method::POST)
             .uri(self.endpoint.clone())
             .header(AUTHORIZATION, self.authorization.clone())
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "application/json")
-            .body(Full::new(Bytes::from(body.to_string())))
+            .body(Full::new(body))
             .map_err(|e| {
                 tracing::error!(error = %e, "could not build the chat completion request");
-                ModelError::Unavailable("the request could not be built".into())
+                Failed::fatal(ModelError::Unavailable(
+                    "the request could not be built".into(),
+                ))
             })?;
 
         let exchange = async {
@@ -221,31 +396,37 @@ impl Model for OpenAiCompatible {
                 .await
                 .map_err(Failure::Send)?;
             let status = response.status();
+            let retry_after = response
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|value| retry_after(value, SystemTime::now()));
             let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
                 .collect()
                 .await
                 .map_err(Failure::Body)?
                 .to_bytes();
-            Ok((status, body))
+            Ok((status, retry_after, body))
         };
-        let (status, body) = match tokio::time::timeout(self.timeout, exchange).await {
+        let (status, retry_after, body) = match tokio::time::timeout(self.timeout, exchange).await {
             Err(_) => {
                 tracing::warn!(endpoint = %self.endpoint, timeout = ?self.timeout, "the provider did not answer in time");
-                return Err(ModelError::Unavailable(format!(
+                return Err(Failed::fatal(ModelError::Unavailable(format!(
                     "no answer within {} s",
                     self.timeout.as_secs_f64()
-                )));
+                ))));
             }
             Ok(Err(Failure::Send(e))) => {
                 tracing::warn!(endpoint = %self.endpoint, error = %error_chain(&e), "the provider could not be reached");
-                return Err(ModelError::Unavailable(
+                return Err(Failed::transient(
                     "the provider could not be reached".into(),
+                    None,
                 ));
             }
             Ok(Err(Failure::Body(e))) => {
                 tracing::warn!(endpoint = %self.endpoint, error = %error_chain(&*e), "the provider's answer could not be read");
-                return Err(ModelError::Unavailable(
+                return Err(Failed::transient(
                     "the answer could not be read".into(),
+                    None,
                 ));
             }
             Ok(Ok(answer)) => answer,
@@ -255,10 +436,16 @@ impl Model for OpenAiCompatible {
             tracing::warn!(
                 endpoint = %self.endpoint,
                 status = status.as_u16(),
+                retry_after = ?retry_after,
                 body = %self.loggable(&body),
                 "the provider answered with an error"
             );
-            return Err(ModelError::Unavailable(status_text(status)));
+            let reason = status_text(status);
+            return Err(if may_pass(status) {
+                Failed::transient(reason, retry_after)
+            } else {
+                Failed::fatal(ModelError::Unavailable(reason))
+            });
         }
         parse_response(&body, turn).map_err(|reason| {
             tracing::warn!(
@@ -267,9 +454,30 @@ impl Model for OpenAiCompatible {
                 body = %self.loggable(&body),
                 "the provider's answer is not a usable chat completion"
             );
-            ModelError::InvalidResponse(reason)
+            Failed::fatal(ModelError::InvalidResponse(reason))
         })
     }
+}
+
+/// Statuses a later attempt may not meet again: rate limits and server trouble, but not a
+/// method or a protocol version the server does not implement.
+fn may_pass(status: StatusCode) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || (status.is_server_error()
+            && status != StatusCode::NOT_IMPLEMENTED
+            && status != StatusCode::HTTP_VERSION_NOT_SUPPORTED)
+}
+
+/// The pause a `Retry-After` value asks for at `now`: delay seconds, or an HTTP date (a date
+/// past is no pause). `None` for a value that is neither, which leaves the pause to the
+/// backoff. Absurdly many seconds are kept as they are, and so exceed any budget.
+fn retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+    let text = value.to_str().ok()?.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(text.parse().unwrap_or(u64::MAX)));
+    }
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 fn status_text(status: StatusCode) -> String {
@@ -532,6 +740,45 @@ mod tests {
         let reason = parse_response(br#"{"choices": "the secret prompt"}"#, 1).unwrap_err();
         assert!(reason.contains("line 1"), "{reason}");
         assert!(!reason.contains("secret"), "{reason}");
+    }
+
+    #[test]
+    fn retry_after_is_read_as_delay_seconds_or_as_an_http_date() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(784_111_777); // 06 Nov 1994 08:49:37
+        let after = |value: &str| retry_after(&HeaderValue::from_str(value).unwrap(), now);
+        assert_eq!(after("120"), Some(Duration::from_secs(120)));
+        assert_eq!(after(" 0 "), Some(Duration::ZERO));
+        assert_eq!(
+            after("Sun, 06 Nov 1994 08:49:40 GMT"),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            after("Sunday, 06-Nov-94 08:49:47 GMT"),
+            Some(Duration::from_secs(10)),
+            "the obsolete RFC 850 form"
+        );
+        assert_eq!(
+            after("Sun, 06 Nov 1994 08:00:00 GMT"),
+            Some(Duration::ZERO),
+            "a date past is no pause"
+        );
+        assert_eq!(
+            after("99999999999999999999999"),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        for unusable in ["", "1.5", "-3", "soon", "Sun, 06 Nov 1994"] {
+            assert_eq!(after(unusable), None, "{unusable:?}");
+        }
+    }
+
+    #[test]
+    fn rate_limits_and_server_trouble_may_pass_other_statuses_do_not() {
+        for status in [429, 500, 502, 503, 504, 529] {
+            assert!(may_pass(StatusCode::from_u16(status).unwrap()), "{status}");
+        }
+        for status in [400, 401, 403, 404, 408, 422, 501, 505] {
+            assert!(!may_pass(StatusCode::from_u16(status).unwrap()), "{status}");
+        }
     }
 
     #[test]

@@ -3,15 +3,20 @@
 //! [`ScriptedModel`] derives its position from the transcript it is sent (the number of
 //! assistant turns so far), so a run suspended in one worker and resumed in another continues
 //! the script where it left off. It is what the demo and the end-to-end tests run.
+//!
+//! A script can vary per run through the run request's `inputs`: a string argument that is
+//! exactly `{{inputs.NAME}}` becomes the input's JSON value (typed: a number stays a number),
+//! and `{{inputs.NAME}}` inside a longer string is replaced by the input's text. The inputs
+//! are read from the run's first message, where the loop puts them.
 
 use std::path::Path;
 
 use async_trait::async_trait;
 use countersign_core::{
-    Model, ModelError, ModelRequest, ModelResponse, Role, TokenUsage, ToolCall,
+    agent_loop, Model, ModelError, ModelRequest, ModelResponse, Role, TokenUsage, ToolCall,
 };
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// A script: the model's turns, in order.
 ///
@@ -93,19 +98,22 @@ impl Model for ScriptedModel {
         let turn = self.script.turns.get(position).ok_or_else(|| {
             ModelError::InvalidResponse(format!("the script has no turn {}", position + 1))
         })?;
+        let inputs = agent_loop::inputs_of(request.messages).unwrap_or_default();
         let tool_calls = turn
             .tool_calls
             .iter()
             .enumerate()
-            .map(|(n, c)| ToolCall {
-                id: c
-                    .id
-                    .clone()
-                    .unwrap_or_else(|| format!("call_{}_{}", position + 1, n + 1)),
-                name: c.name.clone(),
-                arguments: c.arguments.clone(),
+            .map(|(n, c)| {
+                Ok(ToolCall {
+                    id: c
+                        .id
+                        .clone()
+                        .unwrap_or_else(|| format!("call_{}_{}", position + 1, n + 1)),
+                    name: c.name.clone(),
+                    arguments: substitute(&c.arguments, &inputs)?,
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>, ModelError>>()?;
         let prompt_chars: usize = request
             .messages
             .iter()
@@ -120,6 +128,58 @@ impl Model for ScriptedModel {
             },
         })
     }
+}
+
+/// `value` with every `{{inputs.NAME}}` replaced from `inputs`; a name the run has no input
+/// for is an invalid response (the script and the request do not fit together).
+fn substitute(value: &Value, inputs: &Map<String, Value>) -> Result<Value, ModelError> {
+    const OPEN: &str = "{{inputs.";
+    const CLOSE: &str = "}}";
+    let missing = |name: &str| {
+        ModelError::InvalidResponse(format!(
+            "the script uses input {name:?}, which the run has not"
+        ))
+    };
+    Ok(match value {
+        Value::String(text) => {
+            let whole = text
+                .strip_prefix(OPEN)
+                .and_then(|rest| rest.strip_suffix(CLOSE))
+                .filter(|name| !name.contains(CLOSE));
+            if let Some(name) = whole {
+                return inputs.get(name).cloned().ok_or_else(|| missing(name));
+            }
+            let mut out = String::with_capacity(text.len());
+            let mut rest = text.as_str();
+            while let Some(start) = rest.find(OPEN) {
+                let Some(len) = rest[start + OPEN.len()..].find(CLOSE) else {
+                    break;
+                };
+                let name = &rest[start + OPEN.len()..start + OPEN.len() + len];
+                let input = inputs.get(name).ok_or_else(|| missing(name))?;
+                out.push_str(&rest[..start]);
+                match input {
+                    Value::String(s) => out.push_str(s),
+                    other => out.push_str(&other.to_string()),
+                }
+                rest = &rest[start + OPEN.len() + len + CLOSE.len()..];
+            }
+            out.push_str(rest);
+            Value::String(out)
+        }
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .map(|v| substitute(v, inputs))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| Ok((k.clone(), substitute(v, inputs)?)))
+                .collect::<Result<_, ModelError>>()?,
+        ),
+        other => other.clone(),
+    })
 }
 
 #[cfg(test)]
@@ -168,6 +228,32 @@ mod tests {
     #[tokio::test]
     async fn an_exhausted_script_is_a_provider_error() {
         let model = ScriptedModel::from_json(r#"{"turns": []}"#).unwrap();
+        let err = answer(&model, &[Message::user("go")]).await.unwrap_err();
+        assert_eq!(err.code(), "provider_invalid_response");
+    }
+
+    #[tokio::test]
+    async fn inputs_of_the_run_are_substituted_into_the_calls_typed() {
+        let model = ScriptedModel::from_json(
+            r#"{"turns": [{"tool_calls": [{"name": "update_page_metadata",
+                "arguments": {"uid": "{{inputs.page}}", "title": "Page {{inputs.page}}: {{inputs.name}}"}}]}]}"#,
+        )
+        .unwrap();
+        let inputs = serde_json::json!({"page": 12, "name": "Home"});
+        let first = agent_loop::first_message("Retitle the page.", inputs.as_object());
+        let turn = answer(&model, &[Message::user(first)]).await.unwrap();
+        assert_eq!(
+            turn.tool_calls[0].arguments,
+            serde_json::json!({"uid": 12, "title": "Page 12: Home"})
+        );
+    }
+
+    #[tokio::test]
+    async fn a_script_naming_an_input_the_run_has_not_is_a_provider_error() {
+        let model = ScriptedModel::from_json(
+            r#"{"turns": [{"tool_calls": [{"name": "t", "arguments": {"uid": "{{inputs.page}}"}}]}]}"#,
+        )
+        .unwrap();
         let err = answer(&model, &[Message::user("go")]).await.unwrap_err();
         assert_eq!(err.code(), "provider_invalid_response");
     }

@@ -32,6 +32,7 @@ use crate::consumer::Consumer;
 use crate::error::QueueError;
 use crate::segment::segment_body;
 use crate::topology::{self, short, QueueConfig, Topology};
+use crate::trace_context;
 
 /// `delivery_mode` 2: the broker writes the message to disk.
 const PERSISTENT: u8 = 2;
@@ -266,7 +267,27 @@ impl Broker {
             )
             .await
             .map_err(QueueError::Consume)?;
-        Ok(Consumer::new(channel, stream, queue.to_owned()))
+        Ok(Consumer::new(channel, stream, queue.to_owned())
+            .with_wait_label(self.topology().queue_label(queue)))
+    }
+
+    /// How many messages `queue` holds ready for delivery, by a passive declare (which needs
+    /// no configure permission), on a short-lived channel of its own.
+    pub async fn message_count(&self, queue: &str) -> Result<u32, QueueError> {
+        let channel = self.admin_channel().await?;
+        let answer = channel
+            .queue_declare(
+                short(queue)?,
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .map_err(QueueError::Topology)?;
+        let _ = channel.close(200, "done".into()).await;
+        Ok(answer.message_count())
     }
 
     /// Declares a server-named, exclusive, auto-delete queue on this connection, for
@@ -339,6 +360,10 @@ impl Broker {
             mandatory,
             ..BasicPublishOptions::default()
         };
+        // The current span's trace context and the publish time travel in the headers.
+        let mut headers = properties.headers().clone().unwrap_or_default();
+        trace_context::stamp(&mut headers);
+        let properties = properties.with_headers(headers);
         let mut retried = false;
         let confirm = loop {
             let link = self.link().await?;

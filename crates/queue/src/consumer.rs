@@ -7,6 +7,8 @@
 //! the problem. A delivery dropped without being settled is redelivered when its channel
 //! closes, which is the safe default for a crash.
 
+use std::time::SystemTime;
+
 use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, LongString, ShortString};
@@ -15,6 +17,7 @@ use lapin::{BasicProperties, Channel};
 
 use crate::broker::Broker;
 use crate::error::QueueError;
+use crate::trace_context;
 
 /// Header naming why a message was dead-lettered by countersign.
 pub const REASON_HEADER: &str = "x-countersign-reason";
@@ -29,6 +32,8 @@ pub struct Consumer {
     channel: Channel,
     stream: lapin::Consumer,
     queue: String,
+    /// The label its deliveries' queue wait is recorded under; none for a private queue.
+    wait_label: Option<&'static str>,
 }
 
 impl Consumer {
@@ -37,7 +42,14 @@ impl Consumer {
             channel,
             stream,
             queue,
+            wait_label: None,
         }
+    }
+
+    /// Records the queue wait of every delivery (`countersign_queue_wait_seconds{queue}`).
+    pub(crate) fn with_wait_label(mut self, label: Option<&'static str>) -> Self {
+        self.wait_label = label;
+        self
     }
 
     /// The queue consumed.
@@ -53,6 +65,15 @@ impl Consumer {
             Err(e) => return Some(Err(QueueError::Consume(e))),
         };
         let properties = delivery.properties;
+        if let Some(label) = self.wait_label {
+            let timestamp = *properties.timestamp();
+            let now = SystemTime::now();
+            if let Some(wait) = trace_context::waited(properties.headers().as_ref(), timestamp, now)
+            {
+                metrics::histogram!("countersign_queue_wait_seconds", "queue" => label)
+                    .record(wait.as_secs_f64());
+            }
+        }
         let text = |v: &Option<ShortString>| v.as_ref().map(|s| s.as_str().to_owned());
         Some(Ok(Delivery {
             body: delivery.data,
@@ -94,6 +115,12 @@ impl Delivery {
     /// The queue this delivery came from.
     pub fn queue(&self) -> &str {
         &self.queue
+    }
+
+    /// The trace context its publisher sent (`traceparent`, `tracestate`): the parent of the
+    /// consumer's span, so that the publisher's trace goes on. Empty when it sent none.
+    pub fn trace_context(&self) -> opentelemetry::Context {
+        trace_context::extract(self.properties.headers().as_ref())
     }
 
     /// A string-valued header, if present.

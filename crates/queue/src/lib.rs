@@ -24,6 +24,7 @@ mod error;
 pub mod schemas;
 mod segment;
 mod topology;
+pub mod trace_context;
 
 pub use broker::{published_total, Broker, MessageProperties};
 pub use consumer::{Consumer, Delivery, ORIGINAL_USER_HEADER, REASON_HEADER, SOURCE_QUEUE_HEADER};

@@ -91,6 +91,19 @@ impl Topology {
         format!("{}.dlx", self.prefix)
     }
 
+    /// The name of `queue` without the prefix, as a metric label (`segments`, `decisions`, …);
+    /// `None` for a queue that is not one of the topology's (a private reply or watch queue).
+    pub fn queue_label(&self, queue: &str) -> Option<&'static str> {
+        [
+            (self.run_requests(), "run-requests"),
+            (self.decisions(), "decisions"),
+            (self.segments(), "segments"),
+            (self.dead_letters(), "dead-letters"),
+        ]
+        .into_iter()
+        .find_map(|(name, label)| (name == queue).then_some(label))
+    }
+
     /// The three work queues, which share the dead-letter exchange and delivery limit.
     pub fn work_queues(&self) -> [String; 3] {
         [self.run_requests(), self.decisions(), self.segments()]

@@ -11,6 +11,7 @@ use countersign_crypto::Keyring;
 use countersign_reaper::{pass, ReaperConfig};
 use countersign_service::{Connections, Ready};
 use countersign_store::Store;
+use tracing::Instrument;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -44,7 +45,20 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
-    countersign_service::init_tracing(false);
+    let telemetry = match args.connections.init_telemetry("countersign-reaper") {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("reaper: cannot set up traces: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let code = reap(args).await;
+    // A cron job's spans are sent before it exits.
+    telemetry.shutdown().await;
+    code
+}
+
+async fn reap(args: Args) -> ExitCode {
     let config = ReaperConfig {
         max_requeues: args.max_requeues,
         backoff: Duration::from_secs(args.backoff_secs),
@@ -82,7 +96,10 @@ async fn main() -> ExitCode {
     }
 
     loop {
-        match pass(&store, &broker, &config).await {
+        match pass(&store, &broker, &config)
+            .instrument(tracing::info_span!("reaper_pass"))
+            .await
+        {
             Ok(summary) => println!("{summary}"),
             Err(e) => {
                 tracing::error!(code = e.code(), error = %e, "reaper pass failed");

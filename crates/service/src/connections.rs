@@ -45,6 +45,10 @@ pub struct Connections {
         default_value_t = QueueArguments::Inline
     )]
     pub queue_arguments: QueueArguments,
+    /// Where to send traces: an OpenTelemetry collector's OTLP/HTTP base URL (protobuf;
+    /// `/v1/traces` is appended), e.g. http://otel-collector:4318. No traces when unset.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Where the work queues' dead-lettering and delivery limit come from.
@@ -57,6 +61,14 @@ pub enum QueueArguments {
 }
 
 impl Connections {
+    /// Installs logs, and traces when `--otlp-endpoint` is set, as the service `name`.
+    pub fn init_telemetry(
+        &self,
+        name: &'static str,
+    ) -> Result<crate::Telemetry, crate::TelemetryError> {
+        crate::init_telemetry(name, false, self.otlp_endpoint.as_deref())
+    }
+
     /// A pool of at most `max` connections; fails after ten seconds without an answer.
     pub async fn pool(&self, max: u32) -> Result<PgPool, sqlx::Error> {
         PgPoolOptions::new()

@@ -5,45 +5,78 @@
 //!
 //! Logs go to stderr, filtered by `RUST_LOG` (default `warn`, or `debug` when asked for),
 //! as JSON lines when `RUST_LOG_FORMAT=json` so that a log shipper can read `run.id` and the
-//! error codes as fields. This crate must never decide what a binary logs or counts: that
-//! stays with the code that knows the event. Nothing it serves carries content.
+//! error codes as fields; spans go to an OpenTelemetry collector when one is configured
+//! ([`telemetry`]). The metrics recorder is installed in every process that serves or might
+//! serve `/metrics`, whether or not an address is given, with histogram buckets for every
+//! `*_seconds` histogram and `countersign_build_info{version}`. This crate must never decide
+//! what a binary logs or counts: that stays with the code that knows the event. Nothing it
+//! serves carries content.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
 
 mod connections;
 pub mod relay;
+pub mod telemetry;
 
 pub use connections::{Connections, QueueArguments, Ready};
+pub use telemetry::{init_telemetry, Telemetry, TelemetryError};
 
-/// Installs the global log subscriber. Call once, first thing in `main`.
+/// Installs the global log subscriber, without traces. Call once, first thing in `main`;
+/// a service calls [`init_telemetry`] instead.
 pub fn init_tracing(verbose: bool) {
-    let default = if verbose { "debug" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if std::env::var("RUST_LOG_FORMAT").is_ok_and(|f| f == "json") {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
+    tracing_subscriber::registry()
+        .with(telemetry::log_layer(verbose))
+        .init();
 }
 
-/// Installs the global metrics recorder and returns the handle `/metrics` renders. Call once
-/// per process; the `metrics` macros record into it from then on.
+/// Buckets of every `*_seconds` histogram: a millisecond to five minutes.
+pub const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
+/// Buckets of `countersign_approval_wait_seconds`: a second to a week, the longest default
+/// approval deadline.
+pub const APPROVAL_WAIT_BUCKETS: &[f64] = &[
+    1.0, 10.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0, 172800.0,
+    604800.0,
+];
+
+static METRICS: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+
+/// Installs the global metrics recorder (once per process; later calls return the same
+/// handle) and returns the handle `/metrics` renders; sets `countersign_build_info`. The
+/// `metrics` macros record into it from then on. Histograms render as Prometheus histograms
+/// with [`SECONDS_BUCKETS`] (or [`APPROVAL_WAIT_BUCKETS`]), so that quantiles can be
+/// aggregated across instances.
 pub fn install_metrics() -> Result<PrometheusHandle, String> {
-    PrometheusBuilder::new()
-        .install_recorder()
-        .map_err(|e| e.to_string())
+    METRICS
+        .get_or_init(|| {
+            let handle = PrometheusBuilder::new()
+                .set_buckets(SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("countersign_approval_wait_seconds".into()),
+                        APPROVAL_WAIT_BUCKETS,
+                    )
+                })
+                .map_err(|e| e.to_string())?
+                .install_recorder()
+                .map_err(|e| e.to_string())?;
+            metrics::gauge!("countersign_build_info", "version" => env!("CARGO_PKG_VERSION"))
+                .set(1.0);
+            Ok(handle)
+        })
+        .clone()
 }
 
 /// Whether a process can do its work: its database and broker answer.
@@ -107,13 +140,15 @@ pub async fn shutdown_signal() {
     }
 }
 
-/// Starts the surfaces on `addr` in the background, when an address is configured.
+/// Installs the metrics recorder, and starts the surfaces on `addr` in the background when
+/// an address is configured. Without one the metrics are still recorded (an embedding or a
+/// later scrape sees them), only not served.
 pub async fn spawn_surfaces(
     addr: Option<std::net::SocketAddr>,
     readiness: Arc<dyn Readiness>,
 ) -> std::io::Result<()> {
-    let Some(addr) = addr else { return Ok(()) };
     let metrics = install_metrics().map_err(std::io::Error::other)?;
+    let Some(addr) = addr else { return Ok(()) };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
     tokio::spawn(async move {
@@ -175,5 +210,24 @@ mod tests {
 
         stop.send(()).unwrap();
         server.await.unwrap().unwrap();
+    }
+
+    #[test]
+    fn the_recorder_is_installed_once_with_build_info_and_seconds_as_histogram_buckets() {
+        let first = install_metrics().unwrap();
+        let again = install_metrics().expect("a second install returns the same recorder");
+        metrics::histogram!("countersign_example_seconds").record(0.003);
+        metrics::histogram!("countersign_approval_wait_seconds").record(120.0);
+        let rendered = again.render();
+        assert_eq!(rendered, first.render());
+        let version = env!("CARGO_PKG_VERSION");
+        for line in [
+            format!("countersign_build_info{{version=\"{version}\"}} 1"),
+            "countersign_example_seconds_bucket{le=\"0.005\"} 1".to_owned(),
+            "countersign_approval_wait_seconds_bucket{le=\"300\"} 1".to_owned(),
+            "countersign_approval_wait_seconds_bucket{le=\"60\"} 0".to_owned(),
+        ] {
+            assert!(rendered.lines().any(|l| l == line), "{line} in\n{rendered}");
+        }
     }
 }

@@ -36,8 +36,9 @@ pub(crate) async fn insert(
         serde_json::to_vec(output).map_err(|_| StoreError::unreadable("run_journal.result"))?;
     let sealed = keyring.seal(Purpose::Journal, key.run_id, &plain)?;
     let inserted = sqlx::query_scalar!(
-        r#"INSERT INTO run_journal (run_id, suspension_seq, call_index, tool, effect, result, lease_epoch)
-           VALUES ($1, $2, $3, $4, $5, $6, $7)
+        r#"INSERT INTO run_journal (run_id, suspension_seq, call_index, tool, effect, result, lease_epoch,
+                                   created_at)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())
            ON CONFLICT (run_id, suspension_seq, call_index) DO NOTHING
            RETURNING call_index"#,
         key.run_id.as_uuid(),

@@ -25,6 +25,7 @@ mod error;
 mod events;
 mod fence;
 mod journal;
+mod observe;
 pub mod outbox;
 mod reaper;
 mod rotation;
@@ -43,12 +44,13 @@ pub use decisions::{AcceptedDecision, DecisionOutcome, DecisionRecord, NewDecisi
 pub use error::StoreError;
 pub use events::{NewEvent, RunEvent};
 pub use fence::{hook_error, FencedWrite};
+pub use observe::Backlog;
 pub use outbox::{EventPublisher, OutboxEvent, RelayReport};
 pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
 pub use rotation::{ColumnRotation, RotationReport};
 pub use runs::{
     Claim, CreatedRun, Lease, NewRun, RunCounters, RunRecord, RunStatus, Segment, Settlement,
-    TerminationReason, WaitingRun,
+    StoredRequest, TerminationReason, WaitingRun,
 };
 
 /// The migrations of the whole schema, embedded at build time.

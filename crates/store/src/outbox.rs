@@ -4,12 +4,14 @@
 //! process dies in between — and a lost `run.suspended` is a run nobody is ever asked to
 //! approve. So an event is a row of `event_outbox`, written by [`append`] in the transaction of
 //! its transition: the announcement exists exactly when the change does. A relay
-//! ([`Store::relay_batch`]) then claims unpublished rows `FOR UPDATE SKIP LOCKED`, hands each
-//! to a publisher that waits for the broker's confirm, marks the sent ones `published_at =
-//! now()` and commits. A crash after the confirm and before that commit sends the row again,
-//! so delivery is at least once, and the body carries `event_id` (the row's id) for consumers
-//! to deduplicate by. Two relays never send the same row at once: each skips the rows the
-//! other holds, and a row re-checked after the other's commit is no longer unpublished.
+//! ([`Store::relay_batch`]) then claims a batch of unpublished rows with one `UPDATE` that
+//! sets a short claim (`claimed_until`), hands each to a publisher that waits for the broker's
+//! confirm, and marks the sent ones `published_at = now()` with a second. No transaction is
+//! held open while the broker is waited on. A crash after the confirm and before the mark
+//! sends the row again once its claim ran out, so delivery is at least once, and the body
+//! carries `event_id` (the row's id) for consumers to deduplicate by. Two relays never claim
+//! the same row at once: the claim's subquery skips rows another claim is updating, and a row
+//! claimed by another relay is not claimable until that claim runs out.
 //!
 //! The body is [`Event::to_json`] with `at` from the database clock (`now()`, the time of the
 //! transaction, so the same instant as the transition's `updated_at`), never a process's.
@@ -27,9 +29,9 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::decisions::DecisionOutcome;
-use crate::events::{append_locked, NewEvent};
 use crate::runs::{RunStatus, Settlement};
 use crate::{millis, Store, StoreError};
+use countersign_crypto::Purpose;
 
 /// A run exists for a request. Carries `request_id` and `run_id`.
 pub const RUN_ACCEPTED: &str = "run.accepted";
@@ -106,7 +108,8 @@ pub async fn append(
 }
 
 /// Appends the event's audit row to the run's trail (its fields but `run_id` as the payload,
-/// `content` sealed) and its outbox row, inside a transaction that holds the run row's lock.
+/// `content` sealed) and its outbox row, in one statement, inside a transaction that holds the
+/// run row's lock (the audit row's sequence number relies on it).
 pub(crate) async fn announce_locked(
     conn: &mut PgConnection,
     keyring: &Keyring,
@@ -116,13 +119,41 @@ pub(crate) async fn announce_locked(
 ) -> Result<Uuid, StoreError> {
     let mut payload = event.fields.clone();
     payload.remove("run_id");
-    let audit = NewEvent {
-        content,
-        ..NewEvent::new(event.name, Value::Object(payload))
-    };
-    append_locked(conn, keyring, run_id, &audit).await?;
-    append(conn, Some(run_id), event).await
+    let sealed = content
+        .map(|c| keyring.seal(Purpose::Event, run_id, c))
+        .transpose()?;
+    let id = Uuid::now_v7();
+    let mut body = event.to_json("");
+    if let Value::Object(map) = &mut body {
+        map.remove("at");
+        map.remove("event_id");
+    }
+    sqlx::query!(
+        r#"WITH audit AS (
+               INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
+               SELECT $1, coalesce(max(sequence), 0) + 1, $2::text, $3::jsonb, $4::bytea
+               FROM run_events WHERE run_id = $1
+               RETURNING sequence)
+           INSERT INTO event_outbox (id, run_id, kind, body)
+           SELECT $5, $1, $2,
+                  $6::jsonb || jsonb_build_object(
+                      'event_id', $5::uuid,
+                      'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+           FROM audit"#,
+        run_id.as_uuid(),
+        event.name,
+        Value::Object(payload),
+        sealed,
+        id,
+        body,
+    )
+    .execute(conn)
+    .await?;
+    Ok(id)
 }
+
+/// How long a relay's claim on a batch lasts: longer than publishing a batch can take.
+const RELAY_CLAIM: Duration = Duration::from_secs(30);
 
 /// `run.accepted`: a run exists for the request.
 pub fn run_accepted(request_id: Uuid, run_id: RunId) -> Event {
@@ -241,30 +272,39 @@ impl Store {
         self.relay_kick.notified().await;
     }
 
-    /// One relay step, in one transaction: claims up to `limit` unpublished rows created at
-    /// least `older_than` ago (by the database clock), oldest first, skipping rows another
-    /// relay holds; hands them to `publisher` one by one; marks the confirmed ones published
-    /// and commits. The first publish failure stops the batch: it and the rows after it stay
-    /// unpublished for the next attempt.
+    /// One relay step: claims up to `limit` unpublished rows created at least `older_than`
+    /// ago (by the database clock), oldest first, that no other relay has claimed, for
+    /// [`RELAY_CLAIM`]; hands them to `publisher` one by one; marks the confirmed ones
+    /// published. The first publish failure stops the batch: it and the rows after it are
+    /// released for the next attempt.
     pub async fn relay_batch<P: EventPublisher>(
         &self,
         older_than: Duration,
         limit: i64,
         publisher: &P,
     ) -> Result<RelayReport<P::Error>, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let rows = sqlx::query_as!(
+        // One statement claims the batch (a lease on the rows, not locks held while the broker
+        // is waited on), one marks what was confirmed.
+        let mut rows = sqlx::query_as!(
             Row,
-            r#"SELECT id, run_id, kind, body, created_at, published_at FROM event_outbox
-               WHERE published_at IS NULL AND created_at <= now() - $1 * interval '1 millisecond'
-               ORDER BY created_at, id LIMIT $2
-               FOR UPDATE SKIP LOCKED"#,
+            r#"UPDATE event_outbox SET claimed_until = now() + $3 * interval '1 millisecond'
+               WHERE id IN (
+                   SELECT id FROM event_outbox
+                   WHERE published_at IS NULL
+                     AND (claimed_until IS NULL OR claimed_until < now())
+                     AND created_at <= now() - $1 * interval '1 millisecond'
+                   ORDER BY created_at, id LIMIT $2
+                   FOR UPDATE SKIP LOCKED)
+               RETURNING id, run_id, kind, body, created_at, published_at"#,
             millis(older_than) as f64,
             limit,
+            millis(RELAY_CLAIM) as f64,
         )
-        .fetch_all(&mut *tx)
+        .fetch_all(&self.pool)
         .await?;
+        rows.sort_by_key(|r| (r.created_at, r.id));
         let claimed = rows.len() as u64;
+        let claimed_ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
         let mut sent = Vec::with_capacity(rows.len());
         let mut error = None;
         for row in rows {
@@ -279,13 +319,25 @@ impl Store {
         }
         if !sent.is_empty() {
             sqlx::query!(
-                "UPDATE event_outbox SET published_at = now() WHERE id = ANY($1)",
+                "UPDATE event_outbox SET published_at = now(), claimed_until = NULL WHERE id = ANY($1)",
                 &sent,
             )
-            .execute(&mut *tx)
+            .execute(&self.pool)
             .await?;
         }
-        tx.commit().await?;
+        if sent.len() < claimed_ids.len() {
+            // What was not sent is claimable again at once, not only once the claim runs out.
+            let unsent: Vec<Uuid> = claimed_ids
+                .into_iter()
+                .filter(|id| !sent.contains(id))
+                .collect();
+            sqlx::query!(
+                "UPDATE event_outbox SET claimed_until = NULL WHERE id = ANY($1)",
+                &unsent,
+            )
+            .execute(&self.pool)
+            .await?;
+        }
         Ok(RelayReport {
             published: sent.len() as u64,
             claimed,

@@ -28,8 +28,57 @@ pub struct NewRun {
     pub request_id: Uuid,
     pub agent: String,
     pub acting_user: String,
-    /// Sealed before it is stored.
+    /// Sealed before it is stored, together with `inputs`.
     pub prompt: String,
+    /// Structured inputs of the run request (a JSON object), sealed with the prompt.
+    pub inputs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// What a run was asked to do, as its sealed `request` column holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRequest {
+    pub prompt: String,
+    pub inputs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl StoredRequest {
+    /// The sealed form: `{"v": 1, "prompt": …, "inputs": …}`.
+    fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "v": 1,
+            "prompt": self.prompt,
+            "inputs": self.inputs,
+        }))
+        .unwrap_or_default()
+    }
+
+    /// Reads the sealed form, or the bare UTF-8 prompt that runs created before inputs existed
+    /// hold.
+    fn from_bytes(bytes: &[u8]) -> Result<Self, StoreError> {
+        let unreadable = || StoreError::unreadable("runs.request");
+        if let Ok(serde_json::Value::Object(doc)) = serde_json::from_slice(bytes) {
+            if doc.get("v") == Some(&serde_json::json!(1)) {
+                let prompt = doc
+                    .get("prompt")
+                    .and_then(|p| p.as_str())
+                    .ok_or_else(unreadable)?;
+                let inputs = match doc.get("inputs") {
+                    None | Some(serde_json::Value::Null) => None,
+                    Some(serde_json::Value::Object(m)) => Some(m.clone()),
+                    Some(_) => return Err(unreadable()),
+                };
+                return Ok(StoredRequest {
+                    prompt: prompt.to_owned(),
+                    inputs,
+                });
+            }
+        }
+        let prompt = String::from_utf8(bytes.to_vec()).map_err(|_| unreadable())?;
+        Ok(StoredRequest {
+            prompt,
+            inputs: None,
+        })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -317,9 +366,13 @@ impl Store {
     /// sealed.
     pub async fn create_run(&self, new: &NewRun) -> Result<CreatedRun, StoreError> {
         let id = RunId::new();
+        let stored = StoredRequest {
+            prompt: new.prompt.clone(),
+            inputs: new.inputs.clone(),
+        };
         let request = self
             .keyring
-            .seal(Purpose::Request, id, new.prompt.as_bytes())?;
+            .seal(Purpose::Request, id, &stored.to_bytes())?;
         let mut tx = self.pool.begin().await?;
         let inserted = sqlx::query_scalar!(
             r#"INSERT INTO runs (id, request_id, agent, acting_user, status, segment, request)
@@ -425,6 +478,33 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// One heartbeat for many leases: extends every lease still held (owner, epoch, `running`)
+    /// to `now() + ttl` in one statement and returns the runs it renewed. A lease missing from
+    /// the answer is lost.
+    pub async fn renew_all(
+        &self,
+        leases: &[Lease],
+        ttl: Duration,
+    ) -> Result<Vec<RunId>, StoreError> {
+        let ids: Vec<Uuid> = leases.iter().map(|l| l.run_id.as_uuid()).collect();
+        let owners: Vec<String> = leases.iter().map(|l| l.owner.clone()).collect();
+        let epochs: Vec<i64> = leases.iter().map(|l| l.epoch.get()).collect();
+        let renewed = sqlx::query_scalar!(
+            r#"UPDATE runs r SET lease_expires_at = now() + $4 * interval '1 millisecond'
+               FROM unnest($1::uuid[], $2::text[], $3::int8[]) AS held (id, owner, epoch)
+               WHERE r.id = held.id AND r.lease_owner = held.owner AND r.lease_epoch = held.epoch
+                 AND r.status = 'running'
+               RETURNING r.id"#,
+            &ids,
+            &owners,
+            &epochs,
+            millis(ttl) as f64,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        renewed.into_iter().map(run_id).collect()
     }
 
     /// A heartbeat that also stamps `pending_effect` (or clears it with `None`) in the same
@@ -632,13 +712,18 @@ impl Store {
 
     /// The decrypted prompt of a run.
     pub async fn load_prompt(&self, run_id: RunId) -> Result<String, StoreError> {
+        Ok(self.load_request(run_id).await?.prompt)
+    }
+
+    /// The decrypted request of a run: its prompt and inputs.
+    pub async fn load_request(&self, run_id: RunId) -> Result<StoredRequest, StoreError> {
         let sealed =
             sqlx::query_scalar!("SELECT request FROM runs WHERE id = $1", run_id.as_uuid())
                 .fetch_optional(&self.pool)
                 .await?
                 .ok_or(StoreError::RunNotFound(run_id))?;
         let bytes = self.keyring.open(Purpose::Request, run_id, &sealed)?;
-        String::from_utf8(bytes).map_err(|_| StoreError::unreadable("runs.request"))
+        StoredRequest::from_bytes(&bytes)
     }
 
     /// A run without its sealed columns.

@@ -12,7 +12,6 @@ use countersign_core::{
 };
 use countersign_store::{hook_error, Lease, Store};
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 /// Fence, journal and lease of one segment, over the store.
 #[derive(Debug, Clone)]
@@ -58,36 +57,9 @@ impl StoreHooks {
         }
     }
 
-    /// Renews the lease every third of its time to live until it is lost or the task is
-    /// aborted. A store error is retried on the next beat, since the lease may still be ours;
-    /// but once no renewal has succeeded for a whole time to live the lease has expired by any
-    /// clock, the reaper may hand the run on, and the segment must stop: it declares the lease
-    /// lost.
-    pub fn spawn_heartbeat(&self) -> tokio::task::JoinHandle<()> {
-        let hooks = self.clone();
-        tokio::spawn(async move {
-            let beat = hooks.ttl / 3;
-            let mut renewed = Instant::now();
-            loop {
-                tokio::time::sleep(beat).await;
-                match hooks.store.renew(&hooks.lease, hooks.ttl).await {
-                    Ok(true) => renewed = Instant::now(),
-                    Ok(false) => {
-                        tracing::warn!(run.id = %hooks.lease.run_id, "lease lost");
-                        hooks.mark_lost();
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(run.id = %hooks.lease.run_id, code = e.code(), error = %e, "heartbeat failed");
-                        if renewed.elapsed() + beat >= hooks.ttl {
-                            tracing::warn!(run.id = %hooks.lease.run_id, "lease not renewed in time; declared lost");
-                            hooks.mark_lost();
-                            return;
-                        }
-                    }
-                }
-            }
-        })
+    /// The lease this segment runs under.
+    pub fn lease(&self) -> &Lease {
+        &self.lease
     }
 }
 

@@ -12,9 +12,11 @@
 //! codes), and never promise an approval it cannot resume: a run whose suspension cannot be
 //! stored is failed `suspend_failed`.
 
+mod heartbeat;
 mod hooks;
 mod segment;
 pub mod service;
 
+pub use heartbeat::Heartbeat;
 pub use hooks::StoreHooks;
 pub use segment::{Models, SegmentEnd, SegmentRunner};

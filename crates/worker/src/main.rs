@@ -47,7 +47,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    countersign_service::init_tracing(false);
+    let telemetry = args
+        .connections
+        .init_telemetry("countersign-worker")
+        .context("setting up traces")?;
     let keyring = Keyring::from_env()
         .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
     let catalog = ModelCatalog::new();
@@ -82,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
         models: Models::PerAgent(Arc::new(catalog)),
         users: Arc::new(ContentUsers::new(pool)),
         lease_ttl,
+        heartbeat: Default::default(),
     };
     let config = WorkerConfig {
         owner: args.owner.unwrap_or_else(default_owner),
@@ -97,6 +101,7 @@ async fn main() -> anyhow::Result<()> {
         countersign_service::shutdown_signal(),
     )
     .await;
+    telemetry.shutdown().await;
     Ok(())
 }
 

@@ -8,7 +8,10 @@ use chrono::{SecondsFormat, Utc};
 use countersign_core::agent_loop::{
     self, AgentConfig, Decision, Outcome, Segment, SegmentHooks, TerminationReason,
 };
-use countersign_core::{Model, SuspendedRunState, TokenUsage, ToolRegistry, UserDirectory};
+use countersign_core::{
+    Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState, TokenUsage, ToolRegistry,
+    UserDirectory,
+};
 use countersign_model::ModelCatalog;
 use countersign_store::{
     Claim, Lease, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
@@ -16,6 +19,7 @@ use countersign_store::{
 use serde_json::Value;
 use tracing::Instrument;
 
+use crate::heartbeat::Heartbeat;
 use crate::hooks::StoreHooks;
 
 /// How a segment ended, for the caller's metrics and logs.
@@ -46,6 +50,8 @@ pub struct SegmentRunner {
     pub models: Models,
     pub users: Arc<dyn UserDirectory>,
     pub lease_ttl: Duration,
+    /// The worker's one heartbeat for every lease its segments hold.
+    pub heartbeat: Heartbeat,
 }
 
 /// Where a segment's model comes from.
@@ -91,7 +97,7 @@ impl SegmentRunner {
         release: impl std::future::Future<Output = ()>,
     ) -> Result<SegmentEnd, StoreError> {
         let hooks = StoreHooks::new(self.store.clone(), claim.lease.clone(), self.lease_ttl);
-        let heartbeat = hooks.spawn_heartbeat();
+        let _held = self.heartbeat.hold(&self.store, &hooks, self.lease_ttl);
         // Every log line of the segment, the tools' included, carries the run id.
         let span = tracing::info_span!("segment", run.id = %claim.lease.run_id, epoch = %claim.lease.epoch);
         let mut backoff = ExponentialBuilder::default()
@@ -121,7 +127,6 @@ impl SegmentRunner {
                 end => break end,
             }
         };
-        heartbeat.abort();
         end
     }
 
@@ -143,7 +148,10 @@ impl SegmentRunner {
         let (agent, model) = match self.store.agent(&claim.agent).await? {
             Some(stored) if stored.config.active => {
                 match self.models.for_agent(&stored.config.model) {
-                    Ok(model) => (loop_config(&stored.config), model),
+                    Ok(model) => (
+                        loop_config(&stored.config),
+                        observed(model, &stored.config.model),
+                    ),
                     Err(code) => {
                         return self
                             .fail(lease, TerminationReason::ProviderFailed, code)
@@ -180,8 +188,10 @@ impl SegmentRunner {
         };
 
         let outcome = match claim.segment {
-            SegmentKind::Start => match self.store.load_prompt(run_id).await {
-                Ok(prompt) => agent_loop::start(seg, &prompt).await,
+            SegmentKind::Start => match self.store.load_request(run_id).await {
+                Ok(request) => {
+                    agent_loop::start(seg, &request.prompt, request.inputs.as_ref()).await
+                }
                 Err(e) if e.is_unreadable() => return self.unreadable(lease, &e).await,
                 Err(e) => return Err(e),
             },
@@ -374,5 +384,48 @@ fn loop_config(agent: &countersign_store::AgentConfig) -> AgentConfig {
             .and_then(|v| v.as_object())
             .cloned()
             .unwrap_or_default(),
+    }
+}
+
+/// `model` with every call traced as a `model_call` span and timed into
+/// `countersign_model_call_duration_seconds{provider, outcome}` (retries inside the provider
+/// included: the latency the loop waits).
+fn observed(model: Arc<dyn Model>, settings: &Value) -> Arc<dyn Model> {
+    let provider = match settings.get("provider").and_then(Value::as_str) {
+        Some("scripted") => "scripted",
+        Some("openai") => "openai",
+        _ => "other",
+    };
+    Arc::new(Observed {
+        inner: model,
+        provider,
+    })
+}
+
+#[derive(Debug)]
+struct Observed {
+    inner: Arc<dyn Model>,
+    provider: &'static str,
+}
+
+#[async_trait::async_trait]
+impl Model for Observed {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let span = tracing::info_span!(
+            "model_call",
+            provider = self.provider,
+            messages = request.messages.len(),
+            tools = request.tools.len()
+        );
+        let started = std::time::Instant::now();
+        let answer = self.inner.complete(request).instrument(span).await;
+        let outcome = answer.as_ref().map_or_else(ModelError::code, |_| "ok");
+        metrics::histogram!(
+            "countersign_model_call_duration_seconds",
+            "provider" => self.provider,
+            "outcome" => outcome
+        )
+        .record(started.elapsed().as_secs_f64());
+        answer
     }
 }

@@ -16,11 +16,13 @@ use std::time::Duration;
 
 use countersign_queue::{parse_segment, Broker, Delivery};
 use countersign_service::relay::{self, RelayConfig};
-use countersign_store::Claim;
+use countersign_store::{Claim, Segment};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::segment::SegmentRunner;
+use crate::segment::{SegmentEnd, SegmentRunner};
 
 /// How the worker runs.
 #[derive(Debug, Clone)]
@@ -77,7 +79,10 @@ pub async fn run(
             _ = poll.tick() => {
                 while let Ok(permit) = slots.clone().try_acquire_owned() {
                     match runner.store.claim_next(&config.owner, runner.lease_ttl).await {
-                        Ok(Some(claim)) => spawn(&mut running, &runner, claim, permit, &released),
+                        Ok(Some(claim)) => {
+                            let untraced = tracing::Span::none();
+                            spawn(&mut running, &runner, claim, permit, &released, untraced);
+                        }
                         Ok(None) => break,
                         Err(e) => {
                             tracing::warn!(code = e.code(), error = %e, "poll claim failed");
@@ -89,8 +94,20 @@ pub async fn run(
             delivery = next(&mut consumer) => match delivery {
                 Some(delivery) => {
                     let Ok(permit) = slots.clone().acquire_owned().await else { break };
-                    if let Some(claim) = take(&runner, &broker, &config, delivery).await {
-                        spawn(&mut running, &runner, claim, permit, &released);
+                    // The producer's trace goes on: the wake-up's context is the parent of the
+                    // claim and of the segment it starts.
+                    let woken = tracing::info_span!(
+                        "wake_up",
+                        otel.kind = "consumer",
+                        run.id = tracing::field::Empty
+                    );
+                    let _ = woken.set_parent(delivery.trace_context());
+                    let taken = take(&runner, &broker, &config, delivery)
+                        .instrument(woken.clone())
+                        .await;
+                    if let Some(claim) = taken {
+                        woken.record("run.id", tracing::field::display(claim.lease.run_id));
+                        spawn(&mut running, &runner, claim, permit, &released, woken);
                     }
                 }
                 None => {
@@ -185,25 +202,75 @@ async fn take(
     }
 }
 
+/// Runs the segment of `claim` in the background, inside `span` (the wake-up it answers, or
+/// none for a claim of the poll).
 fn spawn(
     running: &mut JoinSet<()>,
     runner: &SegmentRunner,
     claim: Claim,
     permit: OwnedSemaphorePermit,
     released: &watch::Receiver<bool>,
+    span: tracing::Span,
 ) {
     let runner = runner.clone();
     let mut released = released.clone();
-    running.spawn(async move {
-        let _permit = permit;
-        let run_id = claim.lease.run_id;
-        let release = async move {
-            // A closed channel means the worker is gone: release as well.
-            let _ = released.wait_for(|r| *r).await;
-        };
-        match runner.run_until(&claim, release).await {
-            Ok(end) => tracing::info!(run.id = %run_id, ?end, "segment ended"),
-            Err(e) => tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "segment stopped on a store error"),
+    running.spawn(
+        async move {
+            let _permit = permit;
+            let run_id = claim.lease.run_id;
+            let release = async move {
+                // A closed channel means the worker is gone: release as well.
+                let _ = released.wait_for(|r| *r).await;
+            };
+            let started = std::time::Instant::now();
+            match runner.run_until(&claim, release).await {
+                Ok(end) => {
+                    tracing::info!(run.id = %run_id, ?end, "segment ended");
+                    observe(&runner, &claim, &end, started.elapsed()).await;
+                }
+                Err(e) => tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "segment stopped on a store error"),
+            }
         }
-    });
+        .instrument(span),
+    );
+}
+
+/// Records the segment's duration and, for a resume that wrote its approved turn, how long
+/// after the approval the writes landed.
+async fn observe(runner: &SegmentRunner, claim: &Claim, end: &SegmentEnd, took: Duration) {
+    let segment = claim.segment.as_str();
+    let ended = match end {
+        SegmentEnd::Completed(_) => "completed",
+        SegmentEnd::Failed(_) => "failed",
+        SegmentEnd::Suspended { .. } => "suspended",
+        SegmentEnd::Interrupted(_) => "interrupted",
+        SegmentEnd::Released => "released",
+    };
+    metrics::histogram!(
+        "countersign_segment_duration_seconds",
+        "segment" => segment,
+        "end" => ended
+    )
+    .record(took.as_secs_f64());
+    let (Segment::Resume, Some(seq)) = (claim.segment, claim.suspension_seq) else {
+        return;
+    };
+    if matches!(end, SegmentEnd::Interrupted(_) | SegmentEnd::Released) {
+        return;
+    }
+    let lease = &claim.lease;
+    match runner
+        .store
+        .decision_to_write(lease.run_id, seq, lease.epoch)
+        .await
+    {
+        Ok(Some(seconds)) => {
+            metrics::histogram!("countersign_decision_to_write_seconds").record(seconds.max(0.0));
+        }
+        Ok(None) => {}
+        Err(e) => {
+            let run_id = lease.run_id;
+            tracing::debug!(run.id = %run_id, code = e.code(), error = %e, "decision-to-write unknown");
+        }
+    }
 }

@@ -40,6 +40,7 @@ async fn a_writer_whose_fence_token_is_stale_writes_nothing(pool: PgPool) {
             agent: "seo-assistant".into(),
             acting_user: "editor".into(),
             prompt: "Retitle the home page.".into(),
+            inputs: None,
         })
         .await
         .unwrap();

@@ -79,6 +79,7 @@ impl Site {
                 agent: "seo-assistant".into(),
                 acting_user: acting_user.into(),
                 prompt: "Tighten the description of page 12.".into(),
+                inputs: None,
             })
             .await
             .expect("create run");

@@ -74,6 +74,7 @@ pub async fn harness(pool: PgPool) -> Harness {
         )),
         users: Arc::new(ContentUsers::new(pool.clone())),
         lease_ttl: TTL,
+        heartbeat: Default::default(),
     };
     for (user, kind, name) in [
         (INBOX, ProducerKind::Approver, ANY),

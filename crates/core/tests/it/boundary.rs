@@ -38,7 +38,7 @@ async fn a_turn_with_a_call_that_names_no_tool_is_refused_whole_and_nothing_is_s
         ]),
         final_answer("Sorry."),
     ]);
-    let outcome = agent_loop::start(f.segment(&model, T0), "attach").await;
+    let outcome = agent_loop::start(f.segment(&model, T0), "attach", None).await;
     assert!(
         matches!(outcome, Outcome::Completed { .. }),
         "no suspension with a nameless call in it: {outcome:?}"
@@ -63,7 +63,7 @@ async fn a_turn_with_more_calls_than_the_agent_allows_is_refused_whole() {
         })
         .collect();
     let model = TestModel::new(vec![turn(&calls), final_answer("Fewer, then.")]);
-    let outcome = agent_loop::start(f.segment(&model, T0), "attach three").await;
+    let outcome = agent_loop::start(f.segment(&model, T0), "attach three", None).await;
     assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
     assert!(f.world.executed_tools().is_empty());
     assert_eq!(
@@ -84,7 +84,7 @@ async fn a_call_whose_tool_was_not_offered_at_suspend_never_executes() {
         ]),
         final_answer("Done."),
     ]);
-    let state = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let state = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     assert_eq!(state.offered_tools, vec!["append", "read"]);
 
     // ... and is offered by the time it resumes: it still does not run.
@@ -112,7 +112,7 @@ async fn a_preview_that_cannot_reach_its_store_interrupts_the_suspension_instead
         "append",
         json!({"key": "teaser", "item": "hero.jpg"}),
     )])]);
-    let outcome = agent_loop::start(f.segment(&model, T0), "attach").await;
+    let outcome = agent_loop::start(f.segment(&model, T0), "attach", None).await;
     assert_eq!(
         outcome,
         Outcome::Interrupted {
@@ -128,7 +128,7 @@ async fn a_re_preview_that_cannot_reach_its_store_interrupts_the_resume_and_writ
         turn(&[("append", json!({"key": "teaser", "item": "hero.jpg"}))]),
         final_answer("Done."),
     ]);
-    let state = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let state = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     f.append.set_mode(PreviewMode::Unavailable);
     let decision = Decision {
         approved: true,
@@ -152,7 +152,7 @@ async fn a_suspended_state_too_large_to_store_fails_the_run_suspend_failed() {
         "append",
         json!({"key": "teaser", "item": huge}),
     )])]);
-    match agent_loop::start(f.segment(&model, T0), "attach").await {
+    match agent_loop::start(f.segment(&model, T0), "attach", None).await {
         Outcome::Failed { reason, code, .. } => {
             assert_eq!(reason, TerminationReason::SuspendFailed);
             assert_eq!(code, "state_too_large");

@@ -16,7 +16,7 @@ async fn suspended_turn(f: &Fixture) -> SuspendedRunState {
         ]),
         final_answer("done"),
     ]);
-    match agent_loop::start(f.segment(&model, "2026-11-30T10:00:00Z"), "attach").await {
+    match agent_loop::start(f.segment(&model, "2026-11-30T10:00:00Z"), "attach", None).await {
         Outcome::Suspended { state, .. } => state,
         other => panic!("expected a suspension, got {other:?}"),
     }

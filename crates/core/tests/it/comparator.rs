@@ -15,7 +15,7 @@ async fn suspended(f: &Fixture) -> SuspendedRunState {
         ]),
         final_answer("done"),
     ]);
-    match agent_loop::start(f.segment(&model, "t"), "go").await {
+    match agent_loop::start(f.segment(&model, "t"), "go", None).await {
         Outcome::Suspended { state, .. } => state,
         other => panic!("{other:?}"),
     }

@@ -46,7 +46,7 @@ async fn a_mixed_read_and_write_turn_suspends_before_the_read_runs() {
         ("read", json!({"key": "teaser"})),
         ("append", json!({"key": "teaser", "item": "hero.jpg"})),
     ])]);
-    let (state, moved) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, moved) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
 
     assert!(
         f.world.executed_tools().is_empty(),
@@ -77,7 +77,7 @@ async fn a_turn_of_reads_runs_and_the_loop_continues_until_the_model_answers() {
         turn(&[("read", json!({"key": "teaser"}))]),
         final_answer("It holds a.jpg."),
     ]);
-    match agent_loop::start(f.segment(&model, T0), "what is in teaser?").await {
+    match agent_loop::start(f.segment(&model, T0), "what is in teaser?", None).await {
         Outcome::Completed {
             reason,
             transcript,
@@ -106,7 +106,7 @@ async fn writers_disabled_for_the_agent_are_neither_offered_nor_run() {
         turn(&[("append", json!({"key": "teaser", "item": "x"}))]),
         final_answer("Could not."),
     ]);
-    let outcome = agent_loop::start(f.segment(&model, T0), "attach").await;
+    let outcome = agent_loop::start(f.segment(&model, T0), "attach", None).await;
     assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
     assert_eq!(model.offered.lock().unwrap()[0], vec!["read"]);
     assert!(f.world.executed_tools().is_empty());
@@ -129,7 +129,7 @@ async fn a_failing_preview_still_suspends_with_one_line_naming_only_the_code() {
         let f = Fixture::new();
         f.append.set_mode(mode);
         let model = two_appends_model();
-        let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+        let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
         let p = state
             .preview_of(CallIndex::new(0))
             .expect("a failed preview is stored");
@@ -147,7 +147,7 @@ async fn a_failing_preview_still_suspends_with_one_line_naming_only_the_code() {
 async fn an_approval_with_every_preview_unchanged_executes_each_call_once_in_order() {
     let f = Fixture::new();
     let model = two_appends_model();
-    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
 
     let outcome = agent_loop::resume(f.segment(&model, T1), state, &approve()).await;
     assert!(
@@ -181,7 +181,7 @@ async fn an_approval_with_every_preview_unchanged_executes_each_call_once_in_ord
 async fn a_moved_preview_executes_nothing_and_re_suspends_with_the_moved_index() {
     let f = Fixture::new();
     let model = two_appends_model();
-    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     let digest = state.turn_digest();
 
     // Someone else appends to the gallery between the card and the approval.
@@ -224,7 +224,7 @@ async fn a_moved_preview_executes_nothing_and_re_suspends_with_the_moved_index()
 async fn a_re_preview_that_fails_where_something_was_shown_counts_as_moved() {
     let f = Fixture::new();
     let model = two_appends_model();
-    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     f.append.set_mode(PreviewMode::Errors);
     let (next, moved) =
         suspended(agent_loop::resume(f.segment(&model, T1), state, &approve()).await);
@@ -239,7 +239,7 @@ async fn a_re_preview_that_fails_where_something_was_shown_counts_as_moved() {
 async fn a_tool_that_no_longer_offers_a_preview_counts_as_moved() {
     let f = Fixture::new();
     let model = two_appends_model();
-    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     f.append2.set_mode(PreviewMode::None);
     let (next, moved) =
         suspended(agent_loop::resume(f.segment(&model, T1), state, &approve()).await);
@@ -256,7 +256,7 @@ async fn a_preview_that_failed_at_suspend_does_not_bind_the_approval() {
     let f = Fixture::new();
     f.append.set_mode(PreviewMode::Errors);
     let model = two_appends_model();
-    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     // The preview now works and would read differently from the failure line: not compared.
     f.append.set_mode(PreviewMode::Real);
     let outcome = agent_loop::resume(f.segment(&model, T1), state, &approve()).await;
@@ -268,7 +268,7 @@ async fn a_preview_that_failed_at_suspend_does_not_bind_the_approval() {
 async fn a_call_no_longer_offered_is_not_executed_and_its_preview_is_not_compared() {
     let mut f = Fixture::new();
     let model = two_appends_model();
-    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     f.world.set("gallery", &["moved.png"]);
     f.agent.policy.enabled_tools = vec!["append".into()];
 
@@ -285,7 +285,7 @@ async fn a_call_no_longer_offered_is_not_executed_and_its_preview_is_not_compare
 async fn a_retried_resume_skips_journaled_calls_and_reuses_their_results() {
     let f = Fixture::new();
     let model = two_appends_model();
-    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
 
     // A first attempt executed call 0 and journaled it, then its worker died.
     f.world.set("teaser", &["hero.jpg"]);
@@ -314,7 +314,7 @@ async fn a_retried_resume_skips_journaled_calls_and_reuses_their_results() {
 async fn a_denial_reaches_the_model_and_the_run_ends_as_approval_denied() {
     let f = Fixture::new();
     let model = two_appends_model();
-    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     let decision = Decision {
         approved: false,
         comment: Some("Not this image.".into()),
@@ -341,7 +341,7 @@ async fn a_denial_reaches_the_model_and_the_run_ends_as_approval_denied() {
 async fn a_lost_lease_stops_the_segment_before_the_write() {
     let f = Fixture::new();
     let model = two_appends_model();
-    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     f.hooks.lease_lost.store(true, Ordering::SeqCst);
     let outcome = agent_loop::resume(f.segment(&model, T1), state, &approve()).await;
     assert_eq!(outcome, Outcome::Interrupted { code: "lease_lost" });
@@ -355,7 +355,7 @@ async fn the_loop_fails_the_run_at_max_iterations() {
     f.agent.max_iterations = 2;
     let read = || turn(&[("read", json!({"key": "k"}))]);
     let model = TestModel::new(vec![read(), read(), read()]);
-    match agent_loop::start(f.segment(&model, T0), "loop").await {
+    match agent_loop::start(f.segment(&model, T0), "loop", None).await {
         Outcome::Failed {
             reason, iterations, ..
         } => {
@@ -370,7 +370,7 @@ async fn the_loop_fails_the_run_at_max_iterations() {
 async fn a_provider_failure_fails_the_run_with_its_code() {
     let f = Fixture::new();
     let model = TestModel::new(vec![]);
-    match agent_loop::start(f.segment(&model, T0), "hello").await {
+    match agent_loop::start(f.segment(&model, T0), "hello", None).await {
         Outcome::Failed { reason, code, .. } => {
             assert_eq!(reason, TerminationReason::ProviderFailed);
             assert_eq!(code, "provider_invalid_response");
@@ -386,7 +386,7 @@ async fn a_turn_with_arguments_that_are_not_an_object_is_refused_whole() {
         turn(&[("read", json!({"key": "k"})), ("append", json!("teaser"))]),
         final_answer("Sorry."),
     ]);
-    let outcome = agent_loop::start(f.segment(&model, T0), "attach").await;
+    let outcome = agent_loop::start(f.segment(&model, T0), "attach", None).await;
     assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
     assert!(f.world.executed_tools().is_empty());
     assert!(model.last_transcript()[3]
@@ -398,7 +398,7 @@ async fn a_turn_with_arguments_that_are_not_an_object_is_refused_whole() {
 async fn a_suspension_survives_the_round_trip_through_its_stored_form() {
     let f = Fixture::new();
     let model = two_appends_model();
-    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach").await);
+    let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     let stored = SuspendedRunState::from_bytes(&state.to_bytes()).expect("own state reads back");
     assert_eq!(stored, state);
     let outcome = agent_loop::resume(f.segment(&model, T1), stored, &approve()).await;

@@ -210,3 +210,132 @@ fn equal_provider_settings_share_one_provider() {
     );
     assert!(!Arc::ptr_eq(&first, &other_model));
 }
+
+#[test]
+fn retry_settings_out_of_bounds_or_unknown_are_invalid_settings() {
+    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_RETRY_BAD", "sk-x");
+    let catalog = ModelCatalog::new();
+    for retry in [
+        json!(5),
+        json!({"max_attempts": 0}),
+        json!({"max_attempts": 11}),
+        json!({"max_attempts": 2.5}),
+        json!({"max_elapsed_secs": 0}),
+        json!({"max_elapsed_secs": 601}),
+        json!({"max_elapsed_secs": "60"}),
+        json!({"max_attempt": 4}),
+    ] {
+        let settings = json!({
+            "provider": "openai",
+            "base_url": "http://127.0.0.1:9/v1",
+            "model": "small-model",
+            "api_key_env": "COUNTERSIGN_MODEL_IT_KEY_RETRY_BAD",
+            "retry": retry,
+        });
+        let err = catalog.model_for(&settings).unwrap_err();
+        assert_eq!(err.code(), "invalid_settings", "{retry}: {err}");
+        assert!(err.to_string().contains("retry"), "{err}");
+        assert_eq!(
+            catalog.check(&settings).unwrap_err().code(),
+            "invalid_settings",
+            "check refuses what model_for refuses: {retry}"
+        );
+    }
+}
+
+#[test]
+fn a_check_refuses_what_a_worker_would_refuse_with_a_message_that_says_what_to_fix() {
+    let catalog = ModelCatalog::new();
+    let refused = |settings: serde_json::Value| catalog.check(&settings).unwrap_err();
+
+    let err = refused(json!({"provider": "oracle"}));
+    assert_eq!(err.code(), "unknown_provider");
+    assert!(
+        err.to_string().contains("\"oracle\"") && err.to_string().contains("\"openai\""),
+        "{err}"
+    );
+    let err = refused(json!({}));
+    assert_eq!(err.code(), "unknown_provider");
+    assert!(err.to_string().contains("\"scripted\""), "{err}");
+
+    let err = refused(json!({
+        "provider": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m",
+    }));
+    assert_eq!(err.code(), "invalid_settings");
+    assert!(err.to_string().contains("api_key_env is missing"), "{err}");
+
+    let err = refused(json!({
+        "provider": "openai", "base_url": "127.0.0.1:9/v1", "model": "m", "api_key_env": "K",
+    }));
+    assert_eq!(
+        err.code(),
+        "invalid_settings",
+        "a base URL a worker cannot use: {err}"
+    );
+
+    let broken = ScriptFile::new("check-broken", r#"{"turns": 3}"#);
+    let err = refused(json!({"provider": "scripted", "script": broken.path()}));
+    assert_eq!(err.code(), "script_unreadable");
+}
+
+#[test]
+fn a_check_notes_what_only_the_workers_environment_can_settle() {
+    std::env::remove_var("COUNTERSIGN_MODEL_IT_KEY_CHECK_UNSET");
+    let catalog = ModelCatalog::new();
+
+    let check = catalog
+        .check(&json!({
+            "provider": "openai", "base_url": "https://api.example.test/v1", "model": "m",
+            "api_key_env": "COUNTERSIGN_MODEL_IT_KEY_CHECK_UNSET",
+        }))
+        .expect("an unset variable is not an error where the agent is stored");
+    assert_eq!(check.provider, "openai");
+    assert_eq!(check.notes.len(), 1, "{:?}", check.notes);
+    assert!(
+        check.notes[0].contains("COUNTERSIGN_MODEL_IT_KEY_CHECK_UNSET is not set here"),
+        "{:?}",
+        check.notes
+    );
+
+    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_CHECK_SET", "sk-set");
+    let check = catalog
+        .check(&json!({
+            "provider": "openai_compatible", "base_url": "http://127.0.0.1:9/v1", "model": "m",
+            "api_key_env": "COUNTERSIGN_MODEL_IT_KEY_CHECK_SET",
+        }))
+        .unwrap();
+    assert_eq!((check.provider, check.notes.len()), ("openai", 0));
+
+    let check = catalog.check(&json!({"provider": "scripted"})).unwrap();
+    assert_eq!(check.provider, "scripted");
+    assert!(
+        check.notes[0].contains("--model-script"),
+        "{:?}",
+        check.notes
+    );
+
+    let missing = std::env::temp_dir().join("countersign-model-check-no-such-script.json");
+    let check = catalog
+        .check(&json!({"provider": "scripted", "script": missing}))
+        .unwrap();
+    assert!(
+        check.notes[0].contains("cannot be read here"),
+        "{:?}",
+        check.notes
+    );
+
+    let script = ScriptFile::new("check-good", SCRIPT);
+    let check = catalog
+        .check(&json!({"provider": "scripted", "script": script.path()}))
+        .unwrap();
+    assert!(check.notes.is_empty(), "{:?}", check.notes);
+    let check = ModelCatalog::new()
+        .with_default_script(script.path())
+        .check(&json!({"provider": "scripted"}))
+        .unwrap();
+    assert!(
+        check.notes.is_empty(),
+        "a default script settles it: {:?}",
+        check.notes
+    );
+}

@@ -3,4 +3,5 @@
 
 mod catalog;
 mod openai;
+mod retry;
 mod support;

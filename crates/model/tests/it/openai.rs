@@ -1,7 +1,7 @@
 use std::time::{Duration, Instant};
 
 use countersign_core::{Effect, Message, ModelOptions, TokenUsage, ToolCall, ToolSpec};
-use countersign_model::OpenAiCompatible;
+use countersign_model::{OpenAiCompatible, RetryPolicy};
 use secrecy::SecretString;
 use serde_json::{json, Value};
 
@@ -10,8 +10,19 @@ use crate::support::{ask, ask_with, completion, Endpoint};
 const KEY: &str = "sk-test-4f1c9a0e7b2d";
 const PROMPT: &str = "Tighten the description of page 12.";
 
+/// Retries as by default, with pauses short enough for a test.
+pub fn quick_retries() -> RetryPolicy {
+    RetryPolicy {
+        first_delay: Duration::from_millis(10),
+        max_delay: Duration::from_millis(40),
+        ..RetryPolicy::default()
+    }
+}
+
 fn provider(endpoint: &Endpoint) -> OpenAiCompatible {
-    OpenAiCompatible::new(&endpoint.base_url, "small-model", SecretString::from(KEY)).unwrap()
+    OpenAiCompatible::new(&endpoint.base_url, "small-model", SecretString::from(KEY))
+        .unwrap()
+        .with_retry(quick_retries())
 }
 
 fn read_page() -> ToolSpec {
@@ -261,11 +272,16 @@ async fn an_unreachable_endpoint_is_provider_unavailable() {
         "m",
         SecretString::from(KEY),
     )
-    .unwrap();
+    .unwrap()
+    .with_retry(quick_retries());
 
     let err = ask(&model, &[Message::user(PROMPT)]).await.unwrap_err();
 
     assert_eq!(err.code(), "provider_unavailable");
+    assert!(
+        err.to_string().contains("gave up after 4 attempts"),
+        "a refused connection is tried again: {err}"
+    );
 }
 
 #[tokio::test]

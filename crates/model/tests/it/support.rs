@@ -1,13 +1,13 @@
-//! A local OpenAI-compatible endpoint that answers one canned response and records what it
-//! was sent.
+//! A local OpenAI-compatible endpoint that answers canned responses and records what it was
+//! sent, and when.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -21,12 +21,37 @@ use serde_json::Value;
 pub struct Recorded {
     pub authorization: Option<String>,
     pub body: Value,
+    pub at: Instant,
+}
+
+/// One canned answer: a status, its extra headers, a body, after a delay.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: String,
+    pub delay: Duration,
+}
+
+impl Reply {
+    pub fn new(status: u16, body: &str) -> Reply {
+        Reply {
+            status,
+            headers: vec![],
+            body: body.to_owned(),
+            delay: Duration::ZERO,
+        }
+    }
+
+    pub fn with_header(mut self, name: &'static str, value: &str) -> Reply {
+        self.headers.push((name, value.to_owned()));
+        self
+    }
 }
 
 struct Canned {
-    status: StatusCode,
-    body: String,
-    delay: Duration,
+    /// Answered in turn; the last one to every request after it.
+    replies: Vec<Reply>,
     requests: Mutex<Vec<Recorded>>,
 }
 
@@ -38,10 +63,19 @@ pub struct Endpoint {
 impl Endpoint {
     /// An endpoint answering every request with `status` and `body`, after `delay`.
     pub async fn start(status: u16, body: &str, delay: Duration) -> Endpoint {
-        let canned = Arc::new(Canned {
-            status: StatusCode::from_u16(status).unwrap(),
-            body: body.to_owned(),
+        Self::replying(vec![Reply {
             delay,
+            ..Reply::new(status, body)
+        }])
+        .await
+    }
+
+    /// An endpoint answering the first request with the first reply, the second with the
+    /// second, …, and every request after the last with the last.
+    pub async fn replying(replies: Vec<Reply>) -> Endpoint {
+        assert!(!replies.is_empty(), "an endpoint answers something");
+        let canned = Arc::new(Canned {
+            replies,
             requests: Mutex::new(vec![]),
         });
         let app = Router::new()
@@ -72,15 +106,26 @@ async fn answer(State(canned): State<Arc<Canned>>, headers: HeaderMap, body: Byt
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned),
         body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+        at: Instant::now(),
     };
-    canned.requests.lock().unwrap().push(recorded);
-    tokio::time::sleep(canned.delay).await;
-    (
-        canned.status,
+    let reply = {
+        let mut requests = canned.requests.lock().unwrap();
+        requests.push(recorded);
+        canned.replies[(requests.len() - 1).min(canned.replies.len() - 1)].clone()
+    };
+    tokio::time::sleep(reply.delay).await;
+    let mut response = (
+        StatusCode::from_u16(reply.status).unwrap(),
         [(CONTENT_TYPE, "application/json")],
-        canned.body.clone(),
+        reply.body,
     )
-        .into_response()
+        .into_response();
+    for (name, value) in reply.headers {
+        response
+            .headers_mut()
+            .insert(name, HeaderValue::from_str(&value).unwrap());
+    }
+    response
 }
 
 /// Sends `messages` with no tools and no options.

@@ -6,3 +6,4 @@ mod support;
 mod delivery;
 mod publish;
 mod topology;
+mod trace;

@@ -64,6 +64,7 @@ impl Harness {
                 agent: "seo".into(),
                 acting_user: "editor".into(),
                 prompt: "Improve page 12.".into(),
+                inputs: None,
             })
             .await
             .unwrap();

@@ -485,3 +485,28 @@ async fn every_announced_transition_writes_exactly_its_event(pool: PgPool) {
     assert_eq!(kind, "decision.refused");
     assert_eq!(body["outcome"], "not_awaiting_approval");
 }
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn rows_claimed_by_a_relay_that_died_are_sent_once_its_claim_runs_out(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, _) = waiting(&store).await;
+    // A relay claimed the rows and died before publishing them.
+    sqlx::query("UPDATE event_outbox SET claimed_until = now() + interval '1 minute'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let blocked = Recorder::default();
+    assert_eq!(relay(&store, &blocked).await.claimed, 0, "the claim holds");
+
+    sqlx::query("UPDATE event_outbox SET claimed_until = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let next = Recorder::default();
+    assert_eq!(relay(&store, &next).await.published, 2);
+    assert_eq!(next.kinds(), ["run.accepted", "run.suspended"]);
+    assert!(outbox(&store, run)
+        .await
+        .iter()
+        .all(|(_, published)| *published));
+}

@@ -34,6 +34,7 @@ pub fn new_run(prompt: &str) -> NewRun {
         agent: "seo-assistant".into(),
         acting_user: "editor".into(),
         prompt: prompt.into(),
+        inputs: None,
     }
 }
 

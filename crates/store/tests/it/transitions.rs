@@ -290,6 +290,7 @@ async fn a_duplicate_request_id_returns_the_existing_run(pool: PgPool) {
     assert!(first.created);
     let again = countersign_store::NewRun {
         prompt: "another prompt".into(),
+        inputs: None,
         ..request.clone()
     };
     let second = store.create_run(&again).await.unwrap();
@@ -486,5 +487,29 @@ async fn every_termination_reason_and_decision_outcome_fits_the_schema(pool: PgP
     assert_eq!(
         store.run(run).await.unwrap().unwrap().status,
         RunStatus::Running
+    );
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_run_request_s_inputs_are_sealed_with_its_prompt_and_read_back(pool: PgPool) {
+    let store = store(pool.clone());
+    let request = countersign_store::NewRun {
+        inputs: serde_json::json!({"page": 12, "file": "hero.jpg"})
+            .as_object()
+            .cloned(),
+        ..new_run("Attach the file to the page.")
+    };
+    let run = store.create_run(&request).await.unwrap().run_id;
+    let loaded = store.load_request(run).await.unwrap();
+    assert_eq!(loaded.prompt, "Attach the file to the page.");
+    assert_eq!(loaded.inputs, request.inputs);
+    let sealed: Vec<u8> = sqlx::query_scalar("SELECT request FROM runs WHERE id = $1")
+        .bind(run.as_uuid())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&sealed).contains("hero.jpg"),
+        "the inputs are sealed"
     );
 }

@@ -68,6 +68,7 @@ async fn harness(pool: PgPool) -> Harness {
         )),
         users: Arc::new(ContentUsers::new(pool)),
         lease_ttl: TTL,
+        heartbeat: Default::default(),
     };
     Harness {
         store,
@@ -100,6 +101,7 @@ impl Harness {
                 agent: "seo".into(),
                 acting_user: "editor".into(),
                 prompt: "Improve page 12.".into(),
+                inputs: None,
             })
             .await
             .unwrap();

@@ -1,0 +1,251 @@
+//! Who is calling: a bearer token, a trusted proxy's header, or an inbox session.
+//!
+//! Every caller resolves to a [`Caller`]: the user it acts as (the approver of its decisions,
+//! the default acting user of its run requests, the viewer of its cards) and the producer the
+//! coordinator's gates authenticate it as. For a token that is `http:<user>`
+//! ([`crate::tokens::producer_of`]); for a trusted proxy it is the proxy's own producer name
+//! (`--proxy-producer`), which the registry must allow to assert the users it vouches for —
+//! as the broker user `guest` is allowed to assert `*` in a development setup.
+//!
+//! The proxy header is believed only from a configured proxy address; from anywhere else it is
+//! ignored (and logged), so a client that reaches the service directly cannot name itself.
+
+use std::net::{IpAddr, SocketAddr};
+
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue};
+use uuid::Uuid;
+
+use crate::problem::{unavailable, Problem, ProblemCode};
+use crate::sessions;
+use crate::tokens::{self, producer_of};
+use crate::{ApiConfig, AppState};
+
+/// Longest user name a proxy header may carry.
+const MAX_USER_CHARS: usize = 200;
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The user it acts as.
+    pub user: String,
+    /// The producer the gates see.
+    pub producer: String,
+    pub via: Via,
+}
+
+/// How the caller was authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Token(Uuid),
+    Proxy,
+}
+
+impl Caller {
+    /// The rate limiter's bucket: one per token, one per proxied user.
+    pub fn rate_key(&self) -> String {
+        match self.via {
+            Via::Token(id) => format!("token:{id}"),
+            Via::Proxy => format!("proxy:{}", self.user),
+        }
+    }
+
+    fn of_token(token: &tokens::TokenInfo) -> Caller {
+        Caller {
+            user: token.user.clone(),
+            producer: producer_of(&token.user),
+            via: Via::Token(token.id),
+        }
+    }
+}
+
+/// The peer address of the connection, when the server recorded it.
+pub fn peer(parts: &Parts) -> Option<IpAddr> {
+    parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0.ip())
+}
+
+/// The user a trusted proxy vouches for: `Ok(None)` when no proxy header is configured, the
+/// request did not come from a trusted proxy, or it carries no such header.
+pub fn proxy_user(
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+    config: &ApiConfig,
+) -> Result<Option<String>, Problem> {
+    let Some(name) = &config.trusted_header else {
+        return Ok(None);
+    };
+    let Some(value) = headers.get(name) else {
+        return Ok(None);
+    };
+    let trusted = peer.is_some_and(|p| config.trusted_proxies.contains(&p));
+    if !trusted {
+        tracing::warn!(header = %name, peer = ?peer, "proxy header from an untrusted address ignored");
+        return Ok(None);
+    }
+    let user = value
+        .to_str()
+        .ok()
+        .filter(|u| !u.is_empty() && u.trim() == *u && u.chars().count() <= MAX_USER_CHARS)
+        .ok_or_else(|| Problem::new(ProblemCode::Unauthenticated))?;
+    Ok(Some(user.to_owned()))
+}
+
+/// The secret of an `Authorization: Bearer …` header.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, secret) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| secret.trim())
+}
+
+fn limited(state: &AppState, caller: &Caller) -> Result<(), Problem> {
+    state
+        .limiter
+        .take(&caller.rate_key())
+        .map_err(|wait| Problem::new(ProblemCode::RateLimited).with_retry_after(wait))
+}
+
+/// The API's caller: the trusted proxy's header, else a bearer token; rate-limited.
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, Problem> {
+        let caller = if let Some(user) = proxy_user(&parts.headers, peer(parts), &state.config)? {
+            Caller {
+                user,
+                producer: state.config.proxy_producer.clone(),
+                via: Via::Proxy,
+            }
+        } else {
+            let secret =
+                bearer(&parts.headers).ok_or(Problem::new(ProblemCode::Unauthenticated))?;
+            let token = tokens::verify(state.coordinator.store.pool(), secret)
+                .await
+                .map_err(|e| unavailable("tokens", e.code(), &e))?
+                .ok_or(Problem::new(ProblemCode::Unauthenticated))?;
+            Caller::of_token(&token)
+        };
+        limited(state, &caller)?;
+        Ok(caller)
+    }
+}
+
+/// A signed-in browser of the inbox.
+#[derive(Debug, Clone)]
+pub struct WebCaller {
+    pub caller: Caller,
+    /// The CSRF token its forms carry.
+    pub csrf: String,
+    /// A session opened by this request (a proxied user's first visit): the cookie to set.
+    pub set_cookie: Option<HeaderValue>,
+}
+
+/// The name of the session cookie: `__Host-` when it is `Secure`, so that no other host can set
+/// it.
+pub fn cookie_name(config: &ApiConfig) -> &'static str {
+    if config.secure_cookies {
+        "__Host-countersign-session"
+    } else {
+        "countersign-session"
+    }
+}
+
+/// The `Set-Cookie` value that stores `secret` (or, with `None`, clears the cookie).
+pub fn session_cookie(config: &ApiConfig, secret: Option<&str>) -> HeaderValue {
+    let secure = if config.secure_cookies {
+        "; Secure"
+    } else {
+        ""
+    };
+    let value = match secret {
+        Some(secret) => format!(
+            "{}={secret}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+            cookie_name(config),
+            config.session_ttl.as_secs()
+        ),
+        None => format!(
+            "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}",
+            cookie_name(config)
+        ),
+    };
+    // Built from a fixed name and a base64url secret: always a valid header value.
+    HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// The session secret the request's cookie carries.
+pub fn session_secret<'h>(headers: &'h HeaderMap, config: &ApiConfig) -> Option<&'h str> {
+    let name = cookie_name(config);
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
+}
+
+/// The inbox's caller: a proxied user (whose session is opened on the first visit), or a
+/// session signed in with a token. `Ok(None)`: not signed in.
+pub async fn web_caller(
+    state: &AppState,
+    headers: &HeaderMap,
+    peer: Option<IpAddr>,
+) -> Result<Option<WebCaller>, Problem> {
+    let pool = state.coordinator.store.pool();
+    let config = &state.config;
+    let secret = session_secret(headers, config);
+    let session = match secret {
+        Some(secret) => sessions::find(pool, secret)
+            .await
+            .map_err(|e| unavailable("sessions", "database_error", &e))?
+            .map(|s| (secret.to_owned(), s)),
+        None => None,
+    };
+    let proxied = proxy_user(headers, peer, config)?;
+    let web = match (proxied, session) {
+        (Some(user), Some((secret, s))) if s.token_id.is_none() && s.user == user => WebCaller {
+            caller: Caller {
+                user,
+                producer: s.producer,
+                via: Via::Proxy,
+            },
+            csrf: sessions::csrf_token(&secret),
+            set_cookie: None,
+        },
+        (Some(user), _) => {
+            let producer = config.proxy_producer.clone();
+            let secret = sessions::open(pool, &user, &producer, None, config.session_ttl)
+                .await
+                .map_err(|e| unavailable("sessions", "database_error", &e))?;
+            WebCaller {
+                caller: Caller {
+                    user,
+                    producer,
+                    via: Via::Proxy,
+                },
+                csrf: sessions::csrf_token(&secret),
+                set_cookie: Some(session_cookie(config, Some(&secret))),
+            }
+        }
+        // A session a proxy opened is good only while the proxy still vouches for its user.
+        (None, Some((secret, s))) => match s.token_id {
+            Some(token_id) => WebCaller {
+                caller: Caller {
+                    user: s.user,
+                    producer: s.producer,
+                    via: Via::Token(token_id),
+                },
+                csrf: sessions::csrf_token(&secret),
+                set_cookie: None,
+            },
+            None => return Ok(None),
+        },
+        (None, None) => return Ok(None),
+    };
+    limited(state, &web.caller)?;
+    Ok(Some(web))
+}

@@ -1,0 +1,388 @@
+//! The web inbox: server-rendered pages for approvers, on the same gates as the API.
+//!
+//! Sign-in is a token (which opens a session cookie: `HttpOnly`, `SameSite=Strict`, `Secure`
+//! unless turned off for plain-HTTP development) or a trusted proxy's header. Every form
+//! carries the session's CSRF token and is refused without it, and a browser's
+//! `Sec-Fetch-Site: cross-site` is refused outright. The decision form carries the card's
+//! `suspension_seq` and `turn_digest` — the card the page showed, never the run's current
+//! one — and a `decision_id` chosen when the page was rendered, so submitting twice replays the
+//! first outcome instead of deciding twice, and a stale tab is refused `stale_turn`.
+
+use std::net::SocketAddr;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use chrono::Utc;
+use countersign_core::{DecisionMessage, RunId};
+use countersign_store::RunStatus;
+use maud::Markup;
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use crate::auth::{self, web_caller, Via, WebCaller};
+use crate::cards::card_for;
+use crate::limits::read_body;
+use crate::pages::{self, Viewer};
+use crate::problem::{unavailable, Problem, ProblemCode};
+use crate::queries::{inbox_page, visible_run, Access, Cursor};
+use crate::sessions;
+use crate::tokens;
+use crate::v1::take_decision;
+use crate::AppState;
+
+/// Runs per inbox page.
+const PAGE: u32 = 50;
+
+fn viewer(web: &WebCaller) -> Viewer<'_> {
+    Viewer {
+        user: &web.caller.user,
+        csrf: &web.csrf,
+        proxied: web.caller.via == Via::Proxy,
+    }
+}
+
+/// A page, with the session cookie a proxied first visit opened.
+fn page(status: StatusCode, web: Option<&WebCaller>, markup: Markup) -> Response {
+    let mut response = (status, Html(markup.into_string())).into_response();
+    if let Some(cookie) = web.and_then(|w| w.set_cookie.clone()) {
+        response.headers_mut().insert(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+fn problem_page(web: Option<&WebCaller>, problem: &Problem) -> Response {
+    page(
+        problem.status(),
+        web,
+        pages::problem(web.map(viewer), problem),
+    )
+}
+
+fn to_sign_in() -> Response {
+    Redirect::to("/inbox/sign-in").into_response()
+}
+
+/// The signed-in caller, or the response that sends the browser to sign in.
+async fn signed_in(
+    state: &AppState,
+    headers: &HeaderMap,
+    peer: SocketAddr,
+) -> Result<WebCaller, Response> {
+    match web_caller(state, headers, Some(peer.ip())).await {
+        Ok(Some(web)) => Ok(web),
+        Ok(None) => Err(to_sign_in()),
+        Err(problem) => Err(problem_page(None, &problem)),
+    }
+}
+
+/// Refuses a form another site made the browser send.
+fn same_site(headers: &HeaderMap) -> Result<(), Problem> {
+    let cross = headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("cross-site"));
+    if cross {
+        return Err(Problem::new(ProblemCode::CsrfRejected));
+    }
+    Ok(())
+}
+
+/// Compares without stopping at the first difference.
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+            == 0
+}
+
+/// A form body's fields.
+async fn form(state: &AppState, body: Body) -> Result<Vec<(String, String)>, Problem> {
+    let bytes = read_body(body, state.config.max_body_bytes).await?;
+    serde_urlencoded::from_bytes::<Vec<(String, String)>>(&bytes)
+        .map_err(|_| Problem::malformed("invalid_form"))
+}
+
+fn field<'f>(fields: &'f [(String, String)], name: &str) -> Option<&'f str> {
+    fields
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// A form of a signed-in session: the CSRF token must be the session's.
+fn checked_form(
+    web: &WebCaller,
+    headers: &HeaderMap,
+    fields: &[(String, String)],
+) -> Result<(), Problem> {
+    same_site(headers)?;
+    match field(fields, "csrf") {
+        Some(csrf) if same_secret(csrf, &web.csrf) => Ok(()),
+        _ => Err(Problem::new(ProblemCode::CsrfRejected)),
+    }
+}
+
+pub async fn root() -> Redirect {
+    Redirect::to("/inbox")
+}
+
+pub async fn stylesheet() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        pages::STYLESHEET,
+    )
+        .into_response()
+}
+
+pub async fn sign_in_page(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+) -> Response {
+    // A proxied user is signed in already.
+    if let Ok(Some(web)) = web_caller(&state, &headers, Some(peer.ip())).await {
+        if web.caller.via == Via::Proxy {
+            let mut response = Redirect::to("/inbox").into_response();
+            if let Some(cookie) = web.set_cookie {
+                response.headers_mut().insert(header::SET_COOKIE, cookie);
+            }
+            return response;
+        }
+    }
+    let header = state.config.trusted_header.as_ref().map(|h| h.as_str());
+    page(StatusCode::OK, None, pages::sign_in(false, header))
+}
+
+pub async fn sign_in(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let result = async {
+        same_site(&headers)?;
+        // Token guesses are limited per address; a token has 256 bits, but a flood still costs.
+        state
+            .limiter
+            .take(&format!("sign-in:{}", peer.ip()))
+            .map_err(|wait| Problem::new(ProblemCode::RateLimited).with_retry_after(wait))?;
+        let fields = form(&state, body).await?;
+        let secret = field(&fields, "token").unwrap_or("").trim().to_owned();
+        let pool = state.coordinator.store.pool();
+        let token = tokens::verify(pool, &secret)
+            .await
+            .map_err(|e| unavailable("tokens", e.code(), &e))?;
+        let Some(token) = token else {
+            return Ok(None);
+        };
+        let session = sessions::open(
+            pool,
+            &token.user,
+            &token.producer(),
+            Some(token.id),
+            state.config.session_ttl,
+        )
+        .await
+        .map_err(|e| unavailable("sessions", "database_error", &e))?;
+        Ok::<_, Problem>(Some(session))
+    }
+    .await;
+    match result {
+        Ok(Some(session)) => {
+            let mut response = Redirect::to("/inbox").into_response();
+            response.headers_mut().insert(
+                header::SET_COOKIE,
+                auth::session_cookie(&state.config, Some(&session)),
+            );
+            response
+        }
+        Ok(None) => {
+            let header = state.config.trusted_header.as_ref().map(|h| h.as_str());
+            page(StatusCode::UNAUTHORIZED, None, pages::sign_in(true, header))
+        }
+        Err(problem) => problem_page(None, &problem),
+    }
+}
+
+pub async fn sign_out(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let web = match signed_in(&state, &headers, peer).await {
+        Ok(web) => web,
+        Err(response) => return response,
+    };
+    let fields = match form(&state, body).await {
+        Ok(fields) => fields,
+        Err(problem) => return problem_page(Some(&web), &problem),
+    };
+    if let Err(problem) = checked_form(&web, &headers, &fields) {
+        return problem_page(Some(&web), &problem);
+    }
+    if let Some(secret) = auth::session_secret(&headers, &state.config) {
+        if let Err(e) = sessions::close(state.coordinator.store.pool(), secret).await {
+            return problem_page(Some(&web), &unavailable("sessions", "database_error", &e));
+        }
+    }
+    let mut response = Redirect::to("/inbox/sign-in").into_response();
+    response.headers_mut().insert(
+        header::SET_COOKIE,
+        auth::session_cookie(&state.config, None),
+    );
+    response
+}
+
+#[derive(Debug, Deserialize)]
+pub struct InboxParams {
+    cursor: Option<String>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Query(params): Query<InboxParams>,
+) -> Response {
+    let web = match signed_in(&state, &headers, peer).await {
+        Ok(web) => web,
+        Err(response) => return response,
+    };
+    let result = async {
+        let cursor = match params.cursor.as_deref() {
+            None => None,
+            Some(c) => Some(Cursor::decode(c).ok_or(Problem::new(ProblemCode::InvalidQuery))?),
+        };
+        let pool = state.coordinator.store.pool();
+        let access = Access::of(pool, &web.caller).await?;
+        inbox_page(pool, &access, PAGE, cursor).await
+    }
+    .await;
+    match result {
+        Ok((entries, next)) => {
+            let next = next.map(|c| c.encode());
+            let markup = pages::inbox(viewer(&web), &entries, next.as_deref(), Utc::now());
+            page(StatusCode::OK, Some(&web), markup)
+        }
+        Err(problem) => problem_page(Some(&web), &problem),
+    }
+}
+
+pub async fn run(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path(run_id): Path<String>,
+) -> Response {
+    let web = match signed_in(&state, &headers, peer).await {
+        Ok(web) => web,
+        Err(response) => return response,
+    };
+    let result = async {
+        let run_id = RunId::parse(&run_id).map_err(|_| Problem::new(ProblemCode::NotFound))?;
+        let (run, access) = visible_run(&state, &web.caller, run_id).await?;
+        let card = if run.status == RunStatus::WaitingForApproval && access.may_decide(&run) {
+            match card_for(&state, &run, &access).await {
+                Ok(card) => Some(card),
+                // Moved on between the read of the row and the state: show what it is now.
+                Err(p) if p.code == ProblemCode::NotAwaitingApproval => None,
+                Err(p) if p.code == ProblemCode::StateUnreadable => None,
+                Err(p) => return Err(p),
+            }
+        } else {
+            None
+        };
+        let events = state
+            .coordinator
+            .store
+            .events(run_id)
+            .await
+            .map_err(|e| unavailable("events", e.code(), &e))?;
+        Ok((run, card, events))
+    }
+    .await;
+    match result {
+        Ok((run, card, events)) => {
+            let decision_id = Uuid::now_v7().to_string();
+            let markup = pages::run_page(viewer(&web), &run, card.as_ref(), &decision_id, &events);
+            page(StatusCode::OK, Some(&web), markup)
+        }
+        Err(problem) => problem_page(Some(&web), &problem),
+    }
+}
+
+pub async fn decide(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Path(run_id): Path<String>,
+    body: Body,
+) -> Response {
+    let web = match signed_in(&state, &headers, peer).await {
+        Ok(web) => web,
+        Err(response) => return response,
+    };
+    let result = async {
+        let fields = form(&state, body).await?;
+        checked_form(&web, &headers, &fields)?;
+        let run_id =
+            RunId::parse(&run_id).map_err(|_| Problem::malformed("invalid_path:run_id"))?;
+        let approved = match field(&fields, "approved") {
+            Some("true") => true,
+            Some("false") => false,
+            _ => return Err(Problem::malformed("invalid_field:approved")),
+        };
+        // Numbers and ids travel as form text: put them back as JSON types, so that gate 1
+        // judges them as it judges a queue producer's (a non-number stays a string, and is
+        // refused `invalid_field:suspension_seq`).
+        let seq = field(&fields, "suspension_seq").unwrap_or("");
+        let seq = seq.parse::<u64>().map_or_else(|_| json!(seq), |n| json!(n));
+        let comment = field(&fields, "comment").filter(|c| !c.trim().is_empty());
+        let message = json!({
+            "type": DecisionMessage::TYPE,
+            "version": 1,
+            "decision_id": field(&fields, "decision_id"),
+            "run_id": run_id,
+            "suspension_seq": seq,
+            "turn_digest": field(&fields, "turn_digest"),
+            "approved": approved,
+            "approver": web.caller.user,
+            "comment": comment,
+        });
+        let outcome = take_decision(&state, &web.caller, &message).await?;
+        Ok((run_id, outcome, approved))
+    }
+    .await;
+    match result {
+        Ok((run_id, outcome, approved)) => {
+            let status = match &outcome {
+                Ok(_) => StatusCode::OK,
+                Err(problem) => problem.status(),
+            };
+            let markup = pages::outcome(viewer(&web), &run_id.to_string(), &outcome, approved);
+            let mut response = page(status, Some(&web), markup);
+            if let Err(problem) = &outcome {
+                if let Some(secs) = problem.retry_after {
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+                }
+            }
+            response
+        }
+        Err(problem) => problem_page(Some(&web), &problem),
+    }
+}
+
+/// An unknown path under `/inbox`.
+pub async fn not_found() -> Response {
+    problem_page(None, &Problem::new(ProblemCode::NotFound))
+}

@@ -1,0 +1,150 @@
+//! What bounds a request: a rate per credential, a deadline, a body size, and the headers that
+//! keep a browser from doing more with a page than showing it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use crate::problem::{Problem, ProblemCode};
+use crate::AppState;
+
+/// The Content-Security-Policy of every response: nothing but this origin's stylesheet, no
+/// script at all, forms only to this origin, no framing. A preview that smuggled markup past
+/// the escaping still could not run or load anything.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
+     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// A token bucket per credential: `burst` requests at once, refilled at `per_minute`.
+#[derive(Debug)]
+pub struct RateLimiter {
+    per_minute: u32,
+    burst: u32,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// Buckets kept before the full ones are forgotten.
+const MAX_BUCKETS: usize = 10_000;
+
+impl RateLimiter {
+    pub fn new(per_minute: u32, burst: u32) -> RateLimiter {
+        RateLimiter {
+            per_minute: per_minute.max(1),
+            burst: burst.max(1),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one request from `key`'s bucket: `Ok` when there was one, else the seconds until
+    /// there will be.
+    pub fn take(&self, key: &str) -> Result<(), u64> {
+        let rate = f64::from(self.per_minute) / 60.0;
+        let burst = f64::from(self.burst);
+        let now = Instant::now();
+        let mut buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if buckets.len() >= MAX_BUCKETS {
+            buckets.retain(|_, b| b.tokens + now.duration_since(b.at).as_secs_f64() * rate < burst);
+        }
+        let bucket = buckets.entry(key.to_owned()).or_insert(Bucket {
+            tokens: burst,
+            at: now,
+        });
+        let refilled =
+            (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() * rate).min(burst);
+        if refilled >= 1.0 {
+            *bucket = Bucket {
+                tokens: refilled - 1.0,
+                at: now,
+            };
+            Ok(())
+        } else {
+            *bucket = Bucket {
+                tokens: refilled,
+                at: now,
+            };
+            // Whole seconds until one request's worth has refilled, at least one.
+            let wait = ((1.0 - refilled) / rate).ceil();
+            Err(if wait.is_finite() && wait >= 1.0 {
+                wait as u64
+            } else {
+                1
+            })
+        }
+    }
+}
+
+/// Refuses a request that outlives the configured deadline with `timeout`. The gates are not
+/// hurt by being abandoned: an unfinished transaction rolls back, a committed decision whose
+/// wake-up was not published is published again by the reaper, and a retry with the same id
+/// replays the recorded outcome.
+pub async fn deadline(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(state.config.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => Problem::new(ProblemCode::Timeout).into_response(),
+    }
+}
+
+/// The headers every response carries.
+pub async fn security_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    if !headers.contains_key(header::CACHE_CONTROL) {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    response
+}
+
+/// A body read whole, up to `limit` bytes: `body_too_large` beyond, `malformed` when the
+/// client broke off.
+pub async fn read_body(body: axum::body::Body, limit: usize) -> Result<axum::body::Bytes, Problem> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            Problem::new(ProblemCode::BodyTooLarge)
+        } else {
+            Problem::malformed("body_unreadable")
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bucket_allows_its_burst_then_refuses_with_the_wait() {
+        let limiter = RateLimiter::new(60, 3);
+        for _ in 0..3 {
+            assert_eq!(limiter.take("a"), Ok(()));
+        }
+        assert_eq!(limiter.take("a"), Err(1));
+        assert_eq!(limiter.take("b"), Ok(()), "buckets are per credential");
+    }
+}

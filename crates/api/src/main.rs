@@ -1,0 +1,152 @@
+//! `countersign-api`: the HTTP API (`/v1`) and the web inbox (`/inbox`) in front of the
+//! coordinator's gates.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::http::HeaderName;
+use clap::Parser;
+use countersign_api::{ApiConfig, AppState};
+use countersign_coordinator::Coordinator;
+use countersign_core::ToolRegistry;
+use countersign_crypto::Keyring;
+use countersign_service::relay::{self, RelayConfig};
+use countersign_service::{Connections, Ready};
+use countersign_store::Store;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "countersign-api",
+    version,
+    about = "The HTTP API and the web inbox, on the coordinator's gates."
+)]
+struct Args {
+    #[command(flatten)]
+    connections: Connections,
+    /// Where to serve /v1 and /inbox.
+    #[arg(long, env = "COUNTERSIGN_API_ADDR", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Where to serve /metrics, /healthz and /readyz (e.g. 0.0.0.0:9466); none when unset.
+    #[arg(long, env = "COUNTERSIGN_HTTP_ADDR")]
+    http_addr: Option<SocketAddr>,
+    /// The header an authenticating proxy sets to the signed-in user (e.g. X-Forwarded-User);
+    /// believed only from --trusted-proxy addresses. Off when unset.
+    #[arg(
+        long,
+        env = "COUNTERSIGN_API_TRUSTED_HEADER",
+        requires = "trusted_proxy"
+    )]
+    trusted_header: Option<HeaderName>,
+    /// An address of the authenticating proxy (repeat, or comma-separate, for several).
+    #[arg(long, env = "COUNTERSIGN_API_TRUSTED_PROXIES", value_delimiter = ',')]
+    trusted_proxy: Vec<IpAddr>,
+    /// The producer name proxied requests are gated as.
+    #[arg(
+        long,
+        env = "COUNTERSIGN_API_PROXY_PRODUCER",
+        default_value = "http-proxy"
+    )]
+    proxy_producer: String,
+    /// Requests per minute per credential, sustained.
+    #[arg(long, env = "COUNTERSIGN_API_RATE_PER_MINUTE", default_value_t = 120)]
+    rate_per_minute: u32,
+    /// Requests a credential may make at once.
+    #[arg(long, env = "COUNTERSIGN_API_RATE_BURST", default_value_t = 30)]
+    rate_burst: u32,
+    /// Longest a request may take, in seconds.
+    #[arg(long, env = "COUNTERSIGN_API_TIMEOUT_SECS", default_value_t = 30)]
+    timeout_secs: u64,
+    /// Largest request body, in bytes.
+    #[arg(long, env = "COUNTERSIGN_API_MAX_BODY_BYTES", default_value_t = 65536)]
+    max_body_bytes: usize,
+    /// How long an inbox session lasts, in hours.
+    #[arg(long, env = "COUNTERSIGN_API_SESSION_HOURS", default_value_t = 12)]
+    session_hours: u64,
+    /// Do not mark the session cookie Secure: for a plain-HTTP development setup only.
+    #[arg(long, env = "COUNTERSIGN_API_INSECURE_COOKIES")]
+    insecure_cookies: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let telemetry = args
+        .connections
+        .init_telemetry("countersign-api")
+        .context("setting up traces")?;
+    let keyring = Keyring::from_env()
+        .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
+    let pool = args
+        .connections
+        .pool(8)
+        .await
+        .context("connecting to PostgreSQL")?;
+    let broker = args
+        .connections
+        .broker()
+        .await
+        .context("connecting to RabbitMQ")?;
+    let ready = Arc::new(Ready {
+        pool: pool.clone(),
+        broker: broker.clone(),
+    });
+    countersign_service::spawn_surfaces(args.http_addr, ready)
+        .await
+        .context("serving the HTTP surfaces")?;
+
+    let store = Store::new(pool, Arc::new(keyring));
+    let mut registry = ToolRegistry::new();
+    countersign_content::register(&mut registry, store.clone());
+    let coordinator = Coordinator::new(store.clone(), Arc::new(registry));
+    let state = AppState::new(
+        coordinator,
+        broker.clone(),
+        ApiConfig {
+            trusted_header: args.trusted_header,
+            trusted_proxies: args.trusted_proxy,
+            proxy_producer: args.proxy_producer,
+            rate_per_minute: args.rate_per_minute,
+            rate_burst: args.rate_burst,
+            request_timeout: Duration::from_secs(args.timeout_secs),
+            max_body_bytes: args.max_body_bytes,
+            session_ttl: Duration::from_secs(args.session_hours * 3600),
+            secure_cookies: !args.insecure_cookies,
+        },
+    );
+
+    // The events this process's transactions write leave through its own relay.
+    let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
+    let relay = tokio::spawn(relay::run(
+        store,
+        broker,
+        RelayConfig::default(),
+        async move {
+            let _ = relay_stopped.await;
+        },
+    ));
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    tracing::info!(addr = %args.listen, "serving /v1 and /inbox");
+    countersign_api::serve(listener, state, countersign_service::shutdown_signal())
+        .await
+        .context("serving the API")?;
+    let _ = stop_relay.send(());
+    let _ = relay.await;
+    telemetry.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn verify_cli() {
+        Args::command().debug_assert();
+    }
+}

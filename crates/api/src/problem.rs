@@ -1,0 +1,355 @@
+//! Errors as RFC 9457 problem details (`application/problem+json`).
+//!
+//! Every refusal of the API has a stable code — the gate's outcome (`stale_turn`,
+//! `access_denied`, …) or a code of this surface (`unauthenticated`, `body_too_large`, …) — and
+//! the body says only that code, a fixed title, and the ids the caller sent. Never an error's
+//! message: a message can carry a credential, a query or content.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use countersign_coordinator::{DecisionCode, RequestOutcome};
+use countersign_store::DecisionOutcome;
+use serde::Serialize;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// The media type of a problem body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// Every code a problem of this surface can carry, with its HTTP status and title.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProblemCode {
+    // The caller.
+    Unauthenticated,
+    RateLimited,
+    CsrfRejected,
+    // The request.
+    NotAJsonObject,
+    UnsupportedMediaType,
+    BodyTooLarge,
+    Malformed,
+    InvalidQuery,
+    ConflictingIdempotency,
+    NotFound,
+    MethodNotAllowed,
+    Timeout,
+    // The gates of a run request.
+    UnauthenticatedProducer,
+    UnknownActingUser,
+    ConfigurationGone,
+    // The gates of a decision.
+    NotAwaitingApproval,
+    StaleTurn,
+    AccessDenied,
+    SelfApprovalDenied,
+    ApproverNotPermitted,
+    NotAuditable,
+    // The service.
+    StateUnreadable,
+    Unavailable,
+}
+
+impl ProblemCode {
+    pub fn code(self) -> &'static str {
+        match self {
+            ProblemCode::Unauthenticated => "unauthenticated",
+            ProblemCode::RateLimited => "rate_limited",
+            ProblemCode::CsrfRejected => "csrf_rejected",
+            ProblemCode::NotAJsonObject => "not_a_json_object",
+            ProblemCode::UnsupportedMediaType => "unsupported_media_type",
+            ProblemCode::BodyTooLarge => "body_too_large",
+            ProblemCode::Malformed => "malformed",
+            ProblemCode::InvalidQuery => "invalid_query",
+            ProblemCode::ConflictingIdempotency => "conflicting_idempotency",
+            ProblemCode::NotFound => "not_found",
+            ProblemCode::MethodNotAllowed => "method_not_allowed",
+            ProblemCode::Timeout => "timeout",
+            ProblemCode::UnauthenticatedProducer => "unauthenticated_producer",
+            ProblemCode::UnknownActingUser => "unknown_acting_user",
+            ProblemCode::ConfigurationGone => "configuration_gone",
+            ProblemCode::NotAwaitingApproval => "not_awaiting_approval",
+            ProblemCode::StaleTurn => "stale_turn",
+            ProblemCode::AccessDenied => "access_denied",
+            ProblemCode::SelfApprovalDenied => "self_approval_denied",
+            ProblemCode::ApproverNotPermitted => "approver_not_permitted",
+            ProblemCode::NotAuditable => "not_auditable",
+            ProblemCode::StateUnreadable => "state_unreadable",
+            ProblemCode::Unavailable => "unavailable",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            ProblemCode::Unauthenticated => StatusCode::UNAUTHORIZED,
+            ProblemCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ProblemCode::CsrfRejected => StatusCode::FORBIDDEN,
+            ProblemCode::NotAJsonObject | ProblemCode::InvalidQuery => StatusCode::BAD_REQUEST,
+            ProblemCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ProblemCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ProblemCode::Malformed | ProblemCode::ConflictingIdempotency => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            ProblemCode::NotFound => StatusCode::NOT_FOUND,
+            ProblemCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ProblemCode::Timeout | ProblemCode::Unavailable | ProblemCode::NotAuditable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ProblemCode::UnauthenticatedProducer
+            | ProblemCode::AccessDenied
+            | ProblemCode::SelfApprovalDenied
+            | ProblemCode::ApproverNotPermitted => StatusCode::FORBIDDEN,
+            ProblemCode::UnknownActingUser => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemCode::ConfigurationGone
+            | ProblemCode::NotAwaitingApproval
+            | ProblemCode::StaleTurn => StatusCode::CONFLICT,
+            ProblemCode::StateUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// A fixed sentence: what happened and what the caller may do about it.
+    pub fn title(self) -> &'static str {
+        match self {
+            ProblemCode::Unauthenticated => {
+                "No valid credential: send `Authorization: Bearer <token>` with a token from `countersign tokens create`."
+            }
+            ProblemCode::RateLimited => "Too many requests for this credential; retry later.",
+            ProblemCode::CsrfRejected => {
+                "The form did not come from this inbox's own page; reload the page and try again."
+            }
+            ProblemCode::NotAJsonObject => "The body is not a UTF-8 JSON object.",
+            ProblemCode::UnsupportedMediaType => "The body must be sent as application/json.",
+            ProblemCode::BodyTooLarge => "The body is larger than this service accepts.",
+            ProblemCode::Malformed => {
+                "A field is missing or malformed; `reason` names it. Nothing was recorded."
+            }
+            ProblemCode::InvalidQuery => "A query parameter is malformed.",
+            ProblemCode::ConflictingIdempotency => {
+                "Send either an Idempotency-Key header or an id in the body, not both."
+            }
+            ProblemCode::NotFound => "No such run that this caller may see.",
+            ProblemCode::MethodNotAllowed => "This path does not take that method.",
+            ProblemCode::Timeout => "The request took too long and was abandoned; it may be retried with the same id.",
+            ProblemCode::UnauthenticatedProducer => {
+                "This credential may not assert that user (no producer grant covers it). Nothing was recorded."
+            }
+            ProblemCode::UnknownActingUser => "The acting user does not exist. Nothing was created.",
+            ProblemCode::ConfigurationGone => {
+                "The agent configuration does not exist or is not active. Nothing changed."
+            }
+            ProblemCode::NotAwaitingApproval => {
+                "The run is not waiting for approval (decided, cancelled or expired). Nothing changed."
+            }
+            ProblemCode::StaleTurn => {
+                "The card decided on is no longer the run's current card. Nothing changed: reload the card and decide on what it shows now."
+            }
+            ProblemCode::AccessDenied => "The approver may not act on this run. Nothing changed.",
+            ProblemCode::SelfApprovalDenied => {
+                "This configuration requires a second approver: the run's own user may not approve it. Nothing changed."
+            }
+            ProblemCode::ApproverNotPermitted => {
+                "The approver is not permitted to release every write of this turn. Nothing changed."
+            }
+            ProblemCode::NotAuditable => {
+                "The decision could not be recorded, so nothing changed; send the same decision again."
+            }
+            ProblemCode::StateUnreadable => "The run's suspended state cannot be opened.",
+            ProblemCode::Unavailable => "A dependency of this service is unavailable; retry later.",
+        }
+    }
+
+    /// The problem of a gated decision outcome; `None` for `accepted`.
+    pub fn of_decision(outcome: &DecisionCode) -> Option<ProblemCode> {
+        Some(match outcome {
+            DecisionCode::Malformed { .. } => ProblemCode::Malformed,
+            DecisionCode::UnauthenticatedProducer => ProblemCode::UnauthenticatedProducer,
+            DecisionCode::Gated(outcome) => match outcome {
+                DecisionOutcome::Accepted => return None,
+                DecisionOutcome::NotAwaitingApproval => ProblemCode::NotAwaitingApproval,
+                DecisionOutcome::StaleTurn => ProblemCode::StaleTurn,
+                DecisionOutcome::AccessDenied => ProblemCode::AccessDenied,
+                DecisionOutcome::ConfigurationGone => ProblemCode::ConfigurationGone,
+                DecisionOutcome::SelfApprovalDenied => ProblemCode::SelfApprovalDenied,
+                DecisionOutcome::ApproverNotPermitted => ProblemCode::ApproverNotPermitted,
+                DecisionOutcome::NotAuditable => ProblemCode::NotAuditable,
+            },
+            // A code this surface does not know yet is a refusal all the same.
+            #[allow(unreachable_patterns)]
+            _ => ProblemCode::Unavailable,
+        })
+    }
+
+    /// The problem of a gated run request; `None` for `accepted`.
+    pub fn of_request(outcome: &RequestOutcome) -> Option<ProblemCode> {
+        Some(match outcome {
+            RequestOutcome::Accepted => return None,
+            RequestOutcome::Malformed { .. } => ProblemCode::Malformed,
+            RequestOutcome::UnauthenticatedProducer => ProblemCode::UnauthenticatedProducer,
+            RequestOutcome::UnknownActingUser => ProblemCode::UnknownActingUser,
+            RequestOutcome::ConfigurationGone => ProblemCode::ConfigurationGone,
+            #[allow(unreachable_patterns)]
+            _ => ProblemCode::Unavailable,
+        })
+    }
+}
+
+/// A refusal, as the handlers pass it around; answered as [`ProblemDetails`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub code: ProblemCode,
+    /// For `malformed`: which field, e.g. `invalid_field:turn_digest`.
+    pub reason: Option<String>,
+    pub run_id: Option<Uuid>,
+    pub decision_id: Option<Uuid>,
+    pub replayed: bool,
+    pub retry_after: Option<u64>,
+}
+
+/// A problem details body (RFC 9457, `application/problem+json`) with this service's
+/// extension members.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ProblemDetails {
+    /// `urn:countersign:problem:<code>`.
+    #[serde(rename = "type")]
+    #[schema(example = "urn:countersign:problem:stale_turn")]
+    pub kind: String,
+    /// A fixed sentence for the code.
+    pub title: &'static str,
+    /// The HTTP status.
+    #[schema(example = 409)]
+    pub status: u16,
+    /// The stable code: a gate's outcome or one of this surface.
+    #[schema(example = "stale_turn")]
+    pub code: &'static str,
+    /// For `malformed`: which field, e.g. `invalid_field:turn_digest`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(example = "invalid_field:turn_digest")]
+    pub reason: Option<String>,
+    /// The run the request named, when it named one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<Uuid>,
+    /// The decision id the outcome belongs to (a replay of it returns the same outcome).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decision_id: Option<Uuid>,
+    /// `true` when this is the recorded outcome of an earlier request with the same id.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub replayed: bool,
+    /// Seconds after which a retry may succeed (also the `Retry-After` header).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
+}
+
+impl Problem {
+    pub fn new(code: ProblemCode) -> Problem {
+        Problem {
+            code,
+            reason: None,
+            run_id: None,
+            decision_id: None,
+            replayed: false,
+            retry_after: match code {
+                ProblemCode::NotAuditable | ProblemCode::Unavailable | ProblemCode::Timeout => {
+                    Some(1)
+                }
+                _ => None,
+            },
+        }
+    }
+
+    pub fn malformed(reason: impl Into<String>) -> Problem {
+        Problem {
+            reason: Some(reason.into()),
+            ..Problem::new(ProblemCode::Malformed)
+        }
+    }
+
+    pub fn with_run(mut self, run_id: Uuid) -> Problem {
+        self.run_id = Some(run_id);
+        self
+    }
+
+    pub fn with_retry_after(mut self, secs: u64) -> Problem {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.code.status()
+    }
+
+    /// The body it is answered with.
+    pub fn details(&self) -> ProblemDetails {
+        ProblemDetails {
+            kind: format!("urn:countersign:problem:{}", self.code.code()),
+            title: self.code.title(),
+            status: self.code.status().as_u16(),
+            code: self.code.code(),
+            reason: self.reason.clone(),
+            run_id: self.run_id,
+            decision_id: self.decision_id,
+            replayed: self.replayed,
+            retry_after: self.retry_after,
+        }
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let mut response = (status, axum::Json(self.details())).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            headers.insert(
+                header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"countersign\""),
+            );
+        }
+        response
+    }
+}
+
+/// A failure to reach a dependency, logged with its message and answered with its class only.
+pub(crate) fn unavailable(
+    what: &'static str,
+    code: &'static str,
+    error: &dyn std::fmt::Display,
+) -> Problem {
+    tracing::warn!(what, error.code = code, error = %error, "request failed on a dependency");
+    Problem::new(ProblemCode::Unavailable)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_gate_outcome_maps_to_the_status_a_user_expects() {
+        let status = |outcome| {
+            ProblemCode::of_decision(&DecisionCode::Gated(outcome)).map(|c| c.status().as_u16())
+        };
+        assert_eq!(
+            status(DecisionOutcome::Accepted),
+            None,
+            "202, not a problem"
+        );
+        assert_eq!(status(DecisionOutcome::StaleTurn), Some(409));
+        assert_eq!(status(DecisionOutcome::NotAwaitingApproval), Some(409));
+        assert_eq!(status(DecisionOutcome::ConfigurationGone), Some(409));
+        assert_eq!(status(DecisionOutcome::AccessDenied), Some(403));
+        assert_eq!(status(DecisionOutcome::SelfApprovalDenied), Some(403));
+        assert_eq!(status(DecisionOutcome::ApproverNotPermitted), Some(403));
+        assert_eq!(status(DecisionOutcome::NotAuditable), Some(503));
+        let unauthenticated = ProblemCode::of_decision(&DecisionCode::UnauthenticatedProducer);
+        assert_eq!(unauthenticated.map(|c| c.status().as_u16()), Some(403));
+
+        // A problem's code is the gate's own, and `not_auditable` says when to retry.
+        let problem = Problem::new(ProblemCode::NotAuditable).details();
+        assert_eq!(problem.code, DecisionOutcome::NotAuditable.as_str());
+        assert_eq!(problem.retry_after, Some(1));
+        assert_eq!(problem.kind, "urn:countersign:problem:not_auditable");
+    }
+}

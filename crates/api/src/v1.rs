@@ -1,0 +1,755 @@
+//! `/v1`: run requests, runs, the inbox, cards and decisions, over JSON.
+//!
+//! Each write goes through the coordinator's own gates with the caller's producer identity:
+//! the handler assembles the public message a queue producer would send (version 1, the
+//! caller as approver, the run of the path) and hands its bytes to
+//! [`Coordinator::take_run_request`] / [`Coordinator::take_decision`]. Schema validation is
+//! therefore gate 1 itself, with its reasons (`missing_field:turn_digest`), and no rule can
+//! hold for the queues but not here. The types below are the OpenAPI document's schemas
+//! ([`crate::openapi`]); the document is generated from them.
+//!
+//! [`Coordinator::take_run_request`]: countersign_coordinator::Coordinator::take_run_request
+//! [`Coordinator::take_decision`]: countersign_coordinator::Coordinator::take_decision
+
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use countersign_coordinator::{DecisionCode, RequestOutcome};
+use countersign_core::card::{ApprovalCard, CardPreview};
+use countersign_core::{DecisionMessage, RunId, RunRequest};
+use countersign_store::{RunRecord, RunStatus};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use crate::auth::Caller;
+use crate::cards::card_for;
+use crate::limits::read_body;
+use crate::problem::{unavailable, Problem, ProblemCode, ProblemDetails};
+use crate::queries::{inbox_page, visible_run, Access, Cursor, InboxEntry};
+use crate::{effects, AppState};
+
+/// The header a client may send instead of an id in the body.
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+// ---------------------------------------------------------------------------------------------
+// Schemas
+// ---------------------------------------------------------------------------------------------
+
+/// A run request.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct NewRun {
+    /// Chosen by the producer; a duplicate creates nothing and answers with the run created
+    /// for it. Instead of it, an `Idempotency-Key` header may be sent (not both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<Uuid>,
+    /// An agent configuration name.
+    #[schema(example = "seo-assistant")]
+    pub agent: String,
+    /// The user the run acts as; the caller's own user when left out. Asserting another user
+    /// takes a producer grant (`countersign producers allow http:<caller> acting-user <user>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "editor")]
+    pub acting_user: Option<String>,
+    /// At most 32 KiB of text; sealed at rest, never published.
+    #[schema(example = "Tighten the description of page 12.")]
+    pub prompt: String,
+    /// Optional structured inputs (a JSON object of at most 64 KiB), sealed at rest like the
+    /// prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub inputs: Option<Map<String, Value>>,
+}
+
+/// The run a request created (202) or had created before (200).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct RunAccepted {
+    pub run_id: Uuid,
+    pub request_id: Uuid,
+    /// `false` when the request was a duplicate: nothing was created now.
+    pub created: bool,
+}
+
+/// A run's status, as the lifecycle names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Queued,
+    Running,
+    WaitingForApproval,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl From<RunStatus> for Status {
+    fn from(s: RunStatus) -> Status {
+        match s {
+            RunStatus::Queued => Status::Queued,
+            RunStatus::Running => Status::Running,
+            RunStatus::WaitingForApproval => Status::WaitingForApproval,
+            RunStatus::Completed => Status::Completed,
+            RunStatus::Failed => Status::Failed,
+            RunStatus::Cancelled => Status::Cancelled,
+        }
+    }
+}
+
+/// A run: its row without content, and its audit trail (codes only).
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct RunView {
+    pub run_id: Uuid,
+    pub request_id: Uuid,
+    pub agent: String,
+    pub acting_user: String,
+    pub status: Status,
+    /// `start` or `resume`.
+    pub segment: &'static str,
+    /// Set once the run ended, e.g. `completed`, `approval_expired`.
+    pub termination_reason: Option<&'static str>,
+    /// A stable error code, never a message.
+    pub error_code: Option<String>,
+    /// The current card's suspension number, once the run suspended.
+    pub suspension_seq: Option<u32>,
+    /// The current card's turn digest (64 lowercase hex).
+    pub turn_digest: Option<String>,
+    /// The tools of the pending calls.
+    pub pending_tools: Vec<String>,
+    pub approval_deadline: Option<DateTime<Utc>>,
+    pub iterations: u32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub events: Vec<RunEventView>,
+}
+
+/// One event of a run's audit trail. Its payload carries ids, codes and counts, never content.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct RunEventView {
+    pub sequence: i64,
+    #[schema(example = "run.suspended")]
+    pub kind: String,
+    pub at: DateTime<Utc>,
+    #[schema(value_type = Object)]
+    pub payload: Value,
+}
+
+/// Query of `GET /v1/inbox`.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct InboxQuery {
+    /// Runs per page, 1 to 100 (default 20).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// One page of the runs waiting for a decision that the caller may see, soonest deadline
+/// first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct InboxPage {
+    pub runs: Vec<InboxRun>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+}
+
+/// A waiting run, without content: its card is at `card`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct InboxRun {
+    pub run_id: Uuid,
+    pub agent: String,
+    pub acting_user: String,
+    pub suspension_seq: u32,
+    pub turn_digest: String,
+    pub pending_tools: Vec<String>,
+    pub approval_deadline: DateTime<Utc>,
+    /// When the run paused on its current card.
+    pub waiting_since: DateTime<Utc>,
+    /// The path of its card.
+    #[schema(example = "/v1/runs/0193c1f2-0000-7000-8000-000000000000/card")]
+    pub card: String,
+}
+
+impl From<InboxEntry> for InboxRun {
+    fn from(e: InboxEntry) -> InboxRun {
+        InboxRun {
+            card: format!("/v1/runs/{}/card", e.run_id),
+            run_id: e.run_id.as_uuid(),
+            agent: e.agent,
+            acting_user: e.acting_user,
+            suspension_seq: e.suspension_seq.get(),
+            turn_digest: e.turn_digest.as_str().to_owned(),
+            pending_tools: e.pending_tools,
+            approval_deadline: e.approval_deadline,
+            waiting_since: e.waiting_since,
+        }
+    }
+}
+
+/// The approval card of a waiting run as the caller may see it. A decision on it names its
+/// `suspension_seq` and `turn_digest`.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Card {
+    pub run_id: Uuid,
+    pub agent: String,
+    pub acting_user: String,
+    /// The user the card was built for: previews this user may not read are withheld.
+    pub viewer: String,
+    pub suspension_seq: u32,
+    /// All 64 hex characters.
+    pub turn_digest: String,
+    /// When the run paused (the previews are a snapshot of that moment).
+    pub captured_at: String,
+    #[schema(example = "Captured when the run paused — the target may have changed since.")]
+    pub caption: &'static str,
+    /// Present when the previous card's approval found a preview moved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub moved_notice: Option<&'static str>,
+    pub calls: Vec<CardCall>,
+    pub approval_deadline: Option<DateTime<Utc>>,
+}
+
+/// One pending call of the turn.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct CardCall {
+    pub index: u32,
+    pub tool: String,
+    #[schema(value_type = Object)]
+    pub arguments: Value,
+    /// This call's preview changed since the previous card.
+    pub moved: bool,
+    pub preview: Preview,
+}
+
+/// What the card shows of a call's preview.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Preview {
+    /// What the call would do and what it would replace.
+    Shown { lines: Vec<String> },
+    /// The preview failed: the approver decides without one. `lines` names only the error's
+    /// class.
+    Failed {
+        notice: &'static str,
+        lines: Vec<String>,
+    },
+    /// The viewer may not read the record this call would change.
+    Withheld { notice: &'static str },
+    /// The tool has no preview; the arguments are all there is.
+    None,
+}
+
+impl Card {
+    fn of(run: &RunRecord, viewer: &str, card: ApprovalCard) -> Card {
+        Card {
+            run_id: run.id.as_uuid(),
+            agent: run.agent.clone(),
+            acting_user: run.acting_user.clone(),
+            viewer: viewer.to_owned(),
+            suspension_seq: card.suspension_seq.get(),
+            turn_digest: card.turn_digest.as_str().to_owned(),
+            captured_at: card.captured_at,
+            caption: card.caption,
+            moved_notice: card.moved_notice,
+            approval_deadline: run.approval_deadline,
+            calls: card
+                .calls
+                .into_iter()
+                .map(|c| CardCall {
+                    index: u32::try_from(c.index.get()).unwrap_or(u32::MAX),
+                    tool: c.tool,
+                    arguments: c.arguments,
+                    moved: c.moved,
+                    preview: match c.preview {
+                        CardPreview::Shown { lines } => Preview::Shown { lines },
+                        CardPreview::Failed { notice, lines } => Preview::Failed { notice, lines },
+                        CardPreview::Withheld { notice } => Preview::Withheld { notice },
+                        CardPreview::None => Preview::None,
+                    },
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A decision on the card the caller was shown. The approver is the caller.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct NewDecision {
+    /// Chosen by the caller; a replay returns the recorded outcome. Instead of it, an
+    /// `Idempotency-Key` header may be sent (not both).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision_id: Option<Uuid>,
+    /// The `suspension_seq` of the card decided on.
+    #[schema(minimum = 1, example = 1)]
+    pub suspension_seq: u32,
+    /// The `turn_digest` of the card decided on: 64 lowercase hex characters.
+    #[schema(example = "9f2c0e5a7b1d3c4e6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6")]
+    pub turn_digest: String,
+    /// `true` approves the turn, `false` denies it.
+    pub approved: bool,
+    /// Optional, at most 4096 characters; shown to the model on a denial, sealed at rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+/// A decision that released its turn (an approval or a denial).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct DecisionAccepted {
+    /// Always `accepted`.
+    #[schema(example = "accepted")]
+    pub outcome: &'static str,
+    pub decision_id: Uuid,
+    pub run_id: Uuid,
+    /// `true` when this decision id was accepted before: nothing happened now.
+    pub replayed: bool,
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bodies
+// ---------------------------------------------------------------------------------------------
+
+/// A JSON object body sent as `application/json`, read up to the configured size.
+async fn json_object(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Map<String, Value>, Problem> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .map(|v| v.trim().to_ascii_lowercase())
+        .is_some_and(|v| v == "application/json" || v.ends_with("+json"));
+    if !json {
+        return Err(Problem::new(ProblemCode::UnsupportedMediaType));
+    }
+    let bytes = read_body(body, state.config.max_body_bytes).await?;
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        _ => Err(Problem::new(ProblemCode::NotAJsonObject)),
+    }
+}
+
+/// The id a request is deduplicated by: the body's, the `Idempotency-Key`'s, or a fresh one.
+///
+/// A key is scoped to the producer and the kind of request: the same key from two producers,
+/// or for a run and a decision, names two different things. It becomes a UUID (version 8) from
+/// the SHA-256 of the three, so a retry with the same key lands on the same recorded request.
+fn request_key(
+    headers: &HeaderMap,
+    in_body: Option<Uuid>,
+    producer: &str,
+    kind: &str,
+) -> Result<Uuid, Problem> {
+    let Some(key) = headers.get(IDEMPOTENCY_KEY) else {
+        return Ok(in_body.unwrap_or_else(Uuid::now_v7));
+    };
+    if in_body.is_some() {
+        return Err(Problem::new(ProblemCode::ConflictingIdempotency));
+    }
+    let key = key
+        .to_str()
+        .ok()
+        .filter(|k| !k.is_empty() && k.len() <= 255)
+        .ok_or_else(|| Problem::malformed("invalid_header:idempotency-key"))?;
+    let mut h = Sha256::new();
+    for part in ["countersign-idempotency", producer, kind, key] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    let digest = h.finalize();
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    Ok(uuid::Builder::from_custom_bytes(bytes).into_uuid())
+}
+
+/// The reason gate 1 gives `message` (a body that did not fit the typed schema): the same
+/// code a queue producer would be dead-lettered with.
+fn gate_one_reason(message: &Value, parse: fn(&[u8]) -> Option<String>) -> Problem {
+    let bytes = serde_json::to_vec(message).unwrap_or_default();
+    Problem::malformed(parse(&bytes).unwrap_or_else(|| "invalid_body".to_owned()))
+}
+
+/// `Value`s of the body's known fields, for gate 1 to judge.
+fn copied(body: &Map<String, Value>, fields: &[&str], into: &mut Map<String, Value>) {
+    for field in fields {
+        if let Some(value) = body.get(*field) {
+            into.insert((*field).to_owned(), value.clone());
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handlers
+// ---------------------------------------------------------------------------------------------
+
+/// Requests a run, through the run-request gates with the caller's producer identity.
+#[utoipa::path(
+    post,
+    path = "/v1/runs",
+    tag = "runs",
+    request_body = NewRun,
+    params(("Idempotency-Key" = Option<String>, Header,
+        description = "Instead of `request_id`: a retry with the same key creates nothing.")),
+    responses(
+        (status = 202, description = "The run was created and dispatched.", body = RunAccepted),
+        (status = 200, description = "A duplicate: the run created for this request before.", body = RunAccepted),
+        (status = 400, description = "`not_a_json_object`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthenticated`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 403, description = "`unauthenticated_producer`: no grant lets this caller assert the acting user", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "`configuration_gone`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "`malformed` (with `reason`), `unknown_acting_user`, `conflicting_idempotency`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create_run(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let body = json_object(&state, &headers, body).await?;
+    let typed = serde_json::from_value::<NewRun>(Value::Object(body.clone()));
+    let request_id = request_key(
+        &headers,
+        typed.as_ref().ok().and_then(|r| r.request_id),
+        &caller.producer,
+        "run",
+    )?;
+    let message = match typed {
+        Ok(new) => RunRequest {
+            request_id,
+            agent: new.agent,
+            acting_user: new.acting_user.unwrap_or_else(|| caller.user.clone()),
+            prompt: new.prompt,
+            inputs: new.inputs,
+        }
+        .to_json(),
+        Err(_) => {
+            let mut message = Map::new();
+            copied(
+                &body,
+                &["request_id", "agent", "acting_user", "prompt", "inputs"],
+                &mut message,
+            );
+            message.insert("type".into(), json!(RunRequest::TYPE));
+            message.insert("version".into(), json!(1));
+            message.entry("request_id").or_insert(json!(request_id));
+            message.entry("acting_user").or_insert(json!(caller.user));
+            return Err(gate_one_reason(&Value::Object(message), |b| {
+                RunRequest::parse(b).err().map(|e| e.reason())
+            }));
+        }
+    };
+    let bytes = serde_json::to_vec(&message).unwrap_or_default();
+    let verdict = state
+        .coordinator
+        .take_run_request(&bytes, Some(&caller.producer))
+        .await
+        .map_err(|e| unavailable("run request gates", e.code(), &e))?;
+    effects::after_run_request(&state, &verdict).await;
+    match (&verdict.outcome, verdict.run_id) {
+        (RequestOutcome::Accepted, Some(run_id)) => {
+            let status = if verdict.created {
+                StatusCode::ACCEPTED
+            } else {
+                StatusCode::OK
+            };
+            let mut response = (
+                status,
+                Json(RunAccepted {
+                    run_id: run_id.as_uuid(),
+                    request_id,
+                    created: verdict.created,
+                }),
+            )
+                .into_response();
+            if let Ok(location) = HeaderValue::from_str(&format!("/v1/runs/{run_id}")) {
+                response.headers_mut().insert(header::LOCATION, location);
+            }
+            Ok(response)
+        }
+        (RequestOutcome::Malformed { reason }, _) => Err(Problem::malformed(reason.clone())),
+        (outcome, _) => Err(Problem::new(
+            ProblemCode::of_request(outcome).unwrap_or(ProblemCode::Unavailable),
+        )),
+    }
+}
+
+/// A run's status and audit trail: codes only, never content.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{run_id}",
+    tag = "runs",
+    params(("run_id" = Uuid, Path, description = "The run.")),
+    responses(
+        (status = 200, body = RunView),
+        (status = 401, description = "`unauthenticated`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such run that this caller may see", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get_run(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(run_id): Path<String>,
+) -> Result<Json<RunView>, Problem> {
+    let run_id = parse_run_id(&run_id)?;
+    let (run, _) = visible_run(&state, &caller, run_id).await?;
+    let events = state
+        .coordinator
+        .store
+        .events(run_id)
+        .await
+        .map_err(|e| unavailable("events", e.code(), &e))?;
+    Ok(Json(RunView {
+        run_id: run.id.as_uuid(),
+        request_id: run.request_id,
+        agent: run.agent,
+        acting_user: run.acting_user,
+        status: run.status.into(),
+        segment: run.segment.as_str(),
+        termination_reason: run.termination_reason.map(|t| t.as_str()),
+        error_code: run.error_code,
+        suspension_seq: run.suspension_seq.map(|s| s.get()),
+        turn_digest: run.turn_digest.map(|d| d.as_str().to_owned()),
+        pending_tools: run.pending_tools,
+        approval_deadline: run.approval_deadline,
+        iterations: run.counters.iterations,
+        created_at: run.created_at,
+        updated_at: run.updated_at,
+        events: events
+            .into_iter()
+            .map(|e| RunEventView {
+                sequence: e.sequence,
+                kind: e.kind,
+                at: e.created_at,
+                payload: e.payload,
+            })
+            .collect(),
+    }))
+}
+
+/// The runs waiting for a decision that the caller may decide on, paged.
+#[utoipa::path(
+    get,
+    path = "/v1/inbox",
+    tag = "inbox",
+    params(InboxQuery),
+    responses(
+        (status = 200, body = InboxPage),
+        (status = 400, description = "`invalid_query`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthenticated`", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn inbox(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: Result<Query<InboxQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<InboxPage>, Problem> {
+    let Query(query) = query.map_err(|_| Problem::new(ProblemCode::InvalidQuery))?;
+    let cursor = match query.cursor.as_deref() {
+        None => None,
+        Some(c) => Some(Cursor::decode(c).ok_or(Problem::new(ProblemCode::InvalidQuery))?),
+    };
+    let limit = query.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(Problem::new(ProblemCode::InvalidQuery));
+    }
+    let pool = state.coordinator.store.pool();
+    let access = Access::of(pool, &caller).await?;
+    let (entries, next) = inbox_page(pool, &access, limit, cursor).await?;
+    Ok(Json(InboxPage {
+        runs: entries.into_iter().map(InboxRun::from).collect(),
+        next_cursor: next.map(|c| c.encode()),
+    }))
+}
+
+/// The approval card of a waiting run, as the caller may see it.
+#[utoipa::path(
+    get,
+    path = "/v1/runs/{run_id}/card",
+    tag = "inbox",
+    params(("run_id" = Uuid, Path, description = "The run.")),
+    responses(
+        (status = 200, body = Card),
+        (status = 401, description = "`unauthenticated`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such run that this caller may decide on", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "`not_awaiting_approval`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 500, description = "`state_unreadable`", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn card(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(run_id): Path<String>,
+) -> Result<Json<Card>, Problem> {
+    let run_id = parse_run_id(&run_id)?;
+    let (run, access) = visible_run(&state, &caller, run_id).await?;
+    let card = card_for(&state, &run, &access).await?;
+    Ok(Json(Card::of(&run, &caller.user, card)))
+}
+
+/// Approves or denies the turn of the card the caller was shown, through the decision gates
+/// with the caller's producer identity and the caller as approver.
+#[utoipa::path(
+    post,
+    path = "/v1/runs/{run_id}/decisions",
+    tag = "inbox",
+    params(
+        ("run_id" = Uuid, Path, description = "The run."),
+        ("Idempotency-Key" = Option<String>, Header,
+            description = "Instead of `decision_id`: a retry with the same key replays the recorded outcome."),
+    ),
+    request_body = NewDecision,
+    responses(
+        (status = 202, description = "`accepted`: the turn is released (an approval or a denial).", body = DecisionAccepted),
+        (status = 400, description = "`not_a_json_object`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthenticated`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 403, description = "`access_denied`, `self_approval_denied`, `approver_not_permitted`, `unauthenticated_producer`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 409, description = "`stale_turn` (decide on the current card), `not_awaiting_approval`, `configuration_gone`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 413, description = "`body_too_large`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 415, description = "`unsupported_media_type`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 422, description = "`malformed` (with `reason`), `conflicting_idempotency`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 429, description = "`rate_limited`", body = ProblemDetails, content_type = "application/problem+json"),
+        (status = 503, description = "`not_auditable`: nothing changed, send the same decision again", body = ProblemDetails, content_type = "application/problem+json"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn decide(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(run_id): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, Problem> {
+    let run_id = parse_run_id(&run_id)?;
+    let body = json_object(&state, &headers, body).await?;
+    let typed = serde_json::from_value::<NewDecision>(Value::Object(body.clone()));
+    let decision_id = request_key(
+        &headers,
+        typed.as_ref().ok().and_then(|d| d.decision_id),
+        &caller.producer,
+        "decision",
+    )?;
+    let message = match typed {
+        Ok(d) => json!({
+            "type": DecisionMessage::TYPE,
+            "version": 1,
+            "decision_id": decision_id,
+            "run_id": run_id,
+            "suspension_seq": d.suspension_seq,
+            "turn_digest": d.turn_digest,
+            "approved": d.approved,
+            "approver": caller.user,
+            "comment": d.comment,
+        }),
+        Err(_) => {
+            let mut message = Map::new();
+            copied(
+                &body,
+                &[
+                    "decision_id",
+                    "suspension_seq",
+                    "turn_digest",
+                    "approved",
+                    "comment",
+                ],
+                &mut message,
+            );
+            message.insert("type".into(), json!(DecisionMessage::TYPE));
+            message.insert("version".into(), json!(1));
+            message.insert("run_id".into(), json!(run_id));
+            message.insert("approver".into(), json!(caller.user));
+            message.entry("decision_id").or_insert(json!(decision_id));
+            return Err(gate_one_reason(&Value::Object(message), |b| {
+                DecisionMessage::parse(b).err().map(|e| e.reason())
+            })
+            .with_run(run_id.as_uuid()));
+        }
+    };
+    let outcome = take_decision(&state, &caller, &message).await?;
+    Ok(match outcome {
+        Ok(accepted) => (StatusCode::ACCEPTED, Json(accepted)).into_response(),
+        Err(problem) => problem.into_response(),
+    })
+}
+
+/// Runs a decision message through the gates and carries out the verdict: `Ok(Ok)` when the
+/// turn was released, `Ok(Err(problem))` for a refusal. Shared by the API and the inbox.
+pub(crate) async fn take_decision(
+    state: &AppState,
+    caller: &Caller,
+    message: &Value,
+) -> Result<Result<DecisionAccepted, Problem>, Problem> {
+    let bytes = serde_json::to_vec(message).unwrap_or_default();
+    let verdict = state
+        .coordinator
+        .take_decision(&bytes, Some(&caller.producer))
+        .await
+        .map_err(|e| unavailable("decision gates", e.code(), &e))?;
+    effects::after_decision(state, &verdict).await;
+    let (Some(decision_id), Some(run_id)) = (verdict.decision_id, verdict.run_id) else {
+        return Ok(Err(match &verdict.outcome {
+            DecisionCode::Malformed { reason } => Problem::malformed(reason.clone()),
+            _ => Problem::new(ProblemCode::Unavailable),
+        }));
+    };
+    Ok(match ProblemCode::of_decision(&verdict.outcome) {
+        None => Ok(DecisionAccepted {
+            outcome: "accepted",
+            decision_id,
+            run_id: run_id.as_uuid(),
+            replayed: verdict.replayed,
+        }),
+        Some(code) => {
+            let mut problem = match &verdict.outcome {
+                DecisionCode::Malformed { reason } => Problem::malformed(reason.clone()),
+                _ => Problem::new(code),
+            };
+            problem.run_id = Some(run_id.as_uuid());
+            problem.decision_id = Some(decision_id);
+            problem.replayed = verdict.replayed;
+            Err(problem)
+        }
+    })
+}
+
+/// The OpenAPI document of this API (OpenAPI 3.1), generated from the code.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "meta",
+    responses((status = 200, description = "This document.", content_type = "application/json"))
+)]
+pub async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::document(),
+    )
+        .into_response()
+}
+
+fn parse_run_id(s: &str) -> Result<RunId, Problem> {
+    RunId::parse(s).map_err(|_| Problem::malformed("invalid_path:run_id"))
+}
+
+/// An unknown path under `/v1`.
+pub async fn not_found() -> Problem {
+    Problem::new(ProblemCode::NotFound)
+}
+
+/// A method a `/v1` path does not take.
+pub async fn method_not_allowed() -> Problem {
+    Problem::new(ProblemCode::MethodNotAllowed)
+}

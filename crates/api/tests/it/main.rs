@@ -1,0 +1,9 @@
+//! The API and the inbox over real HTTP, against a real PostgreSQL (one database per test) and
+//! RabbitMQ (one topology per test).
+
+mod auth;
+mod decisions;
+mod inbox;
+mod openapi;
+mod runs;
+mod support;

@@ -1,0 +1,325 @@
+//! The API served on a real socket, over a migrated database of its own (`#[sqlx::test]`), a
+//! RabbitMQ topology of its own, the demo site, an agent, and a real worker's segment runner to
+//! suspend and resume runs.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, Method, Request};
+use countersign_api::{tokens, ApiConfig, AppState};
+use countersign_content::{seed_demo_site, ContentUsers};
+use countersign_coordinator::Coordinator;
+use countersign_core::{RunId, ToolPolicy, ToolRegistry};
+use countersign_crypto::Keyring;
+use countersign_model::ScriptedModel;
+use countersign_queue::{Broker, QueueConfig, Topology};
+use countersign_store::{AgentConfig, Store};
+use countersign_worker::{SegmentEnd, SegmentRunner};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+const TTL: Duration = Duration::from_secs(30);
+
+pub const AGENT: &str = "seo";
+pub const WRITERS: [&str; 2] = ["update_page_metadata", "attach_file_to_content_element"];
+/// What the model proposes for page 12's description: markup a page must show as text.
+pub const DESCRIPTION: &str = r#"Bicycles <b>for</b> every road <script>alert("pwned")</script>"#;
+
+fn script() -> String {
+    json!({"turns": [
+        {"tool_calls": [
+            {"name": "update_page_metadata", "arguments": {"uid": 12, "description": DESCRIPTION}},
+            {"name": "attach_file_to_content_element",
+             "arguments": {"content_element": 5, "file": 13, "field": "image"}}
+        ]},
+        {"content": "Done."}
+    ]})
+    .to_string()
+}
+
+pub fn amqp_addr() -> String {
+    std::env::var("AMQP_ADDR")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+}
+
+pub struct Harness {
+    pub pool: PgPool,
+    pub store: Store,
+    pub runner: SegmentRunner,
+    pub broker: Broker,
+    pub addr: SocketAddr,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+/// The agent as the harness configures it.
+pub fn agent(four_eyes: bool) -> AgentConfig {
+    AgentConfig {
+        name: AGENT.into(),
+        active: true,
+        model: json!({}),
+        policy: ToolPolicy {
+            enabled_tools: WRITERS.iter().map(|w| w.to_string()).collect(),
+            ..Default::default()
+        },
+        max_iterations: 5,
+        max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+        four_eyes,
+        approval_deadline: Duration::from_secs(3600),
+    }
+}
+
+/// A plain-HTTP configuration (cookies not `Secure`, since the test talks plain HTTP).
+pub fn config() -> ApiConfig {
+    ApiConfig {
+        secure_cookies: false,
+        ..ApiConfig::default()
+    }
+}
+
+pub async fn harness(pool: PgPool) -> Harness {
+    harness_with(pool, config()).await
+}
+
+pub async fn harness_with(pool: PgPool, config: ApiConfig) -> Harness {
+    seed_demo_site(&pool).await.unwrap();
+    let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
+    store.upsert_agent(&agent(true)).await.unwrap();
+    let mut registry = ToolRegistry::new();
+    countersign_content::register(&mut registry, store.clone());
+    let registry = Arc::new(registry);
+    let runner = SegmentRunner {
+        store: store.clone(),
+        registry: registry.clone(),
+        models: countersign_worker::Models::Fixed(Arc::new(
+            ScriptedModel::from_json(&script()).unwrap(),
+        )),
+        users: Arc::new(ContentUsers::new(pool.clone())),
+        lease_ttl: TTL,
+        heartbeat: Default::default(),
+    };
+    let prefix = format!("api-it-{}", Uuid::now_v7());
+    let broker = Broker::connect(QueueConfig::new(amqp_addr(), Topology::new(prefix)))
+        .await
+        .expect("RabbitMQ answers");
+    let state = AppState::new(
+        Coordinator::new(store.clone(), registry),
+        broker.clone(),
+        config,
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        countersign_api::serve(listener, state, std::future::pending())
+            .await
+            .unwrap();
+    });
+    Harness {
+        pool,
+        store,
+        runner,
+        broker,
+        addr,
+        server,
+    }
+}
+
+/// A response, read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|_| panic!("not JSON ({}): {}", self.status, self.text()))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    /// Asserts a problem+json body with this status and code, and returns it.
+    pub fn problem(&self, status: u16, code: &str) -> Value {
+        assert_eq!(self.status, status, "{}", self.text());
+        assert_eq!(
+            self.header("content-type"),
+            Some("application/problem+json"),
+            "{}",
+            self.text()
+        );
+        let body = self.json();
+        assert_eq!(body["code"], code, "{body}");
+        assert_eq!(body["status"], status, "{body}");
+        assert_eq!(
+            body["type"],
+            format!("urn:countersign:problem:{code}"),
+            "{body}"
+        );
+        body
+    }
+}
+
+impl Harness {
+    /// Issues a token for `user`.
+    pub async fn token(&self, user: &str) -> String {
+        tokens::create(&self.pool, user, Some("test"), None)
+            .await
+            .unwrap()
+            .secret()
+            .to_owned()
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<Vec<u8>>,
+    ) -> Reply {
+        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.addr));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .unwrap();
+        let response = client.request(request).await.expect("the API answers");
+        let (parts, body) = response.into_parts();
+        Reply {
+            status: parts.status.as_u16(),
+            headers: parts.headers,
+            body: body.collect().await.unwrap().to_bytes().to_vec(),
+        }
+    }
+
+    /// `GET path` with a bearer token.
+    pub async fn get(&self, token: &str, path: &str) -> Reply {
+        let auth = format!("Bearer {token}");
+        self.send(Method::GET, path, &[("authorization", &auth)], None)
+            .await
+    }
+
+    /// `POST path` with a bearer token and a JSON body, plus `headers`.
+    pub async fn post(
+        &self,
+        token: &str,
+        path: &str,
+        body: &Value,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let auth = format!("Bearer {token}");
+        let mut all = vec![
+            ("authorization", auth.as_str()),
+            ("content-type", "application/json"),
+        ];
+        all.extend_from_slice(headers);
+        self.send(
+            Method::POST,
+            path,
+            &all,
+            Some(body.to_string().into_bytes()),
+        )
+        .await
+    }
+
+    /// A run requested through the API with `token` (for its own user), left queued.
+    pub async fn requested_run(&self, token: &str) -> RunId {
+        let reply = self
+            .post(
+                token,
+                "/v1/runs",
+                &json!({"agent": AGENT, "prompt": "Improve page 12."}),
+                &[],
+            )
+            .await;
+        assert_eq!(reply.status, 202, "{}", reply.text());
+        RunId::parse(reply.json()["run_id"].as_str().unwrap()).unwrap()
+    }
+
+    /// A run acting as `editor`, requested through the API and suspended on its write turn by
+    /// the worker's segment runner.
+    pub async fn suspended_run(&self) -> RunId {
+        let editor = self.token("editor").await;
+        let run_id = self.requested_run(&editor).await;
+        assert_eq!(
+            self.claim_and_run(run_id).await,
+            SegmentEnd::Suspended {
+                suspension_seq: 1,
+                moved: 0
+            }
+        );
+        run_id
+    }
+
+    pub async fn claim_and_run(&self, run_id: RunId) -> SegmentEnd {
+        let claim = self
+            .store
+            .claim(run_id, "w1", TTL)
+            .await
+            .unwrap()
+            .expect("claimable");
+        self.runner.run(&claim).await.unwrap()
+    }
+
+    /// The whole run row as JSON, to prove a refusal left it exactly as it was.
+    pub async fn row(&self, run_id: RunId) -> Value {
+        sqlx::query_scalar("SELECT to_jsonb(r) FROM runs r WHERE id = $1")
+            .bind(run_id.as_uuid())
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
+    }
+
+    /// A colleague attaches another image to the teaser: the attach call's preview moves.
+    pub async fn colleague_attaches_an_image(&self) {
+        sqlx::query(
+            "INSERT INTO content.file_references (element, field, file, sorting)
+             SELECT 5, 'image', 10, coalesce(max(sorting), 0) + 1
+             FROM content.file_references WHERE element = 5 AND field = 'image'",
+        )
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
+    /// Deletes this harness's queues and exchanges.
+    pub async fn finish(self) {
+        self.broker.delete_topology().await.unwrap();
+    }
+}
+
+/// A decision body on the card `card` (a `GET …/card` answer).
+pub fn decision_on(card: &Value, approved: bool) -> Value {
+    json!({
+        "suspension_seq": card["suspension_seq"],
+        "turn_digest": card["turn_digest"],
+        "approved": approved,
+    })
+}

@@ -1,0 +1,99 @@
+//! Figures for the metrics, read by the database clock: how many runs wait for an approver
+//! and for how long, how many leases expired unreaped, how long an approval took and how long
+//! its writes took to land.
+//!
+//! Durations are differences of two timestamps the database wrote (the suspension's audit
+//! event, the decision row, the journal row), so no process clock takes part. Every query
+//! reads; none of them changes anything.
+
+use std::time::Duration;
+
+use countersign_core::{LeaseEpoch, RunId, SuspensionSeq};
+use uuid::Uuid;
+
+use crate::{millis, Store, StoreError};
+
+/// The runs that wait on someone: approvers, or the reaper.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Backlog {
+    /// Runs `waiting_for_approval`.
+    pub waiting_for_approval: i64,
+    /// Seconds the longest-waiting of them has waited since it suspended; 0 when none waits.
+    pub oldest_waiting_secs: f64,
+    /// Of those, the ones whose approval deadline falls within the window asked for.
+    pub expiring: i64,
+    /// `running` runs whose lease expired and that no reaper has handled yet.
+    pub expired_leases: i64,
+}
+
+impl Store {
+    /// The [`Backlog`] now, counting approvals that expire within `window` as expiring. One
+    /// statement over the waiting and running runs. A waiting run's `updated_at` is the
+    /// moment it suspended: nothing updates the row while it waits.
+    pub async fn backlog(&self, window: Duration) -> Result<Backlog, StoreError> {
+        let row = sqlx::query!(
+            r#"SELECT
+                   count(*) FILTER (WHERE status = 'waiting_for_approval') AS "waiting!",
+                   coalesce(extract(epoch FROM now() - min(updated_at)
+                       FILTER (WHERE status = 'waiting_for_approval'))::float8, 0) AS "oldest!",
+                   count(*) FILTER (WHERE status = 'waiting_for_approval'
+                       AND approval_deadline < now() + $1 * interval '1 millisecond') AS "expiring!",
+                   count(*) FILTER (WHERE status = 'running'
+                       AND lease_expires_at < now()) AS "expired_leases!"
+               FROM runs WHERE status IN ('waiting_for_approval', 'running')"#,
+            millis(window) as f64,
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Backlog {
+            waiting_for_approval: row.waiting,
+            oldest_waiting_secs: row.oldest,
+            expiring: row.expiring,
+            expired_leases: row.expired_leases,
+        })
+    }
+
+    /// How long the run waited for the accepted decision `decision_id`: from the suspension it
+    /// decided (its `run.suspended` audit event) to the decision row. `None` when the decision
+    /// is not an accepted one.
+    pub async fn approval_wait(&self, decision_id: Uuid) -> Result<Option<f64>, StoreError> {
+        let seconds = sqlx::query_scalar!(
+            r#"SELECT extract(epoch FROM d.created_at - e.created_at)::float8 AS "seconds!"
+               FROM run_decisions d
+               JOIN run_events e ON e.run_id = d.run_id AND e.kind = 'run.suspended'
+                    AND e.payload ->> 'suspension_seq' = d.suspension_seq::text
+               WHERE d.decision_id = $1 AND d.outcome = 'accepted'
+               ORDER BY e.sequence DESC LIMIT 1"#,
+            decision_id,
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(seconds)
+    }
+
+    /// How long the writes of an approved turn took to land after their approval: from the
+    /// accepted approval of suspension `seq` to the last write the segment holding `epoch`
+    /// journaled for it. `None` when that segment journaled no write (a denial, a moved
+    /// preview, a retry that reused an earlier segment's results).
+    pub async fn decision_to_write(
+        &self,
+        run_id: RunId,
+        seq: SuspensionSeq,
+        epoch: LeaseEpoch,
+    ) -> Result<Option<f64>, StoreError> {
+        let seconds = sqlx::query_scalar!(
+            r#"SELECT extract(epoch FROM max(j.created_at) - min(d.created_at))::float8
+               FROM run_journal j
+               JOIN run_decisions d ON d.run_id = j.run_id AND d.suspension_seq = j.suspension_seq
+                    AND d.outcome = 'accepted' AND d.approved
+               WHERE j.run_id = $1 AND j.suspension_seq = $2 AND j.lease_epoch = $3
+                 AND j.effect <> 'read_only'"#,
+            run_id.as_uuid(),
+            seq.as_i32(),
+            epoch.get(),
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(seconds)
+    }
+}

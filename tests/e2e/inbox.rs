@@ -1,0 +1,544 @@
+//! The web inbox in a real browser: Chromium driven through chromedriver (both from the
+//! system's packages, started here on free ports), against the real coordinator, worker and
+//! `countersign-api`, configured with the `countersign` command as an operator would.
+//!
+//! One story, two approvers: the admin signs in and sees the card with both previews (one of
+//! them carrying `<script>`, shown as text); the `approver`, who may not read the page, sees
+//! them withheld and keeps that tab open; a colleague's edit moves a preview, so the admin's
+//! approval bounces and the run comes back on a new card; the approver's stale tab approves and
+//! is refused `stale_turn` with the advice to reload; the admin approves the current card and
+//! the writes land. Screenshots go to `target/e2e-artefacts/`.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use countersign_e2e::{free_port, http_get, workspace_file, Installation};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+use crate::services::Database;
+
+const TEASER_IMAGES: &str =
+    "SELECT count(*) FROM content.file_references WHERE element = 5 AND field = 'image' AND NOT deleted";
+/// What the scripted model proposes for page 12: markup the inbox must show as text.
+const DESCRIPTION: &str =
+    "Bicycles for every road <script>alert(\"pwned\")</script> — repairs and rentals.";
+
+/// Where the screenshots of this test are kept.
+fn artefacts() -> PathBuf {
+    let dir = workspace_file("target/e2e-artefacts");
+    std::fs::create_dir_all(&dir).expect("the artefact directory");
+    dir
+}
+
+/// chromedriver on a free port, in a process group of its own: on drop the group is killed,
+/// so the Chromium processes it started go with it even when the test failed half-way.
+struct Chromedriver {
+    process: std::process::Child,
+    url: String,
+}
+
+impl Drop for Chromedriver {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.process.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = self.process.wait();
+    }
+}
+
+impl Chromedriver {
+    async fn start() -> Chromedriver {
+        let port = free_port();
+        let mut command = Command::new("chromedriver");
+        command
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let process = command.spawn().expect(
+            "chromedriver starts (`apt-get install -y chromium chromium-driver`; .ci/run does)",
+        );
+        let driver = Chromedriver {
+            process,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        for _ in 0..100 {
+            if status_is_ok(port) {
+                return driver;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("chromedriver did not answer on port {port}");
+    }
+
+    /// A fresh headless Chromium with a profile of its own.
+    async fn browser(&self, profile: &std::path::Path) -> Client {
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": "/usr/bin/chromium",
+                "args": [
+                    "--headless=new",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--no-first-run",
+                    "--window-size=1280,1100",
+                    format!("--user-data-dir={}", profile.display()),
+                ]
+            }),
+        );
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&self.url)
+            .await
+            .expect("a Chromium session")
+    }
+}
+
+/// Whether chromedriver's `/status` answers 200. (It keeps connections open whatever the
+/// request asks, so this reads the status line only, with a timeout.)
+fn status_is_ok(port: u16) -> bool {
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if write!(
+        stream,
+        "GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    stream.read_exact(&mut head).is_ok() && head.ends_with(b"200")
+}
+
+/// `POST path` with a JSON body and a bearer token: (status, body).
+fn http_post(port: u16, path: &str, token: &str, body: &Value) -> (u16, Value) {
+    let body = body.to_string();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the API listens");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a response");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+async fn run_state(conn: &mut PgConnection, run_id: &str) -> (String, Option<i32>) {
+    sqlx::query_as("SELECT status, suspension_seq FROM runs WHERE id = $1::uuid")
+        .bind(run_id)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// Waits until the run is `status` (on suspension `seq`, when given).
+async fn wait_for(conn: &mut PgConnection, run_id: &str, status: &str, seq: Option<i32>) {
+    for _ in 0..600 {
+        let (now, current) = run_state(conn, run_id).await;
+        if now == status && (seq.is_none() || current == seq) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("run {run_id} did not become {status} {seq:?} within 60 s");
+}
+
+async fn count(conn: &mut PgConnection, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(conn).await.unwrap()
+}
+
+async fn screenshot(browser: &Client, name: &str) {
+    let png = browser.screenshot().await.expect("a screenshot");
+    std::fs::write(artefacts().join(name), png).expect("the screenshot is saved");
+}
+
+/// The text of the element `css` selects, waiting for it to appear (after a click that
+/// navigates, the next page).
+async fn text_of(browser: &Client, css: &str) -> String {
+    browser
+        .wait()
+        .at_most(Duration::from_secs(30))
+        .for_element(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no {css}: {e}"))
+        .text()
+        .await
+        .unwrap()
+}
+
+async fn all_texts(browser: &Client, css: &str) -> Vec<String> {
+    let mut texts = Vec::new();
+    for element in browser.find_all(Locator::Css(css)).await.unwrap() {
+        texts.push(element.text().await.unwrap());
+    }
+    texts
+}
+
+/// Signs `browser` in with `token` on the sign-in page.
+async fn sign_in(browser: &Client, base: &str, token: &str) {
+    browser.goto(&format!("{base}/inbox")).await.unwrap();
+    assert!(
+        browser
+            .current_url()
+            .await
+            .unwrap()
+            .path()
+            .ends_with("/inbox/sign-in"),
+        "an unsigned browser is sent to sign in"
+    );
+    browser
+        .find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(token)
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("#sign-in"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .wait()
+        .for_element(Locator::Css("#signed-in-as"))
+        .await
+        .expect("signed in");
+}
+
+/// Opens the run's page from the inbox list.
+async fn open_run_from_inbox(browser: &Client, base: &str, run_id: &str) {
+    browser.goto(&format!("{base}/inbox")).await.unwrap();
+    browser
+        .find(Locator::Css(&format!(
+            "tr[data-run-id='{run_id}'] a.run-link"
+        )))
+        .await
+        .unwrap_or_else(|e| panic!("run {run_id} is not in the inbox: {e}"))
+        .click()
+        .await
+        .unwrap();
+    browser
+        .wait()
+        .for_element(Locator::Css("#card"))
+        .await
+        .expect("the card");
+}
+
+async fn click(browser: &Client, css: &str) {
+    browser
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("no {css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_reloads() {
+    let db = Database::create("inbox").await;
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+    };
+    let scratch = std::env::temp_dir().join(format!("countersign-e2e-inbox-{}", Uuid::now_v7()));
+    std::fs::create_dir_all(&scratch).unwrap();
+
+    // An agent whose scripted model proposes a description with markup in it.
+    let script = scratch.join("script.json");
+    std::fs::write(
+        &script,
+        json!({"turns": [
+            {"tool_calls": [{"name": "read_page_metadata", "arguments": {"uid": 12}}]},
+            {"content": "I propose a description and the hero image on the teaser.",
+             "tool_calls": [
+                {"name": "update_page_metadata", "arguments": {"uid": 12, "description": DESCRIPTION}},
+                {"name": "attach_file_to_content_element",
+                 "arguments": {"content_element": 5, "file": 13, "field": "image"}}
+             ]},
+            {"content": "Done."}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let agent = scratch.join("agent.json");
+    std::fs::write(
+        &agent,
+        json!({
+            "name": "seo-assistant", "active": true,
+            "model": {"provider": "scripted", "script": script},
+            "policy": {"allowed_groups": ["content", "editing"],
+                       "enabled_tools": ["update_page_metadata", "attach_file_to_content_element"]},
+            "max_iterations": 8, "four_eyes": true, "approval_deadline_secs": 86400
+        })
+        .to_string(),
+    )
+    .unwrap();
+    install.configure(agent.to_str().unwrap());
+
+    // Tokens, issued as an operator would; the secret is the one line on stdout.
+    let token = |user: &str| -> String {
+        let out = install.countersign_ok(&["tokens", "create", "--for", user, "--label", "e2e"]);
+        out.trim().to_owned()
+    };
+    let (editor, admin, approver) = (token("editor"), token("admin"), token("approver"));
+    assert!(admin.starts_with("cst_"), "{admin}");
+    let listed = install.countersign_ok(&["tokens", "list"]);
+    assert_eq!(listed.lines().count(), 3, "{listed}");
+    assert!(
+        !listed.contains(&admin[4..]),
+        "the list shows no secret: {listed}"
+    );
+
+    let api_port = free_port();
+    let ready_port = free_port();
+    let _coordinator = install.spawn("countersign-coordinator", &[]);
+    let _worker = install.spawn("countersign-worker", &["--poll-interval-secs", "1"]);
+    let _api = install.spawn(
+        "countersign-api",
+        &[
+            "--listen",
+            &format!("127.0.0.1:{api_port}"),
+            "--http-addr",
+            &format!("127.0.0.1:{ready_port}"),
+        ],
+    );
+    for _ in 0..100 {
+        if http_get(ready_port, "/readyz").is_some_and(|(s, _)| s.contains("200")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let base = format!("http://127.0.0.1:{api_port}");
+
+    // The editor's run request, through the API.
+    let (status, created) = http_post(
+        api_port,
+        "/v1/runs",
+        &editor,
+        &json!({"agent": "seo-assistant", "prompt": "Tighten page 12 and add bicycle.png to its teaser."}),
+    );
+    assert_eq!(status, 202, "{created}");
+    let run_id = created["run_id"].as_str().unwrap().to_owned();
+    let mut conn = PgConnection::connect(&db.url()).await.unwrap();
+    wait_for(&mut conn, &run_id, "waiting_for_approval", Some(1)).await;
+
+    let driver = Chromedriver::start().await;
+
+    // The admin: the inbox, then the card with both previews.
+    let admin_browser = driver.browser(&scratch.join("profile-admin")).await;
+    sign_in(&admin_browser, &base, &admin).await;
+    assert_eq!(text_of(&admin_browser, "#signed-in-as").await, "admin");
+    let row = text_of(&admin_browser, &format!("tr[data-run-id='{run_id}']")).await;
+    assert!(
+        row.contains("seo-assistant") && row.contains("editor"),
+        "{row}"
+    );
+    assert!(
+        text_of(
+            &admin_browser,
+            &format!("tr[data-run-id='{run_id}'] td.age")
+        )
+        .await
+        .ends_with(" s"),
+        "its age"
+    );
+    screenshot(&admin_browser, "inbox.png").await;
+
+    open_run_from_inbox(&admin_browser, &base, &run_id).await;
+    let previews = all_texts(&admin_browser, "#card ul.preview-lines").await;
+    assert_eq!(previews.len(), 2, "both previews are shown: {previews:?}");
+    assert!(
+        previews[0].contains("<script>alert(\"pwned\")</script>"),
+        "{previews:?}"
+    );
+    assert!(
+        previews[1].contains("field image: 2 reference(s) → 3, appended last"),
+        "{previews:?}"
+    );
+    assert!(
+        admin_browser
+            .find_all(Locator::Css("script"))
+            .await
+            .unwrap()
+            .is_empty(),
+        "the markup in a preview is text, not an element"
+    );
+    assert!(text_of(&admin_browser, "#caption")
+        .await
+        .starts_with("Captured when the run paused — the target may have changed since."));
+    assert_eq!(text_of(&admin_browser, "#suspension-seq").await, "1");
+    screenshot(&admin_browser, "card.png").await;
+
+    // The approver may decide but not read page 12: the previews are withheld. This tab stays
+    // on card 1.
+    let approver_browser = driver.browser(&scratch.join("profile-approver")).await;
+    sign_in(&approver_browser, &base, &approver).await;
+    open_run_from_inbox(&approver_browser, &base, &run_id).await;
+    let withheld = all_texts(&approver_browser, "#card p.notice.withheld").await;
+    assert_eq!(withheld.len(), 2, "{withheld:?}");
+    assert!(withheld[0].starts_with("Preview withheld"), "{withheld:?}");
+    assert!(approver_browser
+        .find_all(Locator::Css("#card ul.preview-lines"))
+        .await
+        .unwrap()
+        .is_empty());
+    screenshot(&approver_browser, "card-withheld.png").await;
+
+    // A colleague attaches another image; the admin approves card 1 and the re-preview bounces.
+    sqlx::query(
+        "INSERT INTO content.file_references (element, field, file, sorting)
+         SELECT 5, 'image', 10, coalesce(max(sorting), 0) + 1
+         FROM content.file_references WHERE element = 5 AND field = 'image'",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    click(&admin_browser, "#approve").await;
+    assert_eq!(text_of(&admin_browser, "#outcome-code").await, "accepted");
+    wait_for(&mut conn, &run_id, "waiting_for_approval", Some(2)).await;
+    assert_eq!(count(&mut conn, TEASER_IMAGES).await, 3, "nothing written");
+
+    // The approver's stale tab approves card 1: refused, told to reload; nothing changes.
+    let before: Value = sqlx::query_scalar("SELECT to_jsonb(r) FROM runs r WHERE id = $1::uuid")
+        .bind(&run_id)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    click(&approver_browser, "#approve").await;
+    assert_eq!(
+        text_of(&approver_browser, "#outcome-code").await,
+        "stale_turn"
+    );
+    assert!(text_of(&approver_browser, "#reload-hint")
+        .await
+        .contains("Reload the card"));
+    screenshot(&approver_browser, "stale.png").await;
+    let after: Value = sqlx::query_scalar("SELECT to_jsonb(r) FROM runs r WHERE id = $1::uuid")
+        .bind(&run_id)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(after, before, "the stale approval changed nothing");
+
+    // Reloading shows card 2, still withheld for the approver.
+    click(&approver_browser, "#reload").await;
+    approver_browser
+        .wait()
+        .for_element(Locator::Css("#card"))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&approver_browser, "#suspension-seq").await, "2");
+
+    // The admin's current card: the moved call marked, the notice, the new preview.
+    open_run_from_inbox(&admin_browser, &base, &run_id).await;
+    assert!(text_of(&admin_browser, "#moved-notice")
+        .await
+        .contains("nothing was written"));
+    let moved = admin_browser
+        .find_all(Locator::Css("#card article.call.moved"))
+        .await
+        .unwrap();
+    assert_eq!(moved.len(), 1);
+    assert_eq!(
+        moved[0].attr("data-index").await.unwrap().as_deref(),
+        Some("1")
+    );
+    assert!(moved[0]
+        .text()
+        .await
+        .unwrap()
+        .contains("3 reference(s) → 4, appended last"));
+    screenshot(&admin_browser, "card-moved.png").await;
+
+    click(&admin_browser, "#approve").await;
+    assert_eq!(text_of(&admin_browser, "#outcome-code").await, "accepted");
+    wait_for(&mut conn, &run_id, "completed", None).await;
+    assert_eq!(
+        count(&mut conn, TEASER_IMAGES).await,
+        4,
+        "the approved write landed"
+    );
+    let description: String =
+        sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = 12")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    assert_eq!(description, DESCRIPTION);
+
+    // The run's history, on its page: codes only.
+    click(&admin_browser, "#back-to-run").await;
+    admin_browser
+        .wait()
+        .for_element(Locator::Css("#history"))
+        .await
+        .unwrap();
+    assert_eq!(text_of(&admin_browser, "#status").await, "completed");
+    let history = text_of(&admin_browser, "#history").await;
+    for kind in [
+        "run.suspended",
+        "run.preview_moved",
+        "decision.accepted",
+        "run.completed",
+    ] {
+        assert!(history.contains(kind), "{kind} in {history}");
+    }
+    assert!(history.contains("stale_turn"), "{history}");
+    assert!(
+        !history.contains("pwned"),
+        "no content in the history: {history}"
+    );
+
+    // Revoking the approver's token ends the browser session signed in with it.
+    let listed = install.countersign_ok(&["tokens", "list"]);
+    let approver_token = listed
+        .lines()
+        .find(|l| l.split('\t').nth(1) == Some("approver"))
+        .and_then(|l| l.split('\t').next())
+        .unwrap_or_else(|| panic!("no approver token in {listed}"))
+        .to_owned();
+    install.countersign_ok(&["tokens", "revoke", &approver_token]);
+    approver_browser
+        .goto(&format!("{base}/inbox"))
+        .await
+        .unwrap();
+    assert!(
+        approver_browser
+            .current_url()
+            .await
+            .unwrap()
+            .path()
+            .ends_with("/inbox/sign-in"),
+        "a revoked token's session is over"
+    );
+    assert!(install
+        .countersign_ok(&["tokens", "list"])
+        .lines()
+        .any(|l| l.starts_with(&approver_token) && l.contains("\trevoked ")));
+
+    admin_browser.close().await.unwrap();
+    approver_browser.close().await.unwrap();
+    drop(conn);
+    let _ = std::fs::remove_dir_all(&scratch);
+    countersign_e2e::delete_topology(&install.queue_prefix).await;
+    db.drop().await;
+}

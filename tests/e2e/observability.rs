@@ -1,0 +1,479 @@
+//! What an operator sees of one approved run: the latency histograms and backlog gauges on the
+//! binaries' `/metrics`, and one trace — started by a producer's `traceparent` — that goes on
+//! through the coordinator's gates and the worker's segments, exported over OTLP/HTTP to a
+//! collector (here a small receiver in the test that decodes the protobuf export).
+
+use std::io::{Read, Write};
+use std::sync::{Arc, Mutex};
+
+use countersign_e2e::{
+    amqp_addr, demo_agent, demo_script, free_port, http_get, secs, wait_for_sql, wait_for_status,
+    wait_until, Installation,
+};
+use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Connection, ConnectionProperties};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value;
+use prost::Message;
+use sqlx::{Connection as _, PgConnection};
+use uuid::Uuid;
+
+use crate::services::Database;
+
+const PROMPT: &str = "Tighten the description of page 12 and add bicycle.png to its teaser.";
+/// The producer's trace, and the spans it sent the request and the decision from.
+const TRACE: &str = "5b8efff798038103d269b633813fc60c";
+const REQUEST_SPAN: &str = "eee19b7ec3c1b174";
+const DECISION_SPAN: &str = "eee19b7ec3c1b175";
+
+/// One exported span, with the service that exported it.
+#[derive(Debug, Clone)]
+struct Exported {
+    service: String,
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent_span_id: String,
+}
+
+/// An OTLP/HTTP collector on the loopback: every `POST /v1/traces` body decoded and kept.
+struct Collector {
+    port: u16,
+    spans: Arc<Mutex<Vec<Exported>>>,
+}
+
+impl Collector {
+    fn start() -> Collector {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+        let port = listener.local_addr().unwrap().port();
+        let spans = Arc::new(Mutex::new(Vec::new()));
+        let kept = spans.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let kept = kept.clone();
+                std::thread::spawn(move || receive(stream, &kept));
+            }
+        });
+        Collector { port, spans }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn spans(&self) -> Vec<Exported> {
+        self.spans.lock().unwrap().clone()
+    }
+}
+
+/// One connection: requests answered `200` one after another until the client closes it.
+fn receive(mut stream: std::net::TcpStream, kept: &Mutex<Vec<Exported>>) {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 16384];
+    loop {
+        let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") else {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            }
+            continue;
+        };
+        let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        while buffer.len() < end + 4 + length {
+            match stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let body: Vec<u8> = buffer.drain(..end + 4 + length).skip(end + 4).collect();
+        if head.starts_with("post /v1/traces") {
+            let export = ExportTraceServiceRequest::decode(body.as_slice())
+                .expect("an OTLP/protobuf trace export");
+            kept.lock().unwrap().extend(flatten(export));
+        }
+        let _ = stream.write_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/x-protobuf\r\nContent-Length: 0\r\n\r\n",
+        );
+    }
+}
+
+fn flatten(export: ExportTraceServiceRequest) -> Vec<Exported> {
+    let mut spans = Vec::new();
+    for resource_spans in export.resource_spans {
+        let service = resource_spans
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|kv| kv.key == "service.name")
+            .and_then(|kv| match kv.value.as_ref()?.value.as_ref()? {
+                any_value::Value::StringValue(s) => Some(s.clone()),
+                _ => None,
+            })
+            .unwrap_or_default();
+        for scope in resource_spans.scope_spans {
+            for span in scope.spans {
+                spans.push(Exported {
+                    service: service.clone(),
+                    name: span.name,
+                    trace_id: hex(&span.trace_id),
+                    span_id: hex(&span.span_id),
+                    parent_span_id: hex(&span.parent_span_id),
+                });
+            }
+        }
+    }
+    spans
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Publishes `body` to the public queue `queue` (through its exchange) as the broker user
+/// `guest`, with the W3C `traceparent` of the producer's span `parent` and the AMQP
+/// `timestamp`: what any traced producer does, with nothing of countersign's.
+async fn publish_traced(queue: &str, body: &serde_json::Value, parent: &str) {
+    let connection = Connection::connect(&amqp_addr(), ConnectionProperties::default())
+        .await
+        .expect("RabbitMQ answers");
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "traceparent".into(),
+        AMQPValue::LongString(LongString::from(format!("00-{TRACE}-{parent}-01"))),
+    );
+    let sent_at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let properties = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_delivery_mode(2)
+        .with_user_id("guest".into())
+        .with_timestamp(sent_at)
+        .with_headers(headers);
+    let confirm = channel
+        .basic_publish(
+            queue.into(),
+            "".into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..BasicPublishOptions::default()
+            },
+            body.to_string().as_bytes(),
+            properties,
+        )
+        .await
+        .expect("the message is handed to the broker")
+        .await
+        .expect("the broker confirms it");
+    assert!(confirm.is_ack(), "{confirm:?}");
+    let _ = connection.close(200, "done".into()).await;
+}
+
+/// `/metrics` of the process serving on `port`.
+async fn metrics(port: u16) -> String {
+    wait_until(
+        &format!("/metrics answers on {port}"),
+        secs(30),
+        async || http_get(port, "/metrics").map(|(_, body)| body),
+    )
+    .await
+}
+
+/// Waits until `/metrics` on `port` has a line starting with `line`.
+async fn wait_for_metric(port: u16, line: &str) -> String {
+    wait_until(&format!("{line} on {port}"), secs(60), async || {
+        let body = http_get(port, "/metrics")?.1;
+        body.lines().any(|l| l.starts_with(line)).then_some(body)
+    })
+    .await
+}
+
+fn assert_line(metrics: &str, line: &str) {
+    assert!(
+        metrics.lines().any(|l| l.starts_with(line)),
+        "no line starting with {line:?} in\n{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_run_shows_in_the_latency_histograms_and_continues_its_producers_trace() {
+    let db = Database::create("observability").await;
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+    };
+    install.configure(&demo_agent());
+    let collector = Collector::start();
+    let endpoint = collector.endpoint();
+    let traced = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+    ];
+    let (coordinator_port, worker_port) = (free_port(), free_port());
+    let script = demo_script();
+    let mut coordinator = install.spawn_env(
+        "countersign-coordinator",
+        &["--http-addr", &format!("127.0.0.1:{coordinator_port}")],
+        &traced,
+    );
+    // No polling: the run is claimed from the wake-up the coordinator published, whose
+    // headers carry the trace on.
+    let mut worker = install.spawn_env(
+        "countersign-worker",
+        &[
+            "--model-script",
+            &script,
+            "--http-addr",
+            &format!("127.0.0.1:{worker_port}"),
+            "--poll-interval-secs",
+            "3600",
+        ],
+        &traced,
+    );
+    for port in [coordinator_port, worker_port] {
+        wait_until("the service is ready", secs(60), async || {
+            http_get(port, "/readyz").filter(|(status, _)| status.contains("200"))
+        })
+        .await;
+    }
+    // Recorded from the start, before anything happened, by every binary.
+    for port in [coordinator_port, worker_port] {
+        assert_line(
+            &metrics(port).await,
+            &format!(
+                "countersign_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            ),
+        );
+    }
+
+    // A traced producer asks for a run.
+    let request_id = Uuid::now_v7();
+    let request = serde_json::json!({
+        "type": "countersign.run_request", "version": 1, "request_id": request_id,
+        "agent": "seo-assistant", "acting_user": "editor", "prompt": PROMPT,
+    });
+    let topology = countersign_queue::Topology::new(&install.queue_prefix);
+    publish_traced(&topology.run_requests(), &request, REQUEST_SPAN).await;
+    let mut conn = PgConnection::connect(&db.url()).await.unwrap();
+    wait_for_sql(
+        &mut conn,
+        "the run waits for approval",
+        secs(60),
+        &format!(
+            "SELECT coalesce((SELECT status = 'waiting_for_approval' FROM runs
+                              WHERE request_id = '{request_id}'), false)"
+        ),
+    )
+    .await;
+    let (run_id, seq, digest): (Uuid, i32, String) =
+        sqlx::query_as("SELECT id, suspension_seq, turn_digest FROM runs WHERE request_id = $1")
+            .bind(request_id)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    // The coordinator's backlog gauges see it waiting.
+    wait_for_metric(coordinator_port, "countersign_runs_waiting_for_approval 1").await;
+
+    // The producer approves it, from another span of its trace.
+    let decision = serde_json::json!({
+        "type": "countersign.decision", "version": 1, "decision_id": Uuid::now_v7(),
+        "run_id": run_id, "suspension_seq": seq, "turn_digest": digest,
+        "approved": true, "approver": "approver",
+    });
+    publish_traced(&topology.decisions(), &decision, DECISION_SPAN).await;
+    wait_for_status(&mut conn, &run_id.to_string(), "completed", secs(60)).await;
+
+    let worker_metrics =
+        wait_for_metric(worker_port, "countersign_decision_to_write_seconds_count 1").await;
+    for line in [
+        "countersign_segment_duration_seconds_bucket{segment=\"start\",end=\"suspended\",le=",
+        "countersign_segment_duration_seconds_count{segment=\"resume\",end=\"completed\"} 1",
+        "countersign_model_call_duration_seconds_bucket{provider=\"scripted\",outcome=\"ok\",le=",
+        "countersign_queue_wait_seconds_count{queue=\"segments\"} 2",
+        "countersign_decision_to_write_seconds_bucket{le=\"0.001\"}",
+    ] {
+        assert_line(&worker_metrics, line);
+    }
+    let coordinator_metrics = metrics(coordinator_port).await;
+    for line in [
+        "countersign_queue_wait_seconds_count{queue=\"run-requests\"} 1",
+        "countersign_queue_wait_seconds_count{queue=\"decisions\"} 1",
+        "countersign_approval_wait_seconds_count 1",
+        "countersign_approval_wait_seconds_bucket{le=\"604800\"} 1",
+        "countersign_approvals_expiring_soon ",
+        "countersign_expired_leases 0",
+        "countersign_dead_letter_messages 0",
+    ] {
+        assert_line(&coordinator_metrics, line);
+    }
+
+    // An orderly stop sends the last batches of spans.
+    coordinator.sigterm();
+    worker.sigterm();
+    for running in [&mut coordinator, &mut worker] {
+        assert!(
+            running.exit_within(secs(60)).await.is_some(),
+            "a service did not stop on SIGTERM"
+        );
+    }
+    let spans: Vec<Exported> = collector
+        .spans()
+        .into_iter()
+        .filter(|s| s.trace_id == TRACE)
+        .collect();
+    let one = |service: &str, name: &str, parent: &str| -> Exported {
+        spans
+            .iter()
+            .find(|s| s.service == service && s.name == name && s.parent_span_id == parent)
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!("no {service} span {name:?} under {parent} in the trace: {spans:#?}")
+            })
+    };
+    let gated = one("countersign-coordinator", "run_request", REQUEST_SPAN);
+    let decided = one("countersign-coordinator", "decision", DECISION_SPAN);
+    for (gate, segment_kind) in [(&gated, "start"), (&decided, "resume")] {
+        let woken = one("countersign-worker", "wake_up", &gate.span_id);
+        let segment = one("countersign-worker", "segment", &woken.span_id);
+        assert!(
+            spans.iter().any(|s| s.name == "model_call"
+                && s.service == "countersign-worker"
+                && s.parent_span_id == segment.span_id),
+            "no model call in the {segment_kind} segment: {spans:#?}"
+        );
+    }
+    for name in ["preview", "tool_call"] {
+        assert!(
+            spans
+                .iter()
+                .any(|s| s.name == name && s.service == "countersign-worker"),
+            "no {name} span in the trace: {spans:#?}"
+        );
+    }
+
+    drop(conn);
+    countersign_e2e::delete_topology(&install.queue_prefix).await;
+    db.drop().await;
+}
+
+/// The metric families `text` (a rule file, a dashboard) queries: `countersign_…` names, with
+/// a histogram's `_bucket` / `_count` / `_sum` taken off.
+fn metrics_named_in(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for (at, _) in text.match_indices("countersign_") {
+        let name: String = text[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let family = ["_bucket", "_count", "_sum"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(&name);
+        names.insert(family.to_owned());
+    }
+    names
+}
+
+/// Every Rust source of the services' crates, as one text.
+fn service_sources() -> String {
+    let mut text = String::new();
+    let crates = countersign_e2e::workspace_file("crates");
+    let mut dirs = vec![crates];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() && !path.ends_with("tests") {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                text.push_str(&std::fs::read_to_string(&path).unwrap());
+            }
+        }
+    }
+    text
+}
+
+#[test]
+fn the_alerts_and_the_dashboard_query_only_metrics_the_services_record_and_compose_loads_both() {
+    use crate::deploy::{entries, scalar, strings, yaml};
+
+    let prometheus = yaml("deploy/prometheus/prometheus.yml").remove(0);
+    assert_eq!(
+        strings(&prometheus["rule_files"]),
+        ["alerts.yml"],
+        "prometheus.yml loads the alert rules beside it"
+    );
+    let alerts = yaml("deploy/prometheus/alerts.yml").remove(0);
+    let mut rules = 0;
+    for group in alerts["groups"].as_vec().expect("groups") {
+        for rule in group["rules"].as_vec().expect("rules") {
+            let name = scalar(&rule["alert"]).expect("every rule is an alert");
+            assert!(scalar(&rule["expr"]).is_some(), "{name}: no expr");
+            assert!(
+                matches!(
+                    scalar(&rule["labels"]["severity"]).as_deref(),
+                    Some("warning" | "critical")
+                ),
+                "{name}: severity"
+            );
+            assert!(
+                scalar(&rule["annotations"]["summary"]).is_some(),
+                "{name}: summary"
+            );
+            rules += 1;
+        }
+    }
+    assert!(
+        rules >= 3,
+        "expired leases, dead letters, expiring approvals"
+    );
+
+    let compose = yaml("deploy/compose.yaml").remove(0);
+    let services: std::collections::BTreeMap<String, _> =
+        entries(&compose["services"]).into_iter().collect();
+    let mounts = |service: &str| strings(&services[service]["volumes"]);
+    assert!(mounts("prometheus")
+        .contains(&"./prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro".to_owned()));
+    assert!(mounts("grafana")
+        .iter()
+        .any(|m| m.starts_with("./grafana/countersign.json:")));
+
+    let rule_text = std::fs::read_to_string(countersign_e2e::workspace_file(
+        "deploy/prometheus/alerts.yml",
+    ))
+    .unwrap();
+    let dashboard_text = std::fs::read_to_string(countersign_e2e::workspace_file(
+        "deploy/grafana/countersign.json",
+    ))
+    .unwrap();
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&dashboard_text).expect("the dashboard is JSON");
+    assert_eq!(dashboard["uid"], "countersign");
+    let sources = service_sources();
+    for (file, text) in [
+        ("alerts.yml", &rule_text),
+        ("countersign.json", &dashboard_text),
+    ] {
+        let named = metrics_named_in(text);
+        assert!(!named.is_empty(), "{file} queries no countersign metric");
+        for metric in named {
+            assert!(
+                sources.contains(&format!("\"{metric}\"")),
+                "{file} queries {metric}, which no service records"
+            );
+        }
+    }
+}

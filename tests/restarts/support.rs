@@ -1,0 +1,335 @@
+//! The installation every scenario of this target starts: its own database and queue prefix, the
+//! demo site with fault pages, a fake model endpoint, and the checks each scenario ends with.
+
+use countersign_e2e::{
+    chat_answer, count, messages_with_role, publish_decision, referenced_files, run_row, secs,
+    wait_for_sql, Database, Installation, ModelEndpoint, Running, TempDir, MODEL_KEY_ENV,
+};
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+/// These tests restart the services every test of this binary talks to (and kill the
+/// coordinators): one at a time.
+static EXCLUSIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Held for the whole of a test: no other test of this binary runs meanwhile.
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    EXCLUSIVE.lock().await
+}
+
+/// Gate of the turn transaction of a resume: the lease renewal that opens it, `UPDATE runs …
+/// WHERE … status = 'running' …` on a resumed run (the heartbeat's renewal waits there too).
+pub const TURN_GATE: i64 = 4252;
+pub const TURN_GATE_WHEN: &str =
+    "OLD.status = 'running' AND NEW.status = 'running' AND OLD.segment = 'resume'";
+/// How the lease renewal statement begins.
+pub const LEASE_RENEWAL: &str = "UPDATE runs SET lease_expires_at";
+
+/// A fault page: page `9000 + n` with the teaser element `9100 + n`, which has no images.
+pub fn fault_page(n: i64) -> i64 {
+    9000 + n
+}
+
+pub fn prompt(page: i64) -> String {
+    format!("Edit fault page {page}.")
+}
+
+/// A model for the fault pages: the prompt names the page; the first turn proposes its new
+/// description and hero.jpg (file 7) on its teaser, the second finishes.
+fn fault_page_model(request: &Value) -> Option<Value> {
+    let prompt = messages_with_role(request, "user").into_iter().next()?;
+    let page: Option<i64> = prompt
+        .strip_prefix("Edit fault page ")
+        .and_then(|rest| rest.trim_end_matches('.').parse().ok());
+    let Some(page) = page else {
+        return Some(chat_answer("I cannot tell which page to edit.", &[]));
+    };
+    Some(match messages_with_role(request, "assistant").len() {
+        0 => chat_answer(
+            "I propose a new description and the hero image on the teaser.",
+            &[
+                (
+                    "update_page_metadata",
+                    json!({"uid": page, "description": format!("Fault page {page}, rewritten.")}),
+                ),
+                (
+                    "attach_file_to_content_element",
+                    json!({"content_element": page + 100, "file": 7, "field": "image",
+                           "alternative": format!("Hero of page {page}")}),
+                ),
+            ],
+        ),
+        _ => chat_answer("Done.", &[]),
+    })
+}
+
+/// One installation under test. Its services are killed when it drops; [`Site::finish`] also
+/// removes its database and queues.
+#[derive(Debug)]
+pub struct Site {
+    pub db: Database,
+    pub install: Installation,
+    pub conn: PgConnection,
+    pub model: ModelEndpoint,
+    pub services: Vec<Running>,
+    _dir: TempDir,
+}
+
+impl Site {
+    /// Creates the installation with `pages` fault pages and the agent `seo-assistant` (the two
+    /// writers enabled, four eyes) on the fake model.
+    pub async fn new(tag: &str, pages: i64) -> Site {
+        let model = ModelEndpoint::start(fault_page_model);
+        let db = Database::create(tag).await;
+        let install = Installation {
+            database_url: db.url(),
+            queue_prefix: format!("e2e-restarts-{}", Uuid::now_v7()),
+        };
+        let dir = TempDir::new();
+        let agent = json!({
+            "name": "seo-assistant",
+            "model": model.model_settings(),
+            "policy": {
+                "allowed_groups": ["content", "editing"],
+                "enabled_tools": ["update_page_metadata", "attach_file_to_content_element"]
+            },
+            "max_iterations": 8,
+            "four_eyes": true,
+            "approval_deadline_secs": 3600
+        });
+        install.configure(&dir.json("agent.json", &agent));
+        let mut conn = PgConnection::connect(&db.url()).await.unwrap();
+        sqlx::query(
+            "INSERT INTO content.pages (uid, pid, sorting, title, description)
+             SELECT 9000 + n, 10, 4000 + n, 'Fault page ' || n, 'Before ' || n
+             FROM generate_series(1, $1::int) n",
+        )
+        .bind(pages as i32)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        sqlx::query(
+            "INSERT INTO content.elements (uid, pid, ctype, header, sorting)
+             SELECT 9100 + n, 9000 + n, 'textpic', 'Fault teaser ' || n, 256
+             FROM generate_series(1, $1::int) n",
+        )
+        .bind(pages as i32)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        Site {
+            db,
+            install,
+            conn,
+            model,
+            services: Vec::new(),
+            _dir: dir,
+        }
+    }
+
+    /// A new connection of the test (after PostgreSQL restarted, the old one is dead).
+    pub async fn reconnect(&mut self) {
+        self.conn = PgConnection::connect(&self.db.url()).await.unwrap();
+    }
+
+    /// A coordinator the test keeps its hands on.
+    pub fn coordinator(&self) -> Running {
+        self.install.spawn("countersign-coordinator", &[])
+    }
+
+    pub fn start_coordinator(&mut self) {
+        let coordinator = self.coordinator();
+        self.services.push(coordinator);
+    }
+
+    /// A worker the test keeps its hands on.
+    pub fn worker(&self, args: &[&str]) -> Running {
+        self.install
+            .spawn_env("countersign-worker", args, &[(MODEL_KEY_ENV, "fake-key")])
+    }
+
+    pub fn start_worker(&mut self, args: &[&str]) {
+        let worker = self.worker(args);
+        self.services.push(worker);
+    }
+
+    /// `countersign submit` of the fault page's prompt: the run id.
+    pub fn submit(&self, page: i64) -> String {
+        self.install
+            .submit("seo-assistant", "editor", &prompt(page))
+    }
+
+    pub async fn digest(&mut self, run_id: &str) -> String {
+        run_row(&mut self.conn, run_id).await["turn_digest"]
+            .as_str()
+            .expect("a turn digest")
+            .to_owned()
+    }
+
+    /// Approves card `seq` through the queue as `admin` and waits until the coordinator has
+    /// recorded it, without waiting for its reply (which comes after the dispatch, which a gate
+    /// may hold up).
+    pub async fn approve_through_queue(&mut self, run_id: &str, seq: i32, digest: &str) {
+        let broker = self.install.broker().await;
+        publish_decision(&broker, run_id, seq.into(), digest, true, "admin").await;
+        let accepted = format!(
+            "SELECT EXISTS (SELECT 1 FROM run_decisions WHERE run_id = '{run_id}'::uuid
+                            AND suspension_seq = {seq} AND outcome = 'accepted')"
+        );
+        wait_for_sql(
+            &mut self.conn,
+            "the approval is accepted",
+            secs(30),
+            &accepted,
+        )
+        .await;
+    }
+
+    /// Approves card 1 with `countersign decide` (which waits for the coordinator's reply).
+    pub async fn decide(&mut self, run_id: &str) {
+        let digest = self.digest(run_id).await;
+        let out = self.install.countersign_ok(&[
+            "decide",
+            run_id,
+            "--seq",
+            "1",
+            "--digest",
+            &digest,
+            "--as",
+            "admin",
+            "--approve",
+        ]);
+        assert!(out.contains("decision accepted"), "{out}");
+    }
+
+    pub async fn finish(mut self) {
+        self.services.clear();
+        drop(self.conn);
+        countersign_e2e::delete_topology(&self.install.queue_prefix).await;
+        self.db.drop().await;
+    }
+}
+
+/// What must hold of a fault page's run once it completed: the approved turn (suspension 1,
+/// both calls) is in the content store once, journaled once by one lease epoch, audited by one
+/// `tool_write` event per call (none an error), released by one accepted decision, and the
+/// model was told the calls' results — never an infrastructure failure. Returns the epoch that
+/// wrote the turn. `scenario` names the scenario in every failure message.
+pub async fn assert_turn_written_once(
+    scenario: &str,
+    conn: &mut PgConnection,
+    model: &ModelEndpoint,
+    run_id: &str,
+    page: i64,
+) -> i64 {
+    let row = run_row(conn, run_id).await;
+    assert_eq!(
+        (&row["status"], &row["termination_reason"]),
+        (&json!("completed"), &json!("completed")),
+        "{scenario}: run {run_id} completed: {row}"
+    );
+
+    // The content store: the description once, the reference once (lost 0, duplicated 0).
+    let description: String =
+        sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = $1")
+            .bind(page)
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    assert_eq!(
+        description,
+        format!("Fault page {page}, rewritten."),
+        "{scenario}: page {page}'s approved description landed"
+    );
+    assert_eq!(
+        referenced_files(conn, page + 100, "image").await,
+        ["hero.jpg"],
+        "{scenario}: page {page}'s teaser holds the approved reference exactly once"
+    );
+
+    // The journal: one row per call of the approved turn, one segment's.
+    let journal: Vec<(i32, i32, i64)> = sqlx::query_as(
+        "SELECT suspension_seq, call_index, lease_epoch FROM run_journal
+         WHERE run_id = $1::uuid ORDER BY suspension_seq, call_index",
+    )
+    .bind(run_id)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    let keys: Vec<(i32, i32)> = journal.iter().map(|(s, i, _)| (*s, *i)).collect();
+    assert_eq!(
+        keys,
+        [(1, 0), (1, 1)],
+        "{scenario}: run {run_id}: the journal holds the approved turn once"
+    );
+    let epoch = journal[0].2;
+    assert!(
+        journal.iter().all(|(_, _, e)| *e == epoch),
+        "{scenario}: run {run_id}: the turn was journaled by one segment: {journal:?}"
+    );
+
+    // The audit trail: one successful tool_write per call, by that segment.
+    let writes: Vec<Value> = sqlx::query_scalar(
+        "SELECT payload FROM run_events WHERE run_id = $1::uuid AND kind = 'tool_write'
+         ORDER BY sequence",
+    )
+    .bind(run_id)
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        writes.len(),
+        2,
+        "{scenario}: run {run_id}: one tool_write event per write call: {writes:?}"
+    );
+    for (index, write) in writes.iter().enumerate() {
+        assert_eq!(
+            (
+                &write["call_index"],
+                &write["suspension_seq"],
+                &write["lease_epoch"],
+                &write["is_error"]
+            ),
+            (&json!(index), &json!(1), &json!(epoch), &json!(false)),
+            "{scenario}: run {run_id}: the write of call {index}: {write}"
+        );
+    }
+
+    let accepted = count(
+        conn,
+        &format!(
+            "SELECT count(*) FROM run_decisions WHERE run_id = '{run_id}'::uuid
+             AND suspension_seq = 1 AND outcome = 'accepted' AND approved"
+        ),
+    )
+    .await;
+    assert_eq!(accepted, 1, "{scenario}: run {run_id}: approved once");
+
+    // What the model was told the calls did: their results, never an infrastructure failure.
+    let prompt = prompt(page);
+    let told: Vec<Vec<String>> = model
+        .requests()
+        .iter()
+        .filter(|r| messages_with_role(r, "user").first() == Some(&prompt))
+        .map(|r| messages_with_role(r, "tool"))
+        .filter(|results| !results.is_empty())
+        .collect();
+    assert!(
+        !told.is_empty(),
+        "{scenario}: page {page}: the model never heard of its turn"
+    );
+    for results in &told {
+        assert_eq!(results.len(), 2, "{scenario}: {results:?}");
+        assert!(
+            results[0].starts_with(&format!("Page [{page}] updated"))
+                && results[1].starts_with("Attached file [7]"),
+            "{scenario}: page {page}: the model was told the writes landed: {results:?}"
+        );
+        assert!(
+            results.iter().all(|r| !r.contains("failed (")),
+            "{scenario}: an infrastructure error became a tool result: {results:?}"
+        );
+    }
+    epoch
+}
