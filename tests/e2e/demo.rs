@@ -80,6 +80,9 @@ async fn the_demo_bounces_a_moved_preview_survives_a_killed_worker_and_stops_its
         "reaper pass: requeued=1",
         "claims it (lease epoch 2, requeue 1)",
         "→ run completed: completed (three model calls",
+        // The web inbox over the same installation, with a token for the approver.
+        "The web inbox: http://127.0.0.1:",
+        "sign in as admin with the token",
         // The orderly stop.
         "coordinator (pid",
         "Every step behaved as told",
@@ -91,8 +94,8 @@ async fn the_demo_bounces_a_moved_preview_survives_a_killed_worker_and_stops_its
     }
     assert_eq!(
         stdout.matches(") exited 0").count(),
-        4,
-        "the coordinator, both workers and the reaper stop on SIGTERM with status 0:\n{stdout}"
+        5,
+        "the coordinator, both workers, the reaper and the API stop on SIGTERM with status 0:\n{stdout}"
     );
     let (doomed, rescuer) = (
         stdout
@@ -159,11 +162,11 @@ async fn a_kept_demo_leaves_its_services_running_and_says_how_to_stop_them() {
         .find_map(|line| line.trim().strip_prefix("stop them:  kill -TERM "))
         .unwrap_or_else(|| panic!("no stop command in:\n{stdout}"));
     let kept = Kept(stop.split_whitespace().map(str::to_owned).collect());
-    assert_eq!(kept.0.len(), 4, "{stdout}");
+    assert_eq!(kept.0.len(), 5, "{stdout}");
     assert_eq!(
         kept.running().len(),
-        4,
-        "the coordinator, both workers and the reaper run on"
+        5,
+        "the coordinator, both workers, the reaper and the API run on"
     );
     assert!(database_exists(&database).await, "the database is kept");
     let prefix = stdout

@@ -8,5 +8,6 @@ mod inbox;
 mod observability;
 mod operator;
 mod recovery;
+mod remote_tools;
 mod services;
 mod shutdown;

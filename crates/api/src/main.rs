@@ -99,6 +99,9 @@ async fn main() -> anyhow::Result<()> {
     let store = Store::new(pool, Arc::new(keyring));
     let mut registry = ToolRegistry::new();
     countersign_content::register(&mut registry, store.clone());
+    countersign_remote::register_from_env(&mut registry)
+        .await
+        .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
     let coordinator = Coordinator::new(store.clone(), Arc::new(registry));
     let state = AppState::new(
         coordinator,

@@ -407,6 +407,9 @@ async fn card_reader(
     let store = Store::new(pool.clone(), Arc::new(keyring));
     let mut registry = countersign_core::ToolRegistry::new();
     countersign_content::register(&mut registry, store.clone());
+    countersign_remote::register_from_env(&mut registry)
+        .await
+        .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
     Ok((
         store,
         registry,

@@ -274,7 +274,7 @@ impl Store {
 
     /// One relay step: claims up to `limit` unpublished rows created at least `older_than`
     /// ago (by the database clock), oldest first, that no other relay has claimed, for
-    /// [`RELAY_CLAIM`]; hands them to `publisher` one by one; marks the confirmed ones
+    /// thirty seconds; hands them to `publisher` one by one; marks the confirmed ones
     /// published. The first publish failure stops the batch: it and the rows after it are
     /// released for the next attempt.
     pub async fn relay_batch<P: EventPublisher>(

@@ -78,6 +78,9 @@ async fn main() -> anyhow::Result<()> {
         .context("serving the HTTP surfaces")?;
     let mut registry = ToolRegistry::new();
     countersign_content::register(&mut registry, store.clone());
+    countersign_remote::register_from_env(&mut registry)
+        .await
+        .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
     let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));
     let runner = SegmentRunner {
         store,

@@ -1,0 +1,716 @@
+//! Remote tools: the countersign side of the remote tool protocol (`docs/remote-tools.md`).
+//!
+//! A tool server is discovered once at start-up, and each of its tools becomes a [`Tool`] (and,
+//! when it previews, a [`ToolPreview`]) whose calls go over HTTP: the loop, the comparator and
+//! the card treat them exactly like built-in tools. Remote writers have no transactional
+//! contract, so an approved turn runs them on the per-call path: fenced by a lease renewal
+//! that stamps `pending_effect`, handed the lease epoch and the idempotency key
+//! `run:suspension:call`, journaled when the stamp is cleared.
+//!
+//! This crate must never turn a transport failure of a call that may have reached the server
+//! into a retry of a non-idempotent write: that is [`ToolError::Unavailable`] (the segment is
+//! retried) only when the call is idempotent or nothing was sent, and a failed tool result
+//! otherwise. Nothing here logs the bearer secret or a response body.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use countersign_core::{
+    Effect, ExecContext, Principal, Tool, ToolError, ToolOutput, ToolPreview, ToolRegistry,
+    ToolSpec,
+};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Bytes;
+use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// The variable naming a deployment's tool servers: `name=url[,name=url…]`.
+pub const SERVERS_ENV: &str = "COUNTERSIGN_TOOL_SERVERS";
+
+/// The protocol version this client speaks.
+pub const PROTOCOL_VERSION: u64 = 1;
+
+/// How long each kind of request may take, connection and whole answer included, and how
+/// much of an answer is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub discovery_timeout: Duration,
+    pub preview_timeout: Duration,
+    pub execute_timeout: Duration,
+    pub max_discovery_bytes: usize,
+    pub max_response_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            discovery_timeout: Duration::from_secs(10),
+            preview_timeout: Duration::from_secs(10),
+            execute_timeout: Duration::from_secs(30),
+            max_discovery_bytes: 4 * 1024 * 1024,
+            max_response_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// Why a tool server could not be set up or discovered. Each has a stable [`code`](Self::code).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RemoteError {
+    #[error("the tool server configuration is not `name=url[,name=url…]`: {0}")]
+    BadConfiguration(String),
+    #[error("the base URL of tool server {0} is not an absolute http:// URL without credentials")]
+    InvalidUrl(String),
+    #[error("the secret of tool server {server} is not set (variable {variable})")]
+    SecretMissing { server: String, variable: String },
+    #[error("discovery at tool server {server} failed ({code})")]
+    Discovery { server: String, code: &'static str },
+    #[error("tool {tool} of server {server} is not a usable tool description: {reason}")]
+    InvalidTool {
+        server: String,
+        tool: String,
+        reason: String,
+    },
+    #[error("tool {0} is offered twice")]
+    DuplicateTool(String),
+}
+
+impl RemoteError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            RemoteError::BadConfiguration(_) => "bad_configuration",
+            RemoteError::InvalidUrl(_) => "invalid_url",
+            RemoteError::SecretMissing { .. } => "secret_missing",
+            RemoteError::Discovery { code, .. } => code,
+            RemoteError::InvalidTool { .. } => "invalid_tool",
+            RemoteError::DuplicateTool(_) => "duplicate_tool",
+        }
+    }
+}
+
+/// How one HTTP exchange with a tool server failed. [`code`](Self::code) is what reaches a
+/// preview line or a tool result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallError {
+    /// No connection: the request was not sent.
+    #[error("the tool server could not be reached")]
+    Unreachable,
+    /// The connection broke after the request may have been sent.
+    #[error("the exchange with the tool server broke off")]
+    BrokenOff,
+    #[error("the tool server did not answer in time")]
+    Timeout,
+    #[error("the tool server refused the credentials (HTTP {0})")]
+    Unauthorized(u16),
+    #[error("the tool server does not know the tool")]
+    NotFound,
+    #[error("the tool server refused a fenced-out epoch")]
+    Fenced,
+    #[error("the tool server answered HTTP {0}")]
+    Status(u16),
+    #[error("the answer exceeds the size limit")]
+    TooLarge,
+    #[error("the answer is not the protocol's message: {0}")]
+    Malformed(String),
+}
+
+impl CallError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            CallError::Unreachable | CallError::BrokenOff => "remote_unreachable",
+            CallError::Timeout => "remote_timeout",
+            CallError::Unauthorized(_) => "remote_unauthorized",
+            CallError::NotFound => "remote_not_found",
+            CallError::Fenced => "remote_fenced",
+            CallError::Status(_) => "remote_status",
+            CallError::TooLarge => "response_too_large",
+            CallError::Malformed(_) => "malformed_response",
+        }
+    }
+
+    /// Whether the server may have acted on the request.
+    fn may_have_arrived(&self) -> bool {
+        !matches!(self, CallError::Unreachable)
+    }
+
+    /// Whether a later attempt may meet a server that does better.
+    fn is_transient(&self) -> bool {
+        match self {
+            CallError::Unreachable | CallError::BrokenOff | CallError::Timeout => true,
+            CallError::Status(s) => *s >= 500,
+            _ => false,
+        }
+    }
+}
+
+/// One configured tool server: where it is and how countersign proves itself to it.
+pub struct RemoteToolServer {
+    name: String,
+    base: String,
+    authorization: HeaderValue,
+    limits: Limits,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl fmt::Debug for RemoteToolServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemoteToolServer")
+            .field("name", &self.name)
+            .field("base", &self.base)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The variable holding the secret of the server called `name`: `COUNTERSIGN_TOOL_SECRET_<NAME>`.
+pub fn secret_variable(name: &str) -> String {
+    format!(
+        "COUNTERSIGN_TOOL_SECRET_{}",
+        name.to_ascii_uppercase().replace('-', "_")
+    )
+}
+
+/// Parses `name=url[,name=url…]`; an empty value is no server.
+pub fn parse_servers(value: &str) -> Result<Vec<(String, String)>, RemoteError> {
+    let mut servers: Vec<(String, String)> = Vec::new();
+    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, url) = entry
+            .split_once('=')
+            .ok_or_else(|| RemoteError::BadConfiguration(format!("`{entry}` has no `=`")))?;
+        let (name, url) = (name.trim(), url.trim());
+        let usable = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        if !usable || url.is_empty() {
+            return Err(RemoteError::BadConfiguration(format!(
+                "`{entry}` is not name=url"
+            )));
+        }
+        if servers.iter().any(|(n, _)| n == name) {
+            return Err(RemoteError::BadConfiguration(format!(
+                "server `{name}` is named twice"
+            )));
+        }
+        servers.push((name.to_owned(), url.to_owned()));
+    }
+    Ok(servers)
+}
+
+/// Discovers every server named by [`SERVERS_ENV`] (secrets from [`secret_variable`]) and
+/// registers its tools. A tool named like one already registered is refused: a remote tool
+/// never silently replaces another. Returns how many tools were registered.
+pub async fn register_from_env(registry: &mut ToolRegistry) -> Result<usize, RemoteError> {
+    let value = std::env::var(SERVERS_ENV).unwrap_or_default();
+    let mut count = 0;
+    for (name, url) in parse_servers(&value)? {
+        let server = RemoteToolServer::new(&name, &url, &secret_variable(&name))?;
+        for tool in server.discover_tools().await? {
+            if registry.get(&tool.spec().name).is_some() {
+                return Err(RemoteError::DuplicateTool(tool.spec().name.clone()));
+            }
+            tracing::info!(server = %name, tool = %tool.spec().name, effect = tool.spec().effect.as_str(), "remote tool registered");
+            registry.register(tool);
+            count += 1;
+        }
+    }
+    Ok(count)
+}
+
+impl RemoteToolServer {
+    /// A server called `name` at `url`, its secret read from the variable `secret_env`.
+    pub fn new(name: &str, url: &str, secret_env: &str) -> Result<Self, RemoteError> {
+        let secret = std::env::var(secret_env)
+            .ok()
+            .filter(|s| !s.is_empty())
+            .map(SecretString::from)
+            .ok_or_else(|| RemoteError::SecretMissing {
+                server: name.to_owned(),
+                variable: secret_env.to_owned(),
+            })?;
+        Self::with_secret(name, url, &secret, Limits::default())
+    }
+
+    /// As [`new`](Self::new), with the secret and the limits given.
+    pub fn with_secret(
+        name: &str,
+        url: &str,
+        secret: &SecretString,
+        limits: Limits,
+    ) -> Result<Self, RemoteError> {
+        let base = url.trim_end_matches('/').to_owned();
+        let uri: Uri = base
+            .parse()
+            .map_err(|_| RemoteError::InvalidUrl(name.to_owned()))?;
+        let plain = uri.scheme_str() == Some("http")
+            && uri.authority().is_some_and(|a| !a.as_str().contains('@'));
+        if !plain {
+            return Err(RemoteError::InvalidUrl(name.to_owned()));
+        }
+        let mut authorization =
+            HeaderValue::from_str(&format!("Bearer {}", secret.expose_secret()))
+                .map_err(|_| RemoteError::BadConfiguration(format!("secret of {name}")))?;
+        authorization.set_sensitive(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(HttpConnector::new());
+        Ok(RemoteToolServer {
+            name: name.to_owned(),
+            base,
+            authorization,
+            limits,
+            client,
+        })
+    }
+
+    /// Connects to `url` (the server named after its address) and returns its tools.
+    pub async fn discover(url: &str, secret_env: &str) -> Result<Vec<Arc<dyn Tool>>, RemoteError> {
+        Self::new(url, url, secret_env)?.discover_tools().await
+    }
+
+    /// `GET /tools`: every tool the server offers, as tools that call it.
+    pub async fn discover_tools(self) -> Result<Vec<Arc<dyn Tool>>, RemoteError> {
+        let server = Arc::new(self);
+        let body = server
+            .exchange(
+                Method::GET,
+                "/tools",
+                None,
+                server.limits.discovery_timeout,
+                server.limits.max_discovery_bytes,
+            )
+            .await
+            .map_err(|e| {
+                tracing::warn!(server = %server.name, error = %e, "tool discovery failed");
+                RemoteError::Discovery {
+                    server: server.name.clone(),
+                    code: e.code(),
+                }
+            })?;
+        let discovery: Discovery =
+            serde_json::from_slice(&body).map_err(|e| {
+                tracing::warn!(server = %server.name, error = %e, "the discovery answer is not the protocol's");
+                RemoteError::Discovery {
+                    server: server.name.clone(),
+                    code: "malformed_response",
+                }
+            })?;
+        if discovery.protocol != PROTOCOL_VERSION {
+            return Err(RemoteError::Discovery {
+                server: server.name.clone(),
+                code: "unsupported_protocol",
+            });
+        }
+        let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+        for d in discovery.tools {
+            let invalid = |reason: &str| RemoteError::InvalidTool {
+                server: server.name.clone(),
+                tool: d.name.clone(),
+                reason: reason.to_owned(),
+            };
+            if !valid_tool_name(&d.name) {
+                return Err(invalid("the name is not ^[a-z][a-z0-9_]{0,63}$"));
+            }
+            let effect = Effect::parse(&d.effect).ok_or_else(|| invalid("unknown effect"))?;
+            if !d.parameters.is_object() {
+                return Err(invalid("parameters is not a JSON Schema object"));
+            }
+            if d.group.is_empty() {
+                return Err(invalid("the group is empty"));
+            }
+            if tools.iter().any(|t| t.spec().name == d.name) {
+                return Err(RemoteError::DuplicateTool(d.name));
+            }
+            tools.push(Arc::new(RemoteTool {
+                spec: ToolSpec {
+                    name: d.name.clone(),
+                    description: d.description,
+                    parameters: d.parameters,
+                    group: d.group,
+                    effect,
+                    enabled_by_default: d.enabled_by_default,
+                    requires_admin: d.requires_admin,
+                },
+                previews: d.previews,
+                path: format!("/tools/{}", d.name),
+                server: Arc::clone(&server),
+            }));
+        }
+        Ok(tools)
+    }
+
+    /// One request and its whole answer, within `timeout` and `limit` bytes; a 200 gives the
+    /// body, anything else its [`CallError`].
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+        limit: usize,
+    ) -> Result<Bytes, CallError> {
+        let uri: Uri = format!("{}{path}", self.base)
+            .parse()
+            .map_err(|_| CallError::Unreachable)?;
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(AUTHORIZATION, self.authorization.clone())
+            .header(ACCEPT, "application/json");
+        let payload = match body {
+            Some(v) => {
+                builder = builder.header(CONTENT_TYPE, "application/json");
+                Bytes::from(v.to_string())
+            }
+            None => Bytes::new(),
+        };
+        let request = builder
+            .body(Full::new(payload))
+            .map_err(|_| CallError::Unreachable)?;
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|e| {
+                tracing::warn!(server = %self.name, path, error = %e, "tool server request failed");
+                if e.is_connect() {
+                    CallError::Unreachable
+                } else {
+                    CallError::BrokenOff
+                }
+            })?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), limit)
+                .collect()
+                .await
+                .map_err(|e| {
+                    if e.downcast_ref::<http_body_util::LengthLimitError>()
+                        .is_some()
+                    {
+                        CallError::TooLarge
+                    } else {
+                        CallError::BrokenOff
+                    }
+                })?
+                .to_bytes();
+            Ok((status, body))
+        };
+        let (status, body) = tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| CallError::Timeout)??;
+        match status {
+            StatusCode::OK => Ok(body),
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+                Err(CallError::Unauthorized(status.as_u16()))
+            }
+            StatusCode::NOT_FOUND => Err(CallError::NotFound),
+            StatusCode::CONFLICT => Err(CallError::Fenced),
+            other => Err(CallError::Status(other.as_u16())),
+        }
+    }
+
+    async fn post<T: for<'de> Deserialize<'de>>(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<T, CallError> {
+        let bytes = self
+            .exchange(
+                Method::POST,
+                path,
+                Some(body),
+                timeout,
+                self.limits.max_response_bytes,
+            )
+            .await?;
+        serde_json::from_slice(&bytes).map_err(|e| CallError::Malformed(e.to_string()))
+    }
+}
+
+fn valid_tool_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 64
+        && chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+#[derive(Debug, Deserialize)]
+struct Discovery {
+    protocol: u64,
+    tools: Vec<DiscoveredTool>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DiscoveredTool {
+    name: String,
+    #[serde(default)]
+    description: String,
+    parameters: Value,
+    group: String,
+    effect: String,
+    enabled_by_default: bool,
+    requires_admin: bool,
+    #[serde(default)]
+    previews: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct PreviewAnswer {
+    lines: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MayViewAnswer {
+    allowed: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct ExecuteAnswer {
+    content: String,
+    is_error: bool,
+}
+
+/// One tool of a tool server.
+#[derive(Debug)]
+pub struct RemoteTool {
+    spec: ToolSpec,
+    previews: bool,
+    path: String,
+    server: Arc<RemoteToolServer>,
+}
+
+impl RemoteTool {
+    /// The name of the server this tool lives on.
+    pub fn server_name(&self) -> &str {
+        &self.server.name
+    }
+
+    /// How a failed execute reaches the loop: a retry of the segment only when repeating the
+    /// call cannot write twice (idempotent, or certainly not sent); a lost lease when the
+    /// server fenced the epoch out; otherwise the tool's own failure, a result naming the code.
+    fn execute_failure(&self, e: &CallError) -> ToolError {
+        tracing::warn!(tool = %self.spec.name, server = %self.server.name, code = e.code(), error = %e, "remote execute failed");
+        if matches!(e, CallError::Fenced) {
+            return ToolError::FenceLost;
+        }
+        let repeatable = self.spec.effect != Effect::NonIdempotentWrite || !e.may_have_arrived();
+        if e.is_transient() && repeatable {
+            ToolError::unavailable(e.code(), e)
+        } else {
+            ToolError::failed(e.code(), e)
+        }
+    }
+}
+
+fn principal_json(p: &Principal) -> Value {
+    json!({"name": p.name, "admin": p.admin})
+}
+
+#[async_trait]
+impl Tool for RemoteTool {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn execute(&self, ctx: &ExecContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        let (key, epoch) = match &ctx.fence {
+            Some(fence) => (
+                Value::from(fence.idempotency_key()),
+                Value::from(fence.lease_epoch.get()),
+            ),
+            // A write is always fenced by the segment; a read has nothing to deduplicate.
+            None if self.spec.effect.is_write() => {
+                return Err(ToolError::failed(
+                    "unfenced_write",
+                    "a remote write was called without a fence",
+                ))
+            }
+            None => (Value::Null, Value::Null),
+        };
+        let body = json!({
+            "acting_user": principal_json(&ctx.acting_user),
+            "arguments": args,
+            "idempotency_key": key,
+            "fence_epoch": epoch,
+        });
+        let answer: ExecuteAnswer = self
+            .server
+            .post(
+                &format!("{}/execute", self.path),
+                &body,
+                self.server.limits.execute_timeout,
+            )
+            .await
+            .map_err(|e| self.execute_failure(&e))?;
+        Ok(ToolOutput {
+            content: answer.content,
+            is_error: answer.is_error,
+        })
+    }
+
+    fn previewer(&self) -> Option<&dyn ToolPreview> {
+        self.previews.then_some(self as &dyn ToolPreview)
+    }
+}
+
+#[async_trait]
+impl ToolPreview for RemoteTool {
+    /// Every failure is the tool's own (a failed preview line naming the code), never an
+    /// infrastructure error: a tool server that is down is shown as such on the card.
+    async fn preview(
+        &self,
+        acting_user: &Principal,
+        args: &Value,
+    ) -> Result<Vec<String>, ToolError> {
+        let body = json!({"acting_user": principal_json(acting_user), "arguments": args});
+        let answer: PreviewAnswer = self
+            .server
+            .post(
+                &format!("{}/preview", self.path),
+                &body,
+                self.server.limits.preview_timeout,
+            )
+            .await
+            .map_err(|e| {
+                tracing::warn!(tool = %self.spec.name, server = %self.server.name, code = e.code(), error = %e, "remote preview failed");
+                ToolError::failed(e.code(), e)
+            })?;
+        Ok(answer.lines)
+    }
+
+    /// Fails closed: any failure is `false`.
+    async fn may_viewer_read_preview(&self, args: &Value, viewer: &Principal) -> bool {
+        let body = json!({"viewer": principal_json(viewer), "arguments": args});
+        match self
+            .server
+            .post::<MayViewAnswer>(
+                &format!("{}/may-view", self.path),
+                &body,
+                self.server.limits.preview_timeout,
+            )
+            .await
+        {
+            Ok(answer) => answer.allowed,
+            Err(e) => {
+                tracing::warn!(tool = %self.spec.name, server = %self.server.name, code = e.code(), error = %e, "remote may-view failed; the preview is withheld");
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_list_is_parsed_into_names_and_urls() {
+        assert_eq!(
+            parse_servers(" wiki=http://127.0.0.1:1/ , crm=http://h:2").unwrap(),
+            vec![
+                ("wiki".to_owned(), "http://127.0.0.1:1/".to_owned()),
+                ("crm".to_owned(), "http://h:2".to_owned())
+            ]
+        );
+        assert!(parse_servers("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_server_list_entry_without_a_name_or_named_twice_is_refused() {
+        assert!(parse_servers("http://h:1").is_err());
+        assert!(parse_servers("=http://h:1").is_err());
+        assert!(parse_servers("a=http://h:1,a=http://h:2").is_err());
+    }
+
+    #[test]
+    fn the_secret_variable_is_named_after_the_server() {
+        assert_eq!(
+            secret_variable("my-wiki"),
+            "COUNTERSIGN_TOOL_SECRET_MY_WIKI"
+        );
+    }
+
+    #[test]
+    fn a_url_with_credentials_or_another_scheme_is_refused() {
+        let secret = SecretString::from("s");
+        for url in ["http://u:p@h:1", "ftp://h:1", "h:1", "https://h:1"] {
+            assert!(
+                RemoteToolServer::with_secret("x", url, &secret, Limits::default()).is_err(),
+                "{url}"
+            );
+        }
+    }
+
+    fn tool(effect: Effect) -> RemoteTool {
+        let server = RemoteToolServer::with_secret(
+            "x",
+            "http://127.0.0.1:1",
+            &SecretString::from("s"),
+            Limits::default(),
+        )
+        .unwrap();
+        RemoteTool {
+            spec: ToolSpec {
+                name: "t".into(),
+                description: String::new(),
+                parameters: json!({"type": "object"}),
+                group: "editing".into(),
+                effect,
+                enabled_by_default: false,
+                requires_admin: false,
+            },
+            previews: true,
+            path: "/tools/t".into(),
+            server: Arc::new(server),
+        }
+    }
+
+    #[test]
+    fn a_non_idempotent_call_that_was_never_sent_is_retried_and_one_that_may_have_arrived_is_not() {
+        let t = tool(Effect::NonIdempotentWrite);
+        assert!(t
+            .execute_failure(&CallError::Unreachable)
+            .is_infrastructure());
+        for e in [
+            CallError::BrokenOff,
+            CallError::Timeout,
+            CallError::Status(502),
+        ] {
+            assert!(!t.execute_failure(&e).is_infrastructure(), "{e:?}");
+        }
+    }
+
+    #[test]
+    fn an_idempotent_call_whose_transport_failed_is_retried() {
+        let t = tool(Effect::IdempotentWrite);
+        for e in [
+            CallError::Unreachable,
+            CallError::BrokenOff,
+            CallError::Timeout,
+            CallError::Status(502),
+        ] {
+            assert!(t.execute_failure(&e).is_infrastructure(), "{e:?}");
+        }
+        assert!(!t
+            .execute_failure(&CallError::Status(400))
+            .is_infrastructure());
+        assert!(!t
+            .execute_failure(&CallError::Malformed("x".into()))
+            .is_infrastructure());
+    }
+
+    #[test]
+    fn only_a_call_that_was_certainly_not_sent_is_not_known_to_have_arrived() {
+        assert!(!CallError::Unreachable.may_have_arrived());
+        assert!(CallError::BrokenOff.may_have_arrived());
+        assert!(CallError::Timeout.may_have_arrived());
+    }
+}

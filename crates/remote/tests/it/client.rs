@@ -1,0 +1,264 @@
+//! The client against a canned server: how each way a tool server can fail reaches the loop.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use countersign_core::{
+    CallIndex, ExecContext, FenceToken, LeaseEpoch, Principal, RunId, SuspensionSeq, Tool,
+    ToolError,
+};
+use countersign_remote::{Limits, RemoteToolServer};
+use secrecy::SecretString;
+use serde_json::{json, Value};
+
+/// Answers `GET /tools` with one tool of each write effect, and every other request with
+/// `status` and `body` after `delay`.
+pub(crate) struct Canned {
+    status: u16,
+    body: String,
+    delay: Duration,
+    posts: AtomicUsize,
+    /// Each POST's path and body, as sent.
+    pub(crate) bodies: Mutex<Vec<(String, Value)>>,
+}
+
+async fn answer(State(canned): State<Arc<Canned>>, uri: Uri, body: Bytes) -> Response {
+    if uri.path() == "/tools" {
+        let tool = |name: &str, effect: &str| {
+            json!({"name": name, "description": "", "parameters": {"type": "object"},
+                   "group": "editing", "effect": effect, "enabled_by_default": false,
+                   "requires_admin": false, "previews": true})
+        };
+        let tools = json!({"protocol": 1, "tools": [
+            tool("absolute", "idempotent_write"), tool("relative", "non_idempotent_write")]});
+        return (StatusCode::OK, tools.to_string()).into_response();
+    }
+    canned.posts.fetch_add(1, Ordering::SeqCst);
+    canned.bodies.lock().unwrap().push((
+        uri.path().to_owned(),
+        serde_json::from_slice(&body).unwrap_or(Value::Null),
+    ));
+    tokio::time::sleep(canned.delay).await;
+    (
+        StatusCode::from_u16(canned.status).unwrap(),
+        canned.body.clone(),
+    )
+        .into_response()
+}
+
+pub(crate) async fn serve(status: u16, body: &str, delay: Duration) -> (String, Arc<Canned>) {
+    let canned = Arc::new(Canned {
+        status,
+        body: body.to_owned(),
+        delay,
+        posts: AtomicUsize::new(0),
+        bodies: Mutex::new(Vec::new()),
+    });
+    let app = Router::new()
+        .fallback(answer)
+        .with_state(Arc::clone(&canned));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{address}"), canned)
+}
+
+pub(crate) fn tight() -> Limits {
+    Limits {
+        preview_timeout: Duration::from_millis(200),
+        execute_timeout: Duration::from_millis(200),
+        max_response_bytes: 1024,
+        ..Limits::default()
+    }
+}
+
+pub(crate) async fn tools(url: &str) -> Vec<Arc<dyn Tool>> {
+    RemoteToolServer::with_secret("canned", url, &SecretString::from("s"), tight())
+        .unwrap()
+        .discover_tools()
+        .await
+        .unwrap()
+}
+
+pub(crate) fn tool<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> &'a dyn Tool {
+    tools
+        .iter()
+        .find(|t| t.spec().name == name)
+        .unwrap()
+        .as_ref()
+}
+
+pub(crate) fn fenced() -> ExecContext {
+    ExecContext {
+        acting_user: Principal::new("editor", false),
+        fence: Some(FenceToken {
+            run_id: RunId::new(),
+            lease_owner: "w".into(),
+            lease_epoch: LeaseEpoch::new(1).unwrap(),
+            suspension_seq: SuspensionSeq::new(1).unwrap(),
+            call_index: CallIndex::new(0),
+        }),
+    }
+}
+
+fn args() -> Value {
+    json!({"page": "home"})
+}
+
+#[tokio::test]
+async fn a_preview_that_does_not_answer_in_time_fails_as_remote_timeout() {
+    let (url, _) = serve(200, r#"{"lines":["x"]}"#, Duration::from_secs(5)).await;
+    let tools = tools(&url).await;
+    let previewer = tool(&tools, "absolute").previewer().unwrap();
+    let e = previewer
+        .preview(&Principal::new("editor", false), &args())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "remote_timeout");
+    assert!(!e.is_infrastructure(), "a preview failure is a failed line");
+}
+
+#[tokio::test]
+async fn an_answer_over_the_size_limit_fails_as_response_too_large() {
+    let big = format!(r#"{{"lines":["{}"]}}"#, "x".repeat(4096));
+    let (url, _) = serve(200, &big, Duration::ZERO).await;
+    let tools = tools(&url).await;
+    let e = tool(&tools, "absolute")
+        .previewer()
+        .unwrap()
+        .preview(&Principal::new("editor", false), &args())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "response_too_large");
+}
+
+#[tokio::test]
+async fn a_preview_answer_that_is_not_lines_fails_as_malformed_response() {
+    let (url, _) = serve(200, r#"{"lines":"not a list"}"#, Duration::ZERO).await;
+    let tools = tools(&url).await;
+    let e = tool(&tools, "absolute")
+        .previewer()
+        .unwrap()
+        .preview(&Principal::new("editor", false), &args())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "malformed_response");
+}
+
+#[tokio::test]
+async fn may_view_fails_closed_on_an_error_status_and_on_a_malformed_answer() {
+    for (status, body) in [(500, r#"{"allowed":true}"#), (200, r#"{"allowed":"yes"}"#)] {
+        let (url, _) = serve(status, body, Duration::ZERO).await;
+        let tools = tools(&url).await;
+        let allowed = tool(&tools, "absolute")
+            .previewer()
+            .unwrap()
+            .may_viewer_read_preview(&args(), &Principal::new("alice", true))
+            .await;
+        assert!(!allowed, "{status} {body}");
+    }
+}
+
+#[tokio::test]
+async fn an_idempotent_execute_that_timed_out_interrupts_the_segment_for_a_retry() {
+    let (url, _) = serve(200, "{}", Duration::from_secs(5)).await;
+    let tools = tools(&url).await;
+    let e = tool(&tools, "absolute")
+        .execute(&fenced(), &args())
+        .await
+        .unwrap_err();
+    assert!(e.is_infrastructure());
+    assert_eq!(e.code(), "remote_timeout");
+}
+
+#[tokio::test]
+async fn a_non_idempotent_execute_that_timed_out_is_a_failure_of_the_call_not_a_retry() {
+    let (url, canned) = serve(200, "{}", Duration::from_secs(5)).await;
+    let tools = tools(&url).await;
+    let e = tool(&tools, "relative")
+        .execute(&fenced(), &args())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            ToolError::Failed {
+                code: "remote_timeout",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(canned.posts.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_non_idempotent_execute_that_a_server_error_answered_is_a_failure_of_the_call() {
+    let (url, _) = serve(503, "{}", Duration::ZERO).await;
+    let tools = tools(&url).await;
+    let relative = tool(&tools, "relative").execute(&fenced(), &args()).await;
+    assert!(matches!(
+        relative,
+        Err(ToolError::Failed {
+            code: "remote_status",
+            ..
+        })
+    ));
+    let absolute = tool(&tools, "absolute").execute(&fenced(), &args()).await;
+    assert!(matches!(
+        absolute,
+        Err(ToolError::Unavailable {
+            code: "remote_status",
+            ..
+        })
+    ));
+}
+
+#[tokio::test]
+async fn a_server_nobody_listens_on_fails_discovery_as_remote_unreachable() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let server = RemoteToolServer::with_secret(
+        "gone",
+        &format!("http://127.0.0.1:{port}"),
+        &SecretString::from("s"),
+        tight(),
+    )
+    .unwrap();
+    let e = server.discover_tools().await.unwrap_err();
+    assert_eq!(e.code(), "remote_unreachable");
+}
+
+#[tokio::test]
+async fn an_execute_the_server_fenced_out_is_a_lost_lease() {
+    let (url, _) = serve(409, r#"{"error":"fenced"}"#, Duration::ZERO).await;
+    let tools = tools(&url).await;
+    let e = tool(&tools, "relative")
+        .execute(&fenced(), &args())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ToolError::FenceLost));
+}
+
+#[tokio::test]
+async fn a_remote_write_without_a_fence_is_refused_without_a_request() {
+    let (url, canned) = serve(200, r#"{"content":"","is_error":false}"#, Duration::ZERO).await;
+    let tools = tools(&url).await;
+    let ctx = ExecContext {
+        acting_user: Principal::new("editor", false),
+        fence: None,
+    };
+    let e = tool(&tools, "absolute")
+        .execute(&ctx, &args())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "unfenced_write");
+    assert_eq!(canned.posts.load(Ordering::SeqCst), 0);
+}

@@ -1,0 +1,5 @@
+//! The remote tool client against real HTTP servers on loopback.
+
+mod client;
+mod schemas;
+mod wiki;

@@ -1,0 +1,306 @@
+//! The client against the reference tool server, `examples/remote-wiki` (needs `python3`).
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use countersign_core::preview::assert_deterministic;
+use countersign_core::{
+    CallIndex, Effect, ExecContext, FenceToken, LeaseEpoch, Principal, RunId, SuspensionSeq, Tool,
+};
+use countersign_remote::{Limits, RemoteToolServer};
+use secrecy::SecretString;
+use serde_json::json;
+
+const SECRET: &str = "wiki-test-secret";
+
+/// A running wiki server on a free loopback port, killed when dropped.
+struct Wiki {
+    child: Child,
+    url: String,
+    /// Taken out by a restart, so the state outlives the process.
+    dir: Option<TempDir>,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+impl Drop for Wiki {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn server_script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/remote-wiki/wiki_server.py")
+}
+
+impl Wiki {
+    fn start() -> Wiki {
+        let dir = std::env::temp_dir().join(format!("remote-wiki-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Self::start_in(TempDir(dir))
+    }
+
+    fn start_in(dir: TempDir) -> Wiki {
+        let mut child = Command::new("python3")
+            .arg(server_script())
+            .args(["--port", "0", "--state"])
+            .arg(dir.0.join("wiki.json"))
+            .env("WIKI_SECRET", SECRET)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs the wiki server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .expect("the server says where it listens")
+            .to_owned();
+        Wiki {
+            child,
+            url,
+            dir: Some(dir),
+        }
+    }
+
+    /// Stops the server and starts it again on the same state file.
+    fn restart(mut self) -> Wiki {
+        let dir = self.dir.take().expect("a running wiki has its directory");
+        drop(self);
+        Self::start_in(dir)
+    }
+
+    async fn tools(&self, secret: &str) -> Vec<Arc<dyn Tool>> {
+        RemoteToolServer::with_secret(
+            "wiki",
+            &self.url,
+            &SecretString::from(secret),
+            Limits::default(),
+        )
+        .unwrap()
+        .discover_tools()
+        .await
+        .unwrap()
+    }
+
+    fn put(&self, page: &str, text: &str) {
+        let status = Command::new("python3")
+            .args([
+                "-c",
+                PUT,
+                &format!("{}/pages/{page}", self.url),
+                SECRET,
+                text,
+            ])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
+
+const PUT: &str = r#"
+import json, sys, urllib.request
+req = urllib.request.Request(sys.argv[1], data=json.dumps({"text": sys.argv[3]}).encode(), method="PUT",
+                             headers={"Authorization": "Bearer " + sys.argv[2]})
+urllib.request.urlopen(req).read()
+"#;
+
+fn find<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> &'a dyn Tool {
+    tools
+        .iter()
+        .find(|t| t.spec().name == name)
+        .unwrap()
+        .as_ref()
+}
+
+fn editor() -> Principal {
+    Principal::new("editor", false)
+}
+
+fn ctx(run: RunId, epoch: i64, call: usize) -> ExecContext {
+    ExecContext {
+        acting_user: editor(),
+        fence: Some(FenceToken {
+            run_id: run,
+            lease_owner: "w".into(),
+            lease_epoch: LeaseEpoch::new(epoch).unwrap(),
+            suspension_seq: SuspensionSeq::new(1).unwrap(),
+            call_index: CallIndex::new(call),
+        }),
+    }
+}
+
+async fn read(tools: &[Arc<dyn Tool>], page: &str) -> String {
+    let ctx = ExecContext {
+        acting_user: editor(),
+        fence: None,
+    };
+    find(tools, "read_page")
+        .execute(&ctx, &json!({"page": page}))
+        .await
+        .unwrap()
+        .content
+}
+
+#[tokio::test]
+async fn discovery_registers_each_wiki_tool_with_its_declared_effect_and_preview() {
+    let wiki = Wiki::start();
+    let tools = wiki.tools(SECRET).await;
+    let mut found: Vec<(String, Effect, bool, bool)> = tools
+        .iter()
+        .map(|t| {
+            let s = t.spec();
+            (
+                s.name.clone(),
+                s.effect,
+                s.enabled_by_default,
+                t.previewer().is_some(),
+            )
+        })
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        found,
+        vec![
+            (
+                "append_line".into(),
+                Effect::NonIdempotentWrite,
+                false,
+                true
+            ),
+            ("read_page".into(), Effect::ReadOnly, true, false),
+            ("set_page".into(), Effect::IdempotentWrite, false, true),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_wrong_secret_fails_discovery_as_remote_unauthorized() {
+    let wiki = Wiki::start();
+    let e = RemoteToolServer::with_secret(
+        "wiki",
+        &wiki.url,
+        &SecretString::from("wrong"),
+        Limits::default(),
+    )
+    .unwrap()
+    .discover_tools()
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), "remote_unauthorized");
+}
+
+#[tokio::test]
+async fn the_wiki_previews_are_deterministic_and_show_what_the_call_would_write() {
+    let wiki = Wiki::start();
+    wiki.put("home", "one\ntwo");
+    let tools = wiki.tools(SECRET).await;
+    let append = json!({"page": "home", "line": "three"});
+    let previewer = find(&tools, "append_line").previewer().unwrap();
+    assert_deterministic(previewer, &editor(), &append).await;
+    assert_eq!(
+        previewer.preview(&editor(), &append).await.unwrap(),
+        vec![
+            "page \"home\"",
+            "lines: 2 line(s) → 3, appended last: \"three\""
+        ]
+    );
+    let set = json!({"page": "home", "text": "new"});
+    assert_eq!(
+        find(&tools, "set_page")
+            .previewer()
+            .unwrap()
+            .preview(&editor(), &set)
+            .await
+            .unwrap(),
+        vec!["page \"home\"", "text: \"one two\" → \"new\""]
+    );
+}
+
+#[tokio::test]
+async fn a_page_the_acting_user_may_not_edit_previews_as_the_neutral_refusal_line() {
+    let wiki = Wiki::start();
+    wiki.put("private/salaries", "x");
+    let tools = wiki.tools(SECRET).await;
+    let args = json!({"page": "private/salaries", "line": "y"});
+    let previewer = find(&tools, "append_line").previewer().unwrap();
+    assert_eq!(
+        previewer.preview(&editor(), &args).await.unwrap(),
+        vec!["The page does not exist or you may not edit it."]
+    );
+    assert!(!previewer.may_viewer_read_preview(&args, &editor()).await);
+    assert!(
+        previewer
+            .may_viewer_read_preview(&args, &Principal::new("admin", true))
+            .await
+    );
+}
+
+#[tokio::test]
+async fn an_append_sent_twice_with_one_idempotency_key_is_written_once_even_across_a_restart() {
+    let wiki = Wiki::start();
+    wiki.put("home", "one");
+    let tools = wiki.tools(SECRET).await;
+    let run = RunId::new();
+    let args = json!({"page": "home", "line": "two"});
+    let first = find(&tools, "append_line")
+        .execute(&ctx(run, 1, 0), &args)
+        .await
+        .unwrap();
+    let wiki = wiki.restart();
+    let tools = wiki.tools(SECRET).await;
+    let again = find(&tools, "append_line")
+        .execute(&ctx(run, 2, 0), &args)
+        .await
+        .unwrap();
+    assert_eq!(first, again, "the recorded answer is returned again");
+    assert_eq!(read(&tools, "home").await, "one\ntwo");
+}
+
+#[tokio::test]
+async fn an_execute_from_an_older_epoch_than_one_the_wiki_has_seen_is_a_lost_lease() {
+    let wiki = Wiki::start();
+    wiki.put("home", "one");
+    let tools = wiki.tools(SECRET).await;
+    let run = RunId::new();
+    let append = find(&tools, "append_line");
+    append
+        .execute(&ctx(run, 5, 0), &json!({"page": "home", "line": "two"}))
+        .await
+        .unwrap();
+    let zombie = append
+        .execute(&ctx(run, 4, 1), &json!({"page": "home", "line": "zombie"}))
+        .await
+        .unwrap_err();
+    assert_eq!(zombie.code(), "fence_lost");
+    assert_eq!(read(&tools, "home").await, "one\ntwo");
+}
+
+#[tokio::test]
+async fn a_refused_execute_is_an_error_result_naming_the_neutral_refusal() {
+    let wiki = Wiki::start();
+    let tools = wiki.tools(SECRET).await;
+    let out = find(&tools, "append_line")
+        .execute(
+            &ctx(RunId::new(), 1, 0),
+            &json!({"page": "missing", "line": "x", "extra": 1}),
+        )
+        .await
+        .unwrap();
+    assert!(out.is_error);
+    assert_eq!(
+        out.content,
+        "The page does not exist or you may not edit it."
+    );
+}

@@ -1,0 +1,319 @@
+#!/usr/bin/env python3
+"""A reference tool server for countersign's remote tool protocol (docs/remote-tools.md).
+
+A key-value wiki: pages are lists of lines. Tools:
+
+- read_page    read_only             the page's lines
+- set_page     idempotent_write      replace the whole text of a page (absolute: twice = once)
+- append_line  non_idempotent_write  add one line at the end (relative: twice = two lines)
+
+Standard library only. State (pages, executed idempotency keys with their answers, the
+highest fence epoch seen per run) is one JSON file, rewritten atomically after every change,
+so deduplication survives a restart. Pages under `private/` are for admins only.
+
+Besides the protocol it serves the wiki's own editing surface, used by people (and tests):
+GET /pages/NAME -> {"lines": [...]}, PUT /pages/NAME {"text": "..."}, GET /applied -> the
+idempotency keys whose execute did the work, in order. Every route but /healthz needs the
+bearer secret.
+
+    WIKI_SECRET=s3cret python3 wiki_server.py --port 8090 --state wiki.json
+"""
+
+import argparse
+import hmac
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+EXCERPT = 120
+MAX_BODY = 1024 * 1024
+REFUSAL = "The page does not exist or you may not edit it."
+READ_REFUSAL = "The page does not exist or you may not read it."
+
+PAGE_PARAMS = {"page": {"type": "string", "minLength": 1, "description": "The page name, e.g. home."}}
+
+TOOLS = [
+    {
+        "name": "read_page",
+        "description": "Read the lines of a wiki page.",
+        "parameters": {"type": "object", "properties": dict(PAGE_PARAMS),
+                       "required": ["page"], "additionalProperties": False},
+        "group": "content", "effect": "read_only",
+        "enabled_by_default": True, "requires_admin": False, "previews": False,
+    },
+    {
+        "name": "set_page",
+        "description": "Replace the whole text of a wiki page (creating it when missing).",
+        "parameters": {"type": "object",
+                       "properties": dict(PAGE_PARAMS, text={"type": "string", "description": "The new text; lines separated by newlines."}),
+                       "required": ["page", "text"], "additionalProperties": False},
+        "group": "editing", "effect": "idempotent_write",
+        "enabled_by_default": False, "requires_admin": False, "previews": True,
+    },
+    {
+        "name": "append_line",
+        "description": "Append one line at the end of an existing wiki page.",
+        "parameters": {"type": "object",
+                       "properties": dict(PAGE_PARAMS, line={"type": "string", "minLength": 1}),
+                       "required": ["page", "line"], "additionalProperties": False},
+        "group": "editing", "effect": "non_idempotent_write",
+        "enabled_by_default": False, "requires_admin": False, "previews": True,
+    },
+]
+TOOL_NAMES = {t["name"]: t for t in TOOLS}
+
+
+def collapse(value):
+    return " ".join(value.split())
+
+
+def quote(value):
+    """A value as a preview shows it: (empty), or quoted and excerpted to 120 characters."""
+    v = collapse(value)
+    if not v:
+        return "(empty)"
+    if len(v) > EXCERPT:
+        return '"' + v[:EXCERPT] + '…"'
+    return '"' + v + '"'
+
+
+class Wiki:
+    def __init__(self, path):
+        self.path = path
+        self.lock = threading.Lock()
+        self.state = {"pages": {}, "keys": {}, "epochs": {}, "applied": []}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                self.state.update(json.load(f))
+
+    def save(self):
+        directory = os.path.dirname(os.path.abspath(self.path))
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".wiki-")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(self.state, f, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    # The record check shared by preview, may-view and execute.
+    @staticmethod
+    def may_access(user, page):
+        return not page.startswith("private/") or bool(user.get("admin"))
+
+    @staticmethod
+    def parse(tool, args):
+        """The arguments, or None: an unknown or missing argument refuses the whole call."""
+        if not isinstance(args, dict):
+            return None
+        spec = TOOL_NAMES[tool]["parameters"]
+        if set(args) - set(spec["properties"]) or set(spec["required"]) - set(args):
+            return None
+        if not all(isinstance(v, str) for v in args.values()):
+            return None
+        if not args["page"].strip() or ("line" in args and not args["line"].strip()):
+            return None
+        return args
+
+    def preview(self, tool, user, args):
+        args = self.parse(tool, args)
+        if args is None or not self.may_access(user, args["page"]):
+            return [REFUSAL]
+        page = args["page"]
+        lines = self.state["pages"].get(page)
+        if tool == "set_page":
+            old = "(new page)" if lines is None else quote("\n".join(lines))
+            return [f"page {quote(page)}", f"text: {old} → {quote(args['text'])}"]
+        if tool == "append_line":
+            if lines is None:
+                return [REFUSAL]
+            n = len(lines)
+            return [f"page {quote(page)}",
+                    f"lines: {n} line(s) → {n + 1}, appended last: {quote(args['line'])}"]
+        return [REFUSAL]
+
+    def may_view(self, tool, viewer, args):
+        args = self.parse(tool, args) if tool in TOOL_NAMES else None
+        return args is not None and self.may_access(viewer, args["page"])
+
+    def execute(self, tool, user, args, key, epoch):
+        """(status, body). Deduplicated by key; a stale epoch of a run is fenced out (409)."""
+        if key is not None:
+            if key in self.state["keys"]:
+                return 200, self.state["keys"][key]
+            run = key.split(":", 1)[0]
+            seen = self.state["epochs"].get(run)
+            if isinstance(epoch, int) and seen is not None and epoch < seen:
+                return 409, {"error": "fenced"}
+            if isinstance(epoch, int):
+                self.state["epochs"][run] = max(epoch, seen or 0)
+        answer = self.apply(tool, user, args)
+        if key is not None:
+            self.state["keys"][key] = answer
+            if not answer["is_error"] and TOOL_NAMES[tool]["effect"] != "read_only":
+                self.state["applied"].append(key)
+        self.save()  # the write and its key record land in one file replacement
+        return 200, answer
+
+    def apply(self, tool, user, args):
+        args = self.parse(tool, args)
+        if args is None or not self.may_access(user, args["page"]):
+            return {"content": READ_REFUSAL if tool == "read_page" else REFUSAL, "is_error": True}
+        pages = self.state["pages"]
+        page = args["page"]
+        if tool == "read_page":
+            if page not in pages:
+                return {"content": READ_REFUSAL, "is_error": True}
+            return {"content": "\n".join(pages[page]), "is_error": False}
+        if tool == "set_page":
+            pages[page] = args["text"].split("\n") if args["text"] else []
+            return {"content": f"Page {quote(page)} now has {len(pages[page])} line(s).", "is_error": False}
+        if tool == "append_line":
+            if page not in pages:
+                return {"content": REFUSAL, "is_error": True}
+            pages[page].append(collapse(args["line"]))
+            return {"content": f"Appended line {len(pages[page])} to page {quote(page)}.", "is_error": False}
+        return {"content": REFUSAL, "is_error": True}
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "remote-wiki/1"
+
+    def log_message(self, fmt, *args):  # quiet unless asked
+        if self.server.verbose:
+            sys.stderr.write("%s %s\n" % (self.address_string(), fmt % args))
+
+    def reply(self, status, body):
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        try:
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the caller is gone; what it asked for is recorded under its key
+
+    def authorized(self):
+        given = self.headers.get("Authorization", "")
+        expected = "Bearer " + self.server.secret
+        if hmac.compare_digest(given.encode(), expected.encode()):
+            return True
+        self.reply(401, {"error": "unauthorized"})
+        return False
+
+    def body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY:
+            return None
+        try:
+            value = json.loads(self.rfile.read(length) or b"null")
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+    def hold(self):
+        """With --hold-file: while that file exists, an execute waits before it does anything,
+        after adding a line to HOLD_FILE.waiting (a test's way to act while a call is in flight)."""
+        hold = self.server.hold_file
+        if not hold or not os.path.exists(hold):
+            return
+        with self.server.wiki.lock:
+            with open(hold + ".waiting", "a", encoding="utf-8") as f:
+                f.write(self.path + "\n")
+        while os.path.exists(hold):
+            time.sleep(0.02)
+
+    def do_GET(self):
+        if self.path == "/healthz":
+            return self.reply(200, {"ok": True})
+        if not self.authorized():
+            return
+        wiki = self.server.wiki
+        if self.path == "/tools":
+            return self.reply(200, {"protocol": 1, "tools": TOOLS})
+        if self.path == "/applied":
+            with wiki.lock:
+                return self.reply(200, {"applied": list(wiki.state["applied"])})
+        if self.path.startswith("/pages/"):
+            with wiki.lock:
+                lines = wiki.state["pages"].get(self.path[len("/pages/"):])
+            if lines is None:
+                return self.reply(404, {"error": "no_such_page"})
+            return self.reply(200, {"lines": lines})
+        self.reply(404, {"error": "not_found"})
+
+    def do_PUT(self):
+        if not self.authorized():
+            return
+        body = self.body()
+        if not self.path.startswith("/pages/") or body is None or not isinstance(body.get("text"), str):
+            return self.reply(400, {"error": "malformed_request"})
+        wiki = self.server.wiki
+        with wiki.lock:
+            text = body["text"]
+            wiki.state["pages"][self.path[len("/pages/"):]] = text.split("\n") if text else []
+            wiki.save()
+        self.reply(200, {"ok": True})
+
+    def do_POST(self):
+        if not self.authorized():
+            return
+        parts = self.path.strip("/").split("/")
+        if len(parts) != 3 or parts[0] != "tools" or parts[1] not in TOOL_NAMES:
+            return self.reply(404, {"error": "unknown_tool"})
+        tool, action = parts[1], parts[2]
+        body = self.body()
+        if body is None:
+            return self.reply(400, {"error": "malformed_request"})
+        wiki = self.server.wiki
+        if action == "execute":
+            self.hold()
+        with wiki.lock:
+            if action == "preview" and isinstance(body.get("acting_user"), dict):
+                return self.reply(200, {"lines": wiki.preview(tool, body["acting_user"], body.get("arguments"))})
+            if action == "may-view" and isinstance(body.get("viewer"), dict):
+                return self.reply(200, {"allowed": wiki.may_view(tool, body["viewer"], body.get("arguments"))})
+            if action == "execute" and isinstance(body.get("acting_user"), dict):
+                key = body.get("idempotency_key")
+                if TOOL_NAMES[tool]["effect"] != "read_only" and not isinstance(key, str):
+                    return self.reply(400, {"error": "idempotency_key_required"})
+                status, answer = wiki.execute(tool, body["acting_user"], body.get("arguments"),
+                                              key, body.get("fence_epoch"))
+                return self.reply(status, answer)
+        self.reply(404 if action not in ("preview", "may-view", "execute") else 400,
+                   {"error": "malformed_request"})
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8090, help="0 picks a free port")
+    parser.add_argument("--state", default="wiki.json", help="the JSON file holding the wiki")
+    parser.add_argument("--secret-env", default="WIKI_SECRET",
+                        help="the variable holding the bearer secret countersign sends")
+    parser.add_argument("--hold-file", help="for tests: executes wait while this file exists")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args()
+    secret = os.environ.get(args.secret_env, "")
+    if not secret:
+        sys.exit(f"set {args.secret_env} to the bearer secret")
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.wiki = Wiki(args.state)
+    server.secret = secret
+    server.verbose = args.verbose
+    server.hold_file = args.hold_file
+    host, port = server.server_address[:2]
+    print(f"listening on http://{host}:{port}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

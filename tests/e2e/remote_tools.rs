@@ -1,0 +1,501 @@
+//! Remote tools end to end: the reference tool server (`examples/remote-wiki`, Python) with the
+//! real coordinator, worker and reaper, configured through `COUNTERSIGN_TOOL_SERVERS`.
+//!
+//! - The run suspends with the wiki's previews; a colleague's edit of the page moves the
+//!   relative writer's preview and bounces the approval with nothing written; the approval of
+//!   the new card writes each call exactly once, under its idempotency key.
+//! - A worker SIGKILLed while an idempotent call is in flight: the reaper requeues the run,
+//!   another worker sends the call again with the same key, and the wiki writes it once.
+//! - A worker SIGKILLed while a non-idempotent call is in flight: the reaper fails the run
+//!   `not_retryable` and nothing sends the call again.
+//!
+//! The wiki's `--hold-file` holds every execute while the file exists, so the test knows the
+//! call is in flight at the server when it kills the worker.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+use countersign_core::RunId;
+use countersign_crypto::Keyring;
+use countersign_e2e::{
+    count, run_row, secs, wait_for_card, wait_for_sql, wait_for_status, wait_until, workspace_file,
+    Installation, Running, TempDir, KEYS,
+};
+use countersign_store::Store;
+use serde_json::{json, Value};
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+use crate::services::Database;
+
+const SECRET: &str = "e2e-wiki-secret";
+
+/// The wiki server on a free loopback port with its state file in `dir`; killed on drop.
+struct WikiServer {
+    child: Child,
+    url: String,
+    state: PathBuf,
+    hold: PathBuf,
+}
+
+impl WikiServer {
+    fn start(dir: &TempDir, pages: &Value) -> WikiServer {
+        let state = dir.0.join("wiki.json");
+        let hold = dir.0.join("hold");
+        std::fs::write(&state, json!({ "pages": pages }).to_string()).unwrap();
+        let mut child = Command::new("python3")
+            .arg(workspace_file("examples/remote-wiki/wiki_server.py"))
+            .args(["--port", "0", "--state"])
+            .arg(&state)
+            .arg("--hold-file")
+            .arg(&hold)
+            .env("WIKI_SECRET", SECRET)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs the wiki server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("the wiki says where it listens: {line:?}"))
+            .to_owned();
+        WikiServer {
+            child,
+            url,
+            state,
+            hold,
+        }
+    }
+
+    /// What the wiki holds now, from its state file (rewritten atomically on every change).
+    fn state(&self) -> Value {
+        serde_json::from_str(&std::fs::read_to_string(&self.state).unwrap()).unwrap()
+    }
+
+    /// From now on every execute waits at the server until [`release`](Self::release).
+    fn hold_executes(&self) {
+        std::fs::write(&self.hold, "").unwrap();
+    }
+
+    fn release(&self) {
+        std::fs::remove_file(&self.hold).unwrap();
+    }
+
+    /// How many executes have arrived while held.
+    fn held_executes(&self) -> usize {
+        std::fs::read_to_string(self.hold.with_extension("waiting"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    /// A colleague's edit through the wiki's own editing surface.
+    fn put_page(&self, page: &str, text: &str) {
+        let address = self.url.strip_prefix("http://").unwrap();
+        let body = json!({ "text": text }).to_string();
+        let mut stream = TcpStream::connect(address).unwrap();
+        write!(
+            stream,
+            "PUT /pages/{page} HTTP/1.1\r\nHost: {address}\r\nAuthorization: Bearer {SECRET}\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+}
+
+impl Drop for WikiServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One installation whose only writers are the wiki's, with an agent that proposes `calls` in
+/// one turn and then finishes.
+struct Site {
+    db: Database,
+    install: Installation,
+    conn: PgConnection,
+    wiki: WikiServer,
+    env: Vec<(&'static str, String)>,
+    _dir: TempDir,
+}
+
+impl Site {
+    async fn new(tag: &str, pages: Value, calls: Value) -> Site {
+        let dir = TempDir::new();
+        let wiki = WikiServer::start(&dir, &pages);
+        let script = dir.json(
+            "script.json",
+            &json!({ "turns": [
+                { "content": "I will edit the wiki.", "tool_calls": calls },
+                { "content": "Done." } ] }),
+        );
+        let agent = dir.json(
+            "agent.json",
+            &json!({
+                "name": "wiki-assistant",
+                "model": { "provider": "scripted", "script": script },
+                "policy": { "allowed_groups": ["content", "editing"],
+                            "enabled_tools": ["set_page", "append_line"] },
+                "max_iterations": 4,
+                "four_eyes": false,
+                "approval_deadline_secs": 3600
+            }),
+        );
+        let db = Database::create(tag).await;
+        let install = Installation {
+            database_url: db.url(),
+            queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+        };
+        install.configure(&agent);
+        let conn = PgConnection::connect(&db.url()).await.unwrap();
+        let env = vec![
+            ("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url)),
+            ("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()),
+        ];
+        Site {
+            db,
+            install,
+            conn,
+            wiki,
+            env,
+            _dir: dir,
+        }
+    }
+
+    /// A coordinator or worker that knows the wiki's tools.
+    fn spawn(&self, binary: &str, args: &[&str]) -> Running {
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.install.spawn_env(binary, args, &env)
+    }
+
+    fn submit(&self) -> String {
+        self.install
+            .submit("wiki-assistant", "editor", "Describe us on the wiki.")
+    }
+
+    async fn digest(&mut self, run_id: &str) -> String {
+        run_row(&mut self.conn, run_id).await["turn_digest"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    fn approve(&self, run_id: &str, seq: i32, digest: &str) {
+        let seq = seq.to_string();
+        let out = self.install.countersign_ok(&[
+            "decide",
+            run_id,
+            "--seq",
+            &seq,
+            "--digest",
+            digest,
+            "--as",
+            "admin",
+            "--approve",
+        ]);
+        assert!(out.contains("decision accepted"), "{out}");
+    }
+
+    /// The call previews and stale indexes of the run's current card, from its sealed state.
+    async fn card(&self, run_id: &str) -> (Vec<Value>, Value) {
+        let pool = sqlx::PgPool::connect(&self.db.url()).await.unwrap();
+        let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
+        let bytes = store
+            .load_state(RunId::parse(run_id).unwrap())
+            .await
+            .unwrap();
+        pool.close().await;
+        let state: Value = serde_json::from_slice(&bytes).unwrap();
+        let previews = state["call_previews"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        (previews, state["stale_call_indexes"].clone())
+    }
+
+    async fn journal(&mut self, run_id: &str) -> Vec<(i32, i32, i64)> {
+        sqlx::query_as(
+            "SELECT suspension_seq, call_index, lease_epoch FROM run_journal
+             WHERE run_id = $1::uuid ORDER BY suspension_seq, call_index",
+        )
+        .bind(run_id)
+        .fetch_all(&mut self.conn)
+        .await
+        .unwrap()
+    }
+
+    /// Waits until the run's lease has run out by the database clock.
+    async fn wait_for_expired_lease(&mut self, run_id: &str) {
+        let sql = format!("SELECT lease_expires_at < now() FROM runs WHERE id = '{run_id}'::uuid");
+        wait_for_sql(&mut self.conn, "the lease expired", secs(30), &sql).await;
+    }
+
+    /// One reaper pass without backoff; its summary line.
+    fn reap(&self) -> String {
+        let out = self
+            .install
+            .command("countersign-reaper")
+            .args(["--backoff-secs", "0", "--dispatch-grace-secs", "0"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    async fn finish(self, services: Vec<Running>) {
+        drop(services);
+        drop(self.conn);
+        drop(self.wiki);
+        countersign_e2e::delete_topology(&self.install.queue_prefix).await;
+        self.db.drop().await;
+    }
+}
+
+fn lines(previews: &[Value], index: usize) -> Vec<String> {
+    let preview = previews
+        .iter()
+        .find(|p| p["index"] == index)
+        .unwrap_or_else(|| panic!("no preview of call {index}: {previews:?}"));
+    assert_eq!(preview["failed"], false, "{preview}");
+    preview["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_owned())
+        .collect()
+}
+
+async fn wait_for_held_executes(wiki: &WikiServer, n: usize) {
+    wait_until(
+        &format!("{n} execute(s) held at the wiki"),
+        secs(60),
+        async || (wiki.held_executes() >= n).then_some(()),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_remote_turn_suspends_with_its_previews_bounces_on_a_moved_append_and_writes_once_on_reapproval(
+) {
+    let mut site = Site::new(
+        "remote_tools",
+        json!({ "home": ["Welcome.", "Opening hours: 9-17"] }),
+        json!([
+            { "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } },
+            { "name": "append_line", "arguments": { "page": "home", "line": "Closed on Sundays." } }
+        ]),
+    )
+    .await;
+    let services = vec![
+        site.spawn("countersign-coordinator", &[]),
+        site.spawn("countersign-worker", &[]),
+    ];
+
+    // The run suspends on card 1 with the wiki's own previews of both calls.
+    let run_id = site.submit();
+    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
+    let (previews, stale) = site.card(&run_id).await;
+    assert_eq!(
+        lines(&previews, 0),
+        vec![
+            "page \"about\"",
+            "text: (new page) → \"We repair bicycles.\""
+        ]
+    );
+    assert_eq!(
+        lines(&previews, 1),
+        vec![
+            "page \"home\"",
+            "lines: 2 line(s) → 3, appended last: \"Closed on Sundays.\""
+        ]
+    );
+    assert_eq!(stale, json!([]));
+    let digest = site.digest(&run_id).await;
+
+    // A colleague adds a line to home; the approval of card 1 finds the append moved, writes
+    // nothing, and the run waits on card 2 with the current previews and the moved index.
+    site.wiki.put_page(
+        "home",
+        "Welcome.\nOpening hours: 9-17\nNew: e-bike rentals.",
+    );
+    site.approve(&run_id, 1, &digest);
+    wait_for_card(&mut site.conn, &run_id, 2, secs(60)).await;
+    let (previews, stale) = site.card(&run_id).await;
+    assert_eq!(stale, json!([1]));
+    assert_eq!(
+        lines(&previews, 1)[1],
+        "lines: 3 line(s) → 4, appended last: \"Closed on Sundays.\""
+    );
+    let state = site.wiki.state();
+    assert_eq!(state["applied"], json!([]), "nothing executed: {state}");
+    assert!(state["pages"].get("about").is_none(), "{state}");
+    assert!(site.journal(&run_id).await.is_empty());
+
+    // The approval of card 2 writes each call once, under the key of its call of card 2.
+    site.approve(&run_id, 2, &digest);
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
+    let state = site.wiki.state();
+    assert_eq!(
+        state["applied"],
+        json!([format!("{run_id}:2:0"), format!("{run_id}:2:1")]),
+        "{state}"
+    );
+    assert_eq!(state["pages"]["about"], json!(["We repair bicycles."]));
+    assert_eq!(
+        state["pages"]["home"],
+        json!([
+            "Welcome.",
+            "Opening hours: 9-17",
+            "New: e-bike rentals.",
+            "Closed on Sundays."
+        ])
+    );
+    let journal: Vec<(i32, i32)> = site
+        .journal(&run_id)
+        .await
+        .into_iter()
+        .map(|(s, i, _)| (s, i))
+        .collect();
+    assert_eq!(journal, vec![(2, 0), (2, 1)]);
+    assert_eq!(
+        run_row(&mut site.conn, &run_id).await["pending_effect"],
+        Value::Null,
+        "the stamp is cleared with the journal"
+    );
+    site.finish(services).await;
+}
+
+#[tokio::test]
+async fn an_idempotent_remote_call_in_flight_when_its_worker_is_killed_is_sent_again_under_its_key_and_written_once(
+) {
+    let mut site = Site::new(
+        "remote_kill_idem",
+        json!({}),
+        json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }]),
+    )
+    .await;
+    let coordinator = site.spawn("countersign-coordinator", &[]);
+    let mut doomed = site.spawn("countersign-worker", &["--lease-ttl-secs", "3"]);
+    let run_id = site.submit();
+    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
+    let digest = site.digest(&run_id).await;
+
+    // The approved call reaches the wiki and is held there; its worker dies with it in flight.
+    site.wiki.hold_executes();
+    site.approve(&run_id, 1, &digest);
+    wait_for_held_executes(&site.wiki, 1).await;
+    assert_eq!(
+        run_row(&mut site.conn, &run_id).await["pending_effect"],
+        "idempotent_write",
+        "the call was stamped before it was sent"
+    );
+    doomed.sigkill();
+    site.wait_for_expired_lease(&run_id).await;
+
+    // An idempotent stamp does not forbid a retry: the reaper requeues, another worker
+    // compares again (nothing landed yet) and sends the call under the same key, while the
+    // dead worker's request is still at the wiki.
+    let summary = site.reap();
+    assert!(
+        summary.contains("requeued=1") && summary.contains("not_retryable=0"),
+        "{summary}"
+    );
+    let rescuer = site.spawn("countersign-worker", &["--poll-interval-secs", "1"]);
+    wait_for_held_executes(&site.wiki, 2).await;
+
+    // Both requests go on: the wiki does the work once and answers the other from its record.
+    site.wiki.release();
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
+    let state = site.wiki.state();
+    assert_eq!(
+        state["applied"],
+        json!([format!("{run_id}:1:0")]),
+        "{state}"
+    );
+    assert_eq!(state["pages"]["about"], json!(["We repair bicycles."]));
+    let journal = site.journal(&run_id).await;
+    assert_eq!(journal.len(), 1, "{journal:?}");
+    assert_eq!((journal[0].0, journal[0].1), (1, 0));
+    assert_eq!(
+        journal[0].2,
+        run_row(&mut site.conn, &run_id).await["lease_epoch"]
+            .as_i64()
+            .unwrap(),
+        "journaled by the rescuing segment"
+    );
+    site.finish(vec![coordinator, rescuer]).await;
+}
+
+#[tokio::test]
+async fn a_non_idempotent_remote_call_in_flight_when_its_worker_is_killed_fails_the_run_not_retryable(
+) {
+    let mut site = Site::new(
+        "remote_kill_nonidem",
+        json!({ "home": ["Welcome."] }),
+        json!([{ "name": "append_line", "arguments": { "page": "home", "line": "Closed on Sundays." } }]),
+    )
+    .await;
+    let coordinator = site.spawn("countersign-coordinator", &[]);
+    let mut doomed = site.spawn("countersign-worker", &["--lease-ttl-secs", "3"]);
+    let run_id = site.submit();
+    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
+    let digest = site.digest(&run_id).await;
+
+    site.wiki.hold_executes();
+    site.approve(&run_id, 1, &digest);
+    wait_for_held_executes(&site.wiki, 1).await;
+    assert_eq!(
+        run_row(&mut site.conn, &run_id).await["pending_effect"],
+        "non_idempotent_write"
+    );
+    doomed.sigkill();
+    site.wait_for_expired_lease(&run_id).await;
+
+    // Whether the append landed is unknown to countersign: the run is failed, never retried.
+    let summary = site.reap();
+    assert!(summary.contains("not_retryable=1"), "{summary}");
+    let row = run_row(&mut site.conn, &run_id).await;
+    assert_eq!(
+        (row["status"].as_str(), row["termination_reason"].as_str()),
+        (Some("failed"), Some("not_retryable")),
+        "{row}"
+    );
+    // The dead worker's request still lands, once, under its key; nothing sent it again.
+    site.wiki.release();
+    let wiki = &site.wiki;
+    let state = wait_until("the held append lands", secs(30), async || {
+        let state = wiki.state();
+        (state["applied"] == json!([format!("{run_id}:1:0")])).then_some(state)
+    })
+    .await;
+    assert_eq!(
+        state["pages"]["home"],
+        json!(["Welcome.", "Closed on Sundays."])
+    );
+    assert_eq!(site.wiki.held_executes(), 1, "no second execute was sent");
+    assert!(site.journal(&run_id).await.is_empty());
+    assert_eq!(
+        count(
+            &mut site.conn,
+            &format!("SELECT count(*) FROM runs WHERE id = '{run_id}'::uuid AND status = 'failed'")
+        )
+        .await,
+        1
+    );
+    site.finish(vec![coordinator]).await;
+}
