@@ -33,6 +33,9 @@ use crate::{Coordinator, Dispatch};
 
 /// Deliveries each consumer may hold unacknowledged.
 const PREFETCH: u16 = 8;
+/// Run requests gated at once: each waits on the database, not the CPU, and no two of them
+/// touch the same run. Decisions are gated one at a time per coordinator.
+const REQUESTS_AT_ONCE: u16 = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Inbox {
@@ -73,7 +76,11 @@ async fn consume(coordinator: Coordinator, broker: Broker, inbox: Inbox) {
         Inbox::Decisions => broker.topology().decisions(),
     };
     loop {
-        let mut consumer = match broker.consume(&queue, PREFETCH).await {
+        let at_once = match inbox {
+            Inbox::RunRequests => REQUESTS_AT_ONCE,
+            Inbox::Decisions => 1,
+        };
+        let mut consumer = match broker.consume(&queue, PREFETCH.max(at_once)).await {
             Ok(consumer) => consumer,
             Err(e) => {
                 tracing::warn!(queue, code = e.code(), error = %e, "cannot consume; retrying");
@@ -81,12 +88,26 @@ async fn consume(coordinator: Coordinator, broker: Broker, inbox: Inbox) {
                 continue;
             }
         };
+        let mut in_flight = tokio::task::JoinSet::new();
         while let Some(next) = consumer.next().await {
             match next {
-                Ok(delivery) => handle(&coordinator, &broker, inbox, delivery).await,
+                Ok(delivery) if at_once == 1 => {
+                    handle(&coordinator, &broker, inbox, delivery).await
+                }
+                Ok(delivery) => {
+                    while in_flight.len() >= usize::from(at_once) {
+                        in_flight.join_next().await;
+                    }
+                    let (coordinator, broker) = (coordinator.clone(), broker.clone());
+                    in_flight.spawn(async move {
+                        handle(&coordinator, &broker, inbox, delivery).await;
+                    });
+                }
                 Err(e) => tracing::warn!(queue, code = e.code(), error = %e, "consumer failed"),
             }
+            while in_flight.try_join_next().is_some() {}
         }
+        while in_flight.join_next().await.is_some() {}
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }

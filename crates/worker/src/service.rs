@@ -102,13 +102,21 @@ pub async fn run(
                         run.id = tracing::field::Empty
                     );
                     let _ = woken.set_parent(delivery.trace_context());
-                    let taken = take(&runner, &broker, &config, delivery)
-                        .instrument(woken.clone())
-                        .await;
-                    if let Some(claim) = taken {
-                        woken.record("run.id", tracing::field::display(claim.lease.run_id));
-                        spawn(&mut running, &runner, claim, permit, &released, woken);
-                    }
+                    // The claim runs in the segment's task, not here: wake-ups for many runs
+                    // are claimed at once, each holding its slot.
+                    let (runner, broker, config) = (runner.clone(), broker.clone(), config.clone());
+                    let released = released.clone();
+                    running.spawn(async move {
+                        let taken = take(&runner, &broker, &config, delivery)
+                            .instrument(woken.clone())
+                            .await;
+                        if let Some(claim) = taken {
+                            woken.record("run.id", tracing::field::display(claim.lease.run_id));
+                            run_claimed(runner, claim, permit, released)
+                                .instrument(woken)
+                                .await;
+                        }
+                    });
                 }
                 None => {
                     consumer = None;
@@ -212,27 +220,32 @@ fn spawn(
     released: &watch::Receiver<bool>,
     span: tracing::Span,
 ) {
-    let runner = runner.clone();
-    let mut released = released.clone();
-    running.spawn(
-        async move {
-            let _permit = permit;
-            let run_id = claim.lease.run_id;
-            let release = async move {
-                // A closed channel means the worker is gone: release as well.
-                let _ = released.wait_for(|r| *r).await;
-            };
-            let started = std::time::Instant::now();
-            match runner.run_until(&claim, release).await {
-                Ok(end) => {
-                    tracing::info!(run.id = %run_id, ?end, "segment ended");
-                    observe(&runner, &claim, &end, started.elapsed()).await;
-                }
-                Err(e) => tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "segment stopped on a store error"),
-            }
+    running.spawn(run_claimed(runner.clone(), claim, permit, released.clone()).instrument(span));
+}
+
+/// Runs the segment of a won claim in its slot, until it ends or the worker releases it.
+async fn run_claimed(
+    runner: SegmentRunner,
+    claim: Claim,
+    permit: OwnedSemaphorePermit,
+    mut released: watch::Receiver<bool>,
+) {
+    let _permit = permit;
+    let run_id = claim.lease.run_id;
+    let release = async move {
+        // A closed channel means the worker is gone: release as well.
+        let _ = released.wait_for(|r| *r).await;
+    };
+    let started = std::time::Instant::now();
+    match runner.run_until(&claim, release).await {
+        Ok(end) => {
+            tracing::info!(run.id = %run_id, ?end, "segment ended");
+            observe(&runner, &claim, &end, started.elapsed()).await;
         }
-        .instrument(span),
-    );
+        Err(e) => {
+            tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "segment stopped on a store error")
+        }
+    }
 }
 
 /// Records the segment's duration and, for a resume that wrote its approved turn, how long
