@@ -21,19 +21,18 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use countersign_core::{RunId, SuspendedRunState};
 use countersign_crypto::Keyring;
-use countersign_e2e::{amqp_addr, database_url, Installation, Running, KEYS};
+use countersign_e2e::{amqp_addr, Database, Installation, Running, KEYS};
 use countersign_queue::{Broker, QueueConfig, Topology};
 use countersign_store::Store;
 use rand::Rng;
 use serde_json::json;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
 use uuid::Uuid;
 
 /// The line of the attach preview that says where the reference lands.
@@ -74,26 +73,14 @@ async fn main() -> ExitCode {
 }
 
 async fn chaos(runs: usize, workers: usize, deadline: Duration) -> anyhow::Result<bool> {
-    let name = format!("countersign_chaos_{}", std::process::id());
-    let server = PgConnectOptions::from_str(&database_url())?;
-    let mut admin = PgConnection::connect_with(&server).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut admin)
-        .await?;
-    let base = database_url();
-    let root = base.rsplit_once('/').map_or(base.as_str(), |(r, _)| r);
+    let db = Database::create("chaos").await;
     let install = Installation {
-        database_url: format!("{root}/{name}"),
+        database_url: db.url(),
         queue_prefix: format!("chaos-{}", Uuid::now_v7()),
     };
     let outcome = drive(&install, runs, workers, deadline).await;
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
+    db.drop().await;
     outcome
 }
 

@@ -759,6 +759,14 @@ impl Database {
         format!("{root}/{}", self.name)
     }
 
+    /// A connection to this database.
+    pub async fn connect(&self) -> sqlx::PgConnection {
+        use sqlx::Connection;
+        sqlx::PgConnection::connect(&self.url())
+            .await
+            .expect("the test database answers")
+    }
+
     pub async fn drop(self) {
         use sqlx::Connection;
         let mut conn = sqlx::PgConnection::connect(&database_url())
@@ -1011,4 +1019,97 @@ pub fn counter_total(metrics: &str, name: &str) -> f64 {
         })
         .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
         .sum()
+}
+
+/// The `WHEN` of a gate on the turn transaction of a resume: the lease renewal that opens it,
+/// `UPDATE runs … WHERE … status = 'running' …` on a resumed run (the heartbeat's renewal
+/// matches too).
+pub const TURN_GATE_WHEN: &str =
+    "OLD.status = 'running' AND NEW.status = 'running' AND OLD.segment = 'resume'";
+/// How the lease renewal statement begins.
+pub const LEASE_RENEWAL: &str = "UPDATE runs SET lease_expires_at";
+
+/// A fault page: page `9000 + n` with the teaser element `9100 + n`, which has no images.
+pub fn fault_page(n: i64) -> i64 {
+    9000 + n
+}
+
+/// The prompt that asks [`fault_page_model`] to edit `page`.
+pub fn fault_page_prompt(page: i64) -> String {
+    format!("Edit fault page {page}.")
+}
+
+/// Adds fault pages 1..=`pages` (see [`fault_page`]) to a seeded demo site.
+pub async fn seed_fault_pages(conn: &mut sqlx::PgConnection, pages: i64) {
+    for sql in [
+        "INSERT INTO content.pages (uid, pid, sorting, title, description)
+         SELECT 9000 + n, 10, 4000 + n, 'Fault page ' || n, 'Before ' || n
+         FROM generate_series(1, $1::int) n",
+        "INSERT INTO content.elements (uid, pid, ctype, header, sorting)
+         SELECT 9100 + n, 9000 + n, 'textpic', 'Fault teaser ' || n, 256
+         FROM generate_series(1, $1::int) n",
+    ] {
+        sqlx::query(sql)
+            .bind(pages as i32)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// A model for the fault pages: the prompt names the page; the first turn proposes its new
+/// description and hero.jpg (file 7) on its teaser, the second finishes.
+pub fn fault_page_model(request: &serde_json::Value) -> Option<serde_json::Value> {
+    let prompt = messages_with_role(request, "user").into_iter().next()?;
+    let page: Option<i64> = prompt
+        .strip_prefix("Edit fault page ")
+        .and_then(|rest| rest.trim_end_matches('.').parse().ok());
+    let Some(page) = page else {
+        return Some(chat_answer("I cannot tell which page to edit.", &[]));
+    };
+    Some(match messages_with_role(request, "assistant").len() {
+        0 => chat_answer(
+            "I propose a new description and the hero image on the teaser.",
+            &[
+                (
+                    "update_page_metadata",
+                    serde_json::json!({"uid": page, "description": format!("Fault page {page}, rewritten.")}),
+                ),
+                (
+                    "attach_file_to_content_element",
+                    serde_json::json!({"content_element": page + 100, "file": 7, "field": "image",
+                           "alternative": format!("Hero of page {page}")}),
+                ),
+            ],
+        ),
+        _ => chat_answer("Done.", &[]),
+    })
+}
+
+/// The turn digest of the run's current card.
+pub async fn turn_digest(conn: &mut sqlx::PgConnection, run_id: &str) -> String {
+    run_row(conn, run_id).await["turn_digest"]
+        .as_str()
+        .expect("a turn digest")
+        .to_owned()
+}
+
+/// Approves card `seq` through the queue as `admin` and waits until the coordinator has
+/// recorded it accepted. Unlike `countersign decide`, it does not wait for the coordinator's
+/// reply, which comes after the coordinator has recorded the dispatch on the run row — a
+/// statement a gated claim or turn transaction can hold up.
+pub async fn approve_through_queue(
+    install: &Installation,
+    conn: &mut sqlx::PgConnection,
+    run_id: &str,
+    seq: i32,
+    digest: &str,
+) {
+    let broker = install.broker().await;
+    publish_decision(&broker, run_id, seq.into(), digest, true, "admin").await;
+    let accepted = format!(
+        "SELECT EXISTS (SELECT 1 FROM run_decisions WHERE run_id = '{run_id}'::uuid
+                        AND suspension_seq = {seq} AND outcome = 'accepted')"
+    );
+    wait_for_sql(conn, "the approval is accepted", secs(30), &accepted).await;
 }

@@ -11,7 +11,7 @@ use serde_json::Value;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::services::Database;
+use countersign_e2e::Database;
 
 const PROMPT: &str = "Tighten the description of page 12 and add bicycle.png to its teaser.";
 const TEASER_IMAGES: &str =

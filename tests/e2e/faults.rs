@@ -12,17 +12,18 @@
 use std::time::{Duration, Instant};
 
 use countersign_e2e::{
-    chat_answer, count, cut_connections, demo_script, hold_gate, install_gate, messages_with_role,
+    approve_through_queue, chat_answer, count, cut_connections, demo_script, fault_page,
+    fault_page_model, fault_page_prompt, hold_gate, install_gate, messages_with_role,
     publish_decision, publish_wake_up, referenced_files, release_gate, remove_gate, run_row, secs,
-    wait_for_card, wait_for_sql, wait_for_status, wait_until, waiting_at_gate,
-    waiting_in_transaction, waiting_on_lock, Installation, ModelEndpoint, Running, TempDir,
-    MODEL_KEY_ENV,
+    seed_fault_pages, turn_digest, wait_for_card, wait_for_sql, wait_for_status, wait_until,
+    waiting_at_gate, waiting_in_transaction, waiting_on_lock, Installation, ModelEndpoint, Running,
+    TempDir, LEASE_RENEWAL, MODEL_KEY_ENV, TURN_GATE_WHEN,
 };
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::services::Database;
+use countersign_e2e::Database;
 
 const PROMPT: &str = "Tighten the description of page 12 and add bicycle.png to its teaser.";
 /// What the demo's model writes into page 12.
@@ -33,14 +34,8 @@ const OLD_DESCRIPTION: &str = "Welcome to the countersign demo site";
 /// The teaser (element 5) images as seeded.
 const SEEDED_TEASER: [&str; 2] = ["hero.jpg", "team.jpg"];
 
-/// Gate of the turn transaction of a resume: the lease renewal that opens it, `UPDATE runs …
-/// WHERE … status = 'running' …` on a resumed run.
+/// Gate of the turn transaction of a resume (see [`TURN_GATE_WHEN`]).
 const TURN_GATE: i64 = 4242;
-const TURN_GATE_WHEN: &str =
-    "OLD.status = 'running' AND NEW.status = 'running' AND OLD.segment = 'resume'";
-/// How the lease renewal statement begins (the heartbeat's is the same, but not in a
-/// transaction of its own).
-const LEASE_RENEWAL: &str = "UPDATE runs SET lease_expires_at";
 /// Gate of the coordinator's release of a turn (`waiting_for_approval` → `queued`).
 const RELEASE_GATE: i64 = 4243;
 const RELEASE_GATE_WHEN: &str = "OLD.status = 'waiting_for_approval' AND NEW.status = 'queued'";
@@ -111,31 +106,12 @@ impl Site {
         assert!(out.contains("decision accepted"), "{out}");
     }
 
-    /// Approves card `seq` of the run through the queue as `admin` and waits until the
-    /// coordinator has recorded it accepted. Unlike `countersign decide`, it does not wait for
-    /// the coordinator's reply, which comes after the coordinator has recorded the dispatch on
-    /// the run row — a statement a gated claim or turn transaction can hold up.
     async fn approve_through_queue(&mut self, run_id: &str, seq: i32, digest: &str) {
-        let broker = self.install.broker().await;
-        publish_decision(&broker, run_id, seq.into(), digest, true, "admin").await;
-        let accepted = format!(
-            "SELECT EXISTS (SELECT 1 FROM run_decisions WHERE run_id = '{run_id}'::uuid
-                            AND suspension_seq = {seq} AND outcome = 'accepted')"
-        );
-        wait_for_sql(
-            &mut self.conn,
-            "the approval is accepted",
-            secs(30),
-            &accepted,
-        )
-        .await;
+        approve_through_queue(&self.install, &mut self.conn, run_id, seq, digest).await;
     }
 
     async fn digest(&mut self, run_id: &str) -> String {
-        run_row(&mut self.conn, run_id).await["turn_digest"]
-            .as_str()
-            .expect("a turn digest")
-            .to_owned()
+        turn_digest(&mut self.conn, run_id).await
     }
 
     async fn finish(mut self) {
@@ -476,65 +452,19 @@ async fn a_worker_killed_inside_its_turn_transaction_writes_nothing_and_the_resc
 /// The fault pages: page 9000+n with teaser element 9100+n (no images), n = 1..=RUNS.
 const RUNS: i64 = 10;
 
-/// A model for the fault pages: the prompt names the page; the first turn proposes its new
-/// description and hero.jpg on its teaser, the second finishes.
-fn fault_page_model(request: &Value) -> Option<Value> {
-    let prompt = messages_with_role(request, "user").into_iter().next()?;
-    let page: Option<i64> = prompt
-        .strip_prefix("Edit fault page ")
-        .and_then(|rest| rest.trim_end_matches('.').parse().ok());
-    let Some(page) = page else {
-        return Some(chat_answer("I cannot tell which page to edit.", &[]));
-    };
-    Some(match messages_with_role(request, "assistant").len() {
-        0 => chat_answer(
-            "I propose a new description and the hero image on the teaser.",
-            &[
-                (
-                    "update_page_metadata",
-                    json!({"uid": page, "description": format!("Fault page {page}, rewritten.")}),
-                ),
-                (
-                    "attach_file_to_content_element",
-                    json!({"content_element": page + 100, "file": 7, "field": "image",
-                           "alternative": format!("Hero of page {page}")}),
-                ),
-            ],
-        ),
-        _ => chat_answer("Done.", &[]),
-    })
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cutting_every_database_connection_while_ten_approvals_are_in_flight_loses_and_duplicates_no_write(
 ) {
     let model = ModelEndpoint::start(fault_page_model);
     let mut site = Site::new("faults_cut", &agent(model.model_settings(), 3600)).await;
-    sqlx::query(
-        "INSERT INTO content.pages (uid, pid, sorting, title, description)
-         SELECT 9000 + n, 10, 4000 + n, 'Fault page ' || n, 'Before ' || n
-         FROM generate_series(1, $1::int) n",
-    )
-    .bind(RUNS as i32)
-    .execute(&mut site.conn)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO content.elements (uid, pid, ctype, header, sorting)
-         SELECT 9100 + n, 9000 + n, 'textpic', 'Fault teaser ' || n, 256
-         FROM generate_series(1, $1::int) n",
-    )
-    .bind(RUNS as i32)
-    .execute(&mut site.conn)
-    .await
-    .unwrap();
+    seed_fault_pages(&mut site.conn, RUNS).await;
     site.start_coordinator();
     site.start_worker(&["--poll-interval-secs", "1"]);
     site.start_worker(&["--poll-interval-secs", "1"]);
     let runs: Vec<(i64, String)> = (1..=RUNS)
         .map(|n| {
-            let page = 9000 + n;
-            let prompt = format!("Edit fault page {page}.");
+            let page = fault_page(n);
+            let prompt = fault_page_prompt(page);
             (
                 page,
                 site.install.submit("seo-assistant", "editor", &prompt),
@@ -655,7 +585,7 @@ async fn cutting_every_database_connection_while_ten_approvals_are_in_flight_los
         );
         // What the model was told the calls did: their journaled results, never an
         // infrastructure failure.
-        let prompt = format!("Edit fault page {page}.");
+        let prompt = fault_page_prompt(*page);
         let told: Vec<Vec<String>> = requests
             .iter()
             .filter(|r| messages_with_role(r, "user").first() == Some(&prompt))

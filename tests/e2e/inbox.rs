@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::services::Database;
+use countersign_e2e::Database;
 
 const TEASER_IMAGES: &str =
     "SELECT count(*) FROM content.file_references WHERE element = 5 AND field = 'image' AND NOT deleted";

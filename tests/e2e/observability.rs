@@ -19,7 +19,7 @@ use prost::Message;
 use sqlx::{Connection as _, PgConnection};
 use uuid::Uuid;
 
-use crate::services::Database;
+use countersign_e2e::Database;
 
 const PROMPT: &str = "Tighten the description of page 12 and add bicycle.png to its teaser.";
 /// The producer's trace, and the spans it sent the request and the decision from.

@@ -5,7 +5,7 @@ use std::time::Duration;
 use countersign_e2e::{demo_agent, demo_script, Installation};
 use uuid::Uuid;
 
-use crate::services::Database;
+use countersign_e2e::Database;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_waiting_run_refuses_every_later_decision() {

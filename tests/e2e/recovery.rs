@@ -8,7 +8,7 @@ use serde_json::json;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::services::Database;
+use countersign_e2e::Database;
 
 /// A model endpoint that accepts connections and never answers: a segment calling it holds
 /// its lease until its worker dies.

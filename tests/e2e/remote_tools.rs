@@ -29,7 +29,7 @@ use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::services::Database;
+use countersign_e2e::Database;
 
 const SECRET: &str = "e2e-wiki-secret";
 

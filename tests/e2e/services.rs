@@ -2,69 +2,18 @@
 //! `countersign` command, fed through RabbitMQ, observed through events, HTTP and the
 //! database.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use countersign_e2e::{
-    amqp_addr, database_url, demo_agent, demo_script, free_port, http_get, Installation,
+    amqp_addr, demo_agent, demo_script, free_port, http_get, Database, Installation,
 };
 use countersign_queue::{Broker, Consumer, MessageProperties, QueueConfig, Topology};
 use serde_json::Value;
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 const PROMPT: &str = "Tighten the description of page 12 and add bicycle.png to its teaser.";
 const TEASER_IMAGES: &str =
     "SELECT count(*) FROM content.file_references WHERE element = 5 AND field = 'image' AND NOT deleted";
-
-/// A database of its own for one installation, dropped at the end.
-pub struct Database {
-    server: PgConnectOptions,
-    name: String,
-}
-
-impl Database {
-    pub async fn create(tag: &str) -> Database {
-        let server = PgConnectOptions::from_str(&database_url()).unwrap();
-        let name = format!("countersign_e2e_{tag}_{}", std::process::id());
-        let mut conn = PgConnection::connect_with(&server).await.unwrap();
-        sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        sqlx::query(&format!("CREATE DATABASE {name}"))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        Database { server, name }
-    }
-
-    pub fn url(&self) -> String {
-        let base = database_url();
-        let root = base
-            .rsplit_once('/')
-            .map_or(base.as_str(), |(root, _)| root);
-        format!("{root}/{}", self.name)
-    }
-
-    async fn connect(&self) -> PgConnection {
-        PgConnection::connect_with(&self.server.clone().database(&self.name))
-            .await
-            .unwrap()
-    }
-
-    pub async fn drop(self) {
-        let mut conn = PgConnection::connect_with(&self.server).await.unwrap();
-        sqlx::query(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        ))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    }
-}
 
 /// Waits for the next event named `name` about `run_id`, skipping others.
 async fn next_event(events: &mut Consumer, name: &str, run_id: &str) -> Value {

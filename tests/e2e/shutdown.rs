@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use countersign_e2e::{demo_script, free_port, http_get, Installation};
 use uuid::Uuid;
 
-use crate::services::Database;
+use countersign_e2e::Database;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_the_coordinator_and_a_looping_reaper_exit_zero_on_sigterm() {

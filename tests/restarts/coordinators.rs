@@ -10,7 +10,8 @@ use countersign_queue::{Broker, Consumer, MessageProperties};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::support::{assert_turn_written_once, exclusive, fault_page, prompt, Site};
+use crate::support::{assert_turn_written_once, exclusive, fault_page, Site};
+use countersign_e2e::fault_page_prompt;
 
 const SCENARIO: &str = "two coordinators on the same queues";
 const RUNS: i64 = 20;
@@ -105,7 +106,7 @@ async fn two_coordinators_on_the_same_queues_create_each_run_once_record_each_de
         let body = json!({
             "type": "countersign.run_request", "version": 1,
             "request_id": request_id, "agent": "seo-assistant", "acting_user": "editor",
-            "prompt": prompt(fault_page(n)),
+            "prompt": fault_page_prompt(fault_page(n)),
         });
         let copies = if DUPLICATED_REQUESTS.contains(&n) {
             2

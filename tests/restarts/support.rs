@@ -2,9 +2,11 @@
 //! demo site with fault pages, a fake model endpoint, and the checks each scenario ends with.
 
 use countersign_e2e::{
-    chat_answer, count, messages_with_role, publish_decision, referenced_files, run_row, secs,
-    wait_for_sql, Database, Installation, ModelEndpoint, Running, TempDir, MODEL_KEY_ENV,
+    approve_through_queue, count, fault_page_model, fault_page_prompt, messages_with_role,
+    referenced_files, run_row, seed_fault_pages, turn_digest, Database, Installation,
+    ModelEndpoint, Running, TempDir, MODEL_KEY_ENV,
 };
+pub use countersign_e2e::{fault_page, LEASE_RENEWAL, TURN_GATE_WHEN};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
@@ -18,51 +20,8 @@ pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
     EXCLUSIVE.lock().await
 }
 
-/// Gate of the turn transaction of a resume: the lease renewal that opens it, `UPDATE runs …
-/// WHERE … status = 'running' …` on a resumed run (the heartbeat's renewal waits there too).
+/// Gate of the turn transaction of a resume (see [`TURN_GATE_WHEN`]).
 pub const TURN_GATE: i64 = 4252;
-pub const TURN_GATE_WHEN: &str =
-    "OLD.status = 'running' AND NEW.status = 'running' AND OLD.segment = 'resume'";
-/// How the lease renewal statement begins.
-pub const LEASE_RENEWAL: &str = "UPDATE runs SET lease_expires_at";
-
-/// A fault page: page `9000 + n` with the teaser element `9100 + n`, which has no images.
-pub fn fault_page(n: i64) -> i64 {
-    9000 + n
-}
-
-pub fn prompt(page: i64) -> String {
-    format!("Edit fault page {page}.")
-}
-
-/// A model for the fault pages: the prompt names the page; the first turn proposes its new
-/// description and hero.jpg (file 7) on its teaser, the second finishes.
-fn fault_page_model(request: &Value) -> Option<Value> {
-    let prompt = messages_with_role(request, "user").into_iter().next()?;
-    let page: Option<i64> = prompt
-        .strip_prefix("Edit fault page ")
-        .and_then(|rest| rest.trim_end_matches('.').parse().ok());
-    let Some(page) = page else {
-        return Some(chat_answer("I cannot tell which page to edit.", &[]));
-    };
-    Some(match messages_with_role(request, "assistant").len() {
-        0 => chat_answer(
-            "I propose a new description and the hero image on the teaser.",
-            &[
-                (
-                    "update_page_metadata",
-                    json!({"uid": page, "description": format!("Fault page {page}, rewritten.")}),
-                ),
-                (
-                    "attach_file_to_content_element",
-                    json!({"content_element": page + 100, "file": 7, "field": "image",
-                           "alternative": format!("Hero of page {page}")}),
-                ),
-            ],
-        ),
-        _ => chat_answer("Done.", &[]),
-    })
-}
 
 /// One installation under test. Its services are killed when it drops; [`Site::finish`] also
 /// removes its database and queues.
@@ -100,24 +59,7 @@ impl Site {
         });
         install.configure(&dir.json("agent.json", &agent));
         let mut conn = PgConnection::connect(&db.url()).await.unwrap();
-        sqlx::query(
-            "INSERT INTO content.pages (uid, pid, sorting, title, description)
-             SELECT 9000 + n, 10, 4000 + n, 'Fault page ' || n, 'Before ' || n
-             FROM generate_series(1, $1::int) n",
-        )
-        .bind(pages as i32)
-        .execute(&mut conn)
-        .await
-        .unwrap();
-        sqlx::query(
-            "INSERT INTO content.elements (uid, pid, ctype, header, sorting)
-             SELECT 9100 + n, 9000 + n, 'textpic', 'Fault teaser ' || n, 256
-             FROM generate_series(1, $1::int) n",
-        )
-        .bind(pages as i32)
-        .execute(&mut conn)
-        .await
-        .unwrap();
+        seed_fault_pages(&mut conn, pages).await;
         Site {
             db,
             install,
@@ -157,33 +99,16 @@ impl Site {
     /// `countersign submit` of the fault page's prompt: the run id.
     pub fn submit(&self, page: i64) -> String {
         self.install
-            .submit("seo-assistant", "editor", &prompt(page))
+            .submit("seo-assistant", "editor", &fault_page_prompt(page))
     }
 
     pub async fn digest(&mut self, run_id: &str) -> String {
-        run_row(&mut self.conn, run_id).await["turn_digest"]
-            .as_str()
-            .expect("a turn digest")
-            .to_owned()
+        turn_digest(&mut self.conn, run_id).await
     }
 
-    /// Approves card `seq` through the queue as `admin` and waits until the coordinator has
-    /// recorded it, without waiting for its reply (which comes after the dispatch, which a gate
-    /// may hold up).
+    /// Approves card `seq` through the queue as `admin` and waits until it is recorded.
     pub async fn approve_through_queue(&mut self, run_id: &str, seq: i32, digest: &str) {
-        let broker = self.install.broker().await;
-        publish_decision(&broker, run_id, seq.into(), digest, true, "admin").await;
-        let accepted = format!(
-            "SELECT EXISTS (SELECT 1 FROM run_decisions WHERE run_id = '{run_id}'::uuid
-                            AND suspension_seq = {seq} AND outcome = 'accepted')"
-        );
-        wait_for_sql(
-            &mut self.conn,
-            "the approval is accepted",
-            secs(30),
-            &accepted,
-        )
-        .await;
+        approve_through_queue(&self.install, &mut self.conn, run_id, seq, digest).await;
     }
 
     /// Approves card 1 with `countersign decide` (which waits for the coordinator's reply).
@@ -307,7 +232,7 @@ pub async fn assert_turn_written_once(
     assert_eq!(accepted, 1, "{scenario}: run {run_id}: approved once");
 
     // What the model was told the calls did: their results, never an infrastructure failure.
-    let prompt = prompt(page);
+    let prompt = fault_page_prompt(page);
     let told: Vec<Vec<String>> = model
         .requests()
         .iter()

@@ -10,7 +10,6 @@ use axum::http::HeaderName;
 use clap::Parser;
 use countersign_api::{ApiConfig, AppState};
 use countersign_coordinator::Coordinator;
-use countersign_core::ToolRegistry;
 use countersign_crypto::Keyring;
 use countersign_service::relay::{self, RelayConfig};
 use countersign_service::{Connections, Ready};
@@ -97,9 +96,7 @@ async fn main() -> anyhow::Result<()> {
         .context("serving the HTTP surfaces")?;
 
     let store = Store::new(pool, Arc::new(keyring));
-    let mut registry = ToolRegistry::new();
-    countersign_content::register(&mut registry, store.clone());
-    countersign_remote::register_from_env(&mut registry)
+    let registry = countersign_service::tools::registry(&store)
         .await
         .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
     let coordinator = Coordinator::new(store.clone(), Arc::new(registry));

@@ -634,9 +634,9 @@ impl Counters {
             commits,
             wal_bytes,
             publishes: countersign_queue::published_total(),
-            cpu_self: cpu_seconds(|pid| pid == std::process::id()),
-            cpu_postgres: cpu_of("postgres"),
-            cpu_rabbitmq: cpu_of("beam.smp"),
+            cpu_self: cpu_seconds(|pid, _| pid == std::process::id()),
+            cpu_postgres: cpu_seconds(|_, comm| comm == "postgres"),
+            cpu_rabbitmq: cpu_seconds(|_, comm| comm == "beam.smp"),
         })
     }
 }
@@ -733,18 +733,11 @@ fn print_profile(cycles: usize) {
     }
 }
 
-/// CPU seconds (user + system) of the processes whose pid `matches`, from `/proc`.
-fn cpu_seconds(matches: impl Fn(u32) -> bool) -> f64 {
+/// CPU seconds (user + system) of the processes `matches` picks by pid and command, from
+/// `/proc`.
+fn cpu_seconds(matches: impl Fn(u32, &str) -> bool) -> f64 {
     proc_stats()
-        .filter(|(pid, _, _)| matches(*pid))
-        .map(|(_, _, ticks)| ticks)
-        .sum::<u64>() as f64
-        / CLOCK_TICKS
-}
-
-fn cpu_of(command: &str) -> f64 {
-    proc_stats()
-        .filter(|(_, comm, _)| comm == command)
+        .filter(|(pid, comm, _)| matches(*pid, comm))
         .map(|(_, _, ticks)| ticks)
         .sum::<u64>() as f64
         / CLOCK_TICKS

@@ -405,9 +405,7 @@ async fn card_reader(
     let pool = connect(database_url).await?;
     let keyring = Keyring::from_env().context("loading the keyring to open the cards")?;
     let store = Store::new(pool.clone(), Arc::new(keyring));
-    let mut registry = countersign_core::ToolRegistry::new();
-    countersign_content::register(&mut registry, store.clone());
-    countersign_remote::register_from_env(&mut registry)
+    let registry = countersign_service::tools::registry(&store)
         .await
         .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
     Ok((

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use countersign_coordinator::{service, Coordinator};
-use countersign_core::ToolRegistry;
 use countersign_crypto::Keyring;
 use countersign_service::{Connections, Ready};
 use countersign_store::Store;
@@ -53,9 +52,7 @@ async fn main() -> anyhow::Result<()> {
         .context("serving the HTTP surfaces")?;
 
     let store = Store::new(pool, Arc::new(keyring));
-    let mut registry = ToolRegistry::new();
-    countersign_content::register(&mut registry, store.clone());
-    countersign_remote::register_from_env(&mut registry)
+    let registry = countersign_service::tools::registry(&store)
         .await
         .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
     let coordinator = Coordinator::new(store, Arc::new(registry));

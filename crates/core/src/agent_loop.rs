@@ -576,7 +576,11 @@ async fn transact(
     for &i in indexes {
         if let Step::Local(_, local) = &steps[i] {
             let args = &state.pending_calls[i].arguments;
-            for subject in local.subjects(tx, args).await.map_err(tool_interruption)? {
+            for subject in local
+                .subjects(tx, args)
+                .await
+                .map_err(|e| HookError::from_tool(&e))?
+            {
                 subjects.push((subject, *local));
             }
         }
@@ -584,7 +588,10 @@ async fn transact(
     subjects.sort_by(|a, b| a.0.cmp(&b.0));
     subjects.dedup_by(|a, b| a.0 == b.0);
     for (subject, local) in &subjects {
-        local.lock(tx, subject).await.map_err(tool_interruption)?;
+        local
+            .lock(tx, subject)
+            .await
+            .map_err(|e| HookError::from_tool(&e))?;
     }
 
     // Re-plan every call under the locks.
@@ -771,10 +778,6 @@ fn effect_of(step: &Step<'_>) -> Effect {
         Step::Skip(_) => Effect::ReadOnly,
         Step::Read(tool) | Step::Local(tool, _) | Step::External(tool) => tool.spec().effect,
     }
-}
-
-fn tool_interruption(e: ToolError) -> HookError {
-    HookError::from_tool(&e)
 }
 
 /// Runs a read-only call: its own failure is its result, an infrastructure failure interrupts.

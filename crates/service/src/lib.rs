@@ -27,6 +27,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 mod connections;
 pub mod relay;
 pub mod telemetry;
+pub mod tools;
 
 pub use connections::{Connections, QueueArguments, Ready};
 pub use telemetry::{init_telemetry, Telemetry, TelemetryError};

@@ -57,6 +57,14 @@ impl StoreHooks {
         }
     }
 
+    /// `e`, having marked the lease lost when that is what it says.
+    fn lost_if(&self, e: HookError) -> HookError {
+        if matches!(e, HookError::LeaseLost) {
+            self.mark_lost();
+        }
+        e
+    }
+
     /// The lease this segment runs under.
     pub fn lease(&self) -> &Lease {
         &self.lease
@@ -79,11 +87,8 @@ impl SegmentHooks for StoreHooks {
             .await
         {
             Ok(true) => Ok(self.lease.fence_token(seq, index)),
-            Ok(false) => {
-                self.mark_lost();
-                Err(HookError::LeaseLost)
-            }
-            Err(e) => Err(hook_error(e)),
+            Ok(false) => Err(self.lost_if(HookError::LeaseLost)),
+            Err(e) => Err(self.lost_if(hook_error(e))),
         }
     }
 
@@ -110,16 +115,9 @@ impl SegmentHooks for StoreHooks {
             .store
             .record_effect(&self.lease, seq, index, &call.tool, effect, output)
             .await;
-        match recorded {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                let e = hook_error(e);
-                if matches!(e, HookError::LeaseLost) {
-                    self.mark_lost();
-                }
-                Err(e)
-            }
-        }
+        recorded
+            .map(|_| ())
+            .map_err(|e| self.lost_if(hook_error(e)))
     }
 
     async fn any_journaled(&self, seq: SuspensionSeq) -> Result<bool, HookError> {
@@ -132,13 +130,7 @@ impl SegmentHooks for StoreHooks {
     async fn begin_turn(&self, seq: SuspensionSeq) -> Result<Box<dyn TurnTransaction>, HookError> {
         match self.store.begin_turn(&self.lease, seq, self.ttl).await {
             Ok(tx) => Ok(Box::new(tx)),
-            Err(e) => {
-                let e = hook_error(e);
-                if matches!(e, HookError::LeaseLost) {
-                    self.mark_lost();
-                }
-                Err(e)
-            }
+            Err(e) => Err(self.lost_if(hook_error(e))),
         }
     }
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use countersign_content::ContentUsers;
-use countersign_core::ToolRegistry;
 use countersign_crypto::Keyring;
 use countersign_model::ModelCatalog;
 use countersign_service::{Connections, Ready};
@@ -76,9 +75,7 @@ async fn main() -> anyhow::Result<()> {
     countersign_service::spawn_surfaces(args.http_addr, ready)
         .await
         .context("serving the HTTP surfaces")?;
-    let mut registry = ToolRegistry::new();
-    countersign_content::register(&mut registry, store.clone());
-    countersign_remote::register_from_env(&mut registry)
+    let registry = countersign_service::tools::registry(&store)
         .await
         .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
     let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));

@@ -18,7 +18,7 @@ use sqlx::Connection;
 use uuid::Uuid;
 
 use super::{entries, scalar, yaml};
-use crate::services::Database;
+use countersign_e2e::Database;
 
 /// Within this, what must happen has happened; never a statement about speed.
 const GUARD: Duration = Duration::from_secs(60);
