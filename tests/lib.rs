@@ -798,27 +798,52 @@ pub async fn cut_waiting_at_gate(conn: &mut sqlx::PgConnection, key: i64) -> i64
     .expect("the waiting backends are terminated")
 }
 
-/// What identifies another engineer's test process (an e2e or `it` test binary, the chaos
-/// run): a restart of a shared service must not land under one.
-pub const OTHER_TESTS: &str = "e2e-|it-|countersign-chaos";
+/// Whether an executable is a test process a restart must not land under: an e2e, restarts or
+/// `it` test binary (`<name>-<16 hex digits>`, as cargo names them) or the chaos run. It is
+/// matched on the executable, never on command lines: those of PostgreSQL backends, brokers
+/// and the shells that started this run carry arbitrary text.
+fn is_test_executable(file_name: &str) -> bool {
+    if file_name == "countersign-chaos" {
+        return true;
+    }
+    file_name.rsplit_once('-').is_some_and(|(name, hash)| {
+        matches!(name, "e2e" | "it" | "restarts")
+            && hash.len() == 16
+            && hash.bytes().all(|b| b.is_ascii_hexdigit())
+    })
+}
 
-/// The processes matching [`OTHER_TESTS`] that are not this process or its descendants, as
-/// `pid command line`.
+/// The running test processes (see [`is_test_executable`]) that are not this process or its
+/// descendants, as `pid executable`. Zombies have no executable and are not counted.
 pub fn other_tests() -> Vec<String> {
-    let Ok(out) = Command::new("pgrep").args(["-af", OTHER_TESTS]).output() else {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
     let me = std::process::id();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|line| {
-            line.split_whitespace()
-                .next()
-                .and_then(|pid| pid.parse::<u32>().ok())
-                .is_some_and(|pid| !descends_from(pid, me))
-        })
-        .map(str::to_owned)
-        .collect()
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(exe) = std::fs::read_link(entry.path().join("exe")) else {
+            continue;
+        };
+        // A binary rebuilt while it runs reads `<path> (deleted)`.
+        let is_test = exe
+            .file_name()
+            .and_then(|name| name.to_str())
+            .map(|name| name.trim_end_matches(" (deleted)"))
+            .is_some_and(is_test_executable);
+        if is_test && !descends_from(pid, me) {
+            found.push(format!("{pid} {}", exe.display()));
+        }
+    }
+    found.sort();
+    found
 }
 
 /// Whether `pid` is `ancestor` or one of its descendants, by the parent links in /proc.
