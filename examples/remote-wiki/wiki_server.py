@@ -14,7 +14,7 @@ so deduplication survives a restart. Pages under `private/` are for admins only.
 Besides the protocol it serves the wiki's own editing surface, used by people (and tests):
 GET /pages/NAME -> {"lines": [...]}, PUT /pages/NAME {"text": "..."}, GET /applied -> the
 idempotency keys whose execute did the work, in order. Every route but /healthz needs the
-bearer secret.
+bearer secret. With --tls-cert and --tls-key it speaks https:// instead of http://.
 
     WIKI_SECRET=s3cret python3 wiki_server.py --port 8090 --state wiki.json
 """
@@ -23,6 +23,7 @@ import argparse
 import hmac
 import json
 import os
+import ssl
 import sys
 import tempfile
 import threading
@@ -297,18 +298,31 @@ def main():
     parser.add_argument("--secret-env", default="WIKI_SECRET",
                         help="the variable holding the bearer secret countersign sends")
     parser.add_argument("--hold-file", help="for tests: executes wait while this file exists")
+    parser.add_argument("--tls-cert", help="serve https:// with this PEM certificate (chain)")
+    parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
     secret = os.environ.get(args.secret_env, "")
     if not secret:
         sys.exit(f"set {args.secret_env} to the bearer secret")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        sys.exit("--tls-cert and --tls-key go together")
     server = ThreadingHTTPServer((args.host, args.port), Handler)
+    scheme = "http"
+    if args.tls_cert:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+        # The handshake happens in each request's thread, so a slow client holds up no other.
+        server.socket = context.wrap_socket(server.socket, server_side=True,
+                                            do_handshake_on_connect=False)
+        scheme = "https"
     server.wiki = Wiki(args.state)
     server.secret = secret
     server.verbose = args.verbose
     server.hold_file = args.hold_file
     host, port = server.server_address[:2]
-    print(f"listening on http://{host}:{port}", flush=True)
+    print(f"listening on {scheme}://{host}:{port}", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -7,10 +7,14 @@
 //! that stamps `pending_effect`, handed the lease epoch and the idempotency key
 //! `run:suspension:call`, journaled when the stamp is cleared.
 //!
+//! Which servers a deployment uses is read by [`config`]; how their certificates are verified
+//! over `https://`, by [`tls`].
+//!
 //! This crate must never turn a transport failure of a call that may have reached the server
 //! into a retry of a non-idempotent write: that is [`ToolError::Unavailable`] (the segment is
 //! retried) only when the call is idempotent or nothing was sent, and a failed tool result
-//! otherwise. Nothing here logs the bearer secret or a response body.
+//! otherwise. It must never accept a server certificate it cannot verify. Nothing here logs the
+//! bearer secret or a response body.
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,6 +29,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use hyper::header::{HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE};
 use hyper::{Method, Request, StatusCode, Uri};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -32,8 +37,14 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-/// The variable naming a deployment's tool servers: `name=url[,name=url…]`.
-pub const SERVERS_ENV: &str = "COUNTERSIGN_TOOL_SERVERS";
+pub mod config;
+pub mod tls;
+
+pub use config::{
+    add_to_servers_file, configured_servers, parse_servers, parse_servers_file, read_servers_file,
+    secret_variable, servers_from, ServerEntry, SERVERS_ENV, SERVERS_FILE_ENV,
+};
+pub use tls::{Trust, CA_FILE_ENV};
 
 /// The protocol version this client speaks.
 pub const PROTOCOL_VERSION: u64 = 1;
@@ -65,10 +76,18 @@ impl Default for Limits {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RemoteError {
-    #[error("the tool server configuration is not `name=url[,name=url…]`: {0}")]
+    #[error("the tool server configuration is not usable: {0}")]
     BadConfiguration(String),
-    #[error("the base URL of tool server {0} is not an absolute http:// URL without credentials")]
+    #[error("the name of tool server `{0}` is not [A-Za-z0-9_-]+")]
+    InvalidServerName(String),
+    #[error("the base URL of tool server {0} is not an absolute http:// or https:// URL without credentials, query or fragment")]
     InvalidUrl(String),
+    #[error("tool server `{0}` is configured already")]
+    DuplicateServer(String),
+    #[error("the tool servers file {path} cannot be read or written: {reason}")]
+    ServersFile { path: String, reason: String },
+    #[error("the certificate authorities file {path} is not usable: {reason}")]
+    CaFile { path: String, reason: String },
     #[error("the secret of tool server {server} is not set (variable {variable})")]
     SecretMissing { server: String, variable: String },
     #[error("discovery at tool server {server} failed ({code})")]
@@ -87,7 +106,11 @@ impl RemoteError {
     pub fn code(&self) -> &'static str {
         match self {
             RemoteError::BadConfiguration(_) => "bad_configuration",
+            RemoteError::InvalidServerName(_) => "invalid_server_name",
             RemoteError::InvalidUrl(_) => "invalid_url",
+            RemoteError::DuplicateServer(_) => "duplicate_server",
+            RemoteError::ServersFile { .. } => "servers_file_unreadable",
+            RemoteError::CaFile { .. } => "ca_file_unusable",
             RemoteError::SecretMissing { .. } => "secret_missing",
             RemoteError::Discovery { code, .. } => code,
             RemoteError::InvalidTool { .. } => "invalid_tool",
@@ -104,6 +127,10 @@ pub enum CallError {
     /// No connection: the request was not sent.
     #[error("the tool server could not be reached")]
     Unreachable,
+    /// The TLS handshake failed (an untrusted certificate, one for another host, a server that
+    /// does not speak TLS): the request was not sent.
+    #[error("the TLS handshake with the tool server failed")]
+    Tls,
     /// The connection broke after the request may have been sent.
     #[error("the exchange with the tool server broke off")]
     BrokenOff,
@@ -127,6 +154,7 @@ impl CallError {
     pub fn code(&self) -> &'static str {
         match self {
             CallError::Unreachable | CallError::BrokenOff => "remote_unreachable",
+            CallError::Tls => "remote_tls",
             CallError::Timeout => "remote_timeout",
             CallError::Unauthorized(_) => "remote_unauthorized",
             CallError::NotFound => "remote_not_found",
@@ -139,13 +167,15 @@ impl CallError {
 
     /// Whether the server may have acted on the request.
     fn may_have_arrived(&self) -> bool {
-        !matches!(self, CallError::Unreachable)
+        !matches!(self, CallError::Unreachable | CallError::Tls)
     }
 
     /// Whether a later attempt may meet a server that does better.
     fn is_transient(&self) -> bool {
         match self {
-            CallError::Unreachable | CallError::BrokenOff | CallError::Timeout => true,
+            CallError::Unreachable | CallError::Tls | CallError::BrokenOff | CallError::Timeout => {
+                true
+            }
             CallError::Status(s) => *s >= 500,
             _ => false,
         }
@@ -158,7 +188,7 @@ pub struct RemoteToolServer {
     base: String,
     authorization: HeaderValue,
     limits: Limits,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
 impl fmt::Debug for RemoteToolServer {
@@ -171,72 +201,63 @@ impl fmt::Debug for RemoteToolServer {
     }
 }
 
-/// The variable holding the secret of the server called `name`: `COUNTERSIGN_TOOL_SECRET_<NAME>`.
-pub fn secret_variable(name: &str) -> String {
-    format!(
-        "COUNTERSIGN_TOOL_SECRET_{}",
-        name.to_ascii_uppercase().replace('-', "_")
-    )
+/// A tool of the registry that [`register_from_env`] added, and the server it lives on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registered {
+    pub tool: String,
+    pub server: String,
 }
 
-/// Parses `name=url[,name=url…]`; an empty value is no server.
-pub fn parse_servers(value: &str) -> Result<Vec<(String, String)>, RemoteError> {
-    let mut servers: Vec<(String, String)> = Vec::new();
-    for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let (name, url) = entry
-            .split_once('=')
-            .ok_or_else(|| RemoteError::BadConfiguration(format!("`{entry}` has no `=`")))?;
-        let (name, url) = (name.trim(), url.trim());
-        let usable = !name.is_empty()
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-        if !usable || url.is_empty() {
-            return Err(RemoteError::BadConfiguration(format!(
-                "`{entry}` is not name=url"
-            )));
-        }
-        if servers.iter().any(|(n, _)| n == name) {
-            return Err(RemoteError::BadConfiguration(format!(
-                "server `{name}` is named twice"
-            )));
-        }
-        servers.push((name.to_owned(), url.to_owned()));
+/// Discovers every server [`configured_servers`] names (secrets from [`secret_variable`],
+/// certificates verified as [`Trust::from_env`] says) and registers its tools. A tool named
+/// like one already registered is refused: a remote tool never silently replaces another.
+/// Returns what was registered, in order.
+pub async fn register_from_env(
+    registry: &mut ToolRegistry,
+) -> Result<Vec<Registered>, RemoteError> {
+    let servers = configured_servers()?;
+    if servers.is_empty() {
+        return Ok(Vec::new());
     }
-    Ok(servers)
-}
-
-/// Discovers every server named by [`SERVERS_ENV`] (secrets from [`secret_variable`]) and
-/// registers its tools. A tool named like one already registered is refused: a remote tool
-/// never silently replaces another. Returns how many tools were registered.
-pub async fn register_from_env(registry: &mut ToolRegistry) -> Result<usize, RemoteError> {
-    let value = std::env::var(SERVERS_ENV).unwrap_or_default();
-    let mut count = 0;
-    for (name, url) in parse_servers(&value)? {
-        let server = RemoteToolServer::new(&name, &url, &secret_variable(&name))?;
+    let trust = Trust::from_env()?;
+    let mut registered = Vec::new();
+    for entry in servers {
+        let name = entry.name();
+        let secret = secret_from_env(name, &secret_variable(name))?;
+        let server =
+            RemoteToolServer::with_trust(name, entry.url(), &secret, Limits::default(), &trust)?;
         for tool in server.discover_tools().await? {
-            if registry.get(&tool.spec().name).is_some() {
-                return Err(RemoteError::DuplicateTool(tool.spec().name.clone()));
+            let tool_name = tool.spec().name.clone();
+            if registry.get(&tool_name).is_some() {
+                return Err(RemoteError::DuplicateTool(tool_name));
             }
-            tracing::info!(server = %name, tool = %tool.spec().name, effect = tool.spec().effect.as_str(), "remote tool registered");
+            tracing::info!(server = %name, tool = %tool_name, effect = tool.spec().effect.as_str(), "remote tool registered");
             registry.register(tool);
-            count += 1;
+            registered.push(Registered {
+                tool: tool_name,
+                server: name.to_owned(),
+            });
         }
     }
-    Ok(count)
+    Ok(registered)
+}
+
+fn secret_from_env(server: &str, variable: &str) -> Result<SecretString, RemoteError> {
+    std::env::var(variable)
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(SecretString::from)
+        .ok_or_else(|| RemoteError::SecretMissing {
+            server: server.to_owned(),
+            variable: variable.to_owned(),
+        })
 }
 
 impl RemoteToolServer {
-    /// A server called `name` at `url`, its secret read from the variable `secret_env`.
+    /// A server called `name` at `url`, its secret read from the variable `secret_env`, its
+    /// certificate (over `https://`) verified as [`Trust::from_env`] says.
     pub fn new(name: &str, url: &str, secret_env: &str) -> Result<Self, RemoteError> {
-        let secret = std::env::var(secret_env)
-            .ok()
-            .filter(|s| !s.is_empty())
-            .map(SecretString::from)
-            .ok_or_else(|| RemoteError::SecretMissing {
-                server: name.to_owned(),
-                variable: secret_env.to_owned(),
-            })?;
+        let secret = secret_from_env(name, secret_env)?;
         Self::with_secret(name, url, &secret, Limits::default())
     }
 
@@ -247,23 +268,33 @@ impl RemoteToolServer {
         secret: &SecretString,
         limits: Limits,
     ) -> Result<Self, RemoteError> {
-        let base = url.trim_end_matches('/').to_owned();
-        let uri: Uri = base
-            .parse()
-            .map_err(|_| RemoteError::InvalidUrl(name.to_owned()))?;
-        let plain = uri.scheme_str() == Some("http")
-            && uri.authority().is_some_and(|a| !a.as_str().contains('@'));
-        if !plain {
-            return Err(RemoteError::InvalidUrl(name.to_owned()));
-        }
+        Self::with_trust(name, url, secret, limits, &Trust::from_env()?)
+    }
+
+    /// As [`with_secret`](Self::with_secret), verifying certificates against `trust`.
+    pub fn with_trust(
+        name: &str,
+        url: &str,
+        secret: &SecretString,
+        limits: Limits,
+        trust: &Trust,
+    ) -> Result<Self, RemoteError> {
+        let base = config::base_url(name, url)?;
         let mut authorization =
             HeaderValue::from_str(&format!("Bearer {}", secret.expose_secret()))
                 .map_err(|_| RemoteError::BadConfiguration(format!("secret of {name}")))?;
         authorization.set_sensitive(true);
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(trust.client_config())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(30))
-            .build(HttpConnector::new());
+            .build(connector);
         Ok(RemoteToolServer {
             name: name.to_owned(),
             base,
@@ -380,7 +411,9 @@ impl RemoteToolServer {
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
                 tracing::warn!(server = %self.name, path, error = %e, "tool server request failed");
-                if e.is_connect() {
+                if tls::is_tls_failure(&e) {
+                    CallError::Tls
+                } else if e.is_connect() {
                     CallError::Unreachable
                 } else {
                     CallError::BrokenOff
@@ -612,38 +645,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_server_list_is_parsed_into_names_and_urls() {
-        assert_eq!(
-            parse_servers(" wiki=http://127.0.0.1:1/ , crm=http://h:2").unwrap(),
-            vec![
-                ("wiki".to_owned(), "http://127.0.0.1:1/".to_owned()),
-                ("crm".to_owned(), "http://h:2".to_owned())
-            ]
-        );
-        assert!(parse_servers("").unwrap().is_empty());
-    }
-
-    #[test]
-    fn a_server_list_entry_without_a_name_or_named_twice_is_refused() {
-        assert!(parse_servers("http://h:1").is_err());
-        assert!(parse_servers("=http://h:1").is_err());
-        assert!(parse_servers("a=http://h:1,a=http://h:2").is_err());
-    }
-
-    #[test]
-    fn the_secret_variable_is_named_after_the_server() {
-        assert_eq!(
-            secret_variable("my-wiki"),
-            "COUNTERSIGN_TOOL_SECRET_MY_WIKI"
-        );
-    }
-
-    #[test]
     fn a_url_with_credentials_or_another_scheme_is_refused() {
         let secret = SecretString::from("s");
-        for url in ["http://u:p@h:1", "ftp://h:1", "h:1", "https://h:1"] {
+        for url in ["http://u:p@h:1", "https://u:p@h:1", "ftp://h:1", "h:1"] {
+            let e =
+                RemoteToolServer::with_secret("x", url, &secret, Limits::default()).unwrap_err();
+            assert_eq!(e.code(), "invalid_url", "{url}");
+        }
+        for url in ["http://h:1", "https://h:1"] {
             assert!(
-                RemoteToolServer::with_secret("x", url, &secret, Limits::default()).is_err(),
+                RemoteToolServer::with_secret("x", url, &secret, Limits::default()).is_ok(),
                 "{url}"
             );
         }
@@ -710,6 +721,7 @@ mod tests {
     #[test]
     fn only_a_call_that_was_certainly_not_sent_is_not_known_to_have_arrived() {
         assert!(!CallError::Unreachable.may_have_arrived());
+        assert!(!CallError::Tls.may_have_arrived());
         assert!(CallError::BrokenOff.may_have_arrived());
         assert!(CallError::Timeout.may_have_arrived());
     }

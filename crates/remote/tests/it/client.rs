@@ -23,7 +23,7 @@ pub(crate) struct Canned {
     status: u16,
     body: String,
     delay: Duration,
-    posts: AtomicUsize,
+    pub(crate) posts: AtomicUsize,
     /// Each POST's path and body, as sent.
     pub(crate) bodies: Mutex<Vec<(String, Value)>>,
 }
@@ -52,7 +52,8 @@ async fn answer(State(canned): State<Arc<Canned>>, uri: Uri, body: Bytes) -> Res
         .into_response()
 }
 
-pub(crate) async fn serve(status: u16, body: &str, delay: Duration) -> (String, Arc<Canned>) {
+/// The canned server's router, and what it records.
+pub(crate) fn canned(status: u16, body: &str, delay: Duration) -> (Router, Arc<Canned>) {
     let canned = Arc::new(Canned {
         status,
         body: body.to_owned(),
@@ -63,6 +64,11 @@ pub(crate) async fn serve(status: u16, body: &str, delay: Duration) -> (String, 
     let app = Router::new()
         .fallback(answer)
         .with_state(Arc::clone(&canned));
+    (app, canned)
+}
+
+pub(crate) async fn serve(status: u16, body: &str, delay: Duration) -> (String, Arc<Canned>) {
+    let (app, canned) = canned(status, body, delay);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });

@@ -2,4 +2,5 @@
 
 mod client;
 mod schemas;
+mod tls;
 mod wiki;

@@ -9,9 +9,11 @@ use countersign_core::preview::assert_deterministic;
 use countersign_core::{
     CallIndex, Effect, ExecContext, FenceToken, LeaseEpoch, Principal, RunId, SuspensionSeq, Tool,
 };
-use countersign_remote::{Limits, RemoteToolServer};
+use countersign_remote::{Limits, RemoteToolServer, Trust};
 use secrecy::SecretString;
 use serde_json::json;
+
+use crate::tls::{test_ca, tls_file};
 
 const SECRET: &str = "wiki-test-secret";
 
@@ -50,10 +52,29 @@ impl Wiki {
     }
 
     fn start_in(dir: TempDir) -> Wiki {
+        Self::start_with(dir, &[])
+    }
+
+    /// Over https://, with the test certificate of 127.0.0.1.
+    fn start_tls() -> Wiki {
+        let dir = std::env::temp_dir().join(format!("remote-wiki-{}", uuid::Uuid::now_v7()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (cert, key) = (tls_file("server.pem"), tls_file("server.key"));
+        let args = [
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ];
+        Self::start_with(TempDir(dir), &args)
+    }
+
+    fn start_with(dir: TempDir, args: &[&str]) -> Wiki {
         let mut child = Command::new("python3")
             .arg(server_script())
             .args(["--port", "0", "--state"])
             .arg(dir.0.join("wiki.json"))
+            .args(args)
             .env("WIKI_SECRET", SECRET)
             .stdout(Stdio::piped())
             .spawn()
@@ -303,4 +324,36 @@ async fn a_refused_execute_is_an_error_result_naming_the_neutral_refusal() {
         out.content,
         "The page does not exist or you may not edit it."
     );
+}
+
+#[tokio::test]
+async fn the_wiki_over_https_is_discovered_previewed_and_written_when_its_ca_is_trusted_and_refused_otherwise(
+) {
+    let wiki = Wiki::start_tls();
+    assert!(wiki.url.starts_with("https://127.0.0.1:"), "{}", wiki.url);
+    let secret = SecretString::from(SECRET);
+    let tools =
+        RemoteToolServer::with_trust("wiki", &wiki.url, &secret, Limits::default(), &test_ca())
+            .unwrap()
+            .discover_tools()
+            .await
+            .unwrap();
+    let set = json!({"page": "about", "text": "We repair bicycles."});
+    let previewer = find(&tools, "set_page").previewer().unwrap();
+    assert_deterministic(previewer, &editor(), &set).await;
+    assert!(previewer.may_viewer_read_preview(&set, &editor()).await);
+    let out = find(&tools, "set_page")
+        .execute(&ctx(RunId::new(), 1, 0), &set)
+        .await
+        .unwrap();
+    assert!(!out.is_error, "{out:?}");
+    assert_eq!(read(&tools, "about").await, "We repair bicycles.");
+
+    let public = Trust::new(None).unwrap();
+    let e = RemoteToolServer::with_trust("wiki", &wiki.url, &secret, Limits::default(), &public)
+        .unwrap()
+        .discover_tools()
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "remote_tls");
 }
