@@ -9,6 +9,9 @@
 //! - A worker SIGKILLed while a non-idempotent call is in flight: the reaper fails the run
 //!   `not_retryable` and nothing sends the call again.
 //!
+//! - `countersign tools add`, `list` and `check` against the wiki and a second server whose
+//!   previews move by themselves or run past the bounds, named in a tool servers file.
+//!
 //! The wiki's `--hold-file` holds every execute while the file exists, so the test knows the
 //! call is in flight at the server when it kills the worker.
 
@@ -498,4 +501,248 @@ async fn a_non_idempotent_remote_call_in_flight_when_its_worker_is_killed_fails_
         1
     );
     site.finish(vec![coordinator]).await;
+}
+
+/// A tool server whose previews are unfit to be countersigned: `stamp_page` puts the time in
+/// its preview, `long_page` answers 25 lines. It speaks just enough of the protocol for that.
+const UNFIT_SERVER: &str = r#"
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+def tool(name):
+    return {"name": name, "description": "", "parameters": {"type": "object"}, "group": "editing",
+            "effect": "idempotent_write", "enabled_by_default": False, "requires_admin": False,
+            "previews": True}
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *args):
+        pass
+    def reply(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+    def do_GET(self):
+        self.reply({"protocol": 1, "tools": [tool("stamp_page"), tool("long_page")]})
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path.endswith("/may-view"):
+            return self.reply({"allowed": False})
+        if self.path == "/tools/stamp_page/preview":
+            return self.reply({"lines": ['page "home"', "checked at %d" % time.time_ns()]})
+        self.reply({"lines": ["line %d" % i for i in range(25)]})
+
+server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+print("listening on http://127.0.0.1:%d" % server.server_address[1], flush=True)
+server.serve_forever()
+"#;
+
+/// `countersign ARGS` with `env`: (exit status, stdout, stderr).
+fn countersign_with(
+    install: &Installation,
+    env: &[(&str, String)],
+    args: &[&str],
+) -> (bool, String, String) {
+    let out = install
+        .command("countersign")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env_remove("COUNTERSIGN_TOOL_SERVERS_CA_FILE")
+        .args(args)
+        .output()
+        .expect("countersign starts");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itself_or_runs_past_the_bounds(
+) {
+    let dir = TempDir::new();
+    let wiki = WikiServer::start(&dir, &json!({ "home": ["Welcome."] }));
+    let mut unfit = Running(
+        Command::new("python3")
+            .args(["-c", UNFIT_SERVER])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs the unfit server"),
+    );
+    let mut line = String::new();
+    BufReader::new(unfit.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let unfit_url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+    let db = Database::create("tools_check").await;
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+    };
+    install.countersign_ok(&["migrate"]);
+    install.countersign_ok(&["seed-demo-site"]);
+
+    // The unfit server goes into a servers file, as an operator adds one; the wiki stays in
+    // COUNTERSIGN_TOOL_SERVERS.
+    let file = dir.0.join("tool-servers");
+    let file_arg = file.to_str().unwrap();
+    let (ok, out, _) = countersign_with(
+        &install,
+        &[],
+        &["tools", "add", "unfit", &unfit_url, "--file", file_arg],
+    );
+    assert!(ok && out.contains("added to"), "{out}");
+    for (name, url, code) in [
+        ("unfit", unfit_url.as_str(), "duplicate_server"),
+        ("other", "ftp://127.0.0.1:1", "invalid_url"),
+        ("other", "https://user:pw@127.0.0.1:1", "invalid_url"),
+    ] {
+        let (ok, _, err) = countersign_with(
+            &install,
+            &[],
+            &["tools", "add", name, url, "--file", file_arg],
+        );
+        assert!(!ok && err.contains(code), "{name} {url}: {err}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap(),
+        format!("unfit {unfit_url}\n"),
+        "only the first entry was written"
+    );
+    let env = vec![
+        ("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url)),
+        ("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()),
+        ("COUNTERSIGN_TOOL_SERVERS_FILE", file_arg.to_owned()),
+        ("COUNTERSIGN_TOOL_SECRET_UNFIT", "unused".to_owned()),
+    ];
+
+    // Every tool, with where it comes from.
+    let (ok, out, err) = countersign_with(&install, &env, &["tools", "list"]);
+    assert!(ok, "{err}");
+    for expected in [
+        "set_page\tserver wiki\tidempotent_write\tediting\tpreviews",
+        "read_page\tserver wiki\tread_only\tcontent\tno preview",
+        "stamp_page\tserver unfit\tidempotent_write\tediting\tpreviews",
+        "update_page_metadata\tbuilt-in\tidempotent_write\tediting\tpreviews",
+    ] {
+        assert!(out.lines().any(|l| l == expected), "{expected} in\n{out}");
+    }
+
+    // The wiki's relative writer: the same twice, within the bounds, and the editor may see it.
+    let (ok, out, err) = countersign_with(
+        &install,
+        &env,
+        &[
+            "tools",
+            "check",
+            "append_line",
+            "--args",
+            r#"{"page": "home", "line": "Closed on Sundays."}"#,
+            "--as",
+            "editor",
+        ],
+    );
+    assert!(ok, "{out}\n{err}");
+    for expected in [
+        "tool append_line · server wiki · non_idempotent_write · group editing",
+        "   2  lines: 1 line(s) → 2, appended last: \"Closed on Sundays.\"",
+        "preview 2: the same, line for line",
+        "may-view for editor: allowed — a card shows editor this preview",
+    ] {
+        assert!(out.lines().any(|l| l == expected), "{expected} in\n{out}");
+    }
+    assert_eq!(
+        wiki.state(),
+        json!({ "pages": { "home": ["Welcome."] } }),
+        "a check executes nothing"
+    );
+
+    // A built-in writer, each preview on a connection of its own.
+    let (ok, out, err) = countersign_with(
+        &install,
+        &env,
+        &[
+            "tools",
+            "check",
+            "update_page_metadata",
+            "--args",
+            r#"{"uid": 12, "description": "Bicycle repairs"}"#,
+            "--as",
+            "editor",
+        ],
+    );
+    assert!(ok && out.contains("preview 2: the same"), "{out}\n{err}");
+
+    // A preview with the time in it differs line by line, and the check fails.
+    let (ok, out, err) = countersign_with(
+        &install,
+        &env,
+        &[
+            "tools",
+            "check",
+            "stamp_page",
+            "--args",
+            "{}",
+            "--as",
+            "editor",
+        ],
+    );
+    assert!(!ok, "{out}");
+    assert!(err.contains("the two previews differ"), "{err}");
+    let diff: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("the previews differ"))
+        .skip(1)
+        .take(3)
+        .collect();
+    assert!(
+        diff.len() == 3
+            && diff[0].starts_with("  -  2  checked at ")
+            && diff[1].starts_with("  +  2  checked at ")
+            && diff[2].starts_with("bounds of preview 1:"),
+        "only line 2 differs: {out}"
+    );
+    assert!(out.contains("may-view for editor: withheld"), "{out}");
+
+    // 25 lines: deterministic, but past the bounds.
+    let (ok, out, err) = countersign_with(
+        &install,
+        &env,
+        &[
+            "tools",
+            "check",
+            "long_page",
+            "--args",
+            "{}",
+            "--as",
+            "editor",
+        ],
+    );
+    assert!(!ok, "{out}");
+    assert!(out.contains("preview 2: the same, line for line"), "{out}");
+    assert!(
+        err.contains("exceeds the bounds (25 lines, over 20"),
+        "{err}"
+    );
+
+    // An unknown user is refused before anything is previewed.
+    let (ok, _, err) = countersign_with(
+        &install,
+        &env,
+        &[
+            "tools", "check", "set_page", "--args", "{}", "--as", "nobody",
+        ],
+    );
+    assert!(!ok && err.contains("no user nobody"), "{err}");
+
+    unfit.sigkill();
+    drop(wiki);
+    db.drop().await;
 }

@@ -3,8 +3,9 @@
 //! It is a thin layer over the library crates: every rule it exercises lives in them. It must
 //! never print key material other than a key it was asked to generate, nor a sealed value's
 //! plaintext other than the approval cards it shows (and saves) for their viewer and what the
-//! demo narrates from its own throwaway database; and it must never decide on a card other
-//! than the one its approver names.
+//! demo narrates from its own throwaway database (the previews `tools check` asks a tool for
+//! are not sealed values: they are the tool's answer to the operator, as the acting user); and
+//! it must never decide on a card other than the one its approver names.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ mod demo;
 mod ops;
 mod render;
 mod tokens;
+mod tools;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -85,6 +87,12 @@ pub enum Command {
     Tokens {
         #[command(subcommand)]
         command: tokens::TokensCommand,
+    },
+    /// Lists the tools this deployment registers, checks a tool's preview, and adds tool
+    /// servers to the tool servers file.
+    Tools {
+        #[command(subcommand)]
+        command: tools::ToolsCommand,
     },
     /// Seeds the reference content store with the demo site (idempotent).
     SeedDemoSite,
@@ -293,6 +301,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokens { command } => {
             tokens::run(&connect(&cli.database_url).await?, command).await
         }
+        Command::Tools { command } => tools::run(&cli.database_url, command).await,
         Command::SeedDemoSite => {
             countersign_content::seed_demo_site(&connect(&cli.database_url).await?).await?;
             println!("demo site seeded");

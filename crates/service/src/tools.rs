@@ -1,18 +1,55 @@
 //! The tools a deployment offers, assembled in one place: the reference content store's and
-//! those of the remote tool servers `COUNTERSIGN_TOOL_SERVERS` names.
+//! those of the remote tool servers `COUNTERSIGN_TOOL_SERVERS` and
+//! `COUNTERSIGN_TOOL_SERVERS_FILE` name.
 //!
 //! The worker that runs a call, the coordinator that gates its approval (an unknown tool is a
 //! non-idempotent write nobody may release), and the API and CLI that show its card must all
 //! know the same tools, so every binary builds its registry here.
 
+use std::collections::BTreeMap;
+
 use countersign_core::ToolRegistry;
 use countersign_remote::RemoteError;
 use countersign_store::Store;
 
+/// Where a registered tool comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Built into countersign (the reference content store's tools).
+    BuiltIn,
+    /// Discovered at the remote tool server of this name.
+    Server(String),
+}
+
+/// Every tool of this deployment, with where each comes from.
+#[derive(Debug)]
+pub struct Tools {
+    pub registry: ToolRegistry,
+    servers: BTreeMap<String, String>,
+}
+
+impl Tools {
+    /// Where the tool `name` comes from; a name not registered counts as built in.
+    pub fn origin(&self, name: &str) -> Origin {
+        self.servers
+            .get(name)
+            .map_or(Origin::BuiltIn, |server| Origin::Server(server.clone()))
+    }
+}
+
 /// Every tool of this deployment, the content store's writing to `store`.
 pub async fn registry(store: &Store) -> Result<ToolRegistry, RemoteError> {
+    Ok(tools(store).await?.registry)
+}
+
+/// [`registry`], with where each tool comes from (for `countersign tools`).
+pub async fn tools(store: &Store) -> Result<Tools, RemoteError> {
     let mut registry = ToolRegistry::new();
     countersign_content::register(&mut registry, store.clone());
-    countersign_remote::register_from_env(&mut registry).await?;
-    Ok(registry)
+    let servers = countersign_remote::register_from_env(&mut registry)
+        .await?
+        .into_iter()
+        .map(|r| (r.tool, r.server))
+        .collect();
+    Ok(Tools { registry, servers })
 }
