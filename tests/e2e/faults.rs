@@ -43,7 +43,7 @@ const RELEASE_GATE_WHEN: &str = "OLD.status = 'waiting_for_approval' AND NEW.sta
 const CLAIM_GATE: i64 = 4244;
 const CLAIM_GATE_WHEN: &str =
     "OLD.status = 'queued' AND NEW.status = 'running' AND OLD.segment = 'resume'";
-const CLAIM: &str = "UPDATE runs SET status = 'running', lease_owner";
+const CLAIM: &str = "WITH c AS ( UPDATE runs SET status = 'running', lease_owner";
 
 /// One installation under test: its database, queues, agent file, a connection, and the
 /// services started in the background (stopped before the database and queues go).

@@ -1,12 +1,13 @@
 //! A coordinator killed between recording an approval and dispatching it.
 //!
-//! The coordinator commits the decision (and the run's release), publishes the wake-up, then
-//! records the dispatch (`UPDATE runs SET dispatched_at = now() … status = 'queued'`) and acks
-//! the decision. Nothing it runs in PostgreSQL lies between the commit and the publish, so the
-//! test holds it at the statement right after the publish, kills it there, cuts the held
-//! statement so it never lands, and takes the published wake-up off the queue before any worker
-//! consumes it (no worker runs meanwhile): what is left is exactly a coordinator that died before
-//! its publish — a recorded approval, a queued run never dispatched, an unacked decision.
+//! The coordinator commits the decision (and the run's release), publishes the wake-up, answers
+//! and acks the decision; its relay records the dispatch with its next flush of marks (`UPDATE
+//! runs SET dispatched_at = now() WHERE id = ANY(…) AND status = 'queued'`). Nothing it runs in
+//! PostgreSQL lies between the commit and the publish, so the test holds it at the statement
+//! right after the publish, kills it there, cuts the held statement so it never lands, and
+//! takes the published wake-up off the queue before any worker consumes it (no worker runs
+//! meanwhile): what is left is exactly a coordinator that died before its publish — a recorded
+//! approval and a queued run never dispatched — whose decision may or may not have been acked.
 
 use countersign_e2e::{
     count, cut_waiting_at_gate, hold_gate, install_gate, release_gate, remove_gate, run_row, secs,
@@ -127,8 +128,9 @@ async fn a_coordinator_killed_between_recording_an_approval_and_dispatching_it_i
         "{SCENARIO}: the run is released and was never dispatched: {row}"
     );
 
-    // A coordinator started again answers the redelivered approval as a replay: the recorded
-    // outcome, nothing recorded or dispatched again.
+    // The approval is answered with its recorded outcome — by the killed coordinator if it got
+    // that far, or else by the one started again, as a replay of the redelivered approval — and
+    // nothing is recorded or dispatched again.
     site.start_coordinator();
     let reply = tokio::time::timeout(secs(30), replies.next())
         .await

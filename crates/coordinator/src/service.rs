@@ -237,11 +237,7 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
 
     if let Some(dispatch) = effects.dispatch {
         match broker.publish_segment(dispatch.run_id).await {
-            Ok(()) => {
-                if let Err(e) = coordinator.confirm_dispatch(&dispatch).await {
-                    tracing::warn!(run.id = %dispatch.run_id, code = e.code(), error = %e, "dispatch not recorded; the reaper will publish again");
-                }
-            }
+            Ok(()) => coordinator.note_dispatch(&dispatch),
             Err(e) => {
                 tracing::warn!(run.id = %dispatch.run_id, code = e.code(), error = %e, "wake-up not published; the reaper will publish it")
             }

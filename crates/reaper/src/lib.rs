@@ -16,8 +16,8 @@
 //! 4. Events: every transition above announces itself in its own transaction (`run.failed`,
 //!    `run.cancelled` in the outbox), and the pass publishes what is unpublished — first the
 //!    rows left unpublished longer than [`ReaperConfig::republish_after`], whose process relay
-//!    failed or died (`events_republished`), then the rest, its own among them
-//!    (`events_published`). Publishing is confirmed; a row is marked only once the broker took
+//!    failed or died (`events_republished`), then its own and the rest older than the
+//!    relays' sweep age (`events_published`). Publishing is confirmed; a row is marked only once the broker took
 //!    it, so a failure leaves it for the next pass.
 //!
 //! It must never run a segment, never touch a run that moved since its scan, and never
@@ -27,7 +27,7 @@ use std::fmt;
 use std::time::Duration;
 
 use countersign_queue::{Broker, QueueError};
-use countersign_service::relay::{relay_round, RelayConfig, RelayError};
+use countersign_service::relay::{relay_round, sweep, RelayConfig, RelayError, SWEEP_AFTER};
 use countersign_store::{ReapOutcome, Store, StoreError};
 
 /// How a pass treats what it finds.
@@ -160,9 +160,9 @@ pub async fn pass(
         batch: config.batch,
         ..RelayConfig::default()
     };
-    summary.events_republished =
-        relay_round(store, broker, config.republish_after, relay, 1).await?;
-    summary.events_published = relay_round(store, broker, Duration::ZERO, relay, 1).await?;
+    summary.events_republished = sweep(store, broker, config.republish_after, relay, 1).await?;
+    // Its own, handed off by its transitions, and the rest no process relay is still sending.
+    summary.events_published = relay_round(store, broker, SWEEP_AFTER, relay, 1).await?;
     for (action, n) in [
         ("requeued", summary.requeued),
         ("retries_exhausted", summary.retries_exhausted),

@@ -1,11 +1,14 @@
 //! The outbox relay every process that writes events runs: it publishes the rows of
 //! `event_outbox` on the events exchange, with confirms, and marks them sent.
 //!
-//! The store wakes it after each commit that wrote an outbox row ([`Store::wake_relay`]), so an
-//! event leaves right after its transition; a poll every [`RelayConfig::poll_interval`] is the
-//! fallback for a wake-up that could not help (the broker was down, another process wrote the
-//! row). A failed publish leaves the row for the next round, and the reaper republishes what
-//! stayed unsent for long. The row is the truth; the relay only carries it.
+//! A transition that wrote outbox rows hands them to this process's relay and wakes it
+//! ([`Store::take_handed_off`]), so an event leaves right after its transition, its confirm in
+//! flight with those of the other rows handed off meanwhile, with no statement to claim it;
+//! the marks of many confirmed rows are written by one statement ([`MARK_LINGER`]). A sweep
+//! every [`RelayConfig::poll_interval`] claims what stayed unpublished for [`SWEEP_AFTER`]
+//! (the broker was down, the process that wrote the row died), and the reaper republishes
+//! what stayed unsent for long. The row is the truth; the relay only carries it, at least
+//! once: consumers deduplicate by `event_id`.
 
 use std::future::Future;
 use std::time::Duration;
@@ -65,10 +68,47 @@ impl RelayError {
     }
 }
 
-/// Publishes unpublished rows created at least `older_than` ago, batch after batch, until a
-/// batch comes back short (at most `max_batches` of them, so a round ends under any load).
-/// Returns how many were published; the first store or broker error ends the round, after
-/// marking what was confirmed before it.
+/// How long confirmed rows may wait to be marked, so that one statement marks many.
+pub const MARK_LINGER: Duration = Duration::from_millis(100);
+
+/// How old an unpublished row must be before a sweep claims it: a row younger than this is
+/// still being published by the relay of the process that committed it.
+pub const SWEEP_AFTER: Duration = Duration::from_secs(5);
+
+/// Publishes the rows this process committed and handed to its relay, all at once with their
+/// confirms in flight together, and notes the confirmed ones for [`Store::flush_marks`]. A row
+/// whose publish failed is left to a sweep. Returns how many were confirmed.
+pub async fn publish_handed_off(store: &Store, broker: &Broker) -> Result<u64, RelayError> {
+    let rows = store.take_handed_off();
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let publisher = BrokerPublisher(broker);
+    let outcomes =
+        futures_util::future::join_all(rows.iter().map(|row| publisher.publish(row))).await;
+    let mut first_error = None;
+    let mut confirmed = Vec::with_capacity(rows.len());
+    for (row, outcome) in rows.iter().zip(outcomes) {
+        match outcome {
+            Ok(()) => confirmed.push(row.id),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    let n = confirmed.len() as u64;
+    store.note_published(confirmed);
+    match first_error {
+        Some(e) => Err(e.into()),
+        None => Ok(n),
+    }
+}
+
+/// Publishes what this process handed off, marks everything noted, then publishes unpublished
+/// rows created at least `older_than` ago, claiming them batch after batch, until a batch
+/// comes back short (at most `max_batches` of them, so a round ends under any load). Returns
+/// how many were published; the first store or broker error ends the round, after marking
+/// what was confirmed before it.
 pub async fn relay_round(
     store: &Store,
     broker: &Broker,
@@ -76,8 +116,23 @@ pub async fn relay_round(
     config: RelayConfig,
     max_batches: usize,
 ) -> Result<u64, RelayError> {
-    let publisher = BrokerPublisher(broker);
+    let handed_off = publish_handed_off(store, broker).await;
+    store.flush_marks().await?;
+    Ok(handed_off? + sweep(store, broker, older_than, config, max_batches).await?)
+}
+
+/// Claims and publishes unpublished rows created at least `older_than` ago, batch after
+/// batch, until a batch comes back short or `max_batches` were sent; what a process relay
+/// failed to publish, or a process that died left behind. Returns how many were published.
+pub async fn sweep(
+    store: &Store,
+    broker: &Broker,
+    older_than: Duration,
+    config: RelayConfig,
+    max_batches: usize,
+) -> Result<u64, RelayError> {
     let mut published = 0;
+    let publisher = BrokerPublisher(broker);
     for _ in 0..max_batches.max(1) {
         let RelayReport {
             published: n,
@@ -97,13 +152,20 @@ pub async fn relay_round(
     Ok(published)
 }
 
-/// Publishes once what is unpublished now, logging a failure instead of returning it: for a
-/// command that just committed an event and should not wait for a service's next poll.
+/// Publishes what this process committed and marks it, logging a failure instead of
+/// returning it: for a command that just committed an event and should not wait for a
+/// service's next poll. What fails is left to the services' sweeps and the reaper.
 pub async fn relay_now(store: &Store, broker: &Broker) -> u64 {
-    match relay_round(store, broker, Duration::ZERO, RelayConfig::default(), 10).await {
-        Ok(n) => n,
-        Err(e) => {
+    let published = publish_handed_off(store, broker).await;
+    let marked = store.flush_marks().await;
+    match (published, marked) {
+        (Ok(n), Ok(())) => n,
+        (Err(e), _) => {
             tracing::warn!(code = e.code(), error = %e, "events not published now; a relay or the reaper will");
+            0
+        }
+        (Ok(_), Err(e)) => {
+            tracing::warn!(code = e.code(), error = %e, "published events not marked; a sweep sends them again");
             0
         }
     }
@@ -111,6 +173,11 @@ pub async fn relay_now(store: &Store, broker: &Broker) -> u64 {
 
 /// Runs the relay until `shutdown` resolves, then publishes what is left once more, so the
 /// events of the last commits before a clean stop leave with the process.
+///
+/// Each wake-up publishes the rows handed off since the last one; their marks are written
+/// once [`MARK_LINGER`] has passed since the last flush or a batch is full, so under load one
+/// statement marks many rows. Every poll interval a sweep claims what is unpublished and
+/// older than [`SWEEP_AFTER`].
 pub async fn run(
     store: Store,
     broker: Broker,
@@ -118,17 +185,39 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
+    let batch = usize::try_from(config.batch).unwrap_or(100);
+    let mut last_flush = tokio::time::Instant::now();
+    // The first sweep runs at once: rows a previous process left behind.
+    let mut next_sweep = tokio::time::Instant::now();
     loop {
-        if let Err(e) = relay_round(&store, &broker, Duration::ZERO, config, 10).await {
-            tracing::warn!(code = e.code(), error = %e, "events not published; retrying at the next wake-up or poll");
+        if let Err(e) = publish_handed_off(&store, &broker).await {
+            tracing::warn!(code = e.code(), error = %e, "events not published; a sweep retries them");
         }
+        let pending = store.pending_marks();
+        if pending > 0 && (pending >= batch || last_flush.elapsed() >= MARK_LINGER) {
+            if let Err(e) = store.flush_marks().await {
+                tracing::warn!(code = e.code(), error = %e, "published events not marked; retrying");
+            }
+            last_flush = tokio::time::Instant::now();
+        }
+        if tokio::time::Instant::now() >= next_sweep {
+            if let Err(e) = relay_round(&store, &broker, SWEEP_AFTER, config, 10).await {
+                tracing::warn!(code = e.code(), error = %e, "events not published; retrying at the next poll");
+            }
+            next_sweep = tokio::time::Instant::now() + config.poll_interval;
+        }
+        let wake_at = if store.pending_marks() > 0 {
+            next_sweep.min(last_flush + MARK_LINGER)
+        } else {
+            next_sweep
+        };
         tokio::select! {
             () = &mut shutdown => break,
             () = store.relay_woken() => {}
-            () = tokio::time::sleep(config.poll_interval) => {}
+            () = tokio::time::sleep_until(wake_at) => {}
         }
     }
-    if let Err(e) = relay_round(&store, &broker, Duration::ZERO, config, 10).await {
+    if let Err(e) = relay_round(&store, &broker, SWEEP_AFTER, config, 10).await {
         tracing::warn!(code = e.code(), error = %e, "events left unpublished at shutdown; another relay or the reaper will publish them");
     }
 }

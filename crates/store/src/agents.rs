@@ -41,23 +41,24 @@ pub struct StoredAgent {
     pub updated_at: DateTime<Utc>,
 }
 
-struct Row {
-    name: String,
-    active: bool,
-    model: Value,
-    allowed_groups: Vec<String>,
-    allowed_tools: Vec<String>,
-    enabled_tools: Vec<String>,
-    max_iterations: i32,
-    max_tool_calls_per_turn: i32,
-    four_eyes: bool,
-    approval_deadline_seconds: i64,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
+/// An `agents` row as a statement returns it.
+pub(crate) struct AgentColumns {
+    pub(crate) name: String,
+    pub(crate) active: bool,
+    pub(crate) model: Value,
+    pub(crate) allowed_groups: Vec<String>,
+    pub(crate) allowed_tools: Vec<String>,
+    pub(crate) enabled_tools: Vec<String>,
+    pub(crate) max_iterations: i32,
+    pub(crate) max_tool_calls_per_turn: i32,
+    pub(crate) four_eyes: bool,
+    pub(crate) approval_deadline_seconds: i64,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) updated_at: DateTime<Utc>,
 }
 
-impl From<Row> for StoredAgent {
-    fn from(r: Row) -> Self {
+impl StoredAgent {
+    pub(crate) fn from_columns(r: AgentColumns) -> Self {
         StoredAgent {
             config: AgentConfig {
                 name: r.name,
@@ -119,7 +120,7 @@ impl Store {
     /// The configuration named `name`, active or not.
     pub async fn agent(&self, name: &str) -> Result<Option<StoredAgent>, StoreError> {
         let row = sqlx::query_as!(
-            Row,
+            AgentColumns,
             r#"SELECT name, active, model, allowed_groups, allowed_tools, enabled_tools,
                       max_iterations, max_tool_calls_per_turn, four_eyes, approval_deadline_seconds,
                       created_at, updated_at
@@ -128,13 +129,13 @@ impl Store {
         )
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(StoredAgent::from))
+        Ok(row.map(StoredAgent::from_columns))
     }
 
     /// All configurations, by name.
     pub async fn agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
         let rows = sqlx::query_as!(
-            Row,
+            AgentColumns,
             r#"SELECT name, active, model, allowed_groups, allowed_tools, enabled_tools,
                       max_iterations, max_tool_calls_per_turn, four_eyes, approval_deadline_seconds,
                       created_at, updated_at
@@ -142,7 +143,7 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(StoredAgent::from).collect())
+        Ok(rows.into_iter().map(StoredAgent::from_columns).collect())
     }
 
     /// Activates or deactivates a configuration; `false` when it does not exist.

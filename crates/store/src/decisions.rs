@@ -14,7 +14,8 @@ use countersign_crypto::Purpose;
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::events::{append_locked, lock_run, NewEvent};
+use crate::events::lock_run;
+use crate::runs::SealedDecision;
 use crate::{outbox, Store, StoreError};
 
 /// The outcome of a decision, as recorded and published.
@@ -142,15 +143,49 @@ impl Store {
             }
         }
 
-        // A concurrent insert of the same id makes this one wait for it; once it commits this
-        // is a replay, and if it rolls back this insert goes ahead.
-        let inserted = sqlx::query_scalar!(
-            r#"INSERT INTO run_decisions
-                   (decision_id, run_id, suspension_seq, turn_digest, approved, approver, comment,
-                    outcome)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-               ON CONFLICT (decision_id) DO NOTHING
-               RETURNING decision_id"#,
+        // The accepted transition already holds the run row's lock; a refused decision takes
+        // it here (it may name a run that does not exist: it is still recorded, for replays,
+        // but has no trail to join). Holding it, the next statement's snapshot sees every
+        // audit row of the run, which its sequence number relies on.
+        let accepted = d.outcome == DecisionOutcome::Accepted;
+        let has_trail = accepted || lock_run(&mut tx, d.run_id).await?;
+        let event = outbox::decision_event(d.decision_id, d.run_id, d.outcome);
+        let payload = json!({
+            "decision_id": d.decision_id,
+            "suspension_seq": d.suspension_seq.get(),
+            "turn_digest": d.turn_digest.as_str(),
+            "approved": d.approved,
+            "approver": d.approver,
+            "outcome": d.outcome.as_str(),
+            "has_comment": d.comment.is_some(),
+        });
+        // One statement: the decision row, its audit row and its outbox row (announced whether
+        // or not the run exists: the producer learns its refusal either way). A concurrent
+        // insert of the same id makes this one wait for it; once it commits this inserts
+        // nothing and is a replay, and if it rolls back this goes ahead.
+        let announced = sqlx::query_as!(
+            outbox::Row,
+            r#"WITH decided AS (
+                   INSERT INTO run_decisions
+                       (decision_id, run_id, suspension_seq, turn_digest, approved, approver,
+                        comment, outcome)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                   ON CONFLICT (decision_id) DO NOTHING
+                   RETURNING decision_id),
+               audit AS (
+                   INSERT INTO run_events (run_id, sequence, kind, payload)
+                   SELECT $2, (SELECT coalesce(max(sequence), 0) + 1 FROM run_events
+                               WHERE run_id = $2),
+                          $9::text, $10::jsonb
+                   FROM decided WHERE $11::bool
+                   RETURNING sequence)
+               INSERT INTO event_outbox (id, run_id, kind, body)
+               SELECT $12, $2, $9,
+                      $13::jsonb || jsonb_build_object(
+                          'event_id', $12::uuid,
+                          'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+               FROM decided
+               RETURNING id, run_id, kind, body, created_at, published_at"#,
             d.decision_id,
             d.run_id.as_uuid(),
             d.suspension_seq.as_i32(),
@@ -159,10 +194,15 @@ impl Store {
             d.approver,
             comment,
             d.outcome.as_str(),
+            event.name,
+            payload,
+            has_trail,
+            Uuid::now_v7(),
+            outbox::stored_body(&event),
         )
         .fetch_optional(&mut *tx)
         .await?;
-        if inserted.is_none() {
+        let Some(row) = announced else {
             let recorded = sqlx::query_scalar!(
                 "SELECT outcome FROM run_decisions WHERE decision_id = $1",
                 d.decision_id
@@ -171,35 +211,9 @@ impl Store {
             .await?;
             tx.rollback().await?;
             return Ok(DecisionRecord::Replayed(outcome(&recorded)?));
-        }
-
-        // The accepted transition already holds the run row's lock. A refused decision may
-        // name a run that does not exist; it is still recorded (for replays) but has no trail
-        // to join.
-        let accepted = d.outcome == DecisionOutcome::Accepted;
-        let event = outbox::decision_event(d.decision_id, d.run_id, d.outcome);
-        if accepted || lock_run(&mut tx, d.run_id).await? {
-            let payload = json!({
-                "decision_id": d.decision_id,
-                "suspension_seq": d.suspension_seq.get(),
-                "turn_digest": d.turn_digest.as_str(),
-                "approved": d.approved,
-                "approver": d.approver,
-                "outcome": d.outcome.as_str(),
-                "has_comment": d.comment.is_some(),
-            });
-            append_locked(
-                &mut tx,
-                &self.keyring,
-                d.run_id,
-                &NewEvent::new(event.name, payload),
-            )
-            .await?;
-        }
-        // Announced whether or not the run exists: the producer learns its refusal either way.
-        outbox::append(&mut tx, Some(d.run_id), &event).await?;
+        };
         tx.commit().await?;
-        self.wake_relay();
+        self.hand_off(vec![row.into()]);
         Ok(DecisionRecord::Recorded(d.outcome))
     }
 
@@ -233,7 +247,25 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        let comment = row
+        self.open_decision(
+            run_id,
+            SealedDecision {
+                decision_id: row.decision_id,
+                approved: row.approved,
+                approver: row.approver,
+                comment: row.comment,
+            },
+        )
+        .map(Some)
+    }
+
+    /// Opens the comment of an accepted decision as a claim read it.
+    pub fn open_decision(
+        &self,
+        run_id: RunId,
+        sealed: SealedDecision,
+    ) -> Result<AcceptedDecision, StoreError> {
+        let comment = sealed
             .comment
             .map(|sealed| {
                 let plain = self.keyring.open(Purpose::Comment, run_id, &sealed)?;
@@ -241,11 +273,11 @@ impl Store {
                     .map_err(|_| StoreError::unreadable("run_decisions.comment"))
             })
             .transpose()?;
-        Ok(Some(AcceptedDecision {
-            decision_id: row.decision_id,
-            approved: row.approved,
-            approver: row.approver,
+        Ok(AcceptedDecision {
+            decision_id: sealed.decision_id,
+            approved: sealed.approved,
+            approver: sealed.approver,
             comment,
-        }))
+        })
     }
 }

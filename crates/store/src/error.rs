@@ -63,7 +63,7 @@ impl StoreError {
         matches!(self, StoreError::Unreadable { .. } | StoreError::Crypto(_))
     }
 
-    pub(crate) fn unreadable(what: &'static str) -> Self {
+    pub fn unreadable(what: &'static str) -> Self {
         StoreError::Unreadable { what }
     }
 }

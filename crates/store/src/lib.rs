@@ -49,8 +49,8 @@ pub use outbox::{EventPublisher, OutboxEvent, RelayReport};
 pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
 pub use rotation::{ColumnRotation, RotationReport};
 pub use runs::{
-    Claim, CreatedRun, Lease, NewRun, RunCounters, RunRecord, RunStatus, Segment, Settlement,
-    StoredRequest, TerminationReason, WaitingRun,
+    Claim, ClaimedInputs, CreatedRun, Lease, NewRun, RunCounters, RunRecord, RunStatus,
+    SealedDecision, Segment, Settlement, StoredRequest, TerminationReason, WaitingRun,
 };
 
 /// The migrations of the whole schema, embedded at build time.
@@ -64,6 +64,8 @@ pub struct Store {
     /// Woken after a commit that wrote outbox rows; shared by every clone, so the relay of
     /// this process hears every transition made through it.
     relay_kick: Arc<Notify>,
+    /// Rows committed through this handle for the relay, and its marks not yet written.
+    handoff: Arc<std::sync::Mutex<outbox::Handoff>>,
 }
 
 impl Store {
@@ -72,6 +74,7 @@ impl Store {
             pool,
             keyring,
             relay_kick: Arc::new(Notify::new()),
+            handoff: Arc::default(),
         }
     }
 

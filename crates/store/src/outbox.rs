@@ -13,6 +13,13 @@
 //! the same row at once: the claim's subquery skips rows another claim is updating, and a row
 //! claimed by another relay is not claimable until that claim runs out.
 //!
+//! The rows a process commits itself need no claim: the transition returns them and hands
+//! them to the process's relay ([`Store::take_handed_off`]), which publishes them at once and
+//! notes the confirmed ones; the marks of many rows (and the `dispatched_at` of the runs whose
+//! wake-ups were confirmed) are written together by [`Store::flush_marks`]. A claiming sweep
+//! (`relay_batch` with an age) is what publishes the rows no relay was handed: those of a
+//! process that died, or whose publish failed.
+//!
 //! The body is [`Event::to_json`] with `at` from the database clock (`now()`, the time of the
 //! transaction, so the same instant as the transition's `updated_at`), never a process's.
 //! Order is by `(created_at, id)` within one relay; relays in several processes may interleave,
@@ -84,27 +91,36 @@ pub async fn append(
     conn: &mut PgConnection,
     run_id: Option<RunId>,
     event: &Event,
-) -> Result<Uuid, StoreError> {
+) -> Result<OutboxEvent, StoreError> {
     let id = Uuid::now_v7();
-    let mut body = event.to_json("");
-    if let Value::Object(map) = &mut body {
-        map.remove("at");
-        map.remove("event_id");
-    }
-    sqlx::query!(
+    let body = stored_body(event);
+    let row = sqlx::query_as!(
+        Row,
         r#"INSERT INTO event_outbox (id, run_id, kind, body)
            VALUES ($1, $2, $3,
                    $4::jsonb || jsonb_build_object(
                        'event_id', $1::uuid,
-                       'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))"#,
+                       'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+           RETURNING id, run_id, kind, body, created_at, published_at"#,
         id,
         run_id.map(|r| r.as_uuid()),
         event.name,
         body,
     )
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
-    Ok(id)
+    Ok(row.into())
+}
+
+/// The body of `event` as a statement stores it: without `at` and `event_id`, which the
+/// statement adds from the database clock and the row's id.
+pub(crate) fn stored_body(event: &Event) -> Value {
+    let mut body = event.to_json("");
+    if let Value::Object(map) = &mut body {
+        map.remove("at");
+        map.remove("event_id");
+    }
+    body
 }
 
 /// Appends the event's audit row to the run's trail (its fields but `run_id` as the payload,
@@ -116,19 +132,16 @@ pub(crate) async fn announce_locked(
     run_id: RunId,
     event: &Event,
     content: Option<&[u8]>,
-) -> Result<Uuid, StoreError> {
+) -> Result<OutboxEvent, StoreError> {
     let mut payload = event.fields.clone();
     payload.remove("run_id");
     let sealed = content
         .map(|c| keyring.seal(Purpose::Event, run_id, c))
         .transpose()?;
     let id = Uuid::now_v7();
-    let mut body = event.to_json("");
-    if let Value::Object(map) = &mut body {
-        map.remove("at");
-        map.remove("event_id");
-    }
-    sqlx::query!(
+    let body = stored_body(event);
+    let row = sqlx::query_as!(
+        Row,
         r#"WITH audit AS (
                INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
                SELECT $1, coalesce(max(sequence), 0) + 1, $2::text, $3::jsonb, $4::bytea
@@ -139,7 +152,8 @@ pub(crate) async fn announce_locked(
                   $6::jsonb || jsonb_build_object(
                       'event_id', $5::uuid,
                       'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
-           FROM audit"#,
+           FROM audit
+           RETURNING id, run_id, kind, body, created_at, published_at"#,
         run_id.as_uuid(),
         event.name,
         Value::Object(payload),
@@ -147,9 +161,21 @@ pub(crate) async fn announce_locked(
         id,
         body,
     )
-    .execute(conn)
+    .fetch_one(conn)
     .await?;
-    Ok(id)
+    Ok(row.into())
+}
+
+/// How many handed-off rows a process keeps for its relay at most.
+pub const HANDOFF_LIMIT: usize = 10_000;
+
+/// What this process committed and its relay has not finished with: rows to publish, rows
+/// confirmed and runs dispatched that are not yet marked.
+#[derive(Debug, Default)]
+pub(crate) struct Handoff {
+    fresh: Vec<OutboxEvent>,
+    published: Vec<Uuid>,
+    dispatched: Vec<Uuid>,
 }
 
 /// How long a relay's claim on a batch lasts: longer than publishing a batch can take.
@@ -228,13 +254,14 @@ pub(crate) fn ended_event(name: &'static str, run_id: RunId, reason: Termination
     )
 }
 
-struct Row {
-    id: Uuid,
-    run_id: Option<Uuid>,
-    kind: String,
-    body: Value,
-    created_at: DateTime<Utc>,
-    published_at: Option<DateTime<Utc>>,
+/// An `event_outbox` row as a statement returns it.
+pub(crate) struct Row {
+    pub(crate) id: Uuid,
+    pub(crate) run_id: Option<Uuid>,
+    pub(crate) kind: String,
+    pub(crate) body: Value,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) published_at: Option<DateTime<Utc>>,
 }
 
 impl From<Row> for OutboxEvent {
@@ -255,8 +282,9 @@ impl Store {
     /// no transition, such as a refused run request) and wakes the relay.
     pub async fn announce(&self, run_id: Option<RunId>, event: &Event) -> Result<Uuid, StoreError> {
         let mut conn = self.pool.acquire().await?;
-        let id = append(&mut conn, run_id, event).await?;
-        self.wake_relay();
+        let row = append(&mut conn, run_id, event).await?;
+        let id = row.id;
+        self.hand_off(vec![row]);
         Ok(id)
     }
 
@@ -264,6 +292,93 @@ impl Store {
     /// is busy is kept for its next wait, so none is lost.
     pub fn wake_relay(&self) {
         self.relay_kick.notify_one();
+    }
+
+    /// Hands rows this process has just committed to its relay, which publishes them without
+    /// claiming them first, and wakes it. Past [`HANDOFF_LIMIT`] waiting rows (a process whose
+    /// relay does not run) rows are not kept: they stay in the table for a sweep.
+    pub(crate) fn hand_off(&self, rows: Vec<OutboxEvent>) {
+        {
+            let mut handoff = self.handoff.lock().unwrap_or_else(|p| p.into_inner());
+            let room = HANDOFF_LIMIT.saturating_sub(handoff.fresh.len());
+            handoff.fresh.extend(rows.into_iter().take(room));
+        }
+        self.wake_relay();
+    }
+
+    /// The rows committed by this process since the last call, oldest first, for the relay to
+    /// publish; it reports what the broker confirmed with [`Store::note_published`].
+    pub fn take_handed_off(&self) -> Vec<OutboxEvent> {
+        std::mem::take(&mut self.handoff.lock().unwrap_or_else(|p| p.into_inner()).fresh)
+    }
+
+    /// Notes outbox rows the broker confirmed; [`Store::flush_marks`] marks them published.
+    pub fn note_published(&self, ids: impl IntoIterator<Item = Uuid>) {
+        self.handoff
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .published
+            .extend(ids);
+    }
+
+    /// Notes a run whose wake-up the broker confirmed; [`Store::flush_marks`] records it as
+    /// dispatched (what [`Store::mark_dispatched`] does for one run, batched) and wakes the
+    /// relay, which flushes.
+    pub fn note_dispatched(&self, run_id: RunId) {
+        self.handoff
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .dispatched
+            .push(run_id.as_uuid());
+        self.wake_relay();
+    }
+
+    /// How many confirmed rows and dispatches wait for [`Store::flush_marks`].
+    pub fn pending_marks(&self) -> usize {
+        let handoff = self.handoff.lock().unwrap_or_else(|p| p.into_inner());
+        handoff.published.len() + handoff.dispatched.len()
+    }
+
+    /// Records what was noted since the last flush, with at most two statements whatever the
+    /// number: the confirmed rows marked `published_at = now()`, the dispatched runs that are
+    /// still queued `dispatched_at = now()`. On an error the notes are kept for the next flush.
+    /// A crash before the flush loses only marks: the rows are published again by a sweep
+    /// (consumers deduplicate by `event_id`) and the runs woken again by the reaper.
+    pub async fn flush_marks(&self) -> Result<(), StoreError> {
+        let (published, dispatched) = {
+            let mut handoff = self.handoff.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                std::mem::take(&mut handoff.published),
+                std::mem::take(&mut handoff.dispatched),
+            )
+        };
+        let result = async {
+            if !published.is_empty() {
+                sqlx::query!(
+                    "UPDATE event_outbox SET published_at = now(), claimed_until = NULL
+                     WHERE id = ANY($1) AND published_at IS NULL",
+                    &published,
+                )
+                .execute(&self.pool)
+                .await?;
+            }
+            if !dispatched.is_empty() {
+                sqlx::query!(
+                    "UPDATE runs SET dispatched_at = now() WHERE id = ANY($1) AND status = 'queued'",
+                    &dispatched,
+                )
+                .execute(&self.pool)
+                .await?;
+            }
+            Ok::<(), StoreError>(())
+        }
+        .await;
+        if result.is_err() {
+            let mut handoff = self.handoff.lock().unwrap_or_else(|p| p.into_inner());
+            handoff.published.extend(published);
+            handoff.dispatched.extend(dispatched);
+        }
+        result
     }
 
     /// Resolves at the next [`Store::wake_relay`] (or at once if one is pending): what the relay

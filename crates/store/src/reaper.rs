@@ -286,9 +286,9 @@ impl Store {
             return Ok(false);
         }
         let event = outbox::ended_event(name, run_id, reason);
-        outbox::announce_locked(&mut tx, &self.keyring, run_id, &event, None).await?;
+        let row = outbox::announce_locked(&mut tx, &self.keyring, run_id, &event, None).await?;
         tx.commit().await?;
-        self.wake_relay();
+        self.hand_off(vec![row]);
         Ok(true)
     }
 }

@@ -19,6 +19,7 @@ use countersign_core::{
 use countersign_crypto::Purpose;
 use uuid::Uuid;
 
+use crate::agents::{AgentColumns, StoredAgent};
 use crate::{millis, outbox, Store, StoreError};
 
 /// A run as requested by a producer.
@@ -179,7 +180,7 @@ impl Lease {
 }
 
 /// A won claim: the lease and what the segment needs to start.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
     pub lease: Lease,
     /// By the database clock; renew every third of the ttl.
@@ -190,6 +191,35 @@ pub struct Claim {
     /// The suspension a resume segment continues; `None` for a start that never suspended.
     pub suspension_seq: Option<SuspensionSeq>,
     pub requeue_count: i32,
+    /// What the segment starts from, read by the claim's own statement.
+    pub inputs: ClaimedInputs,
+}
+
+/// What a segment starts from, returned by the statement that won its claim rather than read
+/// by one statement each: the agent's configuration as it is now, and the sealed request (a
+/// start) or the sealed state and the accepted decision (a resume). The claim holds the run,
+/// so nothing here can change under the segment; the sealed parts are opened by
+/// [`Store::open_request`], [`Store::open_state`] and [`Store::open_decision`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedInputs {
+    /// `None` when the configuration is gone.
+    pub agent: Option<StoredAgent>,
+    /// The sealed request, for a start segment.
+    pub request: Option<Vec<u8>>,
+    /// The sealed suspended state, for a resume segment.
+    pub state: Option<Vec<u8>>,
+    /// The accepted decision of the suspension a resume continues, its comment still sealed.
+    pub decision: Option<SealedDecision>,
+}
+
+/// An accepted decision as a claim reads it: the comment is opened with
+/// [`Store::open_decision`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SealedDecision {
+    pub decision_id: Uuid,
+    pub approved: bool,
+    pub approver: String,
+    pub comment: Option<Vec<u8>>,
 }
 
 /// The counters a run carries across segments.
@@ -329,7 +359,8 @@ fn effect_stamp(effect: Option<Effect>) -> Option<&'static str> {
     effect.filter(|e| e.is_write()).map(Effect::as_str)
 }
 
-/// What a claim's `RETURNING` gives back.
+/// What a claim's statement gives back: the claimed row, its agent and, for a resume, the
+/// accepted decision.
 struct ClaimRow {
     id: Uuid,
     lease_epoch: i64,
@@ -339,10 +370,80 @@ struct ClaimRow {
     acting_user: String,
     suspension_seq: Option<i32>,
     requeue_count: i32,
+    request: Option<Vec<u8>>,
+    state: Option<Vec<u8>>,
+    agent_name: Option<String>,
+    agent_active: Option<bool>,
+    agent_model: Option<serde_json::Value>,
+    allowed_groups: Option<Vec<String>>,
+    allowed_tools: Option<Vec<String>>,
+    enabled_tools: Option<Vec<String>>,
+    max_iterations: Option<i32>,
+    max_tool_calls_per_turn: Option<i32>,
+    four_eyes: Option<bool>,
+    approval_deadline_seconds: Option<i64>,
+    agent_created_at: Option<DateTime<Utc>>,
+    agent_updated_at: Option<DateTime<Utc>>,
+    decision_id: Option<Uuid>,
+    approved: Option<bool>,
+    approver: Option<String>,
+    comment: Option<Vec<u8>>,
 }
 
 impl ClaimRow {
     fn into_claim(self, owner: &str) -> Result<Claim, StoreError> {
+        let agent = match (
+            self.agent_name,
+            self.agent_active,
+            self.agent_model,
+            self.allowed_groups,
+            self.allowed_tools,
+            self.enabled_tools,
+            self.max_iterations,
+            self.max_tool_calls_per_turn,
+            self.four_eyes,
+            self.approval_deadline_seconds,
+            self.agent_created_at,
+            self.agent_updated_at,
+        ) {
+            (
+                Some(name),
+                Some(active),
+                Some(model),
+                Some(allowed_groups),
+                Some(allowed_tools),
+                Some(enabled_tools),
+                Some(max_iterations),
+                Some(max_tool_calls_per_turn),
+                Some(four_eyes),
+                Some(approval_deadline_seconds),
+                Some(created_at),
+                Some(updated_at),
+            ) => Some(StoredAgent::from_columns(AgentColumns {
+                name,
+                active,
+                model,
+                allowed_groups,
+                allowed_tools,
+                enabled_tools,
+                max_iterations,
+                max_tool_calls_per_turn,
+                four_eyes,
+                approval_deadline_seconds,
+                created_at,
+                updated_at,
+            })),
+            _ => None,
+        };
+        let decision = match (self.decision_id, self.approved, self.approver) {
+            (Some(decision_id), Some(approved), Some(approver)) => Some(SealedDecision {
+                decision_id,
+                approved,
+                approver,
+                comment: self.comment,
+            }),
+            _ => None,
+        };
         Ok(Claim {
             lease: Lease {
                 run_id: run_id(self.id)?,
@@ -355,6 +456,12 @@ impl ClaimRow {
             acting_user: self.acting_user,
             suspension_seq: opt_seq(self.suspension_seq)?,
             requeue_count: self.requeue_count,
+            inputs: ClaimedInputs {
+                agent,
+                request: self.request,
+                state: self.state,
+                decision,
+            },
         })
     }
 }
@@ -373,30 +480,41 @@ impl Store {
         let request = self
             .keyring
             .seal(Purpose::Request, id, &stored.to_bytes())?;
-        let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query_scalar!(
-            r#"INSERT INTO runs (id, request_id, agent, acting_user, status, segment, request)
-               VALUES ($1, $2, $3, $4, 'queued', 'start', $5)
-               ON CONFLICT (request_id) DO NOTHING
-               RETURNING id"#,
+        // One statement, one commit: the run and its `run.accepted` outbox row, or, on a
+        // duplicate request id, neither.
+        let event = outbox::run_accepted(new.request_id, id);
+        let announced = sqlx::query_as!(
+            outbox::Row,
+            r#"WITH created AS (
+                   INSERT INTO runs (id, request_id, agent, acting_user, status, segment, request)
+                   VALUES ($1, $2, $3, $4, 'queued', 'start', $5)
+                   ON CONFLICT (request_id) DO NOTHING
+                   RETURNING id)
+               INSERT INTO event_outbox (id, run_id, kind, body)
+               SELECT $6, created.id, $7,
+                      $8::jsonb || jsonb_build_object(
+                          'event_id', $6::uuid,
+                          'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+               FROM created
+               RETURNING id, run_id, kind, body, created_at, published_at"#,
             id.as_uuid(),
             new.request_id,
             new.agent,
             new.acting_user,
             request,
+            Uuid::now_v7(),
+            event.name,
+            outbox::stored_body(&event),
         )
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?;
-        if inserted.is_some() {
-            outbox::append(&mut tx, Some(id), &outbox::run_accepted(new.request_id, id)).await?;
-            tx.commit().await?;
-            self.wake_relay();
+        if let Some(row) = announced {
+            self.hand_off(vec![row.into()]);
             return Ok(CreatedRun {
                 run_id: id,
                 created: true,
             });
         }
-        tx.rollback().await?;
         // The conflicting insert has committed (ON CONFLICT waited for it), so the row is
         // visible to this new statement.
         let existing =
@@ -420,13 +538,34 @@ impl Store {
     ) -> Result<Option<Claim>, StoreError> {
         let row = sqlx::query_as!(
             ClaimRow,
-            r#"UPDATE runs
-               SET status = 'running', lease_owner = $2, lease_epoch = lease_epoch + 1,
-                   lease_expires_at = now() + $3 * interval '1 millisecond',
-                   pending_effect = NULL, updated_at = now()
-               WHERE id = $1 AND status = 'queued' AND available_at <= now()
-               RETURNING id, lease_epoch, lease_expires_at AS "lease_expires_at!", segment,
-                         agent, acting_user, suspension_seq, requeue_count"#,
+            r#"WITH c AS (
+                   UPDATE runs
+                   SET status = 'running', lease_owner = $2, lease_epoch = lease_epoch + 1,
+                       lease_expires_at = now() + $3 * interval '1 millisecond',
+                       pending_effect = NULL, updated_at = now()
+                   WHERE id = $1 AND status = 'queued' AND available_at <= now()
+                   RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
+                             suspension_seq, requeue_count,
+                             CASE WHEN segment = 'start' THEN request END AS request,
+                             CASE WHEN segment = 'resume' THEN state END AS state)
+               SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
+                      c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
+                      c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
+                      c.requeue_count AS "requeue_count!", c.request AS "request?", c.state,
+                      a.name AS "agent_name?", a.active AS "agent_active?",
+                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
+                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
+                      a.max_iterations AS "max_iterations?",
+                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
+                      a.four_eyes AS "four_eyes?",
+                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
+                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
+                      d.decision_id AS "decision_id?", d.approved AS "approved?",
+                      d.approver AS "approver?", d.comment AS "comment?"
+               FROM c
+               LEFT JOIN agents a ON a.name = c.agent
+               LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id
+                    AND d.suspension_seq = c.suspension_seq AND d.outcome = 'accepted'"#,
             run_id.as_uuid(),
             owner,
             millis(ttl) as f64,
@@ -445,17 +584,38 @@ impl Store {
     ) -> Result<Option<Claim>, StoreError> {
         let row = sqlx::query_as!(
             ClaimRow,
-            r#"UPDATE runs
-               SET status = 'running', lease_owner = $1, lease_epoch = lease_epoch + 1,
-                   lease_expires_at = now() + $2 * interval '1 millisecond',
-                   pending_effect = NULL, updated_at = now()
-               WHERE id = (SELECT id FROM runs
-                           WHERE status = 'queued' AND available_at <= now()
-                           ORDER BY available_at LIMIT 1
-                           FOR UPDATE SKIP LOCKED)
-                 AND status = 'queued' AND available_at <= now()
-               RETURNING id, lease_epoch, lease_expires_at AS "lease_expires_at!", segment,
-                         agent, acting_user, suspension_seq, requeue_count"#,
+            r#"WITH c AS (
+                   UPDATE runs
+                   SET status = 'running', lease_owner = $1, lease_epoch = lease_epoch + 1,
+                       lease_expires_at = now() + $2 * interval '1 millisecond',
+                       pending_effect = NULL, updated_at = now()
+                   WHERE id = (SELECT id FROM runs
+                               WHERE status = 'queued' AND available_at <= now()
+                               ORDER BY available_at LIMIT 1
+                               FOR UPDATE SKIP LOCKED)
+                     AND status = 'queued' AND available_at <= now()
+                   RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
+                             suspension_seq, requeue_count,
+                             CASE WHEN segment = 'start' THEN request END AS request,
+                             CASE WHEN segment = 'resume' THEN state END AS state)
+               SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
+                      c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
+                      c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
+                      c.requeue_count AS "requeue_count!", c.request AS "request?", c.state,
+                      a.name AS "agent_name?", a.active AS "agent_active?",
+                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
+                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
+                      a.max_iterations AS "max_iterations?",
+                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
+                      a.four_eyes AS "four_eyes?",
+                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
+                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
+                      d.decision_id AS "decision_id?", d.approved AS "approved?",
+                      d.approver AS "approver?", d.comment AS "comment?"
+               FROM c
+               LEFT JOIN agents a ON a.name = c.agent
+               LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id
+                    AND d.suspension_seq = c.suspension_seq AND d.outcome = 'accepted'"#,
             owner,
             millis(ttl) as f64,
         )
@@ -584,11 +744,14 @@ impl Store {
             tx.rollback().await?;
             return Ok(false);
         }
+        let mut rows = Vec::with_capacity(2);
         for event in outbox::suspension_events(lease.run_id, state, moved_tools) {
-            outbox::announce_locked(&mut tx, &self.keyring, lease.run_id, &event, None).await?;
+            rows.push(
+                outbox::announce_locked(&mut tx, &self.keyring, lease.run_id, &event, None).await?,
+            );
         }
         tx.commit().await?;
-        self.wake_relay();
+        self.hand_off(rows);
         Ok(true)
     }
 
@@ -628,9 +791,10 @@ impl Store {
         }
         let event = outbox::settlement_event(lease.run_id, settlement);
         let answer = settlement.answer.as_deref().map(str::as_bytes);
-        outbox::announce_locked(&mut tx, &self.keyring, lease.run_id, &event, answer).await?;
+        let row =
+            outbox::announce_locked(&mut tx, &self.keyring, lease.run_id, &event, answer).await?;
         tx.commit().await?;
-        self.wake_relay();
+        self.hand_off(vec![row]);
         Ok(true)
     }
 
@@ -681,9 +845,9 @@ impl Store {
             return Ok(false);
         }
         let event = outbox::ended_event("run.cancelled", run_id, TerminationReason::Cancelled);
-        outbox::announce_locked(&mut tx, &self.keyring, run_id, &event, None).await?;
+        let row = outbox::announce_locked(&mut tx, &self.keyring, run_id, &event, None).await?;
         tx.commit().await?;
-        self.wake_relay();
+        self.hand_off(vec![row]);
         Ok(true)
     }
 
@@ -707,7 +871,19 @@ impl Store {
             .await?
             .ok_or(StoreError::RunNotFound(run_id))?;
         let sealed = row.state.ok_or(StoreError::NoState(run_id))?;
-        Ok(self.keyring.open(Purpose::State, run_id, &sealed)?)
+        self.open_state(run_id, &sealed)
+    }
+
+    /// Opens a sealed suspended state (a claim's [`ClaimedInputs::state`]); an error whose code
+    /// is `state_unreadable` when it does not open.
+    pub fn open_state(&self, run_id: RunId, sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
+        Ok(self.keyring.open(Purpose::State, run_id, sealed)?)
+    }
+
+    /// Opens a sealed request (a claim's [`ClaimedInputs::request`]).
+    pub fn open_request(&self, run_id: RunId, sealed: &[u8]) -> Result<StoredRequest, StoreError> {
+        let bytes = self.keyring.open(Purpose::Request, run_id, sealed)?;
+        StoredRequest::from_bytes(&bytes)
     }
 
     /// The decrypted prompt of a run.
@@ -722,8 +898,7 @@ impl Store {
                 .fetch_optional(&self.pool)
                 .await?
                 .ok_or(StoreError::RunNotFound(run_id))?;
-        let bytes = self.keyring.open(Purpose::Request, run_id, &sealed)?;
-        StoredRequest::from_bytes(&bytes)
+        self.open_request(run_id, &sealed)
     }
 
     /// A run without its sealed columns.

@@ -145,7 +145,8 @@ impl SegmentRunner {
     async fn drive(&self, claim: &Claim, hooks: &StoreHooks) -> Result<SegmentEnd, StoreError> {
         let lease = &claim.lease;
         let run_id = lease.run_id;
-        let (agent, model) = match self.store.agent(&claim.agent).await? {
+        let inputs = &claim.inputs;
+        let (agent, model) = match &inputs.agent {
             Some(stored) if stored.config.active => {
                 match self.models.for_agent(&stored.config.model) {
                     Ok(model) => (
@@ -188,13 +189,18 @@ impl SegmentRunner {
         };
 
         let outcome = match claim.segment {
-            SegmentKind::Start => match self.store.load_request(run_id).await {
-                Ok(request) => {
-                    agent_loop::start(seg, &request.prompt, request.inputs.as_ref()).await
+            SegmentKind::Start => {
+                let opened = match &inputs.request {
+                    Some(sealed) => self.store.open_request(run_id, sealed),
+                    None => Err(StoreError::unreadable("runs.request")),
+                };
+                match opened {
+                    Ok(request) => {
+                        agent_loop::start(seg, &request.prompt, request.inputs.as_ref()).await
+                    }
+                    Err(e) => return self.unreadable(lease, &e).await,
                 }
-                Err(e) if e.is_unreadable() => return self.unreadable(lease, &e).await,
-                Err(e) => return Err(e),
-            },
+            }
             SegmentKind::Resume => {
                 let Some(seq) = claim.suspension_seq else {
                     return self
@@ -205,10 +211,13 @@ impl SegmentRunner {
                         )
                         .await;
                 };
-                let state = match self.store.load_state(run_id).await {
+                let opened = match &inputs.state {
+                    Some(sealed) => self.store.open_state(run_id, sealed),
+                    None => Err(StoreError::NoState(run_id)),
+                };
+                let state = match opened {
                     Ok(bytes) => SuspendedRunState::from_bytes(&bytes),
-                    Err(e) if e.is_unreadable() => return self.unreadable(lease, &e).await,
-                    Err(e) => return Err(e),
+                    Err(e) => return self.unreadable(lease, &e).await,
                 };
                 let state = match state {
                     Ok(state) if state.suspension_seq == seq => state,
@@ -229,14 +238,14 @@ impl SegmentRunner {
                     }
                 };
                 // A sealed comment that does not open fails the run now: no retry can open it.
-                let decision = match self.store.accepted_decision(run_id, seq).await {
-                    Err(e) if e.is_unreadable() => return self.unreadable(lease, &e).await,
-                    decision => decision?,
-                };
-                let Some(decision) = decision else {
+                let Some(sealed) = inputs.decision.clone() else {
                     return self
                         .fail(lease, TerminationReason::NotRetryable, "decision_missing")
                         .await;
+                };
+                let decision = match self.store.open_decision(run_id, sealed) {
+                    Ok(decision) => decision,
+                    Err(e) => return self.unreadable(lease, &e).await,
                 };
                 let decision = Decision {
                     approved: decision.approved,
