@@ -17,6 +17,8 @@
 //!   string, shared with the other tools of the same records;
 //! - write a draft workspace, create a record the call did not ask for, publish anything (every
 //!   record it creates is hidden), or apply half of a call whose arguments it refused;
+//! - show the model a schema of a tool's arguments written apart from the struct they are
+//!   parsed into (`args.rs`: one struct, the parser and the schema both derived from it);
 //! - put a clock, a random value or an unstable order into a preview: a preview that moves by
 //!   itself would stale every approval of its tool.
 
@@ -39,7 +41,7 @@ pub use access::{lookup_user, ContentUsers, User, AGENT_APPROVE};
 pub use records::{PAGE_METADATA_FIELDS, REFERENCE_FIELDS};
 
 use readers::{
-    ListContentElements, ReadFalAssetMeta, ReadPageMetadata, ReaderTool, SearchFalFiles,
+    ListContentElements, ReadFalAssetMeta, ReadPageMetadata, Reader, ReaderTool, SearchFalFiles,
     SearchPages,
 };
 use writer::WriterTool;
@@ -53,11 +55,11 @@ use writers::translation::CreateTranslationDraft;
 
 /// The names of the readers, in name order.
 pub const READER_NAMES: [&str; 5] = [
-    "list_content_elements",
-    "read_fal_asset_meta",
-    "read_page_metadata",
-    "search_fal_files",
-    "search_pages",
+    ListContentElements::NAME,
+    ReadFalAssetMeta::NAME,
+    ReadPageMetadata::NAME,
+    SearchFalFiles::NAME,
+    SearchPages::NAME,
 ];
 
 /// The names of the writers, in name order.

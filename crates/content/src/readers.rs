@@ -7,17 +7,18 @@ use std::fmt;
 use async_trait::async_trait;
 use countersign_core::{Effect, ExecContext, Tool, ToolError, ToolOutput, ToolSpec};
 use countersign_store::Store;
+use schemars::JsonSchema;
+use serde::Deserialize;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 
 use crate::access::User;
-use crate::args::Args;
+use crate::args::{self, ArgResult, Arguments, Int, NonBlank, Uid};
 use crate::records::{File, Metadata, Page, PAGE_METADATA_FIELDS};
 use crate::refusals::{
     draft_workspace, ASSET_NOT_PERMITTED, ELEMENT_NOT_PERMITTED, PAGE_NOT_PERMITTED,
 };
 use crate::writer::{database_error, read_only_snapshot, Planned, Refusal};
-use crate::writers::uid_schema;
 
 /// At most this many rows are considered by a search before the permission filter.
 const SEARCH_SCAN: i64 = 1000;
@@ -25,16 +26,29 @@ const SEARCH_QUERY_CAP: usize = 200;
 const MAX_LIMIT: i64 = 50;
 const DEFAULT_LIMIT: i64 = 20;
 
+/// A page of results: at most 50, by default 20.
+type Limit = Int<1, MAX_LIMIT>;
+
 /// One reading tool's decisions.
 #[async_trait]
 pub(crate) trait Reader: Send + Sync + 'static {
-    fn spec(&self) -> ToolSpec;
+    /// The arguments, parsed by [`args::parse`] before anything is read; the spec's
+    /// `parameters` are their derived schema.
+    type Args: Arguments;
+
+    const NAME: &'static str;
+    /// What the model is told the tool does.
+    const DESCRIPTION: &'static str;
+    const GROUP: &'static str;
+    const REQUIRES_ADMIN: bool;
+
     fn not_permitted(&self) -> &'static str;
+
     async fn read(
         &self,
         conn: &mut PgConnection,
         user: &User,
-        args: &Value,
+        args: &Self::Args,
     ) -> Result<Planned<Value>, sqlx::Error>;
 }
 
@@ -47,8 +61,15 @@ pub(crate) struct ReaderTool<R> {
 
 impl<R: Reader> ReaderTool<R> {
     pub(crate) fn new(reader: R, store: Store) -> Self {
-        let spec = reader.spec();
-        debug_assert_eq!(spec.effect, Effect::ReadOnly);
+        let spec = ToolSpec {
+            name: R::NAME.to_owned(),
+            description: R::DESCRIPTION.to_owned(),
+            parameters: args::parameters::<R::Args>(),
+            group: R::GROUP.to_owned(),
+            effect: Effect::ReadOnly,
+            enabled_by_default: true,
+            requires_admin: R::REQUIRES_ADMIN,
+        };
         ReaderTool {
             reader,
             spec,
@@ -72,6 +93,11 @@ impl<R: Reader> Tool for ReaderTool<R> {
     }
 
     async fn execute(&self, ctx: &ExecContext, args: &Value) -> Result<ToolOutput, ToolError> {
+        // The arguments first, as a writer checks them: a refusal of arguments names no record.
+        let args = match args::parse::<R::Args>(args) {
+            Ok(args) => args,
+            Err(message) => return Ok(ToolOutput::error(message)),
+        };
         let mut tx = read_only_snapshot(self.store.pool())
             .await
             .map_err(database_error)?;
@@ -82,7 +108,7 @@ impl<R: Reader> Tool for ReaderTool<R> {
             None => Err(Refusal::NotPermitted),
             Some(user) => self
                 .reader
-                .read(&mut tx, &user, args)
+                .read(&mut tx, &user, &args)
                 .await
                 .map_err(database_error)?,
         };
@@ -95,24 +121,6 @@ impl<R: Reader> Tool for ReaderTool<R> {
             Err(Refusal::NotPermitted) => ToolOutput::error(self.reader.not_permitted()),
             Err(Refusal::Invalid(message)) => ToolOutput::error(message),
         })
-    }
-}
-
-fn reader_spec(
-    name: &str,
-    description: &str,
-    group: &str,
-    admin: bool,
-    parameters: Value,
-) -> ToolSpec {
-    ToolSpec {
-        name: name.to_owned(),
-        description: description.to_owned(),
-        parameters,
-        group: group.to_owned(),
-        effect: Effect::ReadOnly,
-        enabled_by_default: true,
-        requires_admin: admin,
     }
 }
 
@@ -138,22 +146,24 @@ fn refuse_args<T>(message: String) -> Result<Planned<T>, sqlx::Error> {
 #[derive(Debug, Clone)]
 pub(crate) struct ReadPageMetadata;
 
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReadPageMetadataArgs {
+    /// The page.
+    uid: Uid,
+}
+
+impl Arguments for ReadPageMetadataArgs {}
+
 #[async_trait]
 impl Reader for ReadPageMetadata {
-    fn spec(&self) -> ToolSpec {
-        reader_spec(
-            "read_page_metadata",
-            "Read the descriptive metadata fields of one live page, and which translations it has.",
-            "content",
-            false,
-            json!({
-                "type": "object",
-                "properties": {"uid": uid_schema("The page.")},
-                "required": ["uid"],
-                "additionalProperties": false,
-            }),
-        )
-    }
+    type Args = ReadPageMetadataArgs;
+
+    const NAME: &'static str = "read_page_metadata";
+    const DESCRIPTION: &'static str =
+        "Read the descriptive metadata fields of one live page, and which translations it has.";
+    const GROUP: &'static str = "content";
+    const REQUIRES_ADMIN: bool = false;
 
     fn not_permitted(&self) -> &'static str {
         PAGE_NOT_PERMITTED
@@ -163,13 +173,9 @@ impl Reader for ReadPageMetadata {
         &self,
         conn: &mut PgConnection,
         user: &User,
-        args: &Value,
+        args: &ReadPageMetadataArgs,
     ) -> Result<Planned<Value>, sqlx::Error> {
-        let uid = match Args::parse(args, &["uid"]).and_then(|a| a.uid("uid")) {
-            Ok(uid) => uid,
-            Err(message) => return refuse_args(message),
-        };
-        let Some(page) = Page::load(conn, uid).await? else {
+        let Some(page) = Page::load(conn, args.uid.get()).await? else {
             return Ok(Err(Refusal::NotPermitted));
         };
         if !page.permits(user) {
@@ -212,27 +218,26 @@ impl Reader for ReadPageMetadata {
 #[derive(Debug, Clone)]
 pub(crate) struct SearchPages;
 
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SearchPagesArgs {
+    query: NonBlank<SEARCH_QUERY_CAP>,
+    #[schemars(extend("default" = DEFAULT_LIMIT))]
+    limit: Option<Limit>,
+}
+
+impl Arguments for SearchPagesArgs {}
+
 #[async_trait]
 impl Reader for SearchPages {
-    fn spec(&self) -> ToolSpec {
-        reader_spec(
-            "search_pages",
-            "Find live pages whose title, navigation title, subtitle, description or keywords \
-             contain a text. Only pages the acting user may edit are listed.",
-            "content",
-            false,
-            json!({
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "minLength": 1, "maxLength": SEARCH_QUERY_CAP},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT,
-                              "default": DEFAULT_LIMIT},
-                },
-                "required": ["query"],
-                "additionalProperties": false,
-            }),
-        )
-    }
+    type Args = SearchPagesArgs;
+
+    const NAME: &'static str = "search_pages";
+    const DESCRIPTION: &'static str =
+        "Find live pages whose title, navigation title, subtitle, description or keywords \
+         contain a text. Only pages the acting user may edit are listed.";
+    const GROUP: &'static str = "content";
+    const REQUIRES_ADMIN: bool = false;
 
     fn not_permitted(&self) -> &'static str {
         PAGE_NOT_PERMITTED
@@ -242,18 +247,9 @@ impl Reader for SearchPages {
         &self,
         conn: &mut PgConnection,
         user: &User,
-        args: &Value,
+        args: &SearchPagesArgs,
     ) -> Result<Planned<Value>, sqlx::Error> {
-        let parsed = Args::parse(args, &["query", "limit"]).and_then(|a| {
-            Ok((
-                a.text("query", SEARCH_QUERY_CAP)?,
-                a.opt_int("limit", 1, MAX_LIMIT)?.unwrap_or(DEFAULT_LIMIT),
-            ))
-        });
-        let (query, limit) = match parsed {
-            Ok(p) => p,
-            Err(message) => return refuse_args(message),
-        };
+        let limit = args.limit.map_or(DEFAULT_LIMIT, Int::get);
         let rows = sqlx::query!(
             r#"SELECT uid, pid, language, hidden, title, nav_title,
                       content.rootline(uid) AS rootline
@@ -263,7 +259,7 @@ impl Reader for SearchPages {
                       OR description ILIKE $1 OR keywords ILIKE $1)
                ORDER BY uid
                LIMIT $2"#,
-            like_pattern(&query),
+            like_pattern(args.query.as_str()),
             SEARCH_SCAN
         )
         .fetch_all(&mut *conn)
@@ -290,26 +286,27 @@ impl Reader for SearchPages {
 #[derive(Debug, Clone)]
 pub(crate) struct ListContentElements;
 
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ListContentElementsArgs {
+    /// The default-language page.
+    page: Uid,
+    #[schemars(extend("default" = 0))]
+    language: Option<Int<0, { i32::MAX as i64 }>>,
+}
+
+impl Arguments for ListContentElementsArgs {}
+
 #[async_trait]
 impl Reader for ListContentElements {
-    fn spec(&self) -> ToolSpec {
-        reader_spec(
-            "list_content_elements",
-            "List the content elements of one live page in one language (default 0), column by \
-             column from top to bottom, with their file references.",
-            "content",
-            false,
-            json!({
-                "type": "object",
-                "properties": {
-                    "page": uid_schema("The default-language page."),
-                    "language": {"type": "integer", "minimum": 0, "default": 0},
-                },
-                "required": ["page"],
-                "additionalProperties": false,
-            }),
-        )
-    }
+    type Args = ListContentElementsArgs;
+
+    const NAME: &'static str = "list_content_elements";
+    const DESCRIPTION: &'static str =
+        "List the content elements of one live page in one language (default 0), column by \
+         column from top to bottom, with their file references.";
+    const GROUP: &'static str = "content";
+    const REQUIRES_ADMIN: bool = false;
 
     fn not_permitted(&self) -> &'static str {
         ELEMENT_NOT_PERMITTED
@@ -319,19 +316,10 @@ impl Reader for ListContentElements {
         &self,
         conn: &mut PgConnection,
         user: &User,
-        args: &Value,
+        args: &ListContentElementsArgs,
     ) -> Result<Planned<Value>, sqlx::Error> {
-        let parsed = Args::parse(args, &["page", "language"]).and_then(|a| {
-            Ok((
-                a.uid("page")?,
-                a.opt_int("language", 0, i64::from(i32::MAX))?.unwrap_or(0) as i32,
-            ))
-        });
-        let (uid, language) = match parsed {
-            Ok(p) => p,
-            Err(message) => return refuse_args(message),
-        };
-        let Some(page) = Page::load(conn, uid).await? else {
+        let language = args.language.map_or(0, Int::get) as i32;
+        let Some(page) = Page::load(conn, args.page.get()).await? else {
             return Ok(Err(Refusal::NotPermitted));
         };
         if !page.permits(user) || !user.may_use_language(language) {
@@ -411,23 +399,25 @@ impl Reader for ListContentElements {
 #[derive(Debug, Clone)]
 pub(crate) struct ReadFalAssetMeta;
 
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReadFalAssetMetaArgs {
+    /// The file.
+    uid: Uid,
+}
+
+impl Arguments for ReadFalAssetMetaArgs {}
+
 #[async_trait]
 impl Reader for ReadFalAssetMeta {
-    fn spec(&self) -> ToolSpec {
-        reader_spec(
-            "read_fal_asset_meta",
-            "Read one file: storage, path, name, extension, its metadata in the default language \
-             (title, description, alternative text) and how many references use it. Admins only.",
-            "structure",
-            true,
-            json!({
-                "type": "object",
-                "properties": {"uid": uid_schema("The file.")},
-                "required": ["uid"],
-                "additionalProperties": false,
-            }),
-        )
-    }
+    type Args = ReadFalAssetMetaArgs;
+
+    const NAME: &'static str = "read_fal_asset_meta";
+    const DESCRIPTION: &'static str =
+        "Read one file: storage, path, name, extension, its metadata in the default language \
+         (title, description, alternative text) and how many references use it. Admins only.";
+    const GROUP: &'static str = "structure";
+    const REQUIRES_ADMIN: bool = true;
 
     fn not_permitted(&self) -> &'static str {
         ASSET_NOT_PERMITTED
@@ -437,17 +427,13 @@ impl Reader for ReadFalAssetMeta {
         &self,
         conn: &mut PgConnection,
         user: &User,
-        args: &Value,
+        args: &ReadFalAssetMetaArgs,
     ) -> Result<Planned<Value>, sqlx::Error> {
-        let uid = match Args::parse(args, &["uid"]).and_then(|a| a.uid("uid")) {
-            Ok(uid) => uid,
-            Err(message) => return refuse_args(message),
-        };
         // The spec says admin only; the stored flag decides, whatever the caller was offered.
         if !user.admin {
             return Ok(Err(Refusal::NotPermitted));
         }
-        let Some(file) = File::load(conn, uid).await? else {
+        let Some(file) = File::load(conn, args.uid.get()).await? else {
             return Ok(Err(Refusal::NotPermitted));
         };
         if !file.permits(user) {
@@ -480,28 +466,35 @@ impl Reader for ReadFalAssetMeta {
 #[derive(Debug, Clone)]
 pub(crate) struct SearchFalFiles;
 
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SearchFalFilesArgs {
+    query: Option<NonBlank<SEARCH_QUERY_CAP>>,
+    extension: Option<NonBlank<16>>,
+    #[schemars(extend("default" = DEFAULT_LIMIT))]
+    limit: Option<Limit>,
+}
+
+impl Arguments for SearchFalFilesArgs {
+    fn check(&self) -> ArgResult<()> {
+        if self.query.is_none() && self.extension.is_none() {
+            return Err("Give a \"query\", an \"extension\", or both.".into());
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Reader for SearchFalFiles {
-    fn spec(&self) -> ToolSpec {
-        reader_spec(
-            "search_fal_files",
-            "Find files by a text in their name, path, title or alternative text (default \
-             language) and/or by extension. Only files inside the acting user's file mounts are \
-             listed.",
-            "content",
-            false,
-            json!({
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "minLength": 1, "maxLength": SEARCH_QUERY_CAP},
-                    "extension": {"type": "string", "maxLength": 16},
-                    "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT,
-                              "default": DEFAULT_LIMIT},
-                },
-                "additionalProperties": false,
-            }),
-        )
-    }
+    type Args = SearchFalFilesArgs;
+
+    const NAME: &'static str = "search_fal_files";
+    const DESCRIPTION: &'static str =
+        "Find files by a text in their name, path, title or alternative text (default \
+         language) and/or by extension. Only files inside the acting user's file mounts are \
+         listed.";
+    const GROUP: &'static str = "content";
+    const REQUIRES_ADMIN: bool = false;
 
     fn not_permitted(&self) -> &'static str {
         ASSET_NOT_PERMITTED
@@ -511,22 +504,9 @@ impl Reader for SearchFalFiles {
         &self,
         conn: &mut PgConnection,
         user: &User,
-        args: &Value,
+        args: &SearchFalFilesArgs,
     ) -> Result<Planned<Value>, sqlx::Error> {
-        let parsed = Args::parse(args, &["query", "extension", "limit"]).and_then(|a| {
-            Ok((
-                a.opt_text("query", SEARCH_QUERY_CAP, true)?,
-                a.opt_text("extension", 16, true)?,
-                a.opt_int("limit", 1, MAX_LIMIT)?.unwrap_or(DEFAULT_LIMIT),
-            ))
-        });
-        let (query, extension, limit) = match parsed {
-            Ok(p) => p,
-            Err(message) => return refuse_args(message),
-        };
-        if query.is_none() && extension.is_none() {
-            return refuse_args("Give a \"query\", an \"extension\", or both.".into());
-        }
+        let limit = args.limit.map_or(DEFAULT_LIMIT, Int::get);
         let rows = sqlx::query!(
             r#"SELECT f.uid, f.storage, s.name AS storage_name, f.identifier, f.name, f.extension,
                       m.title AS "title?", m.alternative AS "alternative?"
@@ -539,8 +519,8 @@ impl Reader for SearchFalFiles {
                  AND ($2::text IS NULL OR f.extension = lower($2))
                ORDER BY f.uid
                LIMIT $3"#,
-            query.as_deref().map(like_pattern),
-            extension,
+            args.query.as_ref().map(|q| like_pattern(q.as_str())),
+            args.extension.as_ref().map(NonBlank::as_str),
             SEARCH_SCAN
         )
         .fetch_all(&mut *conn)

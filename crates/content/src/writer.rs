@@ -27,6 +27,7 @@ use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::access::User;
+use crate::args::{self, Arguments};
 use crate::refusals::NO_LEASE;
 
 /// Why a call will not be carried out.
@@ -133,13 +134,15 @@ async fn lock_all(conn: &mut PgConnection, mut subjects: Vec<Subject>) -> Result
 /// check relies on that order.
 #[async_trait]
 pub(crate) trait Writer: Clone + Send + Sync + 'static {
-    type Args: Send + Sync;
+    /// The arguments: parsed up front, all or nothing, by [`args::parse`]; the spec's
+    /// `parameters` are their derived schema.
+    type Args: Arguments;
     type Plan: Send + Sync + 'static;
 
-    fn spec(&self) -> ToolSpec;
-
-    /// Validates the arguments up front, all or nothing.
-    fn parse(&self, args: &Value) -> Result<Self::Args, String>;
+    const NAME: &'static str;
+    /// What the model is told the tool does.
+    const DESCRIPTION: &'static str;
+    const EFFECT: Effect;
 
     /// The neutral refusal string for the records these arguments name.
     fn not_permitted(&self, args: &Self::Args) -> &'static str;
@@ -184,9 +187,17 @@ pub(crate) struct WriterTool<W> {
 
 impl<W: Writer> WriterTool<W> {
     pub(crate) fn new(writer: W, store: Store) -> Self {
-        let spec = writer.spec();
-        debug_assert_eq!(spec.group, "editing");
-        debug_assert!(spec.effect.is_write() && !spec.enabled_by_default);
+        debug_assert!(W::EFFECT.is_write());
+        // Disabled by default: an agent configuration enables each writer.
+        let spec = ToolSpec {
+            name: W::NAME.to_owned(),
+            description: W::DESCRIPTION.to_owned(),
+            parameters: args::parameters::<W::Args>(),
+            group: EDITING.to_owned(),
+            effect: W::EFFECT,
+            enabled_by_default: false,
+            requires_admin: false,
+        };
         WriterTool {
             writer,
             spec,
@@ -288,7 +299,7 @@ impl<W: Writer> Tool for WriterTool<W> {
         let mut write = self.store.fenced_write(token).await.map_err(store_error)?;
         // Every outcome under a held lease — a refusal included — is committed with its audit
         // event and journal row, so a retried segment reuses it instead of deciding again.
-        let output = match self.writer.parse(args) {
+        let output = match args::parse::<W::Args>(args) {
             Err(message) => ToolOutput::error(message),
             Ok(args) => self
                 .outcome(write.conn(), &ctx.acting_user, &args)
@@ -332,7 +343,7 @@ impl<W: Writer> TransactionalTool for WriterTool<W> {
         args: &Value,
     ) -> Result<Vec<LockSubject>, ToolError> {
         // Arguments that do not parse name no rows: the plan refuses the call.
-        let Ok(args) = self.writer.parse(args) else {
+        let Ok(args) = args::parse::<W::Args>(args) else {
             return Ok(vec![]);
         };
         let subjects = self
@@ -363,7 +374,7 @@ impl<W: Writer> TransactionalTool for WriterTool<W> {
         acting_user: &Principal,
         args: &Value,
     ) -> Result<Box<dyn PlannedWrite>, ToolError> {
-        let args = match self.writer.parse(args) {
+        let args = match args::parse::<W::Args>(args) {
             Ok(args) => args,
             Err(message) => return Ok(Box::new(Refused(message))),
         };
@@ -427,7 +438,7 @@ impl<W: Writer> ToolPreview for WriterTool<W> {
         acting_user: &Principal,
         args: &Value,
     ) -> Result<Vec<String>, ToolError> {
-        match self.writer.parse(args) {
+        match args::parse::<W::Args>(args) {
             Err(message) => Ok(vec![message]),
             Ok(args) => self
                 .preview_lines(acting_user, &args)
@@ -438,7 +449,7 @@ impl<W: Writer> ToolPreview for WriterTool<W> {
 
     async fn may_viewer_read_preview(&self, args: &Value, viewer: &Principal) -> bool {
         // Arguments that do not parse name no record the viewer could be checked against.
-        let Ok(args) = self.writer.parse(args) else {
+        let Ok(args) = args::parse::<W::Args>(args) else {
             return false;
         };
         match self.viewer_may_read(viewer, &args).await {
@@ -475,22 +486,4 @@ fn store_error(e: StoreError) -> ToolError {
 
 /// The group of every writer: a group of its own, so that a configuration granting the read-only
 /// `content` group is not handed write capability by an upgrade.
-pub(crate) const EDITING: &str = "editing";
-
-/// A writer's spec: group `editing`, disabled by default, not admin-only.
-pub(crate) fn writer_spec(
-    name: &str,
-    description: &str,
-    effect: Effect,
-    parameters: Value,
-) -> ToolSpec {
-    ToolSpec {
-        name: name.to_owned(),
-        description: description.to_owned(),
-        parameters,
-        group: EDITING.to_owned(),
-        effect,
-        enabled_by_default: false,
-        requires_admin: false,
-    }
-}
+const EDITING: &str = "editing";

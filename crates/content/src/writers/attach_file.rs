@@ -6,31 +6,71 @@
 
 use async_trait::async_trait;
 use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput, ToolSpec};
-use serde_json::{json, Value};
+use countersign_core::{Effect, ToolOutput};
+use schemars::JsonSchema;
+use serde::Deserialize;
 use sqlx::PgConnection;
 
 use crate::access::User;
-use crate::args::Args;
+use crate::args::{choice, Arguments, Choice, Text, Uid};
 use crate::datahandler::{DataHandler, Fields, NewReference};
-use crate::records::{allowed_extensions, reference_count, Element, File, REFERENCE_FIELDS};
+use crate::records::{allowed_extensions, reference_count, Element, File};
 use crate::refusals::{draft_workspace, named, ELEMENT_OR_FILE_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
-use crate::writers::{uid_schema, ReadBack};
+use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writers::ReadBack;
 
 pub(crate) const NAME: &str = "attach_file_to_content_element";
-const TEXTS: [(&str, usize); 3] = [("title", 255), ("alternative", 1000), ("description", 2000)];
+
+choice! {
+    /// The reference fields of a content element, as [`crate::REFERENCE_FIELDS`] lists them.
+    pub(crate) enum ReferenceField {
+        Image = "image",
+        Assets = "assets",
+        Media = "media",
+    }
+}
+
+const DEFAULT_FIELD: ReferenceField = ReferenceField::Image;
+/// The reference's texts, in the order a preview shows them.
+const TEXTS: [&str; 3] = ["title", "alternative", "description"];
 
 #[derive(Debug, Clone)]
 pub(crate) struct AttachFile;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct AttachArgs {
-    element: i64,
-    file: i64,
-    field: &'static str,
-    texts: Fields,
+    /// The content element.
+    content_element: Uid,
+    /// The file to reference.
+    file: Uid,
+    #[schemars(extend("default" = DEFAULT_FIELD.as_str()))]
+    field: Option<ReferenceField>,
+    title: Option<Text<255>>,
+    alternative: Option<Text<1000>>,
+    description: Option<Text<2000>>,
 }
+
+impl AttachArgs {
+    fn field(&self) -> &'static str {
+        self.field.unwrap_or(DEFAULT_FIELD).as_str()
+    }
+
+    /// The reference's texts the call sets.
+    fn texts(&self) -> Fields {
+        let given = [
+            ("title", self.title.as_ref().map(Text::as_str)),
+            ("alternative", self.alternative.as_ref().map(Text::as_str)),
+            ("description", self.description.as_ref().map(Text::as_str)),
+        ];
+        given
+            .into_iter()
+            .filter_map(|(name, value)| Some((name, value?.to_owned())))
+            .collect()
+    }
+}
+
+impl Arguments for AttachArgs {}
 
 #[derive(Debug, Clone)]
 pub(crate) struct AttachPlan {
@@ -46,60 +86,13 @@ impl Writer for AttachFile {
     type Args = AttachArgs;
     type Plan = AttachPlan;
 
-    fn spec(&self) -> ToolSpec {
-        writer_spec(
-            NAME,
-            "Append a reference to one file at the end of a content element's image, assets or \
-             media field (default image), with optional title, alternative text and description. \
-             The file's extension must be one the field accepts. Every call is shown to a human \
-             for approval before it runs.",
-            Effect::NonIdempotentWrite,
-            json!({
-                "type": "object",
-                "properties": {
-                    "content_element": uid_schema("The content element."),
-                    "file": uid_schema("The file to reference."),
-                    "field": {"type": "string", "enum": REFERENCE_FIELDS, "default": "image"},
-                    "title": {"type": "string", "maxLength": TEXTS[0].1},
-                    "alternative": {"type": "string", "maxLength": TEXTS[1].1},
-                    "description": {"type": "string", "maxLength": TEXTS[2].1},
-                },
-                "required": ["content_element", "file"],
-                "additionalProperties": false,
-            }),
-        )
-    }
-
-    fn parse(&self, value: &Value) -> Result<AttachArgs, String> {
-        let args = Args::parse(
-            value,
-            &[
-                "content_element",
-                "file",
-                "field",
-                "title",
-                "alternative",
-                "description",
-            ],
-        )?;
-        let element = args.uid("content_element")?;
-        let file = args.uid("file")?;
-        let field = args
-            .opt_choice("field", &REFERENCE_FIELDS)?
-            .unwrap_or("image");
-        let mut texts = Fields::new();
-        for (name, cap) in TEXTS {
-            if let Some(v) = args.opt_text(name, cap, false)? {
-                texts.insert(name, v);
-            }
-        }
-        Ok(AttachArgs {
-            element,
-            file,
-            field,
-            texts,
-        })
-    }
+    const NAME: &'static str = NAME;
+    const DESCRIPTION: &'static str =
+        "Append a reference to one file at the end of a content element's image, assets or \
+         media field (default image), with optional title, alternative text and description. \
+         The file's extension must be one the field accepts. Every call is shown to a human \
+         for approval before it runs.";
+    const EFFECT: Effect = Effect::NonIdempotentWrite;
 
     fn not_permitted(&self, _args: &AttachArgs) -> &'static str {
         ELEMENT_OR_FILE_NOT_PERMITTED
@@ -111,7 +104,7 @@ impl Writer for AttachFile {
         args: &AttachArgs,
     ) -> Result<Vec<Subject>, sqlx::Error> {
         // Appending changes only the element's own list of references.
-        Ok(vec![Subject::Element(args.element)])
+        Ok(vec![Subject::Element(args.content_element.get())])
     }
 
     async fn plan(
@@ -120,8 +113,8 @@ impl Writer for AttachFile {
         user: &User,
         args: &AttachArgs,
     ) -> Result<Planned<AttachPlan>, sqlx::Error> {
-        let element = Element::load(conn, args.element).await?;
-        let file = File::load(conn, args.file).await?;
+        let element = Element::load(conn, args.content_element.get()).await?;
+        let file = File::load(conn, args.file.get()).await?;
         let (Some(element), Some(file)) = (element, file) else {
             return Ok(Err(Refusal::NotPermitted));
         };
@@ -135,23 +128,24 @@ impl Writer for AttachFile {
                 element.workspace,
             ))));
         }
-        let allowed = allowed_extensions(conn, args.field).await?;
+        let field = args.field();
+        let allowed = allowed_extensions(conn, field).await?;
         if !allowed.contains(&file.extension) {
             return Ok(Err(Refusal::invalid(format!(
                 "{} has the extension \"{}\", which field {} does not accept (it accepts: {}); \
                  nothing was written.",
                 named("File", file.uid, &file.name),
                 file.extension,
-                args.field,
+                field,
                 allowed.join(", ")
             ))));
         }
-        let count = reference_count(conn, element.uid, args.field).await?;
+        let count = reference_count(conn, element.uid, field).await?;
         Ok(Ok(AttachPlan {
             element,
             file,
-            field: args.field,
-            texts: args.texts.clone(),
+            field,
+            texts: args.texts(),
             count,
         }))
     }
@@ -175,7 +169,7 @@ impl Writer for AttachFile {
                 plan.file.identifier
             ),
         ];
-        for (name, _) in TEXTS {
+        for name in TEXTS {
             if let Some(value) = plan.texts.get(name) {
                 lines.push(format!("{name}: {}", quote_excerpt(value)));
             }
@@ -258,5 +252,17 @@ impl Writer for AttachFile {
             &format!("Reference [{reference}] of content element [{element}]"),
             "the acting user may hold no grant for a text field",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::REFERENCE_FIELDS;
+
+    #[test]
+    fn the_field_argument_offers_the_reference_fields() {
+        let words: Vec<&str> = ReferenceField::CHOICES.iter().map(|(w, _)| *w).collect();
+        assert_eq!(words, REFERENCE_FIELDS);
     }
 }

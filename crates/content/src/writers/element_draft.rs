@@ -5,36 +5,62 @@
 
 use async_trait::async_trait;
 use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput, ToolSpec};
-use serde_json::{json, Value};
+use countersign_core::{Effect, ToolOutput};
+use schemars::JsonSchema;
+use serde::Deserialize;
 use sqlx::PgConnection;
 
 use crate::access::User;
-use crate::args::Args;
+use crate::args::{choice, Arguments, Choice, Int, NonBlank, Text, Uid};
 use crate::datahandler::{DataHandler, Fields, NewElement};
 use crate::records::{column, Element, Named, Page};
 use crate::refusals::{named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
-use crate::writers::move_element::{check_content_page, check_neighbour, MAX_COLUMN};
-use crate::writers::{place, uid_schema, ReadBack};
+use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writers::move_element::{check_content_page, check_neighbour, Column};
+use crate::writers::{place, ReadBack};
 
 pub(crate) const NAME: &str = "create_content_element_draft";
-/// The content types an agent may create: text and media, nothing that embeds code or forms.
-pub(crate) const CONTENT_TYPES: [&str; 5] = ["text", "textpic", "textmedia", "header", "bullets"];
-const HEADER_CAP: usize = 255;
-const BODYTEXT_CAP: usize = 20_000;
+
+choice! {
+    /// The content types an agent may create: text and media, nothing that embeds code or forms.
+    pub(crate) enum ContentType {
+        Text = "text",
+        Textpic = "textpic",
+        Textmedia = "textmedia",
+        Header = "header",
+        Bullets = "bullets",
+    }
+}
+
+const DEFAULT_TYPE: ContentType = ContentType::Text;
+const DEFAULT_COLUMN: i64 = 0;
 
 #[derive(Debug, Clone)]
 pub(crate) struct CreateElementDraft;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ElementDraftArgs {
-    page: i64,
-    ctype: &'static str,
-    column: i32,
-    after: Option<i64>,
-    fields: Fields,
+    /// The page to create it on.
+    page: Uid,
+    #[serde(rename = "type")]
+    #[schemars(extend("default" = DEFAULT_TYPE.as_str()))]
+    ctype: Option<ContentType>,
+    header: NonBlank<255>,
+    bodytext: Option<Text<20_000>>,
+    #[schemars(extend("default" = DEFAULT_COLUMN))]
+    column: Option<Column>,
+    /// Place it after this element of the column; omit for the top.
+    after_content_uid: Option<Uid>,
 }
+
+impl ElementDraftArgs {
+    fn column(&self) -> i32 {
+        self.column.map_or(DEFAULT_COLUMN, Int::get) as i32
+    }
+}
+
+impl Arguments for ElementDraftArgs {}
 
 #[derive(Debug, Clone)]
 pub(crate) struct ElementDraftPlan {
@@ -53,59 +79,13 @@ impl Writer for CreateElementDraft {
     type Args = ElementDraftArgs;
     type Plan = ElementDraftPlan;
 
-    fn spec(&self) -> ToolSpec {
-        writer_spec(
-            NAME,
-            "Create one content element, HIDDEN, on a page in the default language: a type, a \
-             header, an optional body text, a column (default 0) and a position (after \
-             `after_content_uid`, or at the top of the column). A human must unhide it before \
-             anyone sees it. Every call is shown to a human for approval before it runs.",
-            Effect::NonIdempotentWrite,
-            json!({
-                "type": "object",
-                "properties": {
-                    "page": uid_schema("The page to create it on."),
-                    "type": {"type": "string", "enum": CONTENT_TYPES, "default": "text"},
-                    "header": {"type": "string", "minLength": 1, "maxLength": HEADER_CAP},
-                    "bodytext": {"type": "string", "maxLength": BODYTEXT_CAP},
-                    "column": {"type": "integer", "minimum": 0, "maximum": MAX_COLUMN},
-                    "after_content_uid": uid_schema(
-                        "Place it after this element of the column; omit for the top."),
-                },
-                "required": ["page", "header"],
-                "additionalProperties": false,
-            }),
-        )
-    }
-
-    fn parse(&self, value: &Value) -> Result<ElementDraftArgs, String> {
-        let args = Args::parse(
-            value,
-            &[
-                "page",
-                "type",
-                "header",
-                "bodytext",
-                "column",
-                "after_content_uid",
-            ],
-        )?;
-        let page = args.uid("page")?;
-        let ctype = args.opt_choice("type", &CONTENT_TYPES)?.unwrap_or("text");
-        let header = args.text("header", HEADER_CAP)?;
-        let bodytext = args
-            .opt_text("bodytext", BODYTEXT_CAP, false)?
-            .unwrap_or_default();
-        let column = args.opt_int("column", 0, MAX_COLUMN)?.unwrap_or(0) as i32;
-        let after = args.opt_uid("after_content_uid")?;
-        Ok(ElementDraftArgs {
-            page,
-            ctype,
-            column,
-            after,
-            fields: Fields::from([("header", header), ("bodytext", bodytext)]),
-        })
-    }
+    const NAME: &'static str = NAME;
+    const DESCRIPTION: &'static str =
+        "Create one content element, HIDDEN, on a page in the default language: a type, a \
+         header, an optional body text, a column (default 0) and a position (after \
+         `after_content_uid`, or at the top of the column). A human must unhide it before \
+         anyone sees it. Every call is shown to a human for approval before it runs.";
+    const EFFECT: Effect = Effect::NonIdempotentWrite;
 
     fn not_permitted(&self, _args: &ElementDraftArgs) -> &'static str {
         PAGE_NOT_PERMITTED
@@ -117,7 +97,7 @@ impl Writer for CreateElementDraft {
         args: &ElementDraftArgs,
     ) -> Result<Vec<Subject>, sqlx::Error> {
         // The new element joins a column of the page: the page is the column's lock.
-        Ok(vec![Subject::Page(args.page)])
+        Ok(vec![Subject::Page(args.page.get())])
     }
 
     async fn plan(
@@ -126,11 +106,11 @@ impl Writer for CreateElementDraft {
         user: &User,
         args: &ElementDraftArgs,
     ) -> Result<Planned<ElementDraftPlan>, sqlx::Error> {
-        let Some(page) = Page::load(conn, args.page).await? else {
+        let Some(page) = Page::load(conn, args.page.get()).await? else {
             return Ok(Err(Refusal::NotPermitted));
         };
-        let after = match args.after {
-            Some(uid) => match Element::load(conn, uid).await? {
+        let after = match args.after_content_uid {
+            Some(uid) => match Element::load(conn, uid.get()).await? {
                 Some(a) => Some(a),
                 None => return Ok(Err(Refusal::NotPermitted)),
             },
@@ -147,11 +127,11 @@ impl Writer for CreateElementDraft {
         }
         if let Some(refusal) = after
             .as_ref()
-            .and_then(|a| check_neighbour(a, page.uid, args.column, None))
+            .and_then(|a| check_neighbour(a, page.uid, args.column(), None))
         {
             return Ok(Err(refusal));
         }
-        let existing = column(conn, page.uid, args.column).await?;
+        let existing = column(conn, page.uid, args.column()).await?;
         let index = match &after {
             None => 0,
             Some(a) => match existing.iter().position(|e| e.uid == a.uid) {
@@ -164,12 +144,18 @@ impl Writer for CreateElementDraft {
                 uid: page.uid,
                 label: page.title,
             },
-            ctype: args.ctype,
-            column: args.column,
+            ctype: args.ctype.unwrap_or(DEFAULT_TYPE).as_str(),
+            column: args.column(),
             after: index.checked_sub(1).map(|i| existing[i].clone()),
             index,
             existing: existing.iter().map(|e| e.uid).collect(),
-            fields: args.fields.clone(),
+            fields: Fields::from([
+                ("header", args.header.as_str().to_owned()),
+                (
+                    "bodytext",
+                    args.bodytext.as_ref().map_or("", Text::as_str).to_owned(),
+                ),
+            ]),
         }))
     }
 

@@ -8,29 +8,35 @@
 
 use async_trait::async_trait;
 use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput, ToolSpec};
-use serde_json::{json, Value};
+use countersign_core::{Effect, ToolOutput};
+use schemars::JsonSchema;
+use serde::Deserialize;
 use sqlx::PgConnection;
 
 use crate::access::{ungranted_fields, User};
-use crate::args::Args;
+use crate::args::{Arguments, Text, Uid};
 use crate::datahandler::{DataHandler, Fields};
 use crate::records::{File, Metadata};
 use crate::refusals::{named, ASSET_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
-use crate::writers::{uid_schema, ReadBack};
+use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writers::ReadBack;
 
 pub(crate) const NAME: &str = "set_file_alternative_text";
-const ALTERNATIVE_CAP: usize = 1000;
 
 #[derive(Debug, Clone)]
 pub(crate) struct SetFileAlternativeText;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct AlternativeArgs {
-    uid: i64,
-    alternative: String,
+    /// The file.
+    uid: Uid,
+    // Required, and may be empty: clearing an optional field is a write like any other, and
+    // the read-back verifies it.
+    alternative: Text<1000>,
 }
+
+impl Arguments for AlternativeArgs {}
 
 #[derive(Debug, Clone)]
 pub(crate) struct AlternativePlan {
@@ -45,34 +51,12 @@ impl Writer for SetFileAlternativeText {
     type Args = AlternativeArgs;
     type Plan = AlternativePlan;
 
-    fn spec(&self) -> ToolSpec {
-        writer_spec(
-            NAME,
-            "Set the alternative text of one file's metadata in the default language. An empty \
-             string clears it. Files without a metadata record are refused. Every call is shown \
-             to a human for approval before it runs.",
-            Effect::IdempotentWrite,
-            json!({
-                "type": "object",
-                "properties": {
-                    "uid": uid_schema("The file."),
-                    "alternative": {"type": "string", "maxLength": ALTERNATIVE_CAP},
-                },
-                "required": ["uid", "alternative"],
-                "additionalProperties": false,
-            }),
-        )
-    }
-
-    fn parse(&self, value: &Value) -> Result<AlternativeArgs, String> {
-        let args = Args::parse(value, &["uid", "alternative"])?;
-        let uid = args.uid("uid")?;
-        // Clearing an optional field is a write like any other, and the read-back verifies it.
-        let alternative = args
-            .opt_text("alternative", ALTERNATIVE_CAP, false)?
-            .ok_or("The argument \"alternative\" is required (an empty string clears it).")?;
-        Ok(AlternativeArgs { uid, alternative })
-    }
+    const NAME: &'static str = NAME;
+    const DESCRIPTION: &'static str =
+        "Set the alternative text of one file's metadata in the default language. An empty \
+         string clears it. Files without a metadata record are refused. Every call is shown \
+         to a human for approval before it runs.";
+    const EFFECT: Effect = Effect::IdempotentWrite;
 
     fn not_permitted(&self, _args: &AlternativeArgs) -> &'static str {
         ASSET_NOT_PERMITTED
@@ -84,7 +68,7 @@ impl Writer for SetFileAlternativeText {
         args: &AlternativeArgs,
     ) -> Result<Vec<Subject>, sqlx::Error> {
         // The metadata rows of a file are written under the file's lock.
-        Ok(vec![Subject::File(args.uid)])
+        Ok(vec![Subject::File(args.uid.get())])
     }
 
     async fn plan(
@@ -93,7 +77,7 @@ impl Writer for SetFileAlternativeText {
         user: &User,
         args: &AlternativeArgs,
     ) -> Result<Planned<AlternativePlan>, sqlx::Error> {
-        let Some(file) = File::load(conn, args.uid).await? else {
+        let Some(file) = File::load(conn, args.uid.get()).await? else {
             return Ok(Err(Refusal::NotPermitted));
         };
         if !file.permits(user) || !user.may_use_language(0) {
@@ -112,7 +96,7 @@ impl Writer for SetFileAlternativeText {
         Ok(Ok(AlternativePlan {
             file,
             metadata,
-            alternative: args.alternative.clone(),
+            alternative: args.alternative.as_str().to_owned(),
             granted,
         }))
     }

@@ -10,7 +10,6 @@ pub(crate) mod page_metadata;
 pub(crate) mod translation;
 
 use countersign_core::ToolOutput;
-use serde_json::{json, Value};
 
 use crate::records::Named;
 use crate::refusals::named;
@@ -67,9 +66,4 @@ pub(crate) fn place(index: usize, total: usize, after: Option<&Named>, kind: &st
             named(kind, a.uid, &a.label)
         ),
     }
-}
-
-/// The JSON Schema of an id argument.
-pub(crate) fn uid_schema(description: &str) -> Value {
-    json!({"type": "integer", "minimum": 1, "description": description})
 }

@@ -6,32 +6,42 @@
 //! default-language element sits and moves with it; it is never moved on its own.
 
 use async_trait::async_trait;
-use countersign_core::{Effect, ToolOutput, ToolSpec};
-use serde_json::{json, Value};
+use countersign_core::{Effect, ToolOutput};
+use schemars::JsonSchema;
+use serde::Deserialize;
 use sqlx::PgConnection;
 
 use crate::access::User;
-use crate::args::Args;
+use crate::args::{Arguments, Int, Uid};
 use crate::datahandler::DataHandler;
 use crate::records::{column, Element, Named, Page};
 use crate::refusals::{draft_workspace, named, ELEMENT_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
-use crate::writers::{place, uid_schema, ReadBack};
+use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writers::{place, ReadBack};
 
 pub(crate) const NAME: &str = "move_content_element";
 /// Columns are numbered from 0; no layout has anywhere near this many.
 pub(crate) const MAX_COLUMN: i64 = 99;
+/// A column of a page.
+pub(crate) type Column = Int<0, MAX_COLUMN>;
 
 #[derive(Debug, Clone)]
 pub(crate) struct MoveElement;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct MoveArgs {
-    uid: i64,
-    target_page: i64,
-    column: Option<i32>,
-    after: Option<i64>,
+    /// The content element to move.
+    uid: Uid,
+    /// The page to move it to.
+    target_page: Uid,
+    // Omitted: the element's current column.
+    column: Option<Column>,
+    /// Place it after this element of the target column; omit for the top.
+    after_content_uid: Option<Uid>,
 }
+
+impl Arguments for MoveArgs {}
 
 #[derive(Debug, Clone)]
 pub(crate) struct MovePlan {
@@ -96,41 +106,13 @@ impl Writer for MoveElement {
     type Args = MoveArgs;
     type Plan = MovePlan;
 
-    fn spec(&self) -> ToolSpec {
-        writer_spec(
-            NAME,
-            "Move one content element (default language; its translations follow it) to a page, \
-             a column (default: its current column) and a position: after the element \
-             `after_content_uid`, or at the top of the column when it is not given. Every call \
-             is shown to a human for approval before it runs.",
-            Effect::IdempotentWrite,
-            json!({
-                "type": "object",
-                "properties": {
-                    "uid": uid_schema("The content element to move."),
-                    "target_page": uid_schema("The page to move it to."),
-                    "column": {"type": "integer", "minimum": 0, "maximum": MAX_COLUMN},
-                    "after_content_uid": uid_schema(
-                        "Place it after this element of the target column; omit for the top."),
-                },
-                "required": ["uid", "target_page"],
-                "additionalProperties": false,
-            }),
-        )
-    }
-
-    fn parse(&self, value: &Value) -> Result<MoveArgs, String> {
-        let args = Args::parse(
-            value,
-            &["uid", "target_page", "column", "after_content_uid"],
-        )?;
-        Ok(MoveArgs {
-            uid: args.uid("uid")?,
-            target_page: args.uid("target_page")?,
-            column: args.opt_int("column", 0, MAX_COLUMN)?.map(|c| c as i32),
-            after: args.opt_uid("after_content_uid")?,
-        })
-    }
+    const NAME: &'static str = NAME;
+    const DESCRIPTION: &'static str =
+        "Move one content element (default language; its translations follow it) to a page, \
+         a column (default: its current column) and a position: after the element \
+         `after_content_uid`, or at the top of the column when it is not given. Every call \
+         is shown to a human for approval before it runs.";
+    const EFFECT: Effect = Effect::IdempotentWrite;
 
     fn not_permitted(&self, _args: &MoveArgs) -> &'static str {
         ELEMENT_NOT_PERMITTED
@@ -146,11 +128,11 @@ impl Writer for MoveElement {
         // without a lock; should the element move in between, the plan reads its new page
         // under the element's lock, and a lock taken out of order is a deadlock PostgreSQL
         // detects, which interrupts and retries the turn.
-        let current =
-            sqlx::query_scalar!("SELECT pid FROM content.elements WHERE uid = $1", args.uid)
-                .fetch_optional(&mut *conn)
-                .await?;
-        let mut subjects = vec![Subject::Page(args.target_page), Subject::Element(args.uid)];
+        let uid = args.uid.get();
+        let current = sqlx::query_scalar!("SELECT pid FROM content.elements WHERE uid = $1", uid)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let mut subjects = vec![Subject::Page(args.target_page.get()), Subject::Element(uid)];
         subjects.extend(current.map(Subject::Page));
         Ok(subjects)
     }
@@ -161,10 +143,10 @@ impl Writer for MoveElement {
         user: &User,
         args: &MoveArgs,
     ) -> Result<Planned<MovePlan>, sqlx::Error> {
-        let element = Element::load(conn, args.uid).await?;
-        let target = Page::load(conn, args.target_page).await?;
-        let after = match args.after {
-            Some(uid) => match Element::load(conn, uid).await? {
+        let element = Element::load(conn, args.uid.get()).await?;
+        let target = Page::load(conn, args.target_page.get()).await?;
+        let after = match args.after_content_uid {
+            Some(uid) => match Element::load(conn, uid.get()).await? {
                 Some(a) => Some(a),
                 None => return Ok(Err(Refusal::NotPermitted)),
             },
@@ -201,7 +183,7 @@ impl Writer for MoveElement {
         if let Some(refusal) = check_content_page(&target) {
             return Ok(Err(refusal));
         }
-        let colpos = args.column.unwrap_or(element.colpos);
+        let colpos = args.column.map_or(element.colpos, |c| c.get() as i32);
         if let Some(refusal) = after
             .as_ref()
             .and_then(|a| check_neighbour(a, target.uid, colpos, Some(element.uid)))

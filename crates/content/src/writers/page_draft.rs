@@ -5,32 +5,38 @@
 
 use async_trait::async_trait;
 use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput, ToolSpec};
-use serde_json::{json, Value};
+use countersign_core::{Effect, ToolOutput};
+use schemars::JsonSchema;
+use serde::Deserialize;
 use sqlx::PgConnection;
 
 use crate::access::User;
-use crate::args::Args;
+use crate::args::{Arguments, NonBlank, Text, Uid};
 use crate::datahandler::{DataHandler, Fields, NewPage};
 use crate::records::{subpages, Named, Page};
 use crate::refusals::{draft_workspace, named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
-use crate::writers::{place, uid_schema, ReadBack};
+use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writers::{place, ReadBack};
 
 pub(crate) const NAME: &str = "create_page_draft";
 /// The standard page type.
 const STANDARD_PAGE: i32 = 1;
-const TITLE_CAP: usize = 255;
 
 #[derive(Debug, Clone)]
 pub(crate) struct CreatePageDraft;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct PageDraftArgs {
-    parent: i64,
-    after: Option<i64>,
-    fields: Fields,
+    /// The page to create it below.
+    parent: Uid,
+    title: NonBlank<255>,
+    nav_title: Option<Text<255>>,
+    /// Place it after this subpage of the parent; omit for first.
+    after_page_uid: Option<Uid>,
 }
+
+impl Arguments for PageDraftArgs {}
 
 #[derive(Debug, Clone)]
 pub(crate) struct PageDraftPlan {
@@ -47,43 +53,13 @@ impl Writer for CreatePageDraft {
     type Args = PageDraftArgs;
     type Plan = PageDraftPlan;
 
-    fn spec(&self) -> ToolSpec {
-        writer_spec(
-            NAME,
-            "Create one standard page, HIDDEN, in the default language below a parent page, with \
-             a title, an optional navigation title and a position among the parent's subpages \
-             (after `after_page_uid`, or first when it is not given). A human must unhide it \
-             before anyone sees it. Every call is shown to a human for approval before it runs.",
-            Effect::NonIdempotentWrite,
-            json!({
-                "type": "object",
-                "properties": {
-                    "parent": uid_schema("The page to create it below."),
-                    "title": {"type": "string", "minLength": 1, "maxLength": TITLE_CAP},
-                    "nav_title": {"type": "string", "maxLength": TITLE_CAP},
-                    "after_page_uid": uid_schema(
-                        "Place it after this subpage of the parent; omit for first."),
-                },
-                "required": ["parent", "title"],
-                "additionalProperties": false,
-            }),
-        )
-    }
-
-    fn parse(&self, value: &Value) -> Result<PageDraftArgs, String> {
-        let args = Args::parse(value, &["parent", "title", "nav_title", "after_page_uid"])?;
-        let parent = args.uid("parent")?;
-        let title = args.text("title", TITLE_CAP)?;
-        let nav_title = args
-            .opt_text("nav_title", TITLE_CAP, false)?
-            .unwrap_or_default();
-        let after = args.opt_uid("after_page_uid")?;
-        Ok(PageDraftArgs {
-            parent,
-            after,
-            fields: Fields::from([("title", title), ("nav_title", nav_title)]),
-        })
-    }
+    const NAME: &'static str = NAME;
+    const DESCRIPTION: &'static str =
+        "Create one standard page, HIDDEN, in the default language below a parent page, with \
+         a title, an optional navigation title and a position among the parent's subpages \
+         (after `after_page_uid`, or first when it is not given). A human must unhide it \
+         before anyone sees it. Every call is shown to a human for approval before it runs.";
+    const EFFECT: Effect = Effect::NonIdempotentWrite;
 
     fn not_permitted(&self, _args: &PageDraftArgs) -> &'static str {
         PAGE_NOT_PERMITTED
@@ -95,7 +71,7 @@ impl Writer for CreatePageDraft {
         args: &PageDraftArgs,
     ) -> Result<Vec<Subject>, sqlx::Error> {
         // The new page joins the parent's list of subpages: the parent is the list's lock.
-        Ok(vec![Subject::Page(args.parent)])
+        Ok(vec![Subject::Page(args.parent.get())])
     }
 
     async fn plan(
@@ -104,11 +80,11 @@ impl Writer for CreatePageDraft {
         user: &User,
         args: &PageDraftArgs,
     ) -> Result<Planned<PageDraftPlan>, sqlx::Error> {
-        let Some(parent) = Page::load(conn, args.parent).await? else {
+        let Some(parent) = Page::load(conn, args.parent.get()).await? else {
             return Ok(Err(Refusal::NotPermitted));
         };
-        let after = match args.after {
-            Some(uid) => match Page::load(conn, uid).await? {
+        let after = match args.after_page_uid {
+            Some(uid) => match Page::load(conn, uid.get()).await? {
                 Some(a) => Some(a),
                 None => return Ok(Err(Refusal::NotPermitted)),
             },
@@ -156,7 +132,13 @@ impl Writer for CreatePageDraft {
             after: index.checked_sub(1).map(|i| existing[i].clone()),
             index,
             existing: existing.iter().map(|p| p.uid).collect(),
-            fields: args.fields.clone(),
+            fields: Fields::from([
+                ("title", args.title.as_str().to_owned()),
+                (
+                    "nav_title",
+                    args.nav_title.as_ref().map_or("", Text::as_str).to_owned(),
+                ),
+            ]),
         }))
     }
 

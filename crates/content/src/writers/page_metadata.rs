@@ -2,35 +2,88 @@
 
 use async_trait::async_trait;
 use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput, ToolSpec};
-use serde_json::{json, Value};
+use countersign_core::{Effect, ToolOutput};
+use schemars::JsonSchema;
+use serde::Deserialize;
 use sqlx::PgConnection;
 
 use crate::access::{ungranted_fields, User};
-use crate::args::Args;
+use crate::args::{ArgResult, Arguments, NonBlank, Text, Uid};
 use crate::datahandler::{DataHandler, Fields};
 use crate::records::{Page, PAGE_METADATA_FIELDS};
 use crate::refusals::{draft_workspace, named, PAGE_NOT_PERMITTED};
-use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
+use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::ReadBack;
 
 pub(crate) const NAME: &str = "update_page_metadata";
 
-/// The longest value accepted for a field: one-line fields 255 characters, prose 2000.
-fn cap(field: &str) -> usize {
-    match field {
-        "abstract" | "description" | "keywords" | "og_description" | "twitter_description" => 2000,
-        _ => 255,
-    }
-}
-
 #[derive(Debug, Clone)]
 pub(crate) struct UpdatePageMetadata;
 
-#[derive(Debug, Clone)]
+/// One-line fields take at most 255 characters, prose 2000. The fields are
+/// [`PAGE_METADATA_FIELDS`], in its order.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct PageMetadataArgs {
-    uid: i64,
-    fields: Fields,
+    /// The page to change.
+    uid: Uid,
+    // A page needs a title: an empty one would be dropped by the write path as silently as a
+    // missing grant, so it is refused up front instead.
+    title: Option<NonBlank<255>>,
+    subtitle: Option<Text<255>>,
+    nav_title: Option<Text<255>>,
+    r#abstract: Option<Text<2000>>,
+    description: Option<Text<2000>>,
+    keywords: Option<Text<2000>>,
+    seo_title: Option<Text<255>>,
+    og_title: Option<Text<255>>,
+    og_description: Option<Text<2000>>,
+    twitter_title: Option<Text<255>>,
+    twitter_description: Option<Text<2000>>,
+}
+
+impl PageMetadataArgs {
+    /// The fields the call sets, by name.
+    fn fields(&self) -> Fields {
+        let given = [
+            ("title", self.title.as_ref().map(NonBlank::as_str)),
+            ("subtitle", self.subtitle.as_ref().map(Text::as_str)),
+            ("nav_title", self.nav_title.as_ref().map(Text::as_str)),
+            ("abstract", self.r#abstract.as_ref().map(Text::as_str)),
+            ("description", self.description.as_ref().map(Text::as_str)),
+            ("keywords", self.keywords.as_ref().map(Text::as_str)),
+            ("seo_title", self.seo_title.as_ref().map(Text::as_str)),
+            ("og_title", self.og_title.as_ref().map(Text::as_str)),
+            (
+                "og_description",
+                self.og_description.as_ref().map(Text::as_str),
+            ),
+            (
+                "twitter_title",
+                self.twitter_title.as_ref().map(Text::as_str),
+            ),
+            (
+                "twitter_description",
+                self.twitter_description.as_ref().map(Text::as_str),
+            ),
+        ];
+        given
+            .into_iter()
+            .filter_map(|(field, value)| Some((field, value?.to_owned())))
+            .collect()
+    }
+}
+
+impl Arguments for PageMetadataArgs {
+    fn check(&self) -> ArgResult<()> {
+        if self.fields().is_empty() {
+            return Err(format!(
+                "No field to set; name at least one of: {}.",
+                PAGE_METADATA_FIELDS.join(", ")
+            ));
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -46,54 +99,12 @@ impl Writer for UpdatePageMetadata {
     type Args = PageMetadataArgs;
     type Plan = PageMetadataPlan;
 
-    fn spec(&self) -> ToolSpec {
-        let mut properties = serde_json::Map::new();
-        properties.insert(
-            "uid".into(),
-            json!({"type": "integer", "minimum": 1, "description": "The page to change."}),
-        );
-        for field in PAGE_METADATA_FIELDS {
-            properties.insert(
-                field.into(),
-                json!({"type": "string", "maxLength": cap(field)}),
-            );
-        }
-        writer_spec(
-            NAME,
-            "Set descriptive metadata fields (title, subtitle, nav_title, abstract, description, \
-             keywords and the SEO/social titles and descriptions) of exactly one live page. Every \
-             call is shown to a human for approval before it runs.",
-            Effect::IdempotentWrite,
-            json!({
-                "type": "object",
-                "properties": properties,
-                "required": ["uid"],
-                "additionalProperties": false,
-            }),
-        )
-    }
-
-    fn parse(&self, value: &Value) -> Result<PageMetadataArgs, String> {
-        let mut accepted = vec!["uid"];
-        accepted.extend(PAGE_METADATA_FIELDS);
-        let args = Args::parse(value, &accepted)?;
-        let uid = args.uid("uid")?;
-        let mut fields = Fields::new();
-        for field in PAGE_METADATA_FIELDS {
-            // A page needs a title: an empty one would be dropped by the write path as
-            // silently as a missing grant, so it is refused here instead.
-            if let Some(v) = args.opt_text(field, cap(field), field == "title")? {
-                fields.insert(field, v);
-            }
-        }
-        if fields.is_empty() {
-            return Err(format!(
-                "No field to set; name at least one of: {}.",
-                PAGE_METADATA_FIELDS.join(", ")
-            ));
-        }
-        Ok(PageMetadataArgs { uid, fields })
-    }
+    const NAME: &'static str = NAME;
+    const DESCRIPTION: &'static str =
+        "Set descriptive metadata fields (title, subtitle, nav_title, abstract, description, \
+         keywords and the SEO/social titles and descriptions) of exactly one live page. Every \
+         call is shown to a human for approval before it runs.";
+    const EFFECT: Effect = Effect::IdempotentWrite;
 
     fn not_permitted(&self, _args: &PageMetadataArgs) -> &'static str {
         PAGE_NOT_PERMITTED
@@ -104,7 +115,7 @@ impl Writer for UpdatePageMetadata {
         _conn: &mut PgConnection,
         args: &PageMetadataArgs,
     ) -> Result<Vec<Subject>, sqlx::Error> {
-        Ok(vec![Subject::Page(args.uid)])
+        Ok(vec![Subject::Page(args.uid.get())])
     }
 
     async fn plan(
@@ -113,7 +124,7 @@ impl Writer for UpdatePageMetadata {
         user: &User,
         args: &PageMetadataArgs,
     ) -> Result<Planned<PageMetadataPlan>, sqlx::Error> {
-        let Some(page) = Page::load(conn, args.uid).await? else {
+        let Some(page) = Page::load(conn, args.uid.get()).await? else {
             return Ok(Err(Refusal::NotPermitted));
         };
         if !page.permits(user) {
@@ -126,10 +137,11 @@ impl Writer for UpdatePageMetadata {
                 page.workspace,
             ))));
         }
-        let ungranted = ungranted_fields(conn, user, "pages", args.fields.keys().copied()).await?;
+        let fields = args.fields();
+        let ungranted = ungranted_fields(conn, user, "pages", fields.keys().copied()).await?;
         Ok(Ok(PageMetadataPlan {
             page,
-            fields: args.fields.clone(),
+            fields,
             ungranted,
         }))
     }
@@ -190,5 +202,36 @@ impl Writer for UpdatePageMetadata {
             &format!("Page [{uid}]"),
             "the acting user may hold no grant for it",
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::{json, Map, Value};
+
+    use super::*;
+    use crate::args::{parameters, parse};
+
+    #[test]
+    fn the_arguments_are_the_uid_and_the_page_metadata_fields_and_each_lands_under_its_name() {
+        let mut call: Map<String, Value> = PAGE_METADATA_FIELDS
+            .iter()
+            .map(|f| (f.to_string(), json!(f)))
+            .collect();
+        call.insert("uid".into(), json!(12));
+        let args = parse::<PageMetadataArgs>(&Value::Object(call)).expect("every field parses");
+        let fields = args.fields();
+        assert_eq!(fields.len(), PAGE_METADATA_FIELDS.len());
+        let schema = parameters::<PageMetadataArgs>();
+        assert_eq!(
+            schema["properties"].as_object().map(Map::len),
+            Some(PAGE_METADATA_FIELDS.len() + 1)
+        );
+        for (field, value) in fields {
+            assert_eq!(
+                field, value,
+                "the value given for {field} lands under {value}"
+            );
+        }
     }
 }

@@ -7,33 +7,38 @@
 //! `overwrite: true`, and then the preview says in so many words that the existing translation
 //! is DISCARDED: replacing someone's translated text is not a detail.
 
+use std::borrow::Cow;
+
 use async_trait::async_trait;
 use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput, ToolSpec};
-use serde_json::{json, Value};
+use countersign_core::{Effect, ToolOutput};
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
 use sqlx::PgConnection;
 
 use crate::access::User;
-use crate::args::Args;
+use crate::args::{choice, integer, Arguments, Flag, Int, Uid};
 use crate::datahandler::{DataHandler, Fields, NewElement, NewPage};
 use crate::records::{language_title, Element, Named, Page, PAGE_METADATA_FIELDS};
 use crate::refusals::{
     draft_workspace, named, ELEMENT_NOT_PERMITTED, HIDDEN_LINE, PAGE_NOT_PERMITTED,
 };
-use crate::writer::{writer_spec, Planned, Refusal, Subject, Writer};
-use crate::writers::{uid_schema, ReadBack};
+use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writers::ReadBack;
 
 pub(crate) const NAME: &str = "create_translation_draft";
-const TABLES: [&str; 2] = ["pages", "content"];
 const MAX_LANGUAGE: i64 = 9999;
 
 #[derive(Debug, Clone)]
 pub(crate) struct CreateTranslationDraft;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Table {
-    Pages,
-    Content,
+choice! {
+    /// What is translated: a page or a content element.
+    pub(crate) enum Table {
+        Pages = "pages",
+        Content = "content",
+    }
 }
 
 impl Table {
@@ -45,13 +50,66 @@ impl Table {
     }
 }
 
-#[derive(Debug, Clone)]
+/// The language to translate into: any but the default language 0, which is refused in words
+/// of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TargetLanguage(i32);
+
+type LanguageRange = Int<1, MAX_LANGUAGE>;
+
+impl<'de> Deserialize<'de> for TargetLanguage {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(d)?;
+        if integer(&value) == Some(0) {
+            return Err(serde::de::Error::custom(
+                "must not be 0: the default language is the original, not a translation.",
+            ));
+        }
+        let language = LanguageRange::try_from(value).map_err(serde::de::Error::custom)?;
+        Ok(TargetLanguage(language.get() as i32))
+    }
+}
+
+impl JsonSchema for TargetLanguage {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        "TargetLanguage".into()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        LanguageRange::json_schema(generator)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct TranslationArgs {
     table: Table,
-    uid: i64,
-    language: i32,
-    overwrite: bool,
+    /// The default-language page or content element.
+    uid: Uid,
+    language: TargetLanguage,
+    #[schemars(extend("default" = false))]
+    overwrite: Option<Flag>,
 }
+
+impl TranslationArgs {
+    fn uid(&self) -> i64 {
+        self.uid.get()
+    }
+
+    fn language(&self) -> i32 {
+        self.language.0
+    }
+
+    fn overwrite(&self) -> bool {
+        self.overwrite.is_some_and(Flag::get)
+    }
+}
+
+impl Arguments for TranslationArgs {}
 
 #[derive(Debug, Clone)]
 enum Source {
@@ -142,54 +200,14 @@ impl Writer for CreateTranslationDraft {
     type Args = TranslationArgs;
     type Plan = TranslationPlan;
 
-    fn spec(&self) -> ToolSpec {
-        writer_spec(
-            NAME,
-            "Create a HIDDEN translation of one default-language page (table \"pages\") or content \
-             element (table \"content\") in another language, copied from the default language \
-             (an element's file references are copied with it; its page must be translated \
-             first). An existing translation in that language is refused unless `overwrite` is \
-             true, which DISCARDS it. Every call is shown to a human for approval before it runs.",
-            Effect::NonIdempotentWrite,
-            json!({
-                "type": "object",
-                "properties": {
-                    "table": {"type": "string", "enum": TABLES},
-                    "uid": uid_schema("The default-language page or content element."),
-                    "language": {"type": "integer", "minimum": 1, "maximum": MAX_LANGUAGE},
-                    "overwrite": {"type": "boolean", "default": false},
-                },
-                "required": ["table", "uid", "language"],
-                "additionalProperties": false,
-            }),
-        )
-    }
-
-    fn parse(&self, value: &Value) -> Result<TranslationArgs, String> {
-        let args = Args::parse(value, &["table", "uid", "language", "overwrite"])?;
-        let table = match args.opt_choice("table", &TABLES)? {
-            Some("pages") => Table::Pages,
-            Some(_) => Table::Content,
-            None => return Err("The argument \"table\" is required (pages or content).".into()),
-        };
-        let uid = args.uid("uid")?;
-        let language = args
-            .opt_int("language", 0, MAX_LANGUAGE)?
-            .ok_or("The argument \"language\" is required.")?;
-        if language == 0 {
-            return Err(
-                "The argument \"language\" must not be 0: the default language is the \
-                        original, not a translation."
-                    .into(),
-            );
-        }
-        Ok(TranslationArgs {
-            table,
-            uid,
-            language: language as i32,
-            overwrite: args.opt_bool("overwrite")?.unwrap_or(false),
-        })
-    }
+    const NAME: &'static str = NAME;
+    const DESCRIPTION: &'static str =
+        "Create a HIDDEN translation of one default-language page (table \"pages\") or content \
+         element (table \"content\") in another language, copied from the default language \
+         (an element's file references are copied with it; its page must be translated \
+         first). An existing translation in that language is refused unless `overwrite` is \
+         true, which DISCARDS it. Every call is shown to a human for approval before it runs.";
+    const EFFECT: Effect = Effect::NonIdempotentWrite;
 
     fn not_permitted(&self, args: &TranslationArgs) -> &'static str {
         match args.table {
@@ -204,8 +222,8 @@ impl Writer for CreateTranslationDraft {
         args: &TranslationArgs,
     ) -> Result<Vec<Subject>, sqlx::Error> {
         Ok(vec![match args.table {
-            Table::Pages => Subject::Page(args.uid),
-            Table::Content => Subject::Element(args.uid),
+            Table::Pages => Subject::Page(args.uid()),
+            Table::Content => Subject::Element(args.uid()),
         }])
     }
 
@@ -218,7 +236,7 @@ impl Writer for CreateTranslationDraft {
         // The record checks first, for both tables: the source record, then the language.
         let (source, workspace, translated_from) = match args.table {
             Table::Pages => {
-                let Some(page) = Page::load(conn, args.uid).await? else {
+                let Some(page) = Page::load(conn, args.uid()).await? else {
                     return Ok(Err(Refusal::NotPermitted));
                 };
                 if !page.permits(user) {
@@ -228,7 +246,7 @@ impl Writer for CreateTranslationDraft {
                 (Source::Page(page), w, p)
             }
             Table::Content => {
-                let Some(element) = Element::load(conn, args.uid).await? else {
+                let Some(element) = Element::load(conn, args.uid()).await? else {
                     return Ok(Err(Refusal::NotPermitted));
                 };
                 if !element.permits(user) {
@@ -246,7 +264,7 @@ impl Writer for CreateTranslationDraft {
                 )
             }
         };
-        if !user.may_use_language(args.language) {
+        if !user.may_use_language(args.language()) {
             return Ok(Err(Refusal::NotPermitted));
         }
 
@@ -258,7 +276,7 @@ impl Writer for CreateTranslationDraft {
         if workspace != 0 {
             return Ok(Err(Refusal::invalid(draft_workspace(
                 capitalised,
-                args.uid,
+                args.uid(),
                 workspace,
             ))));
         }
@@ -266,16 +284,16 @@ impl Writer for CreateTranslationDraft {
             return Ok(Err(Refusal::invalid(format!(
                 "{capitalised} [{}] is itself a translation; translate its default-language \
                  {kind} [{default}] instead. Nothing was written.",
-                args.uid
+                args.uid()
             ))));
         }
-        let Some(title) = language_title(conn, args.language).await? else {
+        let Some(title) = language_title(conn, args.language()).await? else {
             return Ok(Err(Refusal::invalid(format!(
                 "Language {} is not configured on this site; nothing was written.",
-                args.language
+                args.language()
             ))));
         };
-        let language_name = format!("{title} (language {})", args.language);
+        let language_name = format!("{title} (language {})", args.language());
 
         let (existing, fields) = match &source {
             Source::Page(page) => {
@@ -284,7 +302,7 @@ impl Writer for CreateTranslationDraft {
                     .map(|f| (*f, page.field(f).unwrap_or_default().to_owned()))
                     .collect();
                 (
-                    existing_page_translations(conn, page.uid, args.language).await?,
+                    existing_page_translations(conn, page.uid, args.language()).await?,
                     fields,
                 )
             }
@@ -295,7 +313,7 @@ impl Writer for CreateTranslationDraft {
                        ORDER BY uid
                        LIMIT 1"#,
                     element.pid,
-                    args.language
+                    args.language()
                 )
                 .fetch_optional(&mut *conn)
                 .await?;
@@ -311,12 +329,12 @@ impl Writer for CreateTranslationDraft {
                     ("bodytext", element.bodytext.clone()),
                 ]);
                 (
-                    existing_element_translations(conn, element.uid, args.language).await?,
+                    existing_element_translations(conn, element.uid, args.language()).await?,
                     fields,
                 )
             }
         };
-        if !existing.is_empty() && !args.overwrite {
+        if !existing.is_empty() && !args.overwrite() {
             let list: Vec<String> = existing
                 .iter()
                 .map(|e| named(kind, e.uid, &e.label))
@@ -325,7 +343,7 @@ impl Writer for CreateTranslationDraft {
                 "{capitalised} [{}] already has a translation in {language_name}: {}. Nothing \
                  was written; to discard it and start again from the default language, call \
                  again with \"overwrite\": true.",
-                args.uid,
+                args.uid(),
                 list.join(", ")
             ))));
         }
@@ -333,7 +351,7 @@ impl Writer for CreateTranslationDraft {
         Ok(Ok(TranslationPlan {
             table: args.table,
             source,
-            language: args.language,
+            language: args.language(),
             language_title: title,
             discarded: existing,
             fields,
