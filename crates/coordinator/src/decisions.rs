@@ -16,10 +16,11 @@
 use countersign_content::{lookup_user, AGENT_APPROVE};
 use countersign_core::{DecisionMessage, Principal};
 use countersign_store::{
-    DecisionOutcome, DecisionRecord, NewDecision, RunRecord, RunStatus, StoredAgent,
+    DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision, RunStatus,
+    StoredAgent,
 };
 
-use crate::producers::{self, ProducerKind};
+use crate::producers::ProducerKind;
 use crate::{Coordinator, CoordinatorError, DecisionVerdict};
 
 impl Coordinator {
@@ -61,20 +62,21 @@ impl Coordinator {
             }
         };
 
+        // 2–5 and 7 read their facts with one statement; each is consulted in its turn.
+        let producer = producer.filter(|p| !p.is_empty());
+        let facts = self
+            .store
+            .decision_facts(
+                decision.decision_id,
+                decision.run_id,
+                producer.unwrap_or_default(),
+                ProducerKind::Approver.as_str(),
+                &decision.approver,
+            )
+            .await?;
+
         // 2. Producer.
-        let authenticated = match producer.filter(|p| !p.is_empty()) {
-            Some(p) => {
-                producers::may_assert(
-                    self.store.pool(),
-                    p,
-                    ProducerKind::Approver,
-                    &decision.approver,
-                )
-                .await?
-            }
-            None => false,
-        };
-        if !authenticated {
+        if producer.is_none() || !facts.producer_granted {
             tracing::warn!(
                 run.id = %decision.run_id,
                 decision.id = %decision.decision_id,
@@ -87,21 +89,25 @@ impl Coordinator {
         }
 
         // 3. Replay.
-        if let Some(recorded) = self.store.decision_outcome(decision.decision_id).await? {
+        if let Some(recorded) = facts.recorded {
             return Ok(self.verdict(&decision, recorded, true));
         }
 
         // 4–9.
-        let outcome = self.gate(&decision).await?;
+        let outcome = self.gate(&decision, facts).await?;
 
         // 10, and the record of a refusal.
         self.record(&decision, outcome).await
     }
 
     /// Gates 4–9: `Accepted` when every gate passes.
-    async fn gate(&self, d: &DecisionMessage) -> Result<DecisionOutcome, CoordinatorError> {
+    async fn gate(
+        &self,
+        d: &DecisionMessage,
+        facts: DecisionFacts,
+    ) -> Result<DecisionOutcome, CoordinatorError> {
         // 4. The run is waiting.
-        let run: RunRecord = match self.store.run(d.run_id).await? {
+        let run: DecidedRun = match facts.run {
             Some(run) if run.status == RunStatus::WaitingForApproval => run,
             _ => return Ok(DecisionOutcome::NotAwaitingApproval),
         };
@@ -125,7 +131,7 @@ impl Coordinator {
         };
 
         // 7. The configuration is still there and active.
-        let agent: StoredAgent = match self.store.agent(&run.agent).await? {
+        let agent: StoredAgent = match facts.agent {
             Some(agent) if agent.config.active => agent,
             _ => return Ok(DecisionOutcome::ConfigurationGone),
         };

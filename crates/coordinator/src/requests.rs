@@ -8,7 +8,7 @@ use countersign_content::lookup_user;
 use countersign_core::RunRequest;
 use countersign_store::NewRun;
 
-use crate::producers::{self, ProducerKind};
+use crate::producers::ProducerKind;
 use crate::{Coordinator, CoordinatorError, RequestOutcome, RequestVerdict};
 
 impl Coordinator {
@@ -52,30 +52,28 @@ impl Coordinator {
             Ok(verdict)
         };
 
-        let pool = self.store.pool();
-        let authenticated = match producer.filter(|p| !p.is_empty()) {
-            Some(p) => {
-                producers::may_assert(pool, p, ProducerKind::ActingUser, &request.acting_user)
-                    .await?
-            }
-            None => false,
-        };
-        if !authenticated {
+        // The producer's grant and the agent's state, by one statement; consulted in order.
+        let producer = producer.filter(|p| !p.is_empty());
+        let facts = self
+            .store
+            .request_facts(
+                producer.unwrap_or_default(),
+                ProducerKind::ActingUser.as_str(),
+                &request.acting_user,
+                &request.agent,
+            )
+            .await?;
+        if producer.is_none() || !facts.producer_granted {
             return refuse(RequestOutcome::UnauthenticatedProducer).await;
         }
-        if lookup_user(pool, &request.acting_user)
+        if lookup_user(self.store.pool(), &request.acting_user)
             .await
             .map_err(CoordinatorError::Users)?
             .is_none()
         {
             return refuse(RequestOutcome::UnknownActingUser).await;
         }
-        let active = self
-            .store
-            .agent(&request.agent)
-            .await?
-            .is_some_and(|a| a.config.active);
-        if !active {
+        if !facts.agent_active {
             return refuse(RequestOutcome::ConfigurationGone).await;
         }
 

@@ -57,6 +57,41 @@ pub(crate) struct AgentColumns {
     pub(crate) updated_at: DateTime<Utc>,
 }
 
+impl AgentColumns {
+    /// The configuration from the columns of a statement that left-joins `agents`: `None`
+    /// when the join found none.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn optional(
+        name: Option<String>,
+        active: Option<bool>,
+        model: Option<Value>,
+        allowed_groups: Option<Vec<String>>,
+        allowed_tools: Option<Vec<String>>,
+        enabled_tools: Option<Vec<String>>,
+        max_iterations: Option<i32>,
+        max_tool_calls_per_turn: Option<i32>,
+        four_eyes: Option<bool>,
+        approval_deadline_seconds: Option<i64>,
+        created_at: Option<DateTime<Utc>>,
+        updated_at: Option<DateTime<Utc>>,
+    ) -> Option<StoredAgent> {
+        Some(StoredAgent::from_columns(AgentColumns {
+            name: name?,
+            active: active?,
+            model: model?,
+            allowed_groups: allowed_groups?,
+            allowed_tools: allowed_tools?,
+            enabled_tools: enabled_tools?,
+            max_iterations: max_iterations?,
+            max_tool_calls_per_turn: max_tool_calls_per_turn?,
+            four_eyes: four_eyes?,
+            approval_deadline_seconds: approval_deadline_seconds?,
+            created_at: created_at?,
+            updated_at: updated_at?,
+        }))
+    }
+}
+
 impl StoredAgent {
     pub(crate) fn from_columns(r: AgentColumns) -> Self {
         StoredAgent {

@@ -14,7 +14,9 @@ use countersign_crypto::Purpose;
 use serde_json::json;
 use uuid::Uuid;
 
+use crate::agents::{AgentColumns, StoredAgent};
 use crate::events::lock_run;
+use crate::runs::RunStatus;
 use crate::runs::SealedDecision;
 use crate::{outbox, Store, StoreError};
 
@@ -280,4 +282,111 @@ impl Store {
             comment,
         })
     }
+
+    /// Everything the gates of a decision read, by one statement: whether `producer` holds a
+    /// grant of `kind` for `approver` (`producer_grants`, as the coordinator's registry checks
+    /// it), the outcome recorded for the decision id, and the run with its agent's current
+    /// configuration. The gates use them in their order; reading them together changes
+    /// nothing they decide, because the release itself is guarded again by its `UPDATE`.
+    pub async fn decision_facts(
+        &self,
+        decision_id: Uuid,
+        run_id: RunId,
+        producer: &str,
+        kind: &str,
+        approver: &str,
+    ) -> Result<DecisionFacts, StoreError> {
+        let r = sqlx::query!(
+            r#"SELECT EXISTS (
+                          SELECT 1 FROM producer_grants
+                          WHERE amqp_user = $3 AND kind = $4 AND (name = $5 OR name = '*')
+                      ) AS "granted!",
+                      (SELECT outcome FROM run_decisions WHERE decision_id = $1) AS "recorded?",
+                      r.status AS "status?", r.suspension_seq AS "suspension_seq?",
+                      r.turn_digest AS "turn_digest?", r.acting_user AS "acting_user?",
+                      r.agent AS "run_agent?", r.pending_tools AS "pending_tools?",
+                      a.name AS "agent_name?", a.active AS "agent_active?",
+                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
+                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
+                      a.max_iterations AS "max_iterations?",
+                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
+                      a.four_eyes AS "four_eyes?",
+                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
+                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?"
+               FROM (SELECT 1) AS one
+               LEFT JOIN runs r ON r.id = $2
+               LEFT JOIN agents a ON a.name = r.agent"#,
+            decision_id,
+            run_id.as_uuid(),
+            producer,
+            kind,
+            approver,
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let run = match (r.status, r.acting_user, r.run_agent, r.pending_tools) {
+            (Some(status), Some(acting_user), Some(agent), Some(pending_tools)) => {
+                Some(DecidedRun {
+                    status: RunStatus::parse(&status)
+                        .ok_or(StoreError::unreadable("runs.status"))?,
+                    suspension_seq: r.suspension_seq.map(crate::runs::seq).transpose()?,
+                    turn_digest: r
+                        .turn_digest
+                        .map(|d| {
+                            TurnDigest::parse(&d)
+                                .map_err(|_| StoreError::unreadable("runs.turn_digest"))
+                        })
+                        .transpose()?,
+                    acting_user,
+                    agent,
+                    pending_tools,
+                })
+            }
+            _ => None,
+        };
+        let agent = AgentColumns::optional(
+            r.agent_name,
+            r.agent_active,
+            r.agent_model,
+            r.allowed_groups,
+            r.allowed_tools,
+            r.enabled_tools,
+            r.max_iterations,
+            r.max_tool_calls_per_turn,
+            r.four_eyes,
+            r.approval_deadline_seconds,
+            r.agent_created_at,
+            r.agent_updated_at,
+        );
+        Ok(DecisionFacts {
+            producer_granted: r.granted,
+            recorded: r.recorded.as_deref().map(outcome).transpose()?,
+            run,
+            agent,
+        })
+    }
+}
+
+/// What the gates of a decision read ([`Store::decision_facts`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecisionFacts {
+    /// The producer holds a grant for the approver.
+    pub producer_granted: bool,
+    /// The outcome recorded for the decision id before, if any.
+    pub recorded: Option<DecisionOutcome>,
+    /// `None` when the run does not exist.
+    pub run: Option<DecidedRun>,
+    /// The run's agent configuration; `None` when it is gone.
+    pub agent: Option<StoredAgent>,
+}
+
+/// The facts of a run its decision's gates read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DecidedRun {
+    pub status: RunStatus,
+    pub suspension_seq: Option<SuspensionSeq>,
+    pub turn_digest: Option<TurnDigest>,
+    pub acting_user: String,
+    pub agent: String,
+    pub pending_tools: Vec<String>,
 }

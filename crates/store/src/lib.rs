@@ -40,7 +40,9 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 
 pub use agents::{AgentConfig, StoredAgent};
-pub use decisions::{AcceptedDecision, DecisionOutcome, DecisionRecord, NewDecision};
+pub use decisions::{
+    AcceptedDecision, DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision,
+};
 pub use error::StoreError;
 pub use events::{NewEvent, RunEvent};
 pub use fence::{hook_error, FencedWrite};

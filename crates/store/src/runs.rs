@@ -179,6 +179,15 @@ impl Lease {
     }
 }
 
+/// What the gates of a run request read ([`Store::request_facts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestFacts {
+    /// The producer holds a grant for the acting user.
+    pub producer_granted: bool,
+    /// The agent configuration exists and is active.
+    pub agent_active: bool,
+}
+
 /// A won claim: the lease and what the segment needs to start.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
@@ -392,7 +401,7 @@ struct ClaimRow {
 
 impl ClaimRow {
     fn into_claim(self, owner: &str) -> Result<Claim, StoreError> {
-        let agent = match (
+        let agent = AgentColumns::optional(
             self.agent_name,
             self.agent_active,
             self.agent_model,
@@ -405,36 +414,7 @@ impl ClaimRow {
             self.approval_deadline_seconds,
             self.agent_created_at,
             self.agent_updated_at,
-        ) {
-            (
-                Some(name),
-                Some(active),
-                Some(model),
-                Some(allowed_groups),
-                Some(allowed_tools),
-                Some(enabled_tools),
-                Some(max_iterations),
-                Some(max_tool_calls_per_turn),
-                Some(four_eyes),
-                Some(approval_deadline_seconds),
-                Some(created_at),
-                Some(updated_at),
-            ) => Some(StoredAgent::from_columns(AgentColumns {
-                name,
-                active,
-                model,
-                allowed_groups,
-                allowed_tools,
-                enabled_tools,
-                max_iterations,
-                max_tool_calls_per_turn,
-                four_eyes,
-                approval_deadline_seconds,
-                created_at,
-                updated_at,
-            })),
-            _ => None,
-        };
+        );
         let decision = match (self.decision_id, self.approved, self.approver) {
             (Some(decision_id), Some(approved), Some(approver)) => Some(SealedDecision {
                 decision_id,
@@ -524,6 +504,35 @@ impl Store {
         Ok(CreatedRun {
             run_id: run_id(existing)?,
             created: false,
+        })
+    }
+
+    /// What the gates of a run request read, by one statement: whether `producer` holds a
+    /// grant of `kind` for `acting_user` (`producer_grants`, as the coordinator's registry
+    /// checks it), and whether the agent configuration exists and is active.
+    pub async fn request_facts(
+        &self,
+        producer: &str,
+        kind: &str,
+        acting_user: &str,
+        agent: &str,
+    ) -> Result<RequestFacts, StoreError> {
+        let r = sqlx::query!(
+            r#"SELECT EXISTS (
+                          SELECT 1 FROM producer_grants
+                          WHERE amqp_user = $1 AND kind = $2 AND (name = $3 OR name = '*')
+                      ) AS "granted!",
+                      EXISTS (SELECT 1 FROM agents WHERE name = $4 AND active) AS "active!""#,
+            producer,
+            kind,
+            acting_user,
+            agent,
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(RequestFacts {
+            producer_granted: r.granted,
+            agent_active: r.active,
         })
     }
 
