@@ -41,18 +41,24 @@ pub struct User {
     /// `<table>:<field>` entries for exclude fields.
     pub field_grants: Vec<String>,
     pub file_mounts: Vec<FileMount>,
+    /// The exclude fields of the store as `<table>:<field>`, in order, read with the user:
+    /// what [`User::holds_field_grant`] is asked about.
+    pub exclude_fields: Vec<String>,
 }
 
 impl User {
     /// Loads an enabled user by name; `None` for an unknown or disabled user.
     pub async fn load(conn: &mut PgConnection, name: &str) -> Result<Option<User>, sqlx::Error> {
-        // One statement: a preview, a plan and a gate each load their user, so this is on
-        // every path of a run.
+        // One statement, the store's exclude fields included: a segment reads its user once
+        // (see [`User::of`]), a gate or a card's viewer once per question.
         let Some(row) = sqlx::query!(
             r#"SELECT u.uid, u.name, u.admin, u.grants, u.allowed_languages, u.page_mounts,
                       u.field_grants,
                       coalesce(m.storages, '{}') AS "mount_storages!",
-                      coalesce(m.prefixes, '{}') AS "mount_prefixes!"
+                      coalesce(m.prefixes, '{}') AS "mount_prefixes!",
+                      coalesce((SELECT array_agg(e.table_name || ':' || e.field
+                                                 ORDER BY e.table_name, e.field)
+                                FROM content.exclude_fields e), '{}') AS "exclude_fields!"
                FROM content.users u
                LEFT JOIN LATERAL (
                    SELECT array_agg(storage ORDER BY storage, path_prefix) AS storages,
@@ -84,7 +90,45 @@ impl User {
             page_mounts: row.page_mounts,
             field_grants: row.field_grants,
             file_mounts,
+            exclude_fields: row.exclude_fields,
         }))
+    }
+
+    /// The user `principal` names: the one its directory attached ([`ContentUsers`] does, for
+    /// the run's acting user, once per segment), or else read now. `None` for an unknown or
+    /// disabled user.
+    ///
+    /// So every call of a segment — previews, the re-preview and the writes of an approved
+    /// turn — checks permissions against the user as the segment found them when it started,
+    /// a few seconds at most before; a user disabled meanwhile is refused by the next segment.
+    pub async fn of(
+        conn: &mut PgConnection,
+        principal: &Principal,
+    ) -> Result<Option<User>, sqlx::Error> {
+        match principal.profile::<User>() {
+            Some(user) if user.name == principal.name => Ok(Some(user.clone())),
+            _ => User::load(conn, &principal.name).await,
+        }
+    }
+
+    /// Whether `table.field` is an exclude field: one only holders of its field grant write.
+    pub fn is_exclude_field(&self, table: &str, field: &str) -> bool {
+        self.exclude_fields.iter().any(|e| {
+            e.split_once(':')
+                .is_some_and(|(t, f)| t == table && f == field)
+        })
+    }
+
+    /// The exclude fields of `table` among `fields` that this user holds no grant for.
+    pub(crate) fn ungranted_fields<'f>(
+        &self,
+        table: &str,
+        fields: impl IntoIterator<Item = &'f str>,
+    ) -> Vec<&'f str> {
+        fields
+            .into_iter()
+            .filter(|f| self.is_exclude_field(table, f) && !self.holds_field_grant(table, f))
+            .collect()
     }
 
     /// Whether the user holds a tool-level grant such as [`AGENT_APPROVE`].
@@ -152,35 +196,9 @@ impl UserDirectory for ContentUsers {
         let user = lookup_user(&self.pool, name)
             .await
             .map_err(|e| ToolError::failed("database_error", e))?;
-        Ok(user.map(|u| Principal::new(u.name, u.admin)))
+        // The tools of a segment use the user read here instead of reading it again.
+        Ok(user.map(|u| Principal::new(u.name.clone(), u.admin).with_profile(u)))
     }
-}
-
-/// The exclude fields of `table`, in name order.
-pub(crate) async fn exclude_fields(
-    conn: &mut PgConnection,
-    table: &str,
-) -> Result<Vec<String>, sqlx::Error> {
-    sqlx::query_scalar!(
-        r#"SELECT field FROM content.exclude_fields WHERE table_name = $1 ORDER BY field"#,
-        table
-    )
-    .fetch_all(&mut *conn)
-    .await
-}
-
-/// The exclude fields of `table` among `fields` that `user` holds no grant for.
-pub(crate) async fn ungranted_fields<'f>(
-    conn: &mut PgConnection,
-    user: &User,
-    table: &str,
-    fields: impl IntoIterator<Item = &'f str>,
-) -> Result<Vec<&'f str>, sqlx::Error> {
-    let excluded = exclude_fields(conn, table).await?;
-    Ok(fields
-        .into_iter()
-        .filter(|f| excluded.iter().any(|e| e == f) && !user.holds_field_grant(table, f))
-        .collect())
 }
 
 #[cfg(test)]
@@ -200,6 +218,7 @@ mod tests {
                 storage: 1,
                 path_prefix: "/images/".into(),
             }],
+            exclude_fields: vec!["pages:seo_title".into(), "pages:og_title".into()],
         }
     }
 
@@ -250,5 +269,19 @@ mod tests {
             ..editor()
         }
         .may_use_language(1));
+    }
+
+    #[test]
+    fn only_exclude_fields_without_a_grant_are_ungranted() {
+        let u = editor();
+        assert_eq!(
+            u.ungranted_fields("pages", ["seo_title", "og_title", "title"]),
+            vec!["og_title"]
+        );
+        let admin = User {
+            admin: true,
+            ..editor()
+        };
+        assert!(admin.ungranted_fields("pages", ["og_title"]).is_empty());
     }
 }

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 use sqlx::PgConnection;
 
-use crate::access::{exclude_fields, User};
+use crate::access::User;
 
 /// Descriptive fields of one write, by name.
 pub(crate) type Fields = BTreeMap<&'static str, String>;
@@ -68,21 +68,15 @@ impl<'u> DataHandler<'u> {
 
     /// The fields of `table` this user may write, as a JSON object; the others are dropped
     /// without a word, as the CMS does.
-    async fn writable(
-        &self,
-        conn: &mut PgConnection,
-        table: &str,
-        fields: &Fields,
-    ) -> Result<Value, sqlx::Error> {
-        let excluded = exclude_fields(conn, table).await?;
+    fn writable(&self, table: &str, fields: &Fields) -> Value {
         let kept: Map<String, Value> = fields
             .iter()
             .filter(|(name, _)| {
-                !excluded.iter().any(|e| e == *name) || self.user.holds_field_grant(table, name)
+                !self.user.is_exclude_field(table, name) || self.user.holds_field_grant(table, name)
             })
             .map(|(name, value)| ((*name).to_owned(), Value::String(value.clone())))
             .collect();
-        Ok(Value::Object(kept))
+        Value::Object(kept)
     }
 
     /// Sets descriptive fields of one page.
@@ -92,7 +86,7 @@ impl<'u> DataHandler<'u> {
         uid: i64,
         fields: &Fields,
     ) -> Result<(), sqlx::Error> {
-        let set = self.writable(conn, "pages", fields).await?;
+        let set = self.writable("pages", fields);
         sqlx::query!(
             r#"UPDATE content.pages SET
                    title = coalesce($2::jsonb ->> 'title', title),
@@ -123,7 +117,7 @@ impl<'u> DataHandler<'u> {
         uid: i64,
         fields: &Fields,
     ) -> Result<(), sqlx::Error> {
-        let set = self.writable(conn, "file_metadata", fields).await?;
+        let set = self.writable("file_metadata", fields);
         sqlx::query!(
             r#"UPDATE content.file_metadata SET
                    title = coalesce($2::jsonb ->> 'title', title),
@@ -144,7 +138,7 @@ impl<'u> DataHandler<'u> {
         conn: &mut PgConnection,
         page: &NewPage<'_>,
     ) -> Result<i64, sqlx::Error> {
-        let set = self.writable(conn, "pages", page.fields).await?;
+        let set = self.writable("pages", page.fields);
         sqlx::query_scalar!(
             r#"INSERT INTO content.pages
                    (pid, sorting, language, l10n_parent, workspace, deleted, hidden, doktype,
@@ -180,7 +174,7 @@ impl<'u> DataHandler<'u> {
         conn: &mut PgConnection,
         element: &NewElement<'_>,
     ) -> Result<i64, sqlx::Error> {
-        let set = self.writable(conn, "elements", element.fields).await?;
+        let set = self.writable("elements", element.fields);
         sqlx::query_scalar!(
             r#"INSERT INTO content.elements
                    (pid, ctype, header, bodytext, colpos, sorting, hidden, deleted, language,
@@ -206,9 +200,7 @@ impl<'u> DataHandler<'u> {
         conn: &mut PgConnection,
         reference: &NewReference<'_>,
     ) -> Result<i64, sqlx::Error> {
-        let set = self
-            .writable(conn, "file_references", reference.fields)
-            .await?;
+        let set = self.writable("file_references", reference.fields);
         sqlx::query_scalar!(
             r#"INSERT INTO content.file_references
                    (element, field, file, sorting, title, alternative, description, deleted)
@@ -238,7 +230,7 @@ impl<'u> DataHandler<'u> {
             .into_iter()
             .map(|f| (f, String::new()))
             .collect();
-        let set = self.writable(conn, "file_references", &texts).await?;
+        let set = self.writable("file_references", &texts);
         let keep = |f: &str| set.get(f).is_some();
         sqlx::query!(
             r#"INSERT INTO content.file_references

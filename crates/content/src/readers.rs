@@ -101,7 +101,7 @@ impl<R: Reader> Tool for ReaderTool<R> {
         let mut tx = read_only_snapshot(self.store.pool())
             .await
             .map_err(database_error)?;
-        let outcome = match User::load(&mut tx, &ctx.acting_user.name)
+        let outcome = match User::of(&mut tx, &ctx.acting_user)
             .await
             .map_err(database_error)?
         {

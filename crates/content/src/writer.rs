@@ -234,7 +234,7 @@ impl<W: Writer> WriterTool<W> {
         acting_user: &Principal,
         args: &W::Args,
     ) -> Result<Result<(User, W::Plan), String>, sqlx::Error> {
-        let Some(user) = User::load(conn, &acting_user.name).await? else {
+        let Some(user) = User::of(conn, acting_user).await? else {
             return Ok(Err(self.writer.not_permitted(args).to_owned()));
         };
         Ok(match self.writer.plan(conn, &user, args).await? {
@@ -249,7 +249,7 @@ impl<W: Writer> WriterTool<W> {
         args: &W::Args,
     ) -> Result<Vec<String>, sqlx::Error> {
         let mut tx = read_only_snapshot(self.store.pool()).await?;
-        let lines = match User::load(&mut tx, &user.name).await? {
+        let lines = match User::of(&mut tx, user).await? {
             None => vec![self.writer.not_permitted(args).to_owned()],
             Some(user) => match self.writer.plan(&mut tx, &user, args).await? {
                 Ok(plan) => self.writer.preview(&plan),
@@ -266,7 +266,7 @@ impl<W: Writer> WriterTool<W> {
         args: &W::Args,
     ) -> Result<bool, sqlx::Error> {
         let mut tx = read_only_snapshot(self.store.pool()).await?;
-        let permitted = match User::load(&mut tx, &viewer.name).await? {
+        let permitted = match User::of(&mut tx, viewer).await? {
             None => false,
             Some(user) => !matches!(
                 self.writer.plan(&mut tx, &user, args).await?,

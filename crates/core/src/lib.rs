@@ -37,7 +37,7 @@ pub use model::{
 pub use preview::CallPreview;
 pub use state::{PendingCall, StateError, SuspendedRunState};
 pub use tool::{
-    Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError, ToolOutput,
+    Effect, ExecContext, FenceToken, OfferedTools, Principal, Profile, Tool, ToolError, ToolOutput,
     ToolPolicy, ToolPreview, ToolRegistry, ToolSpec, UserDirectory,
 };
 pub use turn::{JournalEntry, LockSubject, PlannedWrite, TransactionalTool, TurnTransaction};

@@ -20,6 +20,11 @@ use crate::ids::{CallIndex, LeaseEpoch, RunId, SuspensionSeq};
 pub struct Principal {
     pub name: String,
     pub admin: bool,
+    /// What the [`UserDirectory`] that found the user read about them, for the tools of the
+    /// same system, which would otherwise read it again for every call of a segment. Neither
+    /// compared nor serialized.
+    #[serde(skip)]
+    pub profile: Profile,
 }
 
 impl Principal {
@@ -27,9 +32,45 @@ impl Principal {
         Principal {
             name: name.into(),
             admin,
+            profile: Profile::default(),
         }
     }
+
+    /// The principal carrying `profile`, what its directory read about the user.
+    #[must_use]
+    pub fn with_profile<T: std::any::Any + Send + Sync>(mut self, profile: T) -> Self {
+        self.profile = Profile(Some(Arc::new(profile)));
+        self
+    }
+
+    /// The profile its directory attached, if it is a `T`.
+    pub fn profile<T: std::any::Any>(&self) -> Option<&T> {
+        self.profile.0.as_deref()?.downcast_ref()
+    }
 }
+
+/// An opaque record of a user attached by a directory (see [`Principal::with_profile`]).
+#[derive(Clone, Default)]
+pub struct Profile(Option<Arc<dyn std::any::Any + Send + Sync>>);
+
+impl fmt::Debug for Profile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Profile(..)"
+        } else {
+            "Profile(None)"
+        })
+    }
+}
+
+/// Profiles do not take part in comparing principals: a principal is its name and flag.
+impl PartialEq for Profile {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for Profile {}
 
 /// What a call does to the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -13,7 +13,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sqlx::PgConnection;
 
-use crate::access::{ungranted_fields, User};
+use crate::access::User;
 use crate::args::{Arguments, Text, Uid};
 use crate::datahandler::{DataHandler, Fields};
 use crate::records::{File, Metadata};
@@ -90,8 +90,8 @@ impl Writer for SetFileAlternativeText {
                 named("File", file.uid, &file.name)
             ))));
         };
-        let granted = ungranted_fields(conn, user, "file_metadata", ["alternative"])
-            .await?
+        let granted = user
+            .ungranted_fields("file_metadata", ["alternative"])
             .is_empty();
         Ok(Ok(AlternativePlan {
             file,

@@ -7,7 +7,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use sqlx::PgConnection;
 
-use crate::access::{ungranted_fields, User};
+use crate::access::User;
 use crate::args::{ArgResult, Arguments, NonBlank, Text, Uid};
 use crate::datahandler::{DataHandler, Fields};
 use crate::records::{Page, PAGE_METADATA_FIELDS};
@@ -138,7 +138,7 @@ impl Writer for UpdatePageMetadata {
             ))));
         }
         let fields = args.fields();
-        let ungranted = ungranted_fields(conn, user, "pages", fields.keys().copied()).await?;
+        let ungranted = user.ungranted_fields("pages", fields.keys().copied());
         Ok(Ok(PageMetadataPlan {
             page,
             fields,

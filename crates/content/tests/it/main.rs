@@ -16,3 +16,4 @@ mod readers;
 mod schemas;
 mod seed;
 mod translation;
+mod users;
