@@ -16,8 +16,7 @@
 use countersign_content::{lookup_user, AGENT_APPROVE};
 use countersign_core::{DecisionMessage, Principal};
 use countersign_store::{
-    DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision, RunStatus,
-    StoredAgent,
+    DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision, RunStatus, StoredAgent,
 };
 
 use crate::producers::ProducerKind;
