@@ -34,7 +34,11 @@ pub(crate) async fn after_decision(state: &AppState, verdict: &DecisionVerdict) 
 
 async fn dispatch_now(state: &AppState, dispatch: Dispatch) {
     match state.broker.publish_segment(dispatch.run_id).await {
-        Ok(()) => state.coordinator.note_dispatch(&dispatch),
+        Ok(()) => {
+            if let Err(e) = state.coordinator.confirm_dispatch(&dispatch).await {
+                tracing::warn!(run.id = %dispatch.run_id, code = e.code(), error = %e, "dispatch not recorded; the reaper will publish again");
+            }
+        }
         Err(e) => {
             tracing::warn!(run.id = %dispatch.run_id, code = e.code(), error = %e, "wake-up not published; the reaper will publish it");
         }

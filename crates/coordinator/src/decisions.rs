@@ -178,8 +178,12 @@ impl Coordinator {
             comment: d.comment.clone(),
             outcome,
         };
-        let record = match self.store.record_decision(&new).await {
-            Ok(record) => record,
+        let mut approval_wait = None;
+        let record = match self.store.record_decision_timed(&new).await {
+            Ok((record, waited)) => {
+                approval_wait = waited;
+                record
+            }
             Err(e) if outcome == DecisionOutcome::Accepted => {
                 // The commit itself may have failed after the database applied it: ask before
                 // saying nothing happened. If even the question cannot be answered, nobody
@@ -226,13 +230,17 @@ impl Coordinator {
             }
             record => record,
         };
-        Ok(match record {
+        let verdict = match record {
             DecisionRecord::Recorded(recorded) => self.verdict(d, recorded, false),
             DecisionRecord::Replayed(recorded) => self.verdict(d, recorded, true),
             // Only an accepted decision can lose its transition; a refusal has none.
             DecisionRecord::TransitionLost => {
                 self.verdict(d, DecisionOutcome::NotAwaitingApproval, false)
             }
+        };
+        Ok(DecisionVerdict {
+            approval_wait,
+            ..verdict
         })
     }
 

@@ -27,7 +27,6 @@ use countersign_service::relay::{self, RelayConfig};
 use serde_json::Value;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use uuid::Uuid;
 
 use crate::{Coordinator, Dispatch};
 
@@ -123,7 +122,8 @@ struct Effects {
     /// `None` for a producer that was not authenticated: no reply.
     reply: Option<Event>,
     /// A decision accepted now (not a replay): how long its run waited is recorded.
-    accepted_decision: Option<Uuid>,
+    /// How long the run waited for the approval that released it now.
+    approval_wait: Option<f64>,
 }
 
 /// Malformed messages carry their parse reason; a message from a producer that may not
@@ -190,7 +190,7 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
                 dispatch: v.dispatch,
                 unannounced: None,
                 reply: v.reply,
-                accepted_decision: None,
+                approval_wait: None,
             }),
         Inbox::Decisions => coordinator
             .take_decision(&delivery.body, producer)
@@ -199,7 +199,7 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
                 counter: "countersign_decisions_total",
                 outcome: v.outcome.code(),
                 dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
-                accepted_decision: v.dispatch.as_ref().and(v.decision_id),
+                approval_wait: v.approval_wait,
                 dispatch: v.dispatch,
                 unannounced: v.run_id.zip(v.unannounced().cloned()),
                 reply: v.reply,
@@ -222,16 +222,8 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
     };
     metrics::counter!(effects.counter, "outcome" => effects.outcome).increment(1);
     tracing::Span::current().record("outcome", effects.outcome);
-    if let Some(decision_id) = effects.accepted_decision {
-        match coordinator.store.approval_wait(decision_id).await {
-            Ok(Some(waited)) => {
-                metrics::histogram!("countersign_approval_wait_seconds").record(waited.max(0.0))
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::debug!(code = e.code(), error = %e, "approval wait not measured")
-            }
-        }
+    if let Some(waited) = effects.approval_wait {
+        metrics::histogram!("countersign_approval_wait_seconds").record(waited.max(0.0));
     }
     let at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
 

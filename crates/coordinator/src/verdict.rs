@@ -197,6 +197,8 @@ pub struct DecisionVerdict {
     /// The outcome for the producer's `reply_to`, as an event body; `None` for a malformed or
     /// unauthenticated message, which gets no reply.
     pub reply: Option<Event>,
+    /// How long the run waited for the approval that released it now, in seconds.
+    pub approval_wait: Option<f64>,
 }
 
 impl DecisionVerdict {
@@ -236,6 +238,7 @@ impl DecisionVerdict {
             replayed: false,
             dispatch: None,
             event: None,
+            approval_wait: None,
         }
     }
 
@@ -248,6 +251,7 @@ impl DecisionVerdict {
             replayed: false,
             dispatch: None,
             event: None,
+            approval_wait: None,
         }
     }
 
@@ -270,6 +274,7 @@ impl DecisionVerdict {
             }),
             event: Some(event.clone()),
             reply: Some(event),
+            approval_wait: None,
         }
     }
 }

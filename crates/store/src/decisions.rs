@@ -15,7 +15,6 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::agents::{AgentColumns, StoredAgent};
-use crate::events::lock_run;
 use crate::runs::RunStatus;
 use crate::runs::SealedDecision;
 use crate::{outbox, Store, StoreError};
@@ -112,6 +111,16 @@ impl Store {
     /// not yet dispatched (`dispatched_at` is cleared), so the reaper re-publishes it if the
     /// caller's publish is lost.
     pub async fn record_decision(&self, d: &NewDecision) -> Result<DecisionRecord, StoreError> {
+        Ok(self.record_decision_timed(d).await?.0)
+    }
+
+    /// [`Store::record_decision`], with how long the run waited for an approval it released:
+    /// from its suspension (the run row's last change) to this decision, in seconds by the
+    /// database clock; `None` unless it was released now.
+    pub async fn record_decision_timed(
+        &self,
+        d: &NewDecision,
+    ) -> Result<(DecisionRecord, Option<f64>), StoreError> {
         let comment = d
             .comment
             .as_ref()
@@ -121,36 +130,40 @@ impl Store {
 
         // The transition comes first, so that two decisions on one turn serialise on the run
         // row and the second simply loses.
+        let mut waited = None;
         if d.outcome == DecisionOutcome::Accepted {
-            let released = sqlx::query!(
+            // The subquery reads the row as the statement's snapshot saw it: as it was
+            // suspended, before this UPDATE.
+            let released = sqlx::query_scalar!(
                 r#"UPDATE runs
                    SET status = 'queued', segment = 'resume', available_at = now(),
                        dispatched_at = NULL, approval_deadline = NULL, requeue_count = 0,
                        updated_at = now()
                    WHERE id = $1 AND status = 'waiting_for_approval' AND suspension_seq = $2
-                     AND turn_digest = $3"#,
+                     AND turn_digest = $3
+                   RETURNING extract(epoch FROM now() - (SELECT w.updated_at FROM runs w
+                                                         WHERE w.id = $1))::float8 AS waited"#,
                 d.run_id.as_uuid(),
                 d.suspension_seq.as_i32(),
                 d.turn_digest.as_str(),
             )
-            .execute(&mut *tx)
+            .fetch_optional(&mut *tx)
             .await?;
-            if released.rows_affected() != 1 {
+            let Some(seconds) = released else {
                 tx.rollback().await?;
                 // Lost to this very decision, recorded before or concurrently: a replay.
-                return Ok(match self.decision_outcome(d.decision_id).await? {
+                let record = match self.decision_outcome(d.decision_id).await? {
                     Some(recorded) => DecisionRecord::Replayed(recorded),
                     None => DecisionRecord::TransitionLost,
-                });
-            }
+                };
+                return Ok((record, None));
+            };
+            waited = seconds;
         }
 
-        // The accepted transition already holds the run row's lock; a refused decision takes
-        // it here (it may name a run that does not exist: it is still recorded, for replays,
-        // but has no trail to join). Holding it, the next statement's snapshot sees every
-        // audit row of the run, which its sequence number relies on.
-        let accepted = d.outcome == DecisionOutcome::Accepted;
-        let has_trail = accepted || lock_run(&mut tx, d.run_id).await?;
+        // The audit row takes its number from the run row's counter (a refused decision may
+        // name a run that does not exist: it is still recorded, for replays, but has no trail
+        // to join).
         let event = outbox::decision_event(d.decision_id, d.run_id, d.outcome);
         let payload = json!({
             "decision_id": d.decision_id,
@@ -174,17 +187,22 @@ impl Store {
                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
                    ON CONFLICT (decision_id) DO NOTHING
                    RETURNING decision_id),
+               next AS (
+                   INSERT INTO run_trails (run_id, last_sequence)
+                   SELECT $2, 1 FROM decided
+                   WHERE EXISTS (SELECT 1 FROM runs WHERE id = $2)
+                   ON CONFLICT (run_id) DO UPDATE
+                       SET last_sequence = run_trails.last_sequence + 1
+                   RETURNING last_sequence),
                audit AS (
                    INSERT INTO run_events (run_id, sequence, kind, payload)
-                   SELECT $2, (SELECT coalesce(max(sequence), 0) + 1 FROM run_events
-                               WHERE run_id = $2),
-                          $9::text, $10::jsonb
-                   FROM decided WHERE $11::bool
+                   SELECT $2, next.last_sequence, $9::text, $10::jsonb
+                   FROM next
                    RETURNING sequence)
                INSERT INTO event_outbox (id, run_id, kind, body)
-               SELECT $12, $2, $9,
-                      $13::jsonb || jsonb_build_object(
-                          'event_id', $12::uuid,
+               SELECT $11, $2, $9,
+                      $12::jsonb || jsonb_build_object(
+                          'event_id', $11::uuid,
                           'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
                FROM decided
                RETURNING id, run_id, kind, body, created_at, published_at"#,
@@ -198,7 +216,6 @@ impl Store {
             d.outcome.as_str(),
             event.name,
             payload,
-            has_trail,
             Uuid::now_v7(),
             outbox::stored_body(&event),
         )
@@ -212,11 +229,11 @@ impl Store {
             .fetch_one(&mut *tx)
             .await?;
             tx.rollback().await?;
-            return Ok(DecisionRecord::Replayed(outcome(&recorded)?));
+            return Ok((DecisionRecord::Replayed(outcome(&recorded)?), None));
         };
         tx.commit().await?;
         self.hand_off(vec![row.into()]);
-        Ok(DecisionRecord::Recorded(d.outcome))
+        Ok((DecisionRecord::Recorded(d.outcome), waited))
     }
 
     /// The recorded outcome of a decision id, if any: the coordinator's replay gate.

@@ -1,12 +1,12 @@
 //! The audit trail of a run: `run_events`, numbered 1, 2, … per run without gaps.
 //!
-//! The sequence is `max + 1` computed while holding the run row's lock. Two appenders that
-//! both read `max` without the lock would compute the same number; with it, the second waits
-//! for the first to commit and its `max` (read by a later statement, so with a fresh snapshot)
-//! includes the first's row. A transaction that rolls back takes its number with it, so no gap
-//! is left. The fenced write and the decision transaction already hold that lock when they
-//! append, so their events join the same order.
-//!
+//! The sequence is taken from the run's trail counter (`run_trails.last_sequence`), which the
+//! appending statement increments with an upsert. That acts on the counter's latest version and
+//! locks it until the transaction ends, so a second appender waits for the first and gets the
+//! next number, even within one statement with the transition it audits (a `max(sequence)`
+//! read there could see an older snapshot). A transaction that rolls back takes its number with
+//! it, so no gap is left; a refusal's audit row leaves the run's own row untouched.
+
 //! The payload is in clear and carries only ids, codes and counts; anything with content goes
 //! into the sealed part.
 
@@ -67,7 +67,9 @@ pub(crate) async fn lock_run(conn: &mut PgConnection, run_id: RunId) -> Result<b
     Ok(found.is_some())
 }
 
-/// Appends an event inside a transaction that holds the run row's lock (see [`lock_run`]).
+/// Appends an event, numbered from the run's trail counter (`run_trails`): the upsert that
+/// takes the number locks the counter until the transaction ends, so appenders serialise there
+/// and the numbers stay gap-free, whatever else the transaction holds.
 pub(crate) async fn append_locked(
     conn: &mut PgConnection,
     keyring: &Keyring,
@@ -79,10 +81,13 @@ pub(crate) async fn append_locked(
         .map(|c| keyring.seal(Purpose::Event, run_id, c))
         .transpose()?;
     let sequence = sqlx::query_scalar!(
-        r#"INSERT INTO run_events (run_id, sequence, kind, round, duration_ms, payload, sealed)
-           SELECT $1, coalesce(max(sequence), 0) + 1, $2::text, $3::int4, $4::int8, $5::jsonb,
-                  $6::bytea
-           FROM run_events WHERE run_id = $1
+        r#"WITH next AS (
+               INSERT INTO run_trails (run_id, last_sequence) VALUES ($1, 1)
+               ON CONFLICT (run_id) DO UPDATE SET last_sequence = run_trails.last_sequence + 1
+               RETURNING last_sequence)
+           INSERT INTO run_events (run_id, sequence, kind, round, duration_ms, payload, sealed)
+           SELECT $1, next.last_sequence, $2::text, $3::int4, $4::int8, $5::jsonb, $6::bytea
+           FROM next
            RETURNING sequence"#,
         run_id.as_uuid(),
         event.kind,

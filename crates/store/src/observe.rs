@@ -9,7 +9,6 @@
 use std::time::Duration;
 
 use countersign_core::{LeaseEpoch, RunId, SuspensionSeq};
-use uuid::Uuid;
 
 use crate::{millis, Store, StoreError};
 
@@ -51,24 +50,6 @@ impl Store {
             expiring: row.expiring,
             expired_leases: row.expired_leases,
         })
-    }
-
-    /// How long the run waited for the accepted decision `decision_id`: from the suspension it
-    /// decided (its `run.suspended` audit event) to the decision row. `None` when the decision
-    /// is not an accepted one.
-    pub async fn approval_wait(&self, decision_id: Uuid) -> Result<Option<f64>, StoreError> {
-        let seconds = sqlx::query_scalar!(
-            r#"SELECT extract(epoch FROM d.created_at - e.created_at)::float8 AS "seconds!"
-               FROM run_decisions d
-               JOIN run_events e ON e.run_id = d.run_id AND e.kind = 'run.suspended'
-                    AND e.payload ->> 'suspension_seq' = d.suspension_seq::text
-               WHERE d.decision_id = $1 AND d.outcome = 'accepted'
-               ORDER BY e.sequence DESC LIMIT 1"#,
-            decision_id,
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(seconds)
     }
 
     /// How long the writes of an approved turn took to land after their approval: from the

@@ -123,6 +123,33 @@ pub(crate) fn stored_body(event: &Event) -> Value {
     body
 }
 
+/// Events to announce in one statement, column by column (for `unnest`): their names, audit
+/// payloads (the fields but `run_id`), outbox ids and stored bodies.
+pub(crate) struct Batch {
+    pub(crate) kinds: Vec<String>,
+    pub(crate) payloads: Vec<Value>,
+    pub(crate) ids: Vec<Uuid>,
+    pub(crate) bodies: Vec<Value>,
+}
+
+impl Batch {
+    pub(crate) fn of(events: &[Event]) -> Batch {
+        Batch {
+            kinds: events.iter().map(|e| e.name.to_owned()).collect(),
+            payloads: events.iter().map(audit_payload).collect(),
+            ids: events.iter().map(|_| Uuid::now_v7()).collect(),
+            bodies: events.iter().map(stored_body).collect(),
+        }
+    }
+}
+
+/// The payload of an event's audit row: its fields but `run_id`, which the row names.
+pub(crate) fn audit_payload(event: &Event) -> Value {
+    let mut payload = event.fields.clone();
+    payload.remove("run_id");
+    Value::Object(payload)
+}
+
 /// Appends the event's audit row to the run's trail (its fields but `run_id` as the payload,
 /// `content` sealed) and its outbox row, in one statement, inside a transaction that holds the
 /// run row's lock (the audit row's sequence number relies on it).
@@ -133,8 +160,7 @@ pub(crate) async fn announce_locked(
     event: &Event,
     content: Option<&[u8]>,
 ) -> Result<OutboxEvent, StoreError> {
-    let mut payload = event.fields.clone();
-    payload.remove("run_id");
+    let payload = audit_payload(event);
     let sealed = content
         .map(|c| keyring.seal(Purpose::Event, run_id, c))
         .transpose()?;
@@ -142,10 +168,14 @@ pub(crate) async fn announce_locked(
     let body = stored_body(event);
     let row = sqlx::query_as!(
         Row,
-        r#"WITH audit AS (
+        r#"WITH next AS (
+               INSERT INTO run_trails (run_id, last_sequence) VALUES ($1, 1)
+               ON CONFLICT (run_id) DO UPDATE SET last_sequence = run_trails.last_sequence + 1
+               RETURNING last_sequence),
+           audit AS (
                INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
-               SELECT $1, coalesce(max(sequence), 0) + 1, $2::text, $3::jsonb, $4::bytea
-               FROM run_events WHERE run_id = $1
+               SELECT $1, next.last_sequence, $2::text, $3::jsonb, $4::bytea
+               FROM next
                RETURNING sequence)
            INSERT INTO event_outbox (id, run_id, kind, body)
            SELECT $5, $1, $2,
@@ -156,7 +186,7 @@ pub(crate) async fn announce_locked(
            RETURNING id, run_id, kind, body, created_at, published_at"#,
         run_id.as_uuid(),
         event.name,
-        Value::Object(payload),
+        payload,
         sealed,
         id,
         body,

@@ -724,18 +724,48 @@ impl Store {
             completion_tokens: state.tokens.completion,
         }
         .columns();
-        let mut tx = self.pool.begin().await?;
-        let done = sqlx::query!(
-            r#"UPDATE runs
-               SET status = 'waiting_for_approval', state = $4, turn_digest = $5,
-                   pending_tools = $6, suspension_seq = $7,
-                   approval_deadline = now() + coalesce(
-                       (SELECT a.approval_deadline_seconds FROM agents a WHERE a.name = runs.agent),
-                       604800) * interval '1 second',
-                   iterations = $8, prompt_tokens = $9, completion_tokens = $10,
-                   lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
-                   updated_at = now()
-               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+        let events =
+            outbox::Batch::of(&outbox::suspension_events(lease.run_id, state, moved_tools));
+        // One statement: the guarded transition, which takes the audit numbers from the run's
+        // counter, the audit rows and the outbox rows. Nothing is written when the guard loses.
+        let rows = sqlx::query_as!(
+            outbox::Row,
+            r#"WITH suspended AS (
+                   UPDATE runs
+                   SET status = 'waiting_for_approval', state = $4, turn_digest = $5,
+                       pending_tools = $6, suspension_seq = $7,
+                       approval_deadline = now() + coalesce(
+                           (SELECT a.approval_deadline_seconds FROM agents a
+                            WHERE a.name = runs.agent),
+                           604800) * interval '1 second',
+                       iterations = $8, prompt_tokens = $9, completion_tokens = $10,
+                       lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
+                       updated_at = now()
+                   WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3
+                   RETURNING id),
+               numbered AS (
+                   INSERT INTO run_trails (run_id, last_sequence)
+                   SELECT id, cardinality($11::text[]) FROM suspended
+                   ON CONFLICT (run_id) DO UPDATE
+                       SET last_sequence = run_trails.last_sequence + excluded.last_sequence
+                   RETURNING run_id, last_sequence - cardinality($11::text[]) AS first_seq),
+               announced AS (
+                   SELECT e.kind, e.payload, e.id, e.body, e.n
+                   FROM unnest($11::text[], $12::jsonb[], $13::uuid[], $14::jsonb[])
+                        WITH ORDINALITY AS e (kind, payload, id, body, n)),
+               audit AS (
+                   INSERT INTO run_events (run_id, sequence, kind, payload)
+                   SELECT t.run_id, t.first_seq + a.n, a.kind, a.payload
+                   FROM numbered t, announced a
+                   RETURNING sequence)
+               INSERT INTO event_outbox (id, run_id, kind, body)
+               SELECT a.id, s.id, a.kind,
+                      a.body || jsonb_build_object(
+                          'event_id', a.id,
+                          'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+               FROM suspended s, announced a
+               ORDER BY a.n
+               RETURNING id, run_id, kind, body, created_at, published_at"#,
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),
@@ -746,21 +776,17 @@ impl Store {
             iterations,
             prompt_tokens,
             completion_tokens,
+            &events.kinds,
+            &events.payloads,
+            &events.ids,
+            &events.bodies,
         )
-        .execute(&mut *tx)
+        .fetch_all(&self.pool)
         .await?;
-        if done.rows_affected() != 1 {
-            tx.rollback().await?;
+        if rows.is_empty() {
             return Ok(false);
         }
-        let mut rows = Vec::with_capacity(2);
-        for event in outbox::suspension_events(lease.run_id, state, moved_tools) {
-            rows.push(
-                outbox::announce_locked(&mut tx, &self.keyring, lease.run_id, &event, None).await?,
-            );
-        }
-        tx.commit().await?;
-        self.hand_off(rows);
+        self.hand_off(rows.into_iter().map(Into::into).collect());
         Ok(true)
     }
 
@@ -772,16 +798,46 @@ impl Store {
             return Ok(false);
         }
         let counters = settlement.counters.map(RunCounters::columns);
-        let mut tx = self.pool.begin().await?;
-        let done = sqlx::query!(
-            r#"UPDATE runs
-               SET status = $4, termination_reason = $5, error_code = $6,
-                   iterations = coalesce($7, iterations),
-                   prompt_tokens = coalesce($8, prompt_tokens),
-                   completion_tokens = coalesce($9, completion_tokens),
-                   lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
-                   updated_at = now()
-               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+        let event = outbox::settlement_event(lease.run_id, settlement);
+        let sealed = settlement
+            .answer
+            .as_deref()
+            .map(|a| {
+                self.keyring
+                    .seal(Purpose::Event, lease.run_id, a.as_bytes())
+            })
+            .transpose()?;
+        // One statement: the guarded transition, its audit row numbered from the run's counter,
+        // and its outbox row. Nothing is written when the guard loses.
+        let row = sqlx::query_as!(
+            outbox::Row,
+            r#"WITH settled AS (
+                   UPDATE runs
+                   SET status = $4, termination_reason = $5, error_code = $6,
+                       iterations = coalesce($7, iterations),
+                       prompt_tokens = coalesce($8, prompt_tokens),
+                       completion_tokens = coalesce($9, completion_tokens),
+                       lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
+                       updated_at = now()
+                   WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3
+                   RETURNING id),
+               numbered AS (
+                   INSERT INTO run_trails (run_id, last_sequence)
+                   SELECT id, 1 FROM settled
+                   ON CONFLICT (run_id) DO UPDATE SET last_sequence = run_trails.last_sequence + 1
+                   RETURNING run_id, last_sequence),
+               audit AS (
+                   INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
+                   SELECT t.run_id, t.last_sequence, $10::text, $11::jsonb, $12::bytea
+                   FROM numbered t
+                   RETURNING sequence)
+               INSERT INTO event_outbox (id, run_id, kind, body)
+               SELECT $13, s.id, $10,
+                      $14::jsonb || jsonb_build_object(
+                          'event_id', $13::uuid,
+                          'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+               FROM settled s
+               RETURNING id, run_id, kind, body, created_at, published_at"#,
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),
@@ -791,19 +847,16 @@ impl Store {
             counters.map(|c| c.0),
             counters.map(|c| c.1),
             counters.map(|c| c.2),
+            event.name,
+            outbox::audit_payload(&event),
+            sealed,
+            Uuid::now_v7(),
+            outbox::stored_body(&event),
         )
-        .execute(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?;
-        if done.rows_affected() != 1 {
-            tx.rollback().await?;
-            return Ok(false);
-        }
-        let event = outbox::settlement_event(lease.run_id, settlement);
-        let answer = settlement.answer.as_deref().map(str::as_bytes);
-        let row =
-            outbox::announce_locked(&mut tx, &self.keyring, lease.run_id, &event, answer).await?;
-        tx.commit().await?;
-        self.hand_off(vec![row]);
+        let Some(row) = row else { return Ok(false) };
+        self.hand_off(vec![row.into()]);
         Ok(true)
     }
 
