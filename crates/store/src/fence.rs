@@ -40,6 +40,9 @@ pub struct FencedWrite {
     /// The call a single-call write ([`Store::fenced_write`]) is for.
     call: Option<CallIndex>,
     keyring: Arc<Keyring>,
+    /// The turn's journal rows (call index, sealed result) as the statement that opened a turn
+    /// transaction read them; `None` for a single-call write.
+    journal: Option<Vec<(i32, Vec<u8>)>>,
 }
 
 impl fmt::Debug for FencedWrite {
@@ -55,6 +58,8 @@ impl Store {
     /// Opens the transaction of an approved turn of suspension `seq`: renews the lease to
     /// `now() + ttl` in one `UPDATE` guarded by owner, epoch and `running`, which locks the run
     /// row until the transaction ends. Otherwise [`StoreError::FenceLost`], nothing written.
+    /// The same statement reads what the turn has journaled already: nothing can journal for
+    /// it but the holder of the lease.
     pub async fn begin_turn(
         &self,
         lease: &Lease,
@@ -64,24 +69,33 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let held = sqlx::query!(
             r#"UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
-               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3
+               RETURNING
+                   (SELECT coalesce(array_agg(j.call_index ORDER BY j.call_index), '{}')
+                    FROM run_journal j WHERE j.run_id = $1 AND j.suspension_seq = $5)
+                       AS "indexes!: Vec<i32>",
+                   (SELECT coalesce(array_agg(j.result ORDER BY j.call_index), '{}')
+                    FROM run_journal j WHERE j.run_id = $1 AND j.suspension_seq = $5)
+                       AS "results!: Vec<Vec<u8>>""#,
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),
             millis(ttl) as f64,
+            seq.as_i32(),
         )
-        .execute(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
-        if held.rows_affected() != 1 {
+        let Some(held) = held else {
             tx.rollback().await?;
             return Err(StoreError::FenceLost);
-        }
+        };
         Ok(FencedWrite {
             tx,
             lease: lease.clone(),
             seq,
             call: None,
             keyring: Arc::clone(&self.keyring),
+            journal: Some(held.indexes.into_iter().zip(held.results).collect()),
         })
     }
 
@@ -116,6 +130,7 @@ impl Store {
             seq: token.suspension_seq,
             call: Some(token.call_index),
             keyring: Arc::clone(&self.keyring),
+            journal: None,
         })
     }
 }
@@ -220,9 +235,11 @@ impl TurnTransaction for FencedWrite {
     }
 
     async fn journaled(&mut self) -> Result<Vec<(CallIndex, ToolOutput)>, HookError> {
-        journal::turn(&mut self.tx, &self.keyring, self.lease.run_id, self.seq)
-            .await
-            .map_err(hook_error)
+        match &self.journal {
+            Some(rows) => journal::opened(&self.keyring, self.lease.run_id, rows),
+            None => journal::turn(&mut self.tx, &self.keyring, self.lease.run_id, self.seq).await,
+        }
+        .map_err(hook_error)
     }
 
     async fn commit(mut self: Box<Self>, entries: &[JournalEntry<'_>]) -> Result<(), HookError> {

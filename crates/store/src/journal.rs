@@ -69,12 +69,22 @@ pub(crate) async fn turn(
     )
     .fetch_all(conn)
     .await?;
-    rows.into_iter()
-        .map(|r| {
-            let index = usize::try_from(r.call_index)
+    let rows: Vec<(i32, Vec<u8>)> = rows.into_iter().map(|r| (r.call_index, r.result)).collect();
+    opened(keyring, run_id, &rows)
+}
+
+/// Journal rows (call index, sealed result) as read, their results opened.
+pub(crate) fn opened(
+    keyring: &Keyring,
+    run_id: RunId,
+    rows: &[(i32, Vec<u8>)],
+) -> Result<Vec<(CallIndex, ToolOutput)>, StoreError> {
+    rows.iter()
+        .map(|(call_index, result)| {
+            let index = usize::try_from(*call_index)
                 .map(CallIndex::new)
                 .map_err(|_| StoreError::unreadable("run_journal.call_index"))?;
-            Ok((index, open(keyring, run_id, &r.result)?))
+            Ok((index, open(keyring, run_id, result)?))
         })
         .collect()
 }
