@@ -273,6 +273,7 @@ impl Store {
                 approved: row.approved,
                 approver: row.approver,
                 comment: row.comment,
+                decided_secs_ago: None,
             },
         )
         .map(Some)

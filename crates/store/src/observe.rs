@@ -8,8 +8,6 @@
 
 use std::time::Duration;
 
-use countersign_core::{LeaseEpoch, RunId, SuspensionSeq};
-
 use crate::{millis, Store, StoreError};
 
 /// The runs that wait on someone: approvers, or the reaper.
@@ -50,31 +48,5 @@ impl Store {
             expiring: row.expiring,
             expired_leases: row.expired_leases,
         })
-    }
-
-    /// How long the writes of an approved turn took to land after their approval: from the
-    /// accepted approval of suspension `seq` to the last write the segment holding `epoch`
-    /// journaled for it. `None` when that segment journaled no write (a denial, a moved
-    /// preview, a retry that reused an earlier segment's results).
-    pub async fn decision_to_write(
-        &self,
-        run_id: RunId,
-        seq: SuspensionSeq,
-        epoch: LeaseEpoch,
-    ) -> Result<Option<f64>, StoreError> {
-        let seconds = sqlx::query_scalar!(
-            r#"SELECT extract(epoch FROM max(j.created_at) - min(d.created_at))::float8
-               FROM run_journal j
-               JOIN run_decisions d ON d.run_id = j.run_id AND d.suspension_seq = j.suspension_seq
-                    AND d.outcome = 'accepted' AND d.approved
-               WHERE j.run_id = $1 AND j.suspension_seq = $2 AND j.lease_epoch = $3
-                 AND j.effect <> 'read_only'"#,
-            run_id.as_uuid(),
-            seq.as_i32(),
-            epoch.get(),
-        )
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(seconds)
     }
 }

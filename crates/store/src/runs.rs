@@ -223,12 +223,15 @@ pub struct ClaimedInputs {
 
 /// An accepted decision as a claim reads it: the comment is opened with
 /// [`Store::open_decision`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SealedDecision {
     pub decision_id: Uuid,
     pub approved: bool,
     pub approver: String,
     pub comment: Option<Vec<u8>>,
+    /// How long before the claim it was recorded, in seconds by the database clock: where a
+    /// segment starts timing decision → write.
+    pub decided_secs_ago: Option<f64>,
 }
 
 /// The counters a run carries across segments.
@@ -397,6 +400,7 @@ struct ClaimRow {
     approved: Option<bool>,
     approver: Option<String>,
     comment: Option<Vec<u8>>,
+    decided_secs_ago: Option<f64>,
 }
 
 impl ClaimRow {
@@ -421,6 +425,7 @@ impl ClaimRow {
                 approved,
                 approver,
                 comment: self.comment,
+                decided_secs_ago: self.decided_secs_ago,
             }),
             _ => None,
         };
@@ -570,7 +575,8 @@ impl Store {
                       a.approval_deadline_seconds AS "approval_deadline_seconds?",
                       a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
                       d.decision_id AS "decision_id?", d.approved AS "approved?",
-                      d.approver AS "approver?", d.comment AS "comment?"
+                      d.approver AS "approver?", d.comment AS "comment?",
+                      extract(epoch FROM now() - d.created_at)::float8 AS "decided_secs_ago?"
                FROM c
                LEFT JOIN agents a ON a.name = c.agent
                LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id
@@ -620,7 +626,8 @@ impl Store {
                       a.approval_deadline_seconds AS "approval_deadline_seconds?",
                       a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
                       d.decision_id AS "decision_id?", d.approved AS "approved?",
-                      d.approver AS "approver?", d.comment AS "comment?"
+                      d.approver AS "approver?", d.comment AS "comment?",
+                      extract(epoch FROM now() - d.created_at)::float8 AS "decided_secs_ago?"
                FROM c
                LEFT JOIN agents a ON a.name = c.agent
                LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id

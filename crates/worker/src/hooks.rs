@@ -3,12 +3,13 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use countersign_core::agent_loop::{HookError, SegmentHooks};
 use countersign_core::{
-    CallIndex, Effect, FenceToken, PendingCall, SuspensionSeq, ToolOutput, TurnTransaction,
+    CallIndex, Effect, FenceToken, JournalEntry, PendingCall, SuspensionSeq, ToolOutput,
+    TurnTransaction,
 };
 use countersign_store::{hook_error, Lease, Store};
 use tokio::sync::Notify;
@@ -20,6 +21,9 @@ pub struct StoreHooks {
     lease: Lease,
     ttl: Duration,
     lost: Arc<Lost>,
+    /// For a resume: when its approval was recorded, as an instant of this process's clock
+    /// (the claim's age of the decision, by the database clock, taken back from the claim).
+    decided_at: Option<Instant>,
 }
 
 /// Whether the lease is lost, and a way to wait for it.
@@ -36,6 +40,25 @@ impl StoreHooks {
             lease,
             ttl,
             lost: Arc::default(),
+            decided_at: None,
+        }
+    }
+
+    /// Times `countersign_decision_to_write_seconds` from an approval recorded `secs_ago`
+    /// seconds before the claim (see [`countersign_store::SealedDecision::decided_secs_ago`]).
+    #[must_use]
+    pub fn decided(mut self, secs_ago: Option<f64>) -> Self {
+        self.decided_at = secs_ago
+            .filter(|s| s.is_finite())
+            .and_then(|s| Instant::now().checked_sub(Duration::from_secs_f64(s.max(0.0))));
+        self
+    }
+
+    /// Records how long after its approval a write of the turn committed.
+    fn written(&self) {
+        if let Some(decided_at) = self.decided_at {
+            metrics::histogram!("countersign_decision_to_write_seconds")
+                .record(decided_at.elapsed().as_secs_f64());
         }
     }
 
@@ -115,6 +138,9 @@ impl SegmentHooks for StoreHooks {
             .store
             .record_effect(&self.lease, seq, index, &call.tool, effect, output)
             .await;
+        if recorded.is_ok() && effect.is_write() {
+            self.written();
+        }
         recorded
             .map(|_| ())
             .map_err(|e| self.lost_if(hook_error(e)))
@@ -129,12 +155,47 @@ impl SegmentHooks for StoreHooks {
 
     async fn begin_turn(&self, seq: SuspensionSeq) -> Result<Box<dyn TurnTransaction>, HookError> {
         match self.store.begin_turn(&self.lease, seq, self.ttl).await {
-            Ok(tx) => Ok(Box::new(tx)),
+            Ok(tx) => Ok(Box::new(Timed {
+                inner: Box::new(tx),
+                hooks: self.clone(),
+            })),
             Err(e) => Err(self.lost_if(hook_error(e))),
         }
     }
 
     fn lease_lost(&self) -> bool {
         self.lost.flag.load(Ordering::SeqCst)
+    }
+}
+
+/// An approved turn's transaction whose commit is timed from the approval.
+#[derive(Debug)]
+struct Timed {
+    inner: Box<dyn TurnTransaction>,
+    hooks: StoreHooks,
+}
+
+#[async_trait]
+impl TurnTransaction for Timed {
+    /// The store's own transaction: what the store's tools act on.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self.inner.as_any_mut()
+    }
+
+    async fn journaled(&mut self) -> Result<Vec<(CallIndex, ToolOutput)>, HookError> {
+        self.inner.journaled().await
+    }
+
+    async fn commit(self: Box<Self>, entries: &[JournalEntry<'_>]) -> Result<(), HookError> {
+        let Timed { inner, hooks } = *self;
+        inner.commit(entries).await?;
+        if entries.iter().any(|e| e.effect.is_write()) {
+            hooks.written();
+        }
+        Ok(())
+    }
+
+    async fn rollback(self: Box<Self>) {
+        self.inner.rollback().await;
     }
 }

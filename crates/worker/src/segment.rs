@@ -96,7 +96,14 @@ impl SegmentRunner {
         claim: &Claim,
         release: impl std::future::Future<Output = ()>,
     ) -> Result<SegmentEnd, StoreError> {
-        let hooks = StoreHooks::new(self.store.clone(), claim.lease.clone(), self.lease_ttl);
+        let hooks = StoreHooks::new(self.store.clone(), claim.lease.clone(), self.lease_ttl)
+            .decided(
+                claim
+                    .inputs
+                    .decision
+                    .as_ref()
+                    .and_then(|d| d.decided_secs_ago),
+            );
         let _held = self.heartbeat.hold(&self.store, &hooks, self.lease_ttl);
         // Every log line of the segment, the tools' included, carries the run id.
         let span = tracing::info_span!("segment", run.id = %claim.lease.run_id, epoch = %claim.lease.epoch);

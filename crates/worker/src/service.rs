@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use countersign_queue::{parse_segment, Broker, Delivery};
 use countersign_service::relay::{self, RelayConfig};
-use countersign_store::{Claim, Segment};
+use countersign_store::Claim;
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -240,7 +240,7 @@ async fn run_claimed(
     match runner.run_until(&claim, release).await {
         Ok(end) => {
             tracing::info!(run.id = %run_id, ?end, "segment ended");
-            observe(&runner, &claim, &end, started.elapsed()).await;
+            observe(&claim, &end, started.elapsed());
         }
         Err(e) => {
             tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "segment stopped on a store error")
@@ -248,9 +248,9 @@ async fn run_claimed(
     }
 }
 
-/// Records the segment's duration and, for a resume that wrote its approved turn, how long
-/// after the approval the writes landed.
-async fn observe(runner: &SegmentRunner, claim: &Claim, end: &SegmentEnd, took: Duration) {
+/// Records the segment's duration. (How long after its approval a turn's writes landed is
+/// recorded by the segment's hooks as each commits.)
+fn observe(claim: &Claim, end: &SegmentEnd, took: Duration) {
     let segment = claim.segment.as_str();
     let ended = match end {
         SegmentEnd::Completed(_) => "completed",
@@ -265,25 +265,4 @@ async fn observe(runner: &SegmentRunner, claim: &Claim, end: &SegmentEnd, took: 
         "end" => ended
     )
     .record(took.as_secs_f64());
-    let (Segment::Resume, Some(seq)) = (claim.segment, claim.suspension_seq) else {
-        return;
-    };
-    if matches!(end, SegmentEnd::Interrupted(_) | SegmentEnd::Released) {
-        return;
-    }
-    let lease = &claim.lease;
-    match runner
-        .store
-        .decision_to_write(lease.run_id, seq, lease.epoch)
-        .await
-    {
-        Ok(Some(seconds)) => {
-            metrics::histogram!("countersign_decision_to_write_seconds").record(seconds.max(0.0));
-        }
-        Ok(None) => {}
-        Err(e) => {
-            let run_id = lease.run_id;
-            tracing::debug!(run.id = %run_id, code = e.code(), error = %e, "decision-to-write unknown");
-        }
-    }
 }
