@@ -3,7 +3,7 @@
 //! previews on it, never the row's of a moment later.
 
 use countersign_core::card::{build_card, ApprovalCard};
-use countersign_core::{RunId, SuspendedRunState, UserDirectory};
+use countersign_core::{RunId, SuspendedRunState};
 use countersign_store::{RunRecord, RunStatus};
 
 use crate::problem::{unavailable, Problem, ProblemCode};
@@ -25,10 +25,11 @@ pub async fn card_for(
         return Err(Problem::new(ProblemCode::NotAwaitingApproval).with_run(run.id.as_uuid()));
     }
     let viewer = state
+        .coordinator
         .users
         .principal(&access.user)
         .await
-        .map_err(|e| unavailable("users", "database_error", &e))?;
+        .map_err(|e| unavailable("users", e.code(), &e))?;
     let bytes = match state.coordinator.store.load_state(run.id).await {
         Ok(bytes) => bytes,
         Err(e) if e.is_unreadable() => return Err(unreadable(run.id, e.code(), &e)),

@@ -262,7 +262,7 @@ pub async fn list(
             Some(c) => Some(Cursor::decode(c).ok_or(Problem::new(ProblemCode::InvalidQuery))?),
         };
         let pool = state.coordinator.store.pool();
-        let access = Access::of(pool, &web.caller).await?;
+        let access = Access::of(state.coordinator.users.as_ref(), &web.caller).await?;
         inbox_page(pool, &access, PAGE, cursor).await
     }
     .await;

@@ -22,7 +22,6 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::HeaderName;
 use axum::routing::{get, post};
 use axum::Router;
-use countersign_content::ContentUsers;
 use countersign_coordinator::Coordinator;
 use countersign_queue::Broker;
 
@@ -71,13 +70,12 @@ impl Default for ApiConfig {
     }
 }
 
-/// What every handler reads: the gates, the broker for the wake-ups they name, the users cards
-/// are built for, and the configuration.
+/// What every handler reads: the gates (and their directory, which says who may see a run and
+/// whom a card is built for), the broker for the wake-ups they name, and the configuration.
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub coordinator: Coordinator,
     pub broker: Broker,
-    pub users: ContentUsers,
     pub config: Arc<ApiConfig>,
     limiter: Arc<limits::RateLimiter>,
 }
@@ -85,7 +83,6 @@ pub struct AppState {
 impl AppState {
     pub fn new(coordinator: Coordinator, broker: Broker, config: ApiConfig) -> AppState {
         AppState {
-            users: ContentUsers::new(coordinator.store.pool().clone()),
             limiter: Arc::new(limits::RateLimiter::new(
                 config.rate_per_minute,
                 config.rate_burst,

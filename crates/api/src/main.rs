@@ -99,7 +99,8 @@ async fn main() -> anyhow::Result<()> {
     let registry = countersign_service::tools::registry(&store)
         .await
         .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
-    let coordinator = Coordinator::new(store.clone(), Arc::new(registry));
+    let users = countersign_service::tools::users(&store);
+    let coordinator = Coordinator::with_users(store.clone(), Arc::new(registry), users);
     let state = AppState::new(
         coordinator,
         broker.clone(),

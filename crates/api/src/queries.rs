@@ -1,10 +1,11 @@
 //! Who may see which run, and the page of the inbox a viewer is shown.
 //!
 //! Seeing follows deciding: a waiting run and its card are shown to whoever the coordinator's
-//! access gate would let decide on it — an administrator, a holder of `agent_approve`, or the
-//! run's own acting user. A run's status (codes only, no content) is also shown to a producer
-//! that may start runs as its acting user, so a service that submitted a run can follow it.
-//! Anything else is answered as if the run did not exist.
+//! access gate would let decide on it — a user its directory lets approve runs (an
+//! administrator, or a holder of the approve grant), or the run's own acting user. A run's
+//! status (codes only, no content) is also shown to a producer that may start runs as its
+//! acting user, so a service that submitted a run can follow it. Anything else is answered as
+//! if the run did not exist.
 //!
 //! The inbox query lives here rather than in the store because it pages by the viewer's
 //! access, which is this surface's rule; it reads only columns without content.
@@ -12,9 +13,8 @@
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
-use countersign_content::{lookup_user, AGENT_APPROVE};
 use countersign_coordinator::producers::{self, ProducerKind};
-use countersign_core::{RunId, SuspensionSeq, TurnDigest};
+use countersign_core::{RunId, SuspensionSeq, TurnDigest, UserDirectory};
 use countersign_store::{RunRecord, StoreError};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -26,23 +26,23 @@ use crate::problem::{unavailable, Problem, ProblemCode};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Access {
     pub user: String,
-    /// An administrator or a holder of `agent_approve`: every waiting run.
+    /// The directory lets the caller approve runs: every waiting run.
     pub sees_all: bool,
-    /// The caller is a user of the content store (and not disabled).
+    /// The caller is a user the directory knows (and has not disabled).
     pub known: bool,
 }
 
 impl Access {
-    pub async fn of(pool: &PgPool, caller: &Caller) -> Result<Access, Problem> {
-        let user = lookup_user(pool, &caller.user)
+    /// What `caller` may see, as the coordinator's directory `users` answers.
+    pub async fn of(users: &dyn UserDirectory, caller: &Caller) -> Result<Access, Problem> {
+        let approver = users
+            .approver(&caller.user)
             .await
-            .map_err(|e| unavailable("users", "database_error", &e))?;
+            .map_err(|e| unavailable("users", e.code(), &e))?;
         Ok(Access {
             user: caller.user.clone(),
-            sees_all: user
-                .as_ref()
-                .is_some_and(|u| u.admin || u.has_grant(AGENT_APPROVE)),
-            known: user.is_some(),
+            sees_all: approver.as_ref().is_some_and(|a| a.may_approve_runs()),
+            known: approver.is_some(),
         })
     }
 
@@ -184,7 +184,7 @@ pub async fn visible_run(
     run_id: RunId,
 ) -> Result<(RunRecord, Access), Problem> {
     let pool = state.coordinator.store.pool();
-    let access = Access::of(pool, caller).await?;
+    let access = Access::of(state.coordinator.users.as_ref(), caller).await?;
     let run = state
         .coordinator
         .store

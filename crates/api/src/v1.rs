@@ -566,7 +566,7 @@ pub async fn inbox(
         return Err(Problem::new(ProblemCode::InvalidQuery));
     }
     let pool = state.coordinator.store.pool();
-    let access = Access::of(pool, &caller).await?;
+    let access = Access::of(state.coordinator.users.as_ref(), &caller).await?;
     let (entries, next) = inbox_page(pool, &access, limit, cursor).await?;
     Ok(Json(InboxPage {
         runs: entries.into_iter().map(InboxRun::from).collect(),

@@ -328,7 +328,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Inbox { viewer, save } => {
             let (store, registry, users) = card_reader(&cli.database_url).await?;
-            ops::inbox(&store, &registry, &users, &viewer, save.as_deref()).await
+            ops::inbox(&store, &registry, &*users, &viewer, save.as_deref()).await
         }
         Command::Decide {
             run_id,
@@ -377,7 +377,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let (store, registry, users) = card_reader(&cli.database_url).await?;
             ops::show_run(&store, run_id).await?;
-            ops::show_card(&store, &registry, &users, run_id, &viewer, save.as_deref()).await
+            ops::show_card(&store, &registry, &*users, run_id, &viewer, save.as_deref()).await
         }
         Command::Cancel { run_id } => {
             let store = ops::store_without_keys(connect(&cli.database_url).await?);
@@ -409,19 +409,16 @@ async fn card_reader(
 ) -> anyhow::Result<(
     Store,
     countersign_core::ToolRegistry,
-    countersign_content::ContentUsers,
+    Arc<dyn countersign_core::UserDirectory>,
 )> {
     let pool = connect(database_url).await?;
     let keyring = Keyring::from_env().context("loading the keyring to open the cards")?;
-    let store = Store::new(pool.clone(), Arc::new(keyring));
+    let store = Store::new(pool, Arc::new(keyring));
     let registry = countersign_service::tools::registry(&store)
         .await
         .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
-    Ok((
-        store,
-        registry,
-        countersign_content::ContentUsers::new(pool),
-    ))
+    let users = countersign_service::tools::users(&store);
+    Ok((store, registry, users))
 }
 
 fn parse_seq(s: &str) -> Result<SuspensionSeq, String> {

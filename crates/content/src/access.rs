@@ -14,7 +14,7 @@
 //! - an exclude field is writable with the matching field grant `<table>:<field>` (admins: all).
 
 use async_trait::async_trait;
-use countersign_core::{Principal, ToolError, UserDirectory};
+use countersign_core::{Approver, DirectoryError, Principal, UserDirectory};
 use sqlx::{PgConnection, PgPool};
 
 /// The grant that lets a user decide approvals without being admin or the run's owner.
@@ -111,6 +111,12 @@ impl User {
         }
     }
 
+    /// The principal this user acts as, carrying the user: the tools of a segment check against
+    /// it instead of reading it again (see [`User::of`]).
+    fn into_principal(self) -> Principal {
+        Principal::new(self.name.clone(), self.admin).with_profile(self)
+    }
+
     /// Whether `table.field` is an exclude field: one only holders of its field grant write.
     pub fn is_exclude_field(&self, table: &str, field: &str) -> bool {
         self.exclude_fields.iter().any(|e| {
@@ -170,15 +176,18 @@ impl User {
     }
 }
 
-/// Looks a user up by name, for callers outside the tools (the approval gate asks whether an
-/// approver is admin or holds [`AGENT_APPROVE`]). `None` for an unknown or disabled user.
+/// Looks a user up by name, with everything the permission checks need. `None` for an unknown
+/// or disabled user. Outside this crate, ask [`ContentUsers`] instead: the gates and surfaces
+/// know users only through [`UserDirectory`].
 pub async fn lookup_user(pool: &PgPool, name: &str) -> Result<Option<User>, sqlx::Error> {
     let mut conn = pool.acquire().await?;
     User::load(&mut conn, name).await
 }
 
-/// The content store's users as the principals runs act as: the worker asks it for the acting
-/// user's admin flag before it resolves which tools a run is offered.
+/// The content store's users as a [`UserDirectory`]: the principals runs act as (the worker
+/// asks for the acting user's admin flag before it resolves which tools a run is offered), who
+/// may be a run's acting user, and who may approve runs — an administrator or a holder of
+/// [`AGENT_APPROVE`]. Each answer is one statement ([`User::load`]).
 #[derive(Debug, Clone)]
 pub struct ContentUsers {
     pool: PgPool,
@@ -188,16 +197,25 @@ impl ContentUsers {
     pub fn new(pool: PgPool) -> Self {
         ContentUsers { pool }
     }
+
+    async fn user(&self, name: &str) -> Result<Option<User>, DirectoryError> {
+        lookup_user(&self.pool, name)
+            .await
+            .map_err(DirectoryError::database)
+    }
 }
 
 #[async_trait]
 impl UserDirectory for ContentUsers {
-    async fn principal(&self, name: &str) -> Result<Option<Principal>, ToolError> {
-        let user = lookup_user(&self.pool, name)
-            .await
-            .map_err(|e| ToolError::failed("database_error", e))?;
-        // The tools of a segment use the user read here instead of reading it again.
-        Ok(user.map(|u| Principal::new(u.name.clone(), u.admin).with_profile(u)))
+    async fn principal(&self, name: &str) -> Result<Option<Principal>, DirectoryError> {
+        Ok(self.user(name).await?.map(User::into_principal))
+    }
+
+    async fn approver(&self, name: &str) -> Result<Option<Approver>, DirectoryError> {
+        Ok(self.user(name).await?.map(|u| {
+            let granted = u.has_grant(AGENT_APPROVE);
+            Approver::new(u.into_principal(), granted)
+        }))
     }
 }
 

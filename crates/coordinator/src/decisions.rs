@@ -13,8 +13,7 @@
 //! `not_awaiting_approval`. Refusals are recorded too (a row and an audit event, never a change
 //! to the run), so a replay returns the same refusal.
 
-use countersign_content::{lookup_user, AGENT_APPROVE};
-use countersign_core::{DecisionMessage, Principal};
+use countersign_core::DecisionMessage;
 use countersign_store::{
     DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision, RunStatus, StoredAgent,
 };
@@ -33,7 +32,7 @@ impl Coordinator {
     /// | 3 | the decision id was recorded before | the recorded outcome again; nothing else happens |
     /// | 4 | the run is `waiting_for_approval` | `not_awaiting_approval` |
     /// | 5 | digest and suspension number are the run's current ones | `stale_turn` (denials too) |
-    /// | 6 | the approver is admin, holds `agent_approve`, or is the run's acting user | `access_denied` |
+    /// | 6 | the directory lets the approver approve runs (admin, or its approve grant), or they are the run's acting user | `access_denied` |
     /// | 7 | the agent configuration exists and is active | `configuration_gone` |
     /// | 8 | an approval is not by the acting user under four-eyes (admins too) | `self_approval_denied` |
     /// | 9 | approvals: the tool policy permits every pending write's tool for the approver | `approver_not_permitted` |
@@ -118,13 +117,15 @@ impl Coordinator {
             return Ok(DecisionOutcome::StaleTurn);
         }
 
-        // 6. The approver may act on the run. An unknown or disabled user may not, whatever
-        //    name it shares with the run's acting user.
-        let approver = lookup_user(self.store.pool(), &d.approver)
-            .await
-            .map_err(CoordinatorError::Users)?;
+        // 6. The approver may act on the run: the directory lets them approve runs, or it is
+        //    their own. An unknown or disabled user may not, whatever name it shares with the
+        //    run's acting user.
         let owner = d.approver == run.acting_user;
-        let Some(approver) = approver.filter(|u| u.admin || u.has_grant(AGENT_APPROVE) || owner)
+        let Some(approver) = self
+            .users
+            .approver(&d.approver)
+            .await?
+            .filter(|a| a.may_approve_runs() || owner)
         else {
             return Ok(DecisionOutcome::AccessDenied);
         };
@@ -143,7 +144,7 @@ impl Coordinator {
 
             // 9. The approver may release every write of the turn. An unknown tool counts as
             //    a non-idempotent write, and nobody is permitted to release it.
-            let principal = Principal::new(approver.name.clone(), approver.admin);
+            let principal = approver.principal();
             let permitted = run
                 .pending_tools
                 .iter()
@@ -151,7 +152,7 @@ impl Coordinator {
                     None => false,
                     Some(tool) => {
                         let spec = tool.spec();
-                        !spec.effect.is_write() || agent.config.policy.permits(spec, &principal)
+                        !spec.effect.is_write() || agent.config.policy.permits(spec, principal)
                     }
                 });
             if !permitted {

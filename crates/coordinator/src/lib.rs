@@ -8,8 +8,9 @@
 //! that announced the outcome (already in the store's outbox, written with the record it
 //! announces), and the reply for `reply_to` (for an authenticated producer only). The caller
 //! does the I/O the verdict names; the gates, the records, the run transitions and their
-//! events happen here, against PostgreSQL through [`countersign_store::Store`], and the users
-//! are the content store's ([`countersign_content::lookup_user`]).
+//! events happen here, against PostgreSQL through [`countersign_store::Store`], and who a user
+//! is and whether they may approve is asked of a [`UserDirectory`] (in a deployment, the
+//! content store's: [`countersign_service::tools::users`]).
 //!
 //! The gates of a decision, in order (see [`Coordinator::take_decision`]): schema, producer,
 //! replay, run waiting, same turn and card, approver's access, configuration, four-eyes, the
@@ -34,7 +35,7 @@ mod verdict;
 
 use std::sync::Arc;
 
-use countersign_core::ToolRegistry;
+use countersign_core::{DirectoryError, ToolRegistry, UserDirectory};
 use countersign_store::{Store, StoreError};
 
 pub use producers::{ProducerError, ProducerGrant, ProducerKind};
@@ -47,19 +48,39 @@ pub use verdict::{
 pub use countersign_store::{DecisionOutcome, Segment};
 
 /// The gates, with what they read: runs, decisions and agent configurations from the store,
-/// users from the content store in the same database, and the tools the approver's permissions
-/// are checked against.
+/// users from the directory, and the tools the approver's permissions are checked against.
 #[derive(Debug, Clone)]
 pub struct Coordinator {
     pub store: Store,
     /// Must describe the same tools as the workers' registry: a pending tool this registry does
     /// not know is treated as a non-idempotent write nobody is permitted to release.
     pub registry: Arc<ToolRegistry>,
+    /// Who a run request's acting user and a decision's approver are, and whether the approver
+    /// may approve runs. Must be the workers' directory, so a run is gated as the user it acts
+    /// as.
+    pub users: Arc<dyn UserDirectory>,
 }
 
 impl Coordinator {
+    /// The gates over `store`, releasing only writes of `registry`'s tools, for the users
+    /// `users` knows.
+    pub fn with_users(
+        store: Store,
+        registry: Arc<ToolRegistry>,
+        users: Arc<dyn UserDirectory>,
+    ) -> Self {
+        Coordinator {
+            store,
+            registry,
+            users,
+        }
+    }
+
+    /// [`Coordinator::with_users`] with the deployment's directory
+    /// ([`countersign_service::tools::users`]) in the store's database.
     pub fn new(store: Store, registry: Arc<ToolRegistry>) -> Self {
-        Coordinator { store, registry }
+        let users = countersign_service::tools::users(&store);
+        Coordinator::with_users(store, registry, users)
     }
 
     /// Records that the wake-up of `dispatch` was published (after the broker confirmed it), so
@@ -89,8 +110,8 @@ impl Coordinator {
 pub enum CoordinatorError {
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("reading a user from the content store failed")]
-    Users(#[source] sqlx::Error),
+    #[error(transparent)]
+    Users(#[from] DirectoryError),
     #[error(transparent)]
     Producers(#[from] ProducerError),
 }
@@ -99,7 +120,7 @@ impl CoordinatorError {
     pub fn code(&self) -> &'static str {
         match self {
             CoordinatorError::Store(e) => e.code(),
-            CoordinatorError::Users(_) => "database_error",
+            CoordinatorError::Users(e) => e.code(),
             CoordinatorError::Producers(e) => e.code(),
         }
     }

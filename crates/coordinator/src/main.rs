@@ -55,7 +55,8 @@ async fn main() -> anyhow::Result<()> {
     let registry = countersign_service::tools::registry(&store)
         .await
         .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
-    let coordinator = Coordinator::new(store, Arc::new(registry));
+    let users = countersign_service::tools::users(&store);
+    let coordinator = Coordinator::with_users(store, Arc::new(registry), users);
     tracing::info!("coordinator started");
     service::run(coordinator, broker, countersign_service::shutdown_signal()).await;
     telemetry.shutdown().await;

@@ -4,7 +4,6 @@
 //! here too, because a producer that may put any `acting_user` into a request could run agents
 //! as an administrator — every tool checks its permissions against that user.
 
-use countersign_content::lookup_user;
 use countersign_core::RunRequest;
 use countersign_store::NewRun;
 
@@ -17,7 +16,8 @@ impl Coordinator {
     /// 1. the body is a version-1 run request → else `malformed` (dead-letter it);
     /// 2. `producer` (the transport-authenticated user) is present and allowed to assert the
     ///    request's acting user → else `unauthenticated_producer`;
-    /// 3. the acting user exists in the content store → else `unknown_acting_user`;
+    /// 3. the acting user is a user the directory knows and has not disabled → else
+    ///    `unknown_acting_user`;
     /// 4. the agent configuration exists and is active → else `configuration_gone`;
     /// 5. the run is created `queued`/`start`, and `run.accepted` announced, in one
     ///    transaction; a duplicate `request_id` returns the run created for it before
@@ -66,11 +66,7 @@ impl Coordinator {
         if producer.is_none() || !facts.producer_granted {
             return refuse(RequestOutcome::UnauthenticatedProducer).await;
         }
-        if lookup_user(self.store.pool(), &request.acting_user)
-            .await
-            .map_err(CoordinatorError::Users)?
-            .is_none()
-        {
+        if self.users.principal(&request.acting_user).await?.is_none() {
             return refuse(RequestOutcome::UnknownActingUser).await;
         }
         if !facts.agent_active {

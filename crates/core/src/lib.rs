@@ -1,14 +1,15 @@
 //! The countersign domain, with no I/O.
 //!
-//! This crate decides what countersign does: the tool and preview contracts, which tools an
-//! agent is offered, the tool loop that runs a turn or suspends it for approval, the bounds on
-//! previews, the suspended state and its tolerant rehydration, the turn digest a decision
-//! binds to, the comparator that binds an approval to what its approver was shown, and the
-//! approval card.
+//! This crate decides what countersign does: the tool and preview contracts, the user directory
+//! that says who a user is and whether they may approve, which tools an agent is offered, the
+//! tool loop that runs a turn or suspends it for approval, the bounds on previews, the
+//! suspended state and its tolerant rehydration, the turn digest a decision binds to, the
+//! comparator that binds an approval to what its approver was shown, and the approval card.
 //!
 //! It must never do I/O of its own: no database, no broker, no network, no clock, no files.
-//! Everything outside — the model, the tools, the lease fence and the execution journal — is
-//! reached through the traits defined here, so every rule can be tested without a service.
+//! Everything outside — the model, the tools, the users, the lease fence and the execution
+//! journal — is reached through the traits defined here, so every rule can be tested without a
+//! service.
 //!
 //! Foreign producers of decisions compute the turn digest themselves: its canonical form is
 //! specified in [`digest`].
@@ -17,6 +18,7 @@ pub mod agent_loop;
 pub mod card;
 pub mod comparator;
 pub mod digest;
+pub mod directory;
 pub mod ids;
 pub mod messages;
 pub mod model;
@@ -28,6 +30,7 @@ pub mod turn;
 pub use agent_loop::{
     AgentConfig, Decision, HookError, Outcome, Segment, SegmentHooks, TerminationReason,
 };
+pub use directory::{Approver, DirectoryError, UserDirectory};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
 pub use messages::{DecisionMessage, Event, MessageError, RunRequest};
 pub use model::{
@@ -38,6 +41,6 @@ pub use preview::CallPreview;
 pub use state::{PendingCall, StateError, SuspendedRunState};
 pub use tool::{
     Effect, ExecContext, FenceToken, OfferedTools, Principal, Profile, Tool, ToolError, ToolOutput,
-    ToolPolicy, ToolPreview, ToolRegistry, ToolSpec, UserDirectory,
+    ToolPolicy, ToolPreview, ToolRegistry, ToolSpec,
 };
 pub use turn::{JournalEntry, LockSubject, PlannedWrite, TransactionalTool, TurnTransaction};

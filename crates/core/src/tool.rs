@@ -20,9 +20,9 @@ use crate::ids::{CallIndex, LeaseEpoch, RunId, SuspensionSeq};
 pub struct Principal {
     pub name: String,
     pub admin: bool,
-    /// What the [`UserDirectory`] that found the user read about them, for the tools of the
-    /// same system, which would otherwise read it again for every call of a segment. Neither
-    /// compared nor serialized.
+    /// What the [`UserDirectory`](crate::UserDirectory) that found the user read about them,
+    /// for the tools of the same system, which would otherwise read it again for every call of
+    /// a segment. Neither compared nor serialized.
     #[serde(skip)]
     pub profile: Profile,
 }
@@ -258,13 +258,6 @@ pub trait ToolPreview: Send + Sync {
     /// Whether `viewer` may be shown this call's preview: the same record check as the
     /// preview, applied to the person looking at the card.
     async fn may_viewer_read_preview(&self, args: &Value, viewer: &Principal) -> bool;
-}
-
-/// Where the principals tools act as come from: the users of the system the tools work on.
-#[async_trait]
-pub trait UserDirectory: Send + Sync + fmt::Debug {
-    /// The user called `name`, or `None` when there is no such user.
-    async fn principal(&self, name: &str) -> Result<Option<Principal>, ToolError>;
 }
 
 /// All tools known to a process, by name.

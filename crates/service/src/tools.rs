@@ -1,14 +1,16 @@
 //! The tools a deployment offers, assembled in one place: the reference content store's and
 //! those of the remote tool servers `COUNTERSIGN_TOOL_SERVERS` and
-//! `COUNTERSIGN_TOOL_SERVERS_FILE` name.
+//! `COUNTERSIGN_TOOL_SERVERS_FILE` name; and the users they act for.
 //!
 //! The worker that runs a call, the coordinator that gates its approval (an unknown tool is a
 //! non-idempotent write nobody may release), and the API and CLI that show its card must all
-//! know the same tools, so every binary builds its registry here.
+//! know the same tools, so every binary builds its registry here. They must also agree on who
+//! a user is and who may approve, so every binary takes its [`users`] from here too.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use countersign_core::ToolRegistry;
+use countersign_core::{ToolRegistry, UserDirectory};
 use countersign_remote::RemoteError;
 use countersign_store::Store;
 
@@ -52,4 +54,11 @@ pub async fn tools(store: &Store) -> Result<Tools, RemoteError> {
         .map(|r| (r.tool, r.server))
         .collect();
     Ok(Tools { registry, servers })
+}
+
+/// The users of this deployment — who a user is, who may be a run's acting user, who may
+/// approve — as the content store whose tools [`registry`] offers keeps them, in `store`'s
+/// database.
+pub fn users(store: &Store) -> Arc<dyn UserDirectory> {
+    Arc::new(countersign_content::ContentUsers::new(store.pool().clone()))
 }

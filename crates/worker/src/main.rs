@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use countersign_content::ContentUsers;
 use countersign_crypto::Keyring;
 use countersign_model::ModelCatalog;
 use countersign_service::{Connections, Ready};
@@ -69,7 +68,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("connecting to RabbitMQ")?;
     let ready = Arc::new(Ready {
-        pool: pool.clone(),
+        pool,
         broker: broker.clone(),
     });
     countersign_service::spawn_surfaces(args.http_addr, ready)
@@ -79,11 +78,12 @@ async fn main() -> anyhow::Result<()> {
         .await
         .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
     let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));
+    let users = countersign_service::tools::users(&store);
     let runner = SegmentRunner {
         store,
         registry: Arc::new(registry),
         models: Models::PerAgent(Arc::new(catalog)),
-        users: Arc::new(ContentUsers::new(pool)),
+        users,
         lease_ttl,
         heartbeat: Default::default(),
     };

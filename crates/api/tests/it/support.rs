@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, Method, Request};
 use countersign_api::{tokens, ApiConfig, AppState};
 use countersign_content::{seed_demo_site, ContentUsers};
 use countersign_coordinator::Coordinator;
-use countersign_core::{RunId, ToolPolicy, ToolRegistry};
+use countersign_core::{RunId, ToolPolicy, ToolRegistry, UserDirectory};
 use countersign_crypto::Keyring;
 use countersign_model::ScriptedModel;
 use countersign_queue::{Broker, QueueConfig, Topology};
@@ -100,13 +100,14 @@ pub async fn harness_with(pool: PgPool, config: ApiConfig) -> Harness {
     let mut registry = ToolRegistry::new();
     countersign_content::register(&mut registry, store.clone());
     let registry = Arc::new(registry);
+    let users: Arc<dyn UserDirectory> = Arc::new(ContentUsers::new(pool.clone()));
     let runner = SegmentRunner {
         store: store.clone(),
         registry: registry.clone(),
         models: countersign_worker::Models::Fixed(Arc::new(
             ScriptedModel::from_json(&script()).unwrap(),
         )),
-        users: Arc::new(ContentUsers::new(pool.clone())),
+        users: users.clone(),
         lease_ttl: TTL,
         heartbeat: Default::default(),
     };
@@ -115,7 +116,7 @@ pub async fn harness_with(pool: PgPool, config: ApiConfig) -> Harness {
         .await
         .expect("RabbitMQ answers");
     let state = AppState::new(
-        Coordinator::new(store.clone(), registry),
+        Coordinator::with_users(store.clone(), registry, users),
         broker.clone(),
         config,
     );

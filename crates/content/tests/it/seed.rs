@@ -70,3 +70,29 @@ async fn the_user_directory_answers_with_the_stored_admin_flag(pool: PgPool) {
     assert_eq!(directory.principal("mallory").await.unwrap(), None);
     assert_eq!(directory.principal("former").await.unwrap(), None);
 }
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn the_user_directory_lets_admins_and_holders_of_agent_approve_approve_runs(pool: PgPool) {
+    let site = Site::seeded(pool).await;
+    site.exec(
+        "INSERT INTO content.users (name, grants, disabled) VALUES ('former', '{agent_approve}', true)",
+    )
+    .await;
+    let directory = ContentUsers::new(site.pool.clone());
+    for (name, admin, may_approve) in [
+        ("admin", true, true),
+        ("approver", false, true),
+        ("editor", false, false),
+        ("restricted", false, false),
+    ] {
+        let approver = directory.approver(name).await.unwrap().expect(name);
+        assert_eq!(approver.principal(), &Principal::new(name, admin), "{name}");
+        assert_eq!(approver.may_approve_runs(), may_approve, "{name}");
+    }
+    assert_eq!(directory.approver("mallory").await.unwrap(), None);
+    assert_eq!(
+        directory.approver("former").await.unwrap(),
+        None,
+        "a disabled user approves nothing, granted or not"
+    );
+}

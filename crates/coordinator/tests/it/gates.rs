@@ -386,7 +386,11 @@ fn coordinator_with(h: &Harness, change: impl FnOnce(&mut ToolRegistry)) -> Coor
     let mut registry = ToolRegistry::new();
     countersign_content::register(&mut registry, h.store.clone());
     change(&mut registry);
-    Coordinator::new(h.store.clone(), Arc::new(registry))
+    Coordinator::with_users(
+        h.store.clone(),
+        Arc::new(registry),
+        h.coordinator.users.clone(),
+    )
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
@@ -431,7 +435,11 @@ async fn a_pending_tool_the_registry_does_not_know_is_released_by_nobody(pool: P
             registry.register(tool);
         }
     }
-    let coordinator = Coordinator::new(h.store.clone(), Arc::new(registry));
+    let coordinator = Coordinator::with_users(
+        h.store.clone(),
+        Arc::new(registry),
+        h.coordinator.users.clone(),
+    );
     let before = h.row(card.run_id).await;
 
     let d = card.decision(true, "admin");

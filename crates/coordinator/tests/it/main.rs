@@ -4,6 +4,7 @@
 //! the scripted model, the way the worker's own tests make them. "Untouched" is checked on the
 //! whole run row, sealed state and `updated_at` included.
 
+mod directory;
 mod gates;
 mod producers;
 mod recording;

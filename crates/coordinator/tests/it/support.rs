@@ -6,7 +6,7 @@ use std::time::Duration;
 use countersign_content::{seed_demo_site, ContentUsers};
 use countersign_coordinator::producers::{self, ProducerKind, ANY};
 use countersign_coordinator::{Coordinator, DecisionVerdict, RequestOutcome};
-use countersign_core::{RunId, SuspensionSeq, ToolPolicy, ToolRegistry, TurnDigest};
+use countersign_core::{RunId, SuspensionSeq, ToolPolicy, ToolRegistry, TurnDigest, UserDirectory};
 use countersign_crypto::Keyring;
 use countersign_model::ScriptedModel;
 use countersign_store::{AgentConfig, RunStatus, Store};
@@ -66,13 +66,14 @@ pub async fn harness(pool: PgPool) -> Harness {
     let mut registry = ToolRegistry::new();
     countersign_content::register(&mut registry, store.clone());
     let registry = Arc::new(registry);
+    let users: Arc<dyn UserDirectory> = Arc::new(ContentUsers::new(pool.clone()));
     let runner = SegmentRunner {
         store: store.clone(),
         registry: registry.clone(),
         models: countersign_worker::Models::Fixed(Arc::new(
             ScriptedModel::from_json(SCRIPT).unwrap(),
         )),
-        users: Arc::new(ContentUsers::new(pool.clone())),
+        users: users.clone(),
         lease_ttl: TTL,
         heartbeat: Default::default(),
     };
@@ -85,7 +86,7 @@ pub async fn harness(pool: PgPool) -> Harness {
         producers::allow(&pool, user, kind, name).await.unwrap();
     }
     Harness {
-        coordinator: Coordinator::new(store.clone(), registry),
+        coordinator: Coordinator::with_users(store.clone(), registry, users),
         store,
         pool,
         runner,
