@@ -813,8 +813,9 @@ fn is_test_executable(file_name: &str) -> bool {
     })
 }
 
-/// The running test processes (see [`is_test_executable`]) that are not this process or its
-/// descendants, as `pid executable`. Zombies have no executable and are not counted.
+/// The running test processes (e2e, restarts and `it` test binaries, the chaos run) that are
+/// not this process or its descendants, as `pid executable`. Zombies have no executable and
+/// are not counted.
 pub fn other_tests() -> Vec<String> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();

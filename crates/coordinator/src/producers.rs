@@ -137,10 +137,7 @@ pub async fn may_assert(
     name: &str,
 ) -> Result<bool, ProducerError> {
     let granted = sqlx::query_scalar!(
-        r#"SELECT EXISTS (
-               SELECT 1 FROM producer_grants
-               WHERE amqp_user = $1 AND kind = $2 AND (name = $3 OR name = '*')
-           ) AS "granted!""#,
+        r#"SELECT producer_may_assert($1, $2, $3) AS "granted!""#,
         amqp_user,
         kind.as_str(),
         name,

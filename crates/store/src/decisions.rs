@@ -315,10 +315,7 @@ impl Store {
         approver: &str,
     ) -> Result<DecisionFacts, StoreError> {
         let r = sqlx::query!(
-            r#"SELECT EXISTS (
-                          SELECT 1 FROM producer_grants
-                          WHERE amqp_user = $3 AND kind = $4 AND (name = $5 OR name = '*')
-                      ) AS "granted!",
+            r#"SELECT producer_may_assert($3, $4, $5) AS "granted!",
                       (SELECT outcome FROM run_decisions WHERE decision_id = $1) AS "recorded?",
                       r.status AS "status?", r.suspension_seq AS "suspension_seq?",
                       r.turn_digest AS "turn_digest?", r.acting_user AS "acting_user?",

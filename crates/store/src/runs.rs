@@ -523,10 +523,7 @@ impl Store {
         agent: &str,
     ) -> Result<RequestFacts, StoreError> {
         let r = sqlx::query!(
-            r#"SELECT EXISTS (
-                          SELECT 1 FROM producer_grants
-                          WHERE amqp_user = $1 AND kind = $2 AND (name = $3 OR name = '*')
-                      ) AS "granted!",
+            r#"SELECT producer_may_assert($1, $2, $3) AS "granted!",
                       EXISTS (SELECT 1 FROM agents WHERE name = $4 AND active) AS "active!""#,
             producer,
             kind,
