@@ -71,6 +71,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Before anything can report ready (see `shutdown_signal`).
+    let shutdown = countersign_service::shutdown_signal();
     let telemetry = args
         .connections
         .init_telemetry("countersign-api")
@@ -132,7 +134,7 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
     tracing::info!(addr = %args.listen, "serving /v1 and /inbox");
-    countersign_api::serve(listener, state, countersign_service::shutdown_signal())
+    countersign_api::serve(listener, state, shutdown)
         .await
         .context("serving the API")?;
     let _ = stop_relay.send(());

@@ -27,6 +27,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Before anything can report ready (see `shutdown_signal`).
+    let shutdown = countersign_service::shutdown_signal();
     let telemetry = args
         .connections
         .init_telemetry("countersign-coordinator")
@@ -58,7 +60,7 @@ async fn main() -> anyhow::Result<()> {
     let users = countersign_service::tools::users(&store);
     let coordinator = Coordinator::with_users(store, Arc::new(registry), users);
     tracing::info!("coordinator started");
-    service::run(coordinator, broker, countersign_service::shutdown_signal()).await;
+    service::run(coordinator, broker, shutdown).await;
     telemetry.shutdown().await;
     Ok(())
 }

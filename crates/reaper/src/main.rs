@@ -45,6 +45,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    // Before anything can report ready (see `shutdown_signal`); one for every pass.
+    let shutdown = countersign_service::shutdown_signal();
     let telemetry = match args.connections.init_telemetry("countersign-reaper") {
         Ok(telemetry) => telemetry,
         Err(e) => {
@@ -52,13 +54,14 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let code = reap(args).await;
+    let code = reap(args, shutdown).await;
     // A cron job's spans are sent before it exits.
     telemetry.shutdown().await;
     code
 }
 
-async fn reap(args: Args) -> ExitCode {
+async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> ExitCode {
+    tokio::pin!(shutdown);
     let config = ReaperConfig {
         max_requeues: args.max_requeues,
         backoff: Duration::from_secs(args.backoff_secs),
@@ -114,7 +117,7 @@ async fn reap(args: Args) -> ExitCode {
         };
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(every)) => {}
-            () = countersign_service::shutdown_signal() => return ExitCode::SUCCESS,
+            () = &mut shutdown => return ExitCode::SUCCESS,
         }
     }
 }

@@ -125,19 +125,27 @@ pub async fn serve(
         .await
 }
 
-/// Resolves on SIGINT or SIGTERM: the shutdown future a binary passes to its `run`.
-pub async fn shutdown_signal() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
+/// Resolves on SIGINT or SIGTERM: the shutdown future a binary passes to its `run`. Its
+/// handlers are installed when it is called, so call it before anything reports ready.
+pub fn shutdown_signal() -> impl Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{signal, Signal, SignalKind};
+    // Registered now, not at the first poll: a SIGTERM that arrives between `/readyz` saying
+    // ready and the first wait would otherwise kill the process instead of stopping it.
+    let terminate = signal(SignalKind::terminate()).ok();
+    let interrupt = signal(SignalKind::interrupt()).ok();
+    async fn received(signal: Option<Signal>) {
+        match signal {
+            Some(mut signal) => {
                 signal.recv().await;
             }
-            Err(_) => std::future::pending::<()>().await,
+            None => std::future::pending::<()>().await,
         }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        () = terminate => {}
+    }
+    async move {
+        tokio::select! {
+            () = received(terminate) => {}
+            () = received(interrupt) => {}
+        }
     }
 }
 

@@ -45,6 +45,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Before anything can report ready (see `shutdown_signal`).
+    let shutdown = countersign_service::shutdown_signal();
     let telemetry = args
         .connections
         .init_telemetry("countersign-worker")
@@ -94,13 +96,7 @@ async fn main() -> anyhow::Result<()> {
         shutdown_grace: lease_ttl,
     };
     tracing::info!(owner = %config.owner, concurrency = config.concurrency, "worker started");
-    service::run(
-        runner,
-        broker,
-        config,
-        countersign_service::shutdown_signal(),
-    )
-    .await;
+    service::run(runner, broker, config, shutdown).await;
     telemetry.shutdown().await;
     Ok(())
 }
