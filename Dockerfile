@@ -1,5 +1,5 @@
 # syntax=docker/dockerfile:1
-# One image with the four binaries; each container picks its own as its command
+# One image with the five binaries; each container picks its own as its command
 # (deploy/compose.yaml, deploy/kubernetes/). Build from the repository root:
 #   docker build -t countersign .
 
@@ -13,9 +13,11 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked \
         -p countersign-cli -p countersign-coordinator -p countersign-worker -p countersign-reaper \
+        -p countersign-api \
  && mkdir -p /out \
  && cp target/release/countersign target/release/countersign-coordinator \
-       target/release/countersign-worker target/release/countersign-reaper /out/
+       target/release/countersign-worker target/release/countersign-reaper \
+       target/release/countersign-api /out/
 
 # The runtime stage: glibc and libgcc only (TLS roots are compiled in), no shell, and a
 # non-root user (65532). The demo's agent configuration and model script come along so

@@ -68,7 +68,7 @@ pub fn read_without_a_flag(binary: &str, var: &str) -> bool {
     match var {
         "COUNTERSIGN_KEYS" | "COUNTERSIGN_KEY_FILE" => matches!(
             binary,
-            "countersign" | "countersign-coordinator" | "countersign-worker"
+            "countersign" | "countersign-api" | "countersign-coordinator" | "countersign-worker"
         ),
         "RUST_LOG" | "RUST_LOG_FORMAT" => true,
         _ => false,

@@ -16,8 +16,9 @@ use super::{entries, process, read_without_a_flag, scalar, strings, yaml, Proces
 const HAND_BACK_SECS: u64 = 10;
 
 /// The binaries that seal or open, and so hold the keyring.
-const KEY_HOLDERS: [&str; 3] = [
+const KEY_HOLDERS: [&str; 4] = [
     "countersign",
+    "countersign-api",
     "countersign-coordinator",
     "countersign-worker",
 ];
@@ -87,11 +88,12 @@ fn every_variable_and_flag_the_compose_file_sets_is_read_by_its_binary() {
         binaries,
         BTreeSet::from([
             "countersign",
+            "countersign-api",
             "countersign-coordinator",
             "countersign-reaper",
             "countersign-worker"
         ]),
-        "compose runs the migrations, the three services and the operator's command line"
+        "compose runs the migrations, the four services and the operator's command line"
     );
     assert_all_known(&processes);
 }
@@ -136,7 +138,7 @@ fn compose_publishes_no_host_port_twice_and_prometheus_scrapes_each_service_wher
         scraped, listening,
         "Prometheus scrapes every service that serves /metrics, on the port it binds"
     );
-    for service in ["coordinator", "worker-1", "worker-2", "reaper"] {
+    for service in ["coordinator", "worker-1", "worker-2", "api", "reaper"] {
         assert!(
             listening.contains_key(service),
             "{service} serves no /metrics"
@@ -308,6 +310,7 @@ fn every_variable_and_flag_the_kubernetes_manifests_set_is_read_by_its_binary() 
         binaries,
         BTreeSet::from([
             "countersign",
+            "countersign-api",
             "countersign-coordinator",
             "countersign-reaper",
             "countersign-worker"
@@ -404,6 +407,7 @@ fn each_kubernetes_service_is_probed_on_the_port_it_listens_on_and_asks_for_reso
     assert_eq!(
         probed,
         BTreeSet::from([
+            "countersign-api".to_owned(),
             "countersign-coordinator".to_owned(),
             "countersign-worker".to_owned()
         ])
@@ -687,6 +691,7 @@ fn the_variables_read_without_a_flag_are_read_by_the_binaries_given_them() {
     for command in [
         &["countersign-coordinator"][..],
         &["countersign-worker"],
+        &["countersign-api"],
         &["countersign", "keys", "rotate"],
     ] {
         assert!(read_without_a_flag(command[0], "COUNTERSIGN_KEY_FILE"));
