@@ -10,10 +10,8 @@ use axum::http::HeaderName;
 use clap::Parser;
 use countersign_api::{ApiConfig, AppState};
 use countersign_coordinator::Coordinator;
-use countersign_crypto::Keyring;
 use countersign_service::relay::{self, RelayConfig};
-use countersign_service::{Connections, Ready};
-use countersign_store::Store;
+use countersign_service::Connections;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -77,27 +75,7 @@ async fn main() -> anyhow::Result<()> {
         .connections
         .init_telemetry("countersign-api")
         .context("setting up traces")?;
-    let keyring = Keyring::from_env()
-        .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
-    let pool = args
-        .connections
-        .pool(8)
-        .await
-        .context("connecting to PostgreSQL")?;
-    let broker = args
-        .connections
-        .broker()
-        .await
-        .context("connecting to RabbitMQ")?;
-    let ready = Arc::new(Ready {
-        pool: pool.clone(),
-        broker: broker.clone(),
-    });
-    countersign_service::spawn_surfaces(args.http_addr, ready)
-        .await
-        .context("serving the HTTP surfaces")?;
-
-    let store = Store::new(pool, Arc::new(keyring));
+    let (store, broker) = args.connections.open(8, args.http_addr).await?;
     let registry = countersign_service::tools::registry(&store)
         .await
         .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;

@@ -1,9 +1,12 @@
 //! The connection flags every service takes, and the readiness they give.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use countersign_crypto::Keyring;
 use countersign_queue::{Broker, Declare, QueueConfig, QueueError, Topology};
+use countersign_store::Store;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
@@ -92,6 +95,33 @@ impl Connections {
     /// The broker, with the topology declared as the flags say (or only checked).
     pub async fn broker(&self) -> Result<Broker, QueueError> {
         Broker::connect(self.queue_config()).await
+    }
+
+    /// What a service that seals and opens starts from: the keyring from the environment
+    /// (before anything is connected, so a missing one stops it at once), a store over a pool
+    /// of at most `pool_size` connections, the broker, and `/metrics`, `/healthz` and
+    /// `/readyz` served on `http_addr` when one is given.
+    pub async fn open(
+        &self,
+        pool_size: u32,
+        http_addr: Option<std::net::SocketAddr>,
+    ) -> anyhow::Result<(Store, Broker)> {
+        use anyhow::Context;
+        let keyring = Keyring::from_env()
+            .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
+        let pool = self
+            .pool(pool_size)
+            .await
+            .context("connecting to PostgreSQL")?;
+        let broker = self.broker().await.context("connecting to RabbitMQ")?;
+        let ready = Arc::new(Ready {
+            pool: pool.clone(),
+            broker: broker.clone(),
+        });
+        crate::spawn_surfaces(http_addr, ready)
+            .await
+            .context("serving the HTTP surfaces")?;
+        Ok((Store::new(pool, Arc::new(keyring)), broker))
     }
 }
 

@@ -201,9 +201,7 @@ impl Store {
                    RETURNING sequence)
                INSERT INTO event_outbox (id, run_id, kind, body)
                SELECT $11, $2, $9,
-                      $12::jsonb || jsonb_build_object(
-                          'event_id', $11::uuid,
-                          'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+                      announced_body($12::jsonb, $11::uuid)
                FROM decided
                RETURNING id, run_id, kind, body, created_at, published_at"#,
             d.decision_id,

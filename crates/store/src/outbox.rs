@@ -98,9 +98,7 @@ pub async fn append(
         Row,
         r#"INSERT INTO event_outbox (id, run_id, kind, body)
            VALUES ($1, $2, $3,
-                   $4::jsonb || jsonb_build_object(
-                       'event_id', $1::uuid,
-                       'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
+                   announced_body($4::jsonb, $1::uuid))
            RETURNING id, run_id, kind, body, created_at, published_at"#,
         id,
         run_id.map(|r| r.as_uuid()),
@@ -179,9 +177,7 @@ pub(crate) async fn announce_locked(
                RETURNING sequence)
            INSERT INTO event_outbox (id, run_id, kind, body)
            SELECT $5, $1, $2,
-                  $6::jsonb || jsonb_build_object(
-                      'event_id', $5::uuid,
-                      'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+                  announced_body($6::jsonb, $5::uuid)
            FROM audit
            RETURNING id, run_id, kind, body, created_at, published_at"#,
         run_id.as_uuid(),

@@ -477,9 +477,7 @@ impl Store {
                    RETURNING id)
                INSERT INTO event_outbox (id, run_id, kind, body)
                SELECT $6, created.id, $7,
-                      $8::jsonb || jsonb_build_object(
-                          'event_id', $6::uuid,
-                          'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+                      announced_body($8::jsonb, $6::uuid)
                FROM created
                RETURNING id, run_id, kind, body, created_at, published_at"#,
             id.as_uuid(),
@@ -764,9 +762,7 @@ impl Store {
                    RETURNING sequence)
                INSERT INTO event_outbox (id, run_id, kind, body)
                SELECT a.id, s.id, a.kind,
-                      a.body || jsonb_build_object(
-                          'event_id', a.id,
-                          'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+                      announced_body(a.body, a.id)
                FROM suspended s, announced a
                ORDER BY a.n
                RETURNING id, run_id, kind, body, created_at, published_at"#,
@@ -837,9 +833,7 @@ impl Store {
                    RETURNING sequence)
                INSERT INTO event_outbox (id, run_id, kind, body)
                SELECT $13, s.id, $10,
-                      $14::jsonb || jsonb_build_object(
-                          'event_id', $13::uuid,
-                          'at', to_char(now() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))
+                      announced_body($14::jsonb, $13::uuid)
                FROM settled s
                RETURNING id, run_id, kind, body, created_at, published_at"#,
             lease.run_id.as_uuid(),

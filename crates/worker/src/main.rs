@@ -6,10 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use countersign_crypto::Keyring;
 use countersign_model::ModelCatalog;
-use countersign_service::{Connections, Ready};
-use countersign_store::Store;
+use countersign_service::Connections;
 use countersign_worker::service::{self, WorkerConfig};
 use countersign_worker::{Models, SegmentRunner};
 
@@ -51,31 +49,13 @@ async fn main() -> anyhow::Result<()> {
         .connections
         .init_telemetry("countersign-worker")
         .context("setting up traces")?;
-    let keyring = Keyring::from_env()
-        .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
     let catalog = ModelCatalog::new();
     let catalog = match &args.model_script {
         Some(path) => catalog.with_default_script(path),
         None => catalog,
     };
-    let pool = args
-        .connections
-        .pool(u32::try_from(args.concurrency * 2 + 2).unwrap_or(16))
-        .await
-        .context("connecting to PostgreSQL")?;
-    let store = Store::new(pool.clone(), Arc::new(keyring));
-    let broker = args
-        .connections
-        .broker()
-        .await
-        .context("connecting to RabbitMQ")?;
-    let ready = Arc::new(Ready {
-        pool,
-        broker: broker.clone(),
-    });
-    countersign_service::spawn_surfaces(args.http_addr, ready)
-        .await
-        .context("serving the HTTP surfaces")?;
+    let pool_size = u32::try_from(args.concurrency * 2 + 2).unwrap_or(16);
+    let (store, broker) = args.connections.open(pool_size, args.http_addr).await?;
     let registry = countersign_service::tools::registry(&store)
         .await
         .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
