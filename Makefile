@@ -52,6 +52,7 @@ audit:
 fmt:
 	cargo fmt --all
 
-## Rewrites the offline query cache from a scratch database migrated with migrations/.
+## Rewrites the offline query cache from a scratch database migrated with migrations/ and
+## crates/content/migrations/.
 sqlx-prepare:
 	scripts/sqlx-prepare.sh

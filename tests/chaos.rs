@@ -91,7 +91,7 @@ async fn drive(
     deadline: Duration,
 ) -> anyhow::Result<bool> {
     let scripts = tempdir()?;
-    install.countersign_ok(&["migrate"]);
+    install.countersign_ok(&["migrate", "--with-content"]);
     install.countersign_ok(&["seed-demo-site"]);
     install.countersign_ok(&["producers", "allow", "guest", "acting-user", "*"]);
     install.countersign_ok(&["producers", "allow", "guest", "approver", "*"]);

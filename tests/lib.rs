@@ -102,10 +102,11 @@ impl Installation {
         stdout
     }
 
-    /// Sets the installation up as an operator does: migrations, the demo site, the agent in
-    /// `agent_file`, and the broker user `guest` allowed to name any acting user and approver.
+    /// Sets the installation up as an operator does: migrations (with the content store), the
+    /// demo site, the agent in `agent_file`, and the broker user `guest` allowed to name any
+    /// acting user and approver.
     pub fn configure(&self, agent_file: &str) {
-        self.countersign_ok(&["migrate"]);
+        self.countersign_ok(&["migrate", "--with-content"]);
         self.countersign_ok(&["seed-demo-site"]);
         self.countersign_ok(&["agents", "put", agent_file]);
         self.countersign_ok(&["producers", "allow", "guest", "acting-user", "*"]);

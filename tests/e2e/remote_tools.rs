@@ -586,7 +586,7 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
         database_url: db.url(),
         queue_prefix: format!("e2e-{}", Uuid::now_v7()),
     };
-    install.countersign_ok(&["migrate"]);
+    install.countersign_ok(&["migrate", "--with-content"]);
     install.countersign_ok(&["seed-demo-site"]);
 
     // The unfit server goes into a servers file, as an operator adds one; the wiki stays in
@@ -744,5 +744,184 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
 
     unfit.sigkill();
     drop(wiki);
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn a_deployment_without_the_content_store_runs_on_remote_tools_and_its_own_user_directory() {
+    let dir = TempDir::new();
+    let wiki = WikiServer::start(&dir, &json!({ "home": ["Welcome."] }));
+    let script = dir.json(
+        "script.json",
+        &json!({ "turns": [
+            { "content": "I will edit the wiki.", "tool_calls": [
+                { "name": "append_line", "arguments": { "page": "home", "line": "Open on Sundays." } }
+            ] },
+            { "content": "Done." } ] }),
+    );
+    let agent = dir.json(
+        "agent.json",
+        &json!({
+            "name": "wiki-assistant",
+            "model": { "provider": "scripted", "script": script },
+            "policy": { "allowed_groups": ["content", "editing"],
+                        "enabled_tools": ["append_line"] },
+            "max_iterations": 4,
+            "four_eyes": true,
+            "approval_deadline_secs": 3600
+        }),
+    );
+    let db = Database::create("no_content_store").await;
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+    };
+
+    // The engine's migrations only: no `content` schema.
+    install.countersign_ok(&["migrate"]);
+    let mut conn = PgConnection::connect(&db.url()).await.unwrap();
+    let schemas = "SELECT count(*) FROM pg_namespace WHERE nspname = 'content'";
+    assert_eq!(count(&mut conn, schemas).await, 0);
+
+    // A service left with the content store on refuses to start, and says what to do.
+    let wiki_env = [
+        ("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url)),
+        ("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()),
+    ];
+    let out = install
+        .command("countersign-worker")
+        .envs(wiki_env.iter().map(|(k, v)| (*k, v.as_str())))
+        .env_remove("COUNTERSIGN_CONTENT_STORE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("countersign migrate --with-content")
+            && stderr.contains("COUNTERSIGN_CONTENT_STORE=off"),
+        "{stderr}"
+    );
+
+    // There is no demo site to seed.
+    let out = install.countersign(&["seed-demo-site"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("migrate --with-content"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The operator keeps the users in the table directory instead.
+    for args in [
+        &["users", "add", "editor"][..],
+        &["users", "add", "reviewer"],
+        &["users", "grant", "reviewer", "wiki-assistant"],
+        &["users", "add", "bystander"],
+        &["users", "grant", "bystander", "another-agent"],
+        &["agents", "put", &agent],
+        &["producers", "allow", "guest", "acting-user", "*"],
+        &["producers", "allow", "guest", "approver", "*"],
+    ] {
+        install.countersign_ok(args);
+    }
+    assert_eq!(
+        install.countersign_ok(&["users", "list"]),
+        "bystander\tuser\tanother-agent\neditor\tuser\t-\nreviewer\tuser\twiki-assistant\n"
+    );
+    let mut env = wiki_env.to_vec();
+    env.push(("COUNTERSIGN_CONTENT_STORE", "off".to_owned()));
+    let (ok, tools, err) = countersign_with(&install, &env, &["tools", "list"]);
+    assert!(ok, "{err}");
+    assert!(
+        tools.contains("append_line") && tools.contains("set_page"),
+        "{tools}"
+    );
+    assert!(
+        !tools.contains("update_page_metadata"),
+        "no content store tool: {tools}"
+    );
+
+    let env_ref: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let services = vec![
+        install.spawn_env("countersign-coordinator", &[], &env_ref),
+        install.spawn_env("countersign-worker", &[], &env_ref),
+    ];
+
+    // A name the directory does not know may not be a run's acting user.
+    let out = install.countersign(&[
+        "submit",
+        "--agent",
+        "wiki-assistant",
+        "--as",
+        "mallory",
+        "Hi.",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("unknown_acting_user"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let run_id = install.submit("wiki-assistant", "editor", "Tell visitors about Sundays.");
+    wait_for_card(&mut conn, &run_id, 1, secs(60)).await;
+    let digest = run_row(&mut conn, &run_id).await["turn_digest"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let decide = |approver: &str| {
+        install.countersign(&[
+            "decide",
+            &run_id,
+            "--seq",
+            "1",
+            "--digest",
+            &digest,
+            "--as",
+            approver,
+            "--approve",
+        ])
+    };
+    // The bystander's grant names another agent; the editor may not release their own run's
+    // writes under four-eyes. Both leave the run waiting.
+    for (approver, code) in [
+        ("bystander", "access_denied"),
+        ("editor", "self_approval_denied"),
+    ] {
+        let out = decide(approver);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(code),
+            "{approver}: {stderr}"
+        );
+    }
+    assert_eq!(
+        run_row(&mut conn, &run_id).await["status"],
+        "waiting_for_approval"
+    );
+    assert_eq!(wiki.state()["pages"]["home"], json!(["Welcome."]));
+
+    // The reviewer's grant names this agent: the write lands, once.
+    let out = decide("reviewer");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for_status(&mut conn, &run_id, "completed", secs(60)).await;
+    assert_eq!(
+        wiki.state()["pages"]["home"],
+        json!(["Welcome.", "Open on Sundays."])
+    );
+    assert_eq!(
+        count(&mut conn, schemas).await,
+        0,
+        "still no content schema"
+    );
+
+    drop(services);
+    drop(conn);
+    drop(wiki);
+    countersign_e2e::delete_topology(&install.queue_prefix).await;
     db.drop().await;
 }

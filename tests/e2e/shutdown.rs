@@ -15,7 +15,7 @@ async fn the_worker_the_coordinator_and_a_looping_reaper_exit_zero_on_sigterm() 
         database_url: db.url(),
         queue_prefix: format!("e2e-{}", Uuid::now_v7()),
     };
-    install.countersign_ok(&["migrate"]);
+    install.countersign_ok(&["migrate", "--with-content"]);
     let script = demo_script();
 
     for (binary, args) in [

@@ -76,10 +76,9 @@ async fn main() -> anyhow::Result<()> {
         .init_telemetry("countersign-api")
         .context("setting up traces")?;
     let (store, broker) = args.connections.open(8, args.http_addr).await?;
-    let registry = countersign_service::tools::registry(&store)
-        .await
-        .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
-    let users = countersign_service::tools::users(&store);
+    let countersign_service::tools::Tools {
+        registry, users, ..
+    } = countersign_service::tools::tools(&store).await?;
     let coordinator = Coordinator::with_users(store.clone(), Arc::new(registry), users);
     let state = AppState::new(
         coordinator,

@@ -2,7 +2,7 @@
 //!
 //! Seeing follows deciding: a waiting run and its card are shown to whoever the coordinator's
 //! access gate would let decide on it — a user its directory lets approve runs (an
-//! administrator, or a holder of the approve grant), or the run's own acting user. A run's
+//! administrator, or a holder of the approve grant for its agent), or the run's own acting user. A run's
 //! status (codes only, no content) is also shown to a producer that may start runs as its
 //! acting user, so a service that submitted a run can follow it. Anything else is answered as
 //! if the run did not exist.
@@ -14,7 +14,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use countersign_coordinator::producers::{self, ProducerKind};
-use countersign_core::{RunId, SuspensionSeq, TurnDigest, UserDirectory};
+use countersign_core::{Approver, Approves, RunId, SuspensionSeq, TurnDigest, UserDirectory};
 use countersign_store::{RunRecord, StoreError};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -26,8 +26,8 @@ use crate::problem::{unavailable, Problem, ProblemCode};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Access {
     pub user: String,
-    /// The directory lets the caller approve runs: every waiting run.
-    pub sees_all: bool,
+    /// Whose waiting runs the directory lets the caller approve (besides their own).
+    pub approves: Approves,
     /// The caller is a user the directory knows (and has not disabled).
     pub known: bool,
 }
@@ -41,14 +41,16 @@ impl Access {
             .map_err(|e| unavailable("users", e.code(), &e))?;
         Ok(Access {
             user: caller.user.clone(),
-            sees_all: approver.as_ref().is_some_and(|a| a.may_approve_runs()),
+            approves: approver
+                .as_ref()
+                .map_or(Approves::Nothing, Approver::approves),
             known: approver.is_some(),
         })
     }
 
     /// Whether the caller may look at `run`'s card and decide on it (the access gate's rule).
     pub fn may_decide(&self, run: &RunRecord) -> bool {
-        self.known && (self.sees_all || run.acting_user == self.user)
+        self.known && (self.approves.covers(&run.agent) || run.acting_user == self.user)
     }
 }
 
@@ -127,21 +129,27 @@ pub async fn inbox_page(
         return Ok((Vec::new(), None));
     }
     let limit = i64::from(limit.clamp(1, 100));
+    let (all_agents, agents): (bool, Vec<String>) = match &access.approves {
+        Approves::Nothing => (false, Vec::new()),
+        Approves::Every => (true, Vec::new()),
+        Approves::Agents(names) => (false, names.iter().cloned().collect()),
+    };
     let rows = sqlx::query!(
         r#"SELECT id, agent, acting_user, suspension_seq AS "suspension_seq!",
                   turn_digest AS "turn_digest!", pending_tools,
                   approval_deadline AS "approval_deadline!", updated_at
            FROM runs
            WHERE status = 'waiting_for_approval'
-             AND ($1 OR acting_user = $2)
+             AND ($1 OR agent = ANY($6) OR acting_user = $2)
              AND ($3::timestamptz IS NULL OR (approval_deadline, id) > ($3, $4))
            ORDER BY approval_deadline, id
            LIMIT $5"#,
-        access.sees_all,
+        all_agents,
         access.user,
         after.map(|c| c.deadline),
         after.map(|c| c.run_id),
         limit + 1,
+        &agents[..],
     )
     .fetch_all(pool)
     .await

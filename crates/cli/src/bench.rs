@@ -81,7 +81,7 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
         .max_connections(16)
         .connect_with(db.clone())
         .await?;
-    countersign_store::MIGRATOR.run(&pool).await?;
+    countersign_content::WITH_ENGINE.run(&pool).await?;
     countersign_content::seed_demo_site(&pool).await?;
     producers::allow(&pool, "guest", ProducerKind::ActingUser, "*").await?;
     producers::allow(&pool, "guest", ProducerKind::Approver, "*").await?;

@@ -100,7 +100,7 @@ pub async fn run(
         .connect_with(server.clone().database(database))
         .await
         .context("connecting to the demo database")?;
-    countersign_store::MIGRATOR
+    countersign_content::WITH_ENGINE
         .run(&pool)
         .await
         .context("migrating the demo database")?;

@@ -66,8 +66,15 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Applies the database migrations.
-    Migrate,
+    /// Applies the engine's database migrations; with `--with-content`, the reference content
+    /// store's too (its schema `content`).
+    Migrate {
+        /// Also install (or update) the reference content store's schema. A deployment whose
+        /// tools are all remote leaves it out, runs its services with
+        /// COUNTERSIGN_CONTENT_STORE=off and keeps its users with `countersign users`.
+        #[arg(long)]
+        with_content: bool,
+    },
     /// Manages the master keys that seal state at rest.
     Keys {
         #[command(subcommand)]
@@ -93,6 +100,13 @@ pub enum Command {
     Tools {
         #[command(subcommand)]
         command: tools::ToolsCommand,
+    },
+    /// Manages the user directory of a deployment without the content store
+    /// (COUNTERSIGN_CONTENT_STORE=off): who may be a run's acting user, who is an
+    /// administrator, and whose runs each user may approve.
+    Users {
+        #[command(subcommand)]
+        command: UsersCommand,
     },
     /// Seeds the reference content store with the demo site (idempotent).
     SeedDemoSite,
@@ -216,6 +230,27 @@ pub enum ProducersCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum UsersCommand {
+    /// Adds NAME (enabled), or updates an existing NAME's admin flag and enables it.
+    Add {
+        name: String,
+        /// An administrator: approves every agent's runs and passes the tools' admin checks.
+        #[arg(long)]
+        admin: bool,
+    },
+    /// Disables NAME: neither a run's acting user nor an approver until enabled again.
+    Disable { name: String },
+    /// Enables NAME again.
+    Enable { name: String },
+    /// Lets NAME approve the runs of AGENT (`*` for every agent), whoever their acting user.
+    Grant { name: String, agent: String },
+    /// Takes a grant back.
+    Revoke { name: String, agent: String },
+    /// Lists the users with their flags and grants.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
 pub enum KeysCommand {
     /// Prints a new key entry `ID:BASE64` for COUNTERSIGN_KEYS or a key file.
     Generate {
@@ -236,14 +271,26 @@ pub enum KeysCommand {
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Migrate => {
+        Command::Migrate { with_content } => {
             let pool = connect(&cli.database_url).await?;
             countersign_store::MIGRATOR
                 .run(&pool)
                 .await
-                .context("applying migrations")?;
-            println!("migrations applied");
+                .context("applying the engine's migrations")?;
+            if with_content {
+                countersign_content::MIGRATOR
+                    .run(&pool)
+                    .await
+                    .context("applying the content store's migrations")?;
+                println!("migrations applied (with the content store)");
+            } else {
+                println!("migrations applied");
+            }
             Ok(())
+        }
+        Command::Users { command } => {
+            let users = countersign_store::TableUsers::new(connect(&cli.database_url).await?);
+            ops::users(&users, command).await
         }
         Command::Keys {
             command: KeysCommand::Generate { id },
@@ -303,7 +350,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Tools { command } => tools::run(&cli.database_url, command).await,
         Command::SeedDemoSite => {
-            countersign_content::seed_demo_site(&connect(&cli.database_url).await?).await?;
+            let pool = connect(&cli.database_url).await?;
+            anyhow::ensure!(
+                countersign_content::is_installed(&pool).await?,
+                "the content store's schema is not installed: run `countersign migrate --with-content` first"
+            );
+            countersign_content::seed_demo_site(&pool).await?;
             println!("demo site seeded");
             Ok(())
         }
@@ -414,10 +466,9 @@ async fn card_reader(
     let pool = connect(database_url).await?;
     let keyring = Keyring::from_env().context("loading the keyring to open the cards")?;
     let store = Store::new(pool, Arc::new(keyring));
-    let registry = countersign_service::tools::registry(&store)
-        .await
-        .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
-    let users = countersign_service::tools::users(&store);
+    let countersign_service::tools::Tools {
+        registry, users, ..
+    } = countersign_service::tools::tools(&store).await?;
     Ok((store, registry, users))
 }
 

@@ -23,13 +23,14 @@ use countersign_core::{
 };
 use countersign_crypto::Keyring;
 use countersign_queue::{Broker, MessageProperties, QueueConfig, Topology};
-use countersign_store::{AgentConfig, DecisionOutcome, RunStatus, Store};
+use countersign_store::{AgentConfig, DecisionOutcome, RunStatus, Store, TableUsers};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::render;
+use crate::UsersCommand;
 
 /// An agent configuration file.
 #[derive(Debug, Deserialize)]
@@ -151,6 +152,64 @@ pub async fn revoke_producer(
 pub async fn list_producers(pool: &PgPool) -> anyhow::Result<()> {
     for g in producers::list(pool).await? {
         println!("{}\t{}\t{}", g.amqp_user, g.kind.as_str(), g.name);
+    }
+    Ok(())
+}
+
+/// `countersign users …` on the table directory.
+pub async fn users(users: &TableUsers, command: UsersCommand) -> anyhow::Result<()> {
+    let no_user = |name: &str| anyhow::anyhow!("no user {name:?} in the directory");
+    match command {
+        UsersCommand::Add { name, admin } => {
+            users
+                .put(&name, admin)
+                .await
+                .with_context(|| format!("adding user {name:?}"))?;
+            let role = if admin { "administrator" } else { "user" };
+            println!("{name} is an enabled {role}");
+        }
+        UsersCommand::Disable { name } | UsersCommand::Enable { name }
+            if !users.exists(&name).await? =>
+        {
+            return Err(no_user(&name));
+        }
+        UsersCommand::Disable { name } => {
+            users.set_disabled(&name, true).await?;
+            println!("{name} is disabled");
+        }
+        UsersCommand::Enable { name } => {
+            users.set_disabled(&name, false).await?;
+            println!("{name} is enabled");
+        }
+        UsersCommand::Grant { name, agent } => {
+            if !users
+                .grant_approve(&name, &agent)
+                .await
+                .with_context(|| format!("granting {name:?} the approval of {agent:?}"))?
+            {
+                return Err(no_user(&name));
+            }
+            println!("{name} may approve runs of {agent}");
+        }
+        UsersCommand::Revoke { name, agent } => {
+            let revoked = users.revoke_approve(&name, &agent).await?;
+            println!("{}", if revoked { "revoked" } else { "no such grant" });
+        }
+        UsersCommand::List => {
+            for u in users.list().await? {
+                let flags = match (u.admin, u.disabled) {
+                    (_, true) => "disabled",
+                    (true, false) => "admin",
+                    (false, false) => "user",
+                };
+                let approves = if u.approves.is_empty() {
+                    "-".to_owned()
+                } else {
+                    u.approves.join(",")
+                };
+                println!("{}\t{flags}\t{approves}", u.name);
+            }
+        }
     }
     Ok(())
 }

@@ -111,9 +111,7 @@ fn origin(tools: &Tools, name: &str) -> String {
 /// The registry every binary builds, its content store's tools on `pool`.
 async fn assemble(pool: &PgPool) -> anyhow::Result<Tools> {
     let store = ops::store_without_keys(pool.clone());
-    countersign_service::tools::tools(&store)
-        .await
-        .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS, COUNTERSIGN_TOOL_SERVERS_FILE)")
+    countersign_service::tools::tools(&store).await
 }
 
 /// A pool of one connection: each preview of a check reads through a connection of its own.

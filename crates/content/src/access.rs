@@ -14,7 +14,7 @@
 //! - an exclude field is writable with the matching field grant `<table>:<field>` (admins: all).
 
 use async_trait::async_trait;
-use countersign_core::{Approver, DirectoryError, Principal, UserDirectory};
+use countersign_core::{Approver, Approves, DirectoryError, Principal, UserDirectory};
 use sqlx::{PgConnection, PgPool};
 
 /// The grant that lets a user decide approvals without being admin or the run's owner.
@@ -213,8 +213,13 @@ impl UserDirectory for ContentUsers {
 
     async fn approver(&self, name: &str) -> Result<Option<Approver>, DirectoryError> {
         Ok(self.user(name).await?.map(|u| {
-            let granted = u.has_grant(AGENT_APPROVE);
-            Approver::new(u.into_principal(), granted)
+            // The content store's grant is not scoped: it covers every agent's runs.
+            let approves = if u.has_grant(AGENT_APPROVE) {
+                Approves::Every
+            } else {
+                Approves::Nothing
+            };
+            Approver::new(u.into_principal(), approves)
         }))
     }
 }

@@ -1,6 +1,7 @@
 //! The reference content store, and the tools agents use on it.
 //!
-//! A small CMS in the PostgreSQL schema `content` (migration `0002_content.sql`): users with
+//! A small CMS in the PostgreSQL schema `content` (its own migrations, [`MIGRATOR`], applied only
+//! where the content store is enabled: `countersign migrate --with-content`): users with
 //! page mounts, file mounts, languages and field grants; a page tree in two languages; content
 //! elements; files in storages with per-language metadata; file references. The agents read it
 //! through five readers and change it through seven writers, and the writers are why this crate
@@ -31,11 +32,47 @@ pub mod refusals;
 mod writer;
 mod writers;
 
-use std::sync::Arc;
+use std::borrow::Cow;
+use std::sync::{Arc, LazyLock};
 
 use countersign_core::{Tool, ToolRegistry};
 use countersign_store::Store;
+use sqlx::migrate::Migrator;
 use sqlx::PgPool;
+
+/// The content store's migrations (`crates/content/migrations/`): the schema `content`, beside
+/// the engine's in the same `_sqlx_migrations` table. Its versions are unique across both
+/// migrators: 0002 (first shipped with the engine's, so databases that have it keep it), then
+/// from 10001. Apply [`countersign_store::MIGRATOR`] first.
+pub static MIGRATOR: Migrator = Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("./migrations")
+};
+
+/// The engine's migrations and the content store's as one, in version order: a database with
+/// the content store enabled (`countersign migrate --with-content`, and the test suites that
+/// use both).
+pub static WITH_ENGINE: LazyLock<Migrator> = LazyLock::new(|| {
+    let mut migrations: Vec<_> = countersign_store::MIGRATOR
+        .iter()
+        .chain(MIGRATOR.iter())
+        .cloned()
+        .collect();
+    migrations.sort_by_key(|m| m.version);
+    Migrator {
+        migrations: Cow::Owned(migrations),
+        ignore_missing: true,
+        ..Migrator::DEFAULT
+    }
+});
+
+/// Whether `pool`'s database has the content store's schema: one of the content store's
+/// migrations has been applied there.
+pub async fn is_installed(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar::<_, bool>("SELECT to_regclass('content.users') IS NOT NULL")
+        .fetch_one(pool)
+        .await
+}
 
 pub use access::{lookup_user, ContentUsers, User, AGENT_APPROVE};
 pub use records::{PAGE_METADATA_FIELDS, REFERENCE_FIELDS};

@@ -117,15 +117,15 @@ impl Coordinator {
             return Ok(DecisionOutcome::StaleTurn);
         }
 
-        // 6. The approver may act on the run: the directory lets them approve runs, or it is
-        //    their own. An unknown or disabled user may not, whatever name it shares with the
-        //    run's acting user.
+        // 6. The approver may act on the run: the directory lets them approve runs of its
+        //    agent, or it is their own. An unknown or disabled user may not, whatever name it
+        //    shares with the run's acting user.
         let owner = d.approver == run.acting_user;
         let Some(approver) = self
             .users
             .approver(&d.approver)
             .await?
-            .filter(|a| a.may_approve_runs() || owner)
+            .filter(|a| a.may_approve_runs_of(&run.agent) || owner)
         else {
             return Ok(DecisionOutcome::AccessDenied);
         };

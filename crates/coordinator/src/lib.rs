@@ -10,7 +10,7 @@
 //! does the I/O the verdict names; the gates, the records, the run transitions and their
 //! events happen here, against PostgreSQL through [`countersign_store::Store`], and who a user
 //! is and whether they may approve is asked of a [`UserDirectory`] (in a deployment, the
-//! content store's: [`countersign_service::tools::users`]).
+//! content store's or the table directory: [`countersign_service::tools::tools`]).
 //!
 //! The gates of a decision, in order (see [`Coordinator::take_decision`]): schema, producer,
 //! replay, run waiting, same turn and card, approver's access, configuration, four-eyes, the
@@ -76,10 +76,10 @@ impl Coordinator {
         }
     }
 
-    /// [`Coordinator::with_users`] with the deployment's directory
-    /// ([`countersign_service::tools::users`]) in the store's database.
+    /// [`Coordinator::with_users`] with the reference content store's users
+    /// ([`countersign_service::tools::content_users`]) in the store's database.
     pub fn new(store: Store, registry: Arc<ToolRegistry>) -> Self {
-        let users = countersign_service::tools::users(&store);
+        let users = countersign_service::tools::content_users(&store);
         Coordinator::with_users(store, registry, users)
     }
 

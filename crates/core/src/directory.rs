@@ -7,8 +7,9 @@
 //! - who a user is — the [`Principal`], with the admin flag the tools' policy checks;
 //! - whether the user may be a run's acting user — the same answer: a user it knows and has not
 //!   disabled ([`UserDirectory::principal`] is `Some`);
-//! - whether the user may approve runs — an administrator, or a holder of the directory's
-//!   approve grant ([`UserDirectory::approver`]).
+//! - whether the user may approve runs of an agent — an administrator, or a holder of the
+//!   directory's approve grant for that agent or for every agent ([`UserDirectory::approver`],
+//!   [`Approves`]).
 //!
 //! A run's own acting user may always decide on their own run (four-eyes aside). That rule is
 //! the coordinator's, not the directory's: a directory only says what it grants.
@@ -31,22 +32,67 @@ pub trait UserDirectory: Send + Sync + fmt::Debug {
     /// ([`Principal::with_profile`]) for tools of the same system.
     async fn principal(&self, name: &str) -> Result<Option<Principal>, DirectoryError>;
 
-    /// The user called `name` as an approver: who they are, and whether the directory lets them
-    /// approve runs. One read, so a gate that asks both questions sees one state of the user.
+    /// The user called `name` as an approver: who they are, and which agents' runs the
+    /// directory lets them approve. One read, so a gate that asks both questions sees one state
+    /// of the user.
     async fn approver(&self, name: &str) -> Result<Option<Approver>, DirectoryError>;
+}
+
+/// Whose runs a directory's approve grant covers.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Approves {
+    /// No agent's: the user may decide only on their own runs.
+    #[default]
+    Nothing,
+    /// Every agent's.
+    Every,
+    /// The runs of these agents (by name).
+    Agents(std::collections::BTreeSet<String>),
+}
+
+impl Approves {
+    /// The grant for `agents`, `*` standing for every agent.
+    pub fn of<S: AsRef<str>>(agents: impl IntoIterator<Item = S>) -> Approves {
+        let mut named = std::collections::BTreeSet::new();
+        for agent in agents {
+            match agent.as_ref() {
+                "*" => return Approves::Every,
+                name => {
+                    named.insert(name.to_owned());
+                }
+            }
+        }
+        if named.is_empty() {
+            Approves::Nothing
+        } else {
+            Approves::Agents(named)
+        }
+    }
+
+    /// Whether the grant covers runs of `agent`.
+    pub fn covers(&self, agent: &str) -> bool {
+        match self {
+            Approves::Nothing => false,
+            Approves::Every => true,
+            Approves::Agents(names) => names.contains(agent),
+        }
+    }
 }
 
 /// A user as a directory answers for a decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Approver {
     principal: Principal,
-    granted: bool,
+    approves: Approves,
 }
 
 impl Approver {
-    /// `principal`, holding the directory's approve grant or not.
-    pub fn new(principal: Principal, granted: bool) -> Self {
-        Approver { principal, granted }
+    /// `principal`, with the directory's approve grant `approves`.
+    pub fn new(principal: Principal, approves: Approves) -> Self {
+        Approver {
+            principal,
+            approves,
+        }
     }
 
     /// Who the approver is, for the policy checks of the writes they release.
@@ -54,10 +100,19 @@ impl Approver {
         &self.principal
     }
 
-    /// Whether the directory lets this user approve runs of any agent and acting user: an
-    /// administrator always, anyone else with the grant.
-    pub fn may_approve_runs(&self) -> bool {
-        self.principal.admin || self.granted
+    /// Whose runs the approver may approve, whoever their acting user: every agent's for an
+    /// administrator, otherwise those the grant covers.
+    pub fn approves(&self) -> Approves {
+        if self.principal.admin {
+            Approves::Every
+        } else {
+            self.approves.clone()
+        }
+    }
+
+    /// Whether the directory lets this user approve runs of `agent`, whoever their acting user.
+    pub fn may_approve_runs_of(&self, agent: &str) -> bool {
+        self.principal.admin || self.approves.covers(agent)
     }
 }
 
@@ -92,14 +147,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_administrator_may_approve_runs_without_the_grant() {
-        assert!(Approver::new(Principal::new("admin", true), false).may_approve_runs());
+    fn an_administrator_may_approve_runs_of_every_agent_without_a_grant() {
+        let admin = Approver::new(Principal::new("admin", true), Approves::Nothing);
+        assert!(admin.may_approve_runs_of("assistant"));
+        assert_eq!(admin.approves(), Approves::Every);
     }
 
     #[test]
-    fn a_user_who_is_not_admin_may_approve_runs_only_with_the_grant() {
-        assert!(Approver::new(Principal::new("approver", false), true).may_approve_runs());
-        assert!(!Approver::new(Principal::new("editor", false), false).may_approve_runs());
+    fn a_user_who_is_not_admin_may_approve_only_the_agents_the_grant_names() {
+        let scoped = Approver::new(Principal::new("approver", false), Approves::of(["wiki"]));
+        assert!(scoped.may_approve_runs_of("wiki"));
+        assert!(!scoped.may_approve_runs_of("catalogue"));
+        let every = Approver::new(Principal::new("approver", false), Approves::Every);
+        assert!(every.may_approve_runs_of("catalogue"));
+        let none = Approver::new(Principal::new("editor", false), Approves::Nothing);
+        assert!(!none.may_approve_runs_of("wiki"));
+    }
+
+    #[test]
+    fn a_star_among_the_granted_agents_grants_every_agent_and_no_name_grants_none() {
+        assert_eq!(Approves::of(["wiki", "*"]), Approves::Every);
+        assert_eq!(Approves::of(Vec::<String>::new()), Approves::Nothing);
+        assert_eq!(
+            Approves::of(["b", "a", "b"]),
+            Approves::Agents(["a".to_owned(), "b".to_owned()].into())
+        );
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub mod turn;
 pub use agent_loop::{
     AgentConfig, Decision, HookError, Outcome, Segment, SegmentHooks, TerminationReason,
 };
-pub use directory::{Approver, DirectoryError, UserDirectory};
+pub use directory::{Approver, Approves, DirectoryError, UserDirectory};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
 pub use messages::{DecisionMessage, Event, MessageError, RunRequest};
 pub use model::{

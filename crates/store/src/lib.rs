@@ -1,6 +1,6 @@
 //! PostgreSQL persistence for countersign: the source of truth for runs.
 //!
-//! This crate owns the `runs` side of the schema (migrations are embedded as [`MIGRATOR`]) and
+//! This crate owns the engine's side of the schema (migrations are embedded as [`MIGRATOR`]) and
 //! every statement that touches it: creating runs, the guarded transitions of the run
 //! lifecycle, leases and their renewal, the fenced write transaction that tools writing to the
 //! same database run inside, the audit events, the outbox of the public events and its relay,
@@ -21,6 +21,7 @@
 
 mod agents;
 mod decisions;
+mod directory;
 mod error;
 mod events;
 mod fence;
@@ -43,6 +44,7 @@ pub use agents::{AgentConfig, StoredAgent};
 pub use decisions::{
     AcceptedDecision, DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision,
 };
+pub use directory::{DirectoryUser, TableUsers};
 pub use error::StoreError;
 pub use events::{NewEvent, RunEvent};
 pub use fence::{hook_error, FencedWrite};
@@ -55,8 +57,17 @@ pub use runs::{
     SealedDecision, Segment, Settlement, StoredRequest, TerminationReason, WaitingRun,
 };
 
-/// The migrations of the whole schema, embedded at build time.
-pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+/// The migrations of the engine's schema (`migrations/`), embedded at build time.
+///
+/// Other schemas keep migrations of their own in the same `_sqlx_migrations` table (the
+/// reference content store's, `countersign_content::MIGRATOR`), so this migrator ignores the
+/// versions it does not know instead of refusing a database that has them. Versions are
+/// unique across the migrators: the engine numbers from 1 (0002 is the content store's,
+/// which once shipped here), the content store from 10001.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
+    ignore_missing: true,
+    ..sqlx::migrate!("../../migrations")
+};
 
 /// The handle every service uses: a connection pool and the keyring that seals what is stored.
 #[derive(Clone)]

@@ -56,11 +56,10 @@ async fn main() -> anyhow::Result<()> {
     };
     let pool_size = u32::try_from(args.concurrency * 2 + 2).unwrap_or(16);
     let (store, broker) = args.connections.open(pool_size, args.http_addr).await?;
-    let registry = countersign_service::tools::registry(&store)
-        .await
-        .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS)")?;
+    let countersign_service::tools::Tools {
+        registry, users, ..
+    } = countersign_service::tools::tools(&store).await?;
     let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));
-    let users = countersign_service::tools::users(&store);
     let runner = SegmentRunner {
         store,
         registry: Arc::new(registry),

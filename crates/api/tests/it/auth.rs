@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use crate::support::{config, harness, harness_with};
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_request_without_a_valid_token_is_refused_unauthenticated(pool: PgPool) {
     let h = harness(pool).await;
     let none = h.send(Method::GET, "/v1/inbox", &[], None).await;
@@ -25,7 +25,7 @@ async fn a_request_without_a_valid_token_is_refused_unauthenticated(pool: PgPool
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_token_is_stored_only_as_a_hash_listed_without_its_secret_and_dead_once_revoked(
     pool: PgPool,
 ) {
@@ -99,7 +99,7 @@ async fn a_token_is_stored_only_as_a_hash_listed_without_its_secret_and_dead_onc
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_proxy_header_is_believed_only_from_a_trusted_proxy_address(pool: PgPool) {
     let header = HeaderName::from_static("x-forwarded-user");
     let trusted = harness_with(
@@ -158,7 +158,7 @@ async fn a_proxy_header_is_believed_only_from_a_trusted_proxy_address(pool: PgPo
     untrusted.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_credential_past_its_rate_is_refused_rate_limited_with_retry_after(pool: PgPool) {
     let h = harness_with(
         pool,

@@ -5,7 +5,11 @@ use countersign_worker::SegmentEnd;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 
-use crate::support::{decision_on, harness, DESCRIPTION};
+use std::sync::Arc;
+
+use countersign_store::TableUsers;
+
+use crate::support::{config, decision_on, harness, harness_with_users, AGENT, DESCRIPTION};
 
 const TEASER_IMAGES: &str =
     "SELECT count(*) FROM content.file_references WHERE element = 5 AND field = 'image' AND NOT deleted";
@@ -19,7 +23,38 @@ fn preview_kinds(card: &Value) -> Vec<String> {
         .collect()
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn a_directory_grant_for_one_agent_shows_that_agents_runs_and_no_other(pool: PgPool) {
+    let users = TableUsers::new(pool.clone());
+    for (name, agent) in [
+        ("editor", None),
+        ("reviewer", Some(AGENT)),
+        ("other-reviewer", Some("another-agent")),
+    ] {
+        users.put(name, false).await.unwrap();
+        if let Some(agent) = agent {
+            users.grant_approve(name, agent).await.unwrap();
+        }
+    }
+    let h = harness_with_users(pool, config(), Arc::new(users)).await;
+    let run_id = h.suspended_run().await.to_string();
+
+    let reviewer = h.token("reviewer").await;
+    let listed = h.get(&reviewer, "/v1/inbox").await.json()["runs"].clone();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["run_id"], run_id.as_str());
+    let card = h.get(&reviewer, &format!("/v1/runs/{run_id}/card")).await;
+    assert_eq!(card.status, 200, "{}", card.text());
+
+    let other = h.token("other-reviewer").await;
+    assert_eq!(h.get(&other, "/v1/inbox").await.json()["runs"], json!([]));
+    h.get(&other, &format!("/v1/runs/{run_id}/card"))
+        .await
+        .problem(404, "not_found");
+    h.finish().await;
+}
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_inbox_lists_the_runs_a_caller_may_decide_on_one_page_at_a_time(pool: PgPool) {
     let h = harness(pool).await;
     let mut runs = Vec::new();
@@ -84,7 +119,7 @@ async fn the_inbox_lists_the_runs_a_caller_may_decide_on_one_page_at_a_time(pool
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_card_shows_its_previews_to_a_reader_and_withholds_them_from_an_approver_without_rights(
     pool: PgPool,
 ) {
@@ -131,7 +166,7 @@ async fn a_card_shows_its_previews_to_a_reader_and_withholds_them_from_an_approv
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_approval_of_the_current_card_is_accepted_and_a_replay_of_it_changes_nothing_more(
     pool: PgPool,
 ) {
@@ -195,7 +230,7 @@ async fn an_approval_of_the_current_card_is_accepted_and_a_replay_of_it_changes_
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_decision_on_a_card_the_run_moved_past_is_refused_stale_turn_409_and_changes_nothing(
     pool: PgPool,
 ) {
@@ -257,7 +292,7 @@ async fn a_decision_on_a_card_the_run_moved_past_is_refused_stale_turn_409_and_c
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn refusals_by_the_gates_are_mapped_to_403_409_and_422_and_change_nothing(pool: PgPool) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;

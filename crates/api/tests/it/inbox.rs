@@ -34,7 +34,7 @@ fn hidden(page: &str, name: &str) -> String {
     page[start..].split('"').next().unwrap().to_owned()
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn every_inbox_page_forbids_scripts_framing_and_sniffing(pool: PgPool) {
     let h = harness(pool).await;
     let page = h.send(Method::GET, "/inbox/sign-in", &[], None).await;
@@ -71,7 +71,7 @@ async fn every_inbox_page_forbids_scripts_framing_and_sniffing(pool: PgPool) {
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_card_page_shows_a_preview_with_markup_as_text(pool: PgPool) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;
@@ -102,7 +102,7 @@ async fn a_card_page_shows_a_preview_with_markup_as_text(pool: PgPool) {
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_decision_form_without_its_sessions_csrf_token_is_refused_and_changes_nothing(
     pool: PgPool,
 ) {
@@ -193,7 +193,7 @@ async fn a_decision_form_without_its_sessions_csrf_token_is_refused_and_changes_
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_user_signed_in_by_a_trusted_proxy_decides_as_the_proxys_producer(pool: PgPool) {
     let h = crate::support::harness_with(
         pool,

@@ -69,7 +69,7 @@ fn the_openapi_document_is_version_3_1_and_describes_every_route_with_its_proble
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_served_openapi_document_is_the_generated_one(pool: PgPool) {
     let h = harness(pool).await;
     let served = h

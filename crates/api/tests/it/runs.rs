@@ -8,7 +8,7 @@ use crate::support::{harness, AGENT};
 
 const RUNS: &str = "SELECT count(*) FROM runs";
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_run_request_creates_one_queued_run_and_a_repeated_idempotency_key_creates_nothing(
     pool: PgPool,
 ) {
@@ -75,7 +75,7 @@ async fn a_run_request_creates_one_queued_run_and_a_repeated_idempotency_key_cre
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_run_as_another_user_needs_a_producer_grant_and_without_one_creates_nothing(
     pool: PgPool,
 ) {
@@ -103,7 +103,7 @@ async fn a_run_as_another_user_needs_a_producer_grant_and_without_one_creates_no
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn bad_run_requests_are_refused_with_a_named_problem_and_create_nothing(pool: PgPool) {
     let h = harness(pool).await;
     let editor = h.token("editor").await;
@@ -199,7 +199,7 @@ async fn bad_run_requests_are_refused_with_a_named_problem_and_create_nothing(po
     h.finish().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_run_is_shown_with_its_codes_to_whoever_may_follow_it_and_to_nobody_else(pool: PgPool) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;

@@ -94,6 +94,17 @@ pub async fn harness(pool: PgPool) -> Harness {
 }
 
 pub async fn harness_with(pool: PgPool, config: ApiConfig) -> Harness {
+    let users: Arc<dyn UserDirectory> = Arc::new(ContentUsers::new(pool.clone()));
+    harness_with_users(pool, config, users).await
+}
+
+/// A harness whose API asks `api_users` who callers are and whose runs they may approve (the
+/// worker's segments keep the content store's users, which its tools need).
+pub async fn harness_with_users(
+    pool: PgPool,
+    config: ApiConfig,
+    api_users: Arc<dyn UserDirectory>,
+) -> Harness {
     seed_demo_site(&pool).await.unwrap();
     let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
     store.upsert_agent(&agent(true)).await.unwrap();
@@ -116,7 +127,7 @@ pub async fn harness_with(pool: PgPool, config: ApiConfig) -> Harness {
         .await
         .expect("RabbitMQ answers");
     let state = AppState::new(
-        Coordinator::with_users(store.clone(), registry, users),
+        Coordinator::with_users(store.clone(), registry, api_users),
         broker.clone(),
         config,
     );

@@ -17,7 +17,7 @@ async fn image_files(site: &Site, element: i64) -> Vec<i64> {
     .expect("references")
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn attaching_a_file_previews_the_count_and_appends_it_last(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({
@@ -46,7 +46,7 @@ async fn attaching_a_file_previews_the_count_and_appends_it_last(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_concurrent_attach_between_preview_and_resume_moves_the_preview(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"content_element": 5, "file": 8});
@@ -64,7 +64,7 @@ async fn a_concurrent_attach_between_preview_and_resume_moves_the_preview(pool: 
     assert_ne!(shown, now, "the approver must see that the operand moved");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_file_whose_extension_the_field_does_not_accept_is_refused(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"content_element": 5, "file": 9, "field": "image"});
@@ -87,7 +87,7 @@ async fn a_file_whose_extension_the_field_does_not_accept_is_refused(pool: PgPoo
     assert!(!out.is_error, "{}", out.content);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_element_or_file_the_user_may_not_use_is_refused_with_one_neutral_string(pool: PgPool) {
     let site = Site::seeded(pool).await;
     // A file outside the mounts, an element outside the mounts, a deleted element, a missing
@@ -118,7 +118,7 @@ async fn an_element_or_file_the_user_may_not_use_is_refused_with_one_neutral_str
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_element_in_a_draft_workspace_is_refused(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let out = site
@@ -133,7 +133,7 @@ async fn an_element_in_a_draft_workspace_is_refused(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_unknown_reference_field_refuses_the_whole_call(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let out = site

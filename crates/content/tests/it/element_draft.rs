@@ -6,7 +6,7 @@ use crate::support::{text, Site};
 
 const TOOL: &str = "create_content_element_draft";
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn creating_an_element_draft_previews_it_and_creates_it_hidden(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({
@@ -48,7 +48,7 @@ async fn creating_an_element_draft_previews_it_and_creates_it_hidden(pool: PgPoo
     assert_eq!(order, vec![4, 5, 101]);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn without_a_neighbour_the_draft_goes_to_the_top_of_the_column(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let lines = site
@@ -63,7 +63,7 @@ async fn without_a_neighbour_the_draft_goes_to_the_top_of_the_column(pool: PgPoo
     assert_eq!(lines[4], "position: column 0, 1 of 2, at the top");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_element_draft_on_a_page_the_user_may_not_edit_is_refused(pool: PgPool) {
     let site = Site::seeded(pool).await;
     for (user, page) in [
@@ -86,7 +86,7 @@ async fn an_element_draft_on_a_page_the_user_may_not_edit_is_refused(pool: PgPoo
     assert_eq!(site.count("SELECT count(*) FROM content.elements").await, 8);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn element_drafts_that_cannot_be_created_are_refused_with_the_reason(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let cases = [

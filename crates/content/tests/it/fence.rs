@@ -13,7 +13,7 @@ use crate::support::Site;
 
 const TOOL: &str = "update_page_metadata";
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_writer_without_a_lease_refuses_and_writes_nothing(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let out = site
@@ -30,7 +30,7 @@ async fn a_writer_without_a_lease_refuses_and_writes_nothing(pool: PgPool) {
     assert_eq!(site.page_text(12, "title").await, "Home");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_writer_whose_fence_token_is_stale_writes_nothing(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let created = site
@@ -98,7 +98,7 @@ async fn a_writer_whose_fence_token_is_stale_writes_nothing(pool: PgPool) {
     assert_eq!(site.page_text(12, "title").await, "Current");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_write_is_journaled_with_its_result_and_cannot_run_twice(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let token = site.lease("editor").await;

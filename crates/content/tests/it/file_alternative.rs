@@ -14,7 +14,7 @@ async fn alternative(site: &Site, metadata_uid: i64) -> String {
         .expect("metadata row")
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn setting_an_alternative_text_previews_the_change_and_writes_the_default_language(
     pool: PgPool,
 ) {
@@ -39,7 +39,7 @@ async fn setting_an_alternative_text_previews_the_change_and_writes_the_default_
     assert_eq!(alternative(&site, 2).await, "Ein rotes Fahrrad");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_file_without_a_metadata_record_is_refused_and_none_is_created(pool: PgPool) {
     let site = Site::seeded(pool).await;
     // logo.svg has no metadata at all; bicycle.png only a draft version in workspace 1.
@@ -60,7 +60,7 @@ async fn a_file_without_a_metadata_record_is_refused_and_none_is_created(pool: P
     assert_eq!(alternative(&site, 7).await, "A draft alternative text");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_file_outside_the_users_file_mounts_is_refused_with_the_neutral_string(pool: PgPool) {
     let site = Site::seeded(pool).await;
     // payroll.pdf is outside every mount; intro.mp4 is in a storage the restricted editor has
@@ -89,7 +89,7 @@ async fn a_file_outside_the_users_file_mounts_is_refused_with_the_neutral_string
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_user_without_the_default_language_is_refused(pool: PgPool) {
     let site = Site::seeded(pool).await;
     site.exec("UPDATE content.users SET allowed_languages = '{1}' WHERE name = 'editor'")
@@ -106,7 +106,7 @@ async fn a_user_without_the_default_language_is_refused(pool: PgPool) {
     assert_eq!(alternative(&site, 1).await, "");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_language_argument_refuses_the_whole_call(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let out = site
@@ -122,7 +122,7 @@ async fn a_language_argument_refuses_the_whole_call(pool: PgPool) {
     assert_eq!(alternative(&site, 2).await, "Ein rotes Fahrrad");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_missing_alternative_argument_is_refused(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let out = site.execute(TOOL, "editor", json!({"uid": 7})).await;
@@ -134,7 +134,7 @@ async fn a_missing_alternative_argument_is_refused(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_alternative_text_marked_as_an_exclude_field_is_caught_by_the_read_back(pool: PgPool) {
     let site = Site::seeded(pool).await;
     // One row of configuration away: the field becomes an exclude field nobody but the admin
@@ -160,7 +160,7 @@ async fn an_alternative_text_marked_as_an_exclude_field_is_caught_by_the_read_ba
     assert_eq!(alternative(&site, 1).await, "A red bicycle");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn clearing_an_alternative_text_is_a_write_that_is_verified(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"uid": 8, "alternative": ""});

@@ -1,5 +1,5 @@
 //! The content store's tools against the real PostgreSQL: each test gets its own database,
-//! migrated with the store's migrator and seeded with the demo site.
+//! migrated with the engine's and the content store's migrators and seeded with the demo site.
 
 mod support;
 
@@ -8,6 +8,7 @@ mod element_draft;
 mod fence;
 mod file_alternative;
 mod json_schema;
+mod migrations;
 mod move_element;
 mod page_draft;
 mod page_metadata;

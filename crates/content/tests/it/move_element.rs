@@ -29,7 +29,7 @@ async fn place(site: &Site, uid: i64) -> (i64, i32, i32) {
     (row.get(0), row.get(1), row.get(2))
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn moving_an_element_previews_both_ends_and_lands_where_it_said(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"uid": 5, "target_page": 13, "after_content_uid": 8});
@@ -52,7 +52,7 @@ async fn moving_an_element_previews_both_ends_and_lands_where_it_said(pool: PgPo
     assert_eq!(column(&site, 12, 0).await, vec![4]);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_moved_element_takes_its_translations_along(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"uid": 4, "target_page": 13, "column": 1});
@@ -70,7 +70,7 @@ async fn a_moved_element_takes_its_translations_along(pool: PgPool) {
     assert_eq!(place(&site, 44).await, (pid, colpos, sorting));
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn moving_twice_to_the_same_place_changes_nothing_the_second_time(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"uid": 4, "target_page": 12, "after_content_uid": 5});
@@ -82,7 +82,7 @@ async fn moving_twice_to_the_same_place_changes_nothing_the_second_time(pool: Pg
     assert_eq!((column(&site, 12, 0).await, place(&site, 4).await), first);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_element_or_target_the_user_may_not_edit_is_refused_with_the_neutral_string(
     pool: PgPool,
 ) {
@@ -114,7 +114,7 @@ async fn an_element_or_target_the_user_may_not_edit_is_refused_with_the_neutral_
     assert_eq!(place(&site, 5).await, (12, 0, 256));
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn moves_that_cannot_be_carried_out_are_refused_with_the_reason(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let cases = [

@@ -6,7 +6,7 @@ use crate::support::{text, Site};
 
 const TOOL: &str = "create_page_draft";
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn creating_a_page_draft_previews_it_and_creates_a_hidden_standard_page(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({
@@ -42,7 +42,7 @@ async fn creating_a_page_draft_previews_it_and_creates_a_hidden_standard_page(po
     assert_eq!(order, vec![15, 101]);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_page_draft_placed_after_no_sibling_comes_first(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let lines = site
@@ -53,7 +53,7 @@ async fn a_page_draft_placed_after_no_sibling_comes_first(pool: PgPool) {
     assert_eq!(lines[3], "position: 1 of 4, at the top");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_page_draft_below_a_page_the_user_may_not_edit_is_refused(pool: PgPool) {
     let site = Site::seeded(pool).await;
     for (user, parent) in [
@@ -80,7 +80,7 @@ async fn a_page_draft_below_a_page_the_user_may_not_edit_is_refused(pool: PgPool
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn page_drafts_that_cannot_be_created_are_refused_with_the_reason(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let cases = [

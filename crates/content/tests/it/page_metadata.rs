@@ -6,7 +6,7 @@ use crate::support::{text, Site};
 
 const TOOL: &str = "update_page_metadata";
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn updating_page_metadata_previews_each_field_and_writes_it(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"uid": 12, "description": "A shorter welcome.", "title": "Home"});
@@ -26,7 +26,7 @@ async fn updating_page_metadata_previews_each_field_and_writes_it(pool: PgPool) 
     assert_eq!(site.page_text(12, "title").await, "Home");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn every_page_the_user_may_not_edit_gets_the_same_neutral_refusal(pool: PgPool) {
     let site = Site::seeded(pool).await;
     // Outside the mounts, missing, deleted, below a deleted page, and an unknown user.
@@ -56,7 +56,7 @@ async fn every_page_the_user_may_not_edit_gets_the_same_neutral_refusal(pool: Pg
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_page_in_a_language_the_user_may_not_use_is_refused(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"uid": 40, "description": "Neu."});
@@ -74,7 +74,7 @@ async fn a_page_in_a_language_the_user_may_not_use_is_refused(pool: PgPool) {
     assert_eq!(site.page_text(40, "description").await, "Neu.");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_page_in_a_draft_workspace_is_refused(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"uid": 18, "description": "Live now."});
@@ -87,7 +87,7 @@ async fn a_page_in_a_draft_workspace_is_refused(pool: PgPool) {
     assert_eq!(site.page_text(18, "description").await, "A draft.");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_unknown_argument_refuses_the_whole_call(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"uid": 12, "description": "Half of it.", "slug": "/elsewhere"});
@@ -100,7 +100,7 @@ async fn an_unknown_argument_refuses_the_whole_call(pool: PgPool) {
     assert_ne!(site.page_text(12, "description").await, "Half of it.");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_empty_title_is_refused_up_front_even_for_an_admin(pool: PgPool) {
     let site = Site::seeded(pool).await;
     for title in ["", "   "] {
@@ -117,7 +117,7 @@ async fn an_empty_title_is_refused_up_front_even_for_an_admin(pool: PgPool) {
     assert_eq!(site.page_text(12, "subtitle").await, "Start here");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_value_longer_than_its_cap_is_refused(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let out = site
@@ -128,7 +128,7 @@ async fn a_value_longer_than_its_cap_is_refused(pool: PgPool) {
     assert_eq!(site.page_text(12, "title").await, "Home");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn clearing_an_optional_field_is_written_and_verified(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"uid": 12, "subtitle": ""});
@@ -141,7 +141,7 @@ async fn clearing_an_optional_field_is_written_and_verified(pool: PgPool) {
     assert_eq!(site.page_text(12, "subtitle").await, "");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_field_the_user_holds_no_grant_for_is_caught_by_the_read_back(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"uid": 12, "description": "Shorter.", "seo_title": "Home, better"});
@@ -163,7 +163,7 @@ async fn a_field_the_user_holds_no_grant_for_is_caught_by_the_read_back(pool: Pg
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_same_seo_field_is_written_for_an_editor_holding_the_grant(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let out = site

@@ -95,7 +95,7 @@ fn forbidden_calls() -> Vec<(&'static str, Value, &'static str, &'static str)> {
     ]
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_content_store_offers_five_readers_and_seven_disabled_writers(pool: PgPool) {
     let site = Site::seeded(pool).await;
     for name in READER_NAMES {
@@ -131,7 +131,7 @@ async fn the_content_store_offers_five_readers_and_seven_disabled_writers(pool: 
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn every_writers_preview_is_the_same_twice_on_the_same_state(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let calls = permitted_calls().into_iter().chain(
@@ -146,7 +146,7 @@ async fn every_writers_preview_is_the_same_twice_on_the_same_state(pool: PgPool)
     }
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_preview_never_shows_a_record_the_acting_user_cannot_read(pool: PgPool) {
     let site = Site::seeded(pool).await;
     for (tool, args, secret, refusal) in forbidden_calls() {
@@ -165,7 +165,7 @@ async fn a_preview_never_shows_a_record_the_acting_user_cannot_read(pool: PgPool
     }
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_viewer_without_rights_on_the_record_may_not_read_the_preview(pool: PgPool) {
     let site = Site::seeded(pool).await;
     for (tool, args) in permitted_calls() {
@@ -200,7 +200,7 @@ async fn a_viewer_without_rights_on_the_record_may_not_read_the_preview(pool: Pg
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_refusal_that_needs_rights_to_see_is_readable_by_a_viewer_with_them(pool: PgPool) {
     let site = Site::seeded(pool).await;
     // The preview is a refusal (an existing translation), but not a permission refusal: an

@@ -18,7 +18,7 @@ fn uids(list: &Value) -> Vec<i64> {
         .collect()
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn read_page_metadata_returns_the_descriptive_fields_and_translations(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let out = site
@@ -37,7 +37,7 @@ async fn read_page_metadata_returns_the_descriptive_fields_and_translations(pool
     assert_eq!(parse(&out.content)["translations"], json!([]));
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_reader_and_the_writers_of_the_same_records_refuse_with_the_same_string(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let pairs = [
@@ -77,7 +77,7 @@ async fn a_reader_and_the_writers_of_the_same_records_refuse_with_the_same_strin
     assert_eq!(attach.content, ELEMENT_OR_FILE_NOT_PERMITTED);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn search_pages_lists_only_pages_the_user_may_edit(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let search = |user: &'static str, query: &'static str| {
@@ -103,7 +103,7 @@ async fn search_pages_lists_only_pages_the_user_may_edit(pool: PgPool) {
     assert_eq!(search("admin", "%").await, Vec::<i64>::new());
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn list_content_elements_lists_columns_in_order_and_hides_files_outside_the_mounts(
     pool: PgPool,
 ) {
@@ -149,7 +149,7 @@ async fn list_content_elements_lists_columns_in_order_and_hides_files_outside_th
     assert_eq!(out.content, ELEMENT_NOT_PERMITTED);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn read_fal_asset_meta_is_for_admins_only(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let spec = site.tool("read_fal_asset_meta").spec().clone();
@@ -172,7 +172,7 @@ async fn read_fal_asset_meta_is_for_admins_only(pool: PgPool) {
     assert_eq!(out.content, ASSET_NOT_PERMITTED);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn search_fal_files_lists_only_files_inside_the_mounts(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let search = |user: &'static str, args: Value| {

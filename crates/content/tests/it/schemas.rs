@@ -381,7 +381,7 @@ fn assert_in_own_words(tool: &str, args: &Value, refusal: &str) {
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn every_tools_derived_schema_and_its_parser_agree_on_every_example(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let mut registry = ToolRegistry::new();
@@ -445,7 +445,7 @@ async fn every_tools_derived_schema_and_its_parser_agree_on_every_example(pool: 
     assert!(checked >= 250, "{checked} calls checked");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn every_tools_parameters_are_a_plain_object_schema_as_the_snapshot_shows(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let mut registry = ToolRegistry::new();

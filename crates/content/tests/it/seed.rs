@@ -4,7 +4,7 @@ use sqlx::PgPool;
 
 use crate::support::Site;
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn seeding_twice_changes_nothing(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let tables = [
@@ -34,7 +34,7 @@ async fn seeding_twice_changes_nothing(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_demo_users_are_an_admin_an_editor_an_approver_and_a_restricted_editor(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let admin = lookup_user(&site.pool, "admin").await.unwrap().unwrap();
@@ -53,7 +53,7 @@ async fn the_demo_users_are_an_admin_an_editor_an_approver_and_a_restricted_edit
     assert!(lookup_user(&site.pool, "mallory").await.unwrap().is_none());
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_user_directory_answers_with_the_stored_admin_flag(pool: PgPool) {
     let site = Site::seeded(pool).await;
     site.exec("INSERT INTO content.users (name, disabled) VALUES ('former', true)")
@@ -71,7 +71,7 @@ async fn the_user_directory_answers_with_the_stored_admin_flag(pool: PgPool) {
     assert_eq!(directory.principal("former").await.unwrap(), None);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_user_directory_lets_admins_and_holders_of_agent_approve_approve_runs(pool: PgPool) {
     let site = Site::seeded(pool).await;
     site.exec(
@@ -87,7 +87,14 @@ async fn the_user_directory_lets_admins_and_holders_of_agent_approve_approve_run
     ] {
         let approver = directory.approver(name).await.unwrap().expect(name);
         assert_eq!(approver.principal(), &Principal::new(name, admin), "{name}");
-        assert_eq!(approver.may_approve_runs(), may_approve, "{name}");
+        // The content store's grant is not scoped: it covers every agent's runs.
+        for agent in ["assistant", "another-agent"] {
+            assert_eq!(
+                approver.may_approve_runs_of(agent),
+                may_approve,
+                "{name} {agent}"
+            );
+        }
     }
     assert_eq!(directory.approver("mallory").await.unwrap(), None);
     assert_eq!(

@@ -6,7 +6,7 @@ use crate::support::{text, Site};
 
 const TOOL: &str = "create_translation_draft";
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn translating_a_page_previews_the_copy_and_creates_it_hidden(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"table": "pages", "uid": 14, "language": 1});
@@ -32,7 +32,7 @@ async fn translating_a_page_previews_the_copy_and_creates_it_hidden(pool: PgPool
     assert_eq!(row.get::<String, _>("description"), "What we sell.");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_existing_translation_is_refused_unless_the_call_overwrites_it(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"table": "pages", "uid": 12, "language": 1});
@@ -48,7 +48,7 @@ async fn an_existing_translation_is_refused_unless_the_call_overwrites_it(pool: 
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn overwriting_says_it_discards_the_existing_translation_and_does(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let args = json!({"table": "pages", "uid": 12, "language": 1, "overwrite": true});
@@ -82,7 +82,7 @@ async fn overwriting_says_it_discards_the_existing_translation_and_does(pool: Pg
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn translating_an_element_copies_its_references_and_discards_an_old_translation(
     pool: PgPool,
 ) {
@@ -117,7 +117,7 @@ async fn translating_an_element_copies_its_references_and_discards_an_old_transl
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_language_the_user_may_not_use_is_refused_with_the_neutral_string(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let cases = [
@@ -147,7 +147,7 @@ async fn a_language_the_user_may_not_use_is_refused_with_the_neutral_string(pool
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn translations_that_cannot_be_made_are_refused_with_the_reason(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let cases = [
@@ -191,7 +191,7 @@ async fn translations_that_cannot_be_made_are_refused_with_the_reason(pool: PgPo
     assert_eq!(site.count("SELECT count(*) FROM content.elements").await, 8);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_copied_field_the_user_holds_no_grant_for_is_caught_by_the_read_back(pool: PgPool) {
     let site = Site::seeded(pool).await;
     site.exec("UPDATE content.users SET allowed_languages = '{0,1}' WHERE name = 'restricted'")

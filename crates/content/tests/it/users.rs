@@ -8,7 +8,7 @@ use sqlx::PgPool;
 
 use crate::support::Site;
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_principal_from_the_directory_is_checked_against_the_user_as_read_and_any_other_is_read_afresh(
     pool: PgPool,
 ) {

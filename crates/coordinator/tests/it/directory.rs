@@ -6,13 +6,14 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use countersign_coordinator::producers::{self, ProducerKind, ANY};
 use countersign_coordinator::{Coordinator, CoordinatorError, RequestOutcome};
-use countersign_core::{Approver, DirectoryError, Principal, UserDirectory};
+use countersign_core::{Approver, Approves, DirectoryError, Principal, UserDirectory};
+use countersign_store::TableUsers;
 use sqlx::PgPool;
 
 use crate::support::{assert_refused, bytes, harness, request, Harness, AGENT, INBOX, PORTAL};
 
 /// A directory of its own, unlike the content store's: it knows `auditor` (whom the content
-/// store does not) and lets them approve, knows `approver` without the approve grant the
+/// store does not) and lets them approve the runs of [`AGENT`], knows `approver` without the approve grant the
 /// content store gives them, and nobody else. Or it cannot answer at all.
 #[derive(Debug)]
 enum Directory {
@@ -32,8 +33,14 @@ impl UserDirectory for Directory {
                 "directory unreachable",
             ))),
             Directory::Own => Ok(match name {
-                "auditor" => Some(Approver::new(Principal::new("auditor", false), true)),
-                "approver" => Some(Approver::new(Principal::new("approver", false), false)),
+                "auditor" => Some(Approver::new(
+                    Principal::new("auditor", false),
+                    Approves::of([AGENT]),
+                )),
+                "approver" => Some(Approver::new(
+                    Principal::new("approver", false),
+                    Approves::Nothing,
+                )),
                 _ => None,
             }),
         }
@@ -49,7 +56,7 @@ fn coordinator(h: &Harness, directory: Directory) -> Coordinator {
     )
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_decision_gate_lets_approve_whom_the_injected_directory_grants_and_no_one_else(
     pool: PgPool,
 ) {
@@ -77,7 +84,7 @@ async fn the_decision_gate_lets_approve_whom_the_injected_directory_grants_and_n
     assert_eq!(h.decisions(card.run_id).await.len(), 3);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_request_gate_takes_acting_users_from_the_injected_directory(pool: PgPool) {
     let h = harness(pool).await;
     producers::allow(&h.pool, "scheduler", ProducerKind::ActingUser, ANY)
@@ -107,7 +114,7 @@ async fn the_request_gate_takes_acting_users_from_the_injected_directory(pool: P
     assert_eq!(h.runs().await, 1);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_directory_that_cannot_answer_is_an_error_and_the_decision_is_not_recorded(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -136,4 +143,54 @@ async fn a_directory_that_cannot_answer_is_an_error_and_the_decision_is_not_reco
         "{result:?}"
     );
     assert_eq!(h.runs().await, 1, "no run created");
+}
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn the_table_directory_lets_approve_only_the_agents_a_grant_names_and_forgets_disabled_users(
+    pool: PgPool,
+) {
+    let h = harness(pool).await;
+    let users = TableUsers::new(h.pool.clone());
+    // The run's acting user must be known to the table directory for the run to exist at all;
+    // the harness's run was requested through the content store's gate, which is fine here:
+    // the decision gate alone asks the table.
+    let card = h.suspended_run("editor").await;
+    let before = h.row(card.run_id).await;
+    let table = Coordinator::with_users(
+        h.store.clone(),
+        h.coordinator.registry.clone(),
+        Arc::new(users.clone()),
+    );
+    let decide = |approver: &str| {
+        let d = card.decision(true, approver);
+        let table = table.clone();
+        async move {
+            (
+                table.take_decision(&bytes(&d), Some(INBOX)).await.unwrap(),
+                d,
+            )
+        }
+    };
+
+    users.put("reviewer", false).await.unwrap();
+    assert!(users
+        .grant_approve("reviewer", "another-agent")
+        .await
+        .unwrap());
+    let (v, d) = decide("reviewer").await;
+    assert_refused(&v, &d, "access_denied");
+
+    users.put("chief", true).await.unwrap();
+    users.set_disabled("chief", true).await.unwrap();
+    let (v, d) = decide("chief").await;
+    assert_refused(&v, &d, "access_denied");
+    assert_eq!(
+        h.row(card.run_id).await,
+        before,
+        "refusals leave the run as it was"
+    );
+
+    assert!(users.grant_approve("reviewer", AGENT).await.unwrap());
+    let (v, _) = decide("reviewer").await;
+    assert!(v.is_accepted(), "{:?}", v.outcome);
 }

@@ -19,7 +19,7 @@ use crate::support::{
 
 // 1. schema
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_malformed_decision_is_dead_lettered_with_its_reason_and_records_nothing(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -44,7 +44,7 @@ async fn a_malformed_decision_is_dead_lettered_with_its_reason_and_records_nothi
 
 // 2. producer
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_decision_without_a_broker_validated_user_is_unauthenticated_and_records_nothing(
     pool: PgPool,
 ) {
@@ -70,7 +70,7 @@ async fn a_decision_without_a_broker_validated_user_is_unauthenticated_and_recor
     assert!(!v.replayed);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_producer_not_allowed_to_assert_the_approver_is_unauthenticated(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -94,7 +94,7 @@ async fn a_producer_not_allowed_to_assert_the_approver_is_unauthenticated(pool: 
 
 // 3. replay
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_replayed_decision_returns_its_first_outcome_and_dispatches_nothing(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -123,7 +123,7 @@ async fn a_replayed_decision_returns_its_first_outcome_and_dispatches_nothing(po
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_replayed_refusal_returns_the_recorded_refusal_although_the_facts_changed(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -151,7 +151,7 @@ async fn a_replayed_refusal_returns_the_recorded_refusal_although_the_facts_chan
 
 // 4. run waiting
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_decision_on_a_run_that_is_not_waiting_is_refused_and_leaves_it_as_it_was(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -177,7 +177,7 @@ async fn a_decision_on_a_run_that_is_not_waiting_is_refused_and_leaves_it_as_it_
     assert_eq!(h.decision_events(queued).await.len(), 1);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_decision_on_a_run_that_does_not_exist_is_not_awaiting_approval(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -191,7 +191,7 @@ async fn a_decision_on_a_run_that_does_not_exist_is_not_awaiting_approval(pool: 
 
 // 5. same turn, same card
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_approval_naming_other_calls_is_a_stale_turn_and_leaves_the_run_as_it_was(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -204,7 +204,7 @@ async fn an_approval_naming_other_calls_is_a_stale_turn_and_leaves_the_run_as_it
     assert_eq!(h.decisions(card.run_id).await.len(), 1);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_decision_on_the_card_before_a_preview_moved_is_stale_although_the_calls_are_the_same(
     pool: PgPool,
 ) {
@@ -245,7 +245,7 @@ async fn a_decision_on_the_card_before_a_preview_moved_is_stale_although_the_cal
 
 // 6. approver's access
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_approver_who_is_not_admin_granted_or_the_owner_is_access_denied(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -268,7 +268,7 @@ async fn an_approver_who_is_not_admin_granted_or_the_owner_is_access_denied(pool
     assert_eq!(h.decisions(card.run_id).await.len(), 3);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_runs_own_acting_user_may_decide_without_admin_or_grant(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -280,7 +280,7 @@ async fn the_runs_own_acting_user_may_decide_without_admin_or_grant(pool: PgPool
 
 // 7. configuration
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_decision_on_a_run_whose_configuration_is_inactive_or_gone_is_refused(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -300,7 +300,7 @@ async fn a_decision_on_a_run_whose_configuration_is_inactive_or_gone_is_refused(
 
 // 8. four-eyes
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn under_four_eyes_the_initiator_may_not_approve_their_own_run(pool: PgPool) {
     let h = harness(pool).await;
     h.store.upsert_agent(&agent(true)).await.unwrap();
@@ -319,7 +319,7 @@ async fn under_four_eyes_the_initiator_may_not_approve_their_own_run(pool: PgPoo
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn under_four_eyes_an_admin_is_not_exempt_from_approving_their_own_run(pool: PgPool) {
     let h = harness(pool).await;
     h.store.upsert_agent(&agent(true)).await.unwrap();
@@ -331,7 +331,7 @@ async fn under_four_eyes_an_admin_is_not_exempt_from_approving_their_own_run(poo
     assert_eq!(h.row(card.run_id).await, before);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn under_four_eyes_the_initiator_may_still_deny_their_own_run(pool: PgPool) {
     let h = harness(pool).await;
     h.store.upsert_agent(&agent(true)).await.unwrap();
@@ -342,7 +342,7 @@ async fn under_four_eyes_the_initiator_may_still_deny_their_own_run(pool: PgPool
 
 // 9. the approver's tool permissions
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_approval_of_a_writer_the_agent_no_longer_enables_is_not_permitted(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -393,7 +393,7 @@ fn coordinator_with(h: &Harness, change: impl FnOnce(&mut ToolRegistry)) -> Coor
     )
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_admin_only_writer_may_be_released_by_an_admin_but_not_by_a_granted_approver(
     pool: PgPool,
 ) {
@@ -424,7 +424,7 @@ async fn an_admin_only_writer_may_be_released_by_an_admin_but_not_by_a_granted_a
     assert!(v.is_accepted(), "{:?}", v.outcome);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_pending_tool_the_registry_does_not_know_is_released_by_nobody(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -453,7 +453,7 @@ async fn a_pending_tool_the_registry_does_not_know_is_released_by_nobody(pool: P
 
 // 10. the transaction
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_approval_that_cannot_be_recorded_is_not_auditable_and_the_run_stays_waiting(
     pool: PgPool,
 ) {
@@ -493,7 +493,7 @@ async fn an_approval_that_cannot_be_recorded_is_not_auditable_and_the_run_stays_
 
 // The order of the gates.
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_malformed_decision_from_an_unauthenticated_producer_is_malformed(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -504,7 +504,7 @@ async fn a_malformed_decision_from_an_unauthenticated_producer_is_malformed(pool
     assert_unrecorded(&v, "malformed");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_unauthenticated_replay_of_a_recorded_decision_learns_nothing(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -514,7 +514,7 @@ async fn an_unauthenticated_replay_of_a_recorded_decision_learns_nothing(pool: P
     assert_unrecorded(&v, "unauthenticated_producer");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_second_decision_on_a_released_card_is_not_awaiting_approval_rather_than_stale(
     pool: PgPool,
 ) {
@@ -535,7 +535,7 @@ async fn a_second_decision_on_a_released_card_is_not_awaiting_approval_rather_th
     assert_eq!(h.row(card.run_id).await, before);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_stale_decision_by_someone_without_access_is_stale(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -544,7 +544,7 @@ async fn a_stale_decision_by_someone_without_access_is_stale(pool: PgPool) {
     assert_refused(&h.decide(&d, Some(INBOX)).await, &d, "stale_turn");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_decision_without_access_on_a_gone_configuration_is_access_denied(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -553,7 +553,7 @@ async fn a_decision_without_access_on_a_gone_configuration_is_access_denied(pool
     assert_refused(&h.decide(&d, Some(INBOX)).await, &d, "access_denied");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_self_approval_on_an_inactive_four_eyes_configuration_is_configuration_gone(
     pool: PgPool,
 ) {
@@ -565,7 +565,7 @@ async fn a_self_approval_on_an_inactive_four_eyes_configuration_is_configuration
     assert_refused(&h.decide(&d, Some(INBOX)).await, &d, "configuration_gone");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_self_approval_of_a_writer_no_longer_enabled_is_self_approval_denied(pool: PgPool) {
     let h = harness(pool).await;
     let mut config = agent(true);

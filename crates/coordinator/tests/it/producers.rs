@@ -2,7 +2,7 @@ use countersign_coordinator::producers::{self, ProducerKind, ANY};
 use countersign_coordinator::ProducerError;
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_grant_lets_its_amqp_user_assert_that_name_and_no_other(pool: PgPool) {
     assert!(
         producers::allow(&pool, "inbox-ui", ProducerKind::Approver, "alice")
@@ -32,7 +32,7 @@ async fn a_grant_lets_its_amqp_user_assert_that_name_and_no_other(pool: PgPool) 
     assert!(!may("other-app", ProducerKind::Approver, "alice").await);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_wildcard_grant_covers_every_name_of_its_kind_until_it_is_revoked(pool: PgPool) {
     producers::allow(&pool, "scheduler", ProducerKind::ActingUser, ANY)
         .await
@@ -65,7 +65,7 @@ async fn a_wildcard_grant_covers_every_name_of_its_kind_until_it_is_revoked(pool
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_list_holds_every_grant_in_order(pool: PgPool) {
     producers::allow(&pool, "b-app", ProducerKind::Approver, "alice")
         .await
@@ -92,7 +92,7 @@ async fn the_list_holds_every_grant_in_order(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_empty_or_padded_name_is_refused_before_it_is_stored(pool: PgPool) {
     for (user, name) in [
         ("", "alice"),

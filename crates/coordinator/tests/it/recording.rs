@@ -111,7 +111,7 @@ async fn assert_untouched(h: &Harness, card: &Card, before: &Value) {
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_serialization_failure_while_recording_an_approval_is_an_error_and_its_redelivery_is_accepted(
     pool: PgPool,
 ) {
@@ -134,7 +134,7 @@ async fn a_serialization_failure_while_recording_an_approval_is_an_error_and_its
     assert_eq!(h.row(card.run_id).await["status"], "queued");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn every_transient_sqlstate_is_an_error_and_any_other_refusal_to_store_is_not_auditable(
     pool: PgPool,
 ) {
@@ -173,7 +173,7 @@ async fn every_transient_sqlstate_is_an_error_and_any_other_refusal_to_store_is_
     assert!(!again.replayed);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_approval_whose_connection_is_terminated_while_it_records_is_an_error_and_the_run_stays_waiting(
     pool: PgPool,
 ) {
@@ -209,7 +209,7 @@ async fn an_approval_whose_connection_is_terminated_while_it_records_is_an_error
     assert!(!again.replayed);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn the_service_requeues_an_approval_that_met_a_transient_error_and_accepts_its_redelivery(
     pool: PgPool,
 ) {

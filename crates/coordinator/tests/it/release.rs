@@ -13,7 +13,7 @@ use crate::support::{bytes, harness, Card, Harness, INBOX};
 
 const COMMENT: &str = "Fine by me, but mind the ticket 4711 secret.";
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_accepted_approval_moves_the_run_to_its_resume_segment_with_one_decision_and_one_audit_event(
     pool: PgPool,
 ) {
@@ -85,7 +85,7 @@ async fn an_accepted_approval_moves_the_run_to_its_resume_segment_with_one_decis
     assert_eq!(h.teaser_images().await, 3);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_denial_is_accepted_and_resumes_the_run_so_the_model_is_told(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -187,7 +187,7 @@ async fn assert_released_once(
     loser
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn two_decisions_raced_on_one_card_release_it_exactly_once(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -200,7 +200,7 @@ async fn two_decisions_raced_on_one_card_release_it_exactly_once(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn two_decisions_that_both_passed_their_gates_release_the_card_once(pool: PgPool) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
@@ -213,7 +213,7 @@ async fn two_decisions_that_both_passed_their_gates_release_the_card_once(pool: 
     assert!(!loser.replayed);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_approval_whose_run_was_cancelled_after_its_gates_is_not_awaiting_approval(
     pool: PgPool,
 ) {

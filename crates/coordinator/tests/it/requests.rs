@@ -14,7 +14,7 @@ async fn take(h: &Harness, body: &serde_json::Value, producer: Option<&str>) -> 
         .unwrap()
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_run_request_creates_one_queued_run_and_asks_for_its_start_segment(pool: PgPool) {
     let h = harness(pool).await;
     let r = request("editor", AGENT);
@@ -53,7 +53,7 @@ async fn a_run_request_creates_one_queued_run_and_asks_for_its_start_segment(poo
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_duplicate_request_id_returns_the_same_run_and_dispatches_nothing(pool: PgPool) {
     let h = harness(pool).await;
     let r = request("editor", AGENT);
@@ -80,7 +80,7 @@ async fn a_duplicate_request_id_returns_the_same_run_and_dispatches_nothing(pool
     assert_eq!(h.row(first.run_id.unwrap()).await, row);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_run_request_without_an_allowed_producer_is_refused_and_creates_nothing(pool: PgPool) {
     let h = harness(pool).await;
     // No broker user; a decision producer; and the portal, which may start runs as `editor`
@@ -105,7 +105,7 @@ async fn a_run_request_without_an_allowed_producer_is_refused_and_creates_nothin
     assert!(h.announced_refusals().await.is_empty());
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_run_request_for_an_unknown_or_disabled_acting_user_is_refused_and_creates_nothing(
     pool: PgPool,
 ) {
@@ -147,7 +147,7 @@ async fn a_run_request_for_an_unknown_or_disabled_acting_user_is_refused_and_cre
         .all(|body| body["outcome"] == "unknown_acting_user" && body["event_id"].is_string()));
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_run_request_for_an_inactive_or_missing_agent_is_refused_and_creates_nothing(
     pool: PgPool,
 ) {
@@ -173,7 +173,7 @@ async fn a_run_request_for_an_inactive_or_missing_agent_is_refused_and_creates_n
     assert!(v.created);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_malformed_run_request_is_dead_lettered_with_its_reason_even_from_nobody(pool: PgPool) {
     let h = harness(pool).await;
     let mut r = request("editor", AGENT);
@@ -201,7 +201,7 @@ async fn a_malformed_run_request_is_dead_lettered_with_its_reason_even_from_nobo
     assert_eq!(h.runs().await, 0);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_request_for_an_unknown_user_from_a_producer_not_allowed_to_name_it_is_unauthenticated(
     pool: PgPool,
 ) {

@@ -42,7 +42,7 @@ fn json(delivery: &Delivery) -> Value {
     serde_json::from_slice(&delivery.body).expect("a JSON body")
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn only_an_authenticated_producer_is_answered_and_the_relay_announces_its_outcome(
     pool: PgPool,
 ) {

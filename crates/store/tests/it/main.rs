@@ -7,6 +7,7 @@
 
 mod agents;
 mod decisions;
+mod directory;
 mod events;
 mod fence;
 mod journal;

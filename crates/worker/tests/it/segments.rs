@@ -165,7 +165,7 @@ impl Harness {
     }
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_approved_turn_writes_each_call_once_and_completes(pool: PgPool) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;
@@ -186,7 +186,7 @@ async fn an_approved_turn_writes_each_call_once_and_completes(pool: PgPool) {
     assert_eq!(run.termination_reason, Some(TerminationReason::Completed));
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_retry_that_finds_part_of_a_turn_journaled_reuses_it_and_writes_only_the_rest(
     pool: PgPool,
 ) {
@@ -239,7 +239,7 @@ async fn a_retry_that_finds_part_of_a_turn_journaled_reuses_it_and_writes_only_t
     assert_eq!(h.description().await, NEW_DESCRIPTION);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_segment_whose_lease_was_taken_over_writes_nothing(pool: PgPool) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;
@@ -272,7 +272,7 @@ async fn a_segment_whose_lease_was_taken_over_writes_nothing(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_state_that_no_longer_opens_fails_the_run_with_state_unreadable(pool: PgPool) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;
@@ -293,7 +293,7 @@ async fn a_state_that_no_longer_opens_fails_the_run_with_state_unreadable(pool: 
     assert_eq!(h.teaser_images().await, 2);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_deactivated_configuration_fails_the_run_without_running_it(pool: PgPool) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;
@@ -307,7 +307,7 @@ async fn a_deactivated_configuration_fails_the_run_without_running_it(pool: PgPo
     assert_eq!(h.teaser_images().await, 2);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_agent_whose_model_settings_name_no_usable_model_fails_provider_failed(pool: PgPool) {
     let mut h = harness(pool).await;
     h.runner.models =
@@ -346,7 +346,7 @@ async fn colleague_attaches(store: &Store) {
     .unwrap();
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_approval_whose_preview_moved_writes_no_call_of_the_turn(pool: PgPool) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;
@@ -421,7 +421,7 @@ async fn fail_reference_inserts(store: &Store, n: i32) {
     }
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_transient_store_error_inside_the_turn_rolls_it_back_and_the_retry_writes_it_once(
     pool: PgPool,
 ) {
@@ -448,7 +448,7 @@ async fn a_transient_store_error_inside_the_turn_rolls_it_back_and_the_retry_wri
     }
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_store_error_that_persists_interrupts_the_turn_and_records_no_result(pool: PgPool) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;
@@ -552,7 +552,7 @@ async fn external_harness(pool: PgPool, hang: bool) -> (Harness, Arc<Notify>) {
     (h, notify)
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_external_write_is_stamped_before_it_runs_and_the_stamp_clears_with_its_journal_row(
     pool: PgPool,
 ) {
@@ -575,7 +575,7 @@ async fn an_external_write_is_stamped_before_it_runs_and_the_stamp_clears_with_i
     assert_eq!(journal_rows(&h.store, run_id).await, 1);
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_run_that_dies_during_a_non_idempotent_external_write_fails_not_retryable(pool: PgPool) {
     let (h, notify) = external_harness(pool, true).await;
     let run_id = h.suspended_run().await;
@@ -609,7 +609,7 @@ async fn a_run_that_dies_during_a_non_idempotent_external_write_fails_not_retrya
     assert_eq!(notify.seen.lock().unwrap().len(), 1, "never sent twice");
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_segment_released_at_shutdown_is_requeued_without_spending_its_retry_budget(
     pool: PgPool,
 ) {
@@ -647,7 +647,7 @@ impl countersign_core::Model for Hanging {
     }
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_lost_lease_cancels_the_model_call_in_flight(pool: PgPool) {
     let mut h = harness(pool).await;
     h.runner.models = countersign_worker::Models::Fixed(Arc::new(Hanging));
