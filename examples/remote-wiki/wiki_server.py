@@ -9,7 +9,10 @@ A key-value wiki: pages are lists of lines. Tools:
 
 Standard library only. State (pages, executed idempotency keys with their answers, the
 highest fence epoch seen per run) is one JSON file, rewritten atomically after every change,
-so deduplication survives a restart. Pages under `private/` are for admins only.
+so deduplication survives a restart. Pages under `private/` are for admins only. A write that
+carries the preview its approver was shown (`shown_preview`) is compared with the wiki's own
+preview under the same lock as the write, and refused as moved when they differ: the
+comparison and the write are one step at the resource.
 
 Besides the protocol it serves the wiki's own editing surface, used by people (and tests):
 GET /pages/NAME -> {"lines": [...]}, PUT /pages/NAME {"text": "..."}, GET /applied -> the
@@ -32,6 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 EXCERPT = 120
 MAX_BODY = 1024 * 1024
+MOVED = "The page changed since the approver saw this call; nothing was written."
 REFUSAL = "The page does not exist or you may not edit it."
 READ_REFUSAL = "The page does not exist or you may not read it."
 
@@ -140,8 +144,16 @@ class Wiki:
         args = self.parse(tool, args) if tool in TOOL_NAMES else None
         return args is not None and self.may_access(viewer, args["page"])
 
-    def execute(self, tool, user, args, key, epoch):
-        """(status, body). Deduplicated by key; a stale epoch of a run is fenced out (409)."""
+    @staticmethod
+    def normalise(lines):
+        """Lines as countersign stores a preview: whitespace runs as one space, trimmed, no
+        blank line."""
+        out = (" ".join(str(line).split()) for line in lines)
+        return [line for line in out if line]
+
+    def execute(self, tool, user, args, key, epoch, shown=None):
+        """(status, body). Deduplicated by key; a stale epoch of a run is fenced out (409); a
+        write whose shown preview no longer reads the same is refused as moved."""
         if key is not None:
             if key in self.state["keys"]:
                 return 200, self.state["keys"][key]
@@ -151,7 +163,13 @@ class Wiki:
                 return 409, {"error": "fenced"}
             if isinstance(epoch, int):
                 self.state["epochs"][run] = max(epoch, seen or 0)
-        answer = self.apply(tool, user, args)
+        writes = TOOL_NAMES[tool]["effect"] != "read_only"
+        if writes and isinstance(shown, list) and \
+                self.normalise(self.preview(tool, user, args)) != self.normalise(shown):
+            # Recorded under the key like any answer: a retry gets the same refusal.
+            answer = {"content": MOVED, "is_error": True, "moved": True}
+        else:
+            answer = self.apply(tool, user, args)
         if key is not None:
             self.state["keys"][key] = answer
             if not answer["is_error"] and TOOL_NAMES[tool]["effect"] != "read_only":
@@ -217,10 +235,10 @@ class Handler(BaseHTTPRequestHandler):
             return None
         return value if isinstance(value, dict) else None
 
-    def hold(self):
-        """With --hold-file: while that file exists, an execute waits before it does anything,
-        after adding a line to HOLD_FILE.waiting (a test's way to act while a call is in flight)."""
-        hold = self.server.hold_file
+    def hold(self, hold):
+        """While the file `hold` exists, an execute waits, after adding a line to HOLD.waiting
+        (a test's way to act while a call is in flight): before it does anything with
+        --hold-file, after its write is recorded and before it answers with --hold-after-file."""
         if not hold or not os.path.exists(hold):
             return
         with self.server.wiki.lock:
@@ -273,7 +291,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.reply(400, {"error": "malformed_request"})
         wiki = self.server.wiki
         if action == "execute":
-            self.hold()
+            self.hold(self.server.hold_file)
         with wiki.lock:
             if action == "preview" and isinstance(body.get("acting_user"), dict):
                 return self.reply(200, {"lines": wiki.preview(tool, body["acting_user"], body.get("arguments"))})
@@ -284,8 +302,13 @@ class Handler(BaseHTTPRequestHandler):
                 if TOOL_NAMES[tool]["effect"] != "read_only" and not isinstance(key, str):
                     return self.reply(400, {"error": "idempotency_key_required"})
                 status, answer = wiki.execute(tool, body["acting_user"], body.get("arguments"),
-                                              key, body.get("fence_epoch"))
-                return self.reply(status, answer)
+                                              key, body.get("fence_epoch"),
+                                              body.get("shown_preview"))
+            else:
+                answer = None
+        if answer is not None:
+            self.hold(self.server.hold_after_file)
+            return self.reply(status, answer)
         self.reply(404 if action not in ("preview", "may-view", "execute") else 400,
                    {"error": "malformed_request"})
 
@@ -298,6 +321,8 @@ def main():
     parser.add_argument("--secret-env", default="WIKI_SECRET",
                         help="the variable holding the bearer secret countersign sends")
     parser.add_argument("--hold-file", help="for tests: executes wait while this file exists")
+    parser.add_argument("--hold-after-file",
+                        help="for tests: executes wait, written but unanswered, while this file exists")
     parser.add_argument("--tls-cert", help="serve https:// with this PEM certificate (chain)")
     parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     parser.add_argument("--verbose", action="store_true")
@@ -321,6 +346,7 @@ def main():
     server.secret = secret
     server.verbose = args.verbose
     server.hold_file = args.hold_file
+    server.hold_after_file = args.hold_after_file
     host, port = server.server_address[:2]
     print(f"listening on {scheme}://{host}:{port}", flush=True)
     try:

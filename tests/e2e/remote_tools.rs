@@ -42,12 +42,14 @@ struct WikiServer {
     url: String,
     state: PathBuf,
     hold: PathBuf,
+    hold_after: PathBuf,
 }
 
 impl WikiServer {
     fn start(dir: &TempDir, pages: &Value) -> WikiServer {
         let state = dir.0.join("wiki.json");
         let hold = dir.0.join("hold");
+        let hold_after = dir.0.join("hold-after");
         std::fs::write(&state, json!({ "pages": pages }).to_string()).unwrap();
         let mut child = Command::new("python3")
             .arg(workspace_file("examples/remote-wiki/wiki_server.py"))
@@ -55,6 +57,8 @@ impl WikiServer {
             .arg(&state)
             .arg("--hold-file")
             .arg(&hold)
+            .arg("--hold-after-file")
+            .arg(&hold_after)
             .env("WIKI_SECRET", SECRET)
             .stdout(Stdio::piped())
             .spawn()
@@ -73,6 +77,7 @@ impl WikiServer {
             url,
             state,
             hold,
+            hold_after,
         }
     }
 
@@ -93,6 +98,23 @@ impl WikiServer {
     /// How many executes have arrived while held.
     fn held_executes(&self) -> usize {
         std::fs::read_to_string(self.hold.with_extension("waiting"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    /// From now on every execute does its work, records it, and then waits before it answers
+    /// until [`release_answers`](Self::release_answers).
+    fn hold_answers(&self) {
+        std::fs::write(&self.hold_after, "").unwrap();
+    }
+
+    fn release_answers(&self) {
+        std::fs::remove_file(&self.hold_after).unwrap();
+    }
+
+    /// How many executes have done their work and wait to answer.
+    fn held_answers(&self) -> usize {
+        std::fs::read_to_string(self.hold_after.with_extension("waiting"))
             .map(|s| s.lines().count())
             .unwrap_or(0)
     }
@@ -440,6 +462,116 @@ async fn an_idempotent_remote_call_in_flight_when_its_worker_is_killed_is_sent_a
             .as_i64()
             .unwrap(),
         "journaled by the rescuing segment"
+    );
+    site.finish(vec![coordinator, rescuer]).await;
+}
+
+#[tokio::test]
+async fn an_idempotent_remote_call_that_landed_before_its_worker_was_killed_is_answered_from_its_key_without_a_new_card(
+) {
+    let mut site = Site::new(
+        "remote_landed",
+        json!({}),
+        json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }]),
+    )
+    .await;
+    let coordinator = site.spawn("countersign-coordinator", &[]);
+    let mut doomed = site.spawn("countersign-worker", &["--lease-ttl-secs", "3"]);
+    let run_id = site.submit();
+    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
+    let digest = site.digest(&run_id).await;
+
+    // The wiki writes the approved call and records its key; the answer never reaches the
+    // worker, which dies first. A preview now would read the call's own write
+    // (`"We repair bicycles." → …` where the approver saw `(new page) → …`).
+    site.wiki.hold_answers();
+    site.approve(&run_id, 1, &digest);
+    wait_until("the wiki wrote the call", secs(60), async || {
+        (site.wiki.held_answers() >= 1).then_some(())
+    })
+    .await;
+    let key = format!("{run_id}:1:0");
+    assert_eq!(site.wiki.state()["applied"], json!([key]));
+    let row = run_row(&mut site.conn, &run_id).await;
+    assert_eq!(
+        (row["sent_seq"].clone(), row["sent_call"].clone()),
+        (json!(1), json!(0)),
+        "the call was stamped as sent before it went"
+    );
+    doomed.sigkill();
+    site.wiki.release_answers();
+    site.wait_for_expired_lease(&run_id).await;
+
+    // The retry sends the sent call again under its key instead of comparing its preview: the
+    // wiki answers from its record, and the run completes on the card that was approved.
+    let summary = site.reap();
+    assert!(summary.contains("requeued=1"), "{summary}");
+    let rescuer = site.spawn("countersign-worker", &["--poll-interval-secs", "1"]);
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
+    let row = run_row(&mut site.conn, &run_id).await;
+    assert_eq!(row["suspension_seq"], 1, "no new card: {row}");
+    assert_eq!(
+        row["sent_call"],
+        Value::Null,
+        "cleared with its journal row"
+    );
+    let state = site.wiki.state();
+    assert_eq!(state["applied"], json!([key]), "written once: {state}");
+    assert_eq!(state["pages"]["about"], json!(["We repair bicycles."]));
+    let journal = site.journal(&run_id).await;
+    assert_eq!(journal.len(), 1, "{journal:?}");
+    let moved = count(
+        &mut site.conn,
+        &format!("SELECT count(*) FROM run_events WHERE run_id = '{run_id}'::uuid AND kind = 'run.preview_moved'"),
+    )
+    .await;
+    assert_eq!(moved, 0);
+    site.finish(vec![coordinator, rescuer]).await;
+}
+
+#[tokio::test]
+async fn a_sent_call_whose_page_a_colleague_edited_before_it_landed_is_refused_at_the_wiki_and_never_written(
+) {
+    let mut site = Site::new(
+        "remote_moved_in_flight",
+        json!({}),
+        json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }]),
+    )
+    .await;
+    let coordinator = site.spawn("countersign-coordinator", &[]);
+    let mut doomed = site.spawn("countersign-worker", &["--lease-ttl-secs", "3"]);
+    let run_id = site.submit();
+    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
+    let digest = site.digest(&run_id).await;
+
+    // The approved call is held at the wiki before it does anything; its worker dies, and a
+    // colleague creates the page the approver was shown as new.
+    site.wiki.hold_executes();
+    site.approve(&run_id, 1, &digest);
+    wait_for_held_executes(&site.wiki, 1).await;
+    doomed.sigkill();
+    site.wiki.put_page("about", "We sell bicycles.");
+
+    // The held request goes on: the wiki compares the preview it was sent with its own, under
+    // the lock of the write, and refuses it. The retry sends the call again under its key and
+    // gets the same answer; the model is told the call moved, and the run ends.
+    site.wiki.release();
+    site.wait_for_expired_lease(&run_id).await;
+    let summary = site.reap();
+    assert!(summary.contains("requeued=1"), "{summary}");
+    let rescuer = site.spawn("countersign-worker", &["--poll-interval-secs", "1"]);
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
+    let state = site.wiki.state();
+    assert_eq!(
+        state["pages"]["about"],
+        json!(["We sell bicycles."]),
+        "{state}"
+    );
+    assert_eq!(state["applied"], json!([]), "{state}");
+    assert_eq!(
+        state["keys"][format!("{run_id}:1:0")]["moved"],
+        true,
+        "{state}"
     );
     site.finish(vec![coordinator, rescuer]).await;
 }

@@ -192,6 +192,16 @@ pub trait SegmentHooks: Send + Sync {
     /// Whether any call of this suspension's turn has been journaled.
     async fn any_journaled(&self, seq: SuspensionSeq) -> Result<bool, HookError>;
 
+    /// The call of this suspension's turn that an earlier attempt sent outside the store
+    /// ([`fence`](Self::fence) stamped it) and never journaled: it may have landed. The retry
+    /// sends it again under the same idempotency key without comparing its preview first — a
+    /// preview taken after the call landed would read the call's own write, and bounce a
+    /// write that is done — and leaves the comparison to the resource, which refuses a call
+    /// whose preview moved and answers a key it has seen with its recorded result.
+    fn sent_unjournaled(&self, _seq: SuspensionSeq) -> Option<CallIndex> {
+        None
+    }
+
     /// Opens the transaction an approved store-local turn is compared and written in: the run
     /// row locked, owner, epoch and status verified, the lease renewed.
     async fn begin_turn(&self, _seq: SuspensionSeq) -> Result<Box<dyn TurnTransaction>, HookError> {
@@ -673,8 +683,11 @@ async fn transact(
 }
 
 /// The per-call path, for a turn with a write that acts outside the store. The whole turn is
-/// compared before its first call runs; a retry that finds some calls journaled compares each
-/// remaining one again just before it runs, and a call whose preview moved then is not run.
+/// compared before its first call runs; a retry that finds some calls journaled, or one sent
+/// and not journaled, compares each remaining one again just before it runs, and a call whose
+/// preview moved then is not run — except the call that was sent, which goes again under its
+/// key ([`SegmentHooks::sent_unjournaled`]). Every external write carries the lines the
+/// approver was shown, for the resource to compare at its write.
 async fn per_call(
     seg: Segment<'_>,
     state: &SuspendedRunState,
@@ -682,7 +695,8 @@ async fn per_call(
     steps: &[Step<'_>],
 ) -> Result<Approved, HookError> {
     let seq = state.suspension_seq;
-    let retry = seg.hooks.any_journaled(seq).await?;
+    let sent = seg.hooks.sent_unjournaled(seq);
+    let retry = sent.is_some() || seg.hooks.any_journaled(seq).await?;
     if !retry {
         if let Binding::Moved { previews, moved } =
             comparator::compare(state, offered, seg.acting_user).await?
@@ -717,7 +731,8 @@ async fn per_call(
                 }
             },
             Step::External(tool) => {
-                if retry && moved_since_shown(seg, state, i, *tool).await? {
+                let sent_before = sent == Some(index);
+                if retry && !sent_before && moved_since_shown(seg, state, i, *tool).await? {
                     ToolOutput::error(moved_after_approval_result(&call.tool))
                 } else {
                     let effect = tool.spec().effect;
@@ -725,6 +740,7 @@ async fn per_call(
                     let ctx = ExecContext {
                         acting_user: seg.acting_user.clone(),
                         fence: Some(fence),
+                        shown_preview: comparable_preview(state, i),
                     };
                     let output = execute(*tool, &ctx, &call.arguments).await?;
                     seg.hooks.record(seq, index, call, effect, &output).await?;
@@ -735,6 +751,22 @@ async fn per_call(
         outputs.push(output);
     }
     Ok(Approved::Executed(outputs))
+}
+
+/// The lines the approver was shown for call `i`, when a resource can compare its own preview
+/// with them line for line: a preview that did not fail and that no bound cut (at most
+/// [`preview::MAX_LINES`] lines, each shorter than [`preview::MAX_LINE_CHARS`]).
+fn comparable_preview(state: &SuspendedRunState, i: usize) -> Option<Vec<String>> {
+    let shown = state
+        .call_previews
+        .iter()
+        .find(|p| p.index.get() == i && !p.failed)?;
+    let cut = shown.lines.len() > preview::MAX_LINES
+        || shown
+            .lines
+            .iter()
+            .any(|l| l.chars().count() >= preview::MAX_LINE_CHARS);
+    (!cut).then(|| shown.lines.clone())
 }
 
 /// Whether the shown preview of call `i` reads differently now.
@@ -785,6 +817,7 @@ async fn read(seg: Segment<'_>, tool: &dyn Tool, args: &Value) -> Result<ToolOut
     let ctx = ExecContext {
         acting_user: seg.acting_user.clone(),
         fence: None,
+        shown_preview: None,
     };
     execute(tool, &ctx, args).await
 }
@@ -913,6 +946,7 @@ async fn run_turns(seg: Segment<'_>, mut cur: Cursor) -> Outcome {
                     let ctx = ExecContext {
                         acting_user: seg.acting_user.clone(),
                         fence: None,
+                        shown_preview: None,
                     };
                     match execute(tool.as_ref(), &ctx, &call.arguments).await {
                         Ok(output) => output,

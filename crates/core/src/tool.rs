@@ -145,6 +145,11 @@ pub struct ExecContext {
     pub acting_user: Principal,
     /// Present for every write executed by a segment; `None` for read-only calls.
     pub fence: Option<FenceToken>,
+    /// For a write of an approved turn sent outside the store: the preview lines the approver
+    /// was shown for this call, when they can be compared line for line (no bound cut them),
+    /// so that a resource able to compare and write in one step refuses a call whose preview
+    /// moved since. `None` otherwise.
+    pub shown_preview: Option<Vec<String>>,
 }
 
 /// The result of a call, as the model will read it.

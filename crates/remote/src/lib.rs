@@ -509,6 +509,10 @@ struct MayViewAnswer {
 struct ExecuteAnswer {
     content: String,
     is_error: bool,
+    /// The server compared `shown_preview` with its own preview at the write, found it moved,
+    /// and wrote nothing.
+    #[serde(default)]
+    moved: bool,
 }
 
 /// One tool of a tool server.
@@ -573,6 +577,7 @@ impl Tool for RemoteTool {
             "arguments": args,
             "idempotency_key": key,
             "fence_epoch": epoch,
+            "shown_preview": ctx.shown_preview,
         });
         let answer: ExecuteAnswer = self
             .server
@@ -583,6 +588,14 @@ impl Tool for RemoteTool {
             )
             .await
             .map_err(|e| self.execute_failure(&e))?;
+        if answer.moved {
+            // The same result as a call whose preview countersign found moved before sending
+            // it: the model is told in countersign's words, not the server's.
+            tracing::info!(tool = %self.spec.name, server = %self.server.name, "the tool server found the preview moved at the write");
+            return Ok(ToolOutput::error(
+                countersign_core::agent_loop::moved_after_approval_result(&self.spec.name),
+            ));
+        }
         Ok(ToolOutput {
             content: answer.content,
             is_error: answer.is_error,

@@ -117,9 +117,9 @@ impl Store {
     }
 
     /// Records the result of a call executed outside this database (an external effect, whose
-    /// idempotency key the resource enforces) and clears the run's `pending_effect` stamp, in
-    /// one transaction guarded by the lease. Idempotent: a second record of the same call keeps
-    /// the first and returns `false`. [`StoreError::FenceLost`] when the lease is gone: the
+    /// idempotency key the resource enforces) and clears the run's stamp (`pending_effect` and
+    /// the sent call), in one transaction guarded by the lease. Idempotent: a second record of
+    /// the same call keeps the first and returns `false`. [`StoreError::FenceLost`] when the lease is gone: the
     /// result is not recorded, and the stamp stays for the reaper to judge.
     pub async fn record_effect(
         &self,
@@ -132,7 +132,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let mut tx = self.pool.begin().await?;
         let held = sqlx::query!(
-            r#"UPDATE runs SET pending_effect = NULL
+            r#"UPDATE runs SET pending_effect = NULL, sent_seq = NULL, sent_call = NULL
                WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
             lease.run_id.as_uuid(),
             lease.owner,

@@ -200,6 +200,9 @@ pub struct Claim {
     /// The suspension a resume segment continues; `None` for a start that never suspended.
     pub suspension_seq: Option<SuspensionSeq>,
     pub requeue_count: i32,
+    /// For a resume: the call of this suspension's turn that an earlier attempt sent outside
+    /// the store and did not journal ([`SentCall`]). It may have landed.
+    pub sent_call: Option<CallIndex>,
     /// What the segment starts from, read by the claim's own statement.
     pub inputs: ClaimedInputs,
 }
@@ -371,6 +374,16 @@ fn effect_stamp(effect: Option<Effect>) -> Option<&'static str> {
     effect.filter(|e| e.is_write()).map(Effect::as_str)
 }
 
+/// A call about to be sent outside the store, as its stamp records it: its effect (what the
+/// reaper may do with the run if it dies now) and which call of which turn it is (what the
+/// segment that retries the turn must send again rather than compare).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentCall {
+    pub seq: SuspensionSeq,
+    pub index: CallIndex,
+    pub effect: Effect,
+}
+
 /// What a claim's statement gives back: the claimed row, its agent and, for a resume, the
 /// accepted decision.
 struct ClaimRow {
@@ -382,6 +395,7 @@ struct ClaimRow {
     acting_user: String,
     suspension_seq: Option<i32>,
     requeue_count: i32,
+    sent_call: Option<i32>,
     request: Option<Vec<u8>>,
     state: Option<Vec<u8>>,
     agent_name: Option<String>,
@@ -441,6 +455,12 @@ impl ClaimRow {
             acting_user: self.acting_user,
             suspension_seq: opt_seq(self.suspension_seq)?,
             requeue_count: self.requeue_count,
+            sent_call: self
+                .sent_call
+                .map(|i| {
+                    CallIndex::from_i32(i).map_err(|_| StoreError::unreadable("runs.sent_call"))
+                })
+                .transpose()?,
             inputs: ClaimedInputs {
                 agent,
                 request: self.request,
@@ -555,12 +575,15 @@ impl Store {
                    WHERE id = $1 AND status = 'queued' AND available_at <= now()
                    RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
                              suspension_seq, requeue_count,
+                             CASE WHEN segment = 'resume' AND sent_seq = suspension_seq
+                                  THEN sent_call END AS sent_call,
                              CASE WHEN segment = 'start' THEN request END AS request,
                              CASE WHEN segment = 'resume' THEN state END AS state)
                SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
                       c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
                       c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
-                      c.requeue_count AS "requeue_count!", c.request AS "request?", c.state,
+                      c.requeue_count AS "requeue_count!", c.sent_call, c.request AS "request?",
+                      c.state,
                       a.name AS "agent_name?", a.active AS "agent_active?",
                       a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
                       a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
@@ -606,12 +629,15 @@ impl Store {
                      AND status = 'queued' AND available_at <= now()
                    RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
                              suspension_seq, requeue_count,
+                             CASE WHEN segment = 'resume' AND sent_seq = suspension_seq
+                                  THEN sent_call END AS sent_call,
                              CASE WHEN segment = 'start' THEN request END AS request,
                              CASE WHEN segment = 'resume' THEN state END AS state)
                SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
                       c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
                       c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
-                      c.requeue_count AS "requeue_count!", c.request AS "request?", c.state,
+                      c.requeue_count AS "requeue_count!", c.sent_call, c.request AS "request?",
+                      c.state,
                       a.name AS "agent_name?", a.active AS "agent_active?",
                       a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
                       a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
@@ -678,24 +704,27 @@ impl Store {
         renewed.into_iter().map(run_id).collect()
     }
 
-    /// A heartbeat that also stamps `pending_effect` (or clears it with `None`) in the same
-    /// UPDATE, before an external side effect runs: the reaper never retries a run stamped
-    /// `non_idempotent_write`, because the effect may already have happened.
+    /// A heartbeat that also stamps the call about to be sent outside the store (or clears the
+    /// stamp with `None`) in the same UPDATE, before its effect runs: the reaper never retries
+    /// a run stamped `non_idempotent_write`, because the effect may already have happened; and
+    /// the segment that retries a turn sends the stamped call again under its key.
     pub async fn renew_stamping(
         &self,
         lease: &Lease,
         ttl: Duration,
-        effect: Option<Effect>,
+        sent: Option<SentCall>,
     ) -> Result<bool, StoreError> {
         let done = sqlx::query!(
             r#"UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond',
-                               pending_effect = $5
+                               pending_effect = $5, sent_seq = $6, sent_call = $7
                WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),
             millis(ttl) as f64,
-            effect_stamp(effect),
+            effect_stamp(sent.map(|s| s.effect)),
+            sent.map(|s| s.seq.as_i32()),
+            sent.map(|s| s.index.as_i32()),
         )
         .execute(&self.pool)
         .await?;

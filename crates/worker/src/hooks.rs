@@ -11,7 +11,7 @@ use countersign_core::{
     CallIndex, Effect, FenceToken, JournalEntry, PendingCall, SuspensionSeq, ToolOutput,
     TurnTransaction,
 };
-use countersign_store::{hook_error, Lease, Store};
+use countersign_store::{hook_error, Lease, SentCall, Store};
 use tokio::sync::Notify;
 
 /// Fence, journal and lease of one segment, over the store.
@@ -24,6 +24,9 @@ pub struct StoreHooks {
     /// For a resume: when its approval was recorded, as an instant of this process's clock
     /// (the claim's age of the decision, by the database clock, taken back from the claim).
     decided_at: Option<Instant>,
+    /// For a resume: the call of the turn an earlier attempt sent and did not journal, as the
+    /// claim read it.
+    sent: Option<(SuspensionSeq, CallIndex)>,
 }
 
 /// Whether the lease is lost, and a way to wait for it.
@@ -41,7 +44,16 @@ impl StoreHooks {
             ttl,
             lost: Arc::default(),
             decided_at: None,
+            sent: None,
         }
+    }
+
+    /// The call of suspension `seq`'s turn an earlier attempt sent and did not journal
+    /// ([`countersign_store::Claim::sent_call`]).
+    #[must_use]
+    pub fn sent(mut self, seq: Option<SuspensionSeq>, call: Option<CallIndex>) -> Self {
+        self.sent = seq.zip(call);
+        self
     }
 
     /// Times `countersign_decision_to_write_seconds` from an approval recorded `secs_ago`
@@ -104,9 +116,10 @@ impl SegmentHooks for StoreHooks {
     ) -> Result<FenceToken, HookError> {
         // Renewing is the check, and the stamp rides in the same UPDATE: it succeeds only while
         // owner, epoch and status still hold, and it leaves a full lease for the effect.
+        let sent = SentCall { seq, index, effect };
         match self
             .store
-            .renew_stamping(&self.lease, self.ttl, Some(effect))
+            .renew_stamping(&self.lease, self.ttl, Some(sent))
             .await
         {
             Ok(true) => Ok(self.lease.fence_token(seq, index)),
@@ -151,6 +164,10 @@ impl SegmentHooks for StoreHooks {
             .any_journaled(self.lease.run_id, seq)
             .await
             .map_err(hook_error)
+    }
+
+    fn sent_unjournaled(&self, seq: SuspensionSeq) -> Option<CallIndex> {
+        self.sent.filter(|(at, _)| *at == seq).map(|(_, call)| call)
     }
 
     async fn begin_turn(&self, seq: SuspensionSeq) -> Result<Box<dyn TurnTransaction>, HookError> {

@@ -103,7 +103,8 @@ impl SegmentRunner {
                     .decision
                     .as_ref()
                     .and_then(|d| d.decided_secs_ago),
-            );
+            )
+            .sent(claim.suspension_seq, claim.sent_call);
         let _held = self.heartbeat.hold(&self.store, &hooks, self.lease_ttl);
         // Every log line of the segment, the tools' included, carries the run id.
         let span = tracing::info_span!("segment", run.id = %claim.lease.run_id, epoch = %claim.lease.epoch);

@@ -348,6 +348,7 @@ async fn parsed(tool: &dyn Tool, args: &Value) -> Result<(), String> {
             let ctx = ExecContext {
                 acting_user: nobody,
                 fence: None,
+                shown_preview: None,
             };
             tool.execute(&ctx, args).await.expect("read").content
         }

@@ -105,6 +105,7 @@ impl Site {
         let ctx = ExecContext {
             acting_user: user(acting_user),
             fence,
+            shown_preview: None,
         };
         self.tool(tool).execute(&ctx, &args).await
     }

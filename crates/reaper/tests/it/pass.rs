@@ -209,7 +209,15 @@ async fn a_run_that_may_have_written_outside_is_failed_not_retryable(pool: PgPoo
     };
     assert!(h
         .store
-        .renew_stamping(&lease, TTL, Some(Effect::NonIdempotentWrite))
+        .renew_stamping(
+            &lease,
+            TTL,
+            Some(countersign_store::SentCall {
+                seq: countersign_core::SuspensionSeq::FIRST,
+                index: countersign_core::CallIndex::new(0),
+                effect: Effect::NonIdempotentWrite,
+            }),
+        )
         .await
         .unwrap());
     h.expire_lease(run_id).await;

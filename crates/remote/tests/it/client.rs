@@ -110,6 +110,7 @@ pub(crate) fn fenced() -> ExecContext {
             suspension_seq: SuspensionSeq::new(1).unwrap(),
             call_index: CallIndex::new(0),
         }),
+        shown_preview: None,
     }
 }
 
@@ -260,6 +261,7 @@ async fn a_remote_write_without_a_fence_is_refused_without_a_request() {
     let ctx = ExecContext {
         acting_user: Principal::new("editor", false),
         fence: None,
+        shown_preview: None,
     };
     let e = tool(&tools, "absolute")
         .execute(&ctx, &args())

@@ -159,6 +159,7 @@ fn ctx(run: RunId, epoch: i64, call: usize) -> ExecContext {
             suspension_seq: SuspensionSeq::new(1).unwrap(),
             call_index: CallIndex::new(call),
         }),
+        shown_preview: None,
     }
 }
 
@@ -166,6 +167,7 @@ async fn read(tools: &[Arc<dyn Tool>], page: &str) -> String {
     let ctx = ExecContext {
         acting_user: editor(),
         fence: None,
+        shown_preview: None,
     };
     find(tools, "read_page")
         .execute(&ctx, &json!({"page": page}))
@@ -306,6 +308,50 @@ async fn an_execute_from_an_older_epoch_than_one_the_wiki_has_seen_is_a_lost_lea
         .unwrap_err();
     assert_eq!(zombie.code(), "fence_lost");
     assert_eq!(read(&tools, "home").await, "one\ntwo");
+}
+
+#[tokio::test]
+async fn a_write_whose_shown_preview_no_longer_reads_the_same_is_refused_at_the_wiki_and_told_as_moved(
+) {
+    let wiki = Wiki::start();
+    wiki.put("home", "one");
+    let tools = wiki.tools(SECRET).await;
+    let append = find(&tools, "append_line");
+    let args = json!({"page": "home", "line": "two"});
+    let shown = append
+        .previewer()
+        .unwrap()
+        .preview(&editor(), &args)
+        .await
+        .unwrap();
+
+    // A colleague adds a line: the approver's `1 line(s) → 2` now reads `2 line(s) → 3`.
+    wiki.put("home", "one\nzero");
+    let run = RunId::new();
+    let mut sent = ctx(run, 1, 0);
+    sent.shown_preview = Some(shown.clone());
+    let out = append.execute(&sent, &args).await.unwrap();
+    assert!(out.is_error);
+    assert_eq!(
+        out.content,
+        countersign_core::agent_loop::moved_after_approval_result("append_line")
+    );
+    assert_eq!(read(&tools, "home").await, "one\nzero", "nothing written");
+    // The refusal is the key's recorded answer: sent again, it is refused again.
+    assert_eq!(append.execute(&sent, &args).await.unwrap(), out);
+
+    // The same preview, still current, is written (whitespace aside, as countersign bounds it).
+    let current = append
+        .previewer()
+        .unwrap()
+        .preview(&editor(), &args)
+        .await
+        .unwrap();
+    let mut fresh = ctx(run, 1, 1);
+    fresh.shown_preview = Some(current.iter().map(|l| format!("  {l} ")).collect());
+    let out = append.execute(&fresh, &args).await.unwrap();
+    assert!(!out.is_error, "{out:?}");
+    assert_eq!(read(&tools, "home").await, "one\nzero\ntwo");
 }
 
 #[tokio::test]

@@ -66,7 +66,7 @@ async fn recording_an_effect_clears_the_stamp_the_fence_left(pool: PgPool) {
     let (run, lease) = running(&store).await;
     let seq = SuspensionSeq::FIRST;
     assert!(store
-        .renew_stamping(&lease, TTL, Some(Effect::NonIdempotentWrite))
+        .renew_stamping(&lease, TTL, Some(sent(Effect::NonIdempotentWrite)))
         .await
         .unwrap());
     assert_eq!(
@@ -92,7 +92,7 @@ async fn a_zombie_cannot_record_an_effect_and_the_stamp_stays_for_the_reaper(poo
     let store = store(pool.clone());
     let (run, lease) = running(&store).await;
     assert!(store
-        .renew_stamping(&lease, TTL, Some(Effect::NonIdempotentWrite))
+        .renew_stamping(&lease, TTL, Some(sent(Effect::NonIdempotentWrite)))
         .await
         .unwrap());
     let zombie = countersign_store::Lease {

@@ -30,7 +30,7 @@ async fn a_heartbeat_after_the_reaper_requeued_loses(pool: PgPool) {
 
     assert!(!store.renew(&lease, TTL).await.unwrap());
     assert!(!store
-        .renew_stamping(&lease, TTL, Some(Effect::NonIdempotentWrite))
+        .renew_stamping(&lease, TTL, Some(sent(Effect::NonIdempotentWrite)))
         .await
         .unwrap());
     let row = store.run(run).await.unwrap().unwrap();
@@ -114,7 +114,7 @@ async fn a_run_stamped_non_idempotent_write_is_failed_not_retryable(pool: PgPool
     let store = store(pool.clone());
     let (run, lease) = running(&store).await;
     assert!(store
-        .renew_stamping(&lease, TTL, Some(Effect::NonIdempotentWrite))
+        .renew_stamping(&lease, TTL, Some(sent(Effect::NonIdempotentWrite)))
         .await
         .unwrap());
     assert_eq!(
@@ -143,7 +143,7 @@ async fn a_run_stamped_non_idempotent_write_is_failed_not_retryable(pool: PgPool
     // Clearing the stamp after the effect made the run retryable again.
     let (run, lease) = running(&store).await;
     assert!(store
-        .renew_stamping(&lease, TTL, Some(Effect::NonIdempotentWrite))
+        .renew_stamping(&lease, TTL, Some(sent(Effect::NonIdempotentWrite)))
         .await
         .unwrap());
     assert!(store.renew_stamping(&lease, TTL, None).await.unwrap());

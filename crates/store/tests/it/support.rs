@@ -4,11 +4,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_core::{
-    CallIndex, CallPreview, Message, PendingCall, RunId, SuspendedRunState, SuspensionSeq,
+    CallIndex, CallPreview, Effect, Message, PendingCall, RunId, SuspendedRunState, SuspensionSeq,
     TokenUsage,
 };
 use countersign_crypto::{KeyId, Keyring};
-use countersign_store::{Claim, Lease, NewRun, Store};
+use countersign_store::{Claim, Lease, NewRun, SentCall, Store};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -22,6 +22,15 @@ pub fn key_entry(id: &str) -> String {
 
 pub fn keyring(spec: &str) -> Arc<Keyring> {
     Arc::new(Keyring::parse(spec).expect("keyring"))
+}
+
+/// The stamp of the first call of the first turn, about to be sent with `effect`.
+pub fn sent(effect: Effect) -> SentCall {
+    SentCall {
+        seq: SuspensionSeq::FIRST,
+        index: CallIndex::new(0),
+        effect,
+    }
 }
 
 pub fn store(pool: PgPool) -> Store {
