@@ -5,9 +5,10 @@
 //! audit event and its public event (`decision.accepted` / `decision.refused`, in the outbox)
 //! commit together, so a replay finds the announcement already made. An accepted decision
 //! releases the turn: the transition `waiting_for_approval` → `queued`/`resume` (guarded by
-//! status, suspension number and turn digest) is part of the same transaction. If the transition loses — another decision, a cancel or
-//! the reaper got there first — nothing commits, not even the decision row, and the run stays
-//! as the winner left it: an approval is never on record for a turn it did not release.
+//! status, suspension number and turn digest) is part of the same statement. If the transition
+//! loses — another decision, a cancel or the reaper got there first — nothing is written, not
+//! even the decision row, and the run stays as the winner left it: an approval is never on
+//! record for a turn it did not release.
 
 use countersign_core::{RunId, SuspensionSeq, TurnDigest};
 use countersign_crypto::Purpose;
@@ -106,7 +107,7 @@ fn outcome(s: &str) -> Result<DecisionOutcome, StoreError> {
 
 impl Store {
     /// Records a decision, its audit event, its outbox event and, when accepted, the transition
-    /// to `queued`/`resume` — in one transaction. See the module documentation. The resume
+    /// to `queued`/`resume` — in one statement. See the module documentation. The resume
     /// segment starts with a fresh requeue count and is available at once; its wake-up is
     /// not yet dispatched (`dispatched_at` is cleared), so the reaper re-publishes it if the
     /// caller's publish is lost.
@@ -126,44 +127,6 @@ impl Store {
             .as_ref()
             .map(|c| self.keyring.seal(Purpose::Comment, d.run_id, c.as_bytes()))
             .transpose()?;
-        let mut tx = self.pool.begin().await?;
-
-        // The transition comes first, so that two decisions on one turn serialise on the run
-        // row and the second simply loses.
-        let mut waited = None;
-        if d.outcome == DecisionOutcome::Accepted {
-            // The subquery reads the row as the statement's snapshot saw it: as it was
-            // suspended, before this UPDATE.
-            let released = sqlx::query_scalar!(
-                r#"UPDATE runs
-                   SET status = 'queued', segment = 'resume', available_at = now(),
-                       dispatched_at = NULL, approval_deadline = NULL, requeue_count = 0,
-                       updated_at = now()
-                   WHERE id = $1 AND status = 'waiting_for_approval' AND suspension_seq = $2
-                     AND turn_digest = $3
-                   RETURNING extract(epoch FROM now() - (SELECT w.updated_at FROM runs w
-                                                         WHERE w.id = $1))::float8 AS waited"#,
-                d.run_id.as_uuid(),
-                d.suspension_seq.as_i32(),
-                d.turn_digest.as_str(),
-            )
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some(seconds) = released else {
-                tx.rollback().await?;
-                // Lost to this very decision, recorded before or concurrently: a replay.
-                let record = match self.decision_outcome(d.decision_id).await? {
-                    Some(recorded) => DecisionRecord::Replayed(recorded),
-                    None => DecisionRecord::TransitionLost,
-                };
-                return Ok((record, None));
-            };
-            waited = seconds;
-        }
-
-        // The audit row takes its number from the run row's counter (a refused decision may
-        // name a run that does not exist: it is still recorded, for replays, but has no trail
-        // to join).
         let event = outbox::decision_event(d.decision_id, d.run_id, d.outcome);
         let payload = json!({
             "decision_id": d.decision_id,
@@ -174,17 +137,37 @@ impl Store {
             "outcome": d.outcome.as_str(),
             "has_comment": d.comment.is_some(),
         });
-        // One statement: the decision row, its audit row and its outbox row (announced whether
-        // or not the run exists: the producer learns its refusal either way). A concurrent
-        // insert of the same id makes this one wait for it; once it commits this inserts
-        // nothing and is a replay, and if it rolls back this goes ahead.
-        let announced = sqlx::query_as!(
-            outbox::Row,
-            r#"WITH decided AS (
+        // One statement, so one transaction without a round trip to open or close it:
+        // - `released`, for an accepted decision only, the transition (guarded by status,
+        //   suspension number and turn digest, and by the decision id being new). It comes
+        //   first, so two decisions on one turn serialise on the run row and the second finds
+        //   it no longer waiting. Its subquery reads the row as the statement's snapshot saw
+        //   it: as it was suspended, before this UPDATE.
+        // - `decided`, the decision row — for an accepted decision only if it released the
+        //   turn: an approval is never on record for a turn it did not release. A concurrent
+        //   insert of the same id makes this one wait for it; once it commits this inserts
+        //   nothing and is a replay, and if it rolls back this goes ahead.
+        // - the audit row, numbered by the run's counter (a refused decision may name a run
+        //   that does not exist: it is still recorded, for replays, but has no trail to join);
+        // - the outbox row, announced whether or not the run exists: the producer learns its
+        //   refusal either way.
+        let announced = sqlx::query!(
+            r#"WITH released AS (
+                   UPDATE runs
+                   SET status = 'queued', segment = 'resume', available_at = now(),
+                       dispatched_at = NULL, approval_deadline = NULL, requeue_count = 0,
+                       updated_at = now()
+                   WHERE $8 = 'accepted' AND id = $2 AND status = 'waiting_for_approval'
+                     AND suspension_seq = $3 AND turn_digest = $4
+                     AND NOT EXISTS (SELECT 1 FROM run_decisions WHERE decision_id = $1)
+                   RETURNING extract(epoch FROM now() - (SELECT w.updated_at FROM runs w
+                                                         WHERE w.id = $2))::float8 AS waited),
+               decided AS (
                    INSERT INTO run_decisions
                        (decision_id, run_id, suspension_seq, turn_digest, approved, approver,
                         comment, outcome)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                   SELECT $1, $2, $3, $4, $5, $6, $7, $8
+                   WHERE $8 <> 'accepted' OR EXISTS (SELECT 1 FROM released)
                    ON CONFLICT (decision_id) DO NOTHING
                    RETURNING decision_id),
                next AS (
@@ -203,7 +186,8 @@ impl Store {
                SELECT $11, $2, $9,
                       announced_body($12::jsonb, $11::uuid)
                FROM decided
-               RETURNING id, run_id, kind, body, created_at, published_at"#,
+               RETURNING id, run_id, kind, body, created_at, published_at,
+                         (SELECT waited FROM released) AS waited"#,
             d.decision_id,
             d.run_id.as_uuid(),
             d.suspension_seq.as_i32(),
@@ -217,20 +201,28 @@ impl Store {
             Uuid::now_v7(),
             outbox::stored_body(&event),
         )
-        .fetch_optional(&mut *tx)
+        .fetch_optional(&self.pool)
         .await?;
         let Some(row) = announced else {
-            let recorded = sqlx::query_scalar!(
-                "SELECT outcome FROM run_decisions WHERE decision_id = $1",
-                d.decision_id
-            )
-            .fetch_one(&mut *tx)
-            .await?;
-            tx.rollback().await?;
-            return Ok((DecisionRecord::Replayed(outcome(&recorded)?), None));
+            // Nothing committed. Lost to this very decision, recorded before or concurrently:
+            // a replay; otherwise an approval whose transition another decision, a cancel or
+            // the reaper won.
+            let record = match self.decision_outcome(d.decision_id).await? {
+                Some(recorded) => DecisionRecord::Replayed(recorded),
+                None => DecisionRecord::TransitionLost,
+            };
+            return Ok((record, None));
         };
-        tx.commit().await?;
-        self.hand_off(vec![row.into()]);
+        let waited = row.waited;
+        self.hand_off(vec![outbox::Row {
+            id: row.id,
+            run_id: row.run_id,
+            kind: row.kind,
+            body: row.body,
+            created_at: row.created_at,
+            published_at: row.published_at,
+        }
+        .into()]);
         Ok((DecisionRecord::Recorded(d.outcome), waited))
     }
 

@@ -24,11 +24,10 @@ use countersign_core::{
     CallIndex, Effect, FenceToken, HookError, JournalEntry, SuspensionSeq, ToolOutput,
     TurnTransaction,
 };
-use countersign_crypto::Keyring;
+use countersign_crypto::{Keyring, Purpose};
 use serde_json::json;
 use sqlx::{PgConnection, Postgres, Transaction};
 
-use crate::events::{append_locked, NewEvent};
 use crate::journal::{self, JournalKey};
 use crate::{millis, Lease, Store, StoreError};
 
@@ -145,34 +144,38 @@ impl FencedWrite {
     /// suspension number, lease epoch, whether the output is an error — never content; the
     /// output itself sealed) and the journal row of the call (its result sealed).
     async fn journal(&mut self, entry: &JournalEntry<'_>) -> Result<(), StoreError> {
-        if entry.effect.is_write() {
-            let payload = json!({
-                "tool": entry.tool,
-                "effect": entry.effect.as_str(),
-                "call_index": entry.index.get(),
-                "suspension_seq": self.seq.get(),
-                "lease_epoch": self.lease.epoch.get(),
-                "is_error": entry.output.is_error,
-            });
-            let event = NewEvent {
-                content: Some(entry.output.content.as_bytes()),
-                ..NewEvent::new("tool_write", payload)
-            };
-            append_locked(&mut self.tx, &self.keyring, self.lease.run_id, &event).await?;
-        }
+        let payload = json!({
+            "tool": entry.tool,
+            "effect": entry.effect.as_str(),
+            "call_index": entry.index.get(),
+            "suspension_seq": self.seq.get(),
+            "lease_epoch": self.lease.epoch.get(),
+            "is_error": entry.output.is_error,
+        });
+        let audit = if entry.effect.is_write() {
+            let content = self.keyring.seal(
+                Purpose::Event,
+                self.lease.run_id,
+                entry.output.content.as_bytes(),
+            )?;
+            Some((&payload, Some(content)))
+        } else {
+            None
+        };
         let key = JournalKey {
             run_id: self.lease.run_id,
             seq: self.seq,
             index: entry.index,
             epoch: self.lease.epoch,
         };
-        let inserted = journal::insert(
+        let inserted = journal::insert_audited(
             &mut self.tx,
             &self.keyring,
             &key,
             entry.tool,
             entry.effect,
             entry.output,
+            audit,
         )
         .await?;
         if !inserted {

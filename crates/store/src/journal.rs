@@ -54,6 +54,58 @@ pub(crate) async fn insert(
     Ok(inserted.is_some())
 }
 
+/// Inserts the journal row of a call and, for a write, its audit event (`payload` in clear,
+/// `sealed` content), numbered from the run's trail counter — in one statement. `false`, and
+/// nothing inserted, when the call was journaled already.
+pub(crate) async fn insert_audited(
+    conn: &mut PgConnection,
+    keyring: &Keyring,
+    key: &JournalKey,
+    tool: &str,
+    effect: Effect,
+    output: &ToolOutput,
+    audit: Option<(&serde_json::Value, Option<Vec<u8>>)>,
+) -> Result<bool, StoreError> {
+    let plain =
+        serde_json::to_vec(output).map_err(|_| StoreError::unreadable("run_journal.result"))?;
+    let sealed = keyring.seal(Purpose::Journal, key.run_id, &plain)?;
+    let (audited, payload, content) = match audit {
+        Some((payload, content)) => (true, Some(payload.clone()), content),
+        None => (false, None, None),
+    };
+    let inserted = sqlx::query_scalar!(
+        r#"WITH journaled AS (
+               INSERT INTO run_journal (run_id, suspension_seq, call_index, tool, effect, result,
+                                        lease_epoch, created_at)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())
+               ON CONFLICT (run_id, suspension_seq, call_index) DO NOTHING
+               RETURNING call_index),
+           next AS (
+               INSERT INTO run_trails (run_id, last_sequence)
+               SELECT $1, 1 FROM journaled WHERE $8
+               ON CONFLICT (run_id) DO UPDATE SET last_sequence = run_trails.last_sequence + 1
+               RETURNING last_sequence),
+           audit AS (
+               INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
+               SELECT $1, next.last_sequence, 'tool_write', $9::jsonb, $10::bytea FROM next
+               RETURNING sequence)
+           SELECT EXISTS (SELECT 1 FROM journaled) AS "inserted!""#,
+        key.run_id.as_uuid(),
+        key.seq.as_i32(),
+        key.index.as_i32(),
+        tool,
+        effect.as_str(),
+        sealed,
+        key.epoch.get(),
+        audited,
+        payload,
+        content,
+    )
+    .fetch_one(conn)
+    .await?;
+    Ok(inserted)
+}
+
 /// Every journaled result of suspension `seq`'s turn, in call order.
 pub(crate) async fn turn(
     conn: &mut PgConnection,
