@@ -10,14 +10,16 @@
 //! The coordinator and one worker run in this process — the same code the binaries run, over
 //! RabbitMQ and PostgreSQL — so the process's own figures (CPU, RSS, SQL statements) are theirs.
 //! PostgreSQL's and RabbitMQ's CPU is read from `/proc`; commits and WAL bytes from
-//! `pg_stat_database` and `pg_stat_wal`; statements are counted as sqlx issues them.
+//! `pg_stat_database` and `pg_stat_wal`, writing transactions from the transaction ids
+//! assigned; statements are counted as sqlx issues them.
 //!
 //! At the end every cycle is verified from the content store: each approved write landed once,
 //! on its page, and nothing else changed; otherwise the bench exits non-zero.
 //!
 //! The long-segment part gives one worker thousands of segments whose model (an
 //! OpenAI-compatible stub in this process) takes seconds to answer, and reports throughput
-//! against the ideal, RSS, heartbeat statements per second and PostgreSQL connections.
+//! against the ideal — with the runs requested at once, and with them queued before the worker
+//! starts — RSS, heartbeat statements per second and PostgreSQL connections.
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
@@ -185,12 +187,13 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
 
     println!();
     println!(
-        "{:<28} {:>9} {:>26} {:>6} {:>6} {:>8} {:>6} {:>8} {:>8} {:>8}",
+        "{:<28} {:>9} {:>26} {:>6} {:>6} {:>6} {:>8} {:>6} {:>8} {:>8} {:>8}",
         "phase",
         "cycles/s",
         "decision→write p50/p95/p99",
         "stmts",
         "commit",
+        "writes",
         "WAL B",
         "pubs",
         "cpu self",
@@ -315,7 +318,7 @@ fn print_phase(
     let per = |a: f64, b: f64| (b - a) / cycles as f64;
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
-        "{:<28} {:>9.1} {:>26} {:>6.1} {:>6.1} {:>8.0} {:>6.1} {:>7.1}ms {:>7.1}ms {:>7.1}ms",
+        "{:<28} {:>9.1} {:>26} {:>6.1} {:>6.1} {:>6.1} {:>8.0} {:>6.1} {:>7.1}ms {:>7.1}ms {:>7.1}ms",
         name,
         rate,
         format!(
@@ -326,6 +329,7 @@ fn print_phase(
         ),
         per(before.statements as f64, after.statements as f64),
         per(before.commits as f64, after.commits as f64),
+        per(before.writes as f64, after.writes as f64),
         per(before.wal_bytes as f64, after.wal_bytes as f64),
         per(before.publishes as f64, after.publishes as f64),
         per(before.cpu_self, after.cpu_self) * 1000.0,
@@ -596,7 +600,12 @@ async fn verify(pool: &PgPool, done: &[Cycle]) -> anyhow::Result<()> {
 #[derive(Debug, Clone, Copy)]
 struct Counters {
     statements: u64,
+    /// `pg_stat_database.xact_commit`: every committed transaction, a read-only statement
+    /// outside a transaction included.
     commits: i64,
+    /// Transaction ids assigned (the next one, from `pg_current_snapshot()`): the transactions
+    /// that wrote, each one a WAL flush at its commit.
+    writes: i64,
     wal_bytes: i64,
     publishes: u64,
     cpu_self: f64,
@@ -623,8 +632,9 @@ impl Counters {
         sqlx::query("SELECT pg_stat_clear_snapshot()")
             .execute(pool)
             .await?;
-        let (commits, wal_bytes): (i64, i64) = sqlx::query_as(
+        let (commits, writes, wal_bytes): (i64, i64, i64) = sqlx::query_as(
             "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+                    pg_snapshot_xmax(pg_current_snapshot())::text::int8,
                     (SELECT wal_bytes::int8 FROM pg_stat_wal)",
         )
         .fetch_one(pool)
@@ -632,6 +642,7 @@ impl Counters {
         Ok(Counters {
             statements: STATEMENTS.load(Ordering::Relaxed),
             commits,
+            writes,
             wal_bytes,
             publishes: countersign_queue::published_total(),
             cpu_self: cpu_seconds(|pid, _| pid == std::process::id()),
@@ -921,13 +932,77 @@ async fn long_segments(
         lease_ttl: Duration::from_secs(6),
         heartbeat: Default::default(),
     };
-    spawn_worker(&mut services, runner, broker, &stop, n);
-
     let watch = broker.declare_private_queue().await?;
     broker.bind_events(&watch, "run.*").await?;
     let mut events = broker.consume(&watch, 1000).await?;
+    let latency = config.model_latency;
+    let ideal = n as f64 / latency.as_secs_f64();
+    println!();
+    println!(
+        "long segments: {n} runs in flight in one worker, the model answering in {:.1} s",
+        latency.as_secs_f64()
+    );
+
+    // End to end: the runs are requested at once, so the coordinator's gates and the claims
+    // (the intake) run while the first segments wait on the model.
+    let first_stop = Arc::new(Notify::new());
+    spawn_worker(&mut services, runner.clone(), broker, &first_stop, n);
+    let started = Instant::now();
+    request_long_runs(broker, as_producer, n).await?;
+    let seen = await_long_runs(pool, &mut events, &stub, n).await?;
+    let elapsed = started.elapsed();
+    let rate = n as f64 / elapsed.as_secs_f64();
+    println!(
+        "  requested at once:  {rate:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — {n} runs in {:.1} s; \
+         at most {} model calls in flight",
+        100.0 * rate / ideal,
+        elapsed.as_secs_f64(),
+        seen.peak_calls
+    );
+    first_stop.notify_waiters();
+
+    // The worker alone: the runs are accepted and queued first, then one worker starts and
+    // takes them all; from its start to the last completion.
+    request_long_runs(broker, as_producer, n).await?;
+    let mut accepted = 0;
+    while accepted < n {
+        if next_event(&mut events).await?["event"] == "run.accepted" {
+            accepted += 1;
+        }
+    }
+    let second_stop = Arc::new(Notify::new());
     let heartbeats_before = HEARTBEATS.load(Ordering::Relaxed);
     let started = Instant::now();
+    spawn_worker(&mut services, runner, broker, &second_stop, n);
+    let seen = await_long_runs(pool, &mut events, &stub, n).await?;
+    let elapsed = started.elapsed();
+    let heartbeats = HEARTBEATS.load(Ordering::Relaxed) - heartbeats_before;
+    let rate = n as f64 / elapsed.as_secs_f64();
+    println!(
+        "  queued beforehand:  {rate:.0} runs/s against the ideal {ideal:.0}: {:.0} % — {n} runs in {:.1} s from the worker's start; \
+         at most {} model calls in flight",
+        100.0 * rate / ideal,
+        elapsed.as_secs_f64(),
+        seen.peak_calls
+    );
+    println!(
+        "  process RSS {:.0} MB; heartbeat statements {:.2}/s (lease ttl 6 s); PostgreSQL connections used: {}",
+        seen.rss as f64 / 1e6,
+        heartbeats as f64 / elapsed.as_secs_f64(),
+        seen.connections
+    );
+    second_stop.notify_waiters();
+    stop.notify_waiters();
+    while services.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// Requests `n` runs of the long agent through the queue, as a producer does.
+async fn request_long_runs(
+    broker: &Broker,
+    as_producer: &MessageProperties,
+    n: usize,
+) -> anyhow::Result<()> {
     for _ in 0..n {
         let request = RunRequest {
             request_id: Uuid::now_v7(),
@@ -944,51 +1019,49 @@ async fn long_segments(
             )
             .await?;
     }
+    Ok(())
+}
+
+/// What was seen while long runs completed.
+struct LongRuns {
+    peak_calls: u64,
+    rss: u64,
+    connections: i64,
+}
+
+/// Waits for `n` runs to complete, sampling the model calls in flight, the RSS and the
+/// database connections in use every hundred completions.
+async fn await_long_runs(
+    pool: &PgPool,
+    events: &mut Consumer,
+    stub: &Stub,
+    n: usize,
+) -> anyhow::Result<LongRuns> {
+    let mut seen = LongRuns {
+        peak_calls: 0,
+        rss: 0,
+        connections: 0,
+    };
     let mut completed = 0;
-    let mut connections = 0i64;
-    let mut rss = 0u64;
-    let mut peak_calls = 0u64;
     while completed < n {
-        let event = next_event(&mut events).await?;
+        let event = next_event(events).await?;
         match event["event"].as_str() {
             Some("run.completed") => completed += 1,
             Some("run.failed") => bail!("a long run failed: {event}"),
             _ => {}
         }
         if completed % 100 == 0 {
-            rss = rss.max(rss_bytes());
-            peak_calls = peak_calls.max(stub.in_flight.load(Ordering::Relaxed));
+            seen.rss = seen.rss.max(rss_bytes());
+            seen.peak_calls = seen.peak_calls.max(stub.in_flight.load(Ordering::Relaxed));
             let used: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
             )
             .fetch_one(pool)
             .await?;
-            connections = connections.max(used);
+            seen.connections = seen.connections.max(used);
         }
     }
-    let elapsed = started.elapsed();
-    let heartbeats = HEARTBEATS.load(Ordering::Relaxed) - heartbeats_before;
-    let ideal = n as f64 / config.model_latency.as_secs_f64();
-    let rate = n as f64 / elapsed.as_secs_f64();
-    println!();
-    println!(
-        "long segments: {n} runs in flight in one worker, the model answering in {:.1} s",
-        config.model_latency.as_secs_f64()
-    );
-    println!(
-        "  {rate:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — {n} runs in {:.1} s; \
-         at most {peak_calls} model calls in flight",
-        100.0 * rate / ideal,
-        elapsed.as_secs_f64()
-    );
-    println!(
-        "  process RSS {:.0} MB; heartbeat statements {:.2}/s (lease ttl 6 s); PostgreSQL connections used: {connections}",
-        rss as f64 / 1e6,
-        heartbeats as f64 / elapsed.as_secs_f64()
-    );
-    stop.notify_waiters();
-    while services.join_next().await.is_some() {}
-    Ok(())
+    Ok(seen)
 }
 
 /// An OpenAI-compatible chat endpoint that answers "Done." after `latency`.
