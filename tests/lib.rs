@@ -446,6 +446,15 @@ impl Installation {
         Running(cmd.spawn().expect("the binary starts"))
     }
 
+    /// `countersign decide RUN_ID --seq SEQ --digest DIGEST --as APPROVER --approve`, to
+    /// completion: an approval of the card those values name.
+    pub fn approve_card(&self, run_id: &str, seq: i32, digest: &str, approver: &str) -> Output {
+        let seq = seq.to_string();
+        self.countersign(&[
+            "decide", run_id, "--seq", &seq, "--digest", digest, "--as", approver, "--approve",
+        ])
+    }
+
     /// `countersign submit` through the queue; the new run's id.
     pub fn submit(&self, agent: &str, acting_user: &str, prompt: &str) -> String {
         let out = self.countersign_ok(&["submit", "--agent", agent, "--as", acting_user, prompt]);

@@ -209,17 +209,7 @@ async fn a_saved_card_the_run_has_moved_past_is_refused_stale_turn_and_the_run_i
         "{}",
         stderr(&stale)
     );
-    let stale = install.countersign(&[
-        "decide",
-        &run_id,
-        "--seq",
-        "1",
-        "--digest",
-        &digest,
-        "--as",
-        "approver",
-        "--approve",
-    ]);
+    let stale = install.approve_card(&run_id, 1, &digest, "approver");
     assert_eq!(stale.status.code(), Some(1), "{}", stderr(&stale));
     assert!(stderr(&stale).contains("stale_turn"), "{}", stderr(&stale));
     assert_eq!(

@@ -62,17 +62,7 @@ async fn a_cancelled_waiting_run_refuses_every_later_decision() {
     assert!(shown.contains("run.cancelled"), "{shown}");
 
     // The card `show` printed before the cancel.
-    let late = install.countersign(&[
-        "decide",
-        &run_id,
-        "--seq",
-        "1",
-        "--digest",
-        &digest,
-        "--as",
-        "approver",
-        "--approve",
-    ]);
+    let late = install.approve_card(&run_id, 1, &digest, "approver");
     assert!(!late.status.success());
     assert!(String::from_utf8_lossy(&late.stderr).contains("not_awaiting_approval"));
     let again = install.countersign(&["cancel", &run_id]);

@@ -232,6 +232,17 @@ impl Site {
         assert!(out.contains("decision accepted"), "{out}");
     }
 
+    /// A coordinator and a worker with a short lease (to be killed while the approved call is
+    /// in flight), a run on card 1, and that card's digest.
+    async fn suspended_with_doomed_worker(&mut self) -> (Running, Running, String, String) {
+        let coordinator = self.spawn("countersign-coordinator", &[]);
+        let doomed = self.spawn("countersign-worker", &["--lease-ttl-secs", "3"]);
+        let run_id = self.submit();
+        wait_for_card(&mut self.conn, &run_id, 1, secs(60)).await;
+        let digest = self.digest(&run_id).await;
+        (coordinator, doomed, run_id, digest)
+    }
+
     /// The call previews and stale indexes of the run's current card, from its sealed state.
     async fn card(&self, run_id: &str) -> (Vec<Value>, Value) {
         let pool = sqlx::PgPool::connect(&self.db.url()).await.unwrap();
@@ -414,11 +425,7 @@ async fn an_idempotent_remote_call_in_flight_when_its_worker_is_killed_is_sent_a
         json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }]),
     )
     .await;
-    let coordinator = site.spawn("countersign-coordinator", &[]);
-    let mut doomed = site.spawn("countersign-worker", &["--lease-ttl-secs", "3"]);
-    let run_id = site.submit();
-    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
-    let digest = site.digest(&run_id).await;
+    let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     // The approved call reaches the wiki and is held there; its worker dies with it in flight.
     site.wiki.hold_executes();
@@ -475,11 +482,7 @@ async fn an_idempotent_remote_call_that_landed_before_its_worker_was_killed_is_a
         json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }]),
     )
     .await;
-    let coordinator = site.spawn("countersign-coordinator", &[]);
-    let mut doomed = site.spawn("countersign-worker", &["--lease-ttl-secs", "3"]);
-    let run_id = site.submit();
-    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
-    let digest = site.digest(&run_id).await;
+    let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     // The wiki writes the approved call and records its key; the answer never reaches the
     // worker, which dies first. A preview now would read the call's own write
@@ -538,11 +541,7 @@ async fn a_sent_call_whose_page_a_colleague_edited_before_it_landed_is_refused_a
         json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }]),
     )
     .await;
-    let coordinator = site.spawn("countersign-coordinator", &[]);
-    let mut doomed = site.spawn("countersign-worker", &["--lease-ttl-secs", "3"]);
-    let run_id = site.submit();
-    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
-    let digest = site.digest(&run_id).await;
+    let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     // The approved call is held at the wiki before it does anything; its worker dies, and a
     // colleague creates the page the approver was shown as new.
@@ -585,11 +584,7 @@ async fn a_non_idempotent_remote_call_in_flight_when_its_worker_is_killed_fails_
         json!([{ "name": "append_line", "arguments": { "page": "home", "line": "Closed on Sundays." } }]),
     )
     .await;
-    let coordinator = site.spawn("countersign-coordinator", &[]);
-    let mut doomed = site.spawn("countersign-worker", &["--lease-ttl-secs", "3"]);
-    let run_id = site.submit();
-    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
-    let digest = site.digest(&run_id).await;
+    let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     site.wiki.hold_executes();
     site.approve(&run_id, 1, &digest);
@@ -1001,19 +996,7 @@ async fn a_deployment_without_the_content_store_runs_on_remote_tools_and_its_own
         .as_str()
         .unwrap()
         .to_owned();
-    let decide = |approver: &str| {
-        install.countersign(&[
-            "decide",
-            &run_id,
-            "--seq",
-            "1",
-            "--digest",
-            &digest,
-            "--as",
-            approver,
-            "--approve",
-        ])
-    };
+    let decide = |approver: &str| install.approve_card(&run_id, 1, &digest, approver);
     // The bystander's grant names another agent; the editor may not release their own run's
     // writes under four-eyes. Both leave the run waiting.
     for (approver, code) in [

@@ -890,7 +890,10 @@ async fn long_segments(
     config: &BenchConfig,
 ) -> anyhow::Result<()> {
     let n = config.long_segments;
-    let (addr, stub) = stub_model(config.model_latency).await?;
+    // The stub runs in a process of its own, so this process's RSS is the coordinator's and
+    // the worker's, not that of the stub's thousands of connections.
+    let stub = StubProcess::start(config.model_latency).await?;
+    let addr = stub.addr;
     // The stub takes no key, but the provider sends one from the environment.
     std::env::set_var("COUNTERSIGN_BENCH_STUB_KEY", "stub");
     store
@@ -1034,7 +1037,7 @@ struct LongRuns {
 async fn await_long_runs(
     pool: &PgPool,
     events: &mut Consumer,
-    stub: &Stub,
+    stub: &StubProcess,
     n: usize,
 ) -> anyhow::Result<LongRuns> {
     let mut seen = LongRuns {
@@ -1052,7 +1055,7 @@ async fn await_long_runs(
         }
         if completed % 100 == 0 {
             seen.rss = seen.rss.max(rss_bytes());
-            seen.peak_calls = seen.peak_calls.max(stub.in_flight.load(Ordering::Relaxed));
+            seen.peak_calls = seen.peak_calls.max(stub.in_flight().await?);
             let used: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
             )
@@ -1064,17 +1067,82 @@ async fn await_long_runs(
     Ok(seen)
 }
 
+/// The model stub's process (`countersign bench-model-stub`), killed when dropped.
+struct StubProcess {
+    child: std::process::Child,
+    addr: std::net::SocketAddr,
+}
+
+impl StubProcess {
+    async fn start(latency: Duration) -> anyhow::Result<StubProcess> {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(std::env::current_exe()?)
+            .args(["bench-model-stub", "--latency-ms"])
+            .arg(latency.as_millis().to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("starting the model stub")?;
+        let stdout = child.stdout.take().context("the stub's stdout")?;
+        // One line, written as soon as it listens.
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            std::io::BufReader::new(stdout).read_line(&mut line).map(|_| line)
+        })
+        .await??;
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .with_context(|| format!("the stub said {line:?}"))?
+            .parse()?;
+        Ok(StubProcess { child, addr })
+    }
+
+    /// The model calls the stub is answering now.
+    async fn in_flight(&self) -> anyhow::Result<u64> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(self.addr).await?;
+        stream
+            .write_all(b"GET /in-flight HTTP/1.1\r\nHost: stub\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await?;
+        let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+        Ok(body.trim().parse()?)
+    }
+}
+
+impl Drop for StubProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serves the stub (`countersign bench-model-stub`): an OpenAI-compatible chat endpoint that
+/// answers "Done." after `latency`, and `GET /in-flight`; prints where it listens, and stops
+/// when its stdin closes (when the bench that started it ends).
+pub async fn serve_model_stub(latency: Duration) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let (addr, _stub) = stub_model(latency).await?;
+    println!("listening on {addr}");
+    std::io::stdout().flush()?;
+    tokio::task::spawn_blocking(|| std::io::stdin().read_to_end(&mut Vec::new())).await??;
+    Ok(())
+}
+
 /// An OpenAI-compatible chat endpoint that answers "Done." after `latency`.
 struct Stub {
     in_flight: AtomicU64,
 }
 
 async fn stub_model(latency: Duration) -> anyhow::Result<(std::net::SocketAddr, Arc<Stub>)> {
-    use axum::routing::post;
+    use axum::routing::{get, post};
     let stub = Arc::new(Stub {
         in_flight: AtomicU64::new(0),
     });
     let state = stub.clone();
+    let counted = stub.clone();
     let app = axum::Router::new().route(
         "/v1/chat/completions",
         post(move || {
@@ -1093,6 +1161,13 @@ async fn stub_model(latency: Duration) -> anyhow::Result<(std::net::SocketAddr, 
                     body.to_string(),
                 )
             }
+        }),
+    )
+    .route(
+        "/in-flight",
+        get(move || {
+            let stub = counted.clone();
+            async move { stub.in_flight.load(Ordering::Relaxed).to_string() }
         }),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -189,6 +189,13 @@ pub enum Command {
         #[arg(long, default_value_t = 2000)]
         model_latency_ms: u64,
     },
+    /// The bench's model stub, in a process of its own (started by `bench`): an
+    /// OpenAI-compatible endpoint that answers after the latency; exits when its stdin closes.
+    #[command(hide = true)]
+    BenchModelStub {
+        #[arg(long)]
+        latency_ms: u64,
+    },
     /// Runs the coordinator, two workers and the reaper (built next to this executable) over
     /// RabbitMQ in a throwaway database and queue prefix, drives a run through them as an
     /// operator and its approvers would, narrating and checking each step.
@@ -447,6 +454,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 model_latency: Duration::from_millis(model_latency_ms),
             };
             bench::run(&cli.database_url, &cli.amqp_addr, config).await
+        }
+        Command::BenchModelStub { latency_ms } => {
+            bench::serve_model_stub(Duration::from_millis(latency_ms)).await
         }
         Command::Demo { database, keep } => {
             demo::run(&cli.database_url, &cli.amqp_addr, &database, keep).await

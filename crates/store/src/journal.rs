@@ -32,26 +32,7 @@ pub(crate) async fn insert(
     effect: Effect,
     output: &ToolOutput,
 ) -> Result<bool, StoreError> {
-    let plain =
-        serde_json::to_vec(output).map_err(|_| StoreError::unreadable("run_journal.result"))?;
-    let sealed = keyring.seal(Purpose::Journal, key.run_id, &plain)?;
-    let inserted = sqlx::query_scalar!(
-        r#"INSERT INTO run_journal (run_id, suspension_seq, call_index, tool, effect, result, lease_epoch,
-                                   created_at)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())
-           ON CONFLICT (run_id, suspension_seq, call_index) DO NOTHING
-           RETURNING call_index"#,
-        key.run_id.as_uuid(),
-        key.seq.as_i32(),
-        key.index.as_i32(),
-        tool,
-        effect.as_str(),
-        sealed,
-        key.epoch.get(),
-    )
-    .fetch_optional(conn)
-    .await?;
-    Ok(inserted.is_some())
+    insert_audited(conn, keyring, key, tool, effect, output, None).await
 }
 
 /// Inserts the journal row of a call and, for a write, its audit event (`payload` in clear,

@@ -26,6 +26,11 @@ struct Args {
     /// Segments run at once.
     #[arg(long, env = "COUNTERSIGN_WORKER_CONCURRENCY", default_value_t = 4)]
     concurrency: usize,
+    /// PostgreSQL connections at most, shared by the segments (a segment holds one only while
+    /// it talks to the database, never while it waits on a model or a tool server). Never more
+    /// than twice the concurrency plus two.
+    #[arg(long, env = "COUNTERSIGN_WORKER_POOL_SIZE", default_value_t = 32)]
+    pool_size: u32,
     /// Lease time to live, in seconds; renewed every third of it.
     #[arg(long, default_value_t = 30)]
     lease_ttl_secs: u64,
@@ -54,7 +59,9 @@ async fn main() -> anyhow::Result<()> {
         Some(path) => catalog.with_default_script(path),
         None => catalog,
     };
-    let pool_size = u32::try_from(args.concurrency * 2 + 2).unwrap_or(16);
+    let pool_size = u32::try_from(args.concurrency.saturating_mul(2).saturating_add(2))
+        .unwrap_or(u32::MAX)
+        .min(args.pool_size.max(2));
     let (store, broker) = args.connections.open(pool_size, args.http_addr).await?;
     let countersign_service::tools::Tools {
         registry, users, ..
