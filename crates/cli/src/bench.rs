@@ -87,7 +87,8 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     countersign_content::seed_demo_site(&pool).await?;
     producers::allow(&pool, "guest", ProducerKind::ActingUser, "*").await?;
     producers::allow(&pool, "guest", ProducerKind::Approver, "*").await?;
-    let store = Store::new(pool.clone(), Arc::new(Keyring::ephemeral()));
+    let store_keyring = Arc::new(Keyring::ephemeral());
+    let store = Store::new(pool.clone(), store_keyring.clone());
     let agent = |name: &str, model: Value, enabled: Vec<String>| AgentConfig {
         name: name.into(),
         active: true,
@@ -267,7 +268,7 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     while services.join_next().await.is_some() {}
 
     if config.long_segments > 0 {
-        long_segments(&pool, &store, &broker, &as_producer, config).await?;
+        long_segments(&pool, &store, store_keyring, &broker, &as_producer, config).await?;
     }
     broker.delete_topology().await?;
     pool.close().await;
@@ -885,6 +886,7 @@ async fn publish_ceiling(broker: &Broker, n: usize, in_flight: usize) -> anyhow:
 async fn long_segments(
     pool: &PgPool,
     store: &Store,
+    keyring: Arc<Keyring>,
     broker: &Broker,
     as_producer: &MessageProperties,
     config: &BenchConfig,
@@ -927,11 +929,17 @@ async fn long_segments(
             .await
         });
     }
+    // The worker gets a pool of its own, as in its own process, of the binary's default size
+    // (`--pool-size 32`): its thousands of segments share it.
+    let worker_pool = PgPoolOptions::new()
+        .max_connections(32)
+        .connect_with((*pool.connect_options()).clone())
+        .await?;
     let runner = SegmentRunner {
-        store: store.clone(),
+        store: Store::new(worker_pool.clone(), keyring),
         registry,
         models: Models::PerAgent(Arc::new(ModelCatalog::new())),
-        users: Arc::new(countersign_content::ContentUsers::new(pool.clone())),
+        users: Arc::new(countersign_content::ContentUsers::new(worker_pool)),
         lease_ttl: Duration::from_secs(6),
         heartbeat: Default::default(),
     };
@@ -989,7 +997,8 @@ async fn long_segments(
         seen.peak_calls
     );
     println!(
-        "  process RSS {:.0} MB; heartbeat statements {:.2}/s (lease ttl 6 s); PostgreSQL connections used: {}",
+        "  process RSS {:.0} MB (coordinator and worker); heartbeat statements {:.2}/s (lease ttl 6 s); \
+         PostgreSQL connections used: {} (the worker's pool of 32, and the rest of the process's 16)",
         seen.rss as f64 / 1e6,
         heartbeats as f64 / elapsed.as_secs_f64(),
         seen.connections
