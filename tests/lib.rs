@@ -451,7 +451,15 @@ impl Installation {
     pub fn approve_card(&self, run_id: &str, seq: i32, digest: &str, approver: &str) -> Output {
         let seq = seq.to_string();
         self.countersign(&[
-            "decide", run_id, "--seq", &seq, "--digest", digest, "--as", approver, "--approve",
+            "decide",
+            run_id,
+            "--seq",
+            &seq,
+            "--digest",
+            digest,
+            "--as",
+            approver,
+            "--approve",
         ])
     }
 

@@ -18,8 +18,8 @@
 //!
 //! The long-segment part gives one worker thousands of segments whose model (an
 //! OpenAI-compatible stub in this process) takes seconds to answer, and reports throughput
-//! against the ideal — with the runs requested at once, and with them queued before the worker
-//! starts — RSS, heartbeat statements per second and PostgreSQL connections.
+//! against the ideal — with the runs queued before the worker starts, and requested at once —
+//! RSS, heartbeat statements per second and PostgreSQL connections.
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
@@ -954,26 +954,9 @@ async fn long_segments(
         latency.as_secs_f64()
     );
 
-    // End to end: the runs are requested at once, so the coordinator's gates and the claims
-    // (the intake) run while the first segments wait on the model.
-    let first_stop = Arc::new(Notify::new());
-    spawn_worker(&mut services, runner.clone(), broker, &first_stop, n);
-    let started = Instant::now();
-    request_long_runs(broker, as_producer, n).await?;
-    let seen = await_long_runs(pool, &mut events, &stub, n).await?;
-    let elapsed = started.elapsed();
-    let rate = n as f64 / elapsed.as_secs_f64();
-    println!(
-        "  requested at once:  {rate:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — {n} runs in {:.1} s; \
-         at most {} model calls in flight",
-        100.0 * rate / ideal,
-        elapsed.as_secs_f64(),
-        seen.peak_calls
-    );
-    first_stop.notify_waiters();
-
-    // The worker alone: the runs are accepted and queued first, then one worker starts and
-    // takes them all; from its start to the last completion.
+    // The worker alone first (so the RSS it reports was reached with nothing else before it):
+    // the runs are accepted and queued, then one worker starts and takes them all; from its
+    // start to the last completion.
     request_long_runs(broker, as_producer, n).await?;
     let mut accepted = 0;
     while accepted < n {
@@ -981,16 +964,16 @@ async fn long_segments(
             accepted += 1;
         }
     }
-    let second_stop = Arc::new(Notify::new());
+    let first_stop = Arc::new(Notify::new());
     let heartbeats_before = HEARTBEATS.load(Ordering::Relaxed);
     let started = Instant::now();
-    spawn_worker(&mut services, runner, broker, &second_stop, n);
+    spawn_worker(&mut services, runner.clone(), broker, &first_stop, n);
     let seen = await_long_runs(pool, &mut events, &stub, n).await?;
     let elapsed = started.elapsed();
     let heartbeats = HEARTBEATS.load(Ordering::Relaxed) - heartbeats_before;
     let rate = n as f64 / elapsed.as_secs_f64();
     println!(
-        "  queued beforehand:  {rate:.0} runs/s against the ideal {ideal:.0}: {:.0} % — {n} runs in {:.1} s from the worker's start; \
+        "  queued beforehand:  {rate:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — {n} runs in {:.1} s from the worker's start; \
          at most {} model calls in flight",
         100.0 * rate / ideal,
         elapsed.as_secs_f64(),
@@ -1002,6 +985,25 @@ async fn long_segments(
         seen.rss as f64 / 1e6,
         heartbeats as f64 / elapsed.as_secs_f64(),
         seen.connections
+    );
+    first_stop.notify_waiters();
+
+    // End to end: the runs are requested at once, so the coordinator's gates and the claims
+    // (the intake) run while the first segments wait on the model.
+    let second_stop = Arc::new(Notify::new());
+    spawn_worker(&mut services, runner, broker, &second_stop, n);
+    let started = Instant::now();
+    request_long_runs(broker, as_producer, n).await?;
+    let seen = await_long_runs(pool, &mut events, &stub, n).await?;
+    let elapsed = started.elapsed();
+    let rate = n as f64 / elapsed.as_secs_f64();
+    println!(
+        "  requested at once:  {rate:.0} runs/s against the ideal {ideal:.0}: {:.0} % — {n} runs in {:.1} s; \
+         at most {} model calls in flight; process RSS {:.0} MB",
+        100.0 * rate / ideal,
+        elapsed.as_secs_f64(),
+        seen.peak_calls,
+        seen.rss as f64 / 1e6
     );
     second_stop.notify_waiters();
     stop.notify_waiters();
@@ -1096,7 +1098,9 @@ impl StubProcess {
         // One line, written as soon as it listens.
         let line = tokio::task::spawn_blocking(move || {
             let mut line = String::new();
-            std::io::BufReader::new(stdout).read_line(&mut line).map(|_| line)
+            std::io::BufReader::new(stdout)
+                .read_line(&mut line)
+                .map(|_| line)
         })
         .await??;
         let addr = line
@@ -1152,33 +1156,34 @@ async fn stub_model(latency: Duration) -> anyhow::Result<(std::net::SocketAddr, 
     });
     let state = stub.clone();
     let counted = stub.clone();
-    let app = axum::Router::new().route(
-        "/v1/chat/completions",
-        post(move || {
-            let stub = state.clone();
-            async move {
-                stub.in_flight.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(latency).await;
-                stub.in_flight.fetch_sub(1, Ordering::Relaxed);
-                let body = json!({
-                    "choices": [{"message": {"role": "assistant", "content": "Done."},
-                                 "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 5, "completion_tokens": 1},
-                });
-                (
-                    [(axum::http::header::CONTENT_TYPE, "application/json")],
-                    body.to_string(),
-                )
-            }
-        }),
-    )
-    .route(
-        "/in-flight",
-        get(move || {
-            let stub = counted.clone();
-            async move { stub.in_flight.load(Ordering::Relaxed).to_string() }
-        }),
-    );
+    let app = axum::Router::new()
+        .route(
+            "/v1/chat/completions",
+            post(move || {
+                let stub = state.clone();
+                async move {
+                    stub.in_flight.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(latency).await;
+                    stub.in_flight.fetch_sub(1, Ordering::Relaxed);
+                    let body = json!({
+                        "choices": [{"message": {"role": "assistant", "content": "Done."},
+                                     "finish_reason": "stop"}],
+                        "usage": {"prompt_tokens": 5, "completion_tokens": 1},
+                    });
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        body.to_string(),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/in-flight",
+            get(move || {
+                let stub = counted.clone();
+                async move { stub.in_flight.load(Ordering::Relaxed).to_string() }
+            }),
+        );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
