@@ -6,7 +6,7 @@
 //! The worker that runs a call, the coordinator that gates its approval (an unknown tool is a
 //! non-idempotent write nobody may release), and the API and CLI that show its card must all
 //! know the same tools, so every binary builds its registry here. They must also agree on who
-//! a user is and who may approve, so every binary takes its [`users`] from here too.
+//! a user is and who may approve, so every binary takes [`Tools::users`] from here too.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
