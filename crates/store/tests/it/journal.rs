@@ -1,5 +1,9 @@
+use std::time::Duration;
+
 use countersign_core::{CallIndex, Effect, SuspensionSeq, ToolOutput};
+use countersign_store::{DecisionOutcome, NewDecision, ReapOutcome, SentCall};
 use sqlx::PgPool;
+use uuid::Uuid;
 
 use crate::support::*;
 
@@ -118,4 +122,100 @@ async fn a_zombie_cannot_record_an_effect_and_the_stamp_stays_for_the_reaper(poo
         store.run(run).await.unwrap().unwrap().pending_effect,
         Some(Effect::NonIdempotentWrite)
     );
+}
+
+/// A run resumed after its approval, claimed by `worker-a`.
+async fn resumed(
+    store: &countersign_store::Store,
+) -> (countersign_core::RunId, countersign_store::Claim) {
+    let (run, st) = waiting(store).await;
+    let approval = NewDecision {
+        decision_id: Uuid::now_v7(),
+        run_id: run,
+        suspension_seq: st.suspension_seq,
+        turn_digest: st.turn_digest(),
+        approved: true,
+        approver: "alice".into(),
+        comment: None,
+        outcome: DecisionOutcome::Accepted,
+    };
+    store.record_decision(&approval).await.unwrap();
+    (run, claim(store, run, "worker-a").await)
+}
+
+/// Requeues the run by expiring its lease and reaping it without backoff.
+async fn requeue(store: &countersign_store::Store, pool: &PgPool, run: countersign_core::RunId) {
+    expire_lease(pool, run).await;
+    let seen = store.expired_leases(10).await.unwrap().remove(0);
+    assert_eq!(
+        store.reap_expired(&seen, 3, Duration::ZERO).await.unwrap(),
+        ReapOutcome::Requeued
+    );
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_sent_call_survives_the_requeue_reaches_the_retrying_claim_and_clears_with_its_journal_row(
+    pool: PgPool,
+) {
+    let store = store(pool.clone());
+    let (run, first) = resumed(&store).await;
+    assert_eq!(first.sent_call, None);
+    let sent = SentCall {
+        seq: SuspensionSeq::FIRST,
+        index: CallIndex::new(1),
+        effect: Effect::IdempotentWrite,
+    };
+    assert!(store
+        .renew_stamping(&first.lease, TTL, Some(sent))
+        .await
+        .unwrap());
+
+    requeue(&store, &pool, run).await;
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(
+        row.pending_effect, None,
+        "the reaper clears the effect stamp"
+    );
+    let retry = claim(&store, run, "worker-b").await;
+    assert_eq!(
+        retry.sent_call,
+        Some(CallIndex::new(1)),
+        "but not the sent call"
+    );
+
+    store
+        .record_effect(
+            &retry.lease,
+            SuspensionSeq::FIRST,
+            CallIndex::new(1),
+            "set_page",
+            Effect::IdempotentWrite,
+            &ToolOutput::ok("written"),
+        )
+        .await
+        .unwrap();
+    let sent: (Option<i32>, Option<i32>) =
+        sqlx::query_as("SELECT sent_seq, sent_call FROM runs WHERE id = $1")
+            .bind(run.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(sent, (None, None));
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_call_sent_for_another_suspension_is_not_the_retrying_claims_sent_call(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, first) = resumed(&store).await;
+    let other_turn = SentCall {
+        seq: SuspensionSeq::FIRST.next(),
+        index: CallIndex::new(0),
+        effect: Effect::IdempotentWrite,
+    };
+    assert!(store
+        .renew_stamping(&first.lease, TTL, Some(other_turn))
+        .await
+        .unwrap());
+    requeue(&store, &pool, run).await;
+    assert_eq!(claim(&store, run, "worker-b").await.sent_call, None);
 }
