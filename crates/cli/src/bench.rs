@@ -965,12 +965,15 @@ async fn long_segments(
         }
     }
     let first_stop = Arc::new(Notify::new());
+    let before = Counters::read(pool).await?;
     let heartbeats_before = HEARTBEATS.load(Ordering::Relaxed);
     let started = Instant::now();
     spawn_worker(&mut services, runner.clone(), broker, &first_stop, n);
     let seen = await_long_runs(pool, &mut events, &stub, n).await?;
     let elapsed = started.elapsed();
     let heartbeats = HEARTBEATS.load(Ordering::Relaxed) - heartbeats_before;
+    let after = Counters::read(pool).await?;
+    let per_run = |a: f64, b: f64| (b - a) / n as f64 * 1000.0;
     let rate = n as f64 / elapsed.as_secs_f64();
     println!(
         "  queued beforehand:  {rate:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — {n} runs in {:.1} s from the worker's start; \
@@ -978,6 +981,14 @@ async fn long_segments(
         100.0 * rate / ideal,
         elapsed.as_secs_f64(),
         seen.peak_calls
+    );
+    println!(
+        "  per run: {:.1} statements, CPU {:.2} ms this process, {:.2} ms PostgreSQL, {:.2} ms RabbitMQ \
+         (the stub's process not counted)",
+        (after.statements - before.statements) as f64 / n as f64,
+        per_run(before.cpu_self, after.cpu_self),
+        per_run(before.cpu_postgres, after.cpu_postgres),
+        per_run(before.cpu_rabbitmq, after.cpu_rabbitmq),
     );
     println!(
         "  process RSS {:.0} MB (coordinator and worker); heartbeat statements {:.2}/s (lease ttl 6 s); \
