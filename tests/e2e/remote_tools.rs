@@ -217,19 +217,13 @@ impl Site {
     }
 
     fn approve(&self, run_id: &str, seq: i32, digest: &str) {
-        let seq = seq.to_string();
-        let out = self.install.countersign_ok(&[
-            "decide",
-            run_id,
-            "--seq",
-            &seq,
-            "--digest",
-            digest,
-            "--as",
-            "admin",
-            "--approve",
-        ]);
-        assert!(out.contains("decision accepted"), "{out}");
+        let out = self.install.approve_card(run_id, seq, digest, "admin");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("decision accepted"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// A coordinator and a worker with a short lease (to be killed while the approved call is
@@ -277,6 +271,18 @@ impl Site {
         wait_for_sql(&mut self.conn, "the lease expired", secs(30), &sql).await;
     }
 
+    /// Once the killed worker's lease has run out: one reaper pass, which requeues the run (an
+    /// idempotent stamp does not forbid a retry), and a worker that takes it again.
+    async fn requeue_to_a_rescuer(&mut self, run_id: &str) -> Running {
+        self.wait_for_expired_lease(run_id).await;
+        let summary = self.reap();
+        assert!(
+            summary.contains("requeued=1") && summary.contains("not_retryable=0"),
+            "{summary}"
+        );
+        self.spawn("countersign-worker", &["--poll-interval-secs", "1"])
+    }
+
     /// One reaper pass without backoff; its summary line.
     fn reap(&self) -> String {
         let out = self
@@ -300,6 +306,11 @@ impl Site {
         countersign_e2e::delete_topology(&self.install.queue_prefix).await;
         self.db.drop().await;
     }
+}
+
+/// One absolute write: the page `about`, which does not exist yet, set to one line.
+fn set_about() -> Value {
+    json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }])
 }
 
 fn lines(previews: &[Value], index: usize) -> Vec<String> {
@@ -419,12 +430,7 @@ async fn a_remote_turn_suspends_with_its_previews_bounces_on_a_moved_append_and_
 #[tokio::test]
 async fn an_idempotent_remote_call_in_flight_when_its_worker_is_killed_is_sent_again_under_its_key_and_written_once(
 ) {
-    let mut site = Site::new(
-        "remote_kill_idem",
-        json!({}),
-        json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }]),
-    )
-    .await;
+    let mut site = Site::new("remote_kill_idem", json!({}), set_about()).await;
     let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     // The approved call reaches the wiki and is held there; its worker dies with it in flight.
@@ -437,17 +443,10 @@ async fn an_idempotent_remote_call_in_flight_when_its_worker_is_killed_is_sent_a
         "the call was stamped before it was sent"
     );
     doomed.sigkill();
-    site.wait_for_expired_lease(&run_id).await;
 
-    // An idempotent stamp does not forbid a retry: the reaper requeues, another worker
-    // compares again (nothing landed yet) and sends the call under the same key, while the
-    // dead worker's request is still at the wiki.
-    let summary = site.reap();
-    assert!(
-        summary.contains("requeued=1") && summary.contains("not_retryable=0"),
-        "{summary}"
-    );
-    let rescuer = site.spawn("countersign-worker", &["--poll-interval-secs", "1"]);
+    // The reaper requeues, and another worker sends the call that was sent again under the
+    // same key, while the dead worker's request is still at the wiki.
+    let rescuer = site.requeue_to_a_rescuer(&run_id).await;
     wait_for_held_executes(&site.wiki, 2).await;
 
     // Both requests go on: the wiki does the work once and answers the other from its record.
@@ -476,12 +475,7 @@ async fn an_idempotent_remote_call_in_flight_when_its_worker_is_killed_is_sent_a
 #[tokio::test]
 async fn an_idempotent_remote_call_that_landed_before_its_worker_was_killed_is_answered_from_its_key_without_a_new_card(
 ) {
-    let mut site = Site::new(
-        "remote_landed",
-        json!({}),
-        json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }]),
-    )
-    .await;
+    let mut site = Site::new("remote_landed", json!({}), set_about()).await;
     let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     // The wiki writes the approved call and records its key; the answer never reaches the
@@ -503,13 +497,10 @@ async fn an_idempotent_remote_call_that_landed_before_its_worker_was_killed_is_a
     );
     doomed.sigkill();
     site.wiki.release_answers();
-    site.wait_for_expired_lease(&run_id).await;
 
     // The retry sends the sent call again under its key instead of comparing its preview: the
     // wiki answers from its record, and the run completes on the card that was approved.
-    let summary = site.reap();
-    assert!(summary.contains("requeued=1"), "{summary}");
-    let rescuer = site.spawn("countersign-worker", &["--poll-interval-secs", "1"]);
+    let rescuer = site.requeue_to_a_rescuer(&run_id).await;
     wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
     let row = run_row(&mut site.conn, &run_id).await;
     assert_eq!(row["suspension_seq"], 1, "no new card: {row}");
@@ -535,12 +526,7 @@ async fn an_idempotent_remote_call_that_landed_before_its_worker_was_killed_is_a
 #[tokio::test]
 async fn a_sent_call_whose_page_a_colleague_edited_before_it_landed_is_refused_at_the_wiki_and_never_written(
 ) {
-    let mut site = Site::new(
-        "remote_moved_in_flight",
-        json!({}),
-        json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }]),
-    )
-    .await;
+    let mut site = Site::new("remote_moved_in_flight", json!({}), set_about()).await;
     let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     // The approved call is held at the wiki before it does anything; its worker dies, and a
@@ -555,10 +541,7 @@ async fn a_sent_call_whose_page_a_colleague_edited_before_it_landed_is_refused_a
     // the lock of the write, and refuses it. The retry sends the call again under its key and
     // gets the same answer; the model is told the call moved, and the run ends.
     site.wiki.release();
-    site.wait_for_expired_lease(&run_id).await;
-    let summary = site.reap();
-    assert!(summary.contains("requeued=1"), "{summary}");
-    let rescuer = site.spawn("countersign-worker", &["--poll-interval-secs", "1"]);
+    let rescuer = site.requeue_to_a_rescuer(&run_id).await;
     wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
     let state = site.wiki.state();
     assert_eq!(

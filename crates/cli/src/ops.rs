@@ -168,17 +168,16 @@ pub async fn users(users: &TableUsers, command: UsersCommand) -> anyhow::Result<
             let role = if admin { "administrator" } else { "user" };
             println!("{name} is an enabled {role}");
         }
-        UsersCommand::Disable { name } | UsersCommand::Enable { name }
-            if !users.exists(&name).await? =>
-        {
-            return Err(no_user(&name));
-        }
         UsersCommand::Disable { name } => {
-            users.set_disabled(&name, true).await?;
+            if !users.set_disabled(&name, true).await? {
+                return Err(no_user(&name));
+            }
             println!("{name} is disabled");
         }
         UsersCommand::Enable { name } => {
-            users.set_disabled(&name, false).await?;
+            if !users.set_disabled(&name, false).await? {
+                return Err(no_user(&name));
+            }
             println!("{name} is enabled");
         }
         UsersCommand::Grant { name, agent } => {

@@ -112,7 +112,7 @@ impl TableUsers {
     }
 
     /// Whether `name` is in the directory, enabled or not.
-    pub async fn exists(&self, name: &str) -> Result<bool, StoreError> {
+    async fn exists(&self, name: &str) -> Result<bool, StoreError> {
         Ok(sqlx::query_scalar!(
             r#"SELECT EXISTS (SELECT 1 FROM directory_users WHERE name = $1) AS "exists!""#,
             name
@@ -122,7 +122,7 @@ impl TableUsers {
     }
 
     /// The enabled user `name` with their approve grants, in one statement.
-    async fn enabled(&self, name: &str) -> Result<Option<(bool, Vec<String>)>, DirectoryError> {
+    async fn approving(&self, name: &str) -> Result<Option<(bool, Vec<String>)>, DirectoryError> {
         let row = sqlx::query!(
             r#"SELECT u.admin,
                       coalesce(array_agg(g.agent) FILTER (WHERE g.agent IS NOT NULL), '{}')
@@ -143,14 +143,19 @@ impl TableUsers {
 #[async_trait]
 impl UserDirectory for TableUsers {
     async fn principal(&self, name: &str) -> Result<Option<Principal>, DirectoryError> {
-        Ok(self
-            .enabled(name)
-            .await?
-            .map(|(admin, _)| Principal::new(name, admin)))
+        // Who the user is, without their grants: asked for every run request and segment.
+        let admin = sqlx::query_scalar!(
+            "SELECT admin FROM directory_users WHERE name = $1 AND NOT disabled",
+            name
+        )
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(DirectoryError::database)?;
+        Ok(admin.map(|admin| Principal::new(name, admin)))
     }
 
     async fn approver(&self, name: &str) -> Result<Option<Approver>, DirectoryError> {
-        Ok(self.enabled(name).await?.map(|(admin, agents)| {
+        Ok(self.approving(name).await?.map(|(admin, agents)| {
             Approver::new(Principal::new(name, admin), Approves::of(agents))
         }))
     }

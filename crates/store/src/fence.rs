@@ -144,21 +144,21 @@ impl FencedWrite {
     /// suspension number, lease epoch, whether the output is an error — never content; the
     /// output itself sealed) and the journal row of the call (its result sealed).
     async fn journal(&mut self, entry: &JournalEntry<'_>) -> Result<(), StoreError> {
-        let payload = json!({
-            "tool": entry.tool,
-            "effect": entry.effect.as_str(),
-            "call_index": entry.index.get(),
-            "suspension_seq": self.seq.get(),
-            "lease_epoch": self.lease.epoch.get(),
-            "is_error": entry.output.is_error,
-        });
         let audit = if entry.effect.is_write() {
+            let payload = json!({
+                "tool": entry.tool,
+                "effect": entry.effect.as_str(),
+                "call_index": entry.index.get(),
+                "suspension_seq": self.seq.get(),
+                "lease_epoch": self.lease.epoch.get(),
+                "is_error": entry.output.is_error,
+            });
             let content = self.keyring.seal(
                 Purpose::Event,
                 self.lease.run_id,
                 entry.output.content.as_bytes(),
             )?;
-            Some((&payload, Some(content)))
+            Some((payload, content))
         } else {
             None
         };

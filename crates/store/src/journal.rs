@@ -23,21 +23,9 @@ pub(crate) struct JournalKey {
     pub epoch: LeaseEpoch,
 }
 
-/// Inserts the journal row of a call; `false` when one exists already.
-pub(crate) async fn insert(
-    conn: &mut PgConnection,
-    keyring: &Keyring,
-    key: &JournalKey,
-    tool: &str,
-    effect: Effect,
-    output: &ToolOutput,
-) -> Result<bool, StoreError> {
-    insert_audited(conn, keyring, key, tool, effect, output, None).await
-}
-
-/// Inserts the journal row of a call and, for a write, its audit event (`payload` in clear,
-/// `sealed` content), numbered from the run's trail counter — in one statement. `false`, and
-/// nothing inserted, when the call was journaled already.
+/// Inserts the journal row of a call and, with `audit` (the payload in clear, the sealed
+/// content), its `tool_write` audit event numbered from the run's trail counter — in one
+/// statement. `false`, and nothing inserted, when the call was journaled already.
 pub(crate) async fn insert_audited(
     conn: &mut PgConnection,
     keyring: &Keyring,
@@ -45,15 +33,13 @@ pub(crate) async fn insert_audited(
     tool: &str,
     effect: Effect,
     output: &ToolOutput,
-    audit: Option<(&serde_json::Value, Option<Vec<u8>>)>,
+    audit: Option<(serde_json::Value, Vec<u8>)>,
 ) -> Result<bool, StoreError> {
     let plain =
         serde_json::to_vec(output).map_err(|_| StoreError::unreadable("run_journal.result"))?;
     let sealed = keyring.seal(Purpose::Journal, key.run_id, &plain)?;
-    let (audited, payload, content) = match audit {
-        Some((payload, content)) => (true, Some(payload.clone()), content),
-        None => (false, None, None),
-    };
+    let audited = audit.is_some();
+    let (payload, content) = audit.unzip();
     let inserted = sqlx::query_scalar!(
         r#"WITH journaled AS (
                INSERT INTO run_journal (run_id, suspension_seq, call_index, tool, effect, result,
@@ -183,7 +169,8 @@ impl Store {
             index,
             epoch: lease.epoch,
         };
-        let inserted = insert(&mut tx, &self.keyring, &key, tool, effect, output).await?;
+        let inserted =
+            insert_audited(&mut tx, &self.keyring, &key, tool, effect, output, None).await?;
         tx.commit().await?;
         Ok(inserted)
     }

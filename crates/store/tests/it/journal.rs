@@ -1,9 +1,8 @@
 use std::time::Duration;
 
 use countersign_core::{CallIndex, Effect, SuspensionSeq, ToolOutput};
-use countersign_store::{DecisionOutcome, NewDecision, ReapOutcome, SentCall};
+use countersign_store::{ReapOutcome, SentCall};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use crate::support::*;
 
@@ -129,17 +128,7 @@ async fn resumed(
     store: &countersign_store::Store,
 ) -> (countersign_core::RunId, countersign_store::Claim) {
     let (run, st) = waiting(store).await;
-    let approval = NewDecision {
-        decision_id: Uuid::now_v7(),
-        run_id: run,
-        suspension_seq: st.suspension_seq,
-        turn_digest: st.turn_digest(),
-        approved: true,
-        approver: "alice".into(),
-        comment: None,
-        outcome: DecisionOutcome::Accepted,
-    };
-    store.record_decision(&approval).await.unwrap();
+    store.record_decision(&accept(run, &st)).await.unwrap();
     (run, claim(store, run, "worker-a").await)
 }
 

@@ -8,7 +8,7 @@ use countersign_core::{
     TokenUsage,
 };
 use countersign_crypto::{KeyId, Keyring};
-use countersign_store::{Claim, Lease, NewRun, SentCall, Store};
+use countersign_store::{Claim, DecisionOutcome, Lease, NewDecision, NewRun, SentCall, Store};
 use serde_json::json;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -95,6 +95,20 @@ pub fn state(seq: SuspensionSeq) -> SuspendedRunState {
         stale_call_indexes: vec![],
         suspension_seq: seq,
         captured_at: "2026-11-30T10:00:00Z".into(),
+    }
+}
+
+/// An approval of `st`, the card `run` waits on, by `alice`.
+pub fn accept(run: RunId, st: &SuspendedRunState) -> NewDecision {
+    NewDecision {
+        decision_id: Uuid::now_v7(),
+        run_id: run,
+        suspension_seq: st.suspension_seq,
+        turn_digest: st.turn_digest(),
+        approved: true,
+        approver: "alice".into(),
+        comment: None,
+        outcome: DecisionOutcome::Accepted,
     }
 }
 

@@ -8,22 +8,8 @@ use countersign_store::{
 };
 use sqlx::PgPool;
 use tokio::sync::Barrier;
-use uuid::Uuid;
 
 use crate::support::*;
-
-fn accept(run: countersign_core::RunId, st: &countersign_core::SuspendedRunState) -> NewDecision {
-    NewDecision {
-        decision_id: Uuid::now_v7(),
-        run_id: run,
-        suspension_seq: st.suspension_seq,
-        turn_digest: st.turn_digest(),
-        approved: true,
-        approver: "alice".into(),
-        comment: None,
-        outcome: DecisionOutcome::Accepted,
-    }
-}
 
 /// Runs `a` and `b` released together by a barrier and returns both results.
 async fn race<A, B, TA, TB>(a: A, b: B) -> (TA, TB)
