@@ -449,6 +449,105 @@ async fn a_worker_killed_inside_its_turn_transaction_writes_nothing_and_the_resc
     site.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_turn_waiting_on_a_colleagues_lock_stalls_no_other_lease_of_its_worker_and_the_reaper_leaves_both_runs(
+) {
+    let mut site = Site::new("faults_busy_row", &agent(demo_model(), 3600)).await;
+    // A second agent whose model never answers: its run holds a lease for as long as the test.
+    let silent = ModelEndpoint::silent();
+    let mut patient = agent(silent.model_settings(), 3600);
+    patient["name"] = json!("patient-assistant");
+    site.install
+        .configure(&site.dir.json("patient.json", &patient));
+    site.start_coordinator();
+    site.start_worker(&["--poll-interval-secs", "1", "--lease-ttl-secs", "3"]);
+    let run = site.install.submit("seo-assistant", "editor", PROMPT);
+    wait_for_card(&mut site.conn, &run, 1, secs(30)).await;
+    let digest = site.digest(&run).await;
+    let other = site
+        .install
+        .submit("patient-assistant", "editor", "Take your time.");
+    wait_for_status(&mut site.conn, &other, "running", secs(30)).await;
+
+    // A colleague's transaction holds page 12, which the approved turn writes.
+    let mut colleague = site.connect().await;
+    sqlx::query("BEGIN").execute(&mut colleague).await.unwrap();
+    sqlx::query("SELECT uid FROM content.pages WHERE uid = 12 FOR UPDATE")
+        .fetch_one(&mut colleague)
+        .await
+        .unwrap();
+    site.approve_through_queue(&run, 1, &digest).await;
+    wait_until(
+        "the approved turn waits on the colleague's lock inside its transaction",
+        secs(30),
+        async || (waiting_in_transaction(&mut site.conn, "").await == 1).then_some(()),
+    )
+    .await;
+
+    // Three lease lifetimes go by with the turn holding its run row: the other run's lease,
+    // renewed by the same worker's one heartbeat, never expires.
+    let held_since = Instant::now();
+    while held_since.elapsed() < secs(10) {
+        let expired: bool =
+            sqlx::query_scalar("SELECT lease_expires_at < now() FROM runs WHERE id = $1::uuid")
+                .bind(&other)
+                .fetch_one(&mut site.conn)
+                .await
+                .unwrap();
+        assert!(
+            !expired,
+            "the other run's lease expired after {:?} behind the waiting turn",
+            held_since.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(waiting_in_transaction(&mut site.conn, "").await, 1);
+
+    // The reaper finds the turn's lease expired and waits on its row; the colleague commits.
+    let reaper = site
+        .install
+        .command("countersign-reaper")
+        .args(["--backoff-secs", "0", "--dispatch-grace-secs", "0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "the reaper waits on the turn's run row",
+        secs(30),
+        async || (waiting_on_lock(&mut site.conn, "UPDATE runs").await == 1).then_some(()),
+    )
+    .await;
+    sqlx::query("COMMIT").execute(&mut colleague).await.unwrap();
+
+    // The turn writes, renewing its lease with its journal rows; the reaper leaves it.
+    let reaped = reaper.wait_with_output().unwrap();
+    let summary = String::from_utf8_lossy(&reaped.stdout);
+    assert!(reaped.status.success(), "{summary}");
+    assert!(summary.contains("requeued=0"), "{summary}");
+    wait_for_status(&mut site.conn, &run, "completed", secs(30)).await;
+    assert_demo_site(
+        &mut site.conn,
+        true,
+        &["hero.jpg", "team.jpg", "bicycle.png"],
+    )
+    .await;
+    assert_written_once(&mut site.conn, &run, 1, 2).await;
+    for id in [&run, &other] {
+        let row = run_row(&mut site.conn, id).await;
+        assert_eq!(
+            (&row["lease_epoch"], &row["requeue_count"]),
+            (&json!(if id == &run { 2 } else { 1 }), &json!(0)),
+            "one lease per segment, none rescued: {row}"
+        );
+    }
+    assert_eq!(
+        run_row(&mut site.conn, &other).await["status"],
+        "running",
+        "still in its model call, under its first lease"
+    );
+    site.finish().await;
+}
+
 /// The fault pages: page 9000+n with teaser element 9100+n (no images), n = 1..=RUNS.
 const RUNS: i64 = 10;
 

@@ -42,6 +42,8 @@ pub struct FencedWrite {
     /// The turn's journal rows (call index, sealed result) as the statement that opened a turn
     /// transaction read them; `None` for a single-call write.
     journal: Option<Vec<(i32, Vec<u8>)>>,
+    /// A turn's lease: its time to live, and when this transaction last renewed it.
+    renewal: Option<(Duration, std::time::Instant)>,
 }
 
 impl fmt::Debug for FencedWrite {
@@ -95,6 +97,7 @@ impl Store {
             call: None,
             keyring: Arc::clone(&self.keyring),
             journal: Some(held.indexes.into_iter().zip(held.results).collect()),
+            renewal: Some((ttl, std::time::Instant::now())),
         })
     }
 
@@ -130,6 +133,7 @@ impl Store {
             call: Some(token.call_index),
             keyring: Arc::clone(&self.keyring),
             journal: None,
+            renewal: None,
         })
     }
 }
@@ -168,6 +172,13 @@ impl FencedWrite {
             index: entry.index,
             epoch: self.lease.epoch,
         };
+        // A turn that has held its row for a third of the ttl (waiting on a lock, most often)
+        // renews its lease with the journal row: the heartbeat skips a locked row, and the
+        // reaper, waiting on it, reads the renewal once the turn commits.
+        let renew = self
+            .renewal
+            .filter(|(ttl, at)| at.elapsed() >= *ttl / 3)
+            .map(|(ttl, _)| ttl);
         let inserted = journal::insert_audited(
             &mut self.tx,
             &self.keyring,
@@ -176,8 +187,12 @@ impl FencedWrite {
             entry.effect,
             entry.output,
             audit,
+            renew,
         )
         .await?;
+        if let (Some(ttl), Some(renewal)) = (renew, self.renewal.as_mut()) {
+            *renewal = (ttl, std::time::Instant::now());
+        }
         if !inserted {
             return Err(StoreError::AlreadyJournaled);
         }

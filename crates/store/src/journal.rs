@@ -8,6 +8,8 @@
 //! again. A call that acts outside the store is journaled on its own, in the transaction that
 //! also clears the run's `pending_effect` stamp ([`Store::record_effect`]).
 
+use std::time::Duration;
+
 use countersign_core::{CallIndex, Effect, LeaseEpoch, RunId, SuspensionSeq, ToolOutput};
 use countersign_crypto::{Keyring, Purpose};
 use sqlx::PgConnection;
@@ -25,7 +27,10 @@ pub(crate) struct JournalKey {
 
 /// Inserts the journal row of a call and, with `audit` (the payload in clear, the sealed
 /// content), its `tool_write` audit event numbered from the run's trail counter — in one
-/// statement. `false`, and nothing inserted, when the call was journaled already.
+/// statement; with `renew`, the same statement extends the lease to `clock_timestamp() + renew`
+/// (the run row is the caller's already). `false`, and nothing inserted, when the call was
+/// journaled already.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn insert_audited(
     conn: &mut PgConnection,
     keyring: &Keyring,
@@ -34,6 +39,7 @@ pub(crate) async fn insert_audited(
     effect: Effect,
     output: &ToolOutput,
     audit: Option<(serde_json::Value, Vec<u8>)>,
+    renew: Option<Duration>,
 ) -> Result<bool, StoreError> {
     let plain =
         serde_json::to_vec(output).map_err(|_| StoreError::unreadable("run_journal.result"))?;
@@ -55,7 +61,11 @@ pub(crate) async fn insert_audited(
            audit AS (
                INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
                SELECT $1, next.last_sequence, 'tool_write', $9::jsonb, $10::bytea FROM next
-               RETURNING sequence)
+               RETURNING sequence),
+           renewed AS (
+               UPDATE runs SET lease_expires_at = clock_timestamp() + $11::float8 * interval '1 millisecond'
+               WHERE $11::float8 IS NOT NULL AND id = $1 AND lease_epoch = $7 AND status = 'running'
+               RETURNING id)
            SELECT EXISTS (SELECT 1 FROM journaled) AS "inserted!""#,
         key.run_id.as_uuid(),
         key.seq.as_i32(),
@@ -67,6 +77,7 @@ pub(crate) async fn insert_audited(
         audited,
         payload,
         content,
+        renew.map(|ttl| crate::millis(ttl) as f64),
     )
     .fetch_one(conn)
     .await?;
@@ -169,8 +180,17 @@ impl Store {
             index,
             epoch: lease.epoch,
         };
-        let inserted =
-            insert_audited(&mut tx, &self.keyring, &key, tool, effect, output, None).await?;
+        let inserted = insert_audited(
+            &mut tx,
+            &self.keyring,
+            &key,
+            tool,
+            effect,
+            output,
+            None,
+            None,
+        )
+        .await?;
         tx.commit().await?;
         Ok(inserted)
     }

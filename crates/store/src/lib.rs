@@ -53,7 +53,7 @@ pub use outbox::{EventPublisher, OutboxEvent, RelayReport};
 pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
 pub use rotation::{ColumnRotation, RotationReport};
 pub use runs::{
-    Claim, ClaimedInputs, CreatedRun, Lease, NewRun, RunCounters, RunRecord, RunStatus,
+    Claim, ClaimedInputs, CreatedRun, Lease, NewRun, Renewal, RunCounters, RunRecord, RunStatus,
     SealedDecision, Segment, SentCall, Settlement, StoredRequest, TerminationReason, WaitingRun,
 };
 

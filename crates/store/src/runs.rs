@@ -179,6 +179,16 @@ impl Lease {
     }
 }
 
+/// What one heartbeat did with a lease still held ([`Store::renew_all`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Extended to `now() + ttl`.
+    Renewed,
+    /// Not extended this beat: another transaction holds the run row (most often the lease's
+    /// own turn). Neither renewed nor lost; the next beat asks again.
+    Busy,
+}
+
 /// What the gates of a run request read ([`Store::request_facts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestFacts {
@@ -678,22 +688,40 @@ impl Store {
     }
 
     /// One heartbeat for many leases: extends every lease still held (owner, epoch, `running`)
-    /// to `now() + ttl` in one statement and returns the runs it renewed. A lease missing from
-    /// the answer is lost.
+    /// to `now() + ttl` in one statement. A lease missing from the answer is lost.
+    ///
+    /// The statement waits for no row: a run row another transaction has locked is skipped and
+    /// answered [`Renewal::Busy`]. The lock is most often the lease's own turn transaction,
+    /// which renewed the lease when it began and renews it again with its journal rows; waiting
+    /// for it would stall the renewal of every other lease of the worker behind one turn that
+    /// waits on a lock of its own (a colleague editing the same page). A transition that holds
+    /// the row (a cancel, the reaper) shows as lost at the next beat.
     pub async fn renew_all(
         &self,
         leases: &[Lease],
         ttl: Duration,
-    ) -> Result<Vec<RunId>, StoreError> {
+    ) -> Result<Vec<(RunId, Renewal)>, StoreError> {
         let ids: Vec<Uuid> = leases.iter().map(|l| l.run_id.as_uuid()).collect();
         let owners: Vec<String> = leases.iter().map(|l| l.owner.clone()).collect();
         let epochs: Vec<i64> = leases.iter().map(|l| l.epoch.get()).collect();
-        let renewed = sqlx::query_scalar!(
-            r#"UPDATE runs r SET lease_expires_at = now() + $4 * interval '1 millisecond'
-               FROM unnest($1::uuid[], $2::text[], $3::int8[]) AS held (id, owner, epoch)
-               WHERE r.id = held.id AND r.lease_owner = held.owner AND r.lease_epoch = held.epoch
-                 AND r.status = 'running'
-               RETURNING r.id"#,
+        let rows = sqlx::query!(
+            r#"WITH leases AS (
+                   SELECT * FROM unnest($1::uuid[], $2::text[], $3::int8[]) AS h (id, owner, epoch)),
+               held AS (
+                   SELECT r.id FROM runs r JOIN leases h ON r.id = h.id
+                   WHERE r.lease_owner = h.owner AND r.lease_epoch = h.epoch
+                     AND r.status = 'running'),
+               free AS (
+                   SELECT r.id FROM runs r JOIN leases h ON r.id = h.id
+                   WHERE r.lease_owner = h.owner AND r.lease_epoch = h.epoch
+                     AND r.status = 'running'
+                   FOR UPDATE OF r SKIP LOCKED),
+               renewed AS (
+                   UPDATE runs r SET lease_expires_at = now() + $4 * interval '1 millisecond'
+                   FROM free WHERE r.id = free.id
+                   RETURNING r.id)
+               SELECT held.id AS "id!", renewed.id IS NOT NULL AS "renewed!"
+               FROM held LEFT JOIN renewed USING (id)"#,
             &ids,
             &owners,
             &epochs,
@@ -701,7 +729,16 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        renewed.into_iter().map(run_id).collect()
+        rows.into_iter()
+            .map(|r| {
+                let renewal = if r.renewed {
+                    Renewal::Renewed
+                } else {
+                    Renewal::Busy
+                };
+                Ok((run_id(r.id)?, renewal))
+            })
+            .collect()
     }
 
     /// A heartbeat that also stamps the call about to be sent outside the store (or clears the

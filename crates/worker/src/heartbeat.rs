@@ -3,17 +3,20 @@
 //! A lease is renewed every third of its time to live. With one renewal statement per segment a
 //! worker running two thousand long model calls would send two thousand statements a beat; so
 //! the worker keeps the leases it holds in one book and renews them all with ONE guarded
-//! `UPDATE` a beat ([`Store::renew_all`]). A lease the statement does not renew is lost (another
-//! owner, another epoch, or the run left `running`) and its segment is told at once. A beat
-//! that fails against the store is retried on the next; a lease not renewed for a whole time to
-//! live has expired by any clock, and is declared lost.
+//! `UPDATE` a beat ([`Store::renew_all`]). The statement waits for no row: a run row locked by
+//! another transaction — most often the lease's own turn, waiting on a lock of its own — is
+//! answered busy and asked again at the next beat, so one turn stuck behind a colleague's edit
+//! does not stall the renewal of every other lease the worker holds. A lease the statement
+//! finds no longer held is lost (another owner, another epoch, or the run left `running`) and
+//! its segment is told at once. A beat that fails against the store is retried on the next; a
+//! lease not renewed for a whole time to live has expired by any clock, and is declared lost.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use countersign_core::RunId;
-use countersign_store::{Lease, Store};
+use countersign_store::{Lease, Renewal, Store};
 use tokio::time::Instant;
 
 use crate::hooks::StoreHooks;
@@ -116,17 +119,21 @@ async fn beat(book: Weak<Book>, store: Store, ttl: Duration) {
         let renewed = store.renew_all(&leases, ttl).await;
         let mut held = book.held.lock().unwrap_or_else(|p| p.into_inner());
         match renewed {
-            Ok(renewed) => {
+            Ok(answered) => {
                 let now = Instant::now();
+                let answered: HashMap<RunId, Renewal> = answered.into_iter().collect();
                 for lease in &leases {
                     let Some(h) = held.get_mut(&lease.run_id) else {
                         continue; // the segment ended meanwhile
                     };
-                    if renewed.contains(&lease.run_id) {
-                        h.renewed = now;
-                    } else {
-                        tracing::warn!(run.id = %lease.run_id, "lease lost");
-                        h.hooks.mark_lost();
+                    match answered.get(&lease.run_id) {
+                        Some(Renewal::Renewed) => h.renewed = now,
+                        // Its row is locked (by its own turn, most often): asked again next beat.
+                        Some(Renewal::Busy) => {}
+                        None => {
+                            tracing::warn!(run.id = %lease.run_id, "lease lost");
+                            h.hooks.mark_lost();
+                        }
                     }
                 }
             }

@@ -10,6 +10,7 @@ mod decisions;
 mod directory;
 mod events;
 mod fence;
+mod heartbeat;
 mod journal;
 mod outbox;
 mod reaper;
