@@ -19,6 +19,9 @@
 //!    failed or died (`events_republished`), then its own and the rest older than the
 //!    relays' sweep age (`events_published`). Publishing is confirmed; a row is marked only once the broker took
 //!    it, so a failure leaves it for the next pass.
+//! 5. The outbox is a handoff, not the record: rows published longer ago than
+//!    [`ReaperConfig::outbox_retention`] are deleted (`events_pruned`), never one unpublished.
+//!    What happened to every run stays in its audit trail.
 //!
 //! It must never run a segment, never touch a run that moved since its scan, and never
 //! retry a run that may have performed a non-idempotent write.
@@ -44,6 +47,8 @@ pub struct ReaperConfig {
     /// How long an event may stay unpublished before the pass republishes it: longer than a
     /// process relay's polling interval, so a healthy relay is not raced.
     pub republish_after: Duration,
+    /// How long a published event stays in the outbox before a pass deletes it.
+    pub outbox_retention: Duration,
 }
 
 impl Default for ReaperConfig {
@@ -54,6 +59,7 @@ impl Default for ReaperConfig {
             dispatch_grace: Duration::from_secs(30),
             batch: 500,
             republish_after: Duration::from_secs(10),
+            outbox_retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -72,13 +78,15 @@ pub struct PassSummary {
     pub events_republished: u64,
     /// Other unpublished events (this pass's own among them), published by this pass.
     pub events_published: u64,
+    /// Published events older than the retention, deleted from the outbox.
+    pub events_pruned: u64,
 }
 
 impl fmt::Display for PassSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reaper pass: requeued={} retries_exhausted={} not_retryable={} skipped={} redispatched={} approvals_expired={} events_republished={} events_published={}",
+            "reaper pass: requeued={} retries_exhausted={} not_retryable={} skipped={} redispatched={} approvals_expired={} events_republished={} events_published={} events_pruned={}",
             self.requeued,
             self.retries_exhausted,
             self.not_retryable,
@@ -86,7 +94,8 @@ impl fmt::Display for PassSummary {
             self.redispatched,
             self.approvals_expired,
             self.events_republished,
-            self.events_published
+            self.events_published,
+            self.events_pruned
         )
     }
 }
@@ -163,6 +172,9 @@ pub async fn pass(
     summary.events_republished = sweep(store, broker, config.republish_after, relay, 1).await?;
     // Its own, handed off by its transitions, and the rest no process relay is still sending.
     summary.events_published = relay_round(store, broker, SWEEP_AFTER, relay, 1).await?;
+    summary.events_pruned = store
+        .prune_published_events(config.outbox_retention, config.batch)
+        .await?;
     for (action, n) in [
         ("requeued", summary.requeued),
         ("retries_exhausted", summary.retries_exhausted),
@@ -172,6 +184,7 @@ pub async fn pass(
         ("approval_expired", summary.approvals_expired),
         ("event_republished", summary.events_republished),
         ("event_published", summary.events_published),
+        ("event_pruned", summary.events_pruned),
     ] {
         metrics::counter!("countersign_reaper_actions_total", "action" => action).increment(n);
     }

@@ -34,6 +34,14 @@ struct Args {
     /// Seconds an event may stay unpublished in the outbox before it is published again.
     #[arg(long, default_value_t = 10)]
     republish_after_secs: u64,
+    /// Hours a published event stays in the outbox before a pass deletes it (the audit trail
+    /// keeps every run's history).
+    #[arg(
+        long,
+        env = "COUNTERSIGN_OUTBOX_RETENTION_HOURS",
+        default_value_t = 168
+    )]
+    outbox_retention_hours: u64,
     /// Run a pass every this many seconds instead of once.
     #[arg(long)]
     every: Option<u64>,
@@ -67,6 +75,7 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
         backoff: Duration::from_secs(args.backoff_secs),
         dispatch_grace: Duration::from_secs(args.dispatch_grace_secs),
         republish_after: Duration::from_secs(args.republish_after_secs),
+        outbox_retention: Duration::from_secs(args.outbox_retention_hours.saturating_mul(3600)),
         ..ReaperConfig::default()
     };
     let pool = match args.connections.pool(2).await {

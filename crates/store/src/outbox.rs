@@ -486,6 +486,34 @@ impl Store {
         })
     }
 
+    /// Deletes up to `limit` outbox rows published more than `retention` ago; returns how many.
+    /// A row not yet published is never deleted. The outbox is a handoff, not the record:
+    /// the audit trail (`run_events`) keeps what happened to every run.
+    pub async fn prune_published_events(
+        &self,
+        retention: Duration,
+        limit: i64,
+    ) -> Result<u64, StoreError> {
+        // Row ids are UUIDv7: every row created before the bound sorts before it, so the
+        // primary key finds the candidates without a scan of the whole table.
+        let bound = v7_floor(std::time::SystemTime::now() - retention);
+        let done = sqlx::query!(
+            r#"DELETE FROM event_outbox
+               WHERE id IN (
+                   SELECT id FROM event_outbox
+                   WHERE id < $1 AND published_at IS NOT NULL
+                     AND published_at < now() - $2 * interval '1 millisecond'
+                   ORDER BY id LIMIT $3
+                   FOR UPDATE SKIP LOCKED)"#,
+            bound,
+            millis(retention) as f64,
+            limit,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
     /// The outbox rows about a run, oldest first: what was announced, and whether it went out.
     pub async fn outbox(&self, run_id: RunId) -> Result<Vec<OutboxEvent>, StoreError> {
         let rows = sqlx::query_as!(
@@ -497,5 +525,35 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows.into_iter().map(OutboxEvent::from).collect())
+    }
+}
+
+/// The smallest UUIDv7 of the millisecond `at`: every id created earlier sorts before it.
+fn v7_floor(at: std::time::SystemTime) -> Uuid {
+    let ms = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    bytes[6] = 0x70; // version 7
+    bytes[8] = 0x80; // the RFC 4122 variant
+    Uuid::from_bytes(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_v7_floor_of_a_moment_sorts_after_every_id_made_before_it_and_before_those_made_after() {
+        let earlier = Uuid::now_v7();
+        std::thread::sleep(Duration::from_millis(2));
+        let moment = std::time::SystemTime::now();
+        std::thread::sleep(Duration::from_millis(2));
+        let later = Uuid::now_v7();
+        let floor = v7_floor(moment);
+        assert!(earlier < floor, "{earlier} < {floor}");
+        assert!(floor < later, "{floor} < {later}");
+        assert_eq!(floor.get_version_num(), 7);
     }
 }

@@ -15,6 +15,7 @@ use uuid::Uuid;
 const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
 const TTL: Duration = Duration::from_secs(30);
 const REPUBLISH_AFTER: Duration = Duration::from_secs(10);
+const RETENTION: Duration = Duration::from_secs(3600);
 
 struct Harness {
     /// What the scenario's own transitions go through: another process than the reaper's.
@@ -50,6 +51,7 @@ async fn harness(pool: PgPool) -> Harness {
         dispatch_grace: Duration::ZERO,
         batch: 100,
         republish_after: REPUBLISH_AFTER,
+        outbox_retention: RETENTION,
     };
     Harness {
         store,
@@ -386,5 +388,90 @@ async fn the_reaper_republishes_an_event_its_relay_left_unpublished(pool: PgPool
         format!("{}", PassSummary::default()).contains(" events_republished=0"),
         "the summary line names it"
     );
+    h.cleanup().await;
+}
+
+/// Makes the run's outbox rows as old as `age`: created (their UUIDv7 ids too) and, when
+/// `published`, published that long ago.
+async fn age_outbox(h: &Harness, run_id: RunId, age: Duration, published: bool) {
+    let at = std::time::SystemTime::now() - age;
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap();
+    let ids: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM event_outbox WHERE run_id = $1")
+        .bind(run_id.as_uuid())
+        .fetch_all(h.store.pool())
+        .await
+        .unwrap();
+    for id in ids {
+        let old = Uuid::new_v7(uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            since.as_secs(),
+            since.subsec_nanos(),
+        ));
+        sqlx::query(
+            "UPDATE event_outbox SET id = $2, body = body || jsonb_build_object('event_id', $2),
+                 created_at = now() - $3 * interval '1 millisecond',
+                 published_at = CASE WHEN $4 THEN now() - $3 * interval '1 millisecond' END
+             WHERE id = $1",
+        )
+        .bind(id)
+        .bind(old)
+        .bind(age.as_millis() as f64)
+        .bind(published)
+        .execute(h.store.pool())
+        .await
+        .unwrap();
+    }
+}
+
+async fn outbox_rows(h: &Harness, run_id: RunId) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM event_outbox WHERE run_id = $1")
+        .bind(run_id.as_uuid())
+        .fetch_one(h.store.pool())
+        .await
+        .unwrap()
+}
+
+async fn audit_rows(h: &Harness, run_id: RunId) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM run_events WHERE run_id = $1")
+        .bind(run_id.as_uuid())
+        .fetch_one(h.store.pool())
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn published_events_past_the_retention_are_pruned_and_an_unpublished_one_never(pool: PgPool) {
+    let h = harness(pool).await;
+    let old = h.running_run().await;
+    let recent = h.running_run().await;
+    let unsent = h.running_run().await;
+    assert!(h.store.cancel(unsent).await.unwrap());
+    age_outbox(&h, old, RETENTION * 2, true).await;
+    // As old, but its cancel was never published (its relay died): the pass publishes it.
+    age_outbox(&h, unsent, RETENTION * 2, false).await;
+    let (old_rows, old_audit) = (outbox_rows(&h, old).await, audit_rows(&h, old).await);
+    let (recent_rows, unsent_rows) = (outbox_rows(&h, recent).await, outbox_rows(&h, unsent).await);
+    assert!(old_rows > 0 && recent_rows > 0 && unsent_rows > 0);
+
+    let summary = h.pass().await;
+    assert_eq!(summary.events_pruned, old_rows as u64, "{summary}");
+    assert_eq!(summary.events_republished, unsent_rows as u64, "{summary}");
+    assert_eq!(outbox_rows(&h, old).await, 0, "pruned");
+    assert_eq!(
+        audit_rows(&h, old).await,
+        old_audit,
+        "the audit trail stays"
+    );
+    assert_eq!(
+        outbox_rows(&h, recent).await,
+        recent_rows,
+        "within the retention"
+    );
+    assert_eq!(
+        outbox_rows(&h, unsent).await,
+        unsent_rows,
+        "published now, kept"
+    );
+    assert_eq!(h.pass().await.events_pruned, 0, "nothing left to prune");
     h.cleanup().await;
 }
