@@ -955,31 +955,26 @@ async fn long_segments(
         latency.as_secs_f64()
     );
 
-    // The worker alone first (so the RSS it reports was reached with nothing else before it):
-    // three times N runs are accepted and queued, then one worker starts and takes them all,
-    // N at a time. Its throughput with N in flight is read in the steady state: between the
-    // N-th completion (the first wave is through) and the 2N-th (about when the last queued run
-    // is taken), each completion frees a slot the backlog fills at once.
-    let queued = 3 * n;
-    request_long_runs(broker, as_producer, queued).await?;
-    let mut accepted = 0;
-    while accepted < queued {
-        if next_event(&mut events).await?["event"] == "run.accepted" {
-            accepted += 1;
-        }
-    }
+    // The worker alone first (so the RSS it reports was reached with nothing else before it),
+    // on a backlog queued before it starts.
     let first_stop = Arc::new(Notify::new());
-    let before = Counters::read(pool).await?;
     let heartbeats_before = HEARTBEATS.load(Ordering::Relaxed);
-    let started = Instant::now();
-    spawn_worker(&mut services, runner.clone(), broker, &first_stop, n);
-    let seen = await_long_runs(pool, &mut events, &stub, queued).await?;
-    let elapsed = started.elapsed();
+    let backlog = Backlog::run(pool, broker, as_producer, &mut events, &stub, n, || {
+        spawn_worker(&mut services, runner.clone(), broker, &first_stop, n)
+    })
+    .await?;
     let heartbeats = HEARTBEATS.load(Ordering::Relaxed) - heartbeats_before;
-    let after = Counters::read(pool).await?;
+    let Backlog {
+        queued,
+        started,
+        elapsed,
+        steady,
+        window,
+        seen,
+        before,
+        after,
+    } = backlog;
     let per_run = |a: f64, b: f64| (b - a) / queued as f64 * 1000.0;
-    let window = seen.completed[2 * n - 1] - seen.completed[n - 1];
-    let steady = n as f64 / window.as_secs_f64();
     let first_wave = n as f64 / (seen.completed[n - 1] - started).as_secs_f64();
     println!(
         "  steady state:       {steady:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — completions {n} to {}, \
@@ -1016,7 +1011,7 @@ async fn long_segments(
     // End to end: the runs are requested at once, so the coordinator's gates and the claims
     // (the intake) run while the first segments wait on the model.
     let second_stop = Arc::new(Notify::new());
-    spawn_worker(&mut services, runner, broker, &second_stop, n);
+    spawn_worker(&mut services, runner.clone(), broker, &second_stop, n);
     let started = Instant::now();
     request_long_runs(broker, as_producer, n).await?;
     let seen = await_long_runs(pool, &mut events, &stub, n).await?;
@@ -1031,9 +1026,93 @@ async fn long_segments(
         seen.rss as f64 / 1e6
     );
     second_stop.notify_waiters();
+
+    // For scale: the same backlog with a quarter as many in flight, where the cores are not
+    // the bound.
+    let quarter = n / 4;
+    if quarter > 0 {
+        let third_stop = Arc::new(Notify::new());
+        let smaller = Backlog::run(
+            pool,
+            broker,
+            as_producer,
+            &mut events,
+            &stub,
+            quarter,
+            || spawn_worker(&mut services, runner.clone(), broker, &third_stop, quarter),
+        )
+        .await?;
+        let ideal = quarter as f64 / latency.as_secs_f64();
+        let per_run = |a: f64, b: f64| (b - a) / smaller.queued as f64 * 1000.0;
+        println!(
+            "  a quarter in flight: steady state {:.0} runs/s against the ideal {ideal:.0}: {:.0} % ({quarter} in flight, \
+             completions {quarter} to {}); per run CPU {:.2} ms this process, {:.2} ms PostgreSQL, {:.2} ms RabbitMQ",
+            smaller.steady,
+            100.0 * smaller.steady / ideal,
+            2 * quarter,
+            per_run(smaller.before.cpu_self, smaller.after.cpu_self),
+            per_run(smaller.before.cpu_postgres, smaller.after.cpu_postgres),
+            per_run(smaller.before.cpu_rabbitmq, smaller.after.cpu_rabbitmq),
+        );
+        third_stop.notify_waiters();
+    }
     stop.notify_waiters();
     while services.join_next().await.is_some() {}
     Ok(())
+}
+
+/// Three times `n` runs queued before a worker with `n` slots starts, and its steady state:
+/// the rate between the `n`-th completion (the first wave is through) and the `2n`-th (about
+/// when the last queued run is taken), while every completion frees a slot the backlog fills
+/// at once.
+struct Backlog {
+    queued: usize,
+    started: Instant,
+    /// From the worker's start to the last completion.
+    elapsed: Duration,
+    steady: f64,
+    window: Duration,
+    seen: LongRuns,
+    before: Counters,
+    after: Counters,
+}
+
+impl Backlog {
+    async fn run(
+        pool: &PgPool,
+        broker: &Broker,
+        as_producer: &MessageProperties,
+        events: &mut Consumer,
+        stub: &StubProcess,
+        n: usize,
+        start_worker: impl FnOnce(),
+    ) -> anyhow::Result<Backlog> {
+        let queued = 3 * n;
+        request_long_runs(broker, as_producer, queued).await?;
+        let mut accepted = 0;
+        while accepted < queued {
+            if next_event(events).await?["event"] == "run.accepted" {
+                accepted += 1;
+            }
+        }
+        let before = Counters::read(pool).await?;
+        let started = Instant::now();
+        start_worker();
+        let seen = await_long_runs(pool, events, stub, queued).await?;
+        let elapsed = started.elapsed();
+        let after = Counters::read(pool).await?;
+        let window = seen.completed[2 * n - 1] - seen.completed[n - 1];
+        Ok(Backlog {
+            queued,
+            started,
+            elapsed,
+            steady: n as f64 / window.as_secs_f64(),
+            window,
+            seen,
+            before,
+            after,
+        })
+    }
 }
 
 /// Requests `n` runs of the long agent through the queue, as a producer does.
