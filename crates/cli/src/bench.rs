@@ -664,9 +664,7 @@ pub fn init_tracing(verbose: bool) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
-    let default = if verbose { "debug" } else { "warn" };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let filter = countersign_service::telemetry::log_filter(verbose);
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_filter(filter);

@@ -106,14 +106,35 @@ pub fn init_telemetry(
     Ok(Telemetry { provider })
 }
 
-/// Log lines to stderr, filtered by `RUST_LOG` (default `warn`, `debug` when verbose), JSON
-/// with `RUST_LOG_FORMAT=json`.
+/// The log filter: `RUST_LOG` (default `warn`, `debug` when verbose), with lapin's
+/// channel-close lines off unless `RUST_LOG` names lapin. Checking whether a queue or an
+/// exchange exists is a passive declare, and one that finds nothing closes its channel, which
+/// lapin logs as an `ERROR` — on every first start against a fresh vhost. The closes that
+/// matter fail an operation, and countersign logs those with their code.
+pub fn log_filter(verbose: bool) -> EnvFilter {
+    filter_of(std::env::var("RUST_LOG").ok().as_deref(), verbose)
+}
+
+fn filter_of(asked: Option<&str>, verbose: bool) -> EnvFilter {
+    let default = if verbose { "debug" } else { "warn" };
+    let filter = asked
+        .and_then(|a| EnvFilter::try_new(a).ok())
+        .unwrap_or_else(|| EnvFilter::new(default));
+    if asked.is_some_and(|a| a.contains("lapin")) {
+        return filter;
+    }
+    match "lapin::channel=off".parse() {
+        Ok(quiet) => filter.add_directive(quiet),
+        Err(_) => filter,
+    }
+}
+
+/// Log lines to stderr, filtered by [`log_filter`], JSON with `RUST_LOG_FORMAT=json`.
 pub(crate) fn log_layer<S>(verbose: bool) -> impl Layer<S> + Send + Sync
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
-    let default = if verbose { "debug" } else { "warn" };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let filter = log_filter(verbose);
     let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let lines = if std::env::var("RUST_LOG_FORMAT").is_ok_and(|f| f == "json") {
         lines.json().boxed()
@@ -201,6 +222,24 @@ impl HttpClient for OnRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lapins_channel_close_lines_are_off_unless_rust_log_names_lapin() {
+        for asked in [
+            None,
+            Some("info"),
+            Some("warn,countersign=debug"),
+            Some("not a filter"),
+        ] {
+            let filter = filter_of(asked, false).to_string();
+            assert!(filter.contains("lapin::channel=off"), "{asked:?}: {filter}");
+        }
+        assert!(filter_of(None, false).to_string().contains("warn"));
+        assert!(filter_of(None, true).to_string().contains("debug"));
+        let own = filter_of(Some("info,lapin=debug"), false).to_string();
+        assert!(!own.contains("lapin::channel=off"), "{own}");
+        assert!(own.contains("lapin=debug"), "{own}");
+    }
 
     #[test]
     fn the_traces_path_is_appended_to_the_collectors_base_url_once() {
