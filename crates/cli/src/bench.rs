@@ -1094,11 +1094,13 @@ impl Backlog {
             }
         }
         let before = Counters::read(pool).await?;
+        reset_profile();
         let started = Instant::now();
         start_worker();
         let seen = await_long_runs(pool, events, stub, queued).await?;
         let elapsed = started.elapsed();
         let after = Counters::read(pool).await?;
+        print_profile(queued);
         let window = seen.completed[2 * n - 1] - seen.completed[n - 1];
         Ok(Backlog {
             queued,

@@ -10,7 +10,7 @@
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicNackOptions};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions};
 use lapin::types::{AMQPValue, LongString, ShortString};
 use lapin::Acker;
 use lapin::{BasicProperties, Channel};
@@ -55,6 +55,32 @@ impl Consumer {
     /// The queue consumed.
     pub fn queue(&self) -> &str {
         &self.queue
+    }
+
+    /// Stops the broker's deliveries to this consumer and hands back, requeued, those it had
+    /// sent and nobody took yet; returns how many. A process that stops consuming and goes on
+    /// (a worker draining its segments at shutdown) would otherwise keep up to its prefetch of
+    /// messages from every other consumer until its channel closes.
+    pub async fn cancel(mut self) -> Result<usize, QueueError> {
+        let tag = self.stream.tag().to_string();
+        self.channel
+            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+            .await
+            .map_err(QueueError::Consume)?;
+        let mut handed_back = 0;
+        let drain = std::time::Duration::from_millis(200);
+        while let Ok(Some(Ok(delivery))) = tokio::time::timeout(drain, self.stream.next()).await {
+            delivery
+                .acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                })
+                .await
+                .map_err(QueueError::Consume)?;
+            handed_back += 1;
+        }
+        Ok(handed_back)
     }
 
     /// The next delivery; `None` once the channel or connection has closed (after an

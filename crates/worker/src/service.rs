@@ -3,8 +3,8 @@
 //!
 //! A delivery only says "look at this run": the claim decides, and the delivery is acked as
 //! soon as the claim committed or lost, so a long segment never holds a delivery open past the
-//! broker's consumer timeout. A lost wake-up costs at most one poll interval: every interval,
-//! while a slot is free, the worker claims the oldest available run itself.
+//! broker's consumer timeout. A lost wake-up costs at most one poll interval: every interval
+//! the worker claims the oldest available runs itself, one for each slot free at that moment.
 //!
 //! Beside the segments runs the outbox relay, woken by each commit that announced an event,
 //! so `run.suspended` and the rest leave right after their transitions; it stops last, after
@@ -52,7 +52,12 @@ pub async fn run(
     // Flipped once the grace period is over: every segment still running hands its run back.
     let (release, released) = watch::channel(false);
     let mut consumer = None;
-    let mut poll = tokio::time::interval(config.poll_interval);
+    // The first look comes one interval after the start: the wake-ups waiting for this worker
+    // fill its slots first.
+    let mut poll = tokio::time::interval_at(
+        tokio::time::Instant::now() + config.poll_interval,
+        config.poll_interval,
+    );
     tokio::pin!(shutdown);
     let (stop_relay, relay_stopped) = oneshot::channel::<()>();
     let relay = tokio::spawn(relay::run(
@@ -81,7 +86,12 @@ pub async fn run(
             () = &mut shutdown => break,
             Some(_) = running.join_next(), if !running.is_empty() => {}
             _ = poll.tick() => {
-                while let Ok(permit) = slots.clone().try_acquire_owned() {
+                // As many claims as slots are free now, not while slots keep freeing: under a
+                // backlog that would claim one statement after another in this loop the runs
+                // whose wake-ups are on their way, starve the wake-ups (which claim in
+                // parallel), and make each of them lose a claim.
+                for _ in 0..slots.available_permits() {
+                    let Ok(permit) = slots.clone().try_acquire_owned() else { break };
                     match runner.store.claim_next(&config.owner, runner.lease_ttl).await {
                         Ok(Some(claim)) => {
                             let untraced = tracing::Span::none();
@@ -130,6 +140,16 @@ pub async fn run(
         }
     }
 
+    // No more wake-ups for this worker: those it holds and has not taken go back to the queue,
+    // for the other workers, now rather than when its connection closes.
+    if let Some(consumer) = consumer.take() {
+        match consumer.cancel().await {
+            Ok(handed_back) => tracing::info!(handed_back, "stopped consuming wake-ups"),
+            Err(e) => {
+                tracing::warn!(code = e.code(), error = %e, "could not cancel the consumer; its wake-ups return when the connection closes")
+            }
+        }
+    }
     tracing::info!(
         running = running.len(),
         "shutting down; waiting for running segments"
