@@ -102,3 +102,44 @@ async fn a_delivery_left_unsettled_comes_back_redelivered_to_the_next_consumer()
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_cancelled_consumer_hands_back_at_once_what_it_had_received_and_not_taken() {
+    let broker = broker().await;
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        let runs: Vec<RunId> = (0..5).map(|_| RunId::new()).collect();
+        for run in &runs {
+            b.publish_segment(*run).await.unwrap();
+        }
+        let mut draining = b.consume(&b.topology().segments(), 5).await.unwrap();
+        let taken = next(&mut draining).await;
+        assert_eq!(parse_segment(&taken.body), Ok(runs[0]));
+        // The broker has pushed the other four to it by now (its prefetch allows five).
+        tokio::time::sleep(NOTHING_WITHIN).await;
+        let other = b.consume(&b.topology().segments(), 5).await.unwrap();
+
+        assert_eq!(
+            draining.cancel().await.unwrap(),
+            4,
+            "four received, not taken"
+        );
+        // The other consumer gets them while the channel is still open for the one taken (a
+        // draining worker's segments still run), not only once it closes.
+        let mut other = other;
+        let mut handed: Vec<RunId> = Vec::new();
+        for _ in 0..4 {
+            let delivery = next(&mut other).await;
+            assert!(delivery.redelivered);
+            handed.push(parse_segment(&delivery.body).unwrap());
+            delivery.ack().await.unwrap();
+        }
+        handed.sort_by_key(|r| r.as_uuid());
+        let mut expected = runs[1..].to_vec();
+        expected.sort_by_key(|r| r.as_uuid());
+        assert_eq!(handed, expected);
+        taken.ack().await.unwrap();
+        assert!(arrives_within(&mut other, NOTHING_WITHIN).await.is_none());
+    })
+    .await;
+}
