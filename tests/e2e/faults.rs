@@ -33,6 +33,8 @@ const NEW_DESCRIPTION: &str =
 const OLD_DESCRIPTION: &str = "Welcome to the countersign demo site";
 /// The teaser (element 5) images as seeded.
 const SEEDED_TEASER: [&str; 2] = ["hero.jpg", "team.jpg"];
+/// The teaser once the demo's turn is written.
+const WRITTEN_TEASER: [&str; 3] = ["hero.jpg", "team.jpg", "bicycle.png"];
 
 /// Gate of the turn transaction of a resume (see [`TURN_GATE_WHEN`]).
 const TURN_GATE: i64 = 4242;
@@ -432,12 +434,7 @@ async fn a_worker_killed_inside_its_turn_transaction_writes_nothing_and_the_resc
     site.start_worker(&["--poll-interval-secs", "1"]);
     wait_for_status(&mut site.conn, &run, "completed", secs(30)).await;
 
-    assert_demo_site(
-        &mut site.conn,
-        true,
-        &["hero.jpg", "team.jpg", "bicycle.png"],
-    )
-    .await;
+    assert_demo_site(&mut site.conn, true, &WRITTEN_TEASER).await;
     let epoch = assert_written_once(&mut site.conn, &run, 1, 2).await;
     assert_eq!(epoch, doomed_epoch + 1, "written by the rescuer's lease");
     let row = run_row(&mut site.conn, &run).await;
@@ -525,12 +522,7 @@ async fn an_approved_turn_waiting_on_a_colleagues_lock_stalls_no_other_lease_of_
     assert!(reaped.status.success(), "{summary}");
     assert!(summary.contains("requeued=0"), "{summary}");
     wait_for_status(&mut site.conn, &run, "completed", secs(30)).await;
-    assert_demo_site(
-        &mut site.conn,
-        true,
-        &["hero.jpg", "team.jpg", "bicycle.png"],
-    )
-    .await;
+    assert_demo_site(&mut site.conn, true, &WRITTEN_TEASER).await;
     assert_written_once(&mut site.conn, &run, 1, 2).await;
     for id in [&run, &other] {
         let row = run_row(&mut site.conn, id).await;
@@ -825,12 +817,7 @@ async fn one_resume_wake_up_delivered_to_two_workers_is_claimed_once_and_its_wri
         row["lease_epoch"], 2,
         "one claim for the start, one for the resume: {row}"
     );
-    assert_demo_site(
-        &mut site.conn,
-        true,
-        &["hero.jpg", "team.jpg", "bicycle.png"],
-    )
-    .await;
+    assert_demo_site(&mut site.conn, true, &WRITTEN_TEASER).await;
     assert_written_once(&mut site.conn, &run, 1, 2).await;
 
     // Both deliveries were settled, the lost claim's too: nothing is left on the queue.

@@ -70,14 +70,7 @@ impl Consumer {
         let mut handed_back = 0;
         let drain = std::time::Duration::from_millis(200);
         while let Ok(Some(Ok(delivery))) = tokio::time::timeout(drain, self.stream.next()).await {
-            delivery
-                .acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await
-                .map_err(QueueError::Consume)?;
+            requeue(&delivery.acker).await?;
             handed_back += 1;
         }
         Ok(handed_back)
@@ -186,14 +179,7 @@ impl Delivery {
     /// Try again later: nack with requeue. The quorum queue counts the attempt and
     /// dead-letters the message once the delivery limit is reached.
     pub async fn requeue(self) -> Result<(), QueueError> {
-        settled(
-            self.acker
-                .nack(BasicNackOptions {
-                    multiple: false,
-                    requeue: true,
-                })
-                .await,
-        )
+        requeue(&self.acker).await
     }
 
     /// Poison: publishes a copy (body, properties, and the headers
@@ -285,6 +271,18 @@ fn header_int(value: &AMQPValue) -> Option<u64> {
         AMQPValue::LongLongInt(n) => u64::try_from(n).ok(),
         _ => None,
     }
+}
+
+/// Nack with requeue: the message goes back to its queue, for any consumer.
+async fn requeue(acker: &Acker) -> Result<(), QueueError> {
+    settled(
+        acker
+            .nack(BasicNackOptions {
+                multiple: false,
+                requeue: true,
+            })
+            .await,
+    )
 }
 
 #[cfg(test)]

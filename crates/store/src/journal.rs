@@ -64,8 +64,7 @@ pub(crate) async fn insert_audited(
                RETURNING sequence),
            renewed AS (
                UPDATE runs SET lease_expires_at = clock_timestamp() + $11::float8 * interval '1 millisecond'
-               WHERE $11::float8 IS NOT NULL AND id = $1 AND lease_epoch = $7 AND status = 'running'
-               RETURNING id)
+               WHERE $11::float8 IS NOT NULL AND id = $1 AND lease_epoch = $7 AND status = 'running')
            SELECT EXISTS (SELECT 1 FROM journaled) AS "inserted!""#,
         key.run_id.as_uuid(),
         key.seq.as_i32(),

@@ -711,6 +711,8 @@ impl Store {
                    SELECT r.id FROM runs r JOIN leases h ON r.id = h.id
                    WHERE r.lease_owner = h.owner AND r.lease_epoch = h.epoch
                      AND r.status = 'running'),
+               -- The guard again: a row locked and changed meanwhile is checked against its
+               -- newest version once its lock is taken.
                free AS (
                    SELECT r.id FROM runs r JOIN leases h ON r.id = h.id
                    WHERE r.lease_owner = h.owner AND r.lease_epoch = h.epoch

@@ -7,6 +7,15 @@ use crate::support::{arrives_within, broker, cleaning_up, next};
 
 const NOTHING_WITHIN: Duration = Duration::from_millis(300);
 
+/// Publishes a wake-up for each of `n` new runs, in order.
+async fn publish_wake_ups(broker: &countersign_queue::Broker, n: usize) -> Vec<RunId> {
+    let runs: Vec<RunId> = (0..n).map(|_| RunId::new()).collect();
+    for run in &runs {
+        broker.publish_segment(*run).await.unwrap();
+    }
+    runs
+}
+
 #[tokio::test]
 async fn dead_letter_puts_the_body_and_the_reason_in_dead_letters_and_removes_the_original() {
     let broker = broker().await;
@@ -48,10 +57,7 @@ async fn prefetch_limits_the_unacknowledged_deliveries() {
     let broker = broker().await;
     let b = broker.clone();
     cleaning_up(&broker, async move {
-        let runs: Vec<RunId> = (0..5).map(|_| RunId::new()).collect();
-        for run in &runs {
-            b.publish_segment(*run).await.unwrap();
-        }
+        let runs = publish_wake_ups(&b, 5).await;
         let mut consumer = b.consume(&b.topology().segments(), 2).await.unwrap();
         let first = next(&mut consumer).await;
         let second = next(&mut consumer).await;
@@ -108,10 +114,7 @@ async fn a_cancelled_consumer_hands_back_at_once_what_it_had_received_and_not_ta
     let broker = broker().await;
     let b = broker.clone();
     cleaning_up(&broker, async move {
-        let runs: Vec<RunId> = (0..5).map(|_| RunId::new()).collect();
-        for run in &runs {
-            b.publish_segment(*run).await.unwrap();
-        }
+        let runs = publish_wake_ups(&b, 5).await;
         let mut draining = b.consume(&b.topology().segments(), 5).await.unwrap();
         let taken = next(&mut draining).await;
         assert_eq!(parse_segment(&taken.body), Ok(runs[0]));

@@ -423,20 +423,21 @@ async fn age_outbox(h: &Harness, run_id: RunId, age: Duration, published: bool) 
     }
 }
 
-async fn outbox_rows(h: &Harness, run_id: RunId) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM event_outbox WHERE run_id = $1")
+/// The rows of `table` (`event_outbox`, `run_events`) about the run.
+async fn rows_of(h: &Harness, table: &str, run_id: RunId) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE run_id = $1"))
         .bind(run_id.as_uuid())
         .fetch_one(h.store.pool())
         .await
         .unwrap()
 }
 
+async fn outbox_rows(h: &Harness, run_id: RunId) -> i64 {
+    rows_of(h, "event_outbox", run_id).await
+}
+
 async fn audit_rows(h: &Harness, run_id: RunId) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM run_events WHERE run_id = $1")
-        .bind(run_id.as_uuid())
-        .fetch_one(h.store.pool())
-        .await
-        .unwrap()
+    rows_of(h, "run_events", run_id).await
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]

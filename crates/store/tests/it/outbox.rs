@@ -401,14 +401,8 @@ async fn every_announced_transition_writes_exactly_its_event(pool: PgPool) {
     let st = state(SuspensionSeq::FIRST);
     assert!(store.suspend(&lease, &st, &[]).await.unwrap());
     let decision = NewDecision {
-        decision_id: Uuid::now_v7(),
-        run_id: run,
-        suspension_seq: st.suspension_seq,
-        turn_digest: st.turn_digest(),
-        approved: true,
-        approver: "alice".into(),
         comment: Some("fine".into()),
-        outcome: DecisionOutcome::Accepted,
+        ..crate::support::accept(run, &st)
     };
     assert_eq!(
         store.record_decision(&decision).await.unwrap(),
