@@ -36,6 +36,7 @@ chaos: services
 ## Prints the benchmark figures: the store and crypto, then runs through the services.
 bench: services
 	cargo run --release -p countersign-store --example bench
+	cargo build --release --quiet -p countersign-cli -p countersign-worker --bins
 	cargo run --release --quiet -p countersign-cli -- bench --runs 500
 
 services:

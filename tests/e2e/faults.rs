@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 
 use countersign_e2e::{
     approve_through_queue, chat_answer, count, cut_connections, demo_script, fault_page,
-    fault_page_model, fault_page_prompt, hold_gate, install_gate, messages_with_role,
-    publish_decision, publish_wake_up, referenced_files, release_gate, remove_gate, run_row, secs,
-    seed_fault_pages, turn_digest, wait_for_card, wait_for_sql, wait_for_status, wait_until,
-    waiting_at_gate, waiting_in_transaction, waiting_on_lock, Installation, ModelEndpoint, Running,
-    TempDir, LEASE_RENEWAL, MODEL_KEY_ENV, TURN_GATE_WHEN,
+    fault_page_model, fault_page_prompt, free_port, hold_gate, http_get, install_gate,
+    messages_with_role, publish_decision, publish_wake_up, referenced_files, release_gate,
+    remove_gate, run_row, secs, seed_fault_pages, turn_digest, wait_for_card, wait_for_sql,
+    wait_for_status, wait_until, waiting_at_gate, waiting_in_transaction, waiting_on_lock,
+    Installation, ModelEndpoint, Running, TempDir, LEASE_RENEWAL, MODEL_KEY_ENV, TURN_GATE_WHEN,
 };
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
@@ -778,6 +778,105 @@ async fn a_worker_stopped_with_sigterm_mid_segment_exits_zero_and_hands_the_run_
         "{row}"
     );
     site.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_holding_two_leases_renews_them_with_one_statement_a_beat_and_shows_both_on_its_metrics(
+) {
+    let model = ModelEndpoint::silent();
+    let mut site = Site::new("faults_beat", &agent(model.model_settings(), 3600)).await;
+    site.start_coordinator();
+    let port = free_port();
+    // A lease of 3 s is renewed every second.
+    site.start_worker(&[
+        "--lease-ttl-secs",
+        "3",
+        "--http-addr",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let runs = [
+        site.install
+            .submit("seo-assistant", "editor", "Improve page 12."),
+        site.install
+            .submit("seo-assistant", "editor", "Improve page 13."),
+    ];
+    wait_until("both segments wait on the model", secs(30), async || {
+        (model.requests().len() == 2).then_some(())
+    })
+    .await;
+    const BEATS: &str = "countersign_heartbeat_statements_total";
+    // From the first beat on (a second after the first lease was taken).
+    let before = wait_until("the first beat", secs(30), async || {
+        let metrics = wait_http_ok(port, "/metrics").await;
+        metrics.contains(BEATS).then(|| metric(&metrics, BEATS))
+    })
+    .await;
+    let first = lease_expiries(&mut site.conn, &runs).await;
+    let since = Instant::now();
+    // Three lease lifetimes: with no renewal both leases would have run out.
+    tokio::time::sleep(secs(9)).await;
+    let metrics = wait_http_ok(port, "/metrics").await;
+    let elapsed = since.elapsed().as_secs_f64();
+    assert_eq!(
+        metric(&metrics, "countersign_leases_held"),
+        2.0,
+        "{metrics}"
+    );
+    // A beat a second at most, each one statement for both leases; one a lease would be two
+    // a second.
+    let beaten = metric(&metrics, BEATS) - before;
+    assert!(
+        beaten >= 1.0 && beaten <= elapsed + 1.0,
+        "{beaten} renewal statements in {elapsed:.1} s for two leases renewed every second"
+    );
+    let now = lease_expiries(&mut site.conn, &runs).await;
+    for (run, (was, is)) in runs.iter().zip(first.iter().zip(&now)) {
+        assert!(is > was, "the lease of {run} was renewed: {was} → {is}");
+        let row = run_row(&mut site.conn, run).await;
+        assert_eq!(
+            (&row["status"], &row["lease_epoch"]),
+            (&json!("running"), &json!(1)),
+            "still its first lease: {row}"
+        );
+    }
+    site.finish().await;
+}
+
+/// The lease expiry of each run, in seconds since the epoch.
+async fn lease_expiries(conn: &mut PgConnection, runs: &[String]) -> Vec<f64> {
+    let mut expiries = Vec::new();
+    for run in runs {
+        let expiry: f64 = sqlx::query_scalar(
+            "SELECT extract(epoch FROM lease_expires_at)::float8 FROM runs WHERE id = $1::uuid",
+        )
+        .bind(run)
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+        expiries.push(expiry);
+    }
+    expiries
+}
+
+/// `path` on `port` once it answers 200; its body.
+async fn wait_http_ok(port: u16, path: &str) -> String {
+    wait_until(&format!("{path} answers on {port}"), secs(30), async || {
+        http_get(port, path)
+            .filter(|(status, _)| status.contains("200"))
+            .map(|(_, body)| body)
+    })
+    .await
+}
+
+/// The value of the unlabelled metric `name` in a `/metrics` body.
+fn metric(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,8 +16,8 @@
 //! At the end every cycle is verified from the content store: each approved write landed once,
 //! on its page, and nothing else changed; otherwise the bench exits non-zero.
 //!
-//! The long-segment part gives one worker thousands of segments whose model (an
-//! OpenAI-compatible stub in a process of its own) takes seconds to answer, and reports
+//! The long-segment part gives one `countersign-worker` process thousands of segments whose
+//! model (an OpenAI-compatible stub in a process of its own) takes seconds to answer, and reports
 //! throughput against the ideal N / latency — in the steady state of a backlog queued before
 //! the worker starts, for its first wave, and with the runs requested at once — RSS,
 //! heartbeat statements per second and PostgreSQL connections.
@@ -32,8 +32,8 @@ use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use countersign_coordinator::{producers, Coordinator, ProducerKind};
 use countersign_core::{RunRequest, ToolPolicy, ToolRegistry};
-use countersign_crypto::Keyring;
-use countersign_model::{ModelCatalog, ScriptedModel};
+use countersign_crypto::{KeyId, Keyring};
+use countersign_model::ScriptedModel;
 use countersign_queue::{Broker, Consumer, MessageProperties, QueueConfig, Topology};
 use countersign_store::{AgentConfig, Store};
 use countersign_worker::service::WorkerConfig;
@@ -88,8 +88,15 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     countersign_content::seed_demo_site(&pool).await?;
     producers::allow(&pool, "guest", ProducerKind::ActingUser, "*").await?;
     producers::allow(&pool, "guest", ProducerKind::Approver, "*").await?;
-    let store_keyring = Arc::new(Keyring::ephemeral());
-    let store = Store::new(pool.clone(), store_keyring.clone());
+    // A key of this run's own, which the long-segment part's worker process is given too.
+    let keys = Keyring::generate_entry(&KeyId::parse("bench")?);
+    let store = Store::new(pool.clone(), Arc::new(Keyring::parse(&keys)?));
+    let queue_prefix = format!("bench-{}", Uuid::now_v7());
+    // Checked first, so a missing worker binary stops the bench before its first figure.
+    let worker = match config.long_segments {
+        0 => None,
+        _ => Some(WorkerEnv::new(db, amqp_addr, &queue_prefix, &keys)?),
+    };
     let agent = |name: &str, model: Value, enabled: Vec<String>| AgentConfig {
         name: name.into(),
         active: true,
@@ -120,7 +127,7 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
 
     let broker = Broker::connect(QueueConfig::new(
         amqp_addr,
-        Topology::new(format!("bench-{}", Uuid::now_v7())),
+        Topology::new(queue_prefix.clone()),
     ))
     .await?;
     let user = broker.user().context("the broker connection has no user")?;
@@ -205,12 +212,12 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     let mut peak: Option<(usize, f64, Latencies)> = None;
     for &in_flight in &phases {
         let n = phase_cycles(in_flight, config.cycles);
-        let before = Counters::read(&pool).await?;
+        let before = Counters::read(&pool, None).await?;
         reset_profile();
         let started = Instant::now();
         let cycles = driver.closed_loop(n, in_flight).await?;
         let elapsed = started.elapsed();
-        let after = Counters::read(&pool).await?;
+        let after = Counters::read(&pool, None).await?;
         let rate = n as f64 / elapsed.as_secs_f64();
         let latency = write_latencies(&pool, &cycles).await?;
         print_phase(
@@ -228,11 +235,11 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     }
     let (peak_flight, peak_rate, _) = peak.context("no phase ran")?;
     let half = peak_rate / 2.0;
-    let before = Counters::read(&pool).await?;
+    let before = Counters::read(&pool, None).await?;
     let started = Instant::now();
     let cycles = driver.open_loop(config.cycles, half).await?;
     let elapsed = started.elapsed();
-    let after = Counters::read(&pool).await?;
+    let after = Counters::read(&pool, None).await?;
     let latency = write_latencies(&pool, &cycles).await?;
     print_phase(
         &format!("half the peak, {half:.0}/s offered"),
@@ -244,7 +251,7 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     );
     println!(
         "peak at {peak_flight} in flight; process RSS {:.0} MB",
-        rss_bytes() as f64 / 1e6
+        rss_bytes(std::process::id()) as f64 / 1e6
     );
 
     let ceilings_at = 16;
@@ -268,8 +275,8 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     stop.notify_waiters();
     while services.join_next().await.is_some() {}
 
-    if config.long_segments > 0 {
-        long_segments(&pool, &store, store_keyring, &broker, &as_producer, config).await?;
+    if let Some(worker) = &worker {
+        long_segments(&pool, &store, &broker, &as_producer, worker, config).await?;
     }
     broker.delete_topology().await?;
     pool.close().await;
@@ -611,12 +618,15 @@ struct Counters {
     wal_bytes: i64,
     publishes: u64,
     cpu_self: f64,
+    /// The long-segment part's `countersign-worker` process; 0 without one.
+    cpu_worker: f64,
     cpu_postgres: f64,
     cpu_rabbitmq: f64,
 }
 
 impl Counters {
-    async fn read(pool: &PgPool) -> anyhow::Result<Counters> {
+    /// The counters now; with the CPU time of the worker process `worker` when there is one.
+    async fn read(pool: &PgPool, worker: Option<u32>) -> anyhow::Result<Counters> {
         // A backend reports its statistics when it goes idle, at most once a second: wait, then
         // have every connection of the pool run a statement so each one reports.
         tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -648,6 +658,7 @@ impl Counters {
             wal_bytes,
             publishes: countersign_queue::published_total(),
             cpu_self: cpu_seconds(|pid, _| pid == std::process::id()),
+            cpu_worker: worker.map_or(0.0, |worker| cpu_seconds(|pid, _| pid == worker)),
             cpu_postgres: cpu_seconds(|_, comm| comm == "postgres"),
             cpu_rabbitmq: cpu_seconds(|_, comm| comm == "beam.smp"),
         })
@@ -656,8 +667,6 @@ impl Counters {
 
 /// SQL statements issued by this process, as sqlx logs them.
 static STATEMENTS: AtomicU64 = AtomicU64::new(0);
-/// Lease renewals among them.
-static HEARTBEATS: AtomicU64 = AtomicU64::new(0);
 
 /// Tracing for the bench: the usual log lines, and a count of every statement sqlx issues.
 pub fn init_tracing(verbose: bool) {
@@ -688,9 +697,6 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StatementCounter {
         STATEMENTS.fetch_add(1, Ordering::Relaxed);
         let mut text = StatementText(String::new());
         event.record(&mut text);
-        if text.0.contains("UPDATE runs r SET lease_expires_at") {
-            HEARTBEATS.fetch_add(1, Ordering::Relaxed);
-        }
         if let Some(profile) = PROFILE.get() {
             let key: String = text.0.split_whitespace().collect::<Vec<_>>().join(" ");
             let key: String = key.chars().take(90).collect();
@@ -776,8 +782,9 @@ fn proc_stats() -> impl Iterator<Item = (u32, String, u64)> {
         })
 }
 
-fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
+/// The resident set of process `pid`, from `/proc`; 0 when it cannot be read.
+fn rss_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -881,29 +888,28 @@ async fn publish_ceiling(broker: &Broker, n: usize, in_flight: usize) -> anyhow:
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
-/// Thousands of segments at once in one worker, each waiting seconds for its model.
+/// Thousands of segments at once in one `countersign-worker`, each waiting seconds for its
+/// model.
 async fn long_segments(
     pool: &PgPool,
     store: &Store,
-    keyring: Arc<Keyring>,
     broker: &Broker,
     as_producer: &MessageProperties,
+    worker: &WorkerEnv,
     config: &BenchConfig,
 ) -> anyhow::Result<()> {
     let n = config.long_segments;
-    // The stub runs in a process of its own, so this process's RSS is the coordinator's and
-    // the worker's, not that of the stub's thousands of connections.
+    // The stub runs in a process of its own, as the worker does: each process's figures are
+    // its own.
     let stub = StubProcess::start(config.model_latency).await?;
     let addr = stub.addr;
-    // The stub takes no key, but the provider sends one from the environment.
-    std::env::set_var("COUNTERSIGN_BENCH_STUB_KEY", "stub");
     store
         .upsert_agent(&AgentConfig {
             name: LONG_AGENT.into(),
             active: true,
             model: json!({
                 "provider": "openai", "base_url": format!("http://{addr}/v1"),
-                "model": "stub", "api_key_env": "COUNTERSIGN_BENCH_STUB_KEY",
+                "model": "stub", "api_key_env": STUB_KEY_ENV,
                 "timeout_secs": 120,
             }),
             policy: ToolPolicy::default(),
@@ -915,11 +921,10 @@ async fn long_segments(
         .await?;
     let stop = Arc::new(Notify::new());
     let mut services = tokio::task::JoinSet::new();
-    let mut registry = ToolRegistry::new();
-    countersign_content::register(&mut registry, store.clone());
-    let registry = Arc::new(registry);
     {
-        let coordinator = Coordinator::new(store.clone(), registry.clone());
+        let mut registry = ToolRegistry::new();
+        countersign_content::register(&mut registry, store.clone());
+        let coordinator = Coordinator::new(store.clone(), Arc::new(registry));
         let (broker, stop) = (broker.clone(), stop.clone());
         services.spawn(async move {
             countersign_coordinator::service::run(coordinator, broker, async move {
@@ -928,20 +933,6 @@ async fn long_segments(
             .await
         });
     }
-    // The worker gets a pool of its own, as in its own process, of the binary's default size
-    // (`--pool-size 32`): its thousands of segments share it.
-    let worker_pool = PgPoolOptions::new()
-        .max_connections(32)
-        .connect_with((*pool.connect_options()).clone())
-        .await?;
-    let runner = SegmentRunner {
-        store: Store::new(worker_pool.clone(), keyring),
-        registry,
-        models: Models::PerAgent(Arc::new(ModelCatalog::new())),
-        users: Arc::new(countersign_content::ContentUsers::new(worker_pool)),
-        lease_ttl: Duration::from_secs(6),
-        heartbeat: Default::default(),
-    };
     let watch = broker.declare_private_queue().await?;
     broker.bind_events(&watch, "run.*").await?;
     let mut events = broker.consume(&watch, 1000).await?;
@@ -949,87 +940,76 @@ async fn long_segments(
     let ideal = n as f64 / latency.as_secs_f64();
     println!();
     println!(
-        "long segments: {n} runs in flight in one worker, the model answering in {:.1} s",
+        "long segments: {n} runs in flight in one countersign-worker process (--concurrency {n}, its default pool), \
+         the model answering in {:.1} s",
         latency.as_secs_f64()
     );
 
-    // The worker alone first (so the RSS it reports was reached with nothing else before it),
-    // on a backlog queued before it starts.
-    let first_stop = Arc::new(Notify::new());
-    let heartbeats_before = HEARTBEATS.load(Ordering::Relaxed);
+    // The worker alone first, on a backlog queued before it starts.
     let backlog = Backlog::run(pool, broker, as_producer, &mut events, &stub, n, || {
-        spawn_worker(&mut services, runner.clone(), broker, &first_stop, n)
+        worker.start(n)
     })
     .await?;
-    let heartbeats = HEARTBEATS.load(Ordering::Relaxed) - heartbeats_before;
-    let Backlog {
-        queued,
-        started,
-        elapsed,
-        steady,
-        window,
-        seen,
-        before,
-        after,
-    } = backlog;
-    let per_run = |a: f64, b: f64| (b - a) / queued as f64 * 1000.0;
-    let first_wave = n as f64 / (seen.completed[n - 1] - started).as_secs_f64();
+    let per_run = |a: f64, b: f64| (b - a) / backlog.queued as f64;
+    let (before, after) = (&backlog.before, &backlog.after);
+    let first_wave = n as f64 / (backlog.seen.completed[n - 1] - backlog.started).as_secs_f64();
     println!(
-        "  steady state:       {steady:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — completions {n} to {}, \
-         {:.1} s, of {queued} runs queued before the worker started; {} model calls in flight midway",
-        100.0 * steady / ideal,
+        "  steady state:       {:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — completions {n} to {}, \
+         {:.1} s, of {} runs queued before the worker started; {} model calls in flight midway",
+        backlog.steady,
+        100.0 * backlog.steady / ideal,
         2 * n,
-        window.as_secs_f64(),
-        seen.midway_calls
+        backlog.window.as_secs_f64(),
+        backlog.queued,
+        backlog.seen.midway_calls
     );
     println!(
         "  first wave:         {first_wave:.0} runs/s ({:.0} %) — the first {n} completions, {:.1} s from the worker's start \
          (the ramp: every run claimed and sent to the model before the first answers)",
         100.0 * first_wave / ideal,
-        (seen.completed[n - 1] - started).as_secs_f64()
+        (backlog.seen.completed[n - 1] - backlog.started).as_secs_f64()
     );
     println!(
-        "  per run: {:.1} statements, CPU {:.2} ms this process, {:.2} ms PostgreSQL, {:.2} ms RabbitMQ \
-         (the stub's process not counted); {queued} runs in {:.1} s",
-        (after.statements - before.statements) as f64 / queued as f64,
-        per_run(before.cpu_self, after.cpu_self),
-        per_run(before.cpu_postgres, after.cpu_postgres),
-        per_run(before.cpu_rabbitmq, after.cpu_rabbitmq),
-        elapsed.as_secs_f64()
+        "  per run: {:.1} commits ({:.1} that wrote), CPU {:.2} ms the worker, {:.2} ms PostgreSQL, {:.2} ms RabbitMQ \
+         (the stub's and the bench's own processes not counted); {} runs in {:.1} s",
+        per_run(before.commits as f64, after.commits as f64),
+        per_run(before.writes as f64, after.writes as f64),
+        per_run(before.cpu_worker, after.cpu_worker) * 1000.0,
+        per_run(before.cpu_postgres, after.cpu_postgres) * 1000.0,
+        per_run(before.cpu_rabbitmq, after.cpu_rabbitmq) * 1000.0,
+        backlog.queued,
+        backlog.elapsed.as_secs_f64()
     );
     println!(
-        "  process RSS {:.0} MB (coordinator and worker); heartbeat statements {:.2}/s (lease ttl 6 s); \
-         PostgreSQL connections used: {} (the worker's pool of 32, and the rest of the process's 16)",
-        seen.rss as f64 / 1e6,
-        heartbeats as f64 / elapsed.as_secs_f64(),
-        seen.connections
+        "  worker RSS {:.0} MB at most; heartbeat statements {:.2}/s (lease ttl {LONG_LEASE_TTL_SECS} s); \
+         PostgreSQL connections the worker used: {} at most",
+        backlog.seen.rss as f64 / 1e6,
+        backlog.heartbeats / backlog.elapsed.as_secs_f64(),
+        backlog.seen.connections
     );
-    first_stop.notify_waiters();
 
-    // End to end: the runs are requested at once, so the coordinator's gates and the claims
-    // (the intake) run while the first segments wait on the model.
-    let second_stop = Arc::new(Notify::new());
-    spawn_worker(&mut services, runner.clone(), broker, &second_stop, n);
+    // End to end: the runs are requested at once, so the coordinator's gates (in this
+    // process) and the claims run while the first segments wait on the model.
+    let process = worker.start(n).await?;
     let started = Instant::now();
     request_long_runs(broker, as_producer, n).await?;
-    let seen = await_long_runs(pool, &mut events, &stub, n).await?;
+    let seen = await_long_runs(pool, &mut events, &stub, &process, n).await?;
     let elapsed = started.elapsed();
+    process.stop().await?;
     let rate = n as f64 / elapsed.as_secs_f64();
     println!(
         "  requested at once:  {rate:.0} runs/s against the ideal {ideal:.0}: {:.0} % — {n} runs in {:.1} s; \
-         at most {} model calls in flight; process RSS {:.0} MB",
+         at most {} model calls in flight; worker RSS {:.0} MB",
         100.0 * rate / ideal,
         elapsed.as_secs_f64(),
         seen.peak_calls,
         seen.rss as f64 / 1e6
     );
-    second_stop.notify_waiters();
 
     // For scale: the same backlog with a quarter as many in flight, where the cores are not
     // the bound.
     let quarter = n / 4;
     if quarter > 0 {
-        let third_stop = Arc::new(Notify::new());
         let smaller = Backlog::run(
             pool,
             broker,
@@ -1037,22 +1017,23 @@ async fn long_segments(
             &mut events,
             &stub,
             quarter,
-            || spawn_worker(&mut services, runner.clone(), broker, &third_stop, quarter),
+            || worker.start(quarter),
         )
         .await?;
         let ideal = quarter as f64 / latency.as_secs_f64();
         let per_run = |a: f64, b: f64| (b - a) / smaller.queued as f64 * 1000.0;
         println!(
             "  a quarter in flight: steady state {:.0} runs/s against the ideal {ideal:.0}: {:.0} % ({quarter} in flight, \
-             completions {quarter} to {}); per run CPU {:.2} ms this process, {:.2} ms PostgreSQL, {:.2} ms RabbitMQ",
+             completions {quarter} to {}); per run CPU {:.2} ms the worker, {:.2} ms PostgreSQL, {:.2} ms RabbitMQ; \
+             worker RSS {:.0} MB",
             smaller.steady,
             100.0 * smaller.steady / ideal,
             2 * quarter,
-            per_run(smaller.before.cpu_self, smaller.after.cpu_self),
+            per_run(smaller.before.cpu_worker, smaller.after.cpu_worker),
             per_run(smaller.before.cpu_postgres, smaller.after.cpu_postgres),
             per_run(smaller.before.cpu_rabbitmq, smaller.after.cpu_rabbitmq),
+            smaller.seen.rss as f64 / 1e6
         );
-        third_stop.notify_waiters();
     }
     stop.notify_waiters();
     while services.join_next().await.is_some() {}
@@ -1073,18 +1054,23 @@ struct Backlog {
     seen: LongRuns,
     before: Counters,
     after: Counters,
+    /// The worker's lease renewal statements, from its start to the last completion.
+    heartbeats: f64,
 }
 
 impl Backlog {
-    async fn run(
+    async fn run<F>(
         pool: &PgPool,
         broker: &Broker,
         as_producer: &MessageProperties,
         events: &mut Consumer,
         stub: &StubProcess,
         n: usize,
-        start_worker: impl FnOnce(),
-    ) -> anyhow::Result<Backlog> {
+        start_worker: impl FnOnce() -> F,
+    ) -> anyhow::Result<Backlog>
+    where
+        F: std::future::Future<Output = anyhow::Result<WorkerProcess>>,
+    {
         let queued = 3 * n;
         request_long_runs(broker, as_producer, queued).await?;
         let mut accepted = 0;
@@ -1093,14 +1079,17 @@ impl Backlog {
                 accepted += 1;
             }
         }
-        let before = Counters::read(pool).await?;
-        reset_profile();
+        let before = Counters::read(pool, None).await?;
+        // The worker's start-up (its connections, its topology check) is in its first wave.
         let started = Instant::now();
-        start_worker();
-        let seen = await_long_runs(pool, events, stub, queued).await?;
+        let process = start_worker().await?;
+        let seen = await_long_runs(pool, events, stub, &process, queued).await?;
         let elapsed = started.elapsed();
-        let after = Counters::read(pool).await?;
-        print_profile(queued);
+        let heartbeats = process
+            .metric("countersign_heartbeat_statements_total")
+            .await?;
+        let after = Counters::read(pool, Some(process.pid())).await?;
+        process.stop().await?;
         let window = seen.completed[2 * n - 1] - seen.completed[n - 1];
         Ok(Backlog {
             queued,
@@ -1111,6 +1100,7 @@ impl Backlog {
             seen,
             before,
             after,
+            heartbeats,
         })
     }
 }
@@ -1151,12 +1141,13 @@ struct LongRuns {
     completed: Vec<Instant>,
 }
 
-/// Waits for `n` runs to complete, sampling the model calls in flight, the RSS and the
-/// database connections in use every hundred completions.
+/// Waits for `n` runs to complete, sampling the model calls in flight, the worker's RSS and
+/// the database connections it holds every hundred completions.
 async fn await_long_runs(
     pool: &PgPool,
     events: &mut Consumer,
     stub: &StubProcess,
+    worker: &WorkerProcess,
     n: usize,
 ) -> anyhow::Result<LongRuns> {
     let mut seen = LongRuns {
@@ -1178,17 +1169,179 @@ async fn await_long_runs(
             seen.midway_calls = stub.in_flight().await?;
         }
         if completed.is_multiple_of(100) {
-            seen.rss = seen.rss.max(rss_bytes());
+            seen.rss = seen.rss.max(rss_bytes(worker.pid()));
             seen.peak_calls = seen.peak_calls.max(stub.in_flight().await?);
             let used: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()",
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = $1",
             )
+            .bind(WORKER_APPLICATION)
             .fetch_one(pool)
             .await?;
             seen.connections = seen.connections.max(used);
         }
     }
     Ok(seen)
+}
+
+/// How the long-segment part starts `countersign-worker`: as an installation does, against the
+/// bench's database, queues and keys.
+struct WorkerEnv {
+    binary: std::path::PathBuf,
+    /// The bench database, with the worker's connections named [`WORKER_APPLICATION`].
+    database_url: String,
+    amqp_addr: String,
+    queue_prefix: String,
+    keys: String,
+}
+
+/// The `application_name` of the worker's connections, to count them.
+const WORKER_APPLICATION: &str = "countersign-bench-worker";
+/// The variable the long agent's model settings name for their (stand-in) API key.
+const STUB_KEY_ENV: &str = "COUNTERSIGN_BENCH_STUB_KEY";
+const LONG_LEASE_TTL_SECS: u64 = 6;
+
+impl WorkerEnv {
+    fn new(
+        db: &PgConnectOptions,
+        amqp_addr: &str,
+        queue_prefix: &str,
+        keys: &str,
+    ) -> anyhow::Result<WorkerEnv> {
+        use sqlx::ConnectOptions;
+        let exe = std::env::current_exe().context("locating the countersign executable")?;
+        let binary = exe
+            .parent()
+            .context("the countersign executable has no directory")?
+            .join("countersign-worker");
+        anyhow::ensure!(
+            binary.is_file(),
+            "{} is not built; the bench runs it next to countersign. Build it with \
+             `cargo build --release -p countersign-worker` (`make bench` does)",
+            binary.display()
+        );
+        let mut url = db.to_url_lossy();
+        url.query_pairs_mut()
+            .append_pair("application_name", WORKER_APPLICATION);
+        Ok(WorkerEnv {
+            binary,
+            database_url: url.to_string(),
+            amqp_addr: amqp_addr.into(),
+            queue_prefix: queue_prefix.into(),
+            keys: keys.into(),
+        })
+    }
+
+    /// A worker running `concurrency` segments at once, serving its metrics; returns once it
+    /// answers on them.
+    async fn start(&self, concurrency: usize) -> anyhow::Result<WorkerProcess> {
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+        let child = std::process::Command::new(&self.binary)
+            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--lease-ttl-secs", &LONG_LEASE_TTL_SECS.to_string()])
+            .args(["--poll-interval-secs", "1"])
+            .args(["--http-addr", &metrics.to_string()])
+            .env("DATABASE_URL", &self.database_url)
+            .env("AMQP_ADDR", &self.amqp_addr)
+            .env("COUNTERSIGN_QUEUE_PREFIX", &self.queue_prefix)
+            .env("COUNTERSIGN_KEYS", &self.keys)
+            .env_remove("COUNTERSIGN_KEY_FILE")
+            .env(STUB_KEY_ENV, "stub")
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", self.binary.display()))?;
+        let mut process = WorkerProcess { child, metrics };
+        let asked = Instant::now();
+        while http_get(metrics, "/healthz").await.is_err() {
+            if let Some(status) = process.child.try_wait()? {
+                bail!("countersign-worker exited {status} at its start");
+            }
+            anyhow::ensure!(
+                asked.elapsed() < Duration::from_secs(30),
+                "countersign-worker did not answer on {metrics} within 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(process)
+    }
+}
+
+/// A running `countersign-worker`; killed if dropped before [`WorkerProcess::stop`].
+struct WorkerProcess {
+    child: std::process::Child,
+    metrics: std::net::SocketAddr,
+}
+
+impl WorkerProcess {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The value of an unlabelled metric the worker serves.
+    async fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        let body = http_get(self.metrics, "/metrics").await?;
+        body.lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .with_context(|| format!("the worker serves no {name}"))?
+            .trim()
+            .parse()
+            .with_context(|| format!("reading {name}"))
+    }
+
+    /// SIGTERM, as an installation stops it; waits for it to exit 0.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .context("running kill")?;
+        anyhow::ensure!(sent.success(), "SIGTERM could not be sent to the worker");
+        let asked = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait()? {
+                break status;
+            }
+            anyhow::ensure!(
+                asked.elapsed() < Duration::from_secs(30),
+                "countersign-worker did not stop within 30 s of SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        anyhow::ensure!(status.success(), "countersign-worker exited {status}");
+        Ok(())
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The body of `GET path` on `addr`, over a connection of its own.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await?;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {path}: no HTTP answer"))?;
+    anyhow::ensure!(
+        head.starts_with("HTTP/1.1 200"),
+        "GET {path}: {}",
+        head.lines().next().unwrap_or_default()
+    );
+    Ok(body.to_owned())
 }
 
 /// The model stub's process (`countersign bench-model-stub`), killed when dropped.
@@ -1226,15 +1379,7 @@ impl StubProcess {
 
     /// The model calls the stub is answering now.
     async fn in_flight(&self) -> anyhow::Result<u64> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut stream = tokio::net::TcpStream::connect(self.addr).await?;
-        stream
-            .write_all(b"GET /in-flight HTTP/1.1\r\nHost: stub\r\nConnection: close\r\n\r\n")
-            .await?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).await?;
-        let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
-        Ok(body.trim().parse()?)
+        Ok(http_get(self.addr, "/in-flight").await?.trim().parse()?)
     }
 }
 

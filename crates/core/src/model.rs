@@ -96,7 +96,8 @@ impl TokenUsage {
 #[derive(Debug, Clone)]
 pub struct ModelRequest<'a> {
     pub messages: &'a [Message],
-    pub tools: &'a [ToolSpec],
+    /// Borrowed from the registry: a turn sends them, it does not copy their schemas.
+    pub tools: &'a [&'a ToolSpec],
     pub options: &'a ModelOptions,
 }
 

@@ -349,8 +349,8 @@ impl OfferedTools {
         self.tools.iter().map(|t| t.spec().name.clone()).collect()
     }
 
-    pub fn specs(&self) -> Vec<ToolSpec> {
-        self.tools.iter().map(|t| t.spec().clone()).collect()
+    pub fn specs(&self) -> Vec<&ToolSpec> {
+        self.tools.iter().map(|t| t.spec()).collect()
     }
 }
 

@@ -517,7 +517,7 @@ fn request_body(model: &str, request: &ModelRequest<'_>) -> Value {
     if !request.tools.is_empty() {
         body.insert(
             "tools".into(),
-            request.tools.iter().map(wire_tool).collect(),
+            request.tools.iter().map(|tool| wire_tool(tool)).collect(),
         );
     }
     Value::Object(body)

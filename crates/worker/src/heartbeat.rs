@@ -113,9 +113,11 @@ async fn beat(book: Weak<Book>, store: Store, ttl: Duration) {
             .values()
             .map(|h| h.lease.clone())
             .collect();
+        metrics::gauge!("countersign_leases_held").set(leases.len() as f64);
         if leases.is_empty() {
             continue;
         }
+        metrics::counter!("countersign_heartbeat_statements_total").increment(1);
         let renewed = store.renew_all(&leases, ttl).await;
         let mut held = book.held.lock().unwrap_or_else(|p| p.into_inner());
         match renewed {

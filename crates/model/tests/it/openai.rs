@@ -66,7 +66,7 @@ async fn the_request_carries_the_model_key_messages_tools_and_options() {
     ask_with(
         &provider(&endpoint),
         &transcript(),
-        &[read_page()],
+        &[&read_page()],
         &options,
     )
     .await

@@ -136,7 +136,7 @@ pub async fn ask(model: &dyn Model, messages: &[Message]) -> Result<ModelRespons
 pub async fn ask_with(
     model: &dyn Model,
     messages: &[Message],
-    tools: &[ToolSpec],
+    tools: &[&ToolSpec],
     options: &ModelOptions,
 ) -> Result<ModelResponse, ModelError> {
     model
