@@ -39,7 +39,7 @@ use countersign_store::{AgentConfig, Store};
 use countersign_worker::service::WorkerConfig;
 use countersign_worker::{Models, SegmentRunner};
 use serde_json::{json, Value};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::Notify;
 use uuid::Uuid;
@@ -80,8 +80,8 @@ pub async fn run(database_url: &str, amqp_addr: &str, config: BenchConfig) -> an
 }
 
 async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> anyhow::Result<()> {
-    let pool = PgPoolOptions::new()
-        .max_connections(16)
+    // The services' pool, as the binaries configure it.
+    let pool = countersign_service::pool_options(16)
         .connect_with(db.clone())
         .await?;
     countersign_content::WITH_ENGINE.run(&pool).await?;

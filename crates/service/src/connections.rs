@@ -72,13 +72,9 @@ impl Connections {
         crate::init_telemetry(name, false, self.otlp_endpoint.as_deref())
     }
 
-    /// A pool of at most `max` connections; fails after ten seconds without an answer.
+    /// A pool of at most `max` connections ([`pool_options`]).
     pub async fn pool(&self, max: u32) -> Result<PgPool, sqlx::Error> {
-        PgPoolOptions::new()
-            .max_connections(max)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(&self.database_url)
-            .await
+        pool_options(max).connect(&self.database_url).await
     }
 
     /// How this process connects to the broker and treats its topology.
@@ -123,6 +119,30 @@ impl Connections {
             .context("serving the HTTP surfaces")?;
         Ok((Store::new(pool, Arc::new(keyring)), broker))
     }
+}
+
+/// How long a connection back in the pool is handed out again without a ping first.
+pub const RECENTLY_USED: Duration = Duration::from_secs(1);
+
+/// The pool every service runs on: at most `max` connections; an acquire fails after ten
+/// seconds without one.
+///
+/// A connection is pinged on its way back into the pool (sqlx always does), so one handed out
+/// again within [`RECENTLY_USED`] goes out as it is; one idle longer is pinged first, and
+/// dropped for a fresh one if the server does not answer (it restarted, or a proxy cut it).
+/// Pinging on every acquire too would be one more round trip, and a wake-up of the server,
+/// for every statement a busy service sends.
+pub fn pool_options(max: u32) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(10))
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                use sqlx::Connection;
+                Ok(meta.idle_for < RECENTLY_USED || conn.ping().await.is_ok())
+            })
+        })
 }
 
 /// Ready while PostgreSQL answers and the broker connection is open.
@@ -172,5 +192,56 @@ mod tests {
             declare(&["--no-declare", "--queue-arguments", "policy"]),
             Declare::Nothing
         );
+    }
+
+    fn database_url() -> String {
+        std::env::var("DATABASE_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+    }
+
+    /// The server process behind the pool's one connection, and the connection it was cut
+    /// from by another session.
+    async fn cut_the_connection(pool: &PgPool) -> i32 {
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        let admin = PgPool::connect(&database_url()).await.unwrap();
+        let cut: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
+            .bind(pid)
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+        assert!(cut, "backend {pid} terminated");
+        admin.close().await;
+        pid
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_past_the_window_is_pinged_and_replaced_when_the_server_dropped_it() {
+        let pool = pool_options(1).connect(&database_url()).await.unwrap();
+        let cut = cut_the_connection(&pool).await;
+        tokio::time::sleep(RECENTLY_USED + Duration::from_millis(200)).await;
+        let now: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .expect("the dead connection was pinged, dropped and replaced");
+        assert_ne!(now, cut);
+    }
+
+    #[tokio::test]
+    async fn a_connection_used_within_the_window_goes_out_unpinged_and_a_dead_one_is_used_once() {
+        let pool = pool_options(1).connect(&database_url()).await.unwrap();
+        let cut = cut_the_connection(&pool).await;
+        // No ping: the statement meets the cut connection, which the pool then drops.
+        let first = sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+            .fetch_one(&pool)
+            .await;
+        assert!(first.is_err(), "went out unpinged: {first:?}");
+        let next: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .expect("a fresh connection");
+        assert_ne!(next, cut);
     }
 }
