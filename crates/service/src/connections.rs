@@ -122,13 +122,13 @@ impl Connections {
 }
 
 /// How long a connection back in the pool is handed out again without a ping first.
-pub const RECENTLY_USED: Duration = Duration::from_secs(1);
+const RECENTLY_USED: Duration = Duration::from_secs(1);
 
 /// The pool every service runs on: at most `max` connections; an acquire fails after ten
 /// seconds without one.
 ///
 /// A connection is pinged on its way back into the pool (sqlx always does), so one handed out
-/// again within [`RECENTLY_USED`] goes out as it is; one idle longer is pinged first, and
+/// again within a second of that goes out as it is; one idle longer is pinged first, and
 /// dropped for a fresh one if the server does not answer (it restarted, or a proxy cut it).
 /// Pinging on every acquire too would be one more round trip, and a wake-up of the server,
 /// for every statement a busy service sends.
