@@ -176,8 +176,9 @@ pub enum Command {
     },
     /// Cancels a run that has not ended.
     Cancel { run_id: countersign_core::RunId },
-    /// Times runs through an in-process coordinator and workers against baselines, in a
-    /// throwaway database, and prints the figures.
+    /// Times runs through an in-process coordinator and worker against baselines, then long
+    /// segments in a `countersign-worker` process beside this one, in a throwaway database,
+    /// and prints the figures.
     Bench {
         /// Full approval cycles per measured phase.
         #[arg(long, default_value_t = 500)]
