@@ -212,12 +212,12 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     let mut peak: Option<(usize, f64, Latencies)> = None;
     for &in_flight in &phases {
         let n = phase_cycles(in_flight, config.cycles);
-        let before = Counters::read(&pool, None).await?;
+        let before = Counters::read(&pool).await?;
         reset_profile();
         let started = Instant::now();
         let cycles = driver.closed_loop(n, in_flight).await?;
         let elapsed = started.elapsed();
-        let after = Counters::read(&pool, None).await?;
+        let after = Counters::read(&pool).await?;
         let rate = n as f64 / elapsed.as_secs_f64();
         let latency = write_latencies(&pool, &cycles).await?;
         print_phase(
@@ -235,11 +235,11 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     }
     let (peak_flight, peak_rate, _) = peak.context("no phase ran")?;
     let half = peak_rate / 2.0;
-    let before = Counters::read(&pool, None).await?;
+    let before = Counters::read(&pool).await?;
     let started = Instant::now();
     let cycles = driver.open_loop(config.cycles, half).await?;
     let elapsed = started.elapsed();
-    let after = Counters::read(&pool, None).await?;
+    let after = Counters::read(&pool).await?;
     let latency = write_latencies(&pool, &cycles).await?;
     print_phase(
         &format!("half the peak, {half:.0}/s offered"),
@@ -625,8 +625,7 @@ struct Counters {
 }
 
 impl Counters {
-    /// The counters now; with the CPU time of the worker process `worker` when there is one.
-    async fn read(pool: &PgPool, worker: Option<u32>) -> anyhow::Result<Counters> {
+    async fn read(pool: &PgPool) -> anyhow::Result<Counters> {
         // A backend reports its statistics when it goes idle, at most once a second: wait, then
         // have every connection of the pool run a statement so each one reports.
         tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -657,11 +656,44 @@ impl Counters {
             writes,
             wal_bytes,
             publishes: countersign_queue::published_total(),
-            cpu_self: cpu_seconds(|pid, _| pid == std::process::id()),
-            cpu_worker: worker.map_or(0.0, |worker| cpu_seconds(|pid, _| pid == worker)),
-            cpu_postgres: cpu_seconds(|_, comm| comm == "postgres"),
-            cpu_rabbitmq: cpu_seconds(|_, comm| comm == "beam.smp"),
-        })
+            cpu_self: 0.0,
+            cpu_worker: 0.0,
+            cpu_postgres: 0.0,
+            cpu_rabbitmq: 0.0,
+        }
+        .with(CpuTimes::now(None)))
+    }
+
+    /// These counters with the CPU times `cpu`.
+    fn with(self, cpu: CpuTimes) -> Counters {
+        Counters {
+            cpu_self: cpu.this,
+            cpu_worker: cpu.worker,
+            cpu_postgres: cpu.postgres,
+            cpu_rabbitmq: cpu.rabbitmq,
+            ..self
+        }
+    }
+}
+
+/// CPU seconds so far of this process, a worker process, PostgreSQL's and RabbitMQ's.
+#[derive(Debug, Clone, Copy)]
+struct CpuTimes {
+    this: f64,
+    /// 0 without a worker process.
+    worker: f64,
+    postgres: f64,
+    rabbitmq: f64,
+}
+
+impl CpuTimes {
+    fn now(worker: Option<u32>) -> CpuTimes {
+        CpuTimes {
+            this: cpu_seconds(|pid, _| pid == std::process::id()),
+            worker: worker.map_or(0.0, |worker| cpu_seconds(|pid, _| pid == worker)),
+            postgres: cpu_seconds(|_, comm| comm == "postgres"),
+            rabbitmq: cpu_seconds(|_, comm| comm == "beam.smp"),
+        }
     }
 }
 
@@ -1079,7 +1111,7 @@ impl Backlog {
                 accepted += 1;
             }
         }
-        let before = Counters::read(pool, None).await?;
+        let before = Counters::read(pool).await?;
         // The worker's start-up (its connections, its topology check) is in its first wave.
         let started = Instant::now();
         let process = start_worker().await?;
@@ -1088,8 +1120,12 @@ impl Backlog {
         let heartbeats = process
             .metric("countersign_heartbeat_statements_total")
             .await?;
-        let after = Counters::read(pool, Some(process.pid())).await?;
+        // CPU times now, while the worker and its server processes run (an exited process's
+        // time is gone from /proc); the statistics once it stopped, as its server processes
+        // report theirs when they exit (an idle one may wait ten seconds).
+        let cpu = CpuTimes::now(Some(process.pid()));
         process.stop().await?;
+        let after = Counters::read(pool).await?.with(cpu);
         let window = seen.completed[2 * n - 1] - seen.completed[n - 1];
         Ok(Backlog {
             queued,
