@@ -1053,6 +1053,16 @@ pub fn consumers(queue: &str) -> Option<u32> {
         })
 }
 
+/// `/metrics` of the process serving on 127.0.0.1:`port`, once it answers.
+pub async fn metrics(port: u16) -> String {
+    wait_until(
+        &format!("/metrics answers on {port}"),
+        secs(30),
+        async || http_get(port, "/metrics").map(|(_, body)| body),
+    )
+    .await
+}
+
 /// The sum of a Prometheus counter's samples (every label set) in a `/metrics` body.
 pub fn counter_total(metrics: &str, name: &str) -> f64 {
     metrics

@@ -12,9 +12,9 @@
 use std::time::{Duration, Instant};
 
 use countersign_e2e::{
-    approve_through_queue, chat_answer, count, cut_connections, demo_script, fault_page,
-    fault_page_model, fault_page_prompt, free_port, hold_gate, http_get, install_gate,
-    messages_with_role, publish_decision, publish_wake_up, referenced_files, release_gate,
+    approve_through_queue, chat_answer, count, counter_total, cut_connections, demo_script,
+    fault_page, fault_page_model, fault_page_prompt, free_port, hold_gate, install_gate,
+    messages_with_role, metrics, publish_decision, publish_wake_up, referenced_files, release_gate,
     remove_gate, run_row, secs, seed_fault_pages, turn_digest, wait_for_card, wait_for_sql,
     wait_for_status, wait_until, waiting_at_gate, waiting_in_transaction, waiting_on_lock,
     Installation, ModelEndpoint, Running, TempDir, LEASE_RENEWAL, MODEL_KEY_ENV, TURN_GATE_WHEN,
@@ -807,24 +807,26 @@ async fn a_worker_holding_two_leases_renews_them_with_one_statement_a_beat_and_s
     const BEATS: &str = "countersign_heartbeat_statements_total";
     // From the first beat on (a second after the first lease was taken).
     let before = wait_until("the first beat", secs(30), async || {
-        let metrics = wait_http_ok(port, "/metrics").await;
-        metrics.contains(BEATS).then(|| metric(&metrics, BEATS))
+        let metrics = metrics(port).await;
+        metrics
+            .contains(BEATS)
+            .then(|| counter_total(&metrics, BEATS))
     })
     .await;
     let first = lease_expiries(&mut site.conn, &runs).await;
     let since = Instant::now();
     // Three lease lifetimes: with no renewal both leases would have run out.
     tokio::time::sleep(secs(9)).await;
-    let metrics = wait_http_ok(port, "/metrics").await;
+    let metrics = metrics(port).await;
     let elapsed = since.elapsed().as_secs_f64();
     assert_eq!(
-        metric(&metrics, "countersign_leases_held"),
+        counter_total(&metrics, "countersign_leases_held"),
         2.0,
         "{metrics}"
     );
     // A beat a second at most, each one statement for both leases; one a lease would be two
     // a second.
-    let beaten = metric(&metrics, BEATS) - before;
+    let beaten = counter_total(&metrics, BEATS) - before;
     assert!(
         beaten >= 1.0 && beaten <= elapsed + 1.0,
         "{beaten} renewal statements in {elapsed:.1} s for two leases renewed every second"
@@ -856,27 +858,6 @@ async fn lease_expiries(conn: &mut PgConnection, runs: &[String]) -> Vec<f64> {
         expiries.push(expiry);
     }
     expiries
-}
-
-/// `path` on `port` once it answers 200; its body.
-async fn wait_http_ok(port: u16, path: &str) -> String {
-    wait_until(&format!("{path} answers on {port}"), secs(30), async || {
-        http_get(port, path)
-            .filter(|(status, _)| status.contains("200"))
-            .map(|(_, body)| body)
-    })
-    .await
-}
-
-/// The value of the unlabelled metric `name` in a `/metrics` body.
-fn metric(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

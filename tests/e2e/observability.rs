@@ -7,8 +7,8 @@ use std::io::{Read, Write};
 use std::sync::{Arc, Mutex};
 
 use countersign_e2e::{
-    amqp_addr, demo_agent, demo_script, free_port, http_get, secs, wait_for_sql, wait_for_status,
-    wait_until, Installation,
+    amqp_addr, demo_agent, demo_script, free_port, http_get, metrics, secs, wait_for_sql,
+    wait_for_status, wait_until, Installation,
 };
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
@@ -180,16 +180,6 @@ async fn publish_traced(queue: &str, body: &serde_json::Value, parent: &str) {
         .expect("the broker confirms it");
     assert!(confirm.is_ack(), "{confirm:?}");
     let _ = connection.close(200, "done".into()).await;
-}
-
-/// `/metrics` of the process serving on `port`.
-async fn metrics(port: u16) -> String {
-    wait_until(
-        &format!("/metrics answers on {port}"),
-        secs(30),
-        async || http_get(port, "/metrics").map(|(_, body)| body),
-    )
-    .await
 }
 
 /// Waits until `/metrics` on `port` has a line starting with `line`.

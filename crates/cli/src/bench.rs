@@ -341,9 +341,9 @@ fn print_phase(
         per(before.writes as f64, after.writes as f64),
         per(before.wal_bytes as f64, after.wal_bytes as f64),
         per(before.publishes as f64, after.publishes as f64),
-        per(before.cpu_self, after.cpu_self) * 1000.0,
-        per(before.cpu_postgres, after.cpu_postgres) * 1000.0,
-        per(before.cpu_rabbitmq, after.cpu_rabbitmq) * 1000.0,
+        per(before.cpu.this, after.cpu.this) * 1000.0,
+        per(before.cpu.postgres, after.cpu.postgres) * 1000.0,
+        per(before.cpu.rabbitmq, after.cpu.rabbitmq) * 1000.0,
     );
 }
 
@@ -617,11 +617,7 @@ struct Counters {
     writes: i64,
     wal_bytes: i64,
     publishes: u64,
-    cpu_self: f64,
-    /// The long-segment part's `countersign-worker` process; 0 without one.
-    cpu_worker: f64,
-    cpu_postgres: f64,
-    cpu_rabbitmq: f64,
+    cpu: CpuTimes,
 }
 
 impl Counters {
@@ -656,23 +652,8 @@ impl Counters {
             writes,
             wal_bytes,
             publishes: countersign_queue::published_total(),
-            cpu_self: 0.0,
-            cpu_worker: 0.0,
-            cpu_postgres: 0.0,
-            cpu_rabbitmq: 0.0,
-        }
-        .with(CpuTimes::now(None)))
-    }
-
-    /// These counters with the CPU times `cpu`.
-    fn with(self, cpu: CpuTimes) -> Counters {
-        Counters {
-            cpu_self: cpu.this,
-            cpu_worker: cpu.worker,
-            cpu_postgres: cpu.postgres,
-            cpu_rabbitmq: cpu.rabbitmq,
-            ..self
-        }
+            cpu: CpuTimes::now(None),
+        })
     }
 }
 
@@ -1006,9 +987,9 @@ async fn long_segments(
          (the stub's and the bench's own processes not counted); {} runs in {:.1} s",
         per_run(before.commits as f64, after.commits as f64),
         per_run(before.writes as f64, after.writes as f64),
-        per_run(before.cpu_worker, after.cpu_worker) * 1000.0,
-        per_run(before.cpu_postgres, after.cpu_postgres) * 1000.0,
-        per_run(before.cpu_rabbitmq, after.cpu_rabbitmq) * 1000.0,
+        per_run(before.cpu.worker, after.cpu.worker) * 1000.0,
+        per_run(before.cpu.postgres, after.cpu.postgres) * 1000.0,
+        per_run(before.cpu.rabbitmq, after.cpu.rabbitmq) * 1000.0,
         backlog.queued,
         backlog.elapsed.as_secs_f64()
     );
@@ -1061,9 +1042,9 @@ async fn long_segments(
             smaller.steady,
             100.0 * smaller.steady / ideal,
             2 * quarter,
-            per_run(smaller.before.cpu_worker, smaller.after.cpu_worker),
-            per_run(smaller.before.cpu_postgres, smaller.after.cpu_postgres),
-            per_run(smaller.before.cpu_rabbitmq, smaller.after.cpu_rabbitmq),
+            per_run(smaller.before.cpu.worker, smaller.after.cpu.worker),
+            per_run(smaller.before.cpu.postgres, smaller.after.cpu.postgres),
+            per_run(smaller.before.cpu.rabbitmq, smaller.after.cpu.rabbitmq),
             smaller.seen.rss as f64 / 1e6
         );
     }
@@ -1125,7 +1106,10 @@ impl Backlog {
         // report theirs when they exit (an idle one may wait ten seconds).
         let cpu = CpuTimes::now(Some(process.pid()));
         process.stop().await?;
-        let after = Counters::read(pool).await?.with(cpu);
+        let after = Counters {
+            cpu,
+            ..Counters::read(pool).await?
+        };
         let window = seen.completed[2 * n - 1] - seen.completed[n - 1];
         Ok(Backlog {
             queued,
@@ -1245,17 +1229,7 @@ impl WorkerEnv {
         keys: &str,
     ) -> anyhow::Result<WorkerEnv> {
         use sqlx::ConnectOptions;
-        let exe = std::env::current_exe().context("locating the countersign executable")?;
-        let binary = exe
-            .parent()
-            .context("the countersign executable has no directory")?
-            .join("countersign-worker");
-        anyhow::ensure!(
-            binary.is_file(),
-            "{} is not built; the bench runs it next to countersign. Build it with \
-             `cargo build --release -p countersign-worker` (`make bench` does)",
-            binary.display()
-        );
+        let binary = crate::demo::beside_countersign("countersign-worker")?;
         let mut url = db.to_url_lossy();
         url.query_pairs_mut()
             .append_pair("application_name", WORKER_APPLICATION);
@@ -1328,22 +1302,12 @@ impl WorkerProcess {
 
     /// SIGTERM, as an installation stops it; waits for it to exit 0.
     async fn stop(mut self) -> anyhow::Result<()> {
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .context("running kill")?;
-        anyhow::ensure!(sent.success(), "SIGTERM could not be sent to the worker");
-        let asked = Instant::now();
-        let status = loop {
-            if let Some(status) = self.child.try_wait()? {
-                break status;
-            }
-            anyhow::ensure!(
-                asked.elapsed() < Duration::from_secs(30),
-                "countersign-worker did not stop within 30 s of SIGTERM"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
+        let status = crate::demo::terminate(
+            &mut self.child,
+            "countersign-worker",
+            Duration::from_secs(30),
+        )
+        .await?;
         anyhow::ensure!(status.success(), "countersign-worker exited {status}");
         Ok(())
     }

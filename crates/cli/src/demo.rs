@@ -1052,26 +1052,7 @@ impl Services {
         let mut stopped = Vec::new();
         for mut service in std::mem::take(&mut self.0) {
             let pid = service.child.id();
-            let sent = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status()
-                .context("running kill")?;
-            ensure!(
-                sent.success(),
-                "SIGTERM could not be sent to {}",
-                service.name
-            );
-            let asked = Instant::now();
-            let status = loop {
-                if let Some(status) = service.child.try_wait()? {
-                    break status;
-                }
-                if asked.elapsed() > STEP {
-                    let _ = service.child.kill();
-                    bail!("{} (pid {pid}) did not stop on SIGTERM", service.name);
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            };
+            let status = terminate(&mut service.child, &service.name, STEP).await?;
             stopped.push((service.name, pid, status));
         }
         Ok(stopped)
@@ -1150,20 +1131,58 @@ const QUEUES_FILE: &str = "queues";
 
 /// The directory of this executable, where `cargo build` put the service binaries too.
 fn binaries() -> anyhow::Result<PathBuf> {
+    let countersign = beside_countersign("countersign")?;
+    for binary in [COORDINATOR, WORKER, REAPER] {
+        beside_countersign(binary)?;
+    }
+    let dir = countersign
+        .parent()
+        .context("countersign has no directory")?;
+    Ok(dir.to_path_buf())
+}
+
+/// The path of `name`, a binary of this workspace, where it is built: beside the running
+/// `countersign`.
+pub(crate) fn beside_countersign(name: &str) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the countersign executable")?;
-    let dir = exe
+    let path = exe
         .parent()
         .context("the countersign executable has no directory")?
-        .to_path_buf();
-    for binary in ["countersign", COORDINATOR, WORKER, REAPER] {
-        ensure!(
-            dir.join(binary).is_file(),
-            "{} is not built; the demo runs the services next to countersign. Build them with \
-             `cargo build --workspace --bins` (`make demo` does)",
-            dir.join(binary).display()
-        );
+        .join(name);
+    ensure!(
+        path.is_file(),
+        "{} is not built; countersign runs it from beside itself. Build the workspace's binaries \
+         as countersign was built (`cargo build [--release] --workspace --bins`; `make demo` \
+         and `make bench` do)",
+        path.display()
+    );
+    Ok(path)
+}
+
+/// SIGTERM to `child`, as systemd or Kubernetes would stop it, then its exit status; SIGKILL
+/// and an error if it has not exited within `within`.
+pub(crate) async fn terminate(
+    child: &mut Child,
+    name: &str,
+    within: Duration,
+) -> anyhow::Result<ExitStatus> {
+    let pid = child.id();
+    let sent = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .context("running kill")?;
+    ensure!(sent.success(), "SIGTERM could not be sent to {name}");
+    let asked = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if asked.elapsed() > within {
+            let _ = child.kill();
+            bail!("{name} (pid {pid}) did not stop on SIGTERM");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    Ok(dir)
 }
 
 /// The demo's directory (logs, card files, the key file, a kept demo's pids), made afresh —

@@ -120,7 +120,7 @@ async fn a_cancelled_consumer_hands_back_at_once_what_it_had_received_and_not_ta
         assert_eq!(parse_segment(&taken.body), Ok(runs[0]));
         // The broker has pushed the other four to it by now (its prefetch allows five).
         tokio::time::sleep(NOTHING_WITHIN).await;
-        let other = b.consume(&b.topology().segments(), 5).await.unwrap();
+        let mut other = b.consume(&b.topology().segments(), 5).await.unwrap();
 
         assert_eq!(
             draining.cancel().await.unwrap(),
@@ -129,7 +129,6 @@ async fn a_cancelled_consumer_hands_back_at_once_what_it_had_received_and_not_ta
         );
         // The other consumer gets them while the channel is still open for the one taken (a
         // draining worker's segments still run), not only once it closes.
-        let mut other = other;
         let mut handed: Vec<RunId> = Vec::new();
         for _ in 0..4 {
             let delivery = next(&mut other).await;
