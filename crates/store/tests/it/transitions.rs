@@ -499,3 +499,49 @@ async fn a_run_request_s_inputs_are_sealed_with_its_prompt_and_read_back(pool: P
         "the inputs are sealed"
     );
 }
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_hand_written_statement_that_breaks_a_run_invariant_is_refused_naming_it(pool: PgPool) {
+    let store = store(pool.clone());
+    let run = queued(&store).await;
+    let before = store.run(run).await.unwrap().unwrap();
+    let breaks = [
+        ("status = 'paused'", "runs_status_check"),
+        ("error_code = 'Provider timed out'", "runs_error_code_check"),
+        ("status = 'running'", "runs_lease_iff_running"),
+        ("status = 'completed'", "runs_reason_iff_terminal"),
+        (
+            "status = 'waiting_for_approval', suspension_seq = 1",
+            "runs_waiting_has_state",
+        ),
+        ("segment = 'resume'", "runs_resume_has_state"),
+        ("sent_seq = 1", "runs_sent_call"),
+        ("iterations = -1", "runs_iterations_check"),
+    ];
+    for (set, invariant) in breaks {
+        let refused = sqlx::query(&format!("UPDATE runs SET {set} WHERE id = $1"))
+            .bind(run.as_uuid())
+            .execute(&pool)
+            .await
+            .expect_err(set);
+        let refused = refused.as_database_error().expect("a database error");
+        assert_eq!(refused.code().as_deref(), Some("23514"), "{set}");
+        assert_eq!(refused.constraint(), Some(invariant), "{set}");
+    }
+    assert_eq!(store.run(run).await.unwrap().unwrap(), before);
+
+    // A change that keeps every invariant passes, and the constraint covers the rows already
+    // there.
+    sqlx::query("UPDATE runs SET iterations = 1, error_code = 'provider_timeout' WHERE id = $1")
+        .bind(run.as_uuid())
+        .execute(&pool)
+        .await
+        .expect("a valid row");
+    let validated: bool = sqlx::query_scalar(
+        "SELECT convalidated FROM pg_constraint WHERE conname = 'runs_lifecycle'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(validated);
+}
