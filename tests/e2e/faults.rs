@@ -844,6 +844,62 @@ async fn a_worker_holding_two_leases_renews_them_with_one_statement_a_beat_and_s
     site.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_of_wake_ups_is_claimed_in_batched_statements_each_run_once() {
+    const RUNS: usize = 24;
+    let model = ModelEndpoint::silent();
+    let mut site = Site::new("faults_batch", &agent(model.model_settings(), 3600)).await;
+    site.start_coordinator();
+    let runs: Vec<String> = (0..RUNS)
+        .map(|page| {
+            site.install
+                .submit("seo-assistant", "editor", &format!("Improve page {page}."))
+        })
+        .collect();
+    // Every wake-up waits in the queue before the worker starts.
+    wait_for_sql(
+        &mut site.conn,
+        "every run queued and dispatched",
+        secs(30),
+        &format!(
+            "SELECT count(*) = {RUNS} FROM runs WHERE status = 'queued' AND dispatched_at IS NOT NULL"
+        ),
+    )
+    .await;
+    let port = free_port();
+    let slots = RUNS.to_string();
+    // No polling: every claim answers a wake-up.
+    site.start_worker(&[
+        "--concurrency",
+        &slots,
+        "--poll-interval-secs",
+        "3600",
+        "--http-addr",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    wait_until("every segment waits on the model", secs(30), async || {
+        (model.requests().len() == RUNS).then_some(())
+    })
+    .await;
+    let statements = counter_total(&metrics(port).await, "countersign_claim_statements_total");
+    // The first wake-up may be claimed alone; those that arrive while a statement is in
+    // flight go together in the next. One statement a wake-up would be 24.
+    assert!(
+        (1.0..=(RUNS / 2) as f64).contains(&statements),
+        "{statements} claim statements for {RUNS} wake-ups delivered together"
+    );
+    for run in &runs {
+        let row = run_row(&mut site.conn, run).await;
+        assert_eq!(
+            (&row["status"], &row["lease_epoch"]),
+            (&json!("running"), &json!(1)),
+            "claimed once: {row}"
+        );
+    }
+    assert_eq!(model.requests().len(), RUNS, "one model call a run");
+    site.finish().await;
+}
+
 /// The lease expiry of each run, in seconds since the epoch.
 async fn lease_expiries(conn: &mut PgConnection, runs: &[String]) -> Vec<f64> {
     let mut expiries = Vec::new();

@@ -618,6 +618,71 @@ impl Store {
         row.map(|r| r.into_claim(owner)).transpose()
     }
 
+    /// [`Store::claim`] for many wake-ups in one statement: each run is claimed as `claim`
+    /// would claim it, but a row another transaction holds is skipped rather than waited for,
+    /// so one busy row never holds up the others and two batches never wait on each other.
+    /// The answer holds the claims won, each with its run id; a run not in it was lost or
+    /// skipped, and only [`Store::claim`] tells which.
+    pub async fn claim_many(
+        &self,
+        run_ids: &[RunId],
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Vec<(RunId, Result<Claim, StoreError>)>, StoreError> {
+        let ids: Vec<Uuid> = run_ids.iter().map(|r| r.as_uuid()).collect();
+        let rows = sqlx::query_as!(
+            ClaimRow,
+            r#"WITH c AS (
+                   UPDATE runs
+                   SET status = 'running', lease_owner = $2, lease_epoch = lease_epoch + 1,
+                       lease_expires_at = now() + $3 * interval '1 millisecond',
+                       pending_effect = NULL, updated_at = now()
+                   WHERE id = ANY (ARRAY (SELECT id FROM runs
+                                          WHERE id = ANY ($1) AND status = 'queued'
+                                            AND available_at <= now()
+                                          FOR UPDATE SKIP LOCKED))
+                     AND status = 'queued' AND available_at <= now()
+                   RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
+                             suspension_seq, requeue_count,
+                             CASE WHEN segment = 'resume' AND sent_seq = suspension_seq
+                                  THEN sent_call END AS sent_call,
+                             CASE WHEN segment = 'start' THEN request END AS request,
+                             CASE WHEN segment = 'resume' THEN state END AS state)
+               SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
+                      c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
+                      c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
+                      c.requeue_count AS "requeue_count!", c.sent_call, c.request AS "request?",
+                      c.state,
+                      a.name AS "agent_name?", a.active AS "agent_active?",
+                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
+                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
+                      a.max_iterations AS "max_iterations?",
+                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
+                      a.four_eyes AS "four_eyes?",
+                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
+                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
+                      d.decision_id AS "decision_id?", d.approved AS "approved?",
+                      d.approver AS "approver?", d.comment AS "comment?",
+                      extract(epoch FROM now() - d.created_at)::float8 AS "decided_secs_ago?"
+               FROM c
+               LEFT JOIN agents a ON a.name = c.agent
+               LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id
+                    AND d.suspension_seq = c.suspension_seq AND d.outcome = 'accepted'"#,
+            &ids,
+            owner,
+            millis(ttl) as f64,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|r| {
+                let run = *run_ids.iter().find(|id| id.as_uuid() == r.id)?;
+                Some((run, r.into_claim(owner)))
+            })
+            .collect())
+    }
+
     /// Claims the queued run that has been available longest, skipping rows another claimer
     /// is taking: the polling fallback when no wake-up arrived. `None` when none is available.
     pub async fn claim_next(

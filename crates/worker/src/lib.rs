@@ -12,6 +12,7 @@
 //! codes), and never promise an approval it cannot resume: a run whose suspension cannot be
 //! stored is failed `suspend_failed`.
 
+mod claimer;
 mod heartbeat;
 mod hooks;
 mod segment;

@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::claimer::Claimer;
 use crate::segment::{SegmentEnd, SegmentRunner};
 
 /// How the worker runs.
@@ -60,6 +61,7 @@ pub async fn run(
     );
     tokio::pin!(shutdown);
     let (stop_relay, relay_stopped) = oneshot::channel::<()>();
+    let claimer = Claimer::start(runner.store.clone(), config.owner.clone(), runner.lease_ttl);
     let relay = tokio::spawn(relay::run(
         runner.store.clone(),
         broker.clone(),
@@ -118,10 +120,10 @@ pub async fn run(
                     let _ = woken.set_parent(delivery.trace_context());
                     // The claim runs in the segment's task, not here: wake-ups for many runs
                     // are claimed at once, each holding its slot.
-                    let (runner, broker, config) = (runner.clone(), broker.clone(), config.clone());
+                    let (runner, broker, claimer) = (runner.clone(), broker.clone(), claimer.clone());
                     let released = released.clone();
                     running.spawn(async move {
-                        let taken = take(&runner, &broker, &config, delivery)
+                        let taken = take(&claimer, &broker, delivery)
                             .instrument(woken.clone())
                             .await;
                         if let Some(claim) = taken {
@@ -198,12 +200,7 @@ async fn next(consumer: &mut Option<countersign_queue::Consumer>) -> Option<Deli
 }
 
 /// Claims the run a wake-up names, then acks it: won or lost, the row is the truth.
-async fn take(
-    runner: &SegmentRunner,
-    broker: &Broker,
-    config: &WorkerConfig,
-    delivery: Delivery,
-) -> Option<Claim> {
+async fn take(claimer: &Claimer, broker: &Broker, delivery: Delivery) -> Option<Claim> {
     let run_id = match parse_segment(&delivery.body) {
         Ok(run_id) => run_id,
         Err(e) => {
@@ -213,11 +210,7 @@ async fn take(
             return None;
         }
     };
-    match runner
-        .store
-        .claim(run_id, &config.owner, runner.lease_ttl)
-        .await
-    {
+    match claimer.claim(run_id).await {
         Ok(claim) => {
             if let Err(e) = delivery.ack().await {
                 tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "ack failed");

@@ -55,6 +55,80 @@ async fn two_claimers_released_by_a_barrier_exactly_one_wins(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_batched_claim_wins_each_free_run_once_and_skips_a_running_run_and_a_held_row(
+    pool: PgPool,
+) {
+    let store = store(pool.clone());
+    let free = [queued(&store).await, queued(&store).await];
+    let (taken, _) = running(&store).await;
+    let (resumed, st) = waiting(&store).await;
+    store.record_decision(&accept(resumed, &st)).await.unwrap();
+    let held = queued(&store).await;
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(held.as_uuid())
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    // The first free run is asked for twice, as two wake-ups for one run would.
+    let asked = [free[0], taken, held, free[1], resumed, free[0]];
+    let won = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.claim_many(&asked, "worker-b", TTL),
+    )
+    .await
+    .expect("the batch does not wait for the held row")
+    .unwrap();
+    let mut ids: Vec<_> = won.iter().map(|(id, _)| *id).collect();
+    ids.sort();
+    let mut expected = vec![free[0], free[1], resumed];
+    expected.sort();
+    assert_eq!(ids, expected, "each free run once, and nothing else");
+    for (id, claim) in &won {
+        let claim = claim.as_ref().expect("a readable claim");
+        assert_eq!(
+            (claim.lease.run_id, claim.lease.owner.as_str()),
+            (*id, "worker-b")
+        );
+        let row = store.run(*id).await.unwrap().unwrap();
+        assert_eq!(
+            (row.status, row.lease_owner.as_deref(), row.lease_epoch),
+            (RunStatus::Running, Some("worker-b"), claim.lease.epoch)
+        );
+        if *id == resumed {
+            // What a resume starts from comes with its claim, as with a claim alone.
+            assert_eq!(
+                (claim.segment, claim.suspension_seq, claim.lease.epoch.get()),
+                (Segment::Resume, Some(SuspensionSeq::FIRST), 2)
+            );
+            assert!(claim.inputs.state.is_some());
+            assert!(claim.inputs.decision.as_ref().is_some_and(|d| d.approved));
+        } else {
+            assert_eq!(
+                (claim.segment, claim.lease.epoch.get()),
+                (Segment::Start, 1)
+            );
+            assert!(claim.inputs.request.is_some());
+        }
+    }
+    let still = store.run(taken).await.unwrap().unwrap();
+    assert_eq!(
+        (still.lease_owner.as_deref(), still.lease_epoch.get()),
+        (Some("worker-a"), 1),
+        "the running run keeps its lease"
+    );
+    let skipped = store.run(held).await.unwrap().unwrap();
+    assert_eq!(
+        skipped.status,
+        RunStatus::Queued,
+        "the held row was skipped"
+    );
+    holder.commit().await.unwrap();
+    assert_eq!(claim(&store, held, "worker-b").await.lease.epoch.get(), 1);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
 async fn every_transition_wins_once_and_loses_when_repeated(pool: PgPool) {
     let store = store(pool);
     let run = queued(&store).await;
