@@ -45,6 +45,9 @@ const RELEASE_GATE_WHEN: &str = "OLD.status = 'waiting_for_approval' AND NEW.sta
 const CLAIM_GATE: i64 = 4244;
 const CLAIM_GATE_WHEN: &str =
     "OLD.status = 'queued' AND NEW.status = 'running' AND OLD.segment = 'resume'";
+/// Gate of a run's settlement (`running` → `completed` or `failed`).
+const SETTLE_GATE: i64 = 4245;
+const SETTLE_GATE_WHEN: &str = "OLD.status = 'running' AND NEW.status IN ('completed', 'failed')";
 const CLAIM: &str = "WITH c AS ( UPDATE runs SET status = 'running', lease_owner";
 
 /// One installation under test: its database, queues, agent file, a connection, and the
@@ -897,6 +900,87 @@ async fn a_backlog_of_wake_ups_is_claimed_in_batched_statements_each_run_once() 
         );
     }
     assert_eq!(model.requests().len(), RUNS, "one model call a run");
+    site.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_queued_behind_one_in_flight_are_written_together_and_a_lease_taken_meanwhile_writes_nothing(
+) {
+    const RUNS: usize = 4;
+    let model = ModelEndpoint::start(|_| Some(chat_answer("Page 12 reads well.", &[])));
+    let mut site = Site::new("faults_settle", &agent(model.model_settings(), 3600)).await;
+    // Every settlement of a run waits at the gate while the test holds it.
+    install_gate(
+        &mut site.conn,
+        "settle",
+        "runs",
+        "UPDATE",
+        SETTLE_GATE_WHEN,
+        SETTLE_GATE,
+    )
+    .await;
+    hold_gate(&mut site.conn, SETTLE_GATE).await;
+    site.start_coordinator();
+    let port = free_port();
+    site.start_worker(&[
+        "--concurrency",
+        &RUNS.to_string(),
+        "--http-addr",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let runs: Vec<String> = (0..RUNS)
+        .map(|page| {
+            site.install
+                .submit("seo-assistant", "editor", &format!("Review page {page}."))
+        })
+        .collect();
+    wait_until("one settlement at the gate", secs(30), async || {
+        (waiting_at_gate(&mut site.conn, SETTLE_GATE).await == 1).then_some(())
+    })
+    .await;
+    wait_until("every run answered", secs(30), async || {
+        (model.requests().len() == RUNS).then_some(())
+    })
+    .await;
+    // The other three settle as soon as they have their answer, and queue behind the one in
+    // flight: time for them to get there.
+    tokio::time::sleep(secs(2)).await;
+    // A run whose row no statement holds (not the one at the gate) gets a new lease, as the
+    // reaper and another worker would give it.
+    let taken: String = sqlx::query_scalar(
+        "UPDATE runs SET lease_owner = 'another-worker', lease_epoch = lease_epoch + 1
+         WHERE id = (SELECT id FROM runs WHERE status = 'running' LIMIT 1 FOR UPDATE SKIP LOCKED)
+         RETURNING id::text",
+    )
+    .fetch_one(&mut site.conn)
+    .await
+    .unwrap();
+    release_gate(&mut site.conn, SETTLE_GATE).await;
+    for run in runs.iter().filter(|r| **r != taken) {
+        wait_for_status(&mut site.conn, run, "completed", secs(30)).await;
+    }
+    let row = run_row(&mut site.conn, &taken).await;
+    assert_eq!(
+        (&row["status"], &row["lease_owner"]),
+        (&json!("running"), &json!("another-worker")),
+        "the settlement under the old lease wrote nothing: {row}"
+    );
+    assert_eq!(
+        count(
+            &mut site.conn,
+            &format!(
+                "SELECT count(*) FROM event_outbox WHERE run_id = '{taken}' AND kind = 'run.completed'"
+            ),
+        )
+        .await,
+        0,
+        "nor announced anything"
+    );
+    let statements = counter_total(&metrics(port).await, "countersign_settle_statements_total");
+    assert_eq!(
+        statements, 2.0,
+        "the one held at the gate, then one for the three queued behind it"
+    );
     site.finish().await;
 }
 

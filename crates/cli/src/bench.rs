@@ -177,6 +177,7 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
         users: Arc::new(countersign_content::ContentUsers::new(pool.clone())),
         lease_ttl: Duration::from_secs(30),
         heartbeat: Default::default(),
+        settler: Default::default(),
     };
     spawn_worker(&mut services, runner, &broker, &stop, WORKER_CONCURRENCY);
 

@@ -481,6 +481,56 @@ impl ClaimRow {
     }
 }
 
+/// Many settlements as the columns of [`Store::settle_many`]'s statement.
+#[derive(Default)]
+struct SettlementColumns {
+    ids: Vec<Uuid>,
+    owners: Vec<String>,
+    epochs: Vec<i64>,
+    statuses: Vec<String>,
+    reasons: Vec<String>,
+    error_codes: Vec<Option<String>>,
+    iterations: Vec<Option<i32>>,
+    prompt_tokens: Vec<Option<i64>>,
+    completion_tokens: Vec<Option<i64>>,
+    kinds: Vec<String>,
+    payloads: Vec<serde_json::Value>,
+    sealed: Vec<Option<Vec<u8>>>,
+    event_ids: Vec<Uuid>,
+    bodies: Vec<serde_json::Value>,
+}
+
+impl SettlementColumns {
+    fn push(&mut self, store: &Store, lease: &Lease, s: &Settlement) -> Result<(), StoreError> {
+        let event = outbox::settlement_event(lease.run_id, s);
+        let counters = s.counters.map(RunCounters::columns);
+        self.sealed.push(
+            s.answer
+                .as_deref()
+                .map(|a| {
+                    store
+                        .keyring
+                        .seal(Purpose::Event, lease.run_id, a.as_bytes())
+                })
+                .transpose()?,
+        );
+        self.ids.push(lease.run_id.as_uuid());
+        self.owners.push(lease.owner.clone());
+        self.epochs.push(lease.epoch.get());
+        self.statuses.push(s.status.as_str().to_owned());
+        self.reasons.push(s.reason.as_str().to_owned());
+        self.error_codes.push(s.error_code.map(str::to_owned));
+        self.iterations.push(counters.map(|c| c.0));
+        self.prompt_tokens.push(counters.map(|c| c.1));
+        self.completion_tokens.push(counters.map(|c| c.2));
+        self.kinds.push(event.name.to_string());
+        self.payloads.push(outbox::audit_payload(&event));
+        self.event_ids.push(Uuid::now_v7());
+        self.bodies.push(outbox::stored_body(&event));
+        Ok(())
+    }
+}
+
 impl Store {
     /// (new) → `queued`/`start`, with its `run.accepted` event in the same transaction. The
     /// request id is unique: a duplicate returns the run created for it before, with
@@ -929,33 +979,58 @@ impl Store {
     /// same transaction it announces `run.completed` (the answer sealed into its audit row) or
     /// `run.failed` (with the error code). Nothing is written when the guard loses.
     pub async fn settle(&self, lease: &Lease, settlement: &Settlement) -> Result<bool, StoreError> {
-        if !matches!(settlement.status, RunStatus::Completed | RunStatus::Failed) {
-            return Ok(false);
+        let written = self.settle_many(&[(lease, settlement)]).await?;
+        Ok(written == [true])
+    }
+
+    /// [`Store::settle`] for many leases in one statement: each settlement is guarded by its
+    /// own lease, and its transition, its audit row (numbered from the run's counter) and its
+    /// outbox row are written as one; the answer says, in order, which were written. The rows
+    /// are locked in id order, so two batches cannot wait for each other. If the statement
+    /// fails, none is written.
+    pub async fn settle_many(
+        &self,
+        settlements: &[(&Lease, &Settlement)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let settleable =
+            |s: &Settlement| matches!(s.status, RunStatus::Completed | RunStatus::Failed);
+        let mut given = SettlementColumns::default();
+        for (lease, settlement) in settlements.iter().filter(|(_, s)| settleable(s)) {
+            given.push(self, lease, settlement)?;
         }
-        let counters = settlement.counters.map(RunCounters::columns);
-        let event = outbox::settlement_event(lease.run_id, settlement);
-        let sealed = settlement
-            .answer
-            .as_deref()
-            .map(|a| {
-                self.keyring
-                    .seal(Purpose::Event, lease.run_id, a.as_bytes())
-            })
-            .transpose()?;
-        // One statement: the guarded transition, its audit row numbered from the run's counter,
-        // and its outbox row. Nothing is written when the guard loses.
-        let row = sqlx::query_as!(
+        if given.ids.is_empty() {
+            return Ok(vec![false; settlements.len()]);
+        }
+        let rows = sqlx::query_as!(
             outbox::Row,
-            r#"WITH settled AS (
-                   UPDATE runs
-                   SET status = $4, termination_reason = $5, error_code = $6,
-                       iterations = coalesce($7, iterations),
-                       prompt_tokens = coalesce($8, prompt_tokens),
-                       completion_tokens = coalesce($9, completion_tokens),
+            r#"WITH given AS (
+                   SELECT DISTINCT ON (id) *
+                   FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[],
+                               $6::text[], $7::int4[], $8::int8[], $9::int8[], $10::text[],
+                               $11::jsonb[], $12::bytea[], $13::uuid[], $14::jsonb[])
+                        AS g (id, owner, epoch, status, reason, error_code, iterations,
+                              prompt_tokens, completion_tokens, kind, payload, sealed,
+                              event_id, body)),
+               held AS (
+                   SELECT r.id FROM runs r JOIN given g ON r.id = g.id
+                   WHERE r.status = 'running' AND r.lease_owner = g.owner
+                     AND r.lease_epoch = g.epoch
+                   ORDER BY r.id
+                   FOR UPDATE OF r),
+               settled AS (
+                   UPDATE runs r
+                   SET status = g.status, termination_reason = g.reason,
+                       error_code = g.error_code,
+                       iterations = coalesce(g.iterations, r.iterations),
+                       prompt_tokens = coalesce(g.prompt_tokens, r.prompt_tokens),
+                       completion_tokens = coalesce(g.completion_tokens, r.completion_tokens),
                        lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
                        updated_at = now()
-                   WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3
-                   RETURNING id),
+                   FROM given g
+                   WHERE r.id = g.id AND r.id IN (SELECT id FROM held)
+                     AND r.status = 'running' AND r.lease_owner = g.owner
+                     AND r.lease_epoch = g.epoch
+                   RETURNING r.id),
                numbered AS (
                    INSERT INTO run_trails (run_id, last_sequence)
                    SELECT id, 1 FROM settled
@@ -963,34 +1038,36 @@ impl Store {
                    RETURNING run_id, last_sequence),
                audit AS (
                    INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
-                   SELECT t.run_id, t.last_sequence, $10::text, $11::jsonb, $12::bytea
-                   FROM numbered t
+                   SELECT t.run_id, t.last_sequence, g.kind, g.payload, g.sealed
+                   FROM numbered t JOIN given g ON g.id = t.run_id
                    RETURNING sequence)
                INSERT INTO event_outbox (id, run_id, kind, body)
-               SELECT $13, s.id, $10,
-                      announced_body($14::jsonb, $13::uuid)
-               FROM settled s
+               SELECT g.event_id, s.id, g.kind, announced_body(g.body, g.event_id)
+               FROM settled s JOIN given g ON g.id = s.id
                RETURNING id, run_id, kind, body, created_at, published_at"#,
-            lease.run_id.as_uuid(),
-            lease.owner,
-            lease.epoch.get(),
-            settlement.status.as_str(),
-            settlement.reason.as_str(),
-            settlement.error_code,
-            counters.map(|c| c.0),
-            counters.map(|c| c.1),
-            counters.map(|c| c.2),
-            event.name,
-            outbox::audit_payload(&event),
-            sealed,
-            Uuid::now_v7(),
-            outbox::stored_body(&event),
+            &given.ids,
+            &given.owners,
+            &given.epochs,
+            &given.statuses,
+            &given.reasons,
+            &given.error_codes as &[Option<String>],
+            &given.iterations as &[Option<i32>],
+            &given.prompt_tokens as &[Option<i64>],
+            &given.completion_tokens as &[Option<i64>],
+            &given.kinds,
+            &given.payloads,
+            &given.sealed as &[Option<Vec<u8>>],
+            &given.event_ids,
+            &given.bodies,
         )
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await?;
-        let Some(row) = row else { return Ok(false) };
-        self.hand_off(vec![row.into()]);
-        Ok(true)
+        let written: Vec<Option<Uuid>> = rows.iter().map(|r| r.run_id).collect();
+        self.hand_off(rows.into_iter().map(Into::into).collect());
+        Ok(settlements
+            .iter()
+            .map(|(lease, s)| settleable(s) && written.contains(&Some(lease.run_id.as_uuid())))
+            .collect())
     }
 
     /// `running` → `queued` of the same segment, guarded by owner and epoch, available again

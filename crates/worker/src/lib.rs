@@ -12,12 +12,15 @@
 //! codes), and never promise an approval it cannot resume: a run whose suspension cannot be
 //! stored is failed `suspend_failed`.
 
+mod batch;
 mod claimer;
 mod heartbeat;
 mod hooks;
 mod segment;
 pub mod service;
+mod settler;
 
 pub use heartbeat::Heartbeat;
 pub use hooks::StoreHooks;
 pub use segment::{Models, SegmentEnd, SegmentRunner};
+pub use settler::Settler;

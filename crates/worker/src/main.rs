@@ -74,6 +74,7 @@ async fn main() -> anyhow::Result<()> {
         users,
         lease_ttl,
         heartbeat: Default::default(),
+        settler: Default::default(),
     };
     let config = WorkerConfig {
         owner: args.owner.unwrap_or_else(default_owner),

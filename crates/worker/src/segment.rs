@@ -21,6 +21,7 @@ use tracing::Instrument;
 
 use crate::heartbeat::Heartbeat;
 use crate::hooks::StoreHooks;
+use crate::settler::Settler;
 
 /// How a segment ended, for the caller's metrics and logs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +53,8 @@ pub struct SegmentRunner {
     pub lease_ttl: Duration,
     /// The worker's one heartbeat for every lease its segments hold.
     pub heartbeat: Heartbeat,
+    /// The worker's settlements: those that come together are written together.
+    pub settler: Settler,
 }
 
 /// Where a segment's model comes from.
@@ -281,7 +284,7 @@ impl SegmentRunner {
                     .unwrap_or_default();
                 // `run.completed` (the answer sealed into its audit row) commits with the settle.
                 let settlement = Settlement::completed(reason, counters).with_answer(answer);
-                if !self.store.settle(lease, &settlement).await? {
+                if !self.settler.settle(&self.store, lease, &settlement).await? {
                     return Ok(SegmentEnd::Interrupted("lease_lost"));
                 }
                 tracing::info!(run.id = %run_id, reason = reason.as_str(), "run completed");
@@ -296,7 +299,7 @@ impl SegmentRunner {
             } => {
                 let settlement =
                     Settlement::failed(reason, Some(code), Some(counters(iterations, tokens)));
-                if !self.store.settle(lease, &settlement).await? {
+                if !self.settler.settle(&self.store, lease, &settlement).await? {
                     return Ok(SegmentEnd::Interrupted("lease_lost"));
                 }
                 failed(run_id, reason, code);
@@ -358,7 +361,7 @@ impl SegmentRunner {
         code: &'static str,
     ) -> Result<SegmentEnd, StoreError> {
         let settlement = Settlement::failed(reason, Some(code), None);
-        if !self.store.settle(lease, &settlement).await? {
+        if !self.settler.settle(&self.store, lease, &settlement).await? {
             return Ok(SegmentEnd::Interrupted("lease_lost"));
         }
         failed(lease.run_id, reason, code);

@@ -121,6 +121,7 @@ pub async fn harness_with_users(
         users: users.clone(),
         lease_ttl: TTL,
         heartbeat: Default::default(),
+        settler: Default::default(),
     };
     let prefix = format!("api-it-{}", Uuid::now_v7());
     let broker = Broker::connect(QueueConfig::new(amqp_addr(), Topology::new(prefix)))

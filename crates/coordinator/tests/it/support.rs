@@ -76,6 +76,7 @@ pub async fn harness(pool: PgPool) -> Harness {
         users: users.clone(),
         lease_ttl: TTL,
         heartbeat: Default::default(),
+        settler: Default::default(),
     };
     for (user, kind, name) in [
         (INBOX, ProducerKind::Approver, ANY),

@@ -1,7 +1,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use countersign_core::RunId;
 use countersign_core::{CallIndex, SuspensionSeq, ToolOutput};
+use countersign_store::Store;
 use countersign_store::{
     DecisionOutcome, DecisionRecord, NewDecision, RunCounters, RunStatus, Segment, Settlement,
     StoreError, TerminationReason,
@@ -126,6 +128,122 @@ async fn a_batched_claim_wins_each_free_run_once_and_skips_a_running_run_and_a_h
     );
     holder.commit().await.unwrap();
     assert_eq!(claim(&store, held, "worker-b").await.lease.epoch.get(), 1);
+}
+
+/// What a settlement left of a run: its row's outcome, its last audit event (the answer
+/// opened) and its last outbox body, without the ids and the time, which differ between runs.
+async fn settled(store: &Store, pool: &PgPool, run: RunId) -> serde_json::Value {
+    let row = store.run(run).await.unwrap().unwrap();
+    let audit = store.events(run).await.unwrap().pop().unwrap();
+    let answer = store
+        .open_event_content(run, &audit)
+        .unwrap()
+        .map(|a| String::from_utf8(a).unwrap());
+    let (kind, mut body): (String, serde_json::Value) = sqlx::query_as(
+        "SELECT kind, body FROM event_outbox WHERE run_id = $1 ORDER BY created_at DESC LIMIT 1",
+    )
+    .bind(run.as_uuid())
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    for id in ["run_id", "event_id", "at"] {
+        body.as_object_mut().unwrap().remove(id);
+    }
+    serde_json::json!({
+        "status": row.status.as_str(), "reason": row.termination_reason.map(|r| r.as_str()),
+        "error_code": row.error_code, "lease": row.lease_owner, "expires": row.lease_expires_at,
+        "iterations": row.counters.iterations, "tokens": row.counters.prompt_tokens
+            + row.counters.completion_tokens,
+        "audit": [audit.sequence, audit.kind, audit.payload, answer],
+        "outbox": [kind, body],
+    })
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_batched_settlement_writes_each_run_as_a_settlement_alone_and_only_under_its_lease(
+    pool: PgPool,
+) {
+    let store = store(pool.clone());
+    let counters = RunCounters {
+        iterations: 3,
+        prompt_tokens: 120,
+        completion_tokens: 30,
+    };
+    let done = Settlement::completed(TerminationReason::Completed, counters)
+        .with_answer("The description now reads: Bicycles for every road.");
+    let failure = Settlement::failed(
+        TerminationReason::ProviderFailed,
+        Some("provider_timeout"),
+        None,
+    );
+    // Each settlement twice: once alone, once in the batch.
+    let (alone_done, lease) = running(&store).await;
+    assert!(store.settle(&lease, &done).await.unwrap());
+    let (alone_failed, lease) = running(&store).await;
+    assert!(store.settle(&lease, &failure).await.unwrap());
+    let (batch_done, done_lease) = running(&store).await;
+    let (batch_failed, failed_lease) = running(&store).await;
+    // A lease the reaper took back, claimed again by the same owner name: only the epoch
+    // tells the two apart.
+    let (moved, stale) = running(&store).await;
+    expire_lease(&pool, moved).await;
+    let seen = store.expired_leases(10).await.unwrap().remove(0);
+    assert!(store
+        .reaper_requeue(&seen, 3, Duration::ZERO)
+        .await
+        .unwrap());
+    let current = claim(&store, moved, &stale.owner).await.lease;
+    // A status that ends nothing.
+    let (unsettled, unsettled_lease) = running(&store).await;
+    let bogus = Settlement {
+        status: RunStatus::Queued,
+        ..failure.clone()
+    };
+
+    let written = store
+        .settle_many(&[
+            (&done_lease, &done),
+            (&stale, &failure),
+            (&failed_lease, &failure),
+            (&unsettled_lease, &bogus),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(written, [true, false, true, false]);
+    assert_eq!(
+        settled(&store, &pool, batch_done).await,
+        settled(&store, &pool, alone_done).await
+    );
+    assert_eq!(
+        settled(&store, &pool, batch_failed).await,
+        settled(&store, &pool, alone_failed).await
+    );
+    let kept = store.run(moved).await.unwrap().unwrap();
+    assert_eq!(
+        (kept.status, kept.lease_owner.as_deref(), kept.lease_epoch),
+        (
+            RunStatus::Running,
+            Some(current.owner.as_str()),
+            current.epoch
+        ),
+        "the stale lease wrote nothing"
+    );
+    assert_eq!(
+        store.run(unsettled).await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+    for run in [moved, unsettled] {
+        assert_eq!(
+            count(
+                &pool,
+                "SELECT count(*) FROM event_outbox WHERE run_id = $1 AND kind IN ('run.completed', 'run.failed')",
+                run,
+            )
+            .await,
+            0,
+            "no event for a settlement that was not written"
+        );
+    }
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]

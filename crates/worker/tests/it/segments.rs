@@ -69,6 +69,7 @@ async fn harness(pool: PgPool) -> Harness {
         users: Arc::new(ContentUsers::new(pool)),
         lease_ttl: TTL,
         heartbeat: Default::default(),
+        settler: Default::default(),
     };
     Harness {
         store,
