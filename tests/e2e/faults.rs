@@ -984,6 +984,73 @@ async fn settlements_queued_behind_one_in_flight_are_written_together_and_a_leas
     site.finish().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_whose_wake_ups_were_lost_are_claimed_by_the_poll_once_each_as_many_as_slots_are_free()
+{
+    const RUNS: usize = 12;
+    const SLOTS: usize = 5;
+    let model = ModelEndpoint::silent();
+    let mut site = Site::new("faults_poll", &agent(model.model_settings(), 3600)).await;
+    site.start_coordinator();
+    for page in 0..RUNS {
+        site.install
+            .submit("seo-assistant", "editor", &format!("Improve page {page}."));
+    }
+    wait_for_sql(
+        &mut site.conn,
+        "every run queued and dispatched",
+        secs(30),
+        &format!(
+            "SELECT count(*) = {RUNS} FROM runs WHERE status = 'queued' AND dispatched_at IS NOT NULL"
+        ),
+    )
+    .await;
+    // Every wake-up is taken off the queue and dropped, as by a consumer that acked them and
+    // died: only the poll can find these runs now.
+    let broker = site.install.broker().await;
+    let mut taker = broker
+        .consume(&broker.topology().segments(), RUNS as u16)
+        .await
+        .unwrap();
+    for _ in 0..RUNS {
+        let delivery = tokio::time::timeout(secs(10), taker.next())
+            .await
+            .expect("a wake-up")
+            .expect("the consumer runs")
+            .unwrap();
+        delivery.ack().await.unwrap();
+    }
+    drop(taker);
+    site.start_worker(&[
+        "--concurrency",
+        &SLOTS.to_string(),
+        "--poll-interval-secs",
+        "1",
+    ]);
+    wait_until("a segment in every slot", secs(30), async || {
+        (model.requests().len() == SLOTS).then_some(())
+    })
+    .await;
+    // Two more polls find no free slot.
+    tokio::time::sleep(secs(2)).await;
+    assert_eq!(model.requests().len(), SLOTS, "one model call a slot");
+    let by_status: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT status, count(*), max(lease_epoch) FROM runs GROUP BY status ORDER BY status",
+    )
+    .fetch_all(&mut site.conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        by_status,
+        [
+            ("queued".to_owned(), (RUNS - SLOTS) as i64, 0),
+            ("running".to_owned(), SLOTS as i64, 1)
+        ],
+        "as many claimed as slots are free, each once"
+    );
+    site.finish().await;
+}
+
 /// The lease expiry of each run, in seconds since the epoch.
 async fn lease_expiries(conn: &mut PgConnection, runs: &[String]) -> Vec<f64> {
     let mut expiries = Vec::new();

@@ -733,24 +733,26 @@ impl Store {
             .collect())
     }
 
-    /// Claims the queued run that has been available longest, skipping rows another claimer
-    /// is taking: the polling fallback when no wake-up arrived. `None` when none is available.
+    /// Claims up to `limit` of the queued runs that have been available longest, skipping rows
+    /// another transaction holds: the polling fallback when no wake-up arrived, one statement
+    /// for as many runs as the worker has slots free. Empty when none is available.
     pub async fn claim_next(
         &self,
         owner: &str,
         ttl: Duration,
-    ) -> Result<Option<Claim>, StoreError> {
-        let row = sqlx::query_as!(
+        limit: usize,
+    ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
+        let rows = sqlx::query_as!(
             ClaimRow,
             r#"WITH c AS (
                    UPDATE runs
                    SET status = 'running', lease_owner = $1, lease_epoch = lease_epoch + 1,
                        lease_expires_at = now() + $2 * interval '1 millisecond',
                        pending_effect = NULL, updated_at = now()
-                   WHERE id = (SELECT id FROM runs
-                               WHERE status = 'queued' AND available_at <= now()
-                               ORDER BY available_at LIMIT 1
-                               FOR UPDATE SKIP LOCKED)
+                   WHERE id = ANY (ARRAY (SELECT id FROM runs
+                                          WHERE status = 'queued' AND available_at <= now()
+                                          ORDER BY available_at LIMIT $3
+                                          FOR UPDATE SKIP LOCKED))
                      AND status = 'queued' AND available_at <= now()
                    RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
                              suspension_seq, requeue_count,
@@ -780,10 +782,11 @@ impl Store {
                     AND d.suspension_seq = c.suspension_seq AND d.outcome = 'accepted'"#,
             owner,
             millis(ttl) as f64,
+            i64::try_from(limit).unwrap_or(i64::MAX),
         )
-        .fetch_optional(&self.pool)
+        .fetch_all(&self.pool)
         .await?;
-        row.map(|r| r.into_claim(owner)).transpose()
+        Ok(rows.into_iter().map(|r| r.into_claim(owner)).collect())
     }
 
     /// Heartbeat: extends the lease to `now() + ttl` if this segment still holds it. `false`

@@ -92,19 +92,40 @@ pub async fn run(
                 // backlog that would claim one statement after another in this loop the runs
                 // whose wake-ups are on their way, starve the wake-ups (which claim in
                 // parallel), and make each of them lose a claim.
-                for _ in 0..slots.available_permits() {
-                    let Ok(permit) = slots.clone().try_acquire_owned() else { break };
-                    match runner.store.claim_next(&config.owner, runner.lease_ttl).await {
-                        Ok(Some(claim)) => {
-                            let untraced = tracing::Span::none();
-                            spawn(&mut running, &runner, claim, permit, &released, untraced);
-                        }
-                        Ok(None) => break,
+                let mut free = slots.available_permits();
+                while free > 0 {
+                    let permits: Vec<_> = (0..free.min(POLL_BATCH))
+                        .map_while(|_| slots.clone().try_acquire_owned().ok())
+                        .collect();
+                    let asked = permits.len();
+                    let claims = match runner
+                        .store
+                        .claim_next(&config.owner, runner.lease_ttl, asked)
+                        .await
+                    {
+                        Ok(claims) => claims,
                         Err(e) => {
                             tracing::warn!(code = e.code(), error = %e, "poll claim failed");
                             break;
                         }
+                    };
+                    let taken = claims.len();
+                    // A slot each; the permits left over go back with the vector.
+                    for (claim, permit) in claims.into_iter().zip(permits) {
+                        match claim {
+                            Ok(claim) => {
+                                let untraced = tracing::Span::none();
+                                spawn(&mut running, &runner, claim, permit, &released, untraced);
+                            }
+                            Err(e) => {
+                                tracing::warn!(code = e.code(), error = %e, "a run claimed by the poll is unreadable; its lease will expire")
+                            }
+                        }
                     }
+                    if taken < asked || asked == 0 {
+                        break;
+                    }
+                    free -= asked;
                 }
             }
             delivery = next(&mut consumer) => match delivery {
@@ -183,6 +204,9 @@ pub async fn run(
         tracing::warn!(error = %e, "the outbox relay stopped abnormally");
     }
 }
+
+/// The most runs one statement of the poll claims.
+const POLL_BATCH: usize = 64;
 
 /// How long handing the remaining runs back at shutdown may take.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);

@@ -496,13 +496,19 @@ async fn a_run_is_claimed_only_once_available_by_the_database_clock(pool: PgPool
         .await
         .unwrap();
     assert!(store.claim(run, "worker-a", TTL).await.unwrap().is_none());
-    assert!(store.claim_next("worker-a", TTL).await.unwrap().is_none());
+    assert!(store
+        .claim_next("worker-a", TTL, 8)
+        .await
+        .unwrap()
+        .is_empty());
     sqlx::query("UPDATE runs SET available_at = now() - interval '1 second' WHERE id = $1")
         .bind(run.as_uuid())
         .execute(&pool)
         .await
         .unwrap();
-    let claimed = store.claim_next("worker-a", TTL).await.unwrap().unwrap();
+    let mut claimed = store.claim_next("worker-a", TTL, 8).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    let claimed = claimed.pop().unwrap().unwrap();
     assert_eq!(claimed.lease.run_id, run);
     let ttl_ms: f64 = sqlx::query_scalar(
         "SELECT (extract(epoch FROM lease_expires_at - updated_at) * 1000)::float8 FROM runs WHERE id = $1",
@@ -512,6 +518,58 @@ async fn a_run_is_claimed_only_once_available_by_the_database_clock(pool: PgPool
     .await
     .unwrap();
     assert_eq!(ttl_ms, TTL.as_millis() as f64, "expiry is now() + ttl");
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn the_poll_claims_up_to_its_limit_the_runs_available_longest_and_skips_a_held_row(
+    pool: PgPool,
+) {
+    let store = store(pool.clone());
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        runs.push(queued(&store).await);
+    }
+    // Available in the order 3, 0, 1, 2; the oldest is held by another transaction.
+    for (run, ago) in runs.iter().zip([30, 20, 10, 40]) {
+        sqlx::query(
+            "UPDATE runs SET available_at = now() - $2 * interval '1 second' WHERE id = $1",
+        )
+        .bind(run.as_uuid())
+        .bind(f64::from(ago))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(runs[3].as_uuid())
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let ids = |claims: Vec<Result<countersign_store::Claim, StoreError>>| -> Vec<RunId> {
+        let mut ids: Vec<_> = claims
+            .into_iter()
+            .map(|c| c.unwrap().lease.run_id)
+            .collect();
+        ids.sort();
+        ids
+    };
+    let first = ids(store.claim_next("worker-a", TTL, 2).await.unwrap());
+    let mut expected = vec![runs[0], runs[1]];
+    expected.sort();
+    assert_eq!(first, expected, "the two available longest that are free");
+    let second = ids(store.claim_next("worker-a", TTL, 2).await.unwrap());
+    assert_eq!(second, [runs[2]], "then the one left free");
+    holder.commit().await.unwrap();
+    assert_eq!(
+        ids(store.claim_next("worker-a", TTL, 2).await.unwrap()),
+        [runs[3]]
+    );
+    assert!(store
+        .claim_next("worker-a", TTL, 2)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
