@@ -860,15 +860,7 @@ async fn a_backlog_of_wake_ups_is_claimed_in_batched_statements_each_run_once() 
         })
         .collect();
     // Every wake-up waits in the queue before the worker starts.
-    wait_for_sql(
-        &mut site.conn,
-        "every run queued and dispatched",
-        secs(30),
-        &format!(
-            "SELECT count(*) = {RUNS} FROM runs WHERE status = 'queued' AND dispatched_at IS NOT NULL"
-        ),
-    )
-    .await;
+    all_dispatched(&mut site.conn, RUNS).await;
     let port = free_port();
     let slots = RUNS.to_string();
     // No polling: every claim answers a wake-up.
@@ -996,15 +988,7 @@ async fn runs_whose_wake_ups_were_lost_are_claimed_by_the_poll_once_each_as_many
         site.install
             .submit("seo-assistant", "editor", &format!("Improve page {page}."));
     }
-    wait_for_sql(
-        &mut site.conn,
-        "every run queued and dispatched",
-        secs(30),
-        &format!(
-            "SELECT count(*) = {RUNS} FROM runs WHERE status = 'queued' AND dispatched_at IS NOT NULL"
-        ),
-    )
-    .await;
+    all_dispatched(&mut site.conn, RUNS).await;
     // Every wake-up is taken off the queue and dropped, as by a consumer that acked them and
     // died: only the poll can find these runs now.
     let broker = site.install.broker().await;
@@ -1049,6 +1033,19 @@ async fn runs_whose_wake_ups_were_lost_are_claimed_by_the_poll_once_each_as_many
         "as many claimed as slots are free, each once"
     );
     site.finish().await;
+}
+
+/// Waits until `runs` runs are queued and their wake-ups published.
+async fn all_dispatched(conn: &mut PgConnection, runs: usize) {
+    wait_for_sql(
+        conn,
+        "every run queued and dispatched",
+        secs(30),
+        &format!(
+            "SELECT count(*) = {runs} FROM runs WHERE status = 'queued' AND dispatched_at IS NOT NULL"
+        ),
+    )
+    .await;
 }
 
 /// The lease expiry of each run, in seconds since the epoch.
