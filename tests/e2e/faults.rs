@@ -707,6 +707,61 @@ async fn cutting_every_database_connection_while_ten_approvals_are_in_flight_los
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_with_every_slot_busy_and_a_wake_up_waiting_for_one_exits_within_its_grace_and_hands_both_runs_back(
+) {
+    let model = ModelEndpoint::silent();
+    let mut site = Site::new("faults_term_full", &agent(model.model_settings(), 3600)).await;
+    site.start_coordinator();
+    let grace = Duration::from_secs(3);
+    // One slot: the second run's wake-up waits in the worker for it.
+    let mut worker = site.worker(&["--lease-ttl-secs", "3", "--concurrency", "1"]);
+    let first = site
+        .install
+        .submit("seo-assistant", "editor", "Improve page 12.");
+    wait_until("the segment waits on the model", secs(30), async || {
+        (!model.requests().is_empty()).then_some(())
+    })
+    .await;
+    let second = site
+        .install
+        .submit("seo-assistant", "editor", "Improve page 13.");
+    all_dispatched_but(&mut site.conn, &first).await;
+    // Time for the second wake-up to reach the worker.
+    tokio::time::sleep(secs(1)).await;
+
+    worker.sigterm();
+    let status = worker
+        .exit_within(grace + secs(5))
+        .await
+        .expect("the worker exits within its grace period and a few seconds");
+    assert!(status.success(), "the worker exited with {status}");
+    for run in [&first, &second] {
+        let row = run_row(&mut site.conn, run).await;
+        assert_eq!(
+            (&row["status"], &row["requeue_count"], &row["lease_owner"]),
+            (&json!("queued"), &json!(0), &Value::Null),
+            "handed back or never taken, the retry budget untouched: {row}"
+        );
+    }
+    assert_eq!(model.requests().len(), 1, "the second run never started");
+    site.finish().await;
+}
+
+/// Waits until every run but `running` is queued with its wake-up published.
+async fn all_dispatched_but(conn: &mut PgConnection, running: &str) {
+    wait_for_sql(
+        conn,
+        "the other runs queued and dispatched",
+        secs(30),
+        &format!(
+            "SELECT bool_and(status = 'queued' AND dispatched_at IS NOT NULL) FROM runs
+             WHERE id <> '{running}'::uuid"
+        ),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stopped_with_sigterm_mid_segment_exits_zero_and_hands_the_run_back_without_spending_its_retry_budget(
 ) {
     let model = ModelEndpoint::silent();

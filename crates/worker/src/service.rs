@@ -130,7 +130,18 @@ pub async fn run(
             }
             delivery = next(&mut consumer) => match delivery {
                 Some(delivery) => {
-                    let Ok(permit) = slots.clone().acquire_owned().await else { break };
+                    // With every slot busy the wait for one may be long (a segment waits on
+                    // its model): a shutdown meanwhile hands the wake-up back and stops.
+                    let permit = tokio::select! {
+                        permit = slots.clone().acquire_owned() => permit,
+                        () = &mut shutdown => {
+                            if let Err(e) = delivery.requeue().await {
+                                tracing::warn!(code = e.code(), error = %e, "could not hand a wake-up back; it returns when the connection closes");
+                            }
+                            break;
+                        }
+                    };
+                    let Ok(permit) = permit else { break };
                     // The producer's trace goes on: the wake-up's context is the parent of the
                     // claim and of the segment it starts.
                     let woken = tracing::info_span!(
