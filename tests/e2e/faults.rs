@@ -19,6 +19,7 @@ use countersign_e2e::{
     wait_for_status, wait_until, waiting_at_gate, waiting_in_transaction, waiting_on_lock,
     Installation, ModelEndpoint, Running, TempDir, LEASE_RENEWAL, MODEL_KEY_ENV, TURN_GATE_WHEN,
 };
+use countersign_queue::parse_segment;
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
@@ -707,7 +708,7 @@ async fn cutting_every_database_connection_while_ten_approvals_are_in_flight_los
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_stopped_with_every_slot_busy_and_a_wake_up_waiting_for_one_exits_within_its_grace_and_hands_both_runs_back(
+async fn a_worker_stopped_with_every_slot_busy_exits_within_its_grace_and_hands_both_runs_back_the_waiting_wake_up_as_a_fresh_message(
 ) {
     let model = ModelEndpoint::silent();
     let mut site = Site::new("faults_term_full", &agent(model.model_settings(), 3600)).await;
@@ -744,6 +745,33 @@ async fn a_worker_stopped_with_every_slot_busy_and_a_wake_up_waiting_for_one_exi
         );
     }
     assert_eq!(model.requests().len(), 1, "the second run never started");
+    // Its wake-up is back in the queue as a fresh message: a restart does not count against
+    // the delivery limit after which the quorum queue would dead-letter it.
+    let broker = site.install.broker().await;
+    let mut queue = broker
+        .consume(&broker.topology().segments(), 8)
+        .await
+        .unwrap();
+    let back = tokio::time::timeout(secs(10), queue.next())
+        .await
+        .expect("the second run's wake-up is in the queue")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        parse_segment(&back.body).unwrap().to_string(),
+        second,
+        "the wake-up handed back"
+    );
+    assert_eq!(
+        (back.redelivered, back.delivery_count()),
+        (false, 0),
+        "handed back as a fresh message"
+    );
+    back.ack().await.unwrap();
+    assert!(
+        tokio::time::timeout(secs(1), queue.next()).await.is_err(),
+        "and only that one"
+    );
     site.finish().await;
 }
 

@@ -61,19 +61,29 @@ impl Consumer {
     /// sent and nobody took yet; returns how many. A process that stops consuming and goes on
     /// (a worker draining its segments at shutdown) would otherwise keep up to its prefetch of
     /// messages from every other consumer until its channel closes.
-    pub async fn cancel(mut self) -> Result<usize, QueueError> {
+    pub async fn cancel(self) -> Result<usize, QueueError> {
+        let untaken = self.cancel_untaken().await?;
+        let handed_back = untaken.len();
+        for delivery in untaken {
+            delivery.requeue().await?;
+        }
+        Ok(handed_back)
+    }
+
+    /// [`cancel`](Self::cancel), but the deliveries nobody took are returned unsettled, for
+    /// the caller to hand back its own way.
+    pub async fn cancel_untaken(mut self) -> Result<Vec<Delivery>, QueueError> {
         let tag = self.stream.tag().to_string();
         self.channel
             .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
             .await
             .map_err(QueueError::Consume)?;
-        let mut handed_back = 0;
+        let mut untaken = Vec::new();
         let drain = std::time::Duration::from_millis(200);
         while let Ok(Some(Ok(delivery))) = tokio::time::timeout(drain, self.stream.next()).await {
-            requeue(&delivery.acker).await?;
-            handed_back += 1;
+            untaken.push(self.wrap(delivery));
         }
-        Ok(handed_back)
+        Ok(untaken)
     }
 
     /// The next delivery; `None` once the channel or connection has closed (after an
@@ -83,8 +93,8 @@ impl Consumer {
             Ok(delivery) => delivery,
             Err(e) => return Some(Err(QueueError::Consume(e))),
         };
-        let properties = delivery.properties;
         if let Some(label) = self.wait_label {
+            let properties = &delivery.properties;
             let timestamp = *properties.timestamp();
             let now = SystemTime::now();
             if let Some(wait) = trace_context::waited(properties.headers().as_ref(), timestamp, now)
@@ -93,8 +103,13 @@ impl Consumer {
                     .record(wait.as_secs_f64());
             }
         }
+        Some(Ok(self.wrap(delivery)))
+    }
+
+    fn wrap(&self, delivery: lapin::message::Delivery) -> Delivery {
+        let properties = delivery.properties;
         let text = |v: &Option<ShortString>| v.as_ref().map(|s| s.as_str().to_owned());
-        Some(Ok(Delivery {
+        Delivery {
             body: delivery.data,
             user_id: text(properties.user_id()),
             reply_to: text(properties.reply_to()),
@@ -105,7 +120,7 @@ impl Consumer {
             properties,
             queue: self.queue.clone(),
             _channel: self.channel.clone(),
-        }))
+        }
     }
 }
 

@@ -53,6 +53,8 @@ pub async fn run(
     // Flipped once the grace period is over: every segment still running hands its run back.
     let (release, released) = watch::channel(false);
     let mut consumer = None;
+    // The wake-up taken when the shutdown came, while it waited for a slot.
+    let mut held = None;
     // The first look comes one interval after the start: the wake-ups waiting for this worker
     // fill its slots first.
     let mut poll = tokio::time::interval_at(
@@ -135,9 +137,7 @@ pub async fn run(
                     let permit = tokio::select! {
                         permit = slots.clone().acquire_owned() => permit,
                         () = &mut shutdown => {
-                            if let Err(e) = delivery.requeue().await {
-                                tracing::warn!(code = e.code(), error = %e, "could not hand a wake-up back; it returns when the connection closes");
-                            }
+                            held = Some(delivery);
                             break;
                         }
                     };
@@ -175,14 +175,25 @@ pub async fn run(
     }
 
     // No more wake-ups for this worker: those it holds and has not taken go back to the queue,
-    // for the other workers, now rather than when its connection closes.
+    // for the other workers, now rather than when its connection closes, and as fresh messages.
+    // The consumer stops first: a fresh copy must not come back to it.
     if let Some(consumer) = consumer.take() {
-        match consumer.cancel().await {
-            Ok(handed_back) => tracing::info!(handed_back, "stopped consuming wake-ups"),
+        match consumer.cancel_untaken().await {
+            Ok(untaken) => {
+                let handed_back = untaken.len() + usize::from(held.is_some());
+                for delivery in held.take().into_iter().chain(untaken) {
+                    hand_back(&broker, delivery).await;
+                }
+                tracing::info!(handed_back, "stopped consuming wake-ups");
+            }
             Err(e) => {
                 tracing::warn!(code = e.code(), error = %e, "could not cancel the consumer; its wake-ups return when the connection closes")
             }
         }
+    }
+    // No consumer, or it could not be cancelled: back as it is.
+    if let Some(delivery) = held.take() {
+        requeue(delivery).await;
     }
     tracing::info!(
         running = running.len(),
@@ -231,6 +242,36 @@ async fn next(consumer: &mut Option<countersign_queue::Consumer>) -> Option<Deli
             None
         }
         None => None,
+    }
+}
+
+/// Gives a wake-up this worker will not take back to the queue as a fresh message, then acks
+/// the one it holds: requeued, it would count as a failed delivery, and a few restarts of
+/// busy workers would have the quorum queue dead-letter a wake-up nothing was wrong with. If
+/// the fresh one cannot be published, it is requeued as it is.
+async fn hand_back(broker: &Broker, delivery: Delivery) {
+    let fresh = match parse_segment(&delivery.body) {
+        Ok(run_id) => broker.publish_segment(run_id).await,
+        // Whoever takes a malformed one dead-letters it with its reason.
+        Err(_) => return requeue(delivery).await,
+    };
+    match fresh {
+        Ok(()) => {
+            // Should the ack fail, the old one returns too: one more wake-up, claimed once.
+            if let Err(e) = delivery.ack().await {
+                tracing::warn!(code = e.code(), error = %e, "could not ack a wake-up handed back");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(code = e.code(), error = %e, "could not publish a wake-up to hand back; requeuing it");
+            requeue(delivery).await;
+        }
+    }
+}
+
+async fn requeue(delivery: Delivery) {
+    if let Err(e) = delivery.requeue().await {
+        tracing::warn!(code = e.code(), error = %e, "could not hand a wake-up back; it returns when the connection closes");
     }
 }
 
