@@ -989,7 +989,7 @@ impl Store {
     /// [`Store::settle`] for many leases in one statement: each settlement is guarded by its
     /// own lease, and its transition, its audit row (numbered from the run's counter) and its
     /// outbox row are written as one; the answer says, in order, which were written. The rows
-    /// are locked in id order, so two batches cannot wait for each other. If the statement
+    /// are locked in id order, so two batches never deadlock each other. If the statement
     /// fails, none is written.
     pub async fn settle_many(
         &self,
