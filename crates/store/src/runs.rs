@@ -671,14 +671,14 @@ impl Store {
     /// [`Store::claim`] for many wake-ups in one statement: each run is claimed as `claim`
     /// would claim it, but a row another transaction holds is skipped rather than waited for,
     /// so one busy row never holds up the others and two batches never wait on each other.
-    /// The answer holds the claims won, each with its run id; a run not in it was lost or
-    /// skipped, and only [`Store::claim`] tells which.
+    /// The answer is in the order asked: the claim won, or `None` for a run lost or skipped
+    /// (only [`Store::claim`] tells which); a run asked for twice is won once at most.
     pub async fn claim_many(
         &self,
         run_ids: &[RunId],
         owner: &str,
         ttl: Duration,
-    ) -> Result<Vec<(RunId, Result<Claim, StoreError>)>, StoreError> {
+    ) -> Result<Vec<Option<Result<Claim, StoreError>>>, StoreError> {
         let ids: Vec<Uuid> = run_ids.iter().map(|r| r.as_uuid()).collect();
         let rows = sqlx::query_as!(
             ClaimRow,
@@ -724,11 +724,14 @@ impl Store {
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|r| {
-                let run = *run_ids.iter().find(|id| id.as_uuid() == r.id)?;
-                Some((run, r.into_claim(owner)))
+        let mut won: Vec<Option<ClaimRow>> = rows.into_iter().map(Some).collect();
+        Ok(ids
+            .iter()
+            .map(|id| {
+                let row = won
+                    .iter_mut()
+                    .find(|r| r.as_ref().is_some_and(|r| r.id == *id))?;
+                row.take().map(|r| r.into_claim(owner))
             })
             .collect())
     }

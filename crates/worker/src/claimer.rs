@@ -17,15 +17,9 @@ const BATCH: usize = 64;
 /// What a claim came to.
 type Answer = Result<Option<Claim>, StoreError>;
 
-/// What the batch said about one run.
-enum Said {
-    /// Claimed alone: the answer is final.
-    Alone(Answer),
-    /// Won in a batch.
-    Won(Claim),
-    /// Not won in a batch: lost, its row was busy, or the batch's statement failed.
-    NotWon,
-}
+/// What the batch said about one run: its answer, or `None` when a batch of several did not
+/// win it (lost, its row busy, or the statement failed).
+type Said = Option<Answer>;
 
 /// A handle on the worker's claimer; cloned into every wake-up's task.
 #[derive(Debug, Clone)]
@@ -34,16 +28,6 @@ pub struct Claimer {
     store: Store,
     owner: String,
     ttl: Duration,
-}
-
-impl std::fmt::Debug for Said {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Said::Alone(_) => "Alone",
-            Said::Won(_) => "Won",
-            Said::NotWon => "NotWon",
-        })
-    }
 }
 
 impl Claimer {
@@ -67,11 +51,10 @@ impl Claimer {
     /// Claims `run_id` as [`Store::claim`] does: `None` when the claim lost.
     pub async fn claim(&self, run_id: RunId) -> Answer {
         match self.batcher.ask(run_id).await {
-            Some(Said::Alone(answer)) => answer,
-            Some(Said::Won(claim)) => Ok(Some(claim)),
+            Some(Some(answer)) => answer,
             // The claim alone waits for a busy row and answers whether it was lost; after a
             // failed batch it is the run's own try.
-            Some(Said::NotWon) | None => {
+            Some(None) | None => {
                 counted();
                 self.store.claim(run_id, &self.owner, self.ttl).await
             }
@@ -83,22 +66,16 @@ impl Claimer {
 async fn claim(store: &Store, owner: &str, ttl: Duration, ids: Vec<RunId>) -> Vec<Said> {
     counted();
     if let [one] = ids[..] {
-        return vec![Said::Alone(store.claim(one, owner, ttl).await)];
+        return vec![Some(store.claim(one, owner, ttl).await)];
     }
     match store.claim_many(&ids, owner, ttl).await {
-        Ok(mut won) => ids
-            .iter()
-            .map(|id| match won.iter().position(|(run, _)| run == id) {
-                Some(at) => match won.swap_remove(at).1 {
-                    Ok(claim) => Said::Won(claim),
-                    Err(e) => Said::Alone(Err(e)),
-                },
-                None => Said::NotWon,
-            })
+        Ok(won) => won
+            .into_iter()
+            .map(|claim| claim.map(|c| c.map(Some)))
             .collect(),
         Err(e) => {
             tracing::warn!(runs = ids.len(), code = e.code(), error = %e, "batched claim failed; each run is claimed alone");
-            ids.iter().map(|_| Said::NotWon).collect()
+            ids.iter().map(|_| None).collect()
         }
     }
 }

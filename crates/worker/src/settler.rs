@@ -13,11 +13,9 @@ const BATCH: usize = 64;
 /// What the batch said about one settlement.
 #[derive(Debug)]
 enum Settled {
-    /// Settled alone: the answer is final.
-    Alone(Result<bool, StoreError>),
-    /// Written (or its guard lost) in a batch.
-    Batch(bool),
-    /// The batch's statement failed: nothing of it was written.
+    /// Written, or its guard lost (`false`), or, alone, its own error: the answer is final.
+    Written(Result<bool, StoreError>),
+    /// The statement of a batch of several failed: nothing of it was written.
     Again,
 }
 
@@ -37,8 +35,7 @@ impl Settler {
     ) -> Result<bool, StoreError> {
         let batcher = self.batcher.get_or_init(|| start(store.clone()));
         match batcher.ask((lease.clone(), settlement.clone())).await {
-            Some(Settled::Alone(answer)) => answer,
-            Some(Settled::Batch(written)) => Ok(written),
+            Some(Settled::Written(answer)) => answer,
             // A failed batch, or a stopped task: the settlement's own try.
             Some(Settled::Again) | None => {
                 counted();
@@ -53,12 +50,14 @@ fn start(store: Store) -> Batcher<(Lease, Settlement), Settled> {
         let store = store.clone();
         async move {
             counted();
-            if let [(lease, settlement)] = &given[..] {
-                return vec![Settled::Alone(store.settle(lease, settlement).await)];
-            }
             let batch: Vec<_> = given.iter().map(|(l, s)| (l, s)).collect();
             match store.settle_many(&batch).await {
-                Ok(written) => written.into_iter().map(Settled::Batch).collect(),
+                Ok(written) => written
+                    .into_iter()
+                    .map(|w| Settled::Written(Ok(w)))
+                    .collect(),
+                // Alone, the error is the settlement's own, as from `Store::settle`.
+                Err(e) if given.len() == 1 => vec![Settled::Written(Err(e))],
                 Err(e) => {
                     tracing::warn!(runs = given.len(), code = e.code(), error = %e, "batched settlement failed; each is settled alone");
                     given.iter().map(|_| Settled::Again).collect()
