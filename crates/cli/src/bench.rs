@@ -210,7 +210,8 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
         "cpu pg",
         "cpu mq"
     );
-    let mut peak: Option<(usize, f64, Latencies)> = None;
+    // The peak phase: its concurrency, its rate and the CPU a cycle cost in it.
+    let mut peak: Option<(usize, f64, f64)> = None;
     for &in_flight in &phases {
         let n = phase_cycles(in_flight, config.cycles);
         let before = Counters::read(&pool).await?;
@@ -221,7 +222,7 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
         let after = Counters::read(&pool).await?;
         let rate = n as f64 / elapsed.as_secs_f64();
         let latency = write_latencies(&pool, &cycles).await?;
-        print_phase(
+        let cpu = print_phase(
             &format!("{in_flight} in flight, {n} cycles"),
             rate,
             &latency,
@@ -231,10 +232,10 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
         );
         print_profile(n);
         if peak.as_ref().is_none_or(|(_, r, _)| rate > *r) {
-            peak = Some((in_flight, rate, latency));
+            peak = Some((in_flight, rate, cpu));
         }
     }
-    let (peak_flight, peak_rate, _) = peak.context("no phase ran")?;
+    let (peak_flight, peak_rate, peak_cpu) = peak.context("no phase ran")?;
     let half = peak_rate / 2.0;
     let before = Counters::read(&pool).await?;
     let started = Instant::now();
@@ -242,7 +243,7 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     let elapsed = started.elapsed();
     let after = Counters::read(&pool).await?;
     let latency = write_latencies(&pool, &cycles).await?;
-    print_phase(
+    let _ = print_phase(
         &format!("half the peak, {half:.0}/s offered"),
         config.cycles as f64 / elapsed.as_secs_f64(),
         &latency,
@@ -253,6 +254,13 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     println!(
         "peak at {peak_flight} in flight; process RSS {:.0} MB",
         rss_bytes(std::process::id()) as f64 / 1e6
+    );
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    println!(
+        "cpu-bound at the peak a cycle cost {:.1} ms of CPU (this process, PostgreSQL and RabbitMQ): {cores:.0} cores run at most {:.0} cycles/s of it; the peak kept {:.0} % of them busy",
+        peak_cpu * 1000.0,
+        cores / peak_cpu,
+        peak_rate * peak_cpu / cores * 100.0,
     );
 
     let ceilings_at = 16;
@@ -317,6 +325,7 @@ fn spawn_worker(
     });
 }
 
+/// Prints one phase's row; returns the CPU seconds a cycle cost the three processes.
 fn print_phase(
     name: &str,
     rate: f64,
@@ -324,7 +333,7 @@ fn print_phase(
     before: &Counters,
     after: &Counters,
     cycles: usize,
-) {
+) -> f64 {
     let per = |a: f64, b: f64| (b - a) / cycles as f64;
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     println!(
@@ -346,6 +355,7 @@ fn print_phase(
         per(before.cpu.postgres, after.cpu.postgres) * 1000.0,
         per(before.cpu.rabbitmq, after.cpu.rabbitmq) * 1000.0,
     );
+    per(before.cpu.total(), after.cpu.total())
 }
 
 /// One bench page per cycle, a copy of the demo's home page.
@@ -677,6 +687,11 @@ impl CpuTimes {
             rabbitmq: cpu_seconds(|_, comm| comm == "beam.smp"),
         }
     }
+
+    /// The CPU seconds of all of them together.
+    fn total(&self) -> f64 {
+        self.this + self.worker + self.postgres + self.rabbitmq
+    }
 }
 
 /// SQL statements issued by this process, as sqlx logs them.
@@ -879,27 +894,36 @@ async fn commit_ceiling(
 /// Confirmed publishes per second with `in_flight` confirms outstanding at once.
 async fn publish_ceiling(broker: &Broker, n: usize, in_flight: usize) -> anyhow::Result<f64> {
     let queue = broker.declare_private_queue().await?;
+    let bodies = (0..n).map(|i| format!("{{\"n\":{i}}}").into_bytes());
     let started = Instant::now();
+    publish_pipelined(broker, &queue, bodies, &MessageProperties::default(), in_flight).await?;
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Publishes every body to `queue` with up to `in_flight` confirms awaited at once, as a
+/// producer sending a burst does; returns once the broker confirmed them all.
+async fn publish_pipelined(
+    broker: &Broker,
+    queue: &str,
+    bodies: impl Iterator<Item = Vec<u8>>,
+    properties: &MessageProperties,
+    in_flight: usize,
+) -> anyhow::Result<()> {
     let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..n {
+    for body in bodies {
         if tasks.len() >= in_flight {
             tasks
                 .join_next()
                 .await
                 .context("a publish task vanished")???;
         }
-        let (broker, queue) = (broker.clone(), queue.clone());
-        tasks.spawn(async move {
-            let body = format!("{{\"n\":{i}}}");
-            broker
-                .publish_message(&queue, body.as_bytes(), &MessageProperties::default())
-                .await
-        });
+        let (broker, queue, properties) = (broker.clone(), queue.to_owned(), properties.clone());
+        tasks.spawn(async move { broker.publish_message(&queue, &body, &properties).await });
     }
     while let Some(done) = tasks.join_next().await {
         done??;
     }
-    Ok(n as f64 / started.elapsed().as_secs_f64())
+    Ok(())
 }
 
 /// Thousands of segments at once in one `countersign-worker`, each waiting seconds for its
@@ -1001,6 +1025,13 @@ async fn long_segments(
         backlog.heartbeats / backlog.elapsed.as_secs_f64(),
         backlog.seen.connections
     );
+    println!(
+        "  intake:             {:.0} runs/s — the coordinator (in the bench's process) accepted the {} requests, published \
+         with 256 confirms in flight, in {:.1} s, before the worker started",
+        backlog.queued as f64 / backlog.intake.as_secs_f64(),
+        backlog.queued,
+        backlog.intake.as_secs_f64()
+    );
 
     // End to end: the runs are requested at once, so the coordinator's gates (in this
     // process) and the claims run while the first segments wait on the model.
@@ -1060,6 +1091,8 @@ async fn long_segments(
 /// at once.
 struct Backlog {
     queued: usize,
+    /// From the first request's publish to the last `run.accepted`, before the worker starts.
+    intake: Duration,
     started: Instant,
     /// From the worker's start to the last completion.
     elapsed: Duration,
@@ -1086,6 +1119,7 @@ impl Backlog {
         F: std::future::Future<Output = anyhow::Result<WorkerProcess>>,
     {
         let queued = 3 * n;
+        let requested = Instant::now();
         request_long_runs(broker, as_producer, queued).await?;
         let mut accepted = 0;
         while accepted < queued {
@@ -1093,6 +1127,7 @@ impl Backlog {
                 accepted += 1;
             }
         }
+        let intake = requested.elapsed();
         let before = Counters::read(pool).await?;
         // The worker's start-up (its connections, its topology check) is in its first wave.
         let started = Instant::now();
@@ -1114,6 +1149,7 @@ impl Backlog {
         let window = seen.completed[2 * n - 1] - seen.completed[n - 1];
         Ok(Backlog {
             queued,
+            intake,
             started,
             elapsed,
             steady: n as f64 / window.as_secs_f64(),
@@ -1126,13 +1162,15 @@ impl Backlog {
     }
 }
 
-/// Requests `n` runs of the long agent through the queue, as a producer does.
+/// Requests `n` runs of the long agent through the queue, as a producer sending a burst does:
+/// 256 confirms in flight, so the requests reach the coordinator as fast as the broker takes
+/// them rather than at the pace of one confirm after another.
 async fn request_long_runs(
     broker: &Broker,
     as_producer: &MessageProperties,
     n: usize,
 ) -> anyhow::Result<()> {
-    for _ in 0..n {
+    let requests = (0..n).map(|_| {
         let request = RunRequest {
             request_id: Uuid::now_v7(),
             agent: LONG_AGENT.into(),
@@ -1140,15 +1178,9 @@ async fn request_long_runs(
             prompt: "Say done.".into(),
             inputs: None,
         };
-        broker
-            .publish_message(
-                &broker.topology().run_requests(),
-                &serde_json::to_vec(&request.to_json())?,
-                as_producer,
-            )
-            .await?;
-    }
-    Ok(())
+        request.to_json().to_string().into_bytes()
+    });
+    publish_pipelined(broker, &broker.topology().run_requests(), requests, as_producer, 256).await
 }
 
 /// What was seen while long runs completed.
