@@ -19,8 +19,8 @@
 //! The long-segment part gives one `countersign-worker` process thousands of segments whose
 //! model (an OpenAI-compatible stub in a process of its own) takes seconds to answer, and reports
 //! throughput against the ideal N / latency — in the steady state of a backlog queued before
-//! the worker starts, for its first wave, and with the runs requested at once — RSS,
-//! heartbeat statements per second and PostgreSQL connections.
+//! the worker starts, for its first wave, and with the runs requested at once — the
+//! coordinator's intake, RSS, heartbeat statements per second and PostgreSQL connections.
 
 use std::collections::{HashMap, HashSet};
 use std::str::FromStr;
@@ -896,7 +896,14 @@ async fn publish_ceiling(broker: &Broker, n: usize, in_flight: usize) -> anyhow:
     let queue = broker.declare_private_queue().await?;
     let bodies = (0..n).map(|i| format!("{{\"n\":{i}}}").into_bytes());
     let started = Instant::now();
-    publish_pipelined(broker, &queue, bodies, &MessageProperties::default(), in_flight).await?;
+    publish_pipelined(
+        broker,
+        &queue,
+        bodies,
+        &MessageProperties::default(),
+        in_flight,
+    )
+    .await?;
     Ok(n as f64 / started.elapsed().as_secs_f64())
 }
 
@@ -1180,7 +1187,14 @@ async fn request_long_runs(
         };
         request.to_json().to_string().into_bytes()
     });
-    publish_pipelined(broker, &broker.topology().run_requests(), requests, as_producer, 256).await
+    publish_pipelined(
+        broker,
+        &broker.topology().run_requests(),
+        requests,
+        as_producer,
+        256,
+    )
+    .await
 }
 
 /// What was seen while long runs completed.
