@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use countersign_coordinator::{producers, Coordinator, ProducerKind};
-use countersign_core::{RunRequest, ToolPolicy, ToolRegistry};
+use countersign_core::{LocalWriters, RunRequest, ToolPolicy, ToolRegistry};
 use countersign_crypto::{KeyId, Keyring};
 use countersign_model::ScriptedModel;
 use countersign_queue::{Broker, Consumer, MessageProperties, QueueConfig, Topology};
@@ -153,8 +153,9 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
 
     let stop = Arc::new(Notify::new());
     let mut registry = ToolRegistry::new();
-    countersign_content::register(&mut registry, store.clone());
-    let registry = Arc::new(registry);
+    let mut local = LocalWriters::new();
+    countersign_content::register(&mut registry, &mut local, store.clone());
+    let (registry, local) = (Arc::new(registry), Arc::new(local));
     let mut services = tokio::task::JoinSet::new();
     // Each service gets a store of its own, as in its own process: its relay wakes for its
     // own commits only. They share the connection pool.
@@ -173,6 +174,7 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     let runner = SegmentRunner {
         store: service_store(),
         registry: registry.clone(),
+        local,
         models: Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?)),
         users: Arc::new(countersign_content::ContentUsers::new(pool.clone())),
         lease_ttl: Duration::from_secs(30),
@@ -968,7 +970,7 @@ async fn long_segments(
     let mut services = tokio::task::JoinSet::new();
     {
         let mut registry = ToolRegistry::new();
-        countersign_content::register(&mut registry, store.clone());
+        countersign_content::register(&mut registry, &mut LocalWriters::new(), store.clone());
         let coordinator = Coordinator::new(store.clone(), Arc::new(registry));
         let (broker, stop) = (broker.clone(), stop.clone());
         services.spawn(async move {

@@ -617,6 +617,7 @@ mod tests {
                     lines: vec!["field description: \"old\" → \"new\"".into()],
                 },
                 moved: false,
+                landed: false,
             }],
         }
     }

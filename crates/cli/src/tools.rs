@@ -261,7 +261,7 @@ fn report(previews: &[Attempt; 2], user: &str, may_view: bool) -> Report {
                     .push(format!("preview {n}: {} line(s)", lines.len()));
                 report.lines.extend(numbered(lines));
             }
-            Attempt::Failed(e) if e.is_infrastructure() => {
+            Attempt::Failed(e) if e.interrupts() => {
                 report.lines.push(format!(
                     "preview {n}: interrupted ({}): the infrastructure under the tool failed; a segment would stop and be retried, with no card",
                     e.code()

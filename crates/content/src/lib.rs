@@ -35,8 +35,8 @@ mod writers;
 use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
 
-use countersign_core::{Tool, ToolRegistry};
-use countersign_store::Store;
+use countersign_core::{LocalWriter, LocalWriters, Tool, ToolRegistry};
+use countersign_store::{FencedWrite, Store};
 use sqlx::migrate::Migrator;
 use sqlx::PgPool;
 
@@ -110,28 +110,52 @@ pub const WRITER_NAMES: [&str; 7] = [
     writers::page_metadata::NAME,
 ];
 
-/// All twelve tools of the content store, readers then writers, each in name order. The
-/// writers are disabled by default; an agent configuration enables them one by one.
-pub fn tools(store: Store) -> Vec<Arc<dyn Tool>> {
+/// A writer as a tool and as the local writer an approved turn plans and writes it with.
+type Both = (Arc<dyn Tool>, Arc<dyn LocalWriter<FencedWrite>>);
+
+/// The seven writers of the content store, in name order.
+fn writers(store: &Store) -> Vec<Both> {
+    fn both<W: writer::Writer>(writer: W, store: &Store) -> Both {
+        let tool = Arc::new(WriterTool::new(writer, store.clone()));
+        (tool.clone(), tool)
+    }
+    vec![
+        both(AttachFile, store),
+        both(CreateElementDraft, store),
+        both(CreatePageDraft, store),
+        both(CreateTranslationDraft, store),
+        both(MoveElement, store),
+        both(SetFileAlternativeText, store),
+        both(UpdatePageMetadata, store),
+    ]
+}
+
+fn readers(store: &Store) -> Vec<Arc<dyn Tool>> {
     vec![
         Arc::new(ReaderTool::new(ListContentElements, store.clone())),
         Arc::new(ReaderTool::new(ReadFalAssetMeta, store.clone())),
         Arc::new(ReaderTool::new(ReadPageMetadata, store.clone())),
         Arc::new(ReaderTool::new(SearchFalFiles, store.clone())),
         Arc::new(ReaderTool::new(SearchPages, store.clone())),
-        Arc::new(WriterTool::new(AttachFile, store.clone())),
-        Arc::new(WriterTool::new(CreateElementDraft, store.clone())),
-        Arc::new(WriterTool::new(CreatePageDraft, store.clone())),
-        Arc::new(WriterTool::new(CreateTranslationDraft, store.clone())),
-        Arc::new(WriterTool::new(MoveElement, store.clone())),
-        Arc::new(WriterTool::new(SetFileAlternativeText, store.clone())),
-        Arc::new(WriterTool::new(UpdatePageMetadata, store)),
     ]
 }
 
-/// Registers all twelve tools in `registry`.
-pub fn register(registry: &mut ToolRegistry, store: Store) {
-    for tool in tools(store) {
+/// All twelve tools of the content store, readers then writers, each in name order. The
+/// writers are disabled by default; an agent configuration enables them one by one.
+pub fn tools(store: Store) -> Vec<Arc<dyn Tool>> {
+    let mut tools = readers(&store);
+    tools.extend(writers(&store).into_iter().map(|(tool, _)| tool));
+    tools
+}
+
+/// Registers all twelve tools in `registry`, and the seven writers — the same tools — in
+/// `local`: the approval pipeline plans and writes them in the run store's own transaction.
+pub fn register(registry: &mut ToolRegistry, local: &mut LocalWriters<FencedWrite>, store: Store) {
+    for tool in readers(&store) {
+        registry.register(tool);
+    }
+    for (tool, writer) in writers(&store) {
+        local.register(tool.spec().name.clone(), writer);
         registry.register(tool);
     }
 }

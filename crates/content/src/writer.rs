@@ -2,27 +2,28 @@
 //!
 //! Shared here, because it only executes: validating the arguments before anything else;
 //! refusing without a lease; taking part in the approved turn's one transaction (the
-//! [`TransactionalTool`] contract: name the subjects, lock them in the global order, re-plan
-//! under the locks, apply); producing the preview in a read-only snapshot; answering whether a
-//! viewer may read a preview; turning a refusal into the tool's output or its single preview
-//! line.
+//! [`LocalWriter`] contract: name the subjects, lock them in the global order, lock what the
+//! plan reads, re-plan, apply); producing the preview in a read-only snapshot; answering
+//! whether a viewer may read a preview; turning a refusal into the tool's output or its single
+//! preview line.
 //!
-//! Kept per writer, in [`Writer`]: its arguments and their limits, which rows it locks, its
-//! record checks and neutral refusal string, its preview lines, the write and what "it took"
-//! means for its read-back.
+//! Kept per writer, in [`Writer`]: its arguments and their limits, which rows it locks and what
+//! else it reads (its read set, locked by its `content.lock_reads_<tool>` function), its record
+//! checks and neutral refusal string, its preview lines, the write and what "it took" means for
+//! its read-back.
 //!
-//! Every database error is an infrastructure failure ([`ToolError::Unavailable`]): a failed
-//! statement aborts the turn's transaction, so nothing of the turn may be kept and the segment
-//! is retried — it is never journaled as the call's result.
+//! A database error is never the call's result: [`countersign_store::classify`] says whether
+//! it is transient (the segment is retried) or persistent (a failed preview line; at resume the
+//! turn re-suspends; in a write the run fails with its code).
 
 use std::fmt;
 
 use async_trait::async_trait;
 use countersign_core::{
-    Effect, ExecContext, LockSubject, PlannedWrite, Principal, Tool, ToolError, ToolOutput,
-    ToolPreview, ToolSpec, TransactionalTool, TurnTransaction,
+    Effect, ExecContext, LocalWriter, LockSubject, PlannedWrite, Principal, Tool, ToolError,
+    ToolOutput, ToolPreview, ToolSpec,
 };
-use countersign_store::{FencedWrite, Store, StoreError};
+use countersign_store::{classify, FencedWrite, Store, StoreError};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
@@ -84,45 +85,46 @@ impl Subject {
             _ => None,
         }
     }
-
-    /// Locks the row `FOR UPDATE`; a row that does not exist locks nothing (the plan refuses).
-    async fn lock(self, conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-        match self {
-            Subject::Page(uid) => {
-                sqlx::query!(
-                    "SELECT uid FROM content.pages WHERE uid = $1 FOR UPDATE",
-                    uid
-                )
-                .fetch_optional(&mut *conn)
-                .await?;
-            }
-            Subject::Element(uid) => {
-                sqlx::query!(
-                    "SELECT uid FROM content.elements WHERE uid = $1 FOR UPDATE",
-                    uid
-                )
-                .fetch_optional(&mut *conn)
-                .await?;
-            }
-            Subject::File(uid) => {
-                sqlx::query!(
-                    "SELECT uid FROM content.files WHERE uid = $1 FOR UPDATE",
-                    uid
-                )
-                .fetch_optional(&mut *conn)
-                .await?;
-            }
-        }
-        Ok(())
-    }
 }
 
-/// Locks `subjects` in the global order.
+/// Locks `subjects` `FOR UPDATE` in the global order: pages, then elements, then files, each by
+/// uid, one statement a kind. A row that does not exist locks nothing (the plan refuses).
 async fn lock_all(conn: &mut PgConnection, mut subjects: Vec<Subject>) -> Result<(), sqlx::Error> {
     subjects.sort();
     subjects.dedup();
+    let mut pages = Vec::new();
+    let mut elements = Vec::new();
+    let mut files = Vec::new();
     for subject in subjects {
-        subject.lock(conn).await?;
+        match subject {
+            Subject::Page(uid) => pages.push(uid),
+            Subject::Element(uid) => elements.push(uid),
+            Subject::File(uid) => files.push(uid),
+        }
+    }
+    if !pages.is_empty() {
+        sqlx::query!(
+            "SELECT uid FROM content.pages WHERE uid = ANY($1) ORDER BY uid FOR UPDATE",
+            &pages
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+    }
+    if !elements.is_empty() {
+        sqlx::query!(
+            "SELECT uid FROM content.elements WHERE uid = ANY($1) ORDER BY uid FOR UPDATE",
+            &elements
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+    }
+    if !files.is_empty() {
+        sqlx::query!(
+            "SELECT uid FROM content.files WHERE uid = ANY($1) ORDER BY uid FOR UPDATE",
+            &files
+        )
+        .fetch_all(&mut *conn)
+        .await?;
     }
     Ok(())
 }
@@ -156,6 +158,17 @@ pub(crate) trait Writer: Clone + Send + Sync + 'static {
         conn: &mut PgConnection,
         args: &Self::Args,
     ) -> Result<Vec<Subject>, sqlx::Error>;
+
+    /// Locks, in an approved turn and after the subjects, every other row `plan` reads and
+    /// `apply` depends on, as `user_name` acts: the writer's read set (its
+    /// `content.lock_reads_<tool>` function; see `crates/content/README.md`). After it, nothing
+    /// `plan` reads can change before the turn commits, whoever the other writer is.
+    async fn lock_reads(
+        &self,
+        conn: &mut PgConnection,
+        user_name: &str,
+        args: &Self::Args,
+    ) -> Result<(), sqlx::Error>;
 
     /// Looks up and checks the records, and settles exactly what the call would write.
     async fn plan(
@@ -212,7 +225,8 @@ impl<W: Writer> WriterTool<W> {
         }
     }
 
-    /// Everything `execute` does inside the fenced transaction, up to the commit.
+    /// Everything `execute` does inside the fenced transaction, up to the commit: the same
+    /// locks, plan and write as a call of an approved turn.
     async fn outcome(
         &self,
         conn: &mut PgConnection,
@@ -227,14 +241,19 @@ impl<W: Writer> WriterTool<W> {
         }
     }
 
-    /// The plan of a call as `acting_user`, or the text of its refusal.
+    /// The plan of a call as `acting_user`, or the text of its refusal, under the locks of the
+    /// call's read set. The acting user is read again here, locked, not taken from the
+    /// segment's copy: a right taken away a moment ago must not carry a write.
     async fn planned(
         &self,
         conn: &mut PgConnection,
         acting_user: &Principal,
         args: &W::Args,
     ) -> Result<Result<(User, W::Plan), String>, sqlx::Error> {
-        let Some(user) = User::of(conn, acting_user).await? else {
+        self.writer
+            .lock_reads(conn, &acting_user.name, args)
+            .await?;
+        let Some(user) = User::load(conn, &acting_user.name).await? else {
             return Ok(Err(self.writer.not_permitted(args).to_owned()));
         };
         Ok(match self.writer.plan(conn, &user, args).await? {
@@ -316,30 +335,13 @@ impl<W: Writer> Tool for WriterTool<W> {
     fn previewer(&self) -> Option<&dyn ToolPreview> {
         Some(self)
     }
-
-    fn transactional(&self) -> Option<&dyn TransactionalTool> {
-        Some(self)
-    }
-}
-
-/// The content store's connection inside a turn transaction of the run store.
-fn conn_of(tx: &mut dyn TurnTransaction) -> Result<&mut PgConnection, ToolError> {
-    tx.as_any_mut()
-        .downcast_mut::<FencedWrite>()
-        .map(FencedWrite::conn)
-        .ok_or_else(|| {
-            ToolError::unavailable(
-                "foreign_transaction",
-                "a content writer was handed a transaction of another store",
-            )
-        })
 }
 
 #[async_trait]
-impl<W: Writer> TransactionalTool for WriterTool<W> {
+impl<W: Writer> LocalWriter<FencedWrite> for WriterTool<W> {
     async fn subjects(
         &self,
-        tx: &mut dyn TurnTransaction,
+        tx: &mut FencedWrite,
         args: &Value,
     ) -> Result<Vec<LockSubject>, ToolError> {
         // Arguments that do not parse name no rows: the plan refuses the call.
@@ -348,38 +350,39 @@ impl<W: Writer> TransactionalTool for WriterTool<W> {
         };
         let subjects = self
             .writer
-            .subjects(conn_of(tx)?, &args)
+            .subjects(tx.conn(), &args)
             .await
             .map_err(database_error)?;
         Ok(subjects.into_iter().map(Subject::lock_subject).collect())
     }
 
-    async fn lock(
-        &self,
-        tx: &mut dyn TurnTransaction,
-        subject: &LockSubject,
-    ) -> Result<(), ToolError> {
-        let Some(subject) = Subject::from_lock_subject(subject) else {
-            return Err(ToolError::unavailable(
-                "foreign_lock_subject",
-                format!("{subject:?} is not a content store subject"),
-            ));
-        };
-        subject.lock(conn_of(tx)?).await.map_err(database_error)
+    async fn lock(&self, tx: &mut FencedWrite, subjects: &[LockSubject]) -> Result<(), ToolError> {
+        let subjects = subjects
+            .iter()
+            .map(|s| {
+                Subject::from_lock_subject(s).ok_or_else(|| {
+                    ToolError::unavailable(
+                        "foreign_lock_subject",
+                        format!("{s:?} is not a content store subject"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        lock_all(tx.conn(), subjects).await.map_err(database_error)
     }
 
     async fn plan(
         &self,
-        tx: &mut dyn TurnTransaction,
+        tx: &mut FencedWrite,
         acting_user: &Principal,
         args: &Value,
-    ) -> Result<Box<dyn PlannedWrite>, ToolError> {
+    ) -> Result<Box<dyn PlannedWrite<FencedWrite>>, ToolError> {
         let args = match args::parse::<W::Args>(args) {
             Ok(args) => args,
             Err(message) => return Ok(Box::new(Refused(message))),
         };
         let planned = self
-            .planned(conn_of(tx)?, acting_user, &args)
+            .planned(tx.conn(), acting_user, &args)
             .await
             .map_err(database_error)?;
         Ok(match planned {
@@ -401,14 +404,14 @@ struct WriterPlan<W: Writer> {
 }
 
 #[async_trait]
-impl<W: Writer> PlannedWrite for WriterPlan<W> {
+impl<W: Writer> PlannedWrite<FencedWrite> for WriterPlan<W> {
     fn preview(&self) -> Vec<String> {
         self.writer.preview(&self.plan)
     }
 
-    async fn apply(self: Box<Self>, tx: &mut dyn TurnTransaction) -> Result<ToolOutput, ToolError> {
+    async fn apply(self: Box<Self>, tx: &mut FencedWrite) -> Result<ToolOutput, ToolError> {
         self.writer
-            .apply(conn_of(tx)?, &self.user, &self.plan)
+            .apply(tx.conn(), &self.user, &self.plan)
             .await
             .map_err(database_error)
     }
@@ -418,15 +421,12 @@ impl<W: Writer> PlannedWrite for WriterPlan<W> {
 struct Refused(String);
 
 #[async_trait]
-impl PlannedWrite for Refused {
+impl PlannedWrite<FencedWrite> for Refused {
     fn preview(&self) -> Vec<String> {
         vec![self.0.clone()]
     }
 
-    async fn apply(
-        self: Box<Self>,
-        _tx: &mut dyn TurnTransaction,
-    ) -> Result<ToolOutput, ToolError> {
+    async fn apply(self: Box<Self>, _tx: &mut FencedWrite) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::error(self.0))
     }
 }
@@ -472,15 +472,17 @@ pub(crate) async fn read_only_snapshot(
         .await
 }
 
-/// Every database error of a writer: an infrastructure failure, never the call's result.
+/// A database error of a writer: an infrastructure failure, transient or persistent as
+/// [`classify`] says, never the call's result.
 pub(crate) fn database_error(e: sqlx::Error) -> ToolError {
-    ToolError::unavailable("database_error", e)
+    let (fault, code) = classify(&e);
+    ToolError::infrastructure(fault, code, e)
 }
 
 fn store_error(e: StoreError) -> ToolError {
     match e {
         StoreError::FenceLost => ToolError::FenceLost,
-        other => ToolError::unavailable(other.code(), other),
+        other => ToolError::infrastructure(other.fault(), other.code(), other),
     }
 }
 

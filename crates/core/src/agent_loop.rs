@@ -7,14 +7,15 @@
 //!   its calls runs — a read in the same turn waits too, so the approver sees the turn whole;
 //! - at suspend, every offered call whose tool has a preview gets one, produced as the acting
 //!   user and bounded;
-//! - on an approved resume, every shown preview is re-previewed before any call executes, and
-//!   a moved preview re-suspends the run with nothing written. For writes to the run store's
-//!   own database the comparison and the writes share one transaction (see [`crate::turn`]),
-//!   so nothing can land in between;
-//! - every write is fenced, and every call of a resumed turn is journaled, so a retried resume
-//!   reuses what already ran instead of writing twice;
-//! - an infrastructure failure (a lost connection, a deadlock) is never a tool result, a
-//!   preview line or a refusal: the segment is interrupted and retried.
+//! - on an approved resume, one pipeline carries every kind of call ([`crate::approval`]):
+//!   every shown preview is compared again before any call writes — a store-local write under
+//!   the locks it writes with, a write elsewhere by a fresh preview — and a moved preview
+//!   re-suspends the run with nothing of it written;
+//! - every write is fenced and journaled with its audit event, so a retried resume reuses what
+//!   already ran instead of writing twice, and a write whose answer was lost is resolved by its
+//!   idempotency key or fails the run `outcome_unknown` — never reported as failed;
+//! - a transient infrastructure failure (a lost connection, a deadlock) is never a tool result,
+//!   a preview line or a refusal: the segment is interrupted and retried.
 //!
 //! Everything with side effects is behind [`SegmentHooks`], [`Model`] and [`Tool`].
 
@@ -25,16 +26,16 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use tracing::Instrument;
 
-use crate::comparator::{self, Binding, Current};
+use crate::approval::{self, Approved};
 use crate::ids::{CallIndex, SuspensionSeq};
 use crate::model::{Message, Model, ModelOptions, ModelRequest, Role, TokenUsage, ToolCall};
-use crate::preview::{self, Attempt, CallPreview};
-use crate::state::{PendingCall, SuspendedRunState, MAX_STATE_BYTES};
+use crate::preview::{self, CallPreview};
+use crate::state::{LandedCall, PendingCall, SuspendedRunState, MAX_STATE_BYTES};
 use crate::tool::{
     Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError, ToolOutput,
     ToolPolicy, ToolRegistry,
 };
-use crate::turn::{JournalEntry, LockSubject, PlannedWrite, TransactionalTool, TurnTransaction};
+use crate::turn::{JournalEntry, LocalWriter};
 
 /// What the loop needs of an agent configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,10 +87,13 @@ pub enum TerminationReason {
     NotRetryable,
     SuspendFailed,
     Cancelled,
+    /// A write was sent outside the store and what became of it could not be learnt: it may
+    /// have landed, so the run stops rather than tell the model anything about it.
+    OutcomeUnknown,
 }
 
 impl TerminationReason {
-    pub const ALL: [TerminationReason; 10] = [
+    pub const ALL: [TerminationReason; 11] = [
         TerminationReason::Completed,
         TerminationReason::MaxIterations,
         TerminationReason::ApprovalDenied,
@@ -100,6 +104,7 @@ impl TerminationReason {
         TerminationReason::NotRetryable,
         TerminationReason::SuspendFailed,
         TerminationReason::Cancelled,
+        TerminationReason::OutcomeUnknown,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -114,6 +119,7 @@ impl TerminationReason {
             TerminationReason::NotRetryable => "not_retryable",
             TerminationReason::SuspendFailed => "suspend_failed",
             TerminationReason::Cancelled => "cancelled",
+            TerminationReason::OutcomeUnknown => "outcome_unknown",
         }
     }
 
@@ -128,28 +134,45 @@ impl fmt::Display for TerminationReason {
     }
 }
 
-/// A failure of the segment's own infrastructure (the fence, the journal).
+/// A failure that stops the segment: of its own infrastructure (the fence, the journal), or of
+/// a tool's that no retry or result can answer.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum HookError {
     /// The segment no longer holds its lease.
     #[error("lease lost")]
     LeaseLost,
-    /// The store could not be reached; the detail is for the log only.
+    /// A transient failure ([`crate::Fault::Transient`]): the segment is interrupted and
+    /// retried. The detail is for the log only.
     #[error("{code}: {detail}")]
     Unavailable { code: &'static str, detail: String },
+    /// A persistent failure stopped a write ([`crate::Fault::Persistent`]): retrying cannot
+    /// help, the run fails `not_retryable` with the code.
+    #[error("{code} (persistent): {detail}")]
+    Broken { code: &'static str, detail: String },
     /// A sealed value of the run (a journal entry, a comment) does not open: retrying cannot
     /// help, the run fails `state_unreadable`.
     #[error("sealed value unreadable: {what}")]
     Unreadable { what: &'static str },
+    /// A write sent outside the store may have landed and nobody can say: the run fails
+    /// `outcome_unknown`, and the call stays marked as sent for an operator to look at.
+    #[error("the outcome of call {index} is unknown ({code})")]
+    OutcomeUnknown {
+        index: CallIndex,
+        code: &'static str,
+    },
 }
 
 impl HookError {
-    /// The interruption a tool's infrastructure failure stands for.
+    /// What a tool's failure that stops the segment stands for.
     pub fn from_tool(e: &ToolError) -> Self {
         match e {
             ToolError::FenceLost => HookError::LeaseLost,
-            other => HookError::Unavailable {
+            ToolError::Unavailable { code, detail } => HookError::Unavailable {
+                code,
+                detail: detail.clone(),
+            },
+            other => HookError::Broken {
                 code: other.code(),
                 detail: other.to_string(),
             },
@@ -157,13 +180,52 @@ impl HookError {
     }
 }
 
-/// The side of a segment the loop cannot do itself: the lease and the execution journal.
+/// The side of a segment the loop cannot do itself: the lease, the approved turn's transaction
+/// in the run store, and the execution journal.
 #[async_trait]
 pub trait SegmentHooks: Send + Sync {
-    /// Called before a write that acts outside the store (the per-call path). Renews the lease
-    /// and stamps `effect` on the run in the same statement, so a run that dies during the
-    /// effect is never retried blindly when it is non-idempotent. Errs when the lease is no
-    /// longer held; the returned token carries the epoch and the idempotency key to the tool.
+    /// The run store's transaction an approved turn's local writes share.
+    type Turn: Send;
+
+    /// Opens the transaction an approved turn is compared and written in. The lease is checked
+    /// and renewed here and held to at [`commit_turn`](Self::commit_turn); the run row is not
+    /// locked meanwhile, so the turn's calls outside the store can be stamped and journaled on
+    /// their own.
+    async fn begin_turn(&self, seq: SuspensionSeq) -> Result<Self::Turn, HookError>;
+
+    /// Every result journaled for suspension `seq`'s turn by any attempt, in call order.
+    async fn journaled(
+        &self,
+        turn: &mut Self::Turn,
+        seq: SuspensionSeq,
+    ) -> Result<Vec<(CallIndex, ToolOutput)>, HookError>;
+
+    /// The local writer of `tool`, when its writes land in the run store's own database.
+    fn local(&self, tool: &str) -> Option<&dyn LocalWriter<Self::Turn>>;
+
+    /// Called once every call of the approved turn compared equal, its local rows locked and
+    /// planned, before the first of its writes. The pipeline's one step boundary between
+    /// comparing and writing.
+    async fn applying(&self, _seq: SuspensionSeq) {}
+
+    /// Verifies the lease once more, appends an audit event and a journal row for every
+    /// local write of the turn, and commits: the writes, their audit and their journal rows are
+    /// kept together or lost together.
+    async fn commit_turn(
+        &self,
+        turn: Self::Turn,
+        seq: SuspensionSeq,
+        entries: &[JournalEntry<'_>],
+    ) -> Result<(), HookError>;
+
+    /// Abandons everything written in the transaction.
+    async fn rollback_turn(&self, turn: Self::Turn);
+
+    /// Called before a write that acts outside the store. Renews the lease and stamps the
+    /// call as sent (`effect`, the suspension, the index) in the same statement, so a run that
+    /// dies during the effect is resolved by the call's idempotency key, never sent blindly
+    /// again. Errs when the lease is no longer held; the returned token carries the epoch and
+    /// the idempotency key to the tool.
     async fn fence(
         &self,
         seq: SuspensionSeq,
@@ -171,15 +233,9 @@ pub trait SegmentHooks: Send + Sync {
         effect: Effect,
     ) -> Result<FenceToken, HookError>;
 
-    /// The recorded result of a call that already ran in an earlier attempt of this resume.
-    async fn journaled(
-        &self,
-        seq: SuspensionSeq,
-        index: CallIndex,
-    ) -> Result<Option<ToolOutput>, HookError>;
-
-    /// Records a call's result and clears the stamp [`fence`](Self::fence) left. Must be
-    /// idempotent.
+    /// Records the result of a call outside the store with its `tool_write` audit event (for a
+    /// write) and clears the stamp [`fence`](Self::fence) left, in one transaction: when the
+    /// audit event cannot be stored, neither is the result. Idempotent.
     async fn record(
         &self,
         seq: SuspensionSeq,
@@ -189,26 +245,15 @@ pub trait SegmentHooks: Send + Sync {
         output: &ToolOutput,
     ) -> Result<(), HookError>;
 
-    /// Whether any call of this suspension's turn has been journaled.
-    async fn any_journaled(&self, seq: SuspensionSeq) -> Result<bool, HookError>;
+    /// The fence token of call `index` of suspension `seq`'s turn under the lease this segment
+    /// holds, without renewing or stamping anything: for asking a resource about a call.
+    fn token(&self, seq: SuspensionSeq, index: CallIndex) -> FenceToken;
 
     /// The call of this suspension's turn that an earlier attempt sent outside the store
-    /// ([`fence`](Self::fence) stamped it) and never journaled: it may have landed. The retry
-    /// sends it again under the same idempotency key without comparing its preview first — a
-    /// preview taken after the call landed would read the call's own write, and bounce a
-    /// write that is done — and leaves the comparison to the resource, which refuses a call
-    /// whose preview moved and answers a key it has seen with its recorded result.
+    /// ([`fence`](Self::fence) stamped it) and never journaled: it may have landed, so it is
+    /// resolved by its key before anything else of the turn happens.
     fn sent_unjournaled(&self, _seq: SuspensionSeq) -> Option<CallIndex> {
         None
-    }
-
-    /// Opens the transaction an approved store-local turn is compared and written in: the run
-    /// row locked, owner, epoch and status verified, the lease renewed.
-    async fn begin_turn(&self, _seq: SuspensionSeq) -> Result<Box<dyn TurnTransaction>, HookError> {
-        Err(HookError::Unavailable {
-            code: "no_turn_transactions",
-            detail: "these hooks cannot open a turn transaction".to_owned(),
-        })
     }
 
     /// Checked at every step boundary: a segment that lost its lease stops and settles nothing.
@@ -218,18 +263,25 @@ pub trait SegmentHooks: Send + Sync {
 }
 
 /// Everything one segment runs with.
-#[derive(Clone, Copy)]
-pub struct Segment<'a> {
+pub struct Segment<'a, H> {
     pub model: &'a dyn Model,
     pub registry: &'a ToolRegistry,
     pub agent: &'a AgentConfig,
     pub acting_user: &'a Principal,
-    pub hooks: &'a dyn SegmentHooks,
+    pub hooks: &'a H,
     /// The time stamp a suspension records (the loop reads no clock).
     pub captured_at: &'a str,
 }
 
-impl fmt::Debug for Segment<'_> {
+impl<H> Clone for Segment<'_, H> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<H> Copy for Segment<'_, H> {}
+
+impl<H> fmt::Debug for Segment<'_, H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Segment")
             .field("agent", &self.agent.name)
@@ -295,15 +347,6 @@ pub fn not_offered_at_suspend_result(tool: &str) -> String {
     format!("Error: tool \"{tool}\" was not available when this turn was proposed and was not executed.")
 }
 
-/// Text the model receives for a call of a partly executed turn whose preview moved after the
-/// approval: it is not executed against a state nobody was shown.
-pub fn moved_after_approval_result(tool: &str) -> String {
-    format!(
-        "Error: tool \"{tool}\" was not executed: what it would do changed after the approval, \
-         and other calls of this turn had already run."
-    )
-}
-
 /// Text the model receives for every call of a turn with more calls than the agent allows.
 pub fn too_many_calls_result(tool: &str, limit: u32) -> String {
     format!(
@@ -353,7 +396,11 @@ pub fn inputs_of(transcript: &[Message]) -> Option<Map<String, Value>> {
 }
 
 /// Runs a new run from its prompt and inputs.
-pub async fn start(seg: Segment<'_>, prompt: &str, inputs: Option<&Map<String, Value>>) -> Outcome {
+pub async fn start<H: SegmentHooks>(
+    seg: Segment<'_, H>,
+    prompt: &str,
+    inputs: Option<&Map<String, Value>>,
+) -> Outcome {
     let mut transcript = Vec::with_capacity(2);
     if let Some(system) = seg.agent.system_prompt.as_deref().filter(|s| !s.is_empty()) {
         transcript.push(Message::system(system));
@@ -371,23 +418,25 @@ pub async fn start(seg: Segment<'_>, prompt: &str, inputs: Option<&Map<String, V
 }
 
 /// Resumes a suspended run with a decision on its turn.
-pub async fn resume(seg: Segment<'_>, state: SuspendedRunState, decision: &Decision) -> Outcome {
+pub async fn resume<H: SegmentHooks>(
+    seg: Segment<'_, H>,
+    state: SuspendedRunState,
+    decision: &Decision,
+) -> Outcome {
     let seq = state.suspension_seq;
     let outputs = if decision.approved {
         let offered = seg.agent.policy.offered(seg.registry, seg.acting_user);
-        match approved(seg, &state, &offered).await {
+        match approval::approved(seg, &state, &offered).await {
             Ok(Approved::Executed(outputs)) => outputs,
-            Ok(Approved::Moved { previews, moved }) => {
-                return resuspend_moved(seg, state, previews, moved)
-            }
+            Ok(Approved::Moved {
+                previews,
+                moved,
+                landed,
+            }) => return resuspend_moved(seg, state, previews, moved, landed),
             Err(e) => return interrupted(e, state.iterations, state.tokens),
         }
     } else {
-        state
-            .pending_calls
-            .iter()
-            .map(|c| ToolOutput::error(denied_result(&c.tool, decision.comment.as_deref())))
-            .collect()
+        denied(&state, decision.comment.as_deref())
     };
 
     let mut transcript = state.transcript;
@@ -409,13 +458,29 @@ pub async fn resume(seg: Segment<'_>, state: SuspendedRunState, decision: &Decis
     run_turns(seg, cursor).await
 }
 
+/// The results of a denied turn: a call that landed under an earlier card of it keeps its real
+/// result (it happened, and the model must not be told otherwise); every other call is denied.
+fn denied(state: &SuspendedRunState, comment: Option<&str>) -> Vec<ToolOutput> {
+    state
+        .pending_calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| match state.landed(CallIndex::new(i)) {
+            Some(landed) => landed.output.clone(),
+            None => ToolOutput::error(denied_result(&c.tool, comment)),
+        })
+        .collect()
+}
+
 /// The re-suspension of a turn whose previews moved: the same calls, the current previews, the
-/// moved indexes, the next suspension number. Nothing of the turn was written.
-fn resuspend_moved(
-    seg: Segment<'_>,
+/// moved indexes, the calls that landed, the next suspension number. Nothing else of the turn
+/// was written.
+fn resuspend_moved<H>(
+    seg: Segment<'_, H>,
     state: SuspendedRunState,
     previews: Vec<CallPreview>,
     moved: Vec<CallIndex>,
+    landed: Vec<LandedCall>,
 ) -> Outcome {
     let moved_tools = moved
         .iter()
@@ -424,6 +489,7 @@ fn resuspend_moved(
     let state = SuspendedRunState {
         call_previews: previews,
         stale_call_indexes: moved,
+        landed_calls: landed,
         suspension_seq: state.suspension_seq.next(),
         captured_at: seg.captured_at.to_owned(),
         ..state
@@ -432,394 +498,6 @@ fn resuspend_moved(
         state,
         moved: moved_tools,
     }
-}
-
-/// What became of an approved turn.
-enum Approved {
-    /// One output per pending call, in call order.
-    Executed(Vec<ToolOutput>),
-    /// A shown preview moved: nothing was written.
-    Moved {
-        previews: Vec<CallPreview>,
-        moved: Vec<CallIndex>,
-    },
-}
-
-/// How one call of an approved turn runs.
-enum Step<'a> {
-    /// Not executed; the model is told why.
-    Skip(ToolOutput),
-    Read(&'a dyn Tool),
-    /// A write to the run store's own database: compared and written in the turn transaction.
-    Local(&'a dyn Tool, &'a dyn TransactionalTool),
-    /// A write that acts outside the store: fenced, stamped and journaled per call.
-    External(&'a dyn Tool),
-}
-
-fn steps<'a>(state: &SuspendedRunState, offered: &'a OfferedTools) -> Vec<Step<'a>> {
-    state
-        .pending_calls
-        .iter()
-        .map(|call| {
-            if !state.offered_tools.contains(&call.tool) {
-                return Step::Skip(ToolOutput::error(not_offered_at_suspend_result(&call.tool)));
-            }
-            let Some(tool) = offered.get(&call.tool) else {
-                return Step::Skip(ToolOutput::error(no_longer_permitted_result(&call.tool)));
-            };
-            let tool = tool.as_ref();
-            match (tool.spec().effect.is_write(), tool.transactional()) {
-                (false, _) => Step::Read(tool),
-                (true, Some(local)) => Step::Local(tool, local),
-                (true, None) => Step::External(tool),
-            }
-        })
-        .collect()
-}
-
-async fn approved(
-    seg: Segment<'_>,
-    state: &SuspendedRunState,
-    offered: &OfferedTools,
-) -> Result<Approved, HookError> {
-    let steps = steps(state, offered);
-    if steps.iter().any(|s| matches!(s, Step::External(_))) {
-        return per_call(seg, state, offered, &steps).await;
-    }
-    let all: Vec<usize> = (0..steps.len()).collect();
-    match in_one_transaction(seg, state, &steps, &all).await? {
-        Transacted::Done(outputs) => Ok(Approved::Executed(outputs)),
-        Transacted::Moved { previews, moved } => Ok(Approved::Moved { previews, moved }),
-        // Results of an earlier attempt on the per-call path: finish it that way.
-        Transacted::Partial => per_call(seg, state, offered, &steps).await,
-    }
-}
-
-/// What [`in_one_transaction`] did.
-enum Transacted {
-    /// One output per call named, in the order named; committed (now or by an earlier attempt).
-    Done(Vec<ToolOutput>),
-    /// A shown preview of a named call moved; rolled back. `previews` are the current ones of
-    /// the named calls' stored previews.
-    Moved {
-        previews: Vec<CallPreview>,
-        moved: Vec<CallIndex>,
-    },
-    /// Some, not all, of the turn's calls were journaled by an earlier attempt.
-    Partial,
-}
-
-/// Compares and executes the calls at `indexes` in one turn transaction: lock the run row and
-/// verify the lease; lock every subject in the global order; re-plan every call and bound its
-/// preview as at suspend; compare with what the approver was shown; roll back if any moved,
-/// otherwise apply every call in order and commit the results with their audit events and
-/// journal rows once.
-async fn in_one_transaction(
-    seg: Segment<'_>,
-    state: &SuspendedRunState,
-    steps: &[Step<'_>],
-    indexes: &[usize],
-) -> Result<Transacted, HookError> {
-    let mut tx = seg.hooks.begin_turn(state.suspension_seq).await?;
-    match transact(seg, state, steps, indexes, tx.as_mut()).await {
-        Ok(Planned::Journaled(outputs)) => {
-            tx.rollback().await;
-            Ok(outputs)
-        }
-        Ok(Planned::Moved { previews, moved }) => {
-            tx.rollback().await;
-            Ok(Transacted::Moved { previews, moved })
-        }
-        Ok(Planned::Written(outputs)) => {
-            let entries: Vec<JournalEntry<'_>> = indexes
-                .iter()
-                .zip(&outputs)
-                .map(|(&i, output)| JournalEntry {
-                    index: CallIndex::new(i),
-                    tool: &state.pending_calls[i].tool,
-                    effect: effect_of(&steps[i]),
-                    output,
-                })
-                .collect();
-            tx.commit(&entries).await?;
-            Ok(Transacted::Done(outputs))
-        }
-        Err(e) => {
-            tx.rollback().await;
-            Err(e)
-        }
-    }
-}
-
-enum Planned {
-    Journaled(Transacted),
-    Moved {
-        previews: Vec<CallPreview>,
-        moved: Vec<CallIndex>,
-    },
-    Written(Vec<ToolOutput>),
-}
-
-async fn transact(
-    seg: Segment<'_>,
-    state: &SuspendedRunState,
-    steps: &[Step<'_>],
-    indexes: &[usize],
-    tx: &mut dyn TurnTransaction,
-) -> Result<Planned, HookError> {
-    // A retry after a commit whose answer was lost: the journal says what happened.
-    let recorded = tx.journaled().await?;
-    let found: Vec<Option<&ToolOutput>> = indexes
-        .iter()
-        .map(|&i| recorded.iter().find(|(j, _)| j.get() == i).map(|(_, o)| o))
-        .collect();
-    if found.iter().all(Option::is_some) {
-        let outputs = found.into_iter().flatten().cloned().collect();
-        return Ok(Planned::Journaled(Transacted::Done(outputs)));
-    }
-    if found.iter().any(Option::is_some) {
-        return Ok(Planned::Journaled(Transacted::Partial));
-    }
-
-    // Lock every subject of every call in the one global order.
-    let mut subjects: Vec<(LockSubject, &dyn TransactionalTool)> = Vec::new();
-    for &i in indexes {
-        if let Step::Local(_, local) = &steps[i] {
-            let args = &state.pending_calls[i].arguments;
-            for subject in local
-                .subjects(tx, args)
-                .await
-                .map_err(|e| HookError::from_tool(&e))?
-            {
-                subjects.push((subject, *local));
-            }
-        }
-    }
-    subjects.sort_by(|a, b| a.0.cmp(&b.0));
-    subjects.dedup_by(|a, b| a.0 == b.0);
-    for (subject, local) in &subjects {
-        local
-            .lock(tx, subject)
-            .await
-            .map_err(|e| HookError::from_tool(&e))?;
-    }
-
-    // Re-plan every call under the locks.
-    let mut plans: Vec<Option<Result<Box<dyn PlannedWrite>, ToolError>>> =
-        indexes.iter().map(|_| None).collect();
-    for (slot, &i) in plans.iter_mut().zip(indexes) {
-        if let Step::Local(_, local) = &steps[i] {
-            let args = &state.pending_calls[i].arguments;
-            let tool = &state.pending_calls[i].tool;
-            let planned = local
-                .plan(tx, seg.acting_user, args)
-                .instrument(
-                    tracing::info_span!("preview", %tool, call.index = i, at = "write_transaction"),
-                )
-                .await;
-            match planned {
-                Err(e) if e.is_infrastructure() => return Err(HookError::from_tool(&e)),
-                planned => *slot = Some(planned),
-            }
-        }
-    }
-
-    // Compare what every plan would show with what the approver was shown.
-    let current = state
-        .call_previews
-        .iter()
-        .filter_map(|stored| {
-            let at = indexes.iter().position(|&i| i == stored.index.get())?;
-            let now = match (&steps[stored.index.get()], stored.failed, &plans[at]) {
-                (_, true, _) => None,
-                (Step::Local(tool, _), false, Some(planned)) => Some(match tool.previewer() {
-                    None => Current::Vanished,
-                    Some(_) => Current::Attempt(match planned {
-                        Ok(plan) => Attempt::of_lines(&plan.preview()),
-                        Err(e) => Attempt::Error(ToolError::failed(e.code(), "plan failed")),
-                    }),
-                }),
-                // Not offered any more, or no longer a store-local write: it will not run here.
-                _ => None,
-            };
-            Some((stored, now))
-        })
-        .collect::<Vec<_>>();
-    if let Binding::Moved { previews, moved } = comparator::bind(current) {
-        return Ok(Planned::Moved { previews, moved });
-    }
-
-    // Apply every call in order.
-    let mut outputs = Vec::with_capacity(indexes.len());
-    for (slot, &i) in plans.into_iter().zip(indexes) {
-        if seg.hooks.lease_lost() {
-            return Err(HookError::LeaseLost);
-        }
-        let call = &state.pending_calls[i];
-        let output = match (&steps[i], slot) {
-            (Step::Skip(output), _) => output.clone(),
-            (Step::Read(tool), _) => read(seg, *tool, &call.arguments).await?,
-            (Step::Local(..), Some(Ok(plan))) => match plan
-                .apply(tx)
-                .instrument(tracing::info_span!("tool_call", tool = %call.tool, call.index = i))
-                .await
-            {
-                Ok(output) => output,
-                Err(e) if e.is_infrastructure() => return Err(HookError::from_tool(&e)),
-                Err(e) => failure_output(&call.tool, &e),
-            },
-            (Step::Local(..), Some(Err(e))) => failure_output(&call.tool, &e),
-            // Never: external calls do not come here, and every local call was planned.
-            (Step::Local(..), None) | (Step::External(_), _) => {
-                return Err(HookError::Unavailable {
-                    code: "turn_not_planned",
-                    detail: format!("call {i} reached the write without a plan"),
-                })
-            }
-        };
-        outputs.push(output);
-    }
-    Ok(Planned::Written(outputs))
-}
-
-/// The per-call path, for a turn with a write that acts outside the store. The whole turn is
-/// compared before its first call runs; a retry that finds some calls journaled, or one sent
-/// and not journaled, compares each remaining one again just before it runs, and a call whose
-/// preview moved then is not run — except the call that was sent, which goes again under its
-/// key ([`SegmentHooks::sent_unjournaled`]). Every external write carries the lines the
-/// approver was shown, for the resource to compare at its write.
-async fn per_call(
-    seg: Segment<'_>,
-    state: &SuspendedRunState,
-    offered: &OfferedTools,
-    steps: &[Step<'_>],
-) -> Result<Approved, HookError> {
-    let seq = state.suspension_seq;
-    let sent = seg.hooks.sent_unjournaled(seq);
-    let retry = sent.is_some() || seg.hooks.any_journaled(seq).await?;
-    if !retry {
-        if let Binding::Moved { previews, moved } =
-            comparator::compare(state, offered, seg.acting_user).await?
-        {
-            return Ok(Approved::Moved { previews, moved });
-        }
-    }
-    let mut outputs = Vec::with_capacity(steps.len());
-    for (i, step) in steps.iter().enumerate() {
-        if seg.hooks.lease_lost() {
-            return Err(HookError::LeaseLost);
-        }
-        let index = CallIndex::new(i);
-        let call = &state.pending_calls[i];
-        if let Some(recorded) = seg.hooks.journaled(seq, index).await? {
-            outputs.push(recorded);
-            continue;
-        }
-        let output = match step {
-            Step::Skip(output) => output.clone(),
-            Step::Read(tool) => read(seg, *tool, &call.arguments).await?,
-            Step::Local(..) => match in_one_transaction(seg, state, steps, &[i]).await? {
-                Transacted::Done(mut one) => one.remove(0),
-                Transacted::Moved { .. } => {
-                    ToolOutput::error(moved_after_approval_result(&call.tool))
-                }
-                Transacted::Partial => {
-                    return Err(HookError::Unavailable {
-                        code: "journal_inconsistent",
-                        detail: format!("call {i} is journaled and not journaled"),
-                    })
-                }
-            },
-            Step::External(tool) => {
-                let sent_before = sent == Some(index);
-                if retry && !sent_before && moved_since_shown(seg, state, i, *tool).await? {
-                    ToolOutput::error(moved_after_approval_result(&call.tool))
-                } else {
-                    let effect = tool.spec().effect;
-                    let fence = seg.hooks.fence(seq, index, effect).await?;
-                    let ctx = ExecContext {
-                        acting_user: seg.acting_user.clone(),
-                        fence: Some(fence),
-                        shown_preview: comparable_preview(state, i),
-                    };
-                    let output = execute(*tool, &ctx, &call.arguments).await?;
-                    seg.hooks.record(seq, index, call, effect, &output).await?;
-                    output
-                }
-            }
-        };
-        outputs.push(output);
-    }
-    Ok(Approved::Executed(outputs))
-}
-
-/// The lines the approver was shown for call `i`, when a resource can compare its own preview
-/// with them line for line: a preview that did not fail and that no bound cut (at most
-/// [`preview::MAX_LINES`] lines, each shorter than [`preview::MAX_LINE_CHARS`]).
-fn comparable_preview(state: &SuspendedRunState, i: usize) -> Option<Vec<String>> {
-    let shown = state
-        .call_previews
-        .iter()
-        .find(|p| p.index.get() == i && !p.failed)?;
-    let cut = shown.lines.len() > preview::MAX_LINES
-        || shown
-            .lines
-            .iter()
-            .any(|l| l.chars().count() >= preview::MAX_LINE_CHARS);
-    (!cut).then(|| shown.lines.clone())
-}
-
-/// Whether the shown preview of call `i` reads differently now.
-async fn moved_since_shown(
-    seg: Segment<'_>,
-    state: &SuspendedRunState,
-    i: usize,
-    tool: &dyn Tool,
-) -> Result<bool, HookError> {
-    let Some(stored) = state
-        .call_previews
-        .iter()
-        .find(|p| p.index.get() == i && !p.failed)
-    else {
-        return Ok(false);
-    };
-    let now = match tool.previewer() {
-        None => Current::Vanished,
-        Some(previewer) => {
-            let attempt = preview::attempt(
-                previewer,
-                seg.acting_user,
-                &state.pending_calls[i].arguments,
-            )
-            .instrument(tracing::info_span!(
-                "preview",
-                tool = %tool.spec().name,
-                call.index = i,
-                at = "resume"
-            ))
-            .await;
-            attempt.interruption()?;
-            Current::Attempt(attempt)
-        }
-    };
-    Ok(comparator::bind([(stored, Some(now))]) != Binding::Unchanged)
-}
-
-fn effect_of(step: &Step<'_>) -> Effect {
-    match step {
-        Step::Skip(_) => Effect::ReadOnly,
-        Step::Read(tool) | Step::Local(tool, _) | Step::External(tool) => tool.spec().effect,
-    }
-}
-
-/// Runs a read-only call: its own failure is its result, an infrastructure failure interrupts.
-async fn read(seg: Segment<'_>, tool: &dyn Tool, args: &Value) -> Result<ToolOutput, HookError> {
-    let ctx = ExecContext {
-        acting_user: seg.acting_user.clone(),
-        fence: None,
-        shown_preview: None,
-    };
-    execute(tool, &ctx, args).await
 }
 
 /// Where a segment is in its run.
@@ -832,7 +510,7 @@ struct Cursor {
     after_denial: bool,
 }
 
-async fn run_turns(seg: Segment<'_>, mut cur: Cursor) -> Outcome {
+async fn run_turns<H: SegmentHooks>(seg: Segment<'_, H>, mut cur: Cursor) -> Outcome {
     loop {
         if seg.hooks.lease_lost() {
             return Outcome::Interrupted { code: "lease_lost" };
@@ -942,17 +620,10 @@ async fn run_turns(seg: Segment<'_>, mut cur: Cursor) -> Outcome {
             }
             let output = match offered.get(&call.name) {
                 None => ToolOutput::error(not_available_result(&call.name)),
-                Some(tool) => {
-                    let ctx = ExecContext {
-                        acting_user: seg.acting_user.clone(),
-                        fence: None,
-                        shown_preview: None,
-                    };
-                    match execute(tool.as_ref(), &ctx, &call.arguments).await {
-                        Ok(output) => output,
-                        Err(e) => return interrupted(e, cur.iterations, cur.tokens),
-                    }
-                }
+                Some(tool) => match read(tool.as_ref(), seg.acting_user, &call.arguments).await {
+                    Ok(output) => output,
+                    Err(e) => return interrupted(e, cur.iterations, cur.tokens),
+                },
             };
             cur.transcript.push(Message::tool_result(
                 &call.id,
@@ -964,8 +635,8 @@ async fn run_turns(seg: Segment<'_>, mut cur: Cursor) -> Outcome {
 }
 
 /// The state of a turn suspended for approval, with the previews of its offered calls.
-async fn suspend(
-    seg: Segment<'_>,
+async fn suspend<H: SegmentHooks>(
+    seg: Segment<'_, H>,
     cur: Cursor,
     calls: Vec<ToolCall>,
     offered: &OfferedTools,
@@ -1002,27 +673,27 @@ async fn suspend(
         model_options: cur.options,
         call_previews,
         stale_call_indexes: vec![],
+        landed_calls: vec![],
         suspension_seq: cur.next_seq,
         captured_at: seg.captured_at.to_owned(),
     })
 }
 
-/// Executes a call: the tool's own failure becomes an error result naming only its code; an
-/// infrastructure failure or a lost fence stops the segment.
-async fn execute(
+/// Executes a call outside any turn transaction: the tool's own failure (or a persistent one
+/// of its infrastructure) becomes an error result naming only its code; a transient failure or
+/// a lost fence stops the segment.
+pub(crate) async fn execute(
     tool: &dyn Tool,
     ctx: &ExecContext,
     args: &Value,
-) -> Result<ToolOutput, HookError> {
+) -> Result<ToolOutput, ToolError> {
     let name = &tool.spec().name;
     let span = tracing::info_span!("tool_call", tool = %name);
     match preview::catch_unwind(tool.execute(ctx, args))
         .instrument(span)
         .await
     {
-        Ok(Ok(output)) => Ok(output),
-        Ok(Err(e)) if e.is_infrastructure() => Err(HookError::from_tool(&e)),
-        Ok(Err(e)) => Ok(failure_output(name, &e)),
+        Ok(result) => result,
         Err(_) => {
             tracing::error!(tool = %name, "tool call panicked");
             Ok(ToolOutput::error(format!(
@@ -1032,7 +703,26 @@ async fn execute(
     }
 }
 
-fn failure_output(name: &str, e: &ToolError) -> ToolOutput {
+/// Runs a read-only call: its own failure, or a persistent one of its infrastructure, is its
+/// result; a transient failure interrupts.
+pub(crate) async fn read(
+    tool: &dyn Tool,
+    acting_user: &Principal,
+    args: &Value,
+) -> Result<ToolOutput, HookError> {
+    let ctx = ExecContext {
+        acting_user: acting_user.clone(),
+        fence: None,
+        shown_preview: None,
+    };
+    match execute(tool, &ctx, args).await {
+        Ok(output) => Ok(output),
+        Err(e) if e.interrupts() => Err(HookError::from_tool(&e)),
+        Err(e) => Ok(failure_output(&tool.spec().name, &e)),
+    }
+}
+
+pub(crate) fn failure_output(name: &str, e: &ToolError) -> ToolOutput {
     tracing::warn!(tool = %name, code = e.code(), error = %e, "tool call failed");
     ToolOutput::error(format!("Error: tool \"{name}\" failed ({}).", e.code()))
 }
@@ -1040,20 +730,29 @@ fn failure_output(name: &str, e: &ToolError) -> ToolOutput {
 /// The outcome of a segment stopped by `e`: interrupted for a retry, or failed at once when
 /// retrying cannot help.
 fn interrupted(e: HookError, iterations: u32, tokens: TokenUsage) -> Outcome {
+    let failed = |reason, code| Outcome::Failed {
+        reason,
+        code,
+        iterations,
+        tokens,
+    };
     match e {
         HookError::LeaseLost => Outcome::Interrupted { code: "lease_lost" },
         HookError::Unavailable { code, detail } => {
             tracing::warn!(code, detail, "segment interrupted");
             Outcome::Interrupted { code }
         }
+        HookError::Broken { code, detail } => {
+            tracing::error!(code, detail, "a persistent failure stopped a write");
+            failed(TerminationReason::NotRetryable, code)
+        }
         HookError::Unreadable { what } => {
             tracing::error!(what, "sealed run data unreadable");
-            Outcome::Failed {
-                reason: TerminationReason::StateUnreadable,
-                code: "state_unreadable",
-                iterations,
-                tokens,
-            }
+            failed(TerminationReason::StateUnreadable, "state_unreadable")
+        }
+        HookError::OutcomeUnknown { index, code } => {
+            tracing::error!(call.index = %index, code, "the outcome of a write sent outside the store is unknown");
+            failed(TerminationReason::OutcomeUnknown, "outcome_unknown")
         }
     }
 }

@@ -21,6 +21,9 @@ pub const NO_PREVIEW_NOTICE: &str = "No preview — you are deciding without one
 /// Shown for a call whose preview this viewer may not read.
 pub const WITHHELD_NOTICE: &str =
     "Preview withheld — you may not read the record this call would change.";
+/// Shown for a call that landed under an earlier card of the same turn.
+pub const LANDED_NOTICE: &str =
+    "Already written — this call was carried out under an earlier card of this turn and will not run again.";
 /// Shown when the card follows an approval that found a preview moved.
 pub const MOVED_NOTICE: &str = "What the marked call(s) would do changed after the last card was shown, so nothing was written. Review the current preview and decide again.";
 
@@ -43,6 +46,9 @@ pub struct CardCall {
     pub preview: CardPreview,
     /// This call's preview changed since the previous card.
     pub moved: bool,
+    /// This call was carried out under an earlier card of the turn ([`LANDED_NOTICE`]): deciding
+    /// this card does not run it again.
+    pub landed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -104,6 +110,7 @@ pub async fn build_card(
             arguments: call.arguments.clone(),
             preview,
             moved: state.stale_call_indexes.contains(&index),
+            landed: state.landed(index).is_some(),
         });
     }
     ApprovalCard {

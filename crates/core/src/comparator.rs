@@ -6,14 +6,13 @@
 //! timestamp. Not compared, and carried over unchanged: calls with no preview (nothing was
 //! shown), previews that failed at suspend (the approver was told they decided blind), and
 //! calls no longer offered (they will not run).
+//!
+//! [`bind`] is the one comparison: the approval pipeline ([`crate::agent_loop`]) gathers what
+//! every shown preview reads now — a local writer's plan under the turn's locks, a fresh
+//! preview from a resource outside the store — and hands them here together.
 
-use tracing::Instrument;
-
-use crate::agent_loop::HookError;
 use crate::ids::CallIndex;
 use crate::preview::{self, Attempt, CallPreview, PREVIEW_VANISHED_LINE};
-use crate::state::SuspendedRunState;
-use crate::tool::{OfferedTools, Principal};
 
 /// The result of re-previewing a turn.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,44 +27,6 @@ pub enum Binding {
     },
 }
 
-/// Re-previews the turn of `state` as `acting_user` against the live `offered` tools, each
-/// preview in its own read. Used where the writes cannot share one transaction with the
-/// comparison (tools acting outside the store); store-local turns compare inside their write
-/// transaction instead (see [`crate::turn`]). An infrastructure failure of a re-preview is not
-/// a moved preview: it interrupts the segment.
-pub async fn compare(
-    state: &SuspendedRunState,
-    offered: &OfferedTools,
-    acting_user: &Principal,
-) -> Result<Binding, HookError> {
-    let mut current = Vec::with_capacity(state.call_previews.len());
-    for stored in &state.call_previews {
-        let Some(call) = state.pending_calls.get(stored.index.get()) else {
-            continue;
-        };
-        let now = match (stored.failed, offered.get(&call.tool)) {
-            (true, _) | (false, None) => None,
-            (false, Some(tool)) => Some(match tool.previewer() {
-                None => Current::Vanished,
-                Some(previewer) => {
-                    let attempt = preview::attempt(previewer, acting_user, &call.arguments)
-                        .instrument(tracing::info_span!(
-                            "preview",
-                            tool = %call.tool,
-                            call.index = stored.index.get(),
-                            at = "resume"
-                        ))
-                        .await;
-                    attempt.interruption()?;
-                    Current::Attempt(attempt)
-                }
-            }),
-        };
-        current.push((stored, now));
-    }
-    Ok(bind(current))
-}
-
 /// What a shown preview reads now.
 #[derive(Debug)]
 pub(crate) enum Current {
@@ -75,7 +36,7 @@ pub(crate) enum Current {
 }
 
 /// The binding of a turn, from each stored preview and what it reads now (`None`: not
-/// compared, carried over unchanged).
+/// compared, carried over unchanged). The previews of a moved binding are in call order.
 pub(crate) fn bind<'a>(
     current: impl IntoIterator<Item = (&'a CallPreview, Option<Current>)>,
 ) -> Binding {

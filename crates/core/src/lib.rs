@@ -15,6 +15,7 @@
 //! specified in [`digest`].
 
 pub mod agent_loop;
+mod approval;
 pub mod card;
 pub mod comparator;
 pub mod digest;
@@ -38,9 +39,10 @@ pub use model::{
     ToolCall,
 };
 pub use preview::CallPreview;
-pub use state::{PendingCall, StateError, SuspendedRunState};
+pub use state::{LandedCall, PendingCall, StateError, SuspendedRunState};
 pub use tool::{
-    Effect, ExecContext, FenceToken, OfferedTools, Principal, Profile, Tool, ToolError, ToolOutput,
-    ToolPolicy, ToolPreview, ToolRegistry, ToolSpec,
+    CallStatus, Effect, ExecContext, ExternalWrite, Fault, FenceToken, OfferedTools, Prepared,
+    Principal, Profile, Tool, ToolError, ToolOutput, ToolPolicy, ToolPreview, ToolRegistry,
+    ToolSpec,
 };
-pub use turn::{JournalEntry, LockSubject, PlannedWrite, TransactionalTool, TurnTransaction};
+pub use turn::{JournalEntry, LocalWriter, LocalWriters, LockSubject, PlannedWrite};

@@ -118,11 +118,16 @@ impl Attempt {
         }
     }
 
-    /// The interruption an infrastructure failure stands for: it says nothing about the call,
-    /// so it must never become a failed preview line.
+    /// The attempt of a plan that failed: its code, and nothing else of it.
+    pub(crate) fn failed(e: &ToolError) -> Attempt {
+        Attempt::Error(ToolError::failed(e.code(), "the plan failed"))
+    }
+
+    /// The interruption a transient failure stands for: it says nothing about the call, so it
+    /// must never become a failed preview line. A persistent one is the preview's failure.
     pub(crate) fn interruption(&self) -> Result<(), HookError> {
         match self {
-            Attempt::Error(e) if e.is_infrastructure() => Err(HookError::from_tool(e)),
+            Attempt::Error(e) if e.interrupts() => Err(HookError::from_tool(e)),
             _ => Ok(()),
         }
     }

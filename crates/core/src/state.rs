@@ -10,7 +10,8 @@
 //!   arguments not an object) are dropped, which renumbers the survivors; every stored index
 //!   is translated onto the surviving list, and one whose call did not survive is dropped,
 //!   never clamped — otherwise a corrupt blob would move a preview one call along;
-//! - a preview whose tool differs from the call now at its index is dropped;
+//! - a preview (or a landed call) whose tool differs from the call now at its index is
+//!   dropped;
 //! - a document newer than this code understands, or without the required fields, fails with
 //!   `state_unreadable`.
 
@@ -23,6 +24,7 @@ use crate::digest::turn_digest;
 use crate::ids::{CallIndex, SuspensionSeq, TurnDigest};
 use crate::model::{Message, ModelOptions, TokenUsage};
 use crate::preview::CallPreview;
+use crate::tool::ToolOutput;
 
 /// The largest suspended state, in bytes of its JSON, that a run may store: a turn whose state
 /// is larger fails `suspend_failed` (`state_too_large`) instead of filling the database.
@@ -39,6 +41,17 @@ pub struct PendingCall {
     pub arguments: Value,
 }
 
+/// A call of the suspended turn that was carried out already: an earlier card of the same turn
+/// was approved, and the turn stopped after this call had landed (a later call's preview moved
+/// at its resource). It is shown on the card as done and never runs again; its result is what
+/// the model is told, whatever the next decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LandedCall {
+    pub index: CallIndex,
+    pub tool: String,
+    pub output: ToolOutput,
+}
+
 /// Everything needed to resume a suspended run in any process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SuspendedRunState {
@@ -52,6 +65,8 @@ pub struct SuspendedRunState {
     /// The calls whose preview moved since the previous card. A field, never a preview line:
     /// a line would join the next comparison and bounce the approval forever.
     pub stale_call_indexes: Vec<CallIndex>,
+    /// The calls of the turn that landed under an earlier card of it, in call order.
+    pub landed_calls: Vec<LandedCall>,
     pub suspension_seq: SuspensionSeq,
     /// When the previews were captured; shown on the card, never compared.
     pub captured_at: String,
@@ -90,6 +105,11 @@ impl SuspendedRunState {
         self.call_previews.iter().find(|p| p.index == index)
     }
 
+    /// The call at `index` if it landed under an earlier card of the turn.
+    pub fn landed(&self, index: CallIndex) -> Option<&LandedCall> {
+        self.landed_calls.iter().find(|c| c.index == index)
+    }
+
     /// The strict, complete version-1 document.
     pub fn to_json(&self) -> Value {
         json!({
@@ -102,6 +122,7 @@ impl SuspendedRunState {
             "model_options": self.model_options,
             "call_previews": self.call_previews,
             "stale_call_indexes": self.stale_call_indexes,
+            "landed_calls": self.landed_calls,
             "suspension_seq": self.suspension_seq,
             "captured_at": self.captured_at,
         })
@@ -189,6 +210,22 @@ impl SuspendedRunState {
             .into_iter()
             .collect();
 
+        let mut landed = BTreeSet::new();
+        let mut landed_calls: Vec<LandedCall> = doc
+            .get("landed_calls")
+            .and_then(Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|raw| {
+                let c = stored_landed(raw)?;
+                let index = translate(c.index)?;
+                (survivors[index.get()].tool == c.tool && landed.insert(index))
+                    .then_some(LandedCall { index, ..c })
+            })
+            .collect();
+        landed_calls.sort_by_key(|c| c.index);
+
         Ok(SuspendedRunState {
             transcript,
             pending_calls: survivors,
@@ -218,6 +255,7 @@ impl SuspendedRunState {
                 .unwrap_or_else(Map::new),
             call_previews,
             stale_call_indexes,
+            landed_calls,
             suspension_seq,
             captured_at: doc
                 .get("captured_at")
@@ -237,6 +275,16 @@ fn usable_call(raw: &Value) -> Option<PendingCall> {
         id: id.to_owned(),
         tool: tool.to_owned(),
         arguments: arguments.clone(),
+    })
+}
+
+/// A stored landed call, with its index still in stored numbering.
+fn stored_landed(raw: &Value) -> Option<LandedCall> {
+    let obj = raw.as_object()?;
+    Some(LandedCall {
+        index: CallIndex::from_json(obj.get("index")?).ok()?,
+        tool: obj.get("tool")?.as_str()?.to_owned(),
+        output: serde_json::from_value(obj.get("output")?.clone()).ok()?,
     })
 }
 

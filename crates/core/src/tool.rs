@@ -175,6 +175,21 @@ impl ToolOutput {
     }
 }
 
+/// Whether a failure of the infrastructure under a call would happen again.
+///
+/// Decided once for each kind of failure — by the store for the database, by the remote client
+/// for a tool server — and acted on once, by the loop: a transient fault interrupts the segment
+/// and it is retried; a persistent one is a failed preview line at suspend, refuses the turn
+/// (re-suspends it) at resume, and fails the run when it stops a write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The same request may well succeed when tried again: a lost connection, a serialization
+    /// failure or deadlock, an exhausted pool, a restarting server.
+    Transient,
+    /// It would fail the same way again: a permission, a missing column, a constraint.
+    Persistent,
+}
+
 /// A failure of a tool, as opposed to a refusal (which is a [`ToolOutput`] with `is_error`).
 ///
 /// Only [`ToolError::code`] may reach a preview line, an event or the database; the detail
@@ -188,11 +203,25 @@ pub enum ToolError {
     /// The tool's own failure, with a stable code: it becomes the call's error result.
     #[error("{code}: {detail}")]
     Failed { code: &'static str, detail: String },
-    /// The infrastructure under the tool failed (a lost connection, a deadlock, a pool
-    /// timeout): nothing is known about the call. Never a tool result, a preview line or a
-    /// refusal — the segment rolls back and is interrupted, to be retried.
+    /// A transient failure of the infrastructure under the tool ([`Fault::Transient`]): nothing
+    /// is known about the call. Never a tool result, a preview line or a refusal — the segment
+    /// rolls back and is interrupted, to be retried.
     #[error("{code} (infrastructure): {detail}")]
     Unavailable { code: &'static str, detail: String },
+    /// A persistent failure of the infrastructure under the tool ([`Fault::Persistent`]):
+    /// retrying cannot help. A failed line in a preview; in a write, the run fails with the
+    /// code.
+    #[error("{code} (persistent): {detail}")]
+    Broken { code: &'static str, detail: String },
+    /// A write was sent and no answer came back, and asking the resource what became of its
+    /// idempotency key did not tell: it may have landed. Never a result: the model must not be
+    /// told "failed" for a write that may have happened.
+    #[error("{code} (outcome unknown): {detail}")]
+    OutcomeUnknown { code: &'static str, detail: String },
+    /// The resource compared the preview the approver was shown with its own at the write,
+    /// found that it moved, and wrote nothing.
+    #[error("the preview moved at the resource; nothing was written")]
+    Moved,
 }
 
 impl ToolError {
@@ -210,15 +239,36 @@ impl ToolError {
         }
     }
 
-    pub fn code(&self) -> &'static str {
-        match self {
-            ToolError::FenceLost => "fence_lost",
-            ToolError::Failed { code, .. } | ToolError::Unavailable { code, .. } => code,
+    /// An infrastructure failure of the given [`Fault`].
+    pub fn infrastructure(fault: Fault, code: &'static str, detail: impl fmt::Display) -> Self {
+        let detail = detail.to_string();
+        match fault {
+            Fault::Transient => ToolError::Unavailable { code, detail },
+            Fault::Persistent => ToolError::Broken { code, detail },
         }
     }
 
-    /// Whether the failure says nothing about the call itself (see [`ToolError::Unavailable`]).
-    pub fn is_infrastructure(&self) -> bool {
+    pub fn outcome_unknown(code: &'static str, detail: impl fmt::Display) -> Self {
+        ToolError::OutcomeUnknown {
+            code,
+            detail: detail.to_string(),
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            ToolError::FenceLost => "fence_lost",
+            ToolError::Moved => "preview_moved",
+            ToolError::Failed { code, .. }
+            | ToolError::Unavailable { code, .. }
+            | ToolError::Broken { code, .. }
+            | ToolError::OutcomeUnknown { code, .. } => code,
+        }
+    }
+
+    /// Whether the failure says nothing about the call itself and the segment must stop, to be
+    /// retried: a transient fault or a lost lease.
+    pub fn interrupts(&self) -> bool {
         matches!(self, ToolError::Unavailable { .. } | ToolError::FenceLost)
     }
 }
@@ -236,12 +286,63 @@ pub trait Tool: Send + Sync + fmt::Debug {
         None
     }
 
-    /// For a writer whose writes land in the run store's own database: the contract that lets
-    /// an approved turn be re-previewed and written in one transaction (see [`crate::turn`]).
-    /// A writer without it acts outside the store and runs on the per-call path.
-    fn transactional(&self) -> Option<&dyn crate::turn::TransactionalTool> {
+    /// For a writer that acts outside the run store: what else its resource can be asked about
+    /// a write besides executing it (see [`ExternalWrite`]). `None`: it can only execute.
+    fn external(&self) -> Option<&dyn ExternalWrite> {
         None
     }
+}
+
+/// What became of a write a resource was sent under its idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallStatus {
+    /// The resource carried the call out (or refused it): its recorded answer.
+    Answered(ToolOutput),
+    /// The resource compared the shown preview at the write, found it moved, and wrote nothing.
+    Moved,
+    /// The resource holds the change under the key, prepared and not committed.
+    Prepared,
+    /// The resource has never seen the key: nothing was written.
+    Unseen,
+}
+
+/// The answer to a `prepare` (see [`ExternalWrite::prepare`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Prepared {
+    /// The resource compared the shown preview under its lock, found it unchanged and holds the
+    /// change under the key until it is committed or aborted.
+    Held,
+    /// The shown preview moved at the resource; nothing is held.
+    Moved,
+    /// The resource answered finally without holding anything: a refusal, or the recorded
+    /// answer of a key it already committed.
+    Answered(ToolOutput),
+}
+
+/// The questions a resource outside the store may answer about a write besides executing it.
+///
+/// Every method carries the call's [`FenceToken`] in `ctx` (its idempotency key and epoch).
+/// A method the resource does not support answers [`ToolError::Failed`] with the code
+/// `unsupported`.
+#[async_trait]
+pub trait ExternalWrite: Send + Sync {
+    /// Whether the resource takes a write in two phases: [`prepare`](Self::prepare), then
+    /// [`commit`](Self::commit) or [`abort`](Self::abort). A turn of such writes lands all or
+    /// nothing.
+    fn two_phase(&self) -> bool;
+
+    /// Compares `ctx.shown_preview` with the resource's own preview under its lock and, when
+    /// they read the same, holds the change under the key.
+    async fn prepare(&self, ctx: &ExecContext, args: &Value) -> Result<Prepared, ToolError>;
+
+    /// Makes a held change visible; the answer is the call's result.
+    async fn commit(&self, ctx: &ExecContext, args: &Value) -> Result<ToolOutput, ToolError>;
+
+    /// Drops a held change; a key that holds nothing is aborted already.
+    async fn abort(&self, ctx: &ExecContext, args: &Value) -> Result<(), ToolError>;
+
+    /// What became of the call under `ctx`'s key.
+    async fn status(&self, ctx: &ExecContext) -> Result<CallStatus, ToolError>;
 }
 
 /// What a pending call would do, for the approver.

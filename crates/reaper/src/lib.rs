@@ -6,9 +6,12 @@
 //! idempotent and safe to run twice at once — the second pass's updates simply lose — and it
 //! has no retries inside: the next activation is the retry.
 //!
-//! 1. `running` runs whose lease expired: failed `not_retryable` when a non-idempotent
-//!    external write may have happened, failed `retries_exhausted` past the requeue limit,
-//!    otherwise back to `queued` with an exponential backoff.
+//! 1. `running` runs whose lease expired: back to `queued` with an exponential backoff, or,
+//!    past the requeue limit, failed — `outcome_unknown` when a write it sent outside the
+//!    store is still in doubt, `retries_exhausted` otherwise. A run requeued with a call in
+//!    doubt keeps it stamped: its next segment asks the resource what became of the call's
+//!    idempotency key before anything else, and never sends a non-idempotent write again
+//!    blindly.
 //! 2. `queued` runs whose wake-up was lost (never dispatched since they became available):
 //!    published again.
 //! 3. `waiting_for_approval` runs past their approval deadline: cancelled
@@ -23,8 +26,8 @@
 //!    [`ReaperConfig::outbox_retention`] are deleted (`events_pruned`), never one unpublished.
 //!    What happened to every run stays in its audit trail.
 //!
-//! It must never run a segment, never touch a run that moved since its scan, and never
-//! retry a run that may have performed a non-idempotent write.
+//! It must never run a segment, never touch a run that moved since its scan, and never clear
+//! the stamp of a call in doubt.
 
 use std::fmt;
 use std::time::Duration;
@@ -69,7 +72,8 @@ impl Default for ReaperConfig {
 pub struct PassSummary {
     pub requeued: u64,
     pub retries_exhausted: u64,
-    pub not_retryable: u64,
+    /// Failed `outcome_unknown`: retries spent with a write in doubt.
+    pub outcome_unknown: u64,
     /// Runs that moved between the scan and the update (a heartbeat or a settle won).
     pub skipped: u64,
     pub redispatched: u64,
@@ -86,10 +90,10 @@ impl fmt::Display for PassSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reaper pass: requeued={} retries_exhausted={} not_retryable={} skipped={} redispatched={} approvals_expired={} events_republished={} events_published={} events_pruned={}",
+            "reaper pass: requeued={} retries_exhausted={} outcome_unknown={} skipped={} redispatched={} approvals_expired={} events_republished={} events_published={} events_pruned={}",
             self.requeued,
             self.retries_exhausted,
-            self.not_retryable,
+            self.outcome_unknown,
             self.skipped,
             self.redispatched,
             self.approvals_expired,
@@ -141,7 +145,7 @@ pub async fn pass(
             ReapOutcome::Requeued => summary.requeued += 1,
             ReapOutcome::Lost => summary.skipped += 1,
             ReapOutcome::RetriesExhausted => summary.retries_exhausted += 1,
-            ReapOutcome::NotRetryable => summary.not_retryable += 1,
+            ReapOutcome::OutcomeUnknown => summary.outcome_unknown += 1,
         }
     }
 
@@ -178,7 +182,7 @@ pub async fn pass(
     for (action, n) in [
         ("requeued", summary.requeued),
         ("retries_exhausted", summary.retries_exhausted),
-        ("not_retryable", summary.not_retryable),
+        ("outcome_unknown", summary.outcome_unknown),
         ("skipped", summary.skipped),
         ("redispatched", summary.redispatched),
         ("approval_expired", summary.approvals_expired),

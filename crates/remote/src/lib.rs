@@ -2,19 +2,22 @@
 //!
 //! A tool server is discovered once at start-up, and each of its tools becomes a [`Tool`] (and,
 //! when it previews, a [`ToolPreview`]) whose calls go over HTTP: the loop, the comparator and
-//! the card treat them exactly like built-in tools. Remote writers have no transactional
-//! contract, so an approved turn runs them on the per-call path: fenced by a lease renewal
-//! that stamps `pending_effect`, handed the lease epoch and the idempotency key
-//! `run:suspension:call`, journaled when the stamp is cleared.
+//! the card treat them exactly like built-in tools. A remote writer is an [`ExternalWrite`]: an
+//! approved turn compares it by a fresh preview with the rest of the turn before anything
+//! writes, then sends it fenced by a lease renewal that stamps it as sent, with the lease epoch,
+//! the idempotency key `run:suspension:call` and the lines its approver was shown, and journals
+//! its answer with its audit event. A server that speaks version 2 takes writes in two phases
+//! (prepare, then commit or abort), so a turn of its writes lands all or nothing ([`write`]).
 //!
 //! Which servers a deployment uses is read by [`config`]; how their certificates are verified
 //! over `https://`, by [`tls`].
 //!
-//! This crate must never turn a transport failure of a call that may have reached the server
-//! into a retry of a non-idempotent write: that is [`ToolError::Unavailable`] (the segment is
-//! retried) only when the call is idempotent or nothing was sent, and a failed tool result
-//! otherwise. It must never accept a server certificate it cannot verify. Nothing here logs the
-//! bearer secret or a response body.
+//! This crate must never turn a write whose answer was lost into a result, or into a blind
+//! retry of a non-idempotent write: it asks the server about the call's key, and when the server
+//! cannot say, the call is [`ToolError::OutcomeUnknown`] (non-idempotent) or
+//! [`ToolError::Unavailable`] (idempotent: the segment retries it under its key). It must never
+//! accept a server certificate it cannot verify. Nothing here logs the bearer secret or a
+//! response body.
 
 use std::fmt;
 use std::sync::Arc;
@@ -22,8 +25,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use countersign_core::{
-    Effect, ExecContext, Principal, Tool, ToolError, ToolOutput, ToolPreview, ToolRegistry,
-    ToolSpec,
+    Effect, ExecContext, ExternalWrite, Principal, Tool, ToolError, ToolOutput, ToolPreview,
+    ToolRegistry, ToolSpec,
 };
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
@@ -39,6 +42,7 @@ use serde_json::{json, Value};
 
 pub mod config;
 pub mod tls;
+pub mod write;
 
 pub use config::{
     add_to_servers_file, configured_servers, parse_servers, parse_servers_file, read_servers_file,
@@ -46,8 +50,8 @@ pub use config::{
 };
 pub use tls::{Trust, CA_FILE_ENV};
 
-/// The protocol version this client speaks.
-pub const PROTOCOL_VERSION: u64 = 1;
+/// The newest protocol version this client speaks; it speaks every version from 1.
+pub const PROTOCOL_VERSION: u64 = 2;
 
 /// How long each kind of request may take, connection and whole answer included, and how
 /// much of an answer is read.
@@ -58,6 +62,9 @@ pub struct Limits {
     pub execute_timeout: Duration,
     pub max_discovery_bytes: usize,
     pub max_response_bytes: usize,
+    /// How long asking a server about a call whose answer was lost may go on
+    /// ([`write`]).
+    pub resolve_budget: Duration,
 }
 
 impl Default for Limits {
@@ -68,6 +75,7 @@ impl Default for Limits {
             execute_timeout: Duration::from_secs(30),
             max_discovery_bytes: 4 * 1024 * 1024,
             max_response_bytes: 1024 * 1024,
+            resolve_budget: Duration::from_secs(30),
         }
     }
 }
@@ -165,9 +173,22 @@ impl CallError {
         }
     }
 
-    /// Whether the server may have acted on the request.
+    /// Whether the server may have received the request.
     fn may_have_arrived(&self) -> bool {
         !matches!(self, CallError::Unreachable | CallError::Tls)
+    }
+
+    /// Whether a write may have landed although this is what came back: no answer, an answer
+    /// cut off or unreadable, or a server error. A 4xx answer is the server's refusal.
+    fn may_have_landed(&self) -> bool {
+        match self {
+            CallError::BrokenOff
+            | CallError::Timeout
+            | CallError::TooLarge
+            | CallError::Malformed(_) => true,
+            CallError::Status(s) => *s >= 500,
+            _ => false,
+        }
     }
 
     /// Whether a later attempt may meet a server that does better.
@@ -189,6 +210,8 @@ pub struct RemoteToolServer {
     authorization: HeaderValue,
     limits: Limits,
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// The server takes writes in two phases (protocol version 2, `two_phase` in discovery).
+    two_phase: bool,
 }
 
 impl fmt::Debug for RemoteToolServer {
@@ -301,6 +324,7 @@ impl RemoteToolServer {
             authorization,
             limits,
             client,
+            two_phase: false,
         })
     }
 
@@ -310,38 +334,41 @@ impl RemoteToolServer {
     }
 
     /// `GET /tools`: every tool the server offers, as tools that call it.
-    pub async fn discover_tools(self) -> Result<Vec<Arc<dyn Tool>>, RemoteError> {
-        let server = Arc::new(self);
-        let body = server
+    pub async fn discover_tools(mut self) -> Result<Vec<Arc<dyn Tool>>, RemoteError> {
+        let body = self
             .exchange(
                 Method::GET,
                 "/tools",
                 None,
-                server.limits.discovery_timeout,
-                server.limits.max_discovery_bytes,
+                self.limits.discovery_timeout,
+                self.limits.max_discovery_bytes,
             )
             .await
             .map_err(|e| {
-                tracing::warn!(server = %server.name, error = %e, "tool discovery failed");
+                tracing::warn!(server = %self.name, error = %e, "tool discovery failed");
                 RemoteError::Discovery {
-                    server: server.name.clone(),
+                    server: self.name.clone(),
                     code: e.code(),
                 }
             })?;
         let discovery: Discovery =
             serde_json::from_slice(&body).map_err(|e| {
-                tracing::warn!(server = %server.name, error = %e, "the discovery answer is not the protocol's");
+                tracing::warn!(server = %self.name, error = %e, "the discovery answer is not the protocol's");
                 RemoteError::Discovery {
-                    server: server.name.clone(),
+                    server: self.name.clone(),
                     code: "malformed_response",
                 }
             })?;
-        if discovery.protocol != PROTOCOL_VERSION {
+        if !(1..=PROTOCOL_VERSION).contains(&discovery.protocol) {
             return Err(RemoteError::Discovery {
-                server: server.name.clone(),
+                server: self.name.clone(),
                 code: "unsupported_protocol",
             });
         }
+        // Two phases are a version 2 promise; a version 1 server that says so is taken at its
+        // version.
+        self.two_phase = discovery.protocol >= 2 && discovery.two_phase;
+        let server = Arc::new(self);
         let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
         for d in discovery.tools {
             let invalid = |reason: &str| RemoteError::InvalidTool {
@@ -382,7 +409,7 @@ impl RemoteToolServer {
 
     /// One request and its whole answer, within `timeout` and `limit` bytes; a 200 gives the
     /// body, anything else its [`CallError`].
-    async fn exchange(
+    pub(crate) async fn exchange(
         &self,
         method: Method,
         path: &str,
@@ -449,7 +476,7 @@ impl RemoteToolServer {
         }
     }
 
-    async fn post<T: for<'de> Deserialize<'de>>(
+    pub(crate) async fn post<T: for<'de> Deserialize<'de>>(
         &self,
         path: &str,
         body: &Value,
@@ -478,6 +505,9 @@ fn valid_tool_name(name: &str) -> bool {
 #[derive(Debug, Deserialize)]
 struct Discovery {
     protocol: u64,
+    /// Version 2: the server's writers take `prepare`, then `commit` or `abort`.
+    #[serde(default)]
+    two_phase: bool,
     tools: Vec<DiscoveredTool>,
 }
 
@@ -505,16 +535,6 @@ struct MayViewAnswer {
     allowed: bool,
 }
 
-#[derive(Debug, Deserialize)]
-struct ExecuteAnswer {
-    content: String,
-    is_error: bool,
-    /// The server compared `shown_preview` with its own preview at the write, found it moved,
-    /// and wrote nothing.
-    #[serde(default)]
-    moved: bool,
-}
-
 /// One tool of a tool server.
 #[derive(Debug)]
 pub struct RemoteTool {
@@ -529,25 +549,9 @@ impl RemoteTool {
     pub fn server_name(&self) -> &str {
         &self.server.name
     }
-
-    /// How a failed execute reaches the loop: a retry of the segment only when repeating the
-    /// call cannot write twice (idempotent, or certainly not sent); a lost lease when the
-    /// server fenced the epoch out; otherwise the tool's own failure, a result naming the code.
-    fn execute_failure(&self, e: &CallError) -> ToolError {
-        tracing::warn!(tool = %self.spec.name, server = %self.server.name, code = e.code(), error = %e, "remote execute failed");
-        if matches!(e, CallError::Fenced) {
-            return ToolError::FenceLost;
-        }
-        let repeatable = self.spec.effect != Effect::NonIdempotentWrite || !e.may_have_arrived();
-        if e.is_transient() && repeatable {
-            ToolError::unavailable(e.code(), e)
-        } else {
-            ToolError::failed(e.code(), e)
-        }
-    }
 }
 
-fn principal_json(p: &Principal) -> Value {
+pub(crate) fn principal_json(p: &Principal) -> Value {
     json!({"name": p.name, "admin": p.admin})
 }
 
@@ -558,48 +562,14 @@ impl Tool for RemoteTool {
     }
 
     async fn execute(&self, ctx: &ExecContext, args: &Value) -> Result<ToolOutput, ToolError> {
-        let (key, epoch) = match &ctx.fence {
-            Some(fence) => (
-                Value::from(fence.idempotency_key()),
-                Value::from(fence.lease_epoch.get()),
-            ),
-            // A write is always fenced by the segment; a read has nothing to deduplicate.
-            None if self.spec.effect.is_write() => {
-                return Err(ToolError::failed(
-                    "unfenced_write",
-                    "a remote write was called without a fence",
-                ))
-            }
-            None => (Value::Null, Value::Null),
-        };
-        let body = json!({
-            "acting_user": principal_json(&ctx.acting_user),
-            "arguments": args,
-            "idempotency_key": key,
-            "fence_epoch": epoch,
-            "shown_preview": ctx.shown_preview,
-        });
-        let answer: ExecuteAnswer = self
-            .server
-            .post(
-                &format!("{}/execute", self.path),
-                &body,
-                self.server.limits.execute_timeout,
-            )
-            .await
-            .map_err(|e| self.execute_failure(&e))?;
-        if answer.moved {
-            // The same result as a call whose preview countersign found moved before sending
-            // it: the model is told in countersign's words, not the server's.
-            tracing::info!(tool = %self.spec.name, server = %self.server.name, "the tool server found the preview moved at the write");
-            return Ok(ToolOutput::error(
-                countersign_core::agent_loop::moved_after_approval_result(&self.spec.name),
-            ));
-        }
-        Ok(ToolOutput {
-            content: answer.content,
-            is_error: answer.is_error,
-        })
+        self.execute_call(ctx, args).await
+    }
+
+    fn external(&self) -> Option<&dyn ExternalWrite> {
+        self.spec
+            .effect
+            .is_write()
+            .then_some(self as &dyn ExternalWrite)
     }
 
     fn previewer(&self) -> Option<&dyn ToolPreview> {
@@ -698,37 +668,63 @@ mod tests {
     }
 
     #[test]
-    fn a_non_idempotent_call_that_was_never_sent_is_retried_and_one_that_may_have_arrived_is_not() {
-        let t = tool(Effect::NonIdempotentWrite);
-        assert!(t
-            .execute_failure(&CallError::Unreachable)
-            .is_infrastructure());
-        for e in [
-            CallError::BrokenOff,
-            CallError::Timeout,
-            CallError::Status(502),
-        ] {
-            assert!(!t.execute_failure(&e).is_infrastructure(), "{e:?}");
+    fn a_write_that_was_certainly_not_sent_is_retried_whatever_its_effect() {
+        for effect in [Effect::NonIdempotentWrite, Effect::IdempotentWrite] {
+            for e in [CallError::Unreachable, CallError::Tls] {
+                assert!(matches!(tool(effect).failure(e), write::Failure::Retry(_)));
+            }
         }
     }
 
     #[test]
-    fn an_idempotent_call_whose_transport_failed_is_retried() {
-        let t = tool(Effect::IdempotentWrite);
-        for e in [
-            CallError::Unreachable,
-            CallError::BrokenOff,
-            CallError::Timeout,
-            CallError::Status(502),
-        ] {
-            assert!(t.execute_failure(&e).is_infrastructure(), "{e:?}");
+    fn a_write_whose_answer_was_lost_is_resolved_by_its_key_never_reported_failed() {
+        for effect in [Effect::NonIdempotentWrite, Effect::IdempotentWrite] {
+            for e in [
+                CallError::BrokenOff,
+                CallError::Timeout,
+                CallError::Status(502),
+                CallError::Malformed("x".into()),
+                CallError::TooLarge,
+            ] {
+                let name = format!("{e:?}");
+                assert!(
+                    matches!(tool(effect).failure(e), write::Failure::InDoubt(_)),
+                    "{effect:?} {name}"
+                );
+            }
         }
-        assert!(!t
-            .execute_failure(&CallError::Status(400))
-            .is_infrastructure());
-        assert!(!t
-            .execute_failure(&CallError::Malformed("x".into()))
-            .is_infrastructure());
+    }
+
+    #[test]
+    fn a_refusal_of_a_write_is_its_result_and_a_fenced_epoch_stops_the_segment() {
+        let t = tool(Effect::NonIdempotentWrite);
+        for e in [
+            CallError::Status(400),
+            CallError::Unauthorized(401),
+            CallError::NotFound,
+        ] {
+            assert!(matches!(
+                t.failure(e),
+                write::Failure::Final(ToolError::Failed { .. })
+            ));
+        }
+        assert!(matches!(
+            t.failure(CallError::Fenced),
+            write::Failure::Final(ToolError::FenceLost)
+        ));
+    }
+
+    #[test]
+    fn a_read_whose_transport_broke_is_retried_and_a_malformed_answer_is_its_failure() {
+        let t = tool(Effect::ReadOnly);
+        assert!(matches!(
+            t.failure(CallError::BrokenOff),
+            write::Failure::Retry(_)
+        ));
+        assert!(matches!(
+            t.failure(CallError::Malformed("x".into())),
+            write::Failure::Final(_)
+        ));
     }
 
     #[test]

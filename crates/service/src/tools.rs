@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use anyhow::Context;
-use countersign_core::{ToolRegistry, UserDirectory};
-use countersign_store::{Store, TableUsers};
+use countersign_core::{LocalWriters, ToolRegistry, UserDirectory};
+use countersign_store::{FencedWrite, Store, TableUsers};
 
 /// `COUNTERSIGN_CONTENT_STORE`: whether this deployment runs the reference content store.
 pub const CONTENT_STORE_VAR: &str = "COUNTERSIGN_CONTENT_STORE";
@@ -59,6 +59,9 @@ pub enum Origin {
 #[derive(Debug)]
 pub struct Tools {
     pub registry: ToolRegistry,
+    /// The registry's writers whose writes land in the store's own database (the content
+    /// store's): an approved turn plans and writes them in the store's transaction.
+    pub local: LocalWriters<FencedWrite>,
     /// Who a user is and who may approve, as every binary of the deployment must agree.
     pub users: Arc<dyn UserDirectory>,
     pub content_store: ContentStore,
@@ -81,6 +84,7 @@ impl Tools {
 pub async fn tools(store: &Store) -> anyhow::Result<Tools> {
     let content_store = ContentStore::from_env()?;
     let mut registry = ToolRegistry::new();
+    let mut local = LocalWriters::new();
     let users: Arc<dyn UserDirectory> = match content_store {
         ContentStore::Enabled => {
             let installed = countersign_content::is_installed(store.pool())
@@ -91,7 +95,7 @@ pub async fn tools(store: &Store) -> anyhow::Result<Tools> {
                 "the content store is on but its schema is not in the database: run \
                  `countersign migrate --with-content`, or set {CONTENT_STORE_VAR}=off"
             );
-            countersign_content::register(&mut registry, store.clone());
+            countersign_content::register(&mut registry, &mut local, store.clone());
             content_users(store)
         }
         ContentStore::Disabled => Arc::new(TableUsers::new(store.pool().clone())),
@@ -104,6 +108,7 @@ pub async fn tools(store: &Store) -> anyhow::Result<Tools> {
         .collect();
     Ok(Tools {
         registry,
+        local,
         users,
         content_store,
         servers,

@@ -236,6 +236,7 @@ fn suspended_state() -> SuspendedRunState {
             failed: false,
         }],
         stale_call_indexes: vec![],
+        landed_calls: vec![],
         suspension_seq: SuspensionSeq::FIRST,
         captured_at: "2026-11-30T10:00:00Z".into(),
     }

@@ -1,7 +1,7 @@
 //! The errors of the store. Only [`StoreError::code`] may reach the database, an event or a
 //! queue; the `Display` text is for the log.
 
-use countersign_core::RunId;
+use countersign_core::{Fault, RunId};
 use countersign_crypto::CryptoError;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +40,18 @@ impl StoreError {
             StoreError::AlreadyJournaled => "already_journaled",
             StoreError::Unreadable { .. } => "state_unreadable",
             StoreError::Crypto(e) => e.code(),
-            StoreError::Database(_) => "database_error",
+            StoreError::Database(e) => classify(e).1,
+        }
+    }
+
+    /// Whether a retry can cure this error: [`classify`] for the database's errors; a call
+    /// journaled already is answered by the journal when the segment runs again; the store's
+    /// other refusals are persistent.
+    pub fn fault(&self) -> Fault {
+        match self {
+            StoreError::Database(e) => classify(e).0,
+            StoreError::AlreadyJournaled => Fault::Transient,
+            _ => Fault::Persistent,
         }
     }
 
@@ -51,10 +62,7 @@ impl StoreError {
     /// not turn such an error into a final answer. Every other error (a constraint, a trigger's
     /// refusal, an unreadable value, a key that does not open) would fail again the same way.
     pub fn is_transient(&self) -> bool {
-        match self {
-            StoreError::Database(e) => is_transient_sqlx(e),
-            _ => false,
-        }
+        self.fault() == Fault::Transient
     }
 
     /// Whether a sealed or stored value of the run does not open or parse: retrying cannot
@@ -68,19 +76,41 @@ impl StoreError {
     }
 }
 
-fn is_transient_sqlx(e: &sqlx::Error) -> bool {
+/// What a database error is: whether a retry can cure it, and the stable code that names it
+/// where its message may not go (a preview line, a run row, an event). The one place that
+/// decides it, for the store, the content tools and everything else that talks to PostgreSQL.
+///
+/// Transient: the connection was lost or refused, the pool had none to give, the transaction
+/// lost a serialization conflict or a deadlock, a lock could not be had in time, or the server
+/// is shutting down or starting up. Persistent: everything else — a permission, a column or
+/// table that is not there, a value a column refuses, a constraint, a trigger's refusal.
+pub fn classify(e: &sqlx::Error) -> (Fault, &'static str) {
     match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| is_transient_sqlstate(&code)),
-        _ => false,
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => (Fault::Transient, "database_unavailable"),
+        sqlx::Error::Database(db) => classify_sqlstate(db.code().as_deref().unwrap_or("")),
+        _ => (Fault::Persistent, "database_error"),
     }
 }
 
-/// SQLSTATEs that say "try again": class 08 (connection exception), 40001
-/// (serialization_failure), 40P01 (deadlock_detected), 57P01 (admin_shutdown), 57P02
-/// (crash_shutdown) and 57P03 (cannot_connect_now).
-fn is_transient_sqlstate(code: &str) -> bool {
-    code.starts_with("08") || matches!(code, "40001" | "40P01" | "57P01" | "57P02" | "57P03")
+/// [`classify`] for a SQLSTATE.
+fn classify_sqlstate(code: &str) -> (Fault, &'static str) {
+    match code {
+        // Class 08: connection exception; 57P01–57P03: the server shuts down or starts up.
+        c if c.starts_with("08") => (Fault::Transient, "database_unavailable"),
+        "57P01" | "57P02" | "57P03" => (Fault::Transient, "database_unavailable"),
+        // serialization_failure, deadlock_detected, lock_not_available.
+        "40001" | "40P01" | "55P03" => (Fault::Transient, "database_conflict"),
+        "42501" => (Fault::Persistent, "database_permission_denied"),
+        c if c.starts_with("42") => (Fault::Persistent, "database_schema_mismatch"),
+        c if c.starts_with("22") => (Fault::Persistent, "database_data_exception"),
+        c if c.starts_with("23") => (Fault::Persistent, "database_constraint_violation"),
+        "P0001" => (Fault::Persistent, "database_refused"),
+        _ => (Fault::Persistent, "database_error"),
+    }
 }
 
 #[cfg(test)]
@@ -105,7 +135,6 @@ mod tests {
             StoreError::Database(sqlx::Error::RowNotFound),
             StoreError::Database(sqlx::Error::Protocol("unexpected message".into())),
             StoreError::FenceLost,
-            StoreError::AlreadyJournaled,
             StoreError::unreadable("runs.state"),
         ] {
             assert!(!e.is_transient(), "{e:?}");
@@ -113,17 +142,36 @@ mod tests {
     }
 
     #[test]
+    fn a_call_journaled_already_is_answered_by_the_journal_on_the_next_attempt() {
+        assert!(StoreError::AlreadyJournaled.is_transient());
+    }
+
+    #[test]
     fn the_transient_sqlstates_are_the_connection_conflict_and_shutdown_ones() {
         for code in [
-            "08000", "08003", "08006", "08001", "08004", "40001", "40P01", "57P01", "57P02",
-            "57P03",
+            "08000", "08003", "08006", "08001", "08004", "40001", "40P01", "55P03", "57P01",
+            "57P02", "57P03",
         ] {
-            assert!(is_transient_sqlstate(code), "{code}");
+            assert_eq!(classify_sqlstate(code).0, Fault::Transient, "{code}");
         }
         // A trigger's exception, a unique violation, a permission, a rollback of another kind,
         // a cancelled query, and a disk full: the same statement fails again.
         for code in ["P0001", "23505", "42501", "40002", "57014", "53100"] {
-            assert!(!is_transient_sqlstate(code), "{code}");
+            assert_eq!(classify_sqlstate(code).0, Fault::Persistent, "{code}");
         }
+    }
+
+    #[test]
+    fn a_persistent_error_is_named_by_its_class_and_never_by_its_message() {
+        assert_eq!(classify_sqlstate("42501").1, "database_permission_denied");
+        assert_eq!(classify_sqlstate("42703").1, "database_schema_mismatch");
+        assert_eq!(classify_sqlstate("22001").1, "database_data_exception");
+        assert_eq!(
+            classify_sqlstate("23514").1,
+            "database_constraint_violation"
+        );
+        assert_eq!(classify_sqlstate("P0001").1, "database_refused");
+        assert_eq!(classify_sqlstate("XX000").1, "database_error");
+        assert_eq!(classify_sqlstate("40P01").1, "database_conflict");
     }
 }

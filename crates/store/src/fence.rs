@@ -3,31 +3,35 @@
 //!
 //! A heartbeat that failed a moment ago, a paused process, a lease the reaper has already
 //! handed to another worker: a segment cannot know by itself that it became a zombie. So the
-//! check happens inside the same transaction as the write. [`Store::begin_turn`] renews the
-//! lease with one guarded `UPDATE` of the run row — which also locks the row until the
-//! transaction ends, so no claim, requeue, cancel or settle can move the run meanwhile. The
-//! turn's tools then lock their subjects, re-plan, compare and write on
-//! [`FencedWrite::conn`], and [`TurnTransaction::commit`] appends the `tool_write` audit events
-//! and the journal rows before committing once: the writes, their audit and their journal
-//! entries are kept together or lost together. Dropping a `FencedWrite` rolls everything back.
+//! check happens inside the same transaction as the write. [`Store::begin_turn`] opens the
+//! transaction of an approved turn and checks the lease; the turn's local writers then lock
+//! their subjects and what they read, re-plan, compare and write on [`FencedWrite::conn`];
+//! [`FencedWrite::commit_turn`] renews the lease with one guarded `UPDATE` of the run row —
+//! which locks the row until the commit, so no claim, requeue, cancel or settle can move the
+//! run in between — appends the `tool_write` audit events and the journal rows, and commits
+//! once: the writes, their audit and their journal entries are kept together or lost together.
+//! A zombie's guard matches no row, and its writes roll back unseen. Dropping a `FencedWrite`
+//! rolls everything back.
 //!
-//! Lock order, for every transaction that writes content on behalf of a run: the run row
-//! first, then the turn's subjects in [`countersign_core::LockSubject`] order.
+//! The run row is not locked while the turn runs, so the heartbeat keeps renewing the lease
+//! however long the turn waits on a colleague's lock, and the turn's calls outside the store
+//! are stamped and journaled in transactions of their own.
+//!
+//! Lock order, for every transaction that writes content on behalf of a run: the turn's
+//! subjects in [`countersign_core::LockSubject`] order, then what each call reads, then the run
+//! row.
 
-use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use countersign_core::{
-    CallIndex, Effect, FenceToken, HookError, JournalEntry, SuspensionSeq, ToolOutput,
-    TurnTransaction,
+    CallIndex, Effect, Fault, FenceToken, HookError, JournalEntry, SuspensionSeq, ToolOutput,
 };
-use countersign_crypto::{Keyring, Purpose};
-use serde_json::json;
+use countersign_crypto::Keyring;
 use sqlx::{PgConnection, Postgres, Transaction};
 
+use crate::error::classify;
 use crate::journal::{self, JournalKey};
 use crate::{millis, Lease, Store, StoreError};
 
@@ -42,8 +46,6 @@ pub struct FencedWrite {
     /// The turn's journal rows (call index, sealed result) as the statement that opened a turn
     /// transaction read them; `None` for a single-call write.
     journal: Option<Vec<(i32, Vec<u8>)>>,
-    /// A turn's lease: its time to live, and when this transaction last renewed it.
-    renewal: Option<(Duration, std::time::Instant)>,
 }
 
 impl fmt::Debug for FencedWrite {
@@ -56,32 +58,29 @@ impl fmt::Debug for FencedWrite {
 }
 
 impl Store {
-    /// Opens the transaction of an approved turn of suspension `seq`: renews the lease to
-    /// `now() + ttl` in one `UPDATE` guarded by owner, epoch and `running`, which locks the run
-    /// row until the transaction ends. Otherwise [`StoreError::FenceLost`], nothing written.
-    /// The same statement reads what the turn has journaled already: nothing can journal for
-    /// it but the holder of the lease.
+    /// Opens the transaction of an approved turn of suspension `seq`, checking that the lease
+    /// is still held (otherwise [`StoreError::FenceLost`], nothing written). The same statement
+    /// reads what the turn has journaled already. The lease is held to again, and renewed, at
+    /// [`FencedWrite::commit_turn`].
     pub async fn begin_turn(
         &self,
         lease: &Lease,
         seq: SuspensionSeq,
-        ttl: Duration,
     ) -> Result<FencedWrite, StoreError> {
         let mut tx = self.pool.begin().await?;
         let held = sqlx::query!(
-            r#"UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
-               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3
-               RETURNING
+            r#"SELECT
                    (SELECT coalesce(array_agg(j.call_index ORDER BY j.call_index), '{}')
-                    FROM run_journal j WHERE j.run_id = $1 AND j.suspension_seq = $5)
+                    FROM run_journal j WHERE j.run_id = $1 AND j.suspension_seq = $4)
                        AS "indexes!: Vec<i32>",
                    (SELECT coalesce(array_agg(j.result ORDER BY j.call_index), '{}')
-                    FROM run_journal j WHERE j.run_id = $1 AND j.suspension_seq = $5)
-                       AS "results!: Vec<Vec<u8>>""#,
+                    FROM run_journal j WHERE j.run_id = $1 AND j.suspension_seq = $4)
+                       AS "results!: Vec<Vec<u8>>"
+               FROM runs
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),
-            millis(ttl) as f64,
             seq.as_i32(),
         )
         .fetch_optional(&mut *tx)
@@ -97,7 +96,6 @@ impl Store {
             call: None,
             keyring: Arc::clone(&self.keyring),
             journal: Some(held.indexes.into_iter().zip(held.results).collect()),
-            renewal: Some((ttl, std::time::Instant::now())),
         })
     }
 
@@ -133,7 +131,6 @@ impl Store {
             call: Some(token.call_index),
             keyring: Arc::clone(&self.keyring),
             journal: None,
-            renewal: None,
         })
     }
 }
@@ -144,41 +141,22 @@ impl FencedWrite {
         &mut self.tx
     }
 
-    /// Appends the `tool_write` audit event of a write (in clear: tool, effect, call index,
-    /// suspension number, lease epoch, whether the output is an error — never content; the
-    /// output itself sealed) and the journal row of the call (its result sealed).
+    /// Appends the `tool_write` audit event of a write ([`journal::audit_event`]) and the
+    /// journal row of the call (its result sealed).
     async fn journal(&mut self, entry: &JournalEntry<'_>) -> Result<(), StoreError> {
-        let audit = if entry.effect.is_write() {
-            let payload = json!({
-                "tool": entry.tool,
-                "effect": entry.effect.as_str(),
-                "call_index": entry.index.get(),
-                "suspension_seq": self.seq.get(),
-                "lease_epoch": self.lease.epoch.get(),
-                "is_error": entry.output.is_error,
-            });
-            let content = self.keyring.seal(
-                Purpose::Event,
-                self.lease.run_id,
-                entry.output.content.as_bytes(),
-            )?;
-            Some((payload, content))
-        } else {
-            None
-        };
         let key = JournalKey {
             run_id: self.lease.run_id,
             seq: self.seq,
             index: entry.index,
             epoch: self.lease.epoch,
         };
-        // A turn that has held its row for a third of the ttl (waiting on a lock, most often)
-        // renews its lease with the journal row: the heartbeat skips a locked row, and the
-        // reaper, waiting on it, reads the renewal once the turn commits.
-        let renew = self
-            .renewal
-            .filter(|(ttl, at)| at.elapsed() >= *ttl / 3)
-            .map(|(ttl, _)| ttl);
+        let audit = entry
+            .effect
+            .is_write()
+            .then(|| {
+                journal::audit_event(&self.keyring, &key, entry.tool, entry.effect, entry.output)
+            })
+            .transpose()?;
         let inserted = journal::insert_audited(
             &mut self.tx,
             &self.keyring,
@@ -187,12 +165,8 @@ impl FencedWrite {
             entry.effect,
             entry.output,
             audit,
-            renew,
         )
         .await?;
-        if let (Some(ttl), Some(renewal)) = (renew, self.renewal.as_mut()) {
-            *renewal = (ttl, std::time::Instant::now());
-        }
         if !inserted {
             return Err(StoreError::AlreadyJournaled);
         }
@@ -230,14 +204,20 @@ impl FencedWrite {
     }
 }
 
-/// What a store error means to the loop: a lost fence stops the segment, a sealed value that
-/// does not open fails the run, anything else interrupts it for a retry.
+/// What a store error means to the loop: a lost fence stops the segment; a sealed value that
+/// does not open fails the run `state_unreadable`; a persistent database error (an audit event
+/// or journal row that cannot be stored) fails it with its code; anything else interrupts it
+/// for a retry.
 pub fn hook_error(e: StoreError) -> HookError {
     match e {
         StoreError::FenceLost => HookError::LeaseLost,
         StoreError::Unreadable { what } => HookError::Unreadable { what },
         StoreError::Crypto(_) => HookError::Unreadable {
             what: "sealed run data",
+        },
+        StoreError::Database(ref db) if classify(db).0 == Fault::Persistent => HookError::Broken {
+            code: e.code(),
+            detail: e.to_string(),
         },
         other => HookError::Unavailable {
             code: other.code(),
@@ -246,34 +226,47 @@ pub fn hook_error(e: StoreError) -> HookError {
     }
 }
 
-#[async_trait]
-impl TurnTransaction for FencedWrite {
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-
-    async fn journaled(&mut self) -> Result<Vec<(CallIndex, ToolOutput)>, HookError> {
+impl FencedWrite {
+    /// Every result the turn has journaled, in call order, as [`Store::begin_turn`] read them
+    /// (a single-call write reads them now).
+    pub async fn journaled(&mut self) -> Result<Vec<(CallIndex, ToolOutput)>, StoreError> {
         match &self.journal {
             Some(rows) => journal::opened(&self.keyring, self.lease.run_id, rows),
             None => journal::turn(&mut self.tx, &self.keyring, self.lease.run_id, self.seq).await,
         }
-        .map_err(hook_error)
     }
 
-    async fn commit(mut self: Box<Self>, entries: &[JournalEntry<'_>]) -> Result<(), HookError> {
+    /// The fence of an approved turn, then its commit: renews the lease to `now() + ttl` in one
+    /// `UPDATE` guarded by owner, epoch and `running` (which locks the run row until the
+    /// commit), appends the audit event and journal row of every entry, and commits. A lease no
+    /// longer held is [`StoreError::FenceLost`] and nothing of the turn is kept. A turn with no
+    /// entry wrote nothing: it is rolled back.
+    pub async fn commit_turn(
+        mut self,
+        ttl: Duration,
+        entries: &[JournalEntry<'_>],
+    ) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return self.rollback().await;
+        }
+        let held = sqlx::query!(
+            r#"UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+            self.lease.run_id.as_uuid(),
+            self.lease.owner,
+            self.lease.epoch.get(),
+            millis(ttl) as f64,
+        )
+        .execute(&mut *self.tx)
+        .await?;
+        if held.rows_affected() != 1 {
+            self.tx.rollback().await?;
+            return Err(StoreError::FenceLost);
+        }
         for entry in entries {
-            self.journal(entry).await.map_err(hook_error)?;
+            self.journal(entry).await?;
         }
-        self.tx
-            .commit()
-            .await
-            .map_err(|e| hook_error(StoreError::Database(e)))
-    }
-
-    async fn rollback(self: Box<Self>) {
-        let run_id = self.lease.run_id;
-        if let Err(e) = self.tx.rollback().await {
-            tracing::warn!(run.id = %run_id, error = %e, "turn rollback failed; the connection drops it");
-        }
+        self.tx.commit().await?;
+        Ok(())
     }
 }

@@ -5,10 +5,9 @@
 //! the recorded result instead of writing twice. For a turn written to this database the rows
 //! of every call are inserted in the turn's one transaction, together with the writes, so the
 //! journal of such a turn is all or nothing: a retry finds every result or none, and compares
-//! again. A call that acts outside the store is journaled on its own, in the transaction that
-//! also clears the run's `pending_effect` stamp ([`Store::record_effect`]).
-
-use std::time::Duration;
+//! again. A call that acts outside the store is journaled on its own, with its `tool_write`
+//! audit event, in the transaction that also clears the run's `pending_effect` stamp
+//! ([`Store::record_effect`]).
 
 use countersign_core::{CallIndex, Effect, LeaseEpoch, RunId, SuspensionSeq, ToolOutput};
 use countersign_crypto::{Keyring, Purpose};
@@ -27,10 +26,7 @@ pub(crate) struct JournalKey {
 
 /// Inserts the journal row of a call and, with `audit` (the payload in clear, the sealed
 /// content), its `tool_write` audit event numbered from the run's trail counter — in one
-/// statement; with `renew`, the same statement extends the lease to `clock_timestamp() + renew`
-/// (the run row is the caller's already). `false`, and nothing inserted, when the call was
-/// journaled already.
-#[allow(clippy::too_many_arguments)]
+/// statement. `false`, and nothing inserted, when the call was journaled already.
 pub(crate) async fn insert_audited(
     conn: &mut PgConnection,
     keyring: &Keyring,
@@ -39,7 +35,6 @@ pub(crate) async fn insert_audited(
     effect: Effect,
     output: &ToolOutput,
     audit: Option<(serde_json::Value, Vec<u8>)>,
-    renew: Option<Duration>,
 ) -> Result<bool, StoreError> {
     let plain =
         serde_json::to_vec(output).map_err(|_| StoreError::unreadable("run_journal.result"))?;
@@ -61,10 +56,7 @@ pub(crate) async fn insert_audited(
            audit AS (
                INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
                SELECT $1, next.last_sequence, 'tool_write', $9::jsonb, $10::bytea FROM next
-               RETURNING sequence),
-           renewed AS (
-               UPDATE runs SET lease_expires_at = clock_timestamp() + $11::float8 * interval '1 millisecond'
-               WHERE $11::float8 IS NOT NULL AND id = $1 AND lease_epoch = $7 AND status = 'running')
+               RETURNING sequence)
            SELECT EXISTS (SELECT 1 FROM journaled) AS "inserted!""#,
         key.run_id.as_uuid(),
         key.seq.as_i32(),
@@ -76,11 +68,32 @@ pub(crate) async fn insert_audited(
         audited,
         payload,
         content,
-        renew.map(|ttl| crate::millis(ttl) as f64),
     )
     .fetch_one(conn)
     .await?;
     Ok(inserted)
+}
+
+/// The `tool_write` audit event of a write: in clear the tool, effect, call index, suspension
+/// number, lease epoch and whether the output is an error — never content; the output itself
+/// sealed.
+pub(crate) fn audit_event(
+    keyring: &Keyring,
+    key: &JournalKey,
+    tool: &str,
+    effect: Effect,
+    output: &ToolOutput,
+) -> Result<(serde_json::Value, Vec<u8>), StoreError> {
+    let payload = serde_json::json!({
+        "tool": tool,
+        "effect": effect.as_str(),
+        "call_index": key.index.get(),
+        "suspension_seq": key.seq.get(),
+        "lease_epoch": key.epoch.get(),
+        "is_error": output.is_error,
+    });
+    let content = keyring.seal(Purpose::Event, key.run_id, output.content.as_bytes())?;
+    Ok((payload, content))
 }
 
 /// Every journaled result of suspension `seq`'s turn, in call order.
@@ -146,10 +159,12 @@ impl Store {
     }
 
     /// Records the result of a call executed outside this database (an external effect, whose
-    /// idempotency key the resource enforces) and clears the run's stamp (`pending_effect` and
-    /// the sent call), in one transaction guarded by the lease. Idempotent: a second record of
-    /// the same call keeps the first and returns `false`. [`StoreError::FenceLost`] when the lease is gone: the
-    /// result is not recorded, and the stamp stays for the reaper to judge.
+    /// idempotency key the resource enforces) with, for a write, its `tool_write` audit event,
+    /// and clears the run's stamp (`pending_effect` and the sent call), in one transaction
+    /// guarded by the lease: an audit event that cannot be stored keeps the result from being
+    /// recorded too. Idempotent: a second record of the same call keeps the first and returns
+    /// `false`. [`StoreError::FenceLost`] when the lease is gone: the result is not recorded,
+    /// and the stamp stays for the reaper to judge.
     pub async fn record_effect(
         &self,
         lease: &Lease,
@@ -179,17 +194,12 @@ impl Store {
             index,
             epoch: lease.epoch,
         };
-        let inserted = insert_audited(
-            &mut tx,
-            &self.keyring,
-            &key,
-            tool,
-            effect,
-            output,
-            None,
-            None,
-        )
-        .await?;
+        let audit = effect
+            .is_write()
+            .then(|| audit_event(&self.keyring, &key, tool, effect, output))
+            .transpose()?;
+        let inserted =
+            insert_audited(&mut tx, &self.keyring, &key, tool, effect, output, audit).await?;
         tx.commit().await?;
         Ok(inserted)
     }

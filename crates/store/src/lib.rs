@@ -45,7 +45,7 @@ pub use decisions::{
     AcceptedDecision, DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision,
 };
 pub use directory::{DirectoryUser, TableUsers};
-pub use error::StoreError;
+pub use error::{classify, StoreError};
 pub use events::{NewEvent, RunEvent};
 pub use fence::{hook_error, FencedWrite};
 pub use observe::Backlog;

@@ -28,6 +28,8 @@ pub struct ExpiredLease {
     pub segment: Segment,
     pub requeue_count: i32,
     pub pending_effect: Option<Effect>,
+    /// A call of its turn was sent outside the store and not journaled (`sent_call`).
+    pub sent_call: bool,
 }
 
 /// What [`Store::reap_expired`] did with one run.
@@ -37,8 +39,9 @@ pub enum ReapOutcome {
     Requeued,
     /// Failed `retries_exhausted`.
     RetriesExhausted,
-    /// Failed `not_retryable`: a non-idempotent external write may have happened.
-    NotRetryable,
+    /// Failed `outcome_unknown`: its retries are spent while a write it sent outside the store
+    /// is still in doubt.
+    OutcomeUnknown,
     /// The run moved since the scan (a heartbeat, a settle, a cancel): left alone.
     Lost,
 }
@@ -55,7 +58,8 @@ impl Store {
     /// Running runs whose lease expired by the database clock, oldest expiry first.
     pub async fn expired_leases(&self, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
         let rows = sqlx::query!(
-            r#"SELECT id, lease_epoch, segment, requeue_count, pending_effect FROM runs
+            r#"SELECT id, lease_epoch, segment, requeue_count, pending_effect,
+                      sent_call IS NOT NULL AS "sent_call!" FROM runs
                WHERE status = 'running' AND lease_expires_at < now()
                ORDER BY lease_expires_at LIMIT $1"#,
             limit,
@@ -76,14 +80,17 @@ impl Store {
                             Effect::parse(&e).ok_or(StoreError::unreadable("runs.pending_effect"))
                         })
                         .transpose()?,
+                    sent_call: r.sent_call,
                 })
             })
             .collect()
     }
 
     /// `running` → `queued` (same segment), `requeue_count + 1`, available after `backoff`;
-    /// only while the lease seen is still expired, the run may be retried
-    /// (`pending_effect` is not `non_idempotent_write`) and `requeue_count < max_requeues`.
+    /// only while the lease seen is still expired and `requeue_count < max_requeues`. A call
+    /// stamped as sent stays stamped (`sent_seq`, `sent_call`): the next segment resolves it by
+    /// its idempotency key before anything else, and never sends a non-idempotent write again
+    /// blindly.
     pub async fn reaper_requeue(
         &self,
         run: &ExpiredLease,
@@ -98,7 +105,6 @@ impl Store {
                    updated_at = now()
                WHERE id = $1 AND status = 'running' AND lease_epoch = $2
                  AND lease_expires_at < now()
-                 AND pending_effect IS DISTINCT FROM 'non_idempotent_write'
                  AND requeue_count < $3"#,
             run.run_id.as_uuid(),
             run.epoch.get(),
@@ -110,83 +116,61 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// `running` → `failed` (`retries_exhausted`), while the lease seen is still expired and
-    /// `requeue_count >= max_requeues`; announced as `run.failed` in the same transaction.
+    /// `running` → `failed`, while the lease seen is still expired and `requeue_count >=
+    /// max_requeues`: `outcome_unknown` when a call of its turn is stamped as sent and not
+    /// journaled (it may have landed, and nobody will learn whether; the stamp stays, naming
+    /// the call), `retries_exhausted` otherwise. Announced as `run.failed` in the same
+    /// transaction.
     pub async fn reaper_fail_exhausted(
         &self,
         run: &ExpiredLease,
         max_requeues: i32,
     ) -> Result<bool, StoreError> {
+        let reason = if run.sent_call {
+            TerminationReason::OutcomeUnknown
+        } else {
+            TerminationReason::RetriesExhausted
+        };
         let mut tx = self.pool.begin().await?;
         let done = sqlx::query!(
             r#"UPDATE runs
-               SET status = 'failed', termination_reason = 'retries_exhausted',
+               SET status = 'failed', termination_reason = $4,
+                   error_code = CASE WHEN $5 THEN $4 ELSE error_code END,
                    lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
                WHERE id = $1 AND status = 'running' AND lease_epoch = $2
                  AND lease_expires_at < now()
-                 AND pending_effect IS DISTINCT FROM 'non_idempotent_write'
-                 AND requeue_count >= $3"#,
+                 AND requeue_count >= $3
+                 AND (sent_call IS NOT NULL) = $5"#,
             run.run_id.as_uuid(),
             run.epoch.get(),
             max_requeues,
+            reason.as_str(),
+            run.sent_call,
         )
         .execute(&mut *tx)
         .await?;
-        self.end_announced(
-            tx,
-            done.rows_affected(),
-            "run.failed",
-            run.run_id,
-            TerminationReason::RetriesExhausted,
-        )
-        .await
+        self.end_announced(tx, done.rows_affected(), "run.failed", run.run_id, reason)
+            .await
     }
 
-    /// `running` → `failed` (`not_retryable`), while the lease seen is still expired and the
-    /// run is stamped `non_idempotent_write`: the effect may have happened, so it must not run
-    /// again. Announced as `run.failed` in the same transaction.
-    pub async fn reaper_fail_not_retryable(&self, run: &ExpiredLease) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let done = sqlx::query!(
-            r#"UPDATE runs
-               SET status = 'failed', termination_reason = 'not_retryable',
-                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
-               WHERE id = $1 AND status = 'running' AND lease_epoch = $2
-                 AND lease_expires_at < now()
-                 AND pending_effect = 'non_idempotent_write'"#,
-            run.run_id.as_uuid(),
-            run.epoch.get(),
-        )
-        .execute(&mut *tx)
-        .await?;
-        self.end_announced(
-            tx,
-            done.rows_affected(),
-            "run.failed",
-            run.run_id,
-            TerminationReason::NotRetryable,
-        )
-        .await
-    }
-
-    /// Applies DESIGN's order to one expired lease: a fence that forbids retry fails it
-    /// `not_retryable`, exhausted retries fail it `retries_exhausted`, otherwise it is
-    /// requeued. The choice follows the scan, and the chosen UPDATE repeats it.
+    /// Applies the reaper's order to one expired lease: exhausted retries fail it
+    /// (`outcome_unknown` when a write is in doubt, `retries_exhausted` otherwise), anything
+    /// else is requeued. The choice follows the scan, and the chosen UPDATE repeats it.
     pub async fn reap_expired(
         &self,
         run: &ExpiredLease,
         max_requeues: i32,
         backoff: Duration,
     ) -> Result<ReapOutcome, StoreError> {
-        let (won, outcome) = if run.pending_effect == Some(Effect::NonIdempotentWrite) {
-            (
-                self.reaper_fail_not_retryable(run).await?,
-                ReapOutcome::NotRetryable,
-            )
-        } else if run.requeue_count >= max_requeues {
+        let (won, outcome) = if run.requeue_count >= max_requeues {
+            let outcome = if run.sent_call {
+                ReapOutcome::OutcomeUnknown
+            } else {
+                ReapOutcome::RetriesExhausted
+            };
             (
                 self.reaper_fail_exhausted(run, max_requeues).await?,
-                ReapOutcome::RetriesExhausted,
+                outcome,
             )
         } else {
             (

@@ -933,7 +933,7 @@ impl Store {
                            604800) * interval '1 second',
                        iterations = $8, prompt_tokens = $9, completion_tokens = $10,
                        lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
-                       updated_at = now()
+                       sent_seq = NULL, sent_call = NULL, updated_at = now()
                    WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3
                    RETURNING id),
                numbered AS (

@@ -1,5 +1,5 @@
-//! The segment's side of the loop: the lease, the fence, the turn transaction and the
-//! execution journal, in PostgreSQL.
+//! The segment's side of the loop: the lease, the fence, the turn transaction, the local
+//! writers that share it, and the execution journal, in PostgreSQL.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,16 +8,19 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use countersign_core::agent_loop::{HookError, SegmentHooks};
 use countersign_core::{
-    CallIndex, Effect, FenceToken, JournalEntry, PendingCall, SuspensionSeq, ToolOutput,
-    TurnTransaction,
+    CallIndex, Effect, FenceToken, JournalEntry, LocalWriter, LocalWriters, PendingCall,
+    SuspensionSeq, ToolOutput,
 };
-use countersign_store::{hook_error, Lease, SentCall, Store};
+use countersign_store::{hook_error, FencedWrite, Lease, SentCall, Store};
 use tokio::sync::Notify;
 
 /// Fence, journal and lease of one segment, over the store.
 #[derive(Debug, Clone)]
 pub struct StoreHooks {
     store: Store,
+    /// The writers whose writes land in `store`'s database: an approved turn plans and writes
+    /// them in its transaction.
+    local: Arc<LocalWriters<FencedWrite>>,
     lease: Lease,
     ttl: Duration,
     lost: Arc<Lost>,
@@ -37,9 +40,15 @@ struct Lost {
 }
 
 impl StoreHooks {
-    pub fn new(store: Store, lease: Lease, ttl: Duration) -> Self {
+    pub fn new(
+        store: Store,
+        local: Arc<LocalWriters<FencedWrite>>,
+        lease: Lease,
+        ttl: Duration,
+    ) -> Self {
         StoreHooks {
             store,
+            local,
             lease,
             ttl,
             lost: Arc::default(),
@@ -108,6 +117,48 @@ impl StoreHooks {
 
 #[async_trait]
 impl SegmentHooks for StoreHooks {
+    type Turn = FencedWrite;
+
+    async fn begin_turn(&self, seq: SuspensionSeq) -> Result<FencedWrite, HookError> {
+        self.store
+            .begin_turn(&self.lease, seq)
+            .await
+            .map_err(|e| self.lost_if(hook_error(e)))
+    }
+
+    async fn journaled(
+        &self,
+        turn: &mut FencedWrite,
+        _seq: SuspensionSeq,
+    ) -> Result<Vec<(CallIndex, ToolOutput)>, HookError> {
+        turn.journaled().await.map_err(hook_error)
+    }
+
+    fn local(&self, tool: &str) -> Option<&dyn LocalWriter<FencedWrite>> {
+        self.local.get(tool)
+    }
+
+    async fn commit_turn(
+        &self,
+        turn: FencedWrite,
+        _seq: SuspensionSeq,
+        entries: &[JournalEntry<'_>],
+    ) -> Result<(), HookError> {
+        turn.commit_turn(self.ttl, entries)
+            .await
+            .map_err(|e| self.lost_if(hook_error(e)))?;
+        if entries.iter().any(|e| e.effect.is_write()) {
+            self.written();
+        }
+        Ok(())
+    }
+
+    async fn rollback_turn(&self, turn: FencedWrite) {
+        if let Err(e) = turn.rollback().await {
+            tracing::warn!(run.id = %self.lease.run_id, error = %e, "turn rollback failed; the connection drops it");
+        }
+    }
+
     async fn fence(
         &self,
         seq: SuspensionSeq,
@@ -126,17 +177,6 @@ impl SegmentHooks for StoreHooks {
             Ok(false) => Err(self.lost_if(HookError::LeaseLost)),
             Err(e) => Err(self.lost_if(hook_error(e))),
         }
-    }
-
-    async fn journaled(
-        &self,
-        seq: SuspensionSeq,
-        index: CallIndex,
-    ) -> Result<Option<ToolOutput>, HookError> {
-        self.store
-            .journaled(self.lease.run_id, seq, index)
-            .await
-            .map_err(hook_error)
     }
 
     async fn record(
@@ -159,60 +199,15 @@ impl SegmentHooks for StoreHooks {
             .map_err(|e| self.lost_if(hook_error(e)))
     }
 
-    async fn any_journaled(&self, seq: SuspensionSeq) -> Result<bool, HookError> {
-        self.store
-            .any_journaled(self.lease.run_id, seq)
-            .await
-            .map_err(hook_error)
+    fn token(&self, seq: SuspensionSeq, index: CallIndex) -> FenceToken {
+        self.lease.fence_token(seq, index)
     }
 
     fn sent_unjournaled(&self, seq: SuspensionSeq) -> Option<CallIndex> {
         self.sent.filter(|(at, _)| *at == seq).map(|(_, call)| call)
     }
 
-    async fn begin_turn(&self, seq: SuspensionSeq) -> Result<Box<dyn TurnTransaction>, HookError> {
-        match self.store.begin_turn(&self.lease, seq, self.ttl).await {
-            Ok(tx) => Ok(Box::new(Timed {
-                inner: Box::new(tx),
-                hooks: self.clone(),
-            })),
-            Err(e) => Err(self.lost_if(hook_error(e))),
-        }
-    }
-
     fn lease_lost(&self) -> bool {
         self.lost.flag.load(Ordering::SeqCst)
-    }
-}
-
-/// An approved turn's transaction whose commit is timed from the approval.
-#[derive(Debug)]
-struct Timed {
-    inner: Box<dyn TurnTransaction>,
-    hooks: StoreHooks,
-}
-
-#[async_trait]
-impl TurnTransaction for Timed {
-    /// The store's own transaction: what the store's tools act on.
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self.inner.as_any_mut()
-    }
-
-    async fn journaled(&mut self) -> Result<Vec<(CallIndex, ToolOutput)>, HookError> {
-        self.inner.journaled().await
-    }
-
-    async fn commit(self: Box<Self>, entries: &[JournalEntry<'_>]) -> Result<(), HookError> {
-        let Timed { inner, hooks } = *self;
-        inner.commit(entries).await?;
-        if entries.iter().any(|e| e.effect.is_write()) {
-            hooks.written();
-        }
-        Ok(())
-    }
-
-    async fn rollback(self: Box<Self>) {
-        self.inner.rollback().await;
     }
 }

@@ -64,12 +64,16 @@ async fn main() -> anyhow::Result<()> {
         .min(args.pool_size.max(2));
     let (store, broker) = args.connections.open(pool_size, args.http_addr).await?;
     let countersign_service::tools::Tools {
-        registry, users, ..
+        registry,
+        local,
+        users,
+        ..
     } = countersign_service::tools::tools(&store).await?;
     let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));
     let runner = SegmentRunner {
         store,
         registry: Arc::new(registry),
+        local: Arc::new(local),
         models: Models::PerAgent(Arc::new(catalog)),
         users,
         lease_ttl,

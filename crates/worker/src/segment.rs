@@ -9,12 +9,12 @@ use countersign_core::agent_loop::{
     self, AgentConfig, Decision, Outcome, Segment, SegmentHooks, TerminationReason,
 };
 use countersign_core::{
-    Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState, TokenUsage, ToolRegistry,
-    UserDirectory,
+    LocalWriters, Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState, TokenUsage,
+    ToolRegistry, UserDirectory,
 };
 use countersign_model::ModelCatalog;
 use countersign_store::{
-    Claim, Lease, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
+    Claim, FencedWrite, Lease, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
 };
 use serde_json::Value;
 use tracing::Instrument;
@@ -48,6 +48,8 @@ const SEGMENT_RETRIES: usize = 3;
 pub struct SegmentRunner {
     pub store: Store,
     pub registry: Arc<ToolRegistry>,
+    /// The registry's writers whose writes land in `store`'s database.
+    pub local: Arc<LocalWriters<FencedWrite>>,
     pub models: Models,
     pub users: Arc<dyn UserDirectory>,
     pub lease_ttl: Duration,
@@ -99,15 +101,20 @@ impl SegmentRunner {
         claim: &Claim,
         release: impl std::future::Future<Output = ()>,
     ) -> Result<SegmentEnd, StoreError> {
-        let hooks = StoreHooks::new(self.store.clone(), claim.lease.clone(), self.lease_ttl)
-            .decided(
-                claim
-                    .inputs
-                    .decision
-                    .as_ref()
-                    .and_then(|d| d.decided_secs_ago),
-            )
-            .sent(claim.suspension_seq, claim.sent_call);
+        let hooks = StoreHooks::new(
+            self.store.clone(),
+            self.local.clone(),
+            claim.lease.clone(),
+            self.lease_ttl,
+        )
+        .decided(
+            claim
+                .inputs
+                .decision
+                .as_ref()
+                .and_then(|d| d.decided_secs_ago),
+        )
+        .sent(claim.suspension_seq, claim.sent_call);
         let _held = self.heartbeat.hold(&self.store, &hooks, self.lease_ttl);
         // Every log line of the segment, the tools' included, carries the run id.
         let span = tracing::info_span!("segment", run.id = %claim.lease.run_id, epoch = %claim.lease.epoch);

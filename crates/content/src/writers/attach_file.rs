@@ -107,6 +107,25 @@ impl Writer for AttachFile {
         Ok(vec![Subject::Element(args.content_element.get())])
     }
 
+    async fn lock_reads(
+        &self,
+        conn: &mut PgConnection,
+        user_name: &str,
+        args: &AttachArgs,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query_scalar!(
+            r#"SELECT content.lock_reads_attach_file_to_content_element($1, $2, $3, $4)
+                   AS "locked!""#,
+            user_name,
+            args.content_element.get(),
+            args.file.get(),
+            args.field()
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
     async fn plan(
         &self,
         conn: &mut PgConnection,

@@ -100,6 +100,23 @@ impl Writer for CreateElementDraft {
         Ok(vec![Subject::Page(args.page.get())])
     }
 
+    async fn lock_reads(
+        &self,
+        conn: &mut PgConnection,
+        user_name: &str,
+        args: &ElementDraftArgs,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query_scalar!(
+            r#"SELECT content.lock_reads_create_content_element_draft($1, $2, $3) AS "locked!""#,
+            user_name,
+            args.page.get(),
+            args.after_content_uid.map(Uid::get)
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
     async fn plan(
         &self,
         conn: &mut PgConnection,

@@ -71,6 +71,22 @@ impl Writer for SetFileAlternativeText {
         Ok(vec![Subject::File(args.uid.get())])
     }
 
+    async fn lock_reads(
+        &self,
+        conn: &mut PgConnection,
+        user_name: &str,
+        args: &AlternativeArgs,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query_scalar!(
+            r#"SELECT content.lock_reads_set_file_alternative_text($1, $2) AS "locked!""#,
+            user_name,
+            args.uid.get()
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
     async fn plan(
         &self,
         conn: &mut PgConnection,

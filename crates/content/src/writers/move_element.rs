@@ -137,6 +137,24 @@ impl Writer for MoveElement {
         Ok(subjects)
     }
 
+    async fn lock_reads(
+        &self,
+        conn: &mut PgConnection,
+        user_name: &str,
+        args: &MoveArgs,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query_scalar!(
+            r#"SELECT content.lock_reads_move_content_element($1, $2, $3, $4) AS "locked!""#,
+            user_name,
+            args.uid.get(),
+            args.target_page.get(),
+            args.after_content_uid.map(Uid::get)
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
     async fn plan(
         &self,
         conn: &mut PgConnection,

@@ -74,6 +74,23 @@ impl Writer for CreatePageDraft {
         Ok(vec![Subject::Page(args.parent.get())])
     }
 
+    async fn lock_reads(
+        &self,
+        conn: &mut PgConnection,
+        user_name: &str,
+        args: &PageDraftArgs,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query_scalar!(
+            r#"SELECT content.lock_reads_create_page_draft($1, $2, $3) AS "locked!""#,
+            user_name,
+            args.parent.get(),
+            args.after_page_uid.map(Uid::get)
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
     async fn plan(
         &self,
         conn: &mut PgConnection,

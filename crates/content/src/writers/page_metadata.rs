@@ -118,6 +118,22 @@ impl Writer for UpdatePageMetadata {
         Ok(vec![Subject::Page(args.uid.get())])
     }
 
+    async fn lock_reads(
+        &self,
+        conn: &mut PgConnection,
+        user_name: &str,
+        args: &PageMetadataArgs,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query_scalar!(
+            r#"SELECT content.lock_reads_update_page_metadata($1, $2) AS "locked!""#,
+            user_name,
+            args.uid.get()
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        Ok(())
+    }
+
     async fn plan(
         &self,
         conn: &mut PgConnection,

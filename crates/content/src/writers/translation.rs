@@ -218,13 +218,58 @@ impl Writer for CreateTranslationDraft {
 
     async fn subjects(
         &self,
-        _conn: &mut PgConnection,
+        conn: &mut PgConnection,
         args: &TranslationArgs,
     ) -> Result<Vec<Subject>, sqlx::Error> {
-        Ok(vec![match args.table {
-            Table::Pages => Subject::Page(args.uid()),
-            Table::Content => Subject::Element(args.uid()),
-        }])
+        Ok(match args.table {
+            Table::Pages => vec![Subject::Page(args.uid())],
+            Table::Content => {
+                // An element's translation needs one of its page, so the page is locked with
+                // it: a translation of the page cannot appear or vanish unseen. Read without a
+                // lock; `lock_reads` locks the page the element is on under the element's lock,
+                // should it have moved in between.
+                let pid = sqlx::query_scalar!(
+                    "SELECT pid FROM content.elements WHERE uid = $1",
+                    args.uid()
+                )
+                .fetch_optional(&mut *conn)
+                .await?;
+                let mut subjects = vec![Subject::Element(args.uid())];
+                subjects.extend(pid.map(Subject::Page));
+                subjects
+            }
+        })
+    }
+
+    async fn lock_reads(
+        &self,
+        conn: &mut PgConnection,
+        user_name: &str,
+        args: &TranslationArgs,
+    ) -> Result<(), sqlx::Error> {
+        match args.table {
+            Table::Pages => {
+                sqlx::query_scalar!(
+                    r#"SELECT content.lock_reads_translate_page($1, $2, $3) AS "locked!""#,
+                    user_name,
+                    args.uid(),
+                    args.language()
+                )
+                .fetch_one(&mut *conn)
+                .await?
+            }
+            Table::Content => {
+                sqlx::query_scalar!(
+                    r#"SELECT content.lock_reads_translate_element($1, $2, $3) AS "locked!""#,
+                    user_name,
+                    args.uid(),
+                    args.language()
+                )
+                .fetch_one(&mut *conn)
+                .await?
+            }
+        };
+        Ok(())
     }
 
     async fn plan(

@@ -386,7 +386,7 @@ fn assert_in_own_words(tool: &str, args: &Value, refusal: &str) {
 async fn every_tools_derived_schema_and_its_parser_agree_on_every_example(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let mut registry = ToolRegistry::new();
-    countersign_content::register(&mut registry, site.store.clone());
+    countersign_content::register(&mut registry, &mut Default::default(), site.store.clone());
     let examples = examples();
 
     let mut registered: Vec<&str> = registry.iter().map(|t| t.spec().name.as_str()).collect();
@@ -450,7 +450,7 @@ async fn every_tools_derived_schema_and_its_parser_agree_on_every_example(pool: 
 async fn every_tools_parameters_are_a_plain_object_schema_as_the_snapshot_shows(pool: PgPool) {
     let site = Site::seeded(pool).await;
     let mut registry = ToolRegistry::new();
-    countersign_content::register(&mut registry, site.store.clone());
+    countersign_content::register(&mut registry, &mut Default::default(), site.store.clone());
     let mut all = BTreeMap::new();
     for tool in registry.iter() {
         let spec = tool.spec();

@@ -384,7 +384,7 @@ impl Tool for AdminOnly {
 /// The coordinator of `h` with a registry built by `change` from the content store's tools.
 fn coordinator_with(h: &Harness, change: impl FnOnce(&mut ToolRegistry)) -> Coordinator {
     let mut registry = ToolRegistry::new();
-    countersign_content::register(&mut registry, h.store.clone());
+    countersign_content::register(&mut registry, &mut Default::default(), h.store.clone());
     change(&mut registry);
     Coordinator::with_users(
         h.store.clone(),

@@ -64,12 +64,14 @@ pub async fn harness(pool: PgPool) -> Harness {
     let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
     store.upsert_agent(&agent(false)).await.unwrap();
     let mut registry = ToolRegistry::new();
-    countersign_content::register(&mut registry, store.clone());
+    let mut local = countersign_core::LocalWriters::new();
+    countersign_content::register(&mut registry, &mut local, store.clone());
     let registry = Arc::new(registry);
     let users: Arc<dyn UserDirectory> = Arc::new(ContentUsers::new(pool.clone()));
     let runner = SegmentRunner {
         store: store.clone(),
         registry: registry.clone(),
+        local: Arc::new(local),
         models: countersign_worker::Models::Fixed(Arc::new(
             ScriptedModel::from_json(SCRIPT).unwrap(),
         )),

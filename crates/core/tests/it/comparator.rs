@@ -1,37 +1,46 @@
-//! The comparator on its own: what binds and what does not.
+//! The comparison an approved turn makes before anything writes: what binds and what does not.
 
-use countersign_core::agent_loop::{self, Outcome};
-use countersign_core::comparator::{compare, Binding};
+use countersign_core::agent_loop::{self, Decision, Outcome};
 use countersign_core::{CallIndex, SuspendedRunState};
 use serde_json::json;
 
 use crate::support::{final_answer, turn, Fixture, PreviewMode, TestModel};
 
-async fn suspended(f: &Fixture) -> SuspendedRunState {
-    let model = TestModel::new(vec![
+fn model() -> TestModel {
+    TestModel::new(vec![
         turn(&[
             ("append", json!({"key": "k1", "item": "x"})),
             ("append2", json!({"key": "k2", "item": "y"})),
         ]),
         final_answer("done"),
-    ]);
-    match agent_loop::start(f.segment(&model, "t"), "go", None).await {
+    ])
+}
+
+async fn suspended(f: &Fixture) -> SuspendedRunState {
+    match agent_loop::start(f.segment(&model(), "t"), "go", None).await {
         Outcome::Suspended { state, .. } => state,
         other => panic!("{other:?}"),
     }
 }
 
+/// The approval of `state`'s turn, run through the loop.
+async fn approved(f: &Fixture, state: SuspendedRunState) -> Outcome {
+    let decision = Decision {
+        approved: true,
+        comment: None,
+    };
+    agent_loop::resume(f.segment(&model(), "t2"), state, &decision).await
+}
+
 #[tokio::test]
-async fn equal_previews_bind_as_unchanged() {
+async fn equal_previews_bind_as_unchanged_and_the_turn_runs() {
     let f = Fixture::new();
     let state = suspended(&f).await;
-    let offered = f.agent.policy.offered(&f.registry, &f.user);
-    assert_eq!(
-        compare(&state, &offered, &f.user)
-            .await
-            .expect("no infrastructure failure"),
-        Binding::Unchanged
-    );
+    assert!(matches!(
+        approved(&f, state).await,
+        Outcome::Completed { .. }
+    ));
+    assert_eq!(f.world.executed_tools(), vec!["append", "append2"]);
 }
 
 #[tokio::test]
@@ -39,13 +48,10 @@ async fn a_change_to_state_no_preview_showed_does_not_bind() {
     let f = Fixture::new();
     let state = suspended(&f).await;
     f.world.set("unrelated", &["a", "b"]);
-    let offered = f.agent.policy.offered(&f.registry, &f.user);
-    assert_eq!(
-        compare(&state, &offered, &f.user)
-            .await
-            .expect("no infrastructure failure"),
-        Binding::Unchanged
-    );
+    assert!(matches!(
+        approved(&f, state).await,
+        Outcome::Completed { .. }
+    ));
 }
 
 #[tokio::test]
@@ -54,39 +60,32 @@ async fn moved_previews_report_every_moved_index_and_keep_the_unmoved_ones() {
     let state = suspended(&f).await;
     f.world.set("k1", &["a"]);
     f.world.set("k2", &["b"]);
-    let offered = f.agent.policy.offered(&f.registry, &f.user);
-    match compare(&state, &offered, &f.user)
-        .await
-        .expect("no infrastructure failure")
-    {
-        Binding::Moved { previews, moved } => {
-            assert_eq!(moved, vec![CallIndex::new(0), CallIndex::new(1)]);
-            assert_eq!(
-                previews[0].lines[0],
-                "list k1: 1 item(s) → 2, appended last"
-            );
-            assert_eq!(
-                previews[1].lines[0],
-                "list k2: 1 item(s) → 2, appended last"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
+    let Outcome::Suspended { state: both, .. } = approved(&f, state.clone()).await else {
+        panic!("both previews moved");
+    };
+    assert_eq!(
+        both.stale_call_indexes,
+        vec![CallIndex::new(0), CallIndex::new(1)]
+    );
+    assert_eq!(
+        both.call_previews[0].lines[0],
+        "list k1: 1 item(s) → 2, appended last"
+    );
+    assert_eq!(
+        both.call_previews[1].lines[0],
+        "list k2: 1 item(s) → 2, appended last"
+    );
 
     f.world.set("k2", &[]);
-    match compare(&state, &offered, &f.user)
-        .await
-        .expect("no infrastructure failure")
-    {
-        Binding::Moved { previews, moved } => {
-            assert_eq!(moved, vec![CallIndex::new(0)]);
-            assert_eq!(
-                previews[1], state.call_previews[1],
-                "an unmoved preview is carried as it was"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
+    let Outcome::Suspended { state: one, .. } = approved(&f, state.clone()).await else {
+        panic!("the first preview moved");
+    };
+    assert_eq!(one.stale_call_indexes, vec![CallIndex::new(0)]);
+    assert_eq!(
+        one.call_previews[1], state.call_previews[1],
+        "an unmoved preview is carried as it was"
+    );
+    assert!(f.world.executed_tools().is_empty(), "nothing was written");
 }
 
 #[tokio::test]
@@ -94,16 +93,11 @@ async fn a_panicking_re_preview_counts_as_moved() {
     let f = Fixture::new();
     let state = suspended(&f).await;
     f.append2.set_mode(PreviewMode::Panics);
-    let offered = f.agent.policy.offered(&f.registry, &f.user);
-    match compare(&state, &offered, &f.user)
-        .await
-        .expect("no infrastructure failure")
-    {
-        Binding::Moved { previews, moved } => {
-            assert_eq!(moved, vec![CallIndex::new(1)]);
-            assert!(previews[1].failed);
-            assert!(previews[1].lines[0].contains("(panic)"));
-        }
-        other => panic!("{other:?}"),
-    }
+    let Outcome::Suspended { state, .. } = approved(&f, state).await else {
+        panic!("the panicking preview moved");
+    };
+    assert_eq!(state.stale_call_indexes, vec![CallIndex::new(1)]);
+    assert!(state.call_previews[1].failed);
+    assert!(state.call_previews[1].lines[0].contains("(panic)"));
+    assert!(f.world.executed_tools().is_empty());
 }

@@ -7,5 +7,6 @@ mod boundary;
 mod card;
 mod comparator;
 mod loop_scenarios;
+mod pipeline;
 mod preview_bounds;
 mod rehydration;

@@ -7,9 +7,10 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use countersign_core::agent_loop::{AgentConfig, HookError, Segment, SegmentHooks};
 use countersign_core::{
-    CallIndex, Effect, ExecContext, FenceToken, LeaseEpoch, Message, Model, ModelError,
-    ModelRequest, ModelResponse, PendingCall, Principal, Role, RunId, SuspensionSeq, TokenUsage,
-    Tool, ToolCall, ToolError, ToolOutput, ToolPolicy, ToolPreview, ToolRegistry, ToolSpec,
+    CallIndex, Effect, ExecContext, FenceToken, JournalEntry, LeaseEpoch, LocalWriter, Message,
+    Model, ModelError, ModelRequest, ModelResponse, PendingCall, Principal, Role, RunId,
+    SuspensionSeq, TokenUsage, Tool, ToolCall, ToolError, ToolOutput, ToolPolicy, ToolPreview,
+    ToolRegistry, ToolSpec,
 };
 use serde_json::{json, Value};
 
@@ -290,12 +291,32 @@ impl Model for TestModel {
 }
 
 /// Hooks over an in-memory journal and a lease that a test can take away.
-#[derive(Debug)]
 pub struct MemHooks {
     pub run_id: RunId,
     pub journal: Mutex<BTreeMap<(u32, usize), ToolOutput>>,
     pub lease_lost: AtomicBool,
     pub fences: AtomicUsize,
+    /// The call an earlier attempt stamped as sent and never journaled: (suspension, index).
+    pub sent: Mutex<Option<(u32, usize)>>,
+    /// Run once when the turn is compared and about to write: a colleague's edit at exactly
+    /// that moment.
+    #[allow(clippy::type_complexity)]
+    pub on_applying: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl std::fmt::Debug for MemHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemHooks")
+            .field("run_id", &self.run_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemHooks {
+    /// Runs `edit` when the next approved turn is compared and about to write.
+    pub fn when_applying(&self, edit: impl FnOnce() + Send + 'static) {
+        *self.on_applying.lock().unwrap() = Some(Box::new(edit));
+    }
 }
 
 impl Default for MemHooks {
@@ -305,12 +326,70 @@ impl Default for MemHooks {
             journal: Mutex::default(),
             lease_lost: AtomicBool::new(false),
             fences: AtomicUsize::new(0),
+            sent: Mutex::default(),
+            on_applying: Mutex::default(),
         }
     }
 }
 
 #[async_trait]
 impl SegmentHooks for MemHooks {
+    /// The tools here act outside the store: a turn has nothing of its own to commit.
+    type Turn = ();
+
+    async fn begin_turn(&self, _seq: SuspensionSeq) -> Result<(), HookError> {
+        if self.lease_lost.load(Ordering::SeqCst) {
+            return Err(HookError::LeaseLost);
+        }
+        Ok(())
+    }
+
+    async fn journaled(
+        &self,
+        _turn: &mut (),
+        seq: SuspensionSeq,
+    ) -> Result<Vec<(CallIndex, ToolOutput)>, HookError> {
+        Ok(self
+            .journal
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|((s, _), _)| *s == seq.get())
+            .map(|((_, i), o)| (CallIndex::new(*i), o.clone()))
+            .collect())
+    }
+
+    fn local(&self, _tool: &str) -> Option<&dyn LocalWriter<()>> {
+        None
+    }
+
+    async fn commit_turn(
+        &self,
+        _turn: (),
+        _seq: SuspensionSeq,
+        entries: &[JournalEntry<'_>],
+    ) -> Result<(), HookError> {
+        assert!(entries.is_empty(), "no local writer, no local entry");
+        Ok(())
+    }
+
+    async fn rollback_turn(&self, _turn: ()) {}
+
+    async fn applying(&self, _seq: SuspensionSeq) {
+        let edit = self.on_applying.lock().unwrap().take();
+        if let Some(edit) = edit {
+            edit();
+        }
+    }
+
+    fn sent_unjournaled(&self, seq: SuspensionSeq) -> Option<CallIndex> {
+        self.sent
+            .lock()
+            .unwrap()
+            .filter(|(s, _)| *s == seq.get())
+            .map(|(_, i)| CallIndex::new(i))
+    }
+
     async fn fence(
         &self,
         seq: SuspensionSeq,
@@ -321,26 +400,8 @@ impl SegmentHooks for MemHooks {
         if self.lease_lost.load(Ordering::SeqCst) {
             return Err(HookError::LeaseLost);
         }
-        Ok(FenceToken {
-            run_id: self.run_id,
-            lease_owner: "test".into(),
-            lease_epoch: LeaseEpoch::new(1).unwrap(),
-            suspension_seq: seq,
-            call_index: index,
-        })
-    }
-
-    async fn journaled(
-        &self,
-        seq: SuspensionSeq,
-        index: CallIndex,
-    ) -> Result<Option<ToolOutput>, HookError> {
-        Ok(self
-            .journal
-            .lock()
-            .unwrap()
-            .get(&(seq.get(), index.get()))
-            .cloned())
+        *self.sent.lock().unwrap() = Some((seq.get(), index.get()));
+        Ok(self.token(seq, index))
     }
 
     async fn record(
@@ -356,16 +417,22 @@ impl SegmentHooks for MemHooks {
             .unwrap()
             .entry((seq.get(), index.get()))
             .or_insert(output.clone());
+        self.sent.lock().unwrap().take();
         Ok(())
     }
 
-    async fn any_journaled(&self, seq: SuspensionSeq) -> Result<bool, HookError> {
-        Ok(self
-            .journal
-            .lock()
-            .unwrap()
-            .keys()
-            .any(|(s, _)| *s == seq.get()))
+    fn token(&self, seq: SuspensionSeq, index: CallIndex) -> FenceToken {
+        FenceToken {
+            run_id: self.run_id,
+            lease_owner: "test".into(),
+            lease_epoch: LeaseEpoch::new(1).unwrap(),
+            suspension_seq: seq,
+            call_index: index,
+        }
+    }
+
+    fn lease_lost(&self) -> bool {
+        self.lease_lost.load(Ordering::SeqCst)
     }
 }
 
@@ -413,7 +480,7 @@ impl Fixture {
         }
     }
 
-    pub fn segment<'a>(&'a self, model: &'a TestModel, at: &'a str) -> Segment<'a> {
+    pub fn segment<'a>(&'a self, model: &'a TestModel, at: &'a str) -> Segment<'a, MemHooks> {
         Segment {
             model,
             registry: &self.registry,

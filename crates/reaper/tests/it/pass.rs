@@ -199,9 +199,9 @@ async fn a_run_past_its_requeue_limit_fails_retries_exhausted_and_announces_it(p
     h.cleanup().await;
 }
 
-#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
-async fn a_run_that_may_have_written_outside_is_failed_not_retryable(pool: PgPool) {
-    let h = harness(pool).await;
+/// A running run that stamped call 0 as sent with a non-idempotent write, as the worker does
+/// before it sends one.
+async fn stamped_run(h: &Harness) -> countersign_core::RunId {
     let run_id = h.running_run().await;
     let run = h.store.run(run_id).await.unwrap().unwrap();
     let lease = countersign_store::Lease {
@@ -223,20 +223,75 @@ async fn a_run_that_may_have_written_outside_is_failed_not_retryable(pool: PgPoo
         .await
         .unwrap());
     h.expire_lease(run_id).await;
+    run_id
+}
+
+/// The call stamped as sent, as the run row keeps it.
+async fn sent_call(h: &Harness, run_id: countersign_core::RunId) -> (Option<i32>, Option<i32>) {
+    sqlx::query_as("SELECT sent_seq, sent_call FROM runs WHERE id = $1")
+        .bind(run_id.as_uuid())
+        .fetch_one(h.store.pool())
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_run_whose_write_may_have_landed_is_requeued_with_the_call_still_marked_in_doubt(
+    pool: PgPool,
+) {
+    let h = harness(pool).await;
+    let run_id = stamped_run(&h).await;
 
     assert_eq!(
         h.pass().await,
         PassSummary {
-            not_retryable: 1,
+            requeued: 1,
+            redispatched: 1,
+            ..PassSummary::default()
+        }
+    );
+    let run = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Queued);
+    assert_eq!(
+        sent_call(&h, run_id).await,
+        (Some(1), Some(0)),
+        "the next segment resolves the call by its key before anything else"
+    );
+    h.cleanup().await;
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_run_whose_retries_are_spent_with_a_write_in_doubt_fails_outcome_unknown(pool: PgPool) {
+    let mut h = harness(pool).await;
+    let run_id = stamped_run(&h).await;
+    sqlx::query("UPDATE runs SET requeue_count = 3 WHERE id = $1")
+        .bind(run_id.as_uuid())
+        .execute(h.store.pool())
+        .await
+        .unwrap();
+
+    assert_eq!(
+        h.pass().await,
+        PassSummary {
+            outcome_unknown: 1,
             events_published: 1,
             ..PassSummary::default()
         }
     );
     let run = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(
         run.termination_reason,
-        Some(TerminationReason::NotRetryable)
+        Some(TerminationReason::OutcomeUnknown)
     );
+    assert_eq!(run.error_code.as_deref(), Some("outcome_unknown"));
+    assert_eq!(
+        sent_call(&h, run_id).await,
+        (Some(1), Some(0)),
+        "the call in doubt stays named for an operator"
+    );
+    let (_, event) = Harness::next_json(&mut h.events).await;
+    assert_eq!(event["termination_reason"], "outcome_unknown");
     h.cleanup().await;
 }
 
@@ -263,6 +318,7 @@ async fn an_approval_past_its_deadline_is_cancelled_and_announced(pool: PgPool) 
         model_options: Default::default(),
         call_previews: vec![],
         stale_call_indexes: vec![],
+        landed_calls: vec![],
         suspension_seq: SuspensionSeq::FIRST,
         captured_at: "2026-11-30T10:00:00Z".into(),
     };

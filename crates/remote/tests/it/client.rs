@@ -17,18 +17,48 @@ use countersign_remote::{Limits, RemoteToolServer};
 use secrecy::SecretString;
 use serde_json::{json, Value};
 
-/// Answers `GET /tools` with one tool of each write effect, and every other request with
-/// `status` and `body` after `delay`.
+/// Answers `GET /tools` with one tool of each write effect, `GET /calls/{key}` with `calls`
+/// (404 when there is none), and every other request with `status` and `body` after `delay`.
 pub(crate) struct Canned {
     status: u16,
     body: String,
     delay: Duration,
+    calls: Mutex<Vec<(u16, String)>>,
     pub(crate) posts: AtomicUsize,
     /// Each POST's path and body, as sent.
     pub(crate) bodies: Mutex<Vec<(String, Value)>>,
+    /// How often `GET /calls/{key}` was asked.
+    pub(crate) asked: AtomicUsize,
+}
+
+impl Canned {
+    /// Answers to `GET /calls/{key}`, one a request, the last one again and again.
+    pub(crate) fn answer_calls(&self, answers: &[(u16, &str)]) {
+        *self.calls.lock().unwrap() = answers.iter().map(|(s, b)| (*s, b.to_string())).collect();
+    }
+
+    /// How many requests were sent to `path`.
+    pub(crate) fn sent_to(&self, suffix: &str) -> usize {
+        self.bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| p.ends_with(suffix))
+            .count()
+    }
 }
 
 async fn answer(State(canned): State<Arc<Canned>>, uri: Uri, body: Bytes) -> Response {
+    if uri.path().starts_with("/calls/") {
+        canned.asked.fetch_add(1, Ordering::SeqCst);
+        let mut calls = canned.calls.lock().unwrap();
+        let (status, body) = match calls.len() {
+            0 => (404, r#"{"error":"not_found"}"#.to_owned()),
+            1 => calls[0].clone(),
+            _ => calls.remove(0),
+        };
+        return (StatusCode::from_u16(status).unwrap(), body).into_response();
+    }
     if uri.path() == "/tools" {
         let tool = |name: &str, effect: &str| {
             json!({"name": name, "description": "", "parameters": {"type": "object"},
@@ -58,8 +88,10 @@ pub(crate) fn canned(status: u16, body: &str, delay: Duration) -> (Router, Arc<C
         status,
         body: body.to_owned(),
         delay,
+        calls: Mutex::new(Vec::new()),
         posts: AtomicUsize::new(0),
         bodies: Mutex::new(Vec::new()),
+        asked: AtomicUsize::new(0),
     });
     let app = Router::new()
         .fallback(answer)
@@ -80,6 +112,7 @@ pub(crate) fn tight() -> Limits {
         preview_timeout: Duration::from_millis(200),
         execute_timeout: Duration::from_millis(200),
         max_response_bytes: 1024,
+        resolve_budget: Duration::from_millis(600),
         ..Limits::default()
     }
 }
@@ -128,7 +161,7 @@ async fn a_preview_that_does_not_answer_in_time_fails_as_remote_timeout() {
         .await
         .unwrap_err();
     assert_eq!(e.code(), "remote_timeout");
-    assert!(!e.is_infrastructure(), "a preview failure is a failed line");
+    assert!(!e.interrupts(), "a preview failure is a failed line");
 }
 
 #[tokio::test]
@@ -173,19 +206,26 @@ async fn may_view_fails_closed_on_an_error_status_and_on_a_malformed_answer() {
 }
 
 #[tokio::test]
-async fn an_idempotent_execute_that_timed_out_interrupts_the_segment_for_a_retry() {
-    let (url, _) = serve(200, "{}", Duration::from_secs(5)).await;
+async fn an_idempotent_execute_whose_answer_is_lost_and_unresolved_interrupts_the_segment_for_a_retry(
+) {
+    let (url, canned) = serve(200, "{}", Duration::from_secs(5)).await;
     let tools = tools(&url).await;
     let e = tool(&tools, "absolute")
         .execute(&fenced(), &args())
         .await
         .unwrap_err();
-    assert!(e.is_infrastructure());
+    assert!(e.interrupts(), "{e:?}");
     assert_eq!(e.code(), "remote_timeout");
+    assert_eq!(
+        canned.asked.load(Ordering::SeqCst),
+        1,
+        "the server was asked about the key"
+    );
 }
 
 #[tokio::test]
-async fn a_non_idempotent_execute_that_timed_out_is_a_failure_of_the_call_not_a_retry() {
+async fn a_non_idempotent_execute_whose_answer_is_lost_and_unresolved_has_an_unknown_outcome_never_a_failure(
+) {
     let (url, canned) = serve(200, "{}", Duration::from_secs(5)).await;
     let tools = tools(&url).await;
     let e = tool(&tools, "relative")
@@ -195,28 +235,31 @@ async fn a_non_idempotent_execute_that_timed_out_is_a_failure_of_the_call_not_a_
     assert!(
         matches!(
             e,
-            ToolError::Failed {
+            ToolError::OutcomeUnknown {
                 code: "remote_timeout",
                 ..
             }
         ),
         "{e:?}"
     );
-    assert_eq!(canned.posts.load(Ordering::SeqCst), 1);
+    assert_eq!(canned.sent_to("/execute"), 1, "never sent blindly again");
 }
 
 #[tokio::test]
-async fn a_non_idempotent_execute_that_a_server_error_answered_is_a_failure_of_the_call() {
-    let (url, _) = serve(503, "{}", Duration::ZERO).await;
+async fn a_server_error_after_a_write_was_sent_is_resolved_by_its_key_before_anything_else() {
+    let (url, canned) = serve(503, "{}", Duration::ZERO).await;
     let tools = tools(&url).await;
     let relative = tool(&tools, "relative").execute(&fenced(), &args()).await;
-    assert!(matches!(
-        relative,
-        Err(ToolError::Failed {
-            code: "remote_status",
-            ..
-        })
-    ));
+    assert!(
+        matches!(
+            relative,
+            Err(ToolError::OutcomeUnknown {
+                code: "remote_status",
+                ..
+            })
+        ),
+        "{relative:?}"
+    );
     let absolute = tool(&tools, "absolute").execute(&fenced(), &args()).await;
     assert!(matches!(
         absolute,
@@ -225,6 +268,70 @@ async fn a_non_idempotent_execute_that_a_server_error_answered_is_a_failure_of_t
             ..
         })
     ));
+    assert_eq!(canned.asked.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_write_whose_answer_was_lost_takes_the_answer_the_server_recorded_under_its_key() {
+    let (url, canned) = serve(200, "{}", Duration::from_secs(5)).await;
+    // Still working on it once, then the answer it recorded.
+    canned.answer_calls(&[
+        (503, "{}"),
+        (
+            200,
+            r#"{"status":"answered","content":"Appended line 3.","is_error":false}"#,
+        ),
+    ]);
+    let tools = tools(&url).await;
+    let out = tool(&tools, "relative")
+        .execute(&fenced(), &args())
+        .await
+        .expect("resolved by its key");
+    assert_eq!(out.content, "Appended line 3.");
+    assert!(!out.is_error);
+    assert_eq!(canned.sent_to("/execute"), 1);
+    assert_eq!(canned.asked.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_write_whose_key_the_server_never_saw_is_sent_again_under_the_same_key() {
+    let (url, canned) = serve(502, "{}", Duration::ZERO).await;
+    canned.answer_calls(&[(200, r#"{"status":"unseen"}"#)]);
+    let tools = tools(&url).await;
+    let e = tool(&tools, "relative")
+        .execute(&fenced(), &args())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), "remote_status");
+    let sent: Vec<Value> = canned
+        .bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(p, _)| p.ends_with("/execute"))
+        .map(|(_, b)| b["idempotency_key"].clone())
+        .collect();
+    assert_eq!(
+        sent.len(),
+        3,
+        "sent while the server says it never saw it, at most three times"
+    );
+    assert!(
+        sent.windows(2).all(|w| w[0] == w[1]),
+        "always under one key: {sent:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_write_its_server_found_moved_under_its_key_is_told_as_moved() {
+    let (url, canned) = serve(200, "{}", Duration::from_secs(5)).await;
+    canned.answer_calls(&[(200, r#"{"status":"moved"}"#)]);
+    let tools = tools(&url).await;
+    let e = tool(&tools, "relative")
+        .execute(&fenced(), &args())
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ToolError::Moved), "{e:?}");
 }
 
 #[tokio::test]

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use countersign_core::preview::assert_deterministic;
 use countersign_core::{
     CallIndex, Effect, ExecContext, FenceToken, LeaseEpoch, Principal, RunId, SuspensionSeq, Tool,
+    ToolError,
 };
 use countersign_remote::{Limits, RemoteToolServer, Trust};
 use secrecy::SecretString;
@@ -330,15 +331,14 @@ async fn a_write_whose_shown_preview_no_longer_reads_the_same_is_refused_at_the_
     let run = RunId::new();
     let mut sent = ctx(run, 1, 0);
     sent.shown_preview = Some(shown.clone());
-    let out = append.execute(&sent, &args).await.unwrap();
-    assert!(out.is_error);
-    assert_eq!(
-        out.content,
-        countersign_core::agent_loop::moved_after_approval_result("append_line")
-    );
+    let out = append.execute(&sent, &args).await.unwrap_err();
+    assert!(matches!(out, ToolError::Moved), "{out:?}");
     assert_eq!(read(&tools, "home").await, "one\nzero", "nothing written");
     // The refusal is the key's recorded answer: sent again, it is refused again.
-    assert_eq!(append.execute(&sent, &args).await.unwrap(), out);
+    assert!(matches!(
+        append.execute(&sent, &args).await,
+        Err(ToolError::Moved)
+    ));
 
     // The same preview, still current, is written (whitespace aside, as countersign bounds it).
     let current = append

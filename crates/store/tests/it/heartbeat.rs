@@ -2,24 +2,11 @@
 
 use std::time::Duration;
 
-use countersign_core::{
-    CallIndex, Effect, JournalEntry, SuspensionSeq, ToolOutput, TurnTransaction,
-};
-use countersign_store::{ReapOutcome, Renewal, RunStatus};
+use countersign_core::{CallIndex, Effect, JournalEntry, SuspensionSeq, ToolOutput};
+use countersign_store::{ReapOutcome, Renewal, RunStatus, StoreError};
 use sqlx::PgPool;
 
 use crate::support::*;
-
-/// Other backends of this database waiting for a lock.
-async fn waiting_on_locks(pool: &PgPool) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap()
-}
 
 async fn lease_expired(pool: &PgPool, run: countersign_core::RunId) -> bool {
     sqlx::query_scalar("SELECT lease_expires_at < now() FROM runs WHERE id = $1")
@@ -86,37 +73,32 @@ async fn one_beat_renews_the_free_leases_answers_a_locked_row_busy_without_waiti
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
-async fn a_turn_that_outlived_its_lease_waiting_renews_it_with_its_journal_and_the_reaper_waiting_on_it_leaves_the_run(
+async fn an_open_turn_holds_no_run_row_so_its_lease_is_renewed_and_a_lease_lost_meanwhile_keeps_nothing_of_it(
     pool: PgPool,
 ) {
     let store = store(pool.clone());
     let (run, lease) = running(&store).await;
-    let ttl = Duration::from_millis(300);
-    // What the others see of the lease while the turn holds the row: the version before it.
-    expire_lease(&pool, run).await;
     let turn = store
-        .begin_turn(&lease, SuspensionSeq::FIRST, ttl)
+        .begin_turn(&lease, SuspensionSeq::FIRST)
         .await
         .unwrap();
-    // The turn waits (on a colleague's lock, say) past the lease it renewed when it began.
-    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
 
-    // The reaper sees the expired lease and waits on the row the turn holds.
+    // The heartbeat renews the lease of a turn that waits (on a colleague's lock, say).
+    let answered = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.renew_all(std::slice::from_ref(&lease), TTL),
+    )
+    .await
+    .expect("the beat waits for no row lock")
+    .unwrap();
+    assert_eq!(answered, vec![(run, Renewal::Renewed)]);
+
+    // The lease runs out all the same, and the reaper hands the run back.
+    expire_lease(&pool, run).await;
     let seen = store.expired_leases(10).await.unwrap().remove(0);
-    let reaper = {
-        let store = store.clone();
-        tokio::spawn(async move { store.reap_expired(&seen, 3, Duration::ZERO).await })
-    };
-    for _ in 0..100 {
-        if waiting_on_locks(&pool).await == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     assert_eq!(
-        waiting_on_locks(&pool).await,
-        1,
-        "the reaper waits on the turn"
+        store.reap_expired(&seen, 3, Duration::ZERO).await.unwrap(),
+        ReapOutcome::Requeued
     );
 
     let output = ToolOutput::ok("written");
@@ -126,17 +108,19 @@ async fn a_turn_that_outlived_its_lease_waiting_renews_it_with_its_journal_and_t
         effect: Effect::IdempotentWrite,
         output: &output,
     };
-    Box::new(turn).commit(&[entry]).await.unwrap();
-
-    assert_eq!(reaper.await.unwrap().unwrap(), ReapOutcome::Lost);
+    let e = turn.commit_turn(TTL, &[entry]).await.unwrap_err();
+    assert!(matches!(e, StoreError::FenceLost), "{e:?}");
+    assert!(store
+        .journaled(run, SuspensionSeq::FIRST, CallIndex::new(0))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(store
+        .events(run)
+        .await
+        .unwrap()
+        .iter()
+        .all(|e| e.kind != "tool_write"));
     let row = store.run(run).await.unwrap().unwrap();
-    assert_eq!(
-        (row.status, row.lease_epoch),
-        (RunStatus::Running, lease.epoch)
-    );
-    assert_eq!(row.requeue_count, 0);
-    assert!(
-        !lease_expired(&pool, run).await,
-        "renewed with the journal row"
-    );
+    assert_eq!(row.status, RunStatus::Queued);
 }

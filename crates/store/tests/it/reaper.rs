@@ -110,43 +110,67 @@ async fn an_expired_lease_is_requeued_with_backoff_until_retries_are_exhausted(p
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
-async fn a_run_stamped_non_idempotent_write_is_failed_not_retryable(pool: PgPool) {
+async fn a_run_with_a_write_in_doubt_is_requeued_keeping_its_stamp_until_its_retries_are_spent(
+    pool: PgPool,
+) {
     let store = store(pool.clone());
     let (run, lease) = running(&store).await;
     assert!(store
         .renew_stamping(&lease, TTL, Some(sent(Effect::NonIdempotentWrite)))
         .await
         .unwrap());
-    assert_eq!(
-        store.run(run).await.unwrap().unwrap().pending_effect,
-        Some(Effect::NonIdempotentWrite)
-    );
     expire_lease(&pool, run).await;
     let seen = store.expired_leases(10).await.unwrap().remove(0);
     assert_eq!(seen.pending_effect, Some(Effect::NonIdempotentWrite));
+    assert!(seen.sent_call);
 
-    assert!(
-        !store.reaper_requeue(&seen, 3, BACKOFF).await.unwrap(),
-        "a requeue refuses the stamp by itself"
-    );
     assert_eq!(
         store.reap_expired(&seen, 3, BACKOFF).await.unwrap(),
-        ReapOutcome::NotRetryable
+        ReapOutcome::Requeued,
+        "the next segment resolves the call by its key"
+    );
+    sqlx::query("UPDATE runs SET available_at = now() WHERE id = $1")
+        .bind(run.as_uuid())
+        .execute(&pool)
+        .await
+        .unwrap();
+    store
+        .claim(run, "w2", TTL)
+        .await
+        .unwrap()
+        .expect("claimable once its backoff is over");
+
+    // Its retries spent with the call still in doubt: failed, the call named.
+    sqlx::query("UPDATE runs SET requeue_count = 3 WHERE id = $1")
+        .bind(run.as_uuid())
+        .execute(&pool)
+        .await
+        .unwrap();
+    expire_lease(&pool, run).await;
+    let seen = store.expired_leases(10).await.unwrap().remove(0);
+    assert_eq!(
+        store.reap_expired(&seen, 3, BACKOFF).await.unwrap(),
+        ReapOutcome::OutcomeUnknown
     );
     let row = store.run(run).await.unwrap().unwrap();
     assert_eq!(row.status, RunStatus::Failed);
     assert_eq!(
         row.termination_reason,
-        Some(TerminationReason::NotRetryable)
+        Some(TerminationReason::OutcomeUnknown)
     );
 
-    // Clearing the stamp after the effect made the run retryable again.
+    // A stamp cleared with the call's journal row leaves retries spent as they are.
     let (run, lease) = running(&store).await;
     assert!(store
         .renew_stamping(&lease, TTL, Some(sent(Effect::NonIdempotentWrite)))
         .await
         .unwrap());
     assert!(store.renew_stamping(&lease, TTL, None).await.unwrap());
+    sqlx::query("UPDATE runs SET requeue_count = 3 WHERE id = $1")
+        .bind(run.as_uuid())
+        .execute(&pool)
+        .await
+        .unwrap();
     expire_lease(&pool, run).await;
     let seen = store
         .expired_leases(10)
@@ -157,7 +181,7 @@ async fn a_run_stamped_non_idempotent_write_is_failed_not_retryable(pool: PgPool
         .unwrap();
     assert_eq!(
         store.reap_expired(&seen, 3, BACKOFF).await.unwrap(),
-        ReapOutcome::Requeued
+        ReapOutcome::RetriesExhausted
     );
 }
 

@@ -103,8 +103,9 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
         vec![
             ("runs.state", 3, 3),
             ("runs.request", 3, 3),
-            // per run: the sealed read event (the decision event has no content)
-            ("run_events.sealed", 3, 3),
+            // per run: the sealed read event and the audit event of the journaled write (the
+            // decision event has no content)
+            ("run_events.sealed", 6, 6),
             ("run_decisions.comment", 3, 3),
             ("run_journal.result", 3, 3),
         ]

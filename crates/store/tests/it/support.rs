@@ -93,6 +93,7 @@ pub fn state(seq: SuspensionSeq) -> SuspendedRunState {
             failed: false,
         }],
         stale_call_indexes: vec![],
+        landed_calls: vec![],
         suspension_seq: seq,
         captured_at: "2026-11-30T10:00:00Z".into(),
     }

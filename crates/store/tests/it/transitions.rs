@@ -647,7 +647,7 @@ async fn the_schema_refuses_an_error_message_where_a_code_belongs(pool: PgPool) 
         None,
     );
     let err = store.settle(&lease, &leaky).await.unwrap_err();
-    assert_eq!(err.code(), "database_error");
+    assert_eq!(err.code(), "database_constraint_violation");
     assert_eq!(
         store.run(run).await.unwrap().unwrap().status,
         RunStatus::Running

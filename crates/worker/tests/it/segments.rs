@@ -58,11 +58,13 @@ async fn harness(pool: PgPool) -> Harness {
         .await
         .unwrap();
     let mut registry = ToolRegistry::new();
-    countersign_content::register(&mut registry, store.clone());
+    let mut local = countersign_core::LocalWriters::new();
+    countersign_content::register(&mut registry, &mut local, store.clone());
     let registry = Arc::new(registry);
     let runner = SegmentRunner {
         store: store.clone(),
         registry: registry.clone(),
+        local: Arc::new(local),
         models: countersign_worker::Models::Fixed(Arc::new(
             ScriptedModel::from_json(SCRIPT).unwrap(),
         )),
@@ -575,10 +577,17 @@ async fn an_external_write_is_stamped_before_it_runs_and_the_stamp_clears_with_i
     let run = h.store.run(run_id).await.unwrap().unwrap();
     assert_eq!(run.pending_effect, None);
     assert_eq!(journal_rows(&h.store, run_id).await, 1);
+    assert_eq!(
+        h.tool_writes(run_id).await,
+        1,
+        "the external write is audited with its journal row"
+    );
 }
 
 #[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
-async fn a_run_that_dies_during_a_non_idempotent_external_write_fails_not_retryable(pool: PgPool) {
+async fn a_run_that_dies_during_a_non_idempotent_write_its_tool_cannot_resolve_fails_outcome_unknown(
+    pool: PgPool,
+) {
     let (h, notify) = external_harness(pool, true).await;
     let run_id = h.suspended_run().await;
     h.approve(run_id).await;
@@ -600,15 +609,24 @@ async fn a_run_that_dies_during_a_non_idempotent_external_write_fails_not_retrya
             .reap_expired(&expired[0], 3, Duration::ZERO)
             .await
             .unwrap(),
-        countersign_store::ReapOutcome::NotRetryable
+        countersign_store::ReapOutcome::Requeued,
+        "the next segment asks what became of the call"
     );
+    // `notify` cannot be asked about a key: the write may have landed, and nobody can say.
+    let end = h.claim_and_run(run_id, "w3").await;
+    assert_eq!(end, SegmentEnd::Failed(TerminationReason::OutcomeUnknown));
     let run = h.store.run(run_id).await.unwrap().unwrap();
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(
         run.termination_reason,
-        Some(TerminationReason::NotRetryable)
+        Some(TerminationReason::OutcomeUnknown)
     );
     assert_eq!(notify.seen.lock().unwrap().len(), 1, "never sent twice");
+    assert_eq!(
+        journal_rows(&h.store, run_id).await,
+        0,
+        "no result was made up"
+    );
 }
 
 #[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
