@@ -546,13 +546,10 @@ impl<H: SegmentHooks> Turn<'_, H> {
                     call.held = false;
                     call.done = Some(output);
                 }
-                // Committing is idempotent by key: the retry asks the resource again.
-                Err(e) if e.interrupts() => return Err(HookError::from_tool(&e)),
+                // Committing is idempotent by key: a retry asks the resource again.
                 Err(e) => {
-                    return Err(HookError::OutcomeUnknown {
-                        index: call.index,
-                        code: e.code(),
-                    })
+                    settle_failure(seg, seq, call, &e).await?;
+                    call.held = false;
                 }
             }
         }

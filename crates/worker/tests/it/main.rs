@@ -1,4 +1,6 @@
 //! Segments run against the real PostgreSQL, with the content store's real writers, real
 //! envelopes and the scripted model.
 
+mod lock_coverage;
 mod segments;
+mod support;

@@ -1,24 +1,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use countersign_content::{seed_demo_site, ContentUsers};
 use countersign_core::{
-    CallIndex, ExecContext, Principal, RunId, SuspendedRunState, SuspensionSeq, ToolPolicy,
-    ToolRegistry,
+    CallIndex, ExecContext, Principal, RunId, SuspendedRunState, SuspensionSeq,
 };
-use countersign_crypto::Keyring;
 use countersign_model::ScriptedModel;
-use countersign_store::{
-    AgentConfig, DecisionOutcome, DecisionRecord, NewDecision, NewRun, RunStatus, Store,
-    TerminationReason,
-};
-use countersign_worker::{SegmentEnd, SegmentRunner};
+use countersign_store::{RunStatus, Store, TerminationReason};
+use countersign_worker::SegmentEnd;
+
+use crate::support::{Harness, TTL};
 use serde_json::json;
 use sqlx::PgPool;
-use uuid::Uuid;
 
-const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
-const TTL: Duration = Duration::from_secs(30);
 const NEW_DESCRIPTION: &str = "Bicycles for every road.";
 
 const SCRIPT: &str = r#"{"turns": [
@@ -29,118 +22,16 @@ const SCRIPT: &str = r#"{"turns": [
   {"content": "Done."}
 ]}"#;
 
-struct Harness {
-    store: Store,
-    runner: SegmentRunner,
-    registry: Arc<ToolRegistry>,
-}
-
 async fn harness(pool: PgPool) -> Harness {
-    seed_demo_site(&pool).await.unwrap();
-    let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
-    store
-        .upsert_agent(&AgentConfig {
-            name: "seo".into(),
-            active: true,
-            model: json!({}),
-            policy: ToolPolicy {
-                enabled_tools: vec![
-                    "update_page_metadata".into(),
-                    "attach_file_to_content_element".into(),
-                ],
-                ..Default::default()
-            },
-            max_iterations: 5,
-            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-            four_eyes: false,
-            approval_deadline: Duration::from_secs(3600),
-        })
-        .await
-        .unwrap();
-    let mut registry = ToolRegistry::new();
-    let mut local = countersign_core::LocalWriters::new();
-    countersign_content::register(&mut registry, &mut local, store.clone());
-    let registry = Arc::new(registry);
-    let runner = SegmentRunner {
-        store: store.clone(),
-        registry: registry.clone(),
-        local: Arc::new(local),
-        models: countersign_worker::Models::Fixed(Arc::new(
-            ScriptedModel::from_json(SCRIPT).unwrap(),
-        )),
-        users: Arc::new(ContentUsers::new(pool)),
-        lease_ttl: TTL,
-        heartbeat: Default::default(),
-        settler: Default::default(),
-    };
-    Harness {
-        store,
-        runner,
-        registry,
-    }
+    Harness::new(
+        pool,
+        SCRIPT,
+        &["update_page_metadata", "attach_file_to_content_element"],
+    )
+    .await
 }
 
 impl Harness {
-    /// A run of the script, suspended on its write turn.
-    async fn suspended_run(&self) -> RunId {
-        let run_id = self.new_run().await;
-        let end = self.claim_and_run(run_id, "w1").await;
-        assert_eq!(
-            end,
-            SegmentEnd::Suspended {
-                suspension_seq: 1,
-                moved: 0
-            }
-        );
-        run_id
-    }
-
-    /// A queued run of the script, acting as `editor`.
-    async fn new_run(&self) -> RunId {
-        let run = self
-            .store
-            .create_run(&NewRun {
-                request_id: Uuid::now_v7(),
-                agent: "seo".into(),
-                acting_user: "editor".into(),
-                prompt: "Improve page 12.".into(),
-                inputs: None,
-            })
-            .await
-            .unwrap();
-        run.run_id
-    }
-
-    async fn claim_and_run(&self, run_id: RunId, owner: &str) -> SegmentEnd {
-        let claim = self
-            .store
-            .claim(run_id, owner, TTL)
-            .await
-            .unwrap()
-            .expect("claimable");
-        self.runner.run(&claim).await.unwrap()
-    }
-
-    async fn approve(&self, run_id: RunId) {
-        let state =
-            SuspendedRunState::from_bytes(&self.store.load_state(run_id).await.unwrap()).unwrap();
-        let record = self
-            .store
-            .record_decision(&NewDecision {
-                decision_id: Uuid::now_v7(),
-                run_id,
-                suspension_seq: state.suspension_seq,
-                turn_digest: state.turn_digest(),
-                approved: true,
-                approver: "admin".into(),
-                comment: None,
-                outcome: DecisionOutcome::Accepted,
-            })
-            .await
-            .unwrap();
-        assert_eq!(record, DecisionRecord::Recorded(DecisionOutcome::Accepted));
-    }
-
     async fn description(&self) -> String {
         sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = 12")
             .fetch_one(self.store.pool())
@@ -155,16 +46,6 @@ impl Harness {
         .fetch_one(self.store.pool())
         .await
         .unwrap()
-    }
-
-    async fn tool_writes(&self, run_id: RunId) -> usize {
-        self.store
-            .events(run_id)
-            .await
-            .unwrap()
-            .iter()
-            .filter(|e| e.kind == "tool_write")
-            .count()
     }
 }
 
@@ -453,14 +334,16 @@ async fn a_transient_store_error_inside_the_turn_rolls_it_back_and_the_retry_wri
 }
 
 #[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
-async fn a_store_error_that_persists_interrupts_the_turn_and_records_no_result(pool: PgPool) {
+async fn a_conflict_that_keeps_recurring_interrupts_the_turn_leaves_it_to_the_reaper_and_records_no_result(
+    pool: PgPool,
+) {
     let h = harness(pool).await;
     let run_id = h.suspended_run().await;
     h.approve(run_id).await;
     fail_reference_inserts(&h.store, 1_000).await;
 
     let end = h.claim_and_run(run_id, "w2").await;
-    assert_eq!(end, SegmentEnd::Interrupted("database_error"));
+    assert_eq!(end, SegmentEnd::Interrupted("database_conflict"));
     assert_ne!(h.description().await, NEW_DESCRIPTION, "call 0 rolled back");
     assert_eq!(h.teaser_images().await, 2);
     assert_eq!(
@@ -475,6 +358,100 @@ async fn a_store_error_that_persists_interrupts_the_turn_and_records_no_result(p
         RunStatus::Running,
         "left for the reaper to retry"
     );
+}
+
+/// A script whose one write turn sets page 12's description.
+const DESCRIBE: &str = r#"{"turns": [
+  {"tool_calls": [{"name": "update_page_metadata", "arguments": {"uid": 12, "description": "Bicycles for every road."}}]},
+  {"content": "Done."}
+]}"#;
+
+/// A column every page read selects, renamed: what a schema migrated under a running
+/// installation does to its queries — a persistent error, the same on every retry.
+async fn break_page_reads(store: &Store) {
+    sqlx::raw_sql("ALTER TABLE content.pages RENAME COLUMN keywords TO keywords_moved")
+        .execute(store.pool())
+        .await
+        .unwrap();
+}
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn a_persistent_sql_error_in_a_preview_is_a_failed_line_naming_its_class_and_the_run_still_suspends(
+    pool: PgPool,
+) {
+    let h = Harness::new(pool, DESCRIBE, &["update_page_metadata"]).await;
+    break_page_reads(&h.store).await;
+    let run_id = h.suspended_run().await;
+    let card = h.state(run_id).await;
+    assert!(card.call_previews[0].failed);
+    assert_eq!(
+        card.call_previews[0].lines,
+        vec![countersign_core::preview::failed_at_suspend_line(
+            "database_schema_mismatch"
+        )]
+    );
+    let row = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::WaitingForApproval);
+    assert_eq!(
+        row.requeue_count, 0,
+        "never retried as if it were transient"
+    );
+}
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn a_persistent_sql_error_when_the_turn_is_planned_again_refuses_it_and_writes_nothing(
+    pool: PgPool,
+) {
+    let h = Harness::new(pool, DESCRIBE, &["update_page_metadata"]).await;
+    let run_id = h.suspended_run().await;
+    h.approve(run_id).await;
+    break_page_reads(&h.store).await;
+
+    let end = h.claim_and_run(run_id, "w2").await;
+    assert_eq!(
+        end,
+        SegmentEnd::Suspended {
+            suspension_seq: 2,
+            moved: 1
+        }
+    );
+    let card = h.state(run_id).await;
+    assert_eq!(card.stale_call_indexes, vec![CallIndex::new(0)]);
+    assert_eq!(
+        card.call_previews[0].lines,
+        vec![countersign_core::preview::failed_at_resume_line(
+            "database_schema_mismatch"
+        )]
+    );
+    assert_eq!(h.tool_writes(run_id).await, 0);
+    assert_eq!(journal_rows(&h.store, run_id).await, 0);
+}
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn a_persistent_sql_error_in_a_write_fails_the_run_with_its_code_and_keeps_nothing(
+    pool: PgPool,
+) {
+    let h = Harness::new(pool, DESCRIBE, &["update_page_metadata"]).await;
+    let run_id = h.suspended_run().await;
+    h.approve(run_id).await;
+    // A site's own rule refuses the write itself; the plan and its preview are fine.
+    sqlx::raw_sql(
+        r#"CREATE FUNCTION public.refuse_page_writes() RETURNS trigger AS $$
+           BEGIN RAISE EXCEPTION 'pages are frozen'; END $$ LANGUAGE plpgsql;
+           CREATE TRIGGER frozen BEFORE UPDATE ON content.pages
+               FOR EACH ROW EXECUTE FUNCTION public.refuse_page_writes();"#,
+    )
+    .execute(h.store.pool())
+    .await
+    .unwrap();
+
+    let end = h.claim_and_run(run_id, "w2").await;
+    assert_eq!(end, SegmentEnd::Failed(TerminationReason::NotRetryable));
+    let row = h.store.run(run_id).await.unwrap().unwrap();
+    assert_eq!(row.error_code.as_deref(), Some("database_refused"));
+    assert_eq!(row.requeue_count, 0);
+    assert_eq!(journal_rows(&h.store, run_id).await, 0);
+    assert_eq!(h.tool_writes(run_id).await, 0);
 }
 
 /// `notify {message}`: a non-idempotent write that acts outside the store, like a webhook.
