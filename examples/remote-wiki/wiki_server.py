@@ -7,17 +7,26 @@ A key-value wiki: pages are lists of lines. Tools:
 - set_page     idempotent_write      replace the whole text of a page (absolute: twice = once)
 - append_line  non_idempotent_write  add one line at the end (relative: twice = two lines)
 
-Standard library only. State (pages, executed idempotency keys with their answers, the
-highest fence epoch seen per run) is one JSON file, rewritten atomically after every change,
-so deduplication survives a restart. Pages under `private/` are for admins only. A write that
-carries the preview its approver was shown (`shown_preview`) is compared with the wiki's own
-preview under the same lock as the write, and refused as moved when they differ: the
-comparison and the write are one step at the resource.
+Standard library only. State (pages, idempotency keys with their answers, the highest fence
+epoch seen per run, the changes held by a prepare) is one JSON file, rewritten atomically after
+every change, so deduplication and held changes survive a restart. Pages under `private/` are
+for admins only. A write that carries the preview its approver was shown (`shown_preview`) is
+compared with the wiki's own preview under the same lock as the write, and refused as moved
+when they differ: the comparison and the write are one step at the resource.
+
+It speaks protocol version 2 (version 1 with --protocol 1). Version 2 writes in two phases:
+POST /tools/NAME/prepare (the execute body) compares the preview and HOLDS the change without
+making it visible; /commit {"idempotency_key", "fence_epoch"} applies what was held, /abort
+{"idempotency_key"} drops it. While a change to a page is held, other writers of that page (PUT
+/pages/NAME, an execute) wait, as for a row lock, until it is committed, aborted or expired
+(--hold-ttl seconds); prepares of other keys and commits do not wait. GET /calls/KEY says what
+became of a key: answered (or moved), prepared, or unseen (--no-call-status: 404, as a server
+that cannot say).
 
 Besides the protocol it serves the wiki's own editing surface, used by people (and tests):
 GET /pages/NAME -> {"lines": [...]}, PUT /pages/NAME {"text": "..."}, GET /applied -> the
-idempotency keys whose execute did the work, in order. Every route but /healthz needs the
-bearer secret. With --tls-cert and --tls-key it speaks https:// instead of http://.
+idempotency keys whose execute or commit did the work, in order. Every route but /healthz needs
+the bearer secret. With --tls-cert and --tls-key it speaks https:// instead of http://.
 
     WIKI_SECRET=s3cret python3 wiki_server.py --port 8090 --state wiki.json
 """
@@ -32,6 +41,7 @@ import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 EXCERPT = 120
 MAX_BODY = 1024 * 1024
@@ -87,10 +97,14 @@ def quote(value):
 
 
 class Wiki:
-    def __init__(self, path):
+    def __init__(self, path, hold_ttl=60.0):
         self.path = path
+        self.hold_ttl = hold_ttl
         self.lock = threading.Lock()
-        self.state = {"pages": {}, "keys": {}, "epochs": {}, "applied": []}
+        # On the same lock: notified whenever a held change goes (committed, aborted, expired),
+        # which the writers of its page wait for.
+        self.changed = threading.Condition(self.lock)
+        self.state = {"pages": {}, "keys": {}, "epochs": {}, "applied": [], "held": {}}
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 self.state.update(json.load(f))
@@ -104,7 +118,7 @@ class Wiki:
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
 
-    # The record check shared by preview, may-view and execute.
+    # The record check shared by preview, may-view, execute and prepare.
     @staticmethod
     def may_access(user, page):
         return not page.startswith("private/") or bool(user.get("admin"))
@@ -151,29 +165,43 @@ class Wiki:
         out = (" ".join(str(line).split()) for line in lines)
         return [line for line in out if line]
 
+    def moved(self, tool, user, args, shown):
+        """Whether the preview the approver was shown no longer reads as the wiki's own."""
+        return isinstance(shown, list) and \
+            self.normalise(self.preview(tool, user, args)) != self.normalise(shown)
+
+    def fenced(self, key, epoch):
+        """Whether `epoch` is older than one seen for the key's run; records the highest."""
+        run = key.split(":", 1)[0]
+        seen = self.state["epochs"].get(run)
+        if isinstance(epoch, int) and seen is not None and epoch < seen:
+            return True
+        if isinstance(epoch, int):
+            self.state["epochs"][run] = max(epoch, seen or 0)
+        return False
+
+    def record(self, key, tool, answer):
+        """The key's final answer; a successful write also joins `applied`."""
+        self.state["keys"][key] = answer
+        if not answer["is_error"] and TOOL_NAMES[tool]["effect"] != "read_only":
+            self.state["applied"].append(key)
+
     def execute(self, tool, user, args, key, epoch, shown=None):
         """(status, body). Deduplicated by key; a stale epoch of a run is fenced out (409); a
         write whose shown preview no longer reads the same is refused as moved."""
         if key is not None:
             if key in self.state["keys"]:
                 return 200, self.state["keys"][key]
-            run = key.split(":", 1)[0]
-            seen = self.state["epochs"].get(run)
-            if isinstance(epoch, int) and seen is not None and epoch < seen:
+            if self.fenced(key, epoch):
                 return 409, {"error": "fenced"}
-            if isinstance(epoch, int):
-                self.state["epochs"][run] = max(epoch, seen or 0)
         writes = TOOL_NAMES[tool]["effect"] != "read_only"
-        if writes and isinstance(shown, list) and \
-                self.normalise(self.preview(tool, user, args)) != self.normalise(shown):
+        if writes and self.moved(tool, user, args, shown):
             # Recorded under the key like any answer: a retry gets the same refusal.
             answer = {"content": MOVED, "is_error": True, "moved": True}
         else:
             answer = self.apply(tool, user, args)
         if key is not None:
-            self.state["keys"][key] = answer
-            if not answer["is_error"] and TOOL_NAMES[tool]["effect"] != "read_only":
-                self.state["applied"].append(key)
+            self.record(key, tool, answer)
         self.save()  # the write and its key record land in one file replacement
         return 200, answer
 
@@ -197,10 +225,117 @@ class Wiki:
             return {"content": f"Appended line {len(pages[page])} to page {quote(page)}.", "is_error": False}
         return {"content": REFUSAL, "is_error": True}
 
+    # Protocol version 2: the two-phase write. Every method below runs under the lock.
+
+    def refusal(self, tool, user, args):
+        """The refusal line a write would answer with (what apply refuses), or None."""
+        args = self.parse(tool, args)
+        if args is None or not self.may_access(user, args["page"]):
+            return REFUSAL
+        if tool == "append_line" and args["page"] not in self.state["pages"]:
+            return REFUSAL
+        return None
+
+    def expire(self):
+        """Drops, as an abort would, every held change older than the hold TTL."""
+        now = time.time()
+        held = self.state["held"]
+        gone = [key for key, h in held.items() if h["at"] + self.hold_ttl <= now]
+        for key in gone:
+            del held[key]
+        if gone:
+            self.save()
+            self.changed.notify_all()
+
+    def wait_unheld(self, page, key=None):
+        """Blocks, the lock released meanwhile, while a change to `page` is held, as a writer
+        waits on a row lock: until it is committed, aborted or expires. A key already answered
+        does not wait (its answer comes from the record)."""
+        while True:
+            self.expire()
+            if key in self.state["keys"]:
+                return
+            ends = [h["at"] + self.hold_ttl
+                    for h in self.state["held"].values() if h["page"] == page]
+            if not ends:
+                return
+            self.changed.wait(max(0.01, min(ends) - time.time()))
+
+    def status(self, key):
+        """What became of a key, as GET /calls/KEY and a repeated prepare say it."""
+        answer = self.state["keys"].get(key)
+        if answer is not None:
+            if answer.get("moved"):
+                return {"status": "moved"}
+            return {"status": "answered",
+                    "content": answer["content"], "is_error": answer["is_error"]}
+        if key in self.state["held"]:
+            return {"status": "prepared"}
+        return {"status": "unseen"}
+
+    def call_status(self, key):
+        self.expire()
+        return self.status(key)
+
+    def prepare(self, tool, user, args, key, epoch, shown):
+        """(status, body). Compares, then holds the change under the key without making it
+        visible; a refusal or a moved preview is the key's final answer at once."""
+        self.expire()
+        if key in self.state["keys"] or key in self.state["held"]:
+            return 200, self.status(key)
+        if self.fenced(key, epoch):
+            return 409, {"error": "fenced"}
+        refusal = self.refusal(tool, user, args)
+        if refusal is not None:
+            self.record(key, tool, {"content": refusal, "is_error": True})
+        elif self.moved(tool, user, args, shown):
+            # Compared with the committed page: a change held by another key is not visible.
+            self.record(key, tool, {"content": MOVED, "is_error": True, "moved": True})
+        else:
+            self.state["held"][key] = {"tool": tool, "acting_user": user, "arguments": args,
+                                       "page": args["page"], "at": time.time()}
+        self.save()
+        return 200, self.status(key)
+
+    def commit(self, key, epoch):
+        """(status, body). Applies the change held under the key (compared at its prepare, and
+        its page protected since), or answers again what the key recorded."""
+        self.expire()
+        if key in self.state["keys"]:
+            return 200, self.state["keys"][key]
+        if self.fenced(key, epoch):
+            return 409, {"error": "fenced"}
+        held = self.state["held"].pop(key, None)
+        if held is None:
+            return 410, {"error": "not_held"}
+        answer = self.apply(held["tool"], held["acting_user"], held["arguments"])
+        self.record(key, held["tool"], answer)
+        self.save()  # the write, its key record and the hold's end in one file replacement
+        self.changed.notify_all()
+        return 200, answer
+
+    def abort(self, key):
+        """Drops what the key holds, if anything: an abort of nothing, or after the commit,
+        changes nothing."""
+        if self.state["held"].pop(key, None) is not None:
+            self.save()
+            self.changed.notify_all()
+        return 200, {"status": "aborted"}
+
+
+TWO_PHASE = ("prepare", "commit", "abort")
+ACTIONS = ("preview", "may-view", "execute") + TWO_PHASE
+
+
+def page_of(args):
+    """The page a call's arguments name, for waiting on its held changes; None if none."""
+    page = args.get("page") if isinstance(args, dict) else None
+    return page if isinstance(page, str) else None
+
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server_version = "remote-wiki/1"
+    server_version = "remote-wiki/2"
 
     def log_message(self, fmt, *args):  # quiet unless asked
         if self.server.verbose:
@@ -236,9 +371,10 @@ class Handler(BaseHTTPRequestHandler):
         return value if isinstance(value, dict) else None
 
     def hold(self, hold):
-        """While the file `hold` exists, an execute waits, after adding a line to HOLD.waiting
-        (a test's way to act while a call is in flight): before it does anything with
-        --hold-file, after its write is recorded and before it answers with --hold-after-file."""
+        """While the file `hold` exists, an execute or a commit waits, after adding a line to
+        HOLD.waiting (a test's way to act while a call is in flight): before it does anything
+        with --hold-file, after its answer is recorded and before it answers with
+        --hold-after-file."""
         if not hold or not os.path.exists(hold):
             return
         with self.server.wiki.lock:
@@ -254,7 +390,9 @@ class Handler(BaseHTTPRequestHandler):
             return
         wiki = self.server.wiki
         if self.path == "/tools":
-            return self.reply(200, {"protocol": 1, "tools": TOOLS})
+            if self.server.protocol == 1:
+                return self.reply(200, {"protocol": 1, "tools": TOOLS})
+            return self.reply(200, {"protocol": 2, "two_phase": True, "tools": TOOLS})
         if self.path == "/applied":
             with wiki.lock:
                 return self.reply(200, {"applied": list(wiki.state["applied"])})
@@ -264,6 +402,11 @@ class Handler(BaseHTTPRequestHandler):
             if lines is None:
                 return self.reply(404, {"error": "no_such_page"})
             return self.reply(200, {"lines": lines})
+        segment = self.path[len("/calls/"):]
+        if self.path.startswith("/calls/") and segment and "/" not in segment \
+                and self.server.call_status:
+            with wiki.lock:
+                return self.reply(200, wiki.call_status(unquote(segment)))
         self.reply(404, {"error": "not_found"})
 
     def do_PUT(self):
@@ -273,9 +416,11 @@ class Handler(BaseHTTPRequestHandler):
         if not self.path.startswith("/pages/") or body is None or not isinstance(body.get("text"), str):
             return self.reply(400, {"error": "malformed_request"})
         wiki = self.server.wiki
+        page = self.path[len("/pages/"):]
         with wiki.lock:
+            wiki.wait_unheld(page)  # a change held by a prepare is committed or dropped first
             text = body["text"]
-            wiki.state["pages"][self.path[len("/pages/"):]] = text.split("\n") if text else []
+            wiki.state["pages"][page] = text.split("\n") if text else []
             wiki.save()
         self.reply(200, {"ok": True})
 
@@ -286,31 +431,52 @@ class Handler(BaseHTTPRequestHandler):
         if len(parts) != 3 or parts[0] != "tools" or parts[1] not in TOOL_NAMES:
             return self.reply(404, {"error": "unknown_tool"})
         tool, action = parts[1], parts[2]
+        if action in TWO_PHASE and self.server.protocol < 2:
+            return self.reply(404, {"error": "not_found"})
         body = self.body()
         if body is None:
             return self.reply(400, {"error": "malformed_request"})
-        wiki = self.server.wiki
-        if action == "execute":
+        hooked = action in ("execute", "commit")  # the calls the test hooks hold
+        if hooked:
             self.hold(self.server.hold_file)
-        with wiki.lock:
-            if action == "preview" and isinstance(body.get("acting_user"), dict):
-                return self.reply(200, {"lines": wiki.preview(tool, body["acting_user"], body.get("arguments"))})
-            if action == "may-view" and isinstance(body.get("viewer"), dict):
-                return self.reply(200, {"allowed": wiki.may_view(tool, body["viewer"], body.get("arguments"))})
-            if action == "execute" and isinstance(body.get("acting_user"), dict):
-                key = body.get("idempotency_key")
-                if TOOL_NAMES[tool]["effect"] != "read_only" and not isinstance(key, str):
-                    return self.reply(400, {"error": "idempotency_key_required"})
-                status, answer = wiki.execute(tool, body["acting_user"], body.get("arguments"),
-                                              key, body.get("fence_epoch"),
-                                              body.get("shown_preview"))
-            else:
-                answer = None
-        if answer is not None:
+        with self.server.wiki.lock:
+            answer = self.act(tool, action, body)
+        if answer is None:
+            return self.reply(404 if action not in ACTIONS else 400, {"error": "malformed_request"})
+        status, message = answer
+        if hooked and status != 400:
             self.hold(self.server.hold_after_file)
-            return self.reply(status, answer)
-        self.reply(404 if action not in ("preview", "may-view", "execute") else 400,
-                   {"error": "malformed_request"})
+        self.reply(status, message)
+
+    def act(self, tool, action, body):
+        """(status, body) of one POST, under the wiki lock; None for a malformed request."""
+        wiki = self.server.wiki
+        user = body.get("acting_user")
+        key = body.get("idempotency_key")
+        writes = TOOL_NAMES[tool]["effect"] != "read_only"
+        if action == "preview" and isinstance(user, dict):
+            return 200, {"lines": wiki.preview(tool, user, body.get("arguments"))}
+        if action == "may-view" and isinstance(body.get("viewer"), dict):
+            return 200, {"allowed": wiki.may_view(tool, body["viewer"], body.get("arguments"))}
+        if action == "execute" and isinstance(user, dict):
+            if writes and not isinstance(key, str):
+                return 400, {"error": "idempotency_key_required"}
+            if writes:
+                wiki.wait_unheld(page_of(body.get("arguments")), key)
+            return wiki.execute(tool, user, body.get("arguments"), key,
+                                body.get("fence_epoch"), body.get("shown_preview"))
+        if action in TWO_PHASE and not writes:
+            return 400, {"error": "not_a_write"}  # a read has nothing to hold
+        if action in TWO_PHASE and not isinstance(key, str):
+            return 400, {"error": "idempotency_key_required"}
+        if action == "prepare" and isinstance(user, dict):
+            return wiki.prepare(tool, user, body.get("arguments"), key,
+                                body.get("fence_epoch"), body.get("shown_preview"))
+        if action == "commit":
+            return wiki.commit(key, body.get("fence_epoch"))
+        if action == "abort":
+            return wiki.abort(key)
+        return None
 
 
 def main():
@@ -320,9 +486,17 @@ def main():
     parser.add_argument("--state", default="wiki.json", help="the JSON file holding the wiki")
     parser.add_argument("--secret-env", default="WIKI_SECRET",
                         help="the variable holding the bearer secret countersign sends")
-    parser.add_argument("--hold-file", help="for tests: executes wait while this file exists")
+    parser.add_argument("--protocol", type=int, choices=(1, 2), default=2,
+                        help="the protocol version to speak: 1 has no prepare, commit or abort")
+    parser.add_argument("--hold-ttl", type=float, default=60.0,
+                        help="seconds after which a prepared change not committed is dropped")
+    parser.add_argument("--no-call-status", action="store_true",
+                        help="answer GET /calls/KEY 404, as a server that cannot say")
+    parser.add_argument("--hold-file",
+                        help="for tests: executes and commits wait while this file exists")
     parser.add_argument("--hold-after-file",
-                        help="for tests: executes wait, written but unanswered, while this file exists")
+                        help="for tests: executes and commits wait, recorded but unanswered, "
+                             "while this file exists")
     parser.add_argument("--tls-cert", help="serve https:// with this PEM certificate (chain)")
     parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     parser.add_argument("--verbose", action="store_true")
@@ -342,9 +516,11 @@ def main():
         server.socket = context.wrap_socket(server.socket, server_side=True,
                                             do_handshake_on_connect=False)
         scheme = "https"
-    server.wiki = Wiki(args.state)
+    server.wiki = Wiki(args.state, args.hold_ttl)
     server.secret = secret
     server.verbose = args.verbose
+    server.protocol = args.protocol
+    server.call_status = not args.no_call_status
     server.hold_file = args.hold_file
     server.hold_after_file = args.hold_after_file
     host, port = server.server_address[:2]

@@ -259,7 +259,7 @@ async fn outbox(conn: &mut PgConnection, run_id: &str, kind: &str) -> Vec<Value>
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_edit_landing_while_the_approved_turn_renews_its_lease_re_suspends_the_turn_and_card_two_is_written_once_after_it(
+async fn an_edit_committed_while_the_approved_turn_waits_for_its_locks_re_suspends_the_turn_and_card_two_is_written_once_after_it(
 ) {
     let mut site = Site::new("faults_moved", &agent(demo_model(), 3600)).await;
     site.start_coordinator();
@@ -268,31 +268,11 @@ async fn an_edit_landing_while_the_approved_turn_renews_its_lease_re_suspends_th
     wait_for_card(&mut site.conn, &run, 1, secs(30)).await;
     let digest = site.digest(&run).await;
 
-    // The approved turn stops inside its transaction, at the lease renewal that opens it.
-    install_gate(
-        &mut site.conn,
-        "turn",
-        "runs",
-        "UPDATE",
-        TURN_GATE_WHEN,
-        TURN_GATE,
-    )
-    .await;
-    hold_gate(&mut site.conn, TURN_GATE).await;
-    site.approve_through_queue(&run, 1, &digest).await;
-    wait_until(
-        "the turn transaction waits at the gate",
-        secs(30),
-        async || {
-            (waiting_in_transaction(&mut site.conn, LEASE_RENEWAL).await == 1
-                && waiting_at_gate(&mut site.conn, TURN_GATE).await == 1)
-                .then_some(())
-        },
-    )
-    .await;
-
-    // A colleague attaches logo.svg to the teaser meanwhile, as the demo's colleague does.
+    // A colleague attaches logo.svg to the teaser, as the demo's colleague does, in plain SQL
+    // in a transaction still open when the approved turn starts: the turn's lock on the teaser
+    // waits for it, inside the turn's transaction.
     let mut colleague = site.connect().await;
+    sqlx::query("BEGIN").execute(&mut colleague).await.unwrap();
     sqlx::query(
         "INSERT INTO content.file_references (element, field, file, sorting)
          SELECT 5, 'image', 10, coalesce(max(sorting), 0) + 1
@@ -301,12 +281,21 @@ async fn an_edit_landing_while_the_approved_turn_renews_its_lease_re_suspends_th
     .execute(&mut colleague)
     .await
     .unwrap();
-    release_gate(&mut site.conn, TURN_GATE).await;
+    site.approve_through_queue(&run, 1, &digest).await;
+    wait_until(
+        "the approved turn waits for its lock on the teaser",
+        secs(30),
+        async || {
+            (waiting_in_transaction(&mut site.conn, "SELECT uid FROM content.elements").await == 1)
+                .then_some(())
+        },
+    )
+    .await;
+    sqlx::query("COMMIT").execute(&mut colleague).await.unwrap();
 
     // The re-plan under the locks sees the colleague's reference: the attach moved, nothing
     // of the turn is written, and the run waits on card 2 with the moved index.
     wait_for_card(&mut site.conn, &run, 2, secs(30)).await;
-    remove_gate(&mut site.conn, "turn", "runs").await;
     assert_demo_site(&mut site.conn, false, &["hero.jpg", "team.jpg", "logo.svg"]).await;
     assert_nothing_journaled(&mut site.conn, &run).await;
     let moved = outbox(&mut site.conn, &run, "run.preview_moved").await;
@@ -432,7 +421,7 @@ async fn a_worker_killed_inside_its_turn_transaction_writes_nothing_and_the_resc
         String::from_utf8_lossy(&reaper.stderr)
     );
     assert!(
-        summary.contains("requeued=1") && summary.contains("not_retryable=0"),
+        summary.contains("requeued=1") && summary.contains("outcome_unknown=0"),
         "{summary}"
     );
     site.start_worker(&["--poll-interval-secs", "1"]);
@@ -451,7 +440,7 @@ async fn a_worker_killed_inside_its_turn_transaction_writes_nothing_and_the_resc
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_approved_turn_waiting_on_a_colleagues_lock_stalls_no_other_lease_of_its_worker_and_the_reaper_leaves_both_runs(
+async fn an_approved_turn_waiting_on_a_colleagues_lock_keeps_its_lease_and_every_other_of_its_worker_and_the_reaper_leaves_both_runs(
 ) {
     let mut site = Site::new("faults_busy_row", &agent(demo_model(), 3600)).await;
     // A second agent whose model never answers: its run holds a lease for as long as the test.
@@ -485,46 +474,40 @@ async fn an_approved_turn_waiting_on_a_colleagues_lock_stalls_no_other_lease_of_
     )
     .await;
 
-    // Three lease lifetimes go by with the turn holding its run row: the other run's lease,
-    // renewed by the same worker's one heartbeat, never expires.
+    // Three lease lifetimes go by with the turn waiting: it holds no run row, so the worker's
+    // one heartbeat renews both leases, its own and the other run's, and neither expires.
     let held_since = Instant::now();
     while held_since.elapsed() < secs(10) {
-        let expired: bool =
-            sqlx::query_scalar("SELECT lease_expires_at < now() FROM runs WHERE id = $1::uuid")
-                .bind(&other)
-                .fetch_one(&mut site.conn)
-                .await
-                .unwrap();
-        assert!(
-            !expired,
-            "the other run's lease expired after {:?} behind the waiting turn",
-            held_since.elapsed()
-        );
+        for id in [&run, &other] {
+            let expired: bool =
+                sqlx::query_scalar("SELECT lease_expires_at < now() FROM runs WHERE id = $1::uuid")
+                    .bind(id)
+                    .fetch_one(&mut site.conn)
+                    .await
+                    .unwrap();
+            assert!(
+                !expired,
+                "the lease of {id} expired after {:?} behind the waiting turn",
+                held_since.elapsed()
+            );
+        }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     assert_eq!(waiting_in_transaction(&mut site.conn, "").await, 1);
 
-    // The reaper finds the turn's lease expired and waits on its row; the colleague commits.
-    let reaper = site
+    // A reaper pass finds no lease expired and leaves both runs alone.
+    let reaped = site
         .install
         .command("countersign-reaper")
         .args(["--backoff-secs", "0", "--dispatch-grace-secs", "0"])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
+        .output()
         .unwrap();
-    wait_until(
-        "the reaper waits on the turn's run row",
-        secs(30),
-        async || (waiting_on_lock(&mut site.conn, "UPDATE runs").await == 1).then_some(()),
-    )
-    .await;
-    sqlx::query("COMMIT").execute(&mut colleague).await.unwrap();
-
-    // The turn writes, renewing its lease with its journal rows; the reaper leaves it.
-    let reaped = reaper.wait_with_output().unwrap();
     let summary = String::from_utf8_lossy(&reaped.stdout);
     assert!(reaped.status.success(), "{summary}");
     assert!(summary.contains("requeued=0"), "{summary}");
+
+    // The colleague commits; the turn takes its locks, compares, writes.
+    sqlx::query("COMMIT").execute(&mut colleague).await.unwrap();
     wait_for_status(&mut site.conn, &run, "completed", secs(30)).await;
     assert_demo_site(&mut site.conn, true, &WRITTEN_TEASER).await;
     assert_written_once(&mut site.conn, &run, 1, 2).await;

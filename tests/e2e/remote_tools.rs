@@ -4,16 +4,20 @@
 //! - The run suspends with the wiki's previews; a colleague's edit of the page moves the
 //!   relative writer's preview and bounces the approval with nothing written; the approval of
 //!   the new card writes each call exactly once, under its idempotency key.
-//! - A worker SIGKILLed while an idempotent call is in flight: the reaper requeues the run,
-//!   another worker sends the call again with the same key, and the wiki writes it once.
-//! - A worker SIGKILLed while a non-idempotent call is in flight: the reaper fails the run
-//!   `not_retryable` and nothing sends the call again.
+//! - A turn that mixes a write to the content store with the wiki's writes is one unit: with
+//!   nothing moved both land and both are audited; a local preview moved after the approval
+//!   writes nothing; a wiki that finds its preview moved at the write rolls the local write
+//!   back, and the run re-suspends with the call that had landed marked as done.
+//! - A worker SIGKILLed while a call is in flight: the reaper requeues the run, another worker
+//!   asks the wiki what became of the call's key, and the wiki writes it once — or, from a wiki
+//!   that cannot say, a non-idempotent write fails the run `outcome_unknown`, never sent again.
 //!
 //! - `countersign tools add`, `list` and `check` against the wiki and a second server whose
 //!   previews move by themselves or run past the bounds, named in a tool servers file.
 //!
 //! The wiki's `--hold-file` holds every execute while the file exists, so the test knows the
-//! call is in flight at the server when it kills the worker.
+//! call is in flight at the server when it kills the worker. Tests of the one-phase path run
+//! the wiki as a version 1 server (`--protocol 1`); the others take its writes in two phases.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -46,7 +50,8 @@ struct WikiServer {
 }
 
 impl WikiServer {
-    fn start(dir: &TempDir, pages: &Value) -> WikiServer {
+    /// The wiki with `pages`, speaking the newest protocol unless `args` say otherwise.
+    fn start(dir: &TempDir, pages: &Value, args: &[&str]) -> WikiServer {
         let state = dir.0.join("wiki.json");
         let hold = dir.0.join("hold");
         let hold_after = dir.0.join("hold-after");
@@ -59,6 +64,7 @@ impl WikiServer {
             .arg(&hold)
             .arg("--hold-after-file")
             .arg(&hold_after)
+            .args(args)
             .env("WIKI_SECRET", SECRET)
             .stdout(Stdio::piped())
             .spawn()
@@ -144,8 +150,11 @@ impl Drop for WikiServer {
     }
 }
 
-/// One installation whose only writers are the wiki's, with an agent that proposes `calls` in
-/// one turn and then finishes.
+/// Run as a version 1 server: every write is one execute.
+const ONE_PHASE: &[&str] = &["--protocol", "1"];
+
+/// One installation with the wiki's writers and the content store's `update_page_metadata`,
+/// with an agent that proposes `calls` in one turn and then finishes.
 struct Site {
     db: Database,
     install: Installation,
@@ -156,9 +165,9 @@ struct Site {
 }
 
 impl Site {
-    async fn new(tag: &str, pages: Value, calls: Value) -> Site {
+    async fn new(tag: &str, pages: Value, calls: Value, wiki_args: &[&str]) -> Site {
         let dir = TempDir::new();
-        let wiki = WikiServer::start(&dir, &pages);
+        let wiki = WikiServer::start(&dir, &pages, wiki_args);
         let script = dir.json(
             "script.json",
             &json!({ "turns": [
@@ -171,7 +180,7 @@ impl Site {
                 "name": "wiki-assistant",
                 "model": { "provider": "scripted", "script": script },
                 "policy": { "allowed_groups": ["content", "editing"],
-                            "enabled_tools": ["set_page", "append_line"] },
+                            "enabled_tools": ["set_page", "append_line", "update_page_metadata"] },
                 "max_iterations": 4,
                 "four_eyes": false,
                 "approval_deadline_secs": 3600
@@ -239,6 +248,26 @@ impl Site {
 
     /// The call previews and stale indexes of the run's current card, from its sealed state.
     async fn card(&self, run_id: &str) -> (Vec<Value>, Value) {
+        let state = self.sealed_state(run_id).await;
+        let previews = state["call_previews"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        (previews, state["stale_call_indexes"].clone())
+    }
+
+    /// The indexes of the calls the run's current card shows as written already.
+    async fn landed(&self, run_id: &str) -> Vec<u64> {
+        self.sealed_state(run_id).await["landed_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["index"].as_u64().unwrap())
+            .collect()
+    }
+
+    /// The run's suspended state, opened.
+    async fn sealed_state(&self, run_id: &str) -> Value {
         let pool = sqlx::PgPool::connect(&self.db.url()).await.unwrap();
         let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
         let bytes = store
@@ -246,12 +275,30 @@ impl Site {
             .await
             .unwrap();
         pool.close().await;
-        let state: Value = serde_json::from_slice(&bytes).unwrap();
-        let previews = state["call_previews"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        (previews, state["stale_call_indexes"].clone())
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    /// How many `tool_write` audit events the run has: one for every write that landed.
+    async fn tool_writes(&mut self, run_id: &str) -> i64 {
+        count(
+            &mut self.conn,
+            &format!("SELECT count(*) FROM run_events WHERE run_id = '{run_id}'::uuid AND kind = 'tool_write'"),
+        )
+        .await
+    }
+
+    /// A colleague's edit of the content store in plain SQL, on a connection of its own.
+    async fn colleague_sql(&self, sql: &str) {
+        let mut conn = PgConnection::connect(&self.db.url()).await.unwrap();
+        sqlx::raw_sql(sql).execute(&mut conn).await.unwrap();
+    }
+
+    /// Page 12's description, as the content store holds it.
+    async fn description(&mut self) -> String {
+        sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = 12")
+            .fetch_one(&mut self.conn)
+            .await
+            .unwrap()
     }
 
     async fn journal(&mut self, run_id: &str) -> Vec<(i32, i32, i64)> {
@@ -271,13 +318,13 @@ impl Site {
         wait_for_sql(&mut self.conn, "the lease expired", secs(30), &sql).await;
     }
 
-    /// Once the killed worker's lease has run out: one reaper pass, which requeues the run (an
-    /// idempotent stamp does not forbid a retry), and a worker that takes it again.
+    /// Once the killed worker's lease has run out: one reaper pass, which requeues the run (its
+    /// next segment resolves the call in doubt by its key), and a worker that takes it again.
     async fn requeue_to_a_rescuer(&mut self, run_id: &str) -> Running {
         self.wait_for_expired_lease(run_id).await;
         let summary = self.reap();
         assert!(
-            summary.contains("requeued=1") && summary.contains("not_retryable=0"),
+            summary.contains("requeued=1") && summary.contains("outcome_unknown=0"),
             "{summary}"
         );
         self.spawn("countersign-worker", &["--poll-interval-secs", "1"])
@@ -346,6 +393,7 @@ async fn a_remote_turn_suspends_with_its_previews_bounces_on_a_moved_append_and_
             { "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } },
             { "name": "append_line", "arguments": { "page": "home", "line": "Closed on Sundays." } }
         ]),
+        &[],
     )
     .await;
     let services = vec![
@@ -430,7 +478,7 @@ async fn a_remote_turn_suspends_with_its_previews_bounces_on_a_moved_append_and_
 #[tokio::test]
 async fn an_idempotent_remote_call_in_flight_when_its_worker_is_killed_is_sent_again_under_its_key_and_written_once(
 ) {
-    let mut site = Site::new("remote_kill_idem", json!({}), set_about()).await;
+    let mut site = Site::new("remote_kill_idem", json!({}), set_about(), ONE_PHASE).await;
     let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     // The approved call reaches the wiki and is held there; its worker dies with it in flight.
@@ -475,7 +523,7 @@ async fn an_idempotent_remote_call_in_flight_when_its_worker_is_killed_is_sent_a
 #[tokio::test]
 async fn an_idempotent_remote_call_that_landed_before_its_worker_was_killed_is_answered_from_its_key_without_a_new_card(
 ) {
-    let mut site = Site::new("remote_landed", json!({}), set_about()).await;
+    let mut site = Site::new("remote_landed", json!({}), set_about(), ONE_PHASE).await;
     let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     // The wiki writes the approved call and records its key; the answer never reaches the
@@ -498,8 +546,9 @@ async fn an_idempotent_remote_call_that_landed_before_its_worker_was_killed_is_a
     doomed.sigkill();
     site.wiki.release_answers();
 
-    // The retry sends the sent call again under its key instead of comparing its preview: the
-    // wiki answers from its record, and the run completes on the card that was approved.
+    // The retry asks the wiki what became of the sent call's key instead of comparing its
+    // preview: the wiki answers from its record, and the run completes on the card that was
+    // approved.
     let rescuer = site.requeue_to_a_rescuer(&run_id).await;
     wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
     let row = run_row(&mut site.conn, &run_id).await;
@@ -524,9 +573,9 @@ async fn an_idempotent_remote_call_that_landed_before_its_worker_was_killed_is_a
 }
 
 #[tokio::test]
-async fn a_sent_call_whose_page_a_colleague_edited_before_it_landed_is_refused_at_the_wiki_and_never_written(
+async fn a_sent_call_whose_page_a_colleague_edited_before_it_landed_is_refused_at_the_wiki_and_the_run_re_suspends(
 ) {
-    let mut site = Site::new("remote_moved_in_flight", json!({}), set_about()).await;
+    let mut site = Site::new("remote_moved_in_flight", json!({}), set_about(), ONE_PHASE).await;
     let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     // The approved call is held at the wiki before it does anything; its worker dies, and a
@@ -538,11 +587,25 @@ async fn a_sent_call_whose_page_a_colleague_edited_before_it_landed_is_refused_a
     site.wiki.put_page("about", "We sell bicycles.");
 
     // The held request goes on: the wiki compares the preview it was sent with its own, under
-    // the lock of the write, and refuses it. The retry sends the call again under its key and
-    // gets the same answer; the model is told the call moved, and the run ends.
+    // the lock of the write, refuses it and records the refusal under the key.
     site.wiki.release();
+    let key = format!("{run_id}:1:0");
+    let wiki = &site.wiki;
+    wait_until("the wiki refused the call", secs(30), async || {
+        (wiki.state()["keys"][&key]["moved"] == true).then_some(())
+    })
+    .await;
+
+    // The retry asks the wiki what became of the key, learns that it moved, and the run waits
+    // on card 2 with the call marked and the wiki's current preview; nothing was written.
     let rescuer = site.requeue_to_a_rescuer(&run_id).await;
-    wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
+    wait_for_card(&mut site.conn, &run_id, 2, secs(60)).await;
+    let (previews, stale) = site.card(&run_id).await;
+    assert_eq!(stale, json!([0]));
+    assert_eq!(
+        lines(&previews, 0)[1],
+        "text: \"We sell bicycles.\" → \"We repair bicycles.\""
+    );
     let state = site.wiki.state();
     assert_eq!(
         state["pages"]["about"],
@@ -550,23 +613,25 @@ async fn a_sent_call_whose_page_a_colleague_edited_before_it_landed_is_refused_a
         "{state}"
     );
     assert_eq!(state["applied"], json!([]), "{state}");
-    assert_eq!(
-        state["keys"][format!("{run_id}:1:0")]["moved"],
-        true,
-        "{state}"
-    );
+    assert_eq!(site.tool_writes(&run_id).await, 0);
     site.finish(vec![coordinator, rescuer]).await;
 }
 
-#[tokio::test]
-async fn a_non_idempotent_remote_call_in_flight_when_its_worker_is_killed_fails_the_run_not_retryable(
-) {
-    let mut site = Site::new(
-        "remote_kill_nonidem",
+/// One append to `home`, on a wiki started with `wiki_args`.
+async fn appending_site(tag: &str, wiki_args: &[&str]) -> Site {
+    Site::new(
+        tag,
         json!({ "home": ["Welcome."] }),
         json!([{ "name": "append_line", "arguments": { "page": "home", "line": "Closed on Sundays." } }]),
+        wiki_args,
     )
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn a_non_idempotent_remote_call_in_flight_when_its_worker_is_killed_is_resolved_by_its_key_and_written_once(
+) {
+    let mut site = appending_site("remote_kill_nonidem", ONE_PHASE).await;
     let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
 
     site.wiki.hold_executes();
@@ -577,18 +642,78 @@ async fn a_non_idempotent_remote_call_in_flight_when_its_worker_is_killed_fails_
         "non_idempotent_write"
     );
     doomed.sigkill();
-    site.wait_for_expired_lease(&run_id).await;
 
-    // Whether the append landed is unknown to countersign: the run is failed, never retried.
-    let summary = site.reap();
-    assert!(summary.contains("not_retryable=1"), "{summary}");
+    // Whether the append landed is unknown to countersign, so the next worker asks the wiki
+    // about its key before anything else: the wiki has not seen it yet (the dead worker's
+    // request still waits there), so the call is sent again under the same key.
+    let rescuer = site.requeue_to_a_rescuer(&run_id).await;
+    wait_for_held_executes(&site.wiki, 2).await;
+
+    // Both requests go on: the wiki does the work once and answers the other from its record.
+    site.wiki.release();
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
+    let state = site.wiki.state();
+    assert_eq!(
+        state["applied"],
+        json!([format!("{run_id}:1:0")]),
+        "{state}"
+    );
+    assert_eq!(
+        state["pages"]["home"],
+        json!(["Welcome.", "Closed on Sundays."])
+    );
+    assert_eq!(site.journal(&run_id).await.len(), 1);
+    assert_eq!(
+        site.tool_writes(&run_id).await,
+        1,
+        "audited with its journal row"
+    );
+    site.finish(vec![coordinator, rescuer]).await;
+}
+
+#[tokio::test]
+async fn a_non_idempotent_remote_call_in_doubt_on_a_server_that_cannot_say_fails_the_run_outcome_unknown(
+) {
+    let mut site = appending_site(
+        "remote_kill_unknown",
+        &["--protocol", "1", "--no-call-status"],
+    )
+    .await;
+    let (coordinator, mut doomed, run_id, digest) = site.suspended_with_doomed_worker().await;
+
+    site.wiki.hold_executes();
+    site.approve(&run_id, 1, &digest);
+    wait_for_held_executes(&site.wiki, 1).await;
+    doomed.sigkill();
+
+    // The next worker asks the wiki about the key; the wiki cannot say, so the append may have
+    // landed and may not: the run fails `outcome_unknown`, naming the call, and nothing sends
+    // the append again — nor tells the model it failed.
+    let rescuer = site.requeue_to_a_rescuer(&run_id).await;
+    wait_for_status(&mut site.conn, &run_id, "failed", secs(60)).await;
     let row = run_row(&mut site.conn, &run_id).await;
     assert_eq!(
-        (row["status"].as_str(), row["termination_reason"].as_str()),
-        (Some("failed"), Some("not_retryable")),
+        (
+            row["termination_reason"].as_str(),
+            row["error_code"].as_str()
+        ),
+        (Some("outcome_unknown"), Some("outcome_unknown")),
         "{row}"
     );
-    // The dead worker's request still lands, once, under its key; nothing sent it again.
+    assert_eq!(
+        (row["sent_seq"].clone(), row["sent_call"].clone()),
+        (json!(1), json!(0)),
+        "the call in doubt stays named"
+    );
+    let shown = site.install.countersign(&["show", &run_id]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains("sent and not journaled: call 0 (append_line) of card 1")
+            && shown.contains("it may have landed"),
+        "{shown}"
+    );
+
+    // The dead worker's request still lands, once, under its key.
     site.wiki.release();
     let wiki = &site.wiki;
     let state = wait_until("the held append lands", secs(30), async || {
@@ -601,16 +726,195 @@ async fn a_non_idempotent_remote_call_in_flight_when_its_worker_is_killed_fails_
         json!(["Welcome.", "Closed on Sundays."])
     );
     assert_eq!(site.wiki.held_executes(), 1, "no second execute was sent");
-    assert!(site.journal(&run_id).await.is_empty());
-    assert_eq!(
-        count(
-            &mut site.conn,
-            &format!("SELECT count(*) FROM runs WHERE id = '{run_id}'::uuid AND status = 'failed'")
-        )
-        .await,
-        1
+    assert!(
+        site.journal(&run_id).await.is_empty(),
+        "no result was made up"
     );
-    site.finish(vec![coordinator]).await;
+    site.finish(vec![coordinator, rescuer]).await;
+}
+
+/// A local write (page 12's description) and the wiki's writes in one turn.
+fn mixed(wiki_calls: Value) -> Value {
+    let mut calls = vec![json!({ "name": "update_page_metadata",
+                                 "arguments": { "uid": 12, "description": "Bicycles for every road." } })];
+    calls.extend(wiki_calls.as_array().unwrap().iter().cloned());
+    Value::Array(calls)
+}
+
+fn append_home() -> Value {
+    json!([{ "name": "append_line", "arguments": { "page": "home", "line": "Closed on Sundays." } }])
+}
+
+#[tokio::test]
+async fn a_mixed_turn_with_nothing_moved_writes_the_local_and_the_remote_call_once_and_audits_both()
+{
+    let mut site = Site::new(
+        "mixed_clean",
+        json!({ "home": ["Welcome."] }),
+        mixed(append_home()),
+        &[],
+    )
+    .await;
+    let services = vec![
+        site.spawn("countersign-coordinator", &[]),
+        site.spawn("countersign-worker", &[]),
+    ];
+    let run_id = site.submit();
+    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
+    let digest = site.digest(&run_id).await;
+
+    site.approve(&run_id, 1, &digest);
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
+    assert_eq!(site.description().await, "Bicycles for every road.");
+    let state = site.wiki.state();
+    assert_eq!(
+        state["applied"],
+        json!([format!("{run_id}:1:1")]),
+        "{state}"
+    );
+    assert_eq!(
+        state["pages"]["home"],
+        json!(["Welcome.", "Closed on Sundays."])
+    );
+    let journal: Vec<(i32, i32)> = site
+        .journal(&run_id)
+        .await
+        .into_iter()
+        .map(|(s, i, _)| (s, i))
+        .collect();
+    assert_eq!(journal, vec![(1, 0), (1, 1)]);
+    assert_eq!(
+        site.tool_writes(&run_id).await,
+        2,
+        "the remote write is audited too"
+    );
+    site.finish(services).await;
+}
+
+#[tokio::test]
+async fn a_mixed_turn_whose_local_preview_moved_after_the_approval_writes_nothing_anywhere_and_re_suspends(
+) {
+    let mut site = Site::new(
+        "mixed_local_moved",
+        json!({ "home": ["Welcome."] }),
+        mixed(append_home()),
+        &[],
+    )
+    .await;
+    let services = vec![
+        site.spawn("countersign-coordinator", &[]),
+        site.spawn("countersign-worker", &[]),
+    ];
+    let run_id = site.submit();
+    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
+    let digest = site.digest(&run_id).await;
+
+    // A colleague rewrites the description in plain SQL after the approver saw it.
+    site.colleague_sql(
+        "UPDATE content.pages SET description = 'A colleague''s words.' WHERE uid = 12",
+    )
+    .await;
+    site.approve(&run_id, 1, &digest);
+    wait_for_card(&mut site.conn, &run_id, 2, secs(60)).await;
+    let (previews, stale) = site.card(&run_id).await;
+    assert_eq!(stale, json!([0]));
+    assert!(
+        lines(&previews, 0)[1].starts_with("description: \"A colleague's words.\" →"),
+        "{previews:?}"
+    );
+    assert_eq!(site.description().await, "A colleague's words.");
+    let state = site.wiki.state();
+    assert!(
+        state["applied"].as_array().is_none_or(Vec::is_empty) && state["keys"].is_null(),
+        "nothing sent to the wiki: {state}"
+    );
+    assert!(site.journal(&run_id).await.is_empty());
+    assert_eq!(site.tool_writes(&run_id).await, 0);
+
+    // The approval of card 2 writes both, once.
+    site.approve(&run_id, 2, &digest);
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
+    assert_eq!(site.description().await, "Bicycles for every road.");
+    assert_eq!(
+        site.wiki.state()["applied"],
+        json!([format!("{run_id}:2:1")])
+    );
+    assert_eq!(site.tool_writes(&run_id).await, 2);
+    site.finish(services).await;
+}
+
+#[tokio::test]
+async fn a_mixed_turn_whose_wiki_finds_a_preview_moved_at_the_write_rolls_the_local_write_back_and_re_suspends(
+) {
+    let mut site = Site::new(
+        "mixed_remote_moved",
+        json!({ "home": ["Welcome."] }),
+        mixed(json!([
+            { "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } },
+            { "name": "append_line", "arguments": { "page": "home", "line": "Closed on Sundays." } }
+        ])),
+        ONE_PHASE,
+    )
+    .await;
+    let services = vec![
+        site.spawn("countersign-coordinator", &[]),
+        site.spawn("countersign-worker", &[]),
+    ];
+    let run_id = site.submit();
+    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
+    let digest = site.digest(&run_id).await;
+
+    // Every call compared equal; the local write is applied and waits for the commit while the
+    // wiki's first write is held at the wiki. Meanwhile a colleague adds a line to home.
+    site.wiki.hold_executes();
+    site.approve(&run_id, 1, &digest);
+    wait_for_held_executes(&site.wiki, 1).await;
+    site.wiki.put_page("home", "Welcome.\nNew: e-bike rentals.");
+    site.wiki.release();
+
+    // `set_page` lands; `append_line` is refused at the wiki as moved: the local write rolls
+    // back, and the run waits on card 2 with the append marked and `set_page` shown as done.
+    wait_for_card(&mut site.conn, &run_id, 2, secs(60)).await;
+    let (previews, stale) = site.card(&run_id).await;
+    assert_eq!(stale, json!([2]));
+    assert_eq!(
+        lines(&previews, 2)[1],
+        "lines: 2 line(s) → 3, appended last: \"Closed on Sundays.\""
+    );
+    assert_eq!(site.landed(&run_id).await, vec![1]);
+    assert_ne!(
+        site.description().await,
+        "Bicycles for every road.",
+        "rolled back"
+    );
+    let state = site.wiki.state();
+    assert_eq!(
+        state["applied"],
+        json!([format!("{run_id}:1:1")]),
+        "{state}"
+    );
+    assert_eq!(
+        site.tool_writes(&run_id).await,
+        1,
+        "the write that landed is audited"
+    );
+
+    // Approving card 2 writes the local call and the append; `set_page` is not sent again.
+    site.approve(&run_id, 2, &digest);
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
+    assert_eq!(site.description().await, "Bicycles for every road.");
+    let state = site.wiki.state();
+    assert_eq!(
+        state["applied"],
+        json!([format!("{run_id}:1:1"), format!("{run_id}:2:2")]),
+        "{state}"
+    );
+    assert_eq!(
+        state["pages"]["home"],
+        json!(["Welcome.", "New: e-bike rentals.", "Closed on Sundays."])
+    );
+    assert_eq!(site.tool_writes(&run_id).await, 3);
+    site.finish(services).await;
 }
 
 /// A tool server whose previews are unfit to be countersigned: `stamp_page` puts the time in
@@ -674,7 +978,7 @@ fn countersign_with(
 async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itself_or_runs_past_the_bounds(
 ) {
     let dir = TempDir::new();
-    let wiki = WikiServer::start(&dir, &json!({ "home": ["Welcome."] }));
+    let wiki = WikiServer::start(&dir, &json!({ "home": ["Welcome."] }), &[]);
     let mut unfit = Running(
         Command::new("python3")
             .args(["-c", UNFIT_SERVER])
@@ -860,7 +1164,7 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
 #[tokio::test]
 async fn a_deployment_without_the_content_store_runs_on_remote_tools_and_its_own_user_directory() {
     let dir = TempDir::new();
-    let wiki = WikiServer::start(&dir, &json!({ "home": ["Welcome."] }));
+    let wiki = WikiServer::start(&dir, &json!({ "home": ["Welcome."] }), &[]);
     let script = dir.json(
         "script.json",
         &json!({ "turns": [

@@ -176,6 +176,12 @@ pub fn run_page(
                 @if let Some(reason) = run.termination_reason {
                     dt { "Ended" } dd { (reason.as_str()) }
                 }
+                @if let Some(sent) = run.sent_call.filter(|_| run.status.is_terminal()) {
+                    dt { "In doubt" } dd #in-doubt {
+                        "Call " (sent.index) " of card " (sent.suspension_seq)
+                        " was sent to its tool server and no answer came back, so nobody knows whether it was written. Ask the tool server about it before running it again."
+                    }
+                }
                 @if let Some(deadline) = run.approval_deadline.filter(|_| run.status == RunStatus::WaitingForApproval) {
                     dt { "Decide by" } dd { (when(deadline)) }
                 }
@@ -203,10 +209,14 @@ fn card_section(card: &ApprovalCard) -> Markup {
                 p.notice.moved #moved-notice role="alert" { "⚠ " (notice) }
             }
             @for call in &card.calls {
-                article.call.moved[call.moved] data-index=(call.index) data-tool=(call.tool) {
+                article.call.moved[call.moved].landed[call.landed] data-index=(call.index) data-tool=(call.tool) {
                     h3 {
                         "Call " (call.index) " · " code { (call.tool) }
                         @if call.moved { " " span.moved-mark { "⚠ moved" } }
+                        @if call.landed { " " span.landed-mark { "✓ written" } }
+                    }
+                    @if call.landed {
+                        p.notice.landed { (countersign_core::card::LANDED_NOTICE) }
                     }
                     @match &call.preview {
                         CardPreview::Shown { lines } => {

@@ -114,6 +114,9 @@ pub struct RunView {
     pub termination_reason: Option<&'static str>,
     /// A stable error code, never a message.
     pub error_code: Option<String>,
+    /// A write the run sent outside the store whose result is not journaled: in flight while the
+    /// run runs, in doubt for good when it ended `outcome_unknown` — it may have landed.
+    pub call_in_doubt: Option<CallInDoubt>,
     /// The current card's suspension number, once the run suspended.
     pub suspension_seq: Option<u32>,
     /// The current card's turn digest (64 lowercase hex).
@@ -125,6 +128,17 @@ pub struct RunView {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub events: Vec<RunEventView>,
+}
+
+/// A call of a turn that was sent outside the store and never journaled.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct CallInDoubt {
+    /// The card the call was approved on.
+    pub suspension_seq: u32,
+    /// Its index among the card's calls, from 0.
+    pub call_index: u32,
+    /// Its tool, when the card is still the run's current one.
+    pub tool: Option<String>,
 }
 
 /// One event of a run's audit trail. Its payload carries ids, codes and counts, never content.
@@ -223,6 +237,9 @@ pub struct CardCall {
     pub arguments: Value,
     /// This call's preview changed since the previous card.
     pub moved: bool,
+    /// This call was carried out under an earlier card of the same turn: deciding this card
+    /// does not run it again, and a denial does not undo it.
+    pub landed: bool,
     pub preview: Preview,
 }
 
@@ -265,6 +282,7 @@ impl Card {
                     tool: c.tool,
                     arguments: c.arguments,
                     moved: c.moved,
+                    landed: c.landed,
                     preview: match c.preview {
                         CardPreview::Shown { lines } => Preview::Shown { lines },
                         CardPreview::Failed { notice, lines } => Preview::Failed { notice, lines },
@@ -519,6 +537,13 @@ pub async fn get_run(
         segment: run.segment.as_str(),
         termination_reason: run.termination_reason.map(|t| t.as_str()),
         error_code: run.error_code,
+        call_in_doubt: run.sent_call.map(|sent| CallInDoubt {
+            suspension_seq: sent.suspension_seq.get(),
+            call_index: u32::try_from(sent.index.get()).unwrap_or(u32::MAX),
+            tool: (run.suspension_seq == Some(sent.suspension_seq))
+                .then(|| run.pending_tools.get(sent.index.get()).cloned())
+                .flatten(),
+        }),
         suspension_seq: run.suspension_seq.map(|s| s.get()),
         turn_digest: run.turn_digest.map(|d| d.as_str().to_owned()),
         pending_tools: run.pending_tools,

@@ -557,6 +557,22 @@ pub async fn show_run(store: &Store, run_id: RunId) -> anyhow::Result<()> {
             run.error_code.as_deref().unwrap_or("-")
         );
     }
+    if let Some(sent) = run.sent_call {
+        let tool = (run.suspension_seq == Some(sent.suspension_seq))
+            .then(|| run.pending_tools.get(sent.index.get()))
+            .flatten()
+            .map_or(String::new(), |t| format!(" ({t})"));
+        println!(
+            "  sent and not journaled: call {}{tool} of card {} — {}",
+            sent.index,
+            sent.suspension_seq,
+            if run.status.is_terminal() {
+                "it may have landed; ask its tool server what became of it"
+            } else {
+                "in flight"
+            }
+        );
+    }
     println!(
         "  lease epoch {} · requeues {} · iterations {} · tokens {}/{}",
         run.lease_epoch,

@@ -16,8 +16,15 @@ pub fn card(card: &ApprovalCard) -> String {
         let _ = writeln!(out, "  │ ⚠ {notice}");
     }
     for call in &card.calls {
-        let mark = if call.moved { "  ⚠ moved" } else { "" };
+        let mark = match (call.moved, call.landed) {
+            (true, _) => "  ⚠ moved",
+            (false, true) => "  ✓ written",
+            (false, false) => "",
+        };
         let _ = writeln!(out, "  │ call {} · {}{mark}", call.index, call.tool);
+        if call.landed {
+            let _ = writeln!(out, "  │     {}", countersign_core::card::LANDED_NOTICE);
+        }
         let _ = writeln!(out, "  │     arguments: {}", call.arguments);
         match &call.preview {
             CardPreview::Shown { lines } => {

@@ -54,7 +54,8 @@ pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
 pub use rotation::{ColumnRotation, RotationReport};
 pub use runs::{
     Claim, ClaimedInputs, CreatedRun, Lease, NewRun, Renewal, RunCounters, RunRecord, RunStatus,
-    SealedDecision, Segment, SentCall, Settlement, StoredRequest, TerminationReason, WaitingRun,
+    SealedDecision, Segment, SentCall, SentCallRef, Settlement, StoredRequest, TerminationReason,
+    WaitingRun,
 };
 
 /// The migrations of the engine's schema (`migrations/`), embedded at build time.

@@ -336,10 +336,20 @@ pub struct RunRecord {
     pub approval_deadline: Option<DateTime<Utc>>,
     pub termination_reason: Option<TerminationReason>,
     pub error_code: Option<String>,
+    /// The call of a turn that was sent outside the store and whose result is not journaled:
+    /// in flight while the run runs; in doubt for good once the run failed `outcome_unknown`.
+    pub sent_call: Option<SentCallRef>,
     pub counters: RunCounters,
     pub has_state: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// A call of a turn named by its card and index: what [`RunRecord::sent_call`] names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SentCallRef {
+    pub suspension_seq: SuspensionSeq,
+    pub index: CallIndex,
 }
 
 /// A run waiting for a decision, as the inbox lists it (no content).
@@ -1078,9 +1088,9 @@ impl Store {
 
     /// `running` → `queued` of the same segment, guarded by owner and epoch, available again
     /// after `delay`: a segment that must stop (its process is shutting down) hands its run
-    /// back instead of leaving it to the reaper. The requeue count is not charged. A run stamped
-    /// `non_idempotent_write` is not handed back (`false`): its effect may have happened, and
-    /// only the reaper, once the lease expired, decides it (`not_retryable`).
+    /// back instead of leaving it to the reaper. The requeue count is not charged. A call
+    /// stamped as sent stays stamped (`sent_seq`, `sent_call`): the next segment asks its
+    /// resource what became of it before anything else.
     pub async fn requeue_segment(
         &self,
         lease: &Lease,
@@ -1089,10 +1099,10 @@ impl Store {
         let done = sqlx::query!(
             r#"UPDATE runs
                SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,
+                   pending_effect = NULL,
                    available_at = now() + $4 * interval '1 millisecond', dispatched_at = NULL,
                    updated_at = now()
-               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3
-                 AND pending_effect IS DISTINCT FROM 'non_idempotent_write'"#,
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),
@@ -1185,9 +1195,9 @@ impl Store {
             r#"SELECT id, request_id, agent, acting_user, status, segment, suspension_seq,
                       turn_digest, pending_tools, lease_owner, lease_epoch, lease_expires_at,
                       pending_effect, requeue_count, available_at, dispatched_at,
-                      approval_deadline, termination_reason, error_code, iterations,
-                      prompt_tokens, completion_tokens, state IS NOT NULL AS "has_state!",
-                      created_at, updated_at
+                      approval_deadline, termination_reason, error_code, sent_seq, sent_call,
+                      iterations, prompt_tokens, completion_tokens,
+                      state IS NOT NULL AS "has_state!", created_at, updated_at
                FROM runs WHERE id = $1"#,
             run_id.as_uuid(),
         )
@@ -1223,6 +1233,15 @@ impl Store {
                 })
                 .transpose()?,
             error_code: r.error_code,
+            sent_call: match (r.sent_seq, r.sent_call) {
+                (Some(seq), Some(index)) => Some(SentCallRef {
+                    suspension_seq: SuspensionSeq::from_i32(seq)
+                        .map_err(|_| StoreError::unreadable("runs.sent_seq"))?,
+                    index: CallIndex::from_i32(index)
+                        .map_err(|_| StoreError::unreadable("runs.sent_call"))?,
+                }),
+                _ => None,
+            },
             counters: RunCounters {
                 iterations: u32::try_from(r.iterations).unwrap_or_default(),
                 prompt_tokens: u64::try_from(r.prompt_tokens).unwrap_or_default(),
