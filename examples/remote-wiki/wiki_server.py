@@ -371,10 +371,10 @@ class Handler(BaseHTTPRequestHandler):
         return value if isinstance(value, dict) else None
 
     def hold(self, hold):
-        """While the file `hold` exists, an execute or a commit waits, after adding a line to
-        HOLD.waiting (a test's way to act while a call is in flight): before it does anything
-        with --hold-file, after its answer is recorded and before it answers with
-        --hold-after-file."""
+        """While the file `hold` exists, a call waits, after adding a line to HOLD.waiting (a
+        test's way to act while a call is in flight): an execute or a commit before it does
+        anything with --hold-file, after its answer is recorded and before it answers with
+        --hold-after-file; a prepare before it does anything with --hold-prepare-file."""
         if not hold or not os.path.exists(hold):
             return
         with self.server.wiki.lock:
@@ -439,6 +439,8 @@ class Handler(BaseHTTPRequestHandler):
         hooked = action in ("execute", "commit")  # the calls the test hooks hold
         if hooked:
             self.hold(self.server.hold_file)
+        if action == "prepare":
+            self.hold(self.server.hold_prepare_file)
         with self.server.wiki.lock:
             answer = self.act(tool, action, body)
         if answer is None:
@@ -497,6 +499,9 @@ def main():
     parser.add_argument("--hold-after-file",
                         help="for tests: executes and commits wait, recorded but unanswered, "
                              "while this file exists")
+    parser.add_argument("--hold-prepare-file",
+                        help="for tests: prepares wait, before they do anything, while this file "
+                             "exists")
     parser.add_argument("--tls-cert", help="serve https:// with this PEM certificate (chain)")
     parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     parser.add_argument("--verbose", action="store_true")
@@ -523,6 +528,7 @@ def main():
     server.call_status = not args.no_call_status
     server.hold_file = args.hold_file
     server.hold_after_file = args.hold_after_file
+    server.hold_prepare_file = args.hold_prepare_file
     host, port = server.server_address[:2]
     print(f"listening on {scheme}://{host}:{port}", flush=True)
     try:

@@ -47,6 +47,7 @@ struct WikiServer {
     state: PathBuf,
     hold: PathBuf,
     hold_after: PathBuf,
+    hold_prepare: PathBuf,
 }
 
 impl WikiServer {
@@ -55,6 +56,7 @@ impl WikiServer {
         let state = dir.0.join("wiki.json");
         let hold = dir.0.join("hold");
         let hold_after = dir.0.join("hold-after");
+        let hold_prepare = dir.0.join("hold-prepare");
         std::fs::write(&state, json!({ "pages": pages }).to_string()).unwrap();
         let mut child = Command::new("python3")
             .arg(workspace_file("examples/remote-wiki/wiki_server.py"))
@@ -64,6 +66,8 @@ impl WikiServer {
             .arg(&hold)
             .arg("--hold-after-file")
             .arg(&hold_after)
+            .arg("--hold-prepare-file")
+            .arg(&hold_prepare)
             .args(args)
             .env("WIKI_SECRET", SECRET)
             .stdout(Stdio::piped())
@@ -84,6 +88,7 @@ impl WikiServer {
             state,
             hold,
             hold_after,
+            hold_prepare,
         }
     }
 
@@ -121,6 +126,22 @@ impl WikiServer {
     /// How many executes have done their work and wait to answer.
     fn held_answers(&self) -> usize {
         std::fs::read_to_string(self.hold_after.with_extension("waiting"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    /// From now on every prepare waits at the server until [`release_prepares`](Self::release_prepares).
+    fn hold_prepares(&self) {
+        std::fs::write(&self.hold_prepare, "").unwrap();
+    }
+
+    fn release_prepares(&self) {
+        std::fs::remove_file(&self.hold_prepare).unwrap();
+    }
+
+    /// How many prepares have arrived while held.
+    fn held_prepares(&self) -> usize {
+        std::fs::read_to_string(self.hold_prepare.with_extension("waiting"))
             .map(|s| s.lines().count())
             .unwrap_or(0)
     }
@@ -731,6 +752,75 @@ async fn a_non_idempotent_remote_call_in_doubt_on_a_server_that_cannot_say_fails
         "no result was made up"
     );
     site.finish(vec![coordinator, rescuer]).await;
+}
+
+#[tokio::test]
+async fn a_two_phase_turn_whose_second_write_moved_at_the_wiki_writes_nothing_at_all_and_re_suspends(
+) {
+    let mut site = Site::new(
+        "two_phase_moved",
+        json!({ "home": ["Welcome."] }),
+        json!([
+            { "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } },
+            { "name": "append_line", "arguments": { "page": "home", "line": "Closed on Sundays." } }
+        ]),
+        &[],
+    )
+    .await;
+    let services = vec![
+        site.spawn("countersign-coordinator", &[]),
+        site.spawn("countersign-worker", &[]),
+    ];
+    let run_id = site.submit();
+    wait_for_card(&mut site.conn, &run_id, 1, secs(60)).await;
+    let digest = site.digest(&run_id).await;
+
+    // Both previews compared equal; the first prepare is held at the wiki, and a colleague adds
+    // a line to home before the second prepare compares it.
+    site.wiki.hold_prepares();
+    site.approve(&run_id, 1, &digest);
+    let wiki = &site.wiki;
+    wait_until("the first prepare is held", secs(60), async || {
+        (wiki.held_prepares() >= 1).then_some(())
+    })
+    .await;
+    site.wiki.put_page("home", "Welcome.\nNew: e-bike rentals.");
+    site.wiki.release_prepares();
+
+    // The second prepare finds its preview moved: the first change, held and never visible, is
+    // aborted, and the run waits on card 2 with nothing written anywhere.
+    wait_for_card(&mut site.conn, &run_id, 2, secs(60)).await;
+    let (_, stale) = site.card(&run_id).await;
+    assert_eq!(stale, json!([1]));
+    assert!(site.landed(&run_id).await.is_empty(), "nothing landed");
+    let state = site.wiki.state();
+    assert!(state["pages"].get("about").is_none(), "{state}");
+    assert_eq!(
+        state["held"],
+        json!({}),
+        "the held change was aborted: {state}"
+    );
+    assert!(
+        state["applied"].as_array().is_none_or(Vec::is_empty),
+        "{state}"
+    );
+    assert_eq!(site.tool_writes(&run_id).await, 0);
+
+    // Approved again, both land, each once.
+    site.approve(&run_id, 2, &digest);
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(60)).await;
+    let state = site.wiki.state();
+    assert_eq!(
+        state["applied"],
+        json!([format!("{run_id}:2:0"), format!("{run_id}:2:1")]),
+        "{state}"
+    );
+    assert_eq!(
+        state["pages"]["home"],
+        json!(["Welcome.", "New: e-bike rentals.", "Closed on Sundays."])
+    );
+    assert_eq!(site.tool_writes(&run_id).await, 2);
+    site.finish(services).await;
 }
 
 /// A local write (page 12's description) and the wiki's writes in one turn.

@@ -65,7 +65,7 @@ async fn answer(State(canned): State<Arc<Canned>>, uri: Uri, body: Bytes) -> Res
                    "group": "editing", "effect": effect, "enabled_by_default": false,
                    "requires_admin": false, "previews": true})
         };
-        let tools = json!({"protocol": 1, "tools": [
+        let tools = json!({"protocol": 2, "two_phase": true, "tools": [
             tool("absolute", "idempotent_write"), tool("relative", "non_idempotent_write")]});
         return (StatusCode::OK, tools.to_string()).into_response();
     }

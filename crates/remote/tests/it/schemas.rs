@@ -92,6 +92,12 @@ fn every_published_schema_is_a_draft_2020_12_json_schema() {
         "execute-request.json",
         "execute-response.json",
         "error-response.json",
+        "prepare-response.json",
+        "commit-request.json",
+        "commit-response.json",
+        "abort-request.json",
+        "abort-response.json",
+        "call-status-response.json",
     ] {
         assert_eq!(
             schema(name)["$schema"],
@@ -124,13 +130,24 @@ async fn the_requests_the_client_sends_fit_the_published_schemas() {
         .may_viewer_read_preview(&args, &Principal::new("alice", true))
         .await;
     let _ = t.execute(&fenced(), &args).await;
+    let ext = t.external().unwrap();
+    let _ = ext.prepare(&fenced(), &args).await;
+    let _ = ext.commit(&fenced(), &args).await;
+    let _ = ext.abort(&fenced(), &args).await;
     let bodies = canned.bodies.lock().unwrap().clone();
-    assert_eq!(bodies.len(), 3, "{bodies:?}");
+    let bodies: Vec<_> = bodies
+        .into_iter()
+        .filter(|(p, _)| !p.starts_with("/calls/"))
+        .collect();
+    assert_eq!(bodies.len(), 6, "{bodies:?}");
     for (path, body) in bodies {
         let name = match path.rsplit('/').next().unwrap() {
             "preview" => "preview-request.json",
             "may-view" => "may-view-request.json",
-            "execute" => "execute-request.json",
+            // A prepare's request is an execute's.
+            "execute" | "prepare" => "execute-request.json",
+            "commit" => "commit-request.json",
+            "abort" => "abort-request.json",
             other => panic!("unexpected request {other}"),
         };
         conforms(&schema(name), &body).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -150,12 +167,22 @@ w = wiki.Wiki(os.path.join(tempfile.mkdtemp(), "w.json"))
 w.state["pages"]["home"] = ["one"]
 user = {"name": "editor", "admin": False}
 args = {"page": "home", "line": "two"}
-print(json.dumps({
-  "discovery": {"protocol": 1, "tools": wiki.TOOLS},
-  "preview": {"lines": w.preview("append_line", user, args)},
+w.lock.acquire()  # as the server's handler holds it around every call
+shown = w.preview("append_line", user, args)
+answers = {
+  "discovery": {"protocol": 2, "two_phase": True, "tools": wiki.TOOLS},
+  "preview": {"lines": shown},
   "may_view": {"allowed": w.may_view("append_line", user, args)},
   "execute": w.execute("append_line", user, args, "r:1:0", 1)[1],
-}))
+  "unseen": w.status("r:1:1"),
+  "prepare": w.prepare("append_line", user, args, "r:1:1", 1, w.preview("append_line", user, args))[1],
+  "prepared": w.status("r:1:1"),
+  "commit": w.commit("r:1:1", 1)[1],
+  "answered": w.status("r:1:1"),
+  "moved": w.prepare("append_line", user, args, "r:1:2", 1, shown)[1],
+  "abort": w.abort("r:1:3")[1],
+}
+print(json.dumps(answers))
 "#;
     let out = std::process::Command::new("python3")
         .args(["-c", program])
@@ -173,6 +200,13 @@ print(json.dumps({
         ("preview", "preview-response.json"),
         ("may_view", "may-view-response.json"),
         ("execute", "execute-response.json"),
+        ("unseen", "call-status-response.json"),
+        ("prepare", "prepare-response.json"),
+        ("prepared", "call-status-response.json"),
+        ("commit", "commit-response.json"),
+        ("answered", "call-status-response.json"),
+        ("moved", "prepare-response.json"),
+        ("abort", "abort-response.json"),
     ] {
         conforms(&schema(name), &answers[key]).unwrap_or_else(|e| panic!("{name}: {e}"));
     }

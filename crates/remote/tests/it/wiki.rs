@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use countersign_core::preview::assert_deterministic;
 use countersign_core::{
-    CallIndex, Effect, ExecContext, FenceToken, LeaseEpoch, Principal, RunId, SuspensionSeq, Tool,
-    ToolError,
+    CallIndex, CallStatus, Effect, ExecContext, FenceToken, LeaseEpoch, Prepared, Principal, RunId,
+    SuspensionSeq, Tool, ToolError,
 };
 use countersign_remote::{Limits, RemoteToolServer, Trust};
 use secrecy::SecretString;
@@ -402,4 +402,100 @@ async fn the_wiki_over_https_is_discovered_previewed_and_written_when_its_ca_is_
         .await
         .unwrap_err();
     assert_eq!(e.code(), "remote_tls");
+}
+
+#[tokio::test]
+async fn a_prepared_write_is_held_unseen_until_its_commit_and_the_wiki_says_what_became_of_its_key()
+{
+    let wiki = Wiki::start();
+    wiki.put("home", "one");
+    let tools = wiki.tools(SECRET).await;
+    let append = find(&tools, "append_line");
+    let ext = append.external().expect("a writer is an external write");
+    assert!(ext.two_phase(), "the wiki speaks version 2");
+    let args = json!({"page": "home", "line": "two"});
+    let run = RunId::new();
+    let mut call = ctx(run, 1, 0);
+    call.shown_preview = Some(
+        append
+            .previewer()
+            .unwrap()
+            .preview(&editor(), &args)
+            .await
+            .unwrap(),
+    );
+
+    assert_eq!(ext.status(&call).await.unwrap(), CallStatus::Unseen);
+    assert_eq!(ext.prepare(&call, &args).await.unwrap(), Prepared::Held);
+    assert_eq!(read(&tools, "home").await, "one", "held, not visible");
+    assert_eq!(ext.status(&call).await.unwrap(), CallStatus::Prepared);
+    assert_eq!(
+        ext.prepare(&call, &args).await.unwrap(),
+        Prepared::Held,
+        "idempotent"
+    );
+
+    let out = ext.commit(&call, &args).await.unwrap();
+    assert!(!out.is_error, "{out:?}");
+    assert_eq!(read(&tools, "home").await, "one\ntwo");
+    assert_eq!(
+        ext.status(&call).await.unwrap(),
+        CallStatus::Answered(out.clone())
+    );
+    assert_eq!(
+        ext.commit(&call, &args).await.unwrap(),
+        out,
+        "answered from its record"
+    );
+}
+
+#[tokio::test]
+async fn a_prepare_whose_shown_preview_moved_holds_nothing_and_an_abort_drops_a_held_change() {
+    let wiki = Wiki::start();
+    wiki.put("home", "one");
+    let tools = wiki.tools(SECRET).await;
+    let append = find(&tools, "append_line");
+    let ext = append.external().unwrap();
+    let args = json!({"page": "home", "line": "two"});
+    let shown = append
+        .previewer()
+        .unwrap()
+        .preview(&editor(), &args)
+        .await
+        .unwrap();
+    let run = RunId::new();
+
+    // The approver's `1 line(s) → 2` reads `2 line(s) → 3` now.
+    let mut first = ctx(run, 1, 0);
+    first.shown_preview = Some(shown.clone());
+    wiki.put("home", "one\nzero");
+    assert_eq!(ext.prepare(&first, &args).await.unwrap(), Prepared::Moved);
+    assert_eq!(ext.status(&first).await.unwrap(), CallStatus::Moved);
+
+    // A change held and aborted never becomes visible, and its key is unseen again.
+    let mut second = ctx(run, 1, 1);
+    second.shown_preview = Some(
+        append
+            .previewer()
+            .unwrap()
+            .preview(&editor(), &args)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(ext.prepare(&second, &args).await.unwrap(), Prepared::Held);
+    ext.abort(&second, &args).await.unwrap();
+    assert_eq!(ext.status(&second).await.unwrap(), CallStatus::Unseen);
+    assert_eq!(read(&tools, "home").await, "one\nzero");
+}
+
+#[tokio::test]
+async fn a_version_1_wiki_takes_writes_in_one_phase_and_a_wiki_that_cannot_say_is_unsupported() {
+    let dir = std::env::temp_dir().join(format!("remote-wiki-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let wiki = Wiki::start_with(TempDir(dir), &["--protocol", "1", "--no-call-status"]);
+    let tools = wiki.tools(SECRET).await;
+    let ext = find(&tools, "append_line").external().unwrap();
+    assert!(!ext.two_phase());
+    let e = ext.status(&ctx(RunId::new(), 1, 0)).await.unwrap_err();
+    assert_eq!(e.code(), "unsupported");
 }
