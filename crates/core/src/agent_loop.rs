@@ -510,128 +510,170 @@ struct Cursor {
     after_denial: bool,
 }
 
+impl Cursor {
+    fn failed(&self, reason: TerminationReason, code: &'static str) -> Outcome {
+        Outcome::Failed {
+            reason,
+            code,
+            iterations: self.iterations,
+            tokens: self.tokens,
+        }
+    }
+
+    /// The run's end on a turn without calls.
+    fn completed(self) -> Outcome {
+        let reason = if self.after_denial {
+            TerminationReason::ApprovalDenied
+        } else {
+            TerminationReason::Completed
+        };
+        Outcome::Completed {
+            reason,
+            transcript: self.transcript,
+            iterations: self.iterations,
+            tokens: self.tokens,
+        }
+    }
+}
+
 async fn run_turns<H: SegmentHooks>(seg: Segment<'_, H>, mut cur: Cursor) -> Outcome {
     loop {
         if seg.hooks.lease_lost() {
             return Outcome::Interrupted { code: "lease_lost" };
         }
         if cur.iterations >= seg.agent.max_iterations {
-            return Outcome::Failed {
-                reason: TerminationReason::MaxIterations,
-                code: "max_iterations",
-                iterations: cur.iterations,
-                tokens: cur.tokens,
-            };
+            return cur.failed(TerminationReason::MaxIterations, "max_iterations");
         }
         let offered = seg.agent.policy.offered(seg.registry, seg.acting_user);
-        let specs = offered.specs();
-        let request = ModelRequest {
-            messages: &cur.transcript,
-            tools: &specs,
-            options: &cur.options,
+        let calls = match next_turn(seg, &mut cur, &offered).await {
+            Ok(calls) if calls.is_empty() => return cur.completed(),
+            Ok(calls) => calls,
+            Err(failed) => return failed,
         };
-        let response = match seg.model.complete(request).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(code = e.code(), error = %e, "model call failed");
-                return Outcome::Failed {
-                    reason: TerminationReason::ProviderFailed,
-                    code: e.code(),
-                    iterations: cur.iterations + 1,
-                    tokens: cur.tokens,
-                };
-            }
-        };
-        cur.iterations += 1;
-        cur.tokens.add(response.usage);
-        let calls = response.tool_calls;
-        cur.transcript
-            .push(Message::assistant(response.content, calls.clone()));
-
-        if calls.is_empty() {
-            let reason = if cur.after_denial {
-                TerminationReason::ApprovalDenied
-            } else {
-                TerminationReason::Completed
-            };
-            return Outcome::Completed {
-                reason,
-                transcript: cur.transcript,
-                iterations: cur.iterations,
-                tokens: cur.tokens,
-            };
-        }
         cur.after_denial = false;
-
-        // Model output is untrusted: a turn is refused whole, before anything is stored,
-        // when a call names no tool, has arguments that are not an object, or the turn has
-        // more calls than the agent allows.
-        let limit = seg.agent.max_tool_calls_per_turn;
-        let refusal: Option<fn(&ToolCall, u32) -> String> = if calls.len() > limit as usize {
-            Some(|c, limit| too_many_calls_result(&c.name, limit))
-        } else if calls.iter().any(|c| c.name.trim().is_empty()) {
-            Some(|_, _| unnamed_call_result())
-        } else if calls.iter().any(|c| !c.arguments.is_object()) {
-            Some(|c, _| malformed_arguments_result(&c.name))
-        } else {
-            None
-        };
-        if let Some(text) = refusal {
-            tracing::warn!(calls = calls.len(), "turn refused at the model boundary");
-            for call in &calls {
-                cur.transcript
-                    .push(Message::tool_result(&call.id, text(call, limit), true));
-            }
+        if refused_at_the_boundary(seg, &mut cur, &calls) {
             continue;
         }
-
         let writes = calls.iter().any(|c| {
             offered
                 .get(&c.name)
                 .is_some_and(|t| t.spec().effect.is_write())
         });
         if writes {
-            let (iterations, tokens) = (cur.iterations, cur.tokens);
-            let state = match suspend(seg, cur, calls, &offered).await {
-                Ok(state) => state,
-                Err(e) => return interrupted(e, iterations, tokens),
-            };
-            if state.to_bytes().len() > MAX_STATE_BYTES {
-                tracing::error!(
-                    limit = MAX_STATE_BYTES,
-                    "suspended state too large to store"
-                );
-                return Outcome::Failed {
-                    reason: TerminationReason::SuspendFailed,
-                    code: "state_too_large",
-                    iterations,
-                    tokens,
-                };
-            }
-            return Outcome::Suspended {
-                state,
-                moved: vec![],
-            };
+            return suspended(seg, cur, calls, &offered).await;
         }
-
-        for call in &calls {
-            if seg.hooks.lease_lost() {
-                return Outcome::Interrupted { code: "lease_lost" };
-            }
-            let output = match offered.get(&call.name) {
-                None => ToolOutput::error(not_available_result(&call.name)),
-                Some(tool) => match read(tool.as_ref(), seg.acting_user, &call.arguments).await {
-                    Ok(output) => output,
-                    Err(e) => return interrupted(e, cur.iterations, cur.tokens),
-                },
-            };
-            cur.transcript.push(Message::tool_result(
-                &call.id,
-                output.content,
-                output.is_error,
-            ));
+        if let Err(e) = run_reads(seg, &mut cur, &calls, &offered).await {
+            return interrupted(e, cur.iterations, cur.tokens);
         }
     }
+}
+
+/// Asks the model for the next turn and keeps its answer in the transcript: its calls, or the
+/// run's failure when the provider failed.
+async fn next_turn<H: SegmentHooks>(
+    seg: Segment<'_, H>,
+    cur: &mut Cursor,
+    offered: &OfferedTools,
+) -> Result<Vec<ToolCall>, Outcome> {
+    let specs = offered.specs();
+    let request = ModelRequest {
+        messages: &cur.transcript,
+        tools: &specs,
+        options: &cur.options,
+    };
+    let response = match seg.model.complete(request).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(code = e.code(), error = %e, "model call failed");
+            cur.iterations += 1;
+            return Err(cur.failed(TerminationReason::ProviderFailed, e.code()));
+        }
+    };
+    cur.iterations += 1;
+    cur.tokens.add(response.usage);
+    let calls = response.tool_calls;
+    cur.transcript
+        .push(Message::assistant(response.content, calls.clone()));
+    Ok(calls)
+}
+
+/// Model output is untrusted: a turn is refused whole, before anything is stored, when a call
+/// names no tool, has arguments that are not an object, or the turn has more calls than the
+/// agent allows. `true` when it was, the model told why in every call's result.
+fn refused_at_the_boundary<H>(seg: Segment<'_, H>, cur: &mut Cursor, calls: &[ToolCall]) -> bool {
+    let limit = seg.agent.max_tool_calls_per_turn;
+    let refusal: Option<fn(&ToolCall, u32) -> String> = if calls.len() > limit as usize {
+        Some(|c, limit| too_many_calls_result(&c.name, limit))
+    } else if calls.iter().any(|c| c.name.trim().is_empty()) {
+        Some(|_, _| unnamed_call_result())
+    } else if calls.iter().any(|c| !c.arguments.is_object()) {
+        Some(|c, _| malformed_arguments_result(&c.name))
+    } else {
+        None
+    };
+    let Some(text) = refusal else {
+        return false;
+    };
+    tracing::warn!(calls = calls.len(), "turn refused at the model boundary");
+    for call in calls {
+        cur.transcript
+            .push(Message::tool_result(&call.id, text(call, limit), true));
+    }
+    true
+}
+
+/// The suspension of a turn with a write, or the run's failure when it cannot be stored.
+async fn suspended<H: SegmentHooks>(
+    seg: Segment<'_, H>,
+    cur: Cursor,
+    calls: Vec<ToolCall>,
+    offered: &OfferedTools,
+) -> Outcome {
+    let (iterations, tokens) = (cur.iterations, cur.tokens);
+    let state = match suspend(seg, cur, calls, offered).await {
+        Ok(state) => state,
+        Err(e) => return interrupted(e, iterations, tokens),
+    };
+    if state.to_bytes().len() > MAX_STATE_BYTES {
+        tracing::error!(
+            limit = MAX_STATE_BYTES,
+            "suspended state too large to store"
+        );
+        return Outcome::Failed {
+            reason: TerminationReason::SuspendFailed,
+            code: "state_too_large",
+            iterations,
+            tokens,
+        };
+    }
+    Outcome::Suspended {
+        state,
+        moved: vec![],
+    }
+}
+
+/// Runs a turn of reads, in order, each result into the transcript.
+async fn run_reads<H: SegmentHooks>(
+    seg: Segment<'_, H>,
+    cur: &mut Cursor,
+    calls: &[ToolCall],
+    offered: &OfferedTools,
+) -> Result<(), HookError> {
+    for call in calls {
+        if seg.hooks.lease_lost() {
+            return Err(HookError::LeaseLost);
+        }
+        let output = match offered.get(&call.name) {
+            None => ToolOutput::error(not_available_result(&call.name)),
+            Some(tool) => read(tool.as_ref(), seg.acting_user, &call.arguments).await?,
+        };
+        cur.transcript.push(Message::tool_result(
+            &call.id,
+            output.content,
+            output.is_error,
+        ));
+    }
+    Ok(())
 }
 
 /// The state of a turn suspended for approval, with the previews of its offered calls.
