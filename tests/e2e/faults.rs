@@ -354,6 +354,49 @@ async fn an_edit_committed_while_the_approved_turn_waits_for_its_locks_re_suspen
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_sql_error_in_a_preview_is_a_failed_line_naming_its_class_and_the_run_still_waits_for_its_card(
+) {
+    let mut site = Site::new("faults_sql_preview", &agent(demo_model(), 3600)).await;
+    // A column every read of a page selects, renamed under the running installation: the same
+    // error on every try, which no retry can cure.
+    sqlx::raw_sql("ALTER TABLE content.pages RENAME COLUMN keywords TO keywords_moved")
+        .execute(&mut site.conn)
+        .await
+        .unwrap();
+    site.start_coordinator();
+    site.start_worker(&["--poll-interval-secs", "1"]);
+    let run = site.install.submit("seo-assistant", "editor", PROMPT);
+    wait_for_card(&mut site.conn, &run, 1, secs(30)).await;
+
+    let card = site.dir.0.join("card-1.json");
+    let card = card.to_str().unwrap();
+    site.install
+        .countersign_ok(&["show", &run, "--as", "admin", "--save", card]);
+    let saved: Value = serde_json::from_str(&std::fs::read_to_string(card).unwrap()).unwrap();
+    let calls = &saved["cards"][0]["calls"];
+    assert_eq!(calls[0]["tool"], "update_page_metadata", "{saved}");
+    assert_eq!(calls[0]["preview"]["kind"], "failed", "{saved}");
+    assert_eq!(
+        calls[0]["preview"]["lines"],
+        json!([countersign_core::preview::failed_at_suspend_line(
+            "database_schema_mismatch"
+        )]),
+        "the line names only the class: {saved}"
+    );
+    assert_eq!(
+        calls[1]["preview"]["kind"], "shown",
+        "the other call's preview is unaffected"
+    );
+    let row = run_row(&mut site.conn, &run).await;
+    assert_eq!(
+        (&row["status"], &row["requeue_count"]),
+        (&json!("waiting_for_approval"), &json!(0)),
+        "suspended at once, never retried as if the error could pass: {row}"
+    );
+    site.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_killed_inside_its_turn_transaction_writes_nothing_and_the_rescuing_worker_writes_the_turn_once(
 ) {
     let mut site = Site::new("faults_kill", &agent(demo_model(), 3600)).await;
