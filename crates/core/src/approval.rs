@@ -295,7 +295,14 @@ impl<H: SegmentHooks> Turn<'_, H> {
             }
             None => Err(ToolError::failed("unsupported", "the tool cannot be asked")),
         };
-        tracing::info!(call.index = %index, tool = %call.call.tool, ?status, "resolving a call sent by an earlier attempt");
+        let said = match &status {
+            Ok(CallStatus::Answered(_)) => "answered",
+            Ok(CallStatus::Moved) => "moved",
+            Ok(CallStatus::Prepared) => "prepared",
+            Ok(CallStatus::Unseen) => "unseen",
+            Err(e) => e.code(),
+        };
+        tracing::info!(call.index = %index, tool = %call.call.tool, said, "a call sent by an earlier attempt, asked about by its key");
         match status {
             Ok(CallStatus::Answered(output)) => {
                 record(seg, seq, call, &output).await?;
