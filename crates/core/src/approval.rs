@@ -4,8 +4,8 @@
 //! resolve the call in doubt → lock → re-plan → compare → prepare → apply → send → commit
 //! ```
 //!
-//! - **Facts once.** Every call of the turn becomes one [`TurnCall`]: its index, the call, the
-//!   preview its approver was shown, how it runs ([`Step`]: skipped, a read, a write to the run
+//! - **Facts once.** Every call of the turn becomes one `TurnCall`: its index, the call, the
+//!   preview its approver was shown, how it runs (`Step`: skipped, a read, a write to the run
 //!   store's own database, a write elsewhere) and its result once it has one — journaled by an
 //!   earlier attempt, or landed under an earlier card of the turn.
 //! - **The call in doubt** — sent outside the store by an earlier attempt and never journaled —
@@ -15,7 +15,7 @@
 //! - **Compare before any write.** Under the turn's transaction every local subject is locked
 //!   in the one global order and every local call re-planned, which locks what the plan reads;
 //!   every other shown preview is taken again from its tool. All of them are compared at once
-//!   ([`comparator::bind`]); if any moved, nothing of the turn is written and the run
+//!   (`comparator::bind`); if any moved, nothing of the turn is written and the run
 //!   re-suspends with the current previews.
 //! - **Revocable first, irrevocable last.** Writes on resources that take two phases are
 //!   prepared (each compares at its resource and holds the change), then the local writes are

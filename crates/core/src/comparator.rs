@@ -7,7 +7,7 @@
 //! shown), previews that failed at suspend (the approver was told they decided blind), and
 //! calls no longer offered (they will not run).
 //!
-//! [`bind`] is the one comparison: the approval pipeline ([`crate::agent_loop`]) gathers what
+//! `bind` is the one comparison: the approval pipeline ([`crate::agent_loop`]) gathers what
 //! every shown preview reads now — a local writer's plan under the turn's locks, a fresh
 //! preview from a resource outside the store — and hands them here together.
 

@@ -15,7 +15,7 @@
 //! specified in [`digest`].
 
 pub mod agent_loop;
-mod approval;
+pub mod approval;
 pub mod card;
 pub mod comparator;
 pub mod digest;

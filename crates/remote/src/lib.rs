@@ -7,7 +7,7 @@
 //! writes, then sends it fenced by a lease renewal that stamps it as sent, with the lease epoch,
 //! the idempotency key `run:suspension:call` and the lines its approver was shown, and journals
 //! its answer with its audit event. A server that speaks version 2 takes writes in two phases
-//! (prepare, then commit or abort), so a turn of its writes lands all or nothing ([`write`]).
+//! (prepare, then commit or abort), so a turn of its writes lands all or nothing ([`mod@write`]).
 //!
 //! Which servers a deployment uses is read by [`config`]; how their certificates are verified
 //! over `https://`, by [`tls`].
@@ -63,7 +63,7 @@ pub struct Limits {
     pub max_discovery_bytes: usize,
     pub max_response_bytes: usize,
     /// How long asking a server about a call whose answer was lost may go on
-    /// ([`write`]).
+    /// ([`mod@write`]).
     pub resolve_budget: Duration,
 }
 
