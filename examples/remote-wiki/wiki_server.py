@@ -80,6 +80,9 @@ TOOLS = [
     },
 ]
 TOOL_NAMES = {t["name"]: t for t in TOOLS}
+# What the tools of each group read and write: the wiki's pages are editors' content. A group
+# left out would count as secret_adjacent, offered only to providers configured for it.
+DATA_CLASSES = {"content": "editor_content", "editing": "editor_content"}
 
 
 def collapse(value):
@@ -391,8 +394,10 @@ class Handler(BaseHTTPRequestHandler):
         wiki = self.server.wiki
         if self.path == "/tools":
             if self.server.protocol == 1:
-                return self.reply(200, {"protocol": 1, "tools": TOOLS})
-            return self.reply(200, {"protocol": 2, "two_phase": True, "tools": TOOLS})
+                return self.reply(200, {"protocol": 1, "data_classes": DATA_CLASSES,
+                                        "tools": TOOLS})
+            return self.reply(200, {"protocol": 2, "two_phase": True,
+                                    "data_classes": DATA_CLASSES, "tools": TOOLS})
         if self.path == "/applied":
             with wiki.lock:
                 return self.reply(200, {"applied": list(wiki.state["applied"])})

@@ -217,6 +217,16 @@ pub enum AgentsCommand {
     Put { file: PathBuf },
     /// Lists the configurations.
     List,
+    /// Says which tools a run of the agent is offered and which are withheld, and why: the
+    /// allow-list, groups, enable flags and admin rule for the acting user, and the data
+    /// classes the agent's model provider may be sent.
+    Check {
+        name: String,
+        /// The acting user to check for (resolved through the deployment's users); without it,
+        /// tools offered to administrators only are reported as such.
+        #[arg(long = "as", value_name = "USER")]
+        acting_user: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -335,6 +345,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             match command {
                 AgentsCommand::Put { file } => ops::put_agent(&store, &file).await,
                 AgentsCommand::List => ops::list_agents(&store).await,
+                AgentsCommand::Check { name, acting_user } => {
+                    let tools = countersign_service::tools::tools(&store).await?;
+                    ops::check_agent(&store, &tools, &name, acting_user.as_deref()).await
+                }
             }
         }
         Command::Producers { command } => {

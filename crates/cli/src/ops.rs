@@ -122,6 +122,58 @@ pub async fn list_agents(store: &Store) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints which tools a run of agent `name` is offered, acting as `acting_user` (or as nobody in
+/// particular), and which are withheld with the reason: what `agents check` shows.
+pub async fn check_agent(
+    store: &Store,
+    tools: &countersign_service::tools::Tools,
+    name: &str,
+    acting_user: Option<&str>,
+) -> anyhow::Result<()> {
+    let agent = store
+        .agent(name)
+        .await?
+        .with_context(|| format!("no agent configuration {name:?}"))?
+        .config;
+    let classes = countersign_model::ModelCatalog::new()
+        .data_classes(&agent.model)
+        .context("the agent's model settings")?;
+    let provider = agent
+        .model
+        .get("provider")
+        .and_then(Value::as_str)
+        .unwrap_or("?");
+    let user = match acting_user {
+        Some(user) => Some(
+            tools
+                .users
+                .principal(user)
+                .await
+                .context("asking the user directory")?
+                .with_context(|| format!("no user {user:?}"))?,
+        ),
+        None => None,
+    };
+    println!("agent {name} · provider {provider}, which may be sent: {classes}");
+    for tool in tools.registry.iter() {
+        let spec = tool.spec();
+        // Without a user, the admin rule is the one thing left to say.
+        let as_admin = countersign_core::Principal::new("(any)", true);
+        let withheld =
+            agent
+                .policy
+                .withheld_from(spec, user.as_ref().unwrap_or(&as_admin), &classes);
+        let admin_only = user.is_none() && spec.requires_admin;
+        let what = format!("{} ({}, {})", spec.name, spec.group, spec.data_class);
+        match withheld {
+            None if admin_only => println!("  offered   {what} — to administrators only"),
+            None => println!("  offered   {what}"),
+            Some(reason) => println!("  withheld  {what}: {reason}"),
+        }
+    }
+    Ok(())
+}
+
 pub fn producer_kind(kind: &str) -> anyhow::Result<ProducerKind> {
     ProducerKind::parse(&kind.replace('-', "_"))
         .with_context(|| format!("unknown kind {kind:?}: approver or acting-user"))

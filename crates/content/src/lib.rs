@@ -35,7 +35,7 @@ mod writers;
 use std::borrow::Cow;
 use std::sync::{Arc, LazyLock};
 
-use countersign_core::{LocalWriter, LocalWriters, Tool, ToolRegistry};
+use countersign_core::{DataClass, LocalWriter, LocalWriters, Tool, ToolRegistry};
 use countersign_store::{FencedWrite, Store};
 use sqlx::migrate::Migrator;
 use sqlx::PgPool;
@@ -89,6 +89,17 @@ use writers::move_element::MoveElement;
 use writers::page_draft::CreatePageDraft;
 use writers::page_metadata::UpdatePageMetadata;
 use writers::translation::CreateTranslationDraft;
+
+/// The data class of each of the content store's tool groups. `content` and `editing` read and
+/// write what editors write for the site; `structure` reads file records and the storages'
+/// internal paths, which stay inside the installation unless a provider is configured for them
+/// — as does any group this list does not know.
+pub fn data_class_of(group: &str) -> DataClass {
+    match group {
+        "content" | "editing" => DataClass::EditorContent,
+        _ => DataClass::FAIL_CLOSED,
+    }
+}
 
 /// The names of the readers, in name order.
 pub const READER_NAMES: [&str; 5] = [

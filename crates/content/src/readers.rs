@@ -66,6 +66,7 @@ impl<R: Reader> ReaderTool<R> {
             description: R::DESCRIPTION.to_owned(),
             parameters: args::parameters::<R::Args>(),
             group: R::GROUP.to_owned(),
+            data_class: crate::data_class_of(R::GROUP),
             effect: Effect::ReadOnly,
             enabled_by_default: true,
             requires_admin: R::REQUIRES_ADMIN,

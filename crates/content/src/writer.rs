@@ -207,6 +207,7 @@ impl<W: Writer> WriterTool<W> {
             description: W::DESCRIPTION.to_owned(),
             parameters: args::parameters::<W::Args>(),
             group: EDITING.to_owned(),
+            data_class: crate::data_class_of(EDITING),
             effect: W::EFFECT,
             enabled_by_default: false,
             requires_admin: false,

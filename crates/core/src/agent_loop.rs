@@ -32,8 +32,8 @@ use crate::model::{Message, Model, ModelOptions, ModelRequest, Role, TokenUsage,
 use crate::preview::{self, CallPreview};
 use crate::state::{LandedCall, PendingCall, SuspendedRunState, MAX_STATE_BYTES};
 use crate::tool::{
-    Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError, ToolOutput,
-    ToolPolicy, ToolRegistry,
+    DataClasses, Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError,
+    ToolOutput, ToolPolicy, ToolRegistry,
 };
 use crate::turn::{JournalEntry, LocalWriter};
 
@@ -51,6 +51,18 @@ pub struct AgentConfig {
     pub max_tool_calls_per_turn: u32,
     #[serde(default)]
     pub model_options: ModelOptions,
+    /// The data classes the agent's model provider may be sent: a tool of any other class is
+    /// not offered.
+    #[serde(skip, default)]
+    pub data_classes: DataClasses,
+}
+
+impl AgentConfig {
+    /// The tools a run of this agent acting as `user` is offered now: the policy's, and of
+    /// those only the ones whose data the agent's model provider may be sent.
+    pub fn offered(&self, registry: &ToolRegistry, user: &Principal) -> OfferedTools {
+        self.policy.offered(registry, user, &self.data_classes)
+    }
 }
 
 /// The default of [`AgentConfig::max_tool_calls_per_turn`].
@@ -69,6 +81,7 @@ impl Default for AgentConfig {
             max_iterations: 0,
             max_tool_calls_per_turn: DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             model_options: ModelOptions::default(),
+            data_classes: DataClasses::all(),
         }
     }
 }
@@ -425,7 +438,7 @@ pub async fn resume<H: SegmentHooks>(
 ) -> Outcome {
     let seq = state.suspension_seq;
     let outputs = if decision.approved {
-        let offered = seg.agent.policy.offered(seg.registry, seg.acting_user);
+        let offered = seg.agent.offered(seg.registry, seg.acting_user);
         match approval::approved(seg, &state, &offered).await {
             Ok(Approved::Executed(outputs)) => outputs,
             Ok(Approved::Moved {
@@ -544,7 +557,7 @@ async fn run_turns<H: SegmentHooks>(seg: Segment<'_, H>, mut cur: Cursor) -> Out
         if cur.iterations >= seg.agent.max_iterations {
             return cur.failed(TerminationReason::MaxIterations, "max_iterations");
         }
-        let offered = seg.agent.policy.offered(seg.registry, seg.acting_user);
+        let offered = seg.agent.offered(seg.registry, seg.acting_user);
         let calls = match next_turn(seg, &mut cur, &offered).await {
             Ok(calls) if calls.is_empty() => return cur.completed(),
             Ok(calls) => calls,

@@ -41,8 +41,8 @@ pub use model::{
 pub use preview::CallPreview;
 pub use state::{LandedCall, PendingCall, StateError, SuspendedRunState};
 pub use tool::{
-    CallStatus, Effect, ExecContext, ExternalWrite, Fault, FenceToken, OfferedTools, Prepared,
-    Principal, Profile, Tool, ToolError, ToolOutput, ToolPolicy, ToolPreview, ToolRegistry,
-    ToolSpec,
+    CallStatus, DataClass, DataClasses, Effect, ExecContext, ExternalWrite, Fault, FenceToken,
+    OfferedTools, Prepared, Principal, Profile, Tool, ToolError, ToolOutput, ToolPolicy,
+    ToolPreview, ToolRegistry, ToolSpec, Withheld,
 };
 pub use turn::{JournalEntry, LocalWriter, LocalWriters, LockSubject, PlannedWrite};

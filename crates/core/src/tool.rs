@@ -4,7 +4,7 @@
 //! A write is declared by the tool's [`Effect`], never by a separate approval flag: any write
 //! effect makes every call suspend for a human, so there is no flag to forget.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
 
@@ -104,6 +104,96 @@ impl Effect {
     }
 }
 
+/// What kind of data a tool reads or writes — and so which model providers may be sent it:
+/// its results reach the model, and a model outside the installation must see only what it
+/// may. Every tool group has one; a group nobody classified counts as
+/// [`DataClass::SecretAdjacent`], so an oversight withholds a tool instead of leaking it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataClass {
+    /// Published anyway: anybody may read it.
+    Public,
+    /// What editors write for the site: pages, content elements, the texts of files.
+    EditorContent,
+    /// About people: names, addresses, accounts.
+    PersonalData,
+    /// Structure, configuration, internal paths and whatever sits next to credentials.
+    SecretAdjacent,
+}
+
+impl DataClass {
+    pub const ALL: [DataClass; 4] = [
+        DataClass::Public,
+        DataClass::EditorContent,
+        DataClass::PersonalData,
+        DataClass::SecretAdjacent,
+    ];
+
+    /// What a group or a name that is not a class counts as.
+    pub const FAIL_CLOSED: DataClass = DataClass::SecretAdjacent;
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DataClass::Public => "public",
+            DataClass::EditorContent => "editor_content",
+            DataClass::PersonalData => "personal_data",
+            DataClass::SecretAdjacent => "secret_adjacent",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+impl fmt::Display for DataClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The data classes a model provider may be sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataClasses(BTreeSet<DataClass>);
+
+impl DataClasses {
+    /// Every class: a provider that runs inside the installation.
+    pub fn all() -> Self {
+        DataClasses(DataClass::ALL.into_iter().collect())
+    }
+
+    /// What a provider outside the installation may be sent unless its settings say more:
+    /// what is published, and what editors write for the site.
+    pub fn external_default() -> Self {
+        DataClasses::of([DataClass::Public, DataClass::EditorContent])
+    }
+
+    pub fn of(classes: impl IntoIterator<Item = DataClass>) -> Self {
+        DataClasses(classes.into_iter().collect())
+    }
+
+    pub fn allows(&self, class: DataClass) -> bool {
+        self.0.contains(&class)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = DataClass> + '_ {
+        self.0.iter().copied()
+    }
+}
+
+impl Default for DataClasses {
+    fn default() -> Self {
+        Self::all()
+    }
+}
+
+impl fmt::Display for DataClasses {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.iter().map(DataClass::as_str).collect();
+        f.write_str(&names.join(", "))
+    }
+}
+
 /// What a tool declares about itself.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ToolSpec {
@@ -112,6 +202,8 @@ pub struct ToolSpec {
     /// JSON Schema of the arguments object.
     pub parameters: Value,
     pub group: String,
+    /// The class of the data of its group: which model providers it is offered to.
+    pub data_class: DataClass,
     pub effect: Effect,
     pub enabled_by_default: bool,
     pub requires_admin: bool,
@@ -413,22 +505,98 @@ pub struct ToolPolicy {
     pub enabled_tools: Vec<String>,
 }
 
+/// Why a tool is not offered to a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Withheld {
+    /// Not on the agent's allow-list of tool names.
+    NotAllowed,
+    /// Its group is not among the agent's groups.
+    GroupNotAllowed,
+    /// Disabled by default (a writer), and the agent does not enable it.
+    NotEnabled,
+    /// Offered to administrators only, and the acting user is not one.
+    AdminOnly,
+    /// Its data class may not be sent to the agent's model provider.
+    DataClass(DataClass),
+}
+
+impl Withheld {
+    pub fn code(self) -> &'static str {
+        match self {
+            Withheld::NotAllowed => "not_allowed",
+            Withheld::GroupNotAllowed => "group_not_allowed",
+            Withheld::NotEnabled => "not_enabled",
+            Withheld::AdminOnly => "admin_only",
+            Withheld::DataClass(_) => "data_class",
+        }
+    }
+}
+
+impl fmt::Display for Withheld {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Withheld::NotAllowed => f.write_str("not on the agent's allowed tools"),
+            Withheld::GroupNotAllowed => f.write_str("its group is not among the agent's groups"),
+            Withheld::NotEnabled => {
+                f.write_str("disabled by default, and the agent does not enable it")
+            }
+            Withheld::AdminOnly => f.write_str("offered to administrators only"),
+            Withheld::DataClass(class) => write!(
+                f,
+                "its data ({class}) may not be sent to the agent's model provider"
+            ),
+        }
+    }
+}
+
 impl ToolPolicy {
     /// Whether `spec` passes the allow-list, group, enable and admin rules for `user`.
     pub fn permits(&self, spec: &ToolSpec, user: &Principal) -> bool {
-        let named = self.allowed_tools.is_empty() || self.allowed_tools.contains(&spec.name);
-        let grouped = self.allowed_groups.is_empty() || self.allowed_groups.contains(&spec.group);
-        let enabled = spec.enabled_by_default || self.enabled_tools.contains(&spec.name);
-        let admin_ok = !spec.requires_admin || user.admin;
-        named && grouped && enabled && admin_ok
+        self.withheld(spec, user).is_none()
     }
 
-    /// The tools offered to a run of this agent acting as `user`, in name order.
-    pub fn offered(&self, registry: &ToolRegistry, user: &Principal) -> OfferedTools {
+    /// The first rule `spec` fails for `user`, if any: allow-list, group, enable, admin.
+    pub fn withheld(&self, spec: &ToolSpec, user: &Principal) -> Option<Withheld> {
+        if !self.allowed_tools.is_empty() && !self.allowed_tools.contains(&spec.name) {
+            return Some(Withheld::NotAllowed);
+        }
+        if !self.allowed_groups.is_empty() && !self.allowed_groups.contains(&spec.group) {
+            return Some(Withheld::GroupNotAllowed);
+        }
+        if !spec.enabled_by_default && !self.enabled_tools.contains(&spec.name) {
+            return Some(Withheld::NotEnabled);
+        }
+        if spec.requires_admin && !user.admin {
+            return Some(Withheld::AdminOnly);
+        }
+        None
+    }
+
+    /// [`withheld`](Self::withheld), and then whether the tool's data may be sent to a model
+    /// provider that may receive `classes`.
+    pub fn withheld_from(
+        &self,
+        spec: &ToolSpec,
+        user: &Principal,
+        classes: &DataClasses,
+    ) -> Option<Withheld> {
+        self.withheld(spec, user).or_else(|| {
+            (!classes.allows(spec.data_class)).then_some(Withheld::DataClass(spec.data_class))
+        })
+    }
+
+    /// The tools offered to a run of this agent acting as `user` on a model provider that may
+    /// receive `classes`, in name order.
+    pub fn offered(
+        &self,
+        registry: &ToolRegistry,
+        user: &Principal,
+        classes: &DataClasses,
+    ) -> OfferedTools {
         OfferedTools {
             tools: registry
                 .iter()
-                .filter(|t| self.permits(t.spec(), user))
+                .filter(|t| self.withheld_from(t.spec(), user, classes).is_none())
                 .cloned()
                 .collect(),
         }
@@ -465,6 +633,7 @@ mod tests {
             description: String::new(),
             parameters: serde_json::json!({"type": "object"}),
             group: group.into(),
+            data_class: DataClass::EditorContent,
             effect,
             enabled_by_default: default_on,
             requires_admin: admin,
@@ -528,6 +697,95 @@ mod tests {
             ..Default::default()
         };
         assert!(!policy.permits(&r, &Principal::new("editor", false)));
+    }
+
+    #[test]
+    fn a_tool_whose_data_the_provider_may_not_receive_is_withheld_and_says_why() {
+        let mut r = spec(
+            "read_fal_asset_meta",
+            "structure",
+            Effect::ReadOnly,
+            true,
+            false,
+        );
+        r.data_class = DataClass::SecretAdjacent;
+        let policy = ToolPolicy::default();
+        let editor = Principal::new("editor", false);
+        let external = DataClasses::external_default();
+        assert_eq!(
+            policy.withheld_from(&r, &editor, &external),
+            Some(Withheld::DataClass(DataClass::SecretAdjacent))
+        );
+        assert_eq!(policy.withheld_from(&r, &editor, &DataClasses::all()), None);
+        let mut registry = ToolRegistry::new();
+        registry.register(Arc::new(Named(r)));
+        assert!(policy
+            .offered(&registry, &editor, &external)
+            .names()
+            .is_empty());
+        assert_eq!(
+            policy
+                .offered(&registry, &editor, &DataClasses::all())
+                .names(),
+            vec!["read_fal_asset_meta"]
+        );
+    }
+
+    #[test]
+    fn the_rules_are_asked_in_order_and_the_first_failed_is_the_reason() {
+        let w = spec(
+            "update_page_metadata",
+            "editing",
+            Effect::IdempotentWrite,
+            false,
+            true,
+        );
+        let policy = ToolPolicy {
+            allowed_groups: vec!["content".into()],
+            ..Default::default()
+        };
+        let editor = Principal::new("editor", false);
+        assert_eq!(
+            policy.withheld(&w, &editor),
+            Some(Withheld::GroupNotAllowed)
+        );
+        assert_eq!(
+            ToolPolicy::default().withheld(&w, &editor),
+            Some(Withheld::NotEnabled)
+        );
+        let enabled = ToolPolicy {
+            enabled_tools: vec![w.name.clone()],
+            ..Default::default()
+        };
+        assert_eq!(enabled.withheld(&w, &editor), Some(Withheld::AdminOnly));
+    }
+
+    #[test]
+    fn a_data_class_is_named_by_its_code_and_anything_else_is_no_class() {
+        for class in DataClass::ALL {
+            assert_eq!(DataClass::parse(class.as_str()), Some(class));
+        }
+        assert_eq!(DataClass::parse("EDITOR_CONTENT"), None);
+        assert_eq!(DataClass::FAIL_CLOSED, DataClass::SecretAdjacent);
+    }
+
+    /// A tool that is only its spec.
+    #[derive(Debug)]
+    struct Named(ToolSpec);
+
+    #[async_trait]
+    impl Tool for Named {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+
+        async fn execute(
+            &self,
+            _ctx: &ExecContext,
+            _args: &Value,
+        ) -> Result<ToolOutput, ToolError> {
+            Ok(ToolOutput::ok(""))
+        }
     }
 
     #[test]

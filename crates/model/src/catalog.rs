@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use countersign_core::Model;
+use countersign_core::{DataClass, DataClasses, Model};
 use secrecy::SecretString;
 use serde_json::{Map, Value};
 
@@ -143,11 +143,42 @@ impl ModelCatalog {
         Ok(model)
     }
 
+    /// The data classes the provider `settings` name may be sent ([`DataClasses`]): every class
+    /// for the scripted provider, which runs inside the installation; for a provider outside
+    /// it, the classes its `data_classes` list names, or [`DataClasses::external_default`]
+    /// (public data and editor content) without one. A name that is not a class is refused.
+    pub fn data_classes(&self, settings: &Value) -> Result<DataClasses, ModelConfigError> {
+        let key = ProviderSettings::parse(settings, self.default_script.as_deref())?;
+        let listed = match settings.get("data_classes") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(names)) => Some(
+                names
+                    .iter()
+                    .map(|n| {
+                        n.as_str().and_then(DataClass::parse).ok_or_else(|| {
+                            ModelConfigError::InvalidSettings(format!(
+                                "data_classes: {n} is not one of {}",
+                                DataClass::ALL.map(DataClass::as_str).join(", ")
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Some(_) => return Err(invalid("data_classes is not a list of data class names")),
+        };
+        Ok(match (key, listed) {
+            (_, Some(classes)) => DataClasses::of(classes),
+            (ProviderSettings::Scripted { .. }, None) => DataClasses::all(),
+            (ProviderSettings::OpenAi { .. }, None) => DataClasses::external_default(),
+        })
+    }
+
     /// Reads `settings` as [`model_for`](Self::model_for) does, building nothing and reading no
     /// key: an error is what every worker would refuse them for. What depends on the machine a
     /// worker runs on is not an error here but a note — the key's environment variable not set
     /// in this process, a script this process cannot read, no script named and no default.
     pub fn check(&self, settings: &Value) -> Result<SettingsCheck, ModelConfigError> {
+        self.data_classes(settings)?;
         let mut notes = Vec::new();
         let provider = match ProviderSettings::parse(settings, self.default_script.as_deref())? {
             ProviderSettings::Scripted { script } => {

@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use countersign_core::{
-    Effect, ExecContext, ExternalWrite, Principal, Tool, ToolError, ToolOutput, ToolPreview,
-    ToolRegistry, ToolSpec,
+    DataClass, Effect, ExecContext, ExternalWrite, Principal, Tool, ToolError, ToolOutput,
+    ToolPreview, ToolRegistry, ToolSpec,
 };
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
@@ -370,6 +370,7 @@ impl RemoteToolServer {
         self.two_phase = discovery.protocol >= 2 && discovery.two_phase;
         let server = Arc::new(self);
         let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
+        let classes = discovery.data_classes;
         for d in discovery.tools {
             let invalid = |reason: &str| RemoteError::InvalidTool {
                 server: server.name.clone(),
@@ -389,12 +390,17 @@ impl RemoteToolServer {
             if tools.iter().any(|t| t.spec().name == d.name) {
                 return Err(RemoteError::DuplicateTool(d.name));
             }
+            let data_class = data_class_of(&classes, &d.group);
+            if data_class == DataClass::FAIL_CLOSED {
+                tracing::info!(server = %server.name, tool = %d.name, group = %d.group, "the tool's data class is secret_adjacent: it is offered only to providers that may receive it");
+            }
             tools.push(Arc::new(RemoteTool {
                 spec: ToolSpec {
                     name: d.name.clone(),
                     description: d.description,
                     parameters: d.parameters,
                     group: d.group,
+                    data_class,
                     effect,
                     enabled_by_default: d.enabled_by_default,
                     requires_admin: d.requires_admin,
@@ -508,7 +514,19 @@ struct Discovery {
     /// Version 2: the server's writers take `prepare`, then `commit` or `abort`.
     #[serde(default)]
     two_phase: bool,
+    /// The data class of each of the server's tool groups.
+    #[serde(default)]
+    data_classes: std::collections::BTreeMap<String, String>,
     tools: Vec<DiscoveredTool>,
+}
+
+/// The class a server declares for `group`; a group it does not classify, or a class this
+/// client does not know, is [`DataClass::FAIL_CLOSED`].
+fn data_class_of(classes: &std::collections::BTreeMap<String, String>, group: &str) -> DataClass {
+    classes
+        .get(group)
+        .and_then(|c| DataClass::parse(c))
+        .unwrap_or(DataClass::FAIL_CLOSED)
 }
 
 #[derive(Debug, Deserialize)]
@@ -657,6 +675,7 @@ mod tests {
                 description: String::new(),
                 parameters: json!({"type": "object"}),
                 group: "editing".into(),
+                data_class: DataClass::EditorContent,
                 effect,
                 enabled_by_default: false,
                 requires_admin: false,

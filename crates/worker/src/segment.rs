@@ -9,8 +9,8 @@ use countersign_core::agent_loop::{
     self, AgentConfig, Decision, Outcome, Segment, SegmentHooks, TerminationReason,
 };
 use countersign_core::{
-    LocalWriters, Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState, TokenUsage,
-    ToolRegistry, UserDirectory,
+    DataClasses, LocalWriters, Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState,
+    TokenUsage, ToolRegistry, UserDirectory,
 };
 use countersign_model::ModelCatalog;
 use countersign_store::{
@@ -69,14 +69,18 @@ pub enum Models {
 }
 
 impl Models {
-    /// The agent's model, or the stable code of why its settings name none.
-    fn for_agent(&self, settings: &Value) -> Result<Arc<dyn Model>, &'static str> {
+    /// The agent's model and the data classes it may be sent, or the stable code of why its
+    /// settings name none.
+    fn for_agent(&self, settings: &Value) -> Result<(Arc<dyn Model>, DataClasses), &'static str> {
         match self {
-            Models::Fixed(model) => Ok(model.clone()),
-            Models::PerAgent(catalog) => catalog.model_for(settings).map_err(|e| {
-                tracing::warn!(code = e.code(), error = %e, "the agent's model settings name no usable model");
-                e.code()
-            }),
+            Models::Fixed(model) => Ok((model.clone(), DataClasses::all())),
+            Models::PerAgent(catalog) => catalog
+                .model_for(settings)
+                .and_then(|model| Ok((model, catalog.data_classes(settings)?)))
+                .map_err(|e| {
+                    tracing::warn!(code = e.code(), error = %e, "the agent's model settings name no usable model");
+                    e.code()
+                }),
         }
     }
 }
@@ -167,8 +171,8 @@ impl SegmentRunner {
         let (agent, model) = match &inputs.agent {
             Some(stored) if stored.config.active => {
                 match self.models.for_agent(&stored.config.model) {
-                    Ok(model) => (
-                        loop_config(&stored.config),
+                    Ok((model, data_classes)) => (
+                        loop_config(&stored.config, data_classes),
                         observed(model, &stored.config.model),
                     ),
                     Err(code) => {
@@ -394,7 +398,7 @@ fn counters(iterations: u32, tokens: TokenUsage) -> RunCounters {
 
 /// The loop's view of a stored agent configuration. Provider settings may carry a
 /// `system_prompt` and the model `options` passed to every call.
-fn loop_config(agent: &countersign_store::AgentConfig) -> AgentConfig {
+fn loop_config(agent: &countersign_store::AgentConfig, data_classes: DataClasses) -> AgentConfig {
     AgentConfig {
         name: agent.name.clone(),
         system_prompt: agent
@@ -411,6 +415,7 @@ fn loop_config(agent: &countersign_store::AgentConfig) -> AgentConfig {
             .and_then(|v| v.as_object())
             .cloned()
             .unwrap_or_default(),
+        data_classes,
     }
 }
 

@@ -41,6 +41,7 @@ impl Resource {
                 description: "puts an item at the end of a list elsewhere".into(),
                 parameters: json!({"type": "object"}),
                 group: "editing".into(),
+                data_class: countersign_core::DataClass::EditorContent,
                 effect: Effect::NonIdempotentWrite,
                 enabled_by_default: false,
                 requires_admin: false,

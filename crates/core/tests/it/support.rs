@@ -94,6 +94,7 @@ fn spec(name: &str, group: &str, effect: Effect) -> ToolSpec {
         description: format!("test tool {name}"),
         parameters: json!({"type": "object"}),
         group: group.into(),
+        data_class: countersign_core::DataClass::EditorContent,
         effect,
         enabled_by_default: !effect.is_write(),
         requires_admin: false,
@@ -468,6 +469,7 @@ impl Fixture {
             max_iterations: 10,
             max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             model_options: Default::default(),
+            data_classes: Default::default(),
         };
         Fixture {
             world,

@@ -339,3 +339,62 @@ fn a_check_notes_what_only_the_workers_environment_can_settle() {
         check.notes
     );
 }
+
+fn openai(extra: serde_json::Value) -> serde_json::Value {
+    let mut settings = json!({
+        "provider": "openai",
+        "base_url": "https://api.example.test/v1",
+        "model": "m",
+        "api_key_env": "COUNTERSIGN_TEST_UNSET_KEY",
+    });
+    settings
+        .as_object_mut()
+        .unwrap()
+        .extend(extra.as_object().unwrap().clone());
+    settings
+}
+
+#[test]
+fn a_provider_outside_the_installation_is_sent_public_data_and_editor_content_unless_its_settings_say_more(
+) {
+    use countersign_core::{DataClass, DataClasses};
+    let catalog = ModelCatalog::new();
+    assert_eq!(
+        catalog.data_classes(&openai(json!({}))).unwrap(),
+        DataClasses::external_default()
+    );
+    assert_eq!(
+        catalog
+            .data_classes(&openai(
+                json!({"data_classes": ["editor_content", "secret_adjacent"]})
+            ))
+            .unwrap(),
+        DataClasses::of([DataClass::EditorContent, DataClass::SecretAdjacent])
+    );
+    assert_eq!(
+        catalog
+            .data_classes(&json!({"provider": "scripted", "script": "/nowhere"}))
+            .unwrap(),
+        DataClasses::all(),
+        "the scripted provider runs inside the installation"
+    );
+}
+
+#[test]
+fn a_data_class_the_settings_name_that_is_not_one_is_refused_before_any_run_meets_it() {
+    let catalog = ModelCatalog::new();
+    for bad in [
+        json!(["EDITOR_CONTENT"]),
+        json!("editor_content"),
+        json!([1]),
+    ] {
+        let settings = openai(json!({ "data_classes": bad }));
+        let e = catalog.data_classes(&settings).unwrap_err();
+        assert_eq!(e.code(), "invalid_settings", "{bad}");
+        assert!(e.to_string().contains("data_classes"), "{e}");
+        assert!(
+            catalog.check(&settings).is_err(),
+            "agents put refuses it too"
+        );
+    }
+}

@@ -31,6 +31,7 @@ fn read_page() -> ToolSpec {
         description: "Reads the descriptive fields of a page.".into(),
         parameters: json!({"type": "object", "properties": {"uid": {"type": "integer"}}}),
         group: "content".into(),
+        data_class: countersign_core::DataClass::EditorContent,
         effect: Effect::ReadOnly,
         enabled_by_default: true,
         requires_admin: false,

@@ -377,3 +377,16 @@ async fn a_remote_write_without_a_fence_is_refused_without_a_request() {
     assert_eq!(e.code(), "unfenced_write");
     assert_eq!(canned.posts.load(Ordering::SeqCst), 0);
 }
+
+#[tokio::test]
+async fn a_tool_whose_server_does_not_classify_its_group_counts_as_secret_adjacent() {
+    let (url, _) = serve(200, "{}", Duration::ZERO).await;
+    let tools = tools(&url).await;
+    for name in ["absolute", "relative"] {
+        assert_eq!(
+            tool(&tools, name).spec().data_class,
+            countersign_core::DataClass::SecretAdjacent,
+            "{name}"
+        );
+    }
+}

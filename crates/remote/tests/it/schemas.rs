@@ -170,7 +170,8 @@ args = {"page": "home", "line": "two"}
 w.lock.acquire()  # as the server's handler holds it around every call
 shown = w.preview("append_line", user, args)
 answers = {
-  "discovery": {"protocol": 2, "two_phase": True, "tools": wiki.TOOLS},
+  "discovery": {"protocol": 2, "two_phase": True, "data_classes": wiki.DATA_CLASSES,
+                "tools": wiki.TOOLS},
   "preview": {"lines": shown},
   "may_view": {"allowed": w.may_view("append_line", user, args)},
   "execute": w.execute("append_line", user, args, "r:1:0", 1)[1],

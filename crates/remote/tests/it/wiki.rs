@@ -499,3 +499,17 @@ async fn a_version_1_wiki_takes_writes_in_one_phase_and_a_wiki_that_cannot_say_i
     let e = ext.status(&ctx(RunId::new(), 1, 0)).await.unwrap_err();
     assert_eq!(e.code(), "unsupported");
 }
+
+#[tokio::test]
+async fn the_wikis_tools_carry_the_data_class_it_declares_for_their_groups() {
+    let wiki = Wiki::start();
+    let tools = wiki.tools(SECRET).await;
+    for tool in &tools {
+        assert_eq!(
+            tool.spec().data_class,
+            countersign_core::DataClass::EditorContent,
+            "{}",
+            tool.spec().name
+        );
+    }
+}

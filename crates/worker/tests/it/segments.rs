@@ -511,6 +511,7 @@ async fn external_harness(pool: PgPool, hang: bool) -> (Harness, Arc<Notify>) {
             description: "Sends a message.".into(),
             parameters: json!({"type": "object"}),
             group: "editing".into(),
+            data_class: countersign_core::DataClass::EditorContent,
             effect: countersign_core::Effect::NonIdempotentWrite,
             enabled_by_default: false,
             requires_admin: false,
