@@ -8,7 +8,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use countersign_e2e::{
-    amqp_addr, demo_agent, demo_script, free_port, http_get, workspace_file, Installation, Running,
+    amqp_addr, demo_agent, demo_script, free_port, http_get, workspace_file, Installation,
+    ModelEndpoint, Running, TempDir, MODEL_KEY_ENV,
 };
 use countersign_queue::{
     Broker, Consumer, Declare, MessageProperties, QueueConfig, Topology, DEFAULT_DELIVERY_LIMIT,
@@ -597,4 +598,168 @@ async fn the_policy_dead_letters_a_message_redelivered_past_the_delivery_limit()
     assert_eq!(countersign_queue::parse_segment(&d.body), Ok(run));
     assert_eq!(d.dead_letter_reason().as_deref(), Some("delivery_limit"));
     d.ack().await.unwrap();
+}
+
+/// `(ready, unacknowledged)` messages of `queue` in the vhost, as the broker counts them.
+fn queue_counts(vhost: &str, queue: &str) -> (u64, u64) {
+    let out = rabbitmqctl(&[
+        "list_queues",
+        "-p",
+        vhost,
+        "-q",
+        "--no-table-headers",
+        "name",
+        "messages_ready",
+        "messages_unacknowledged",
+    ]);
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = listing
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(queue))
+        .unwrap_or_else(|| panic!("{queue} in {listing}"));
+    let counts: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().expect("a count"))
+        .collect();
+    (counts[0], counts[1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_under_its_definitions_user_hands_its_waiting_wake_up_back_spending_no_delivery(
+) {
+    let mq = Imported::new("handback");
+    let db = Database::create("deploy_handback").await;
+    let t = Topology::default();
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: t.prefix.clone(),
+    };
+    // A model that never answers: the first run holds the worker's only slot.
+    let model = ModelEndpoint::silent();
+    let dir = TempDir::new();
+    let agent = dir.json(
+        "agent.json",
+        &json!({
+            "name": "seo-assistant",
+            "model": model.model_settings(),
+            "policy": {"allowed_groups": ["content"], "enabled_tools": []},
+            "max_iterations": 4,
+            "approval_deadline_secs": 3600
+        }),
+    );
+    install.configure(&agent);
+    let operator = mq.user("countersign-operator");
+    install.countersign_ok(&["producers", "allow", &operator, "acting-user", "*"]);
+
+    let as_user = |binary: &str, user: &str| {
+        let mut cmd = install.command(binary);
+        cmd.env("AMQP_ADDR", mq.addr(user, &compose_password(user)));
+        cmd
+    };
+    let log = std::env::temp_dir().join(format!("countersign-worker-{}.log", mq.suffix));
+    let _coordinator = Running(
+        as_user("countersign-coordinator", "countersign-coordinator")
+            .arg("--no-declare")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut worker = Running(
+        as_user("countersign-worker", "countersign-worker")
+            .args([
+                "--no-declare",
+                "--concurrency",
+                "1",
+                "--lease-ttl-secs",
+                "3",
+            ])
+            // Only its wake-up brings the second run to this worker.
+            .args(["--poll-interval-secs", "3600"])
+            .env(MODEL_KEY_ENV, "fake-key")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap(),
+    );
+    let submit = |prompt: &str| {
+        let out = as_user("countersign", "countersign-operator")
+            .args([
+                "submit",
+                "--agent",
+                "seo-assistant",
+                "--as",
+                "editor",
+                prompt,
+            ])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        said.split_whitespace().nth(1).expect("a run id").to_owned()
+    };
+
+    submit("Improve page 12.");
+    let deadline = Instant::now() + GUARD;
+    while model.requests().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the first run never reached its model"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let second = submit("Improve page 13.");
+    // The second wake-up is delivered, and held by the worker while it waits for its slot.
+    let deadline = Instant::now() + GUARD;
+    while queue_counts(&mq.vhost, &t.segments()) != (0, 1) {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never took the second wake-up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    worker.sigterm();
+    let status = worker
+        .exit_within(GUARD)
+        .await
+        .expect("the worker stops on SIGTERM");
+    assert!(status.success(), "the worker exited with {status}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    for refusal in ["ACCESS_REFUSED", "publish_refused", "requeuing it"] {
+        assert!(
+            !logged.contains(refusal),
+            "the hand-back was refused ({refusal}):\n{logged}"
+        );
+    }
+
+    // Handed back as a fresh message: neither redelivered nor counted against the delivery
+    // limit after which the quorum queue would dead-letter it.
+    let admin = mq.broker(mq.admin_addr()).await.unwrap();
+    let mut segments = admin.consume(&t.segments(), 8).await.unwrap();
+    loop {
+        let d = tokio::time::timeout(GUARD, segments.next())
+            .await
+            .expect("the second run's wake-up is back in the queue")
+            .unwrap()
+            .unwrap();
+        let run = countersign_queue::parse_segment(&d.body)
+            .unwrap()
+            .to_string();
+        let spent = (d.redelivered, d.delivery_count());
+        d.ack().await.unwrap();
+        if run == second {
+            assert_eq!(spent, (false, 0), "handed back as a fresh message");
+            break;
+        }
+    }
+    let (dead, _) = queue_counts(&mq.vhost, &t.dead_letters());
+    assert_eq!(dead, 0, "nothing was dead-lettered");
+    drop(_coordinator);
+    db.drop().await;
 }
