@@ -22,10 +22,12 @@
 //! `at-least-once` (which RabbitMQ only offers with `x-overflow: reject-publish`), so a
 //! poison message is not lost on its way to the dead-letter queue either.
 //!
-//! Each public queue has a fanout exchange of the same name bound to it. RabbitMQ checks a
+//! Each work queue has a fanout exchange of the same name bound to it. RabbitMQ checks a
 //! publish against the exchange it names, and the default exchange (`amq.default`) reaches
 //! every queue: a producer allowed to write only to the exchanges of the two public queues
-//! can reach those two queues and nothing else.
+//! can reach those two queues and nothing else, and a worker allowed to write only to the
+//! segments exchange can hand its wake-ups back (when it stops) without the right to write
+//! into every queue of the vhost that `amq.default` would be.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -113,6 +115,12 @@ impl Topology {
     /// [`Broker::publish_public`](crate::Broker::publish_public)).
     pub fn public_queues(&self) -> [String; 2] {
         [self.run_requests(), self.decisions()]
+    }
+
+    /// The fanout exchange in front of the segments queue, of the same name: the way a worker
+    /// hands a wake-up back, with write permission on this exchange only.
+    pub fn segments_exchange(&self) -> String {
+        self.segments()
     }
 }
 
@@ -244,6 +252,7 @@ fn exchanges(t: &Topology) -> Vec<(String, ExchangeKind)> {
     all.extend(
         t.public_queues()
             .into_iter()
+            .chain([t.segments_exchange()])
             .map(|q| (q, ExchangeKind::Fanout)),
     );
     all
@@ -264,6 +273,7 @@ fn queues(t: &Topology) -> Vec<(String, Option<String>)> {
 fn bindings(t: &Topology) -> Vec<(String, String)> {
     let mut all = vec![(t.dead_letters(), t.dead_letter_exchange())];
     all.extend(t.public_queues().into_iter().map(|q| (q.clone(), q)));
+    all.push((t.segments(), t.segments_exchange()));
     all
 }
 
@@ -496,12 +506,18 @@ mod tests {
     }
 
     #[test]
-    fn each_public_queue_has_an_exchange_of_its_name_bound_to_it() {
+    fn each_work_queue_has_an_exchange_of_its_name_bound_to_it() {
         let t = Topology::new("p");
         let names: Vec<_> = exchanges(&t).into_iter().map(|(n, _)| n).collect();
         assert_eq!(
             names,
-            ["p.dlx", "p.events", "p.run-requests", "p.decisions"]
+            [
+                "p.dlx",
+                "p.events",
+                "p.run-requests",
+                "p.decisions",
+                "p.segments"
+            ]
         );
         assert_eq!(
             bindings(&t),
@@ -509,6 +525,7 @@ mod tests {
                 ("p.dead-letters".to_owned(), "p.dlx".to_owned()),
                 ("p.run-requests".to_owned(), "p.run-requests".to_owned()),
                 ("p.decisions".to_owned(), "p.decisions".to_owned()),
+                ("p.segments".to_owned(), "p.segments".to_owned()),
             ]
         );
     }

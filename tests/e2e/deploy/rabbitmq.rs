@@ -75,7 +75,12 @@ fn the_definitions_hold_the_topology_the_services_check_for_with_dead_lettering_
         (t.dead_letter_exchange(), "fanout".to_owned()),
         (t.events_exchange(), "topic".to_owned()),
     ]);
-    expected.extend(t.public_queues().map(|q| (q, "fanout".to_owned())));
+    expected.extend(
+        t.public_queues()
+            .into_iter()
+            .chain([t.segments_exchange()])
+            .map(|q| (q, "fanout".to_owned())),
+    );
     assert_eq!(exchanges, expected);
 
     let bindings: BTreeSet<(String, String)> = by_name(&d, "bindings")
@@ -90,6 +95,7 @@ fn the_definitions_hold_the_topology_the_services_check_for_with_dead_lettering_
         .collect();
     let mut expected = BTreeSet::from([(t.dead_letter_exchange(), t.dead_letters())]);
     expected.extend(t.public_queues().map(|q| (q.clone(), q)));
+    expected.insert((t.segments_exchange(), t.segments()));
     assert_eq!(bindings, expected);
 
     let policies = by_name(&d, "policies");
@@ -628,6 +634,16 @@ fn queue_counts(vhost: &str, queue: &str) -> (u64, u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stopped_under_its_definitions_user_hands_its_waiting_wake_up_back_spending_no_delivery(
 ) {
+    // Its user may write to the segments exchange, never to the default exchange (which
+    // reaches every queue of the vhost).
+    let d = definitions();
+    let worker_may_write = by_name(&d, "permissions")
+        .into_iter()
+        .find(|p| p["user"] == "countersign-worker")
+        .map(|p| p["write"].as_str().unwrap().to_owned())
+        .expect("the worker's permissions");
+    assert_eq!(worker_may_write, "^countersign\\.(segments|events|dlx)$");
+
     let mq = Imported::new("handback");
     let db = Database::create("deploy_handback").await;
     let t = Topology::default();
