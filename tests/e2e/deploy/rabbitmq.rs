@@ -12,7 +12,8 @@ use countersign_e2e::{
     ModelEndpoint, Running, TempDir, MODEL_KEY_ENV,
 };
 use countersign_queue::{
-    Broker, Consumer, Declare, MessageProperties, QueueConfig, Topology, DEFAULT_DELIVERY_LIMIT,
+    Broker, Consumer, Declare, MessageProperties, QueueConfig, Topology, DEAD_LETTER_MAX_BYTES,
+    DEAD_LETTER_MAX_LENGTH, DEAD_LETTER_OVERFLOW, DEFAULT_DELIVERY_LIMIT,
 };
 use serde_json::{json, Value};
 use sqlx::Connection;
@@ -35,6 +36,34 @@ fn definitions() -> Value {
 
 fn by_name<'a>(definitions: &'a Value, field: &str) -> Vec<&'a Value> {
     definitions[field].as_array().expect(field).iter().collect()
+}
+
+#[test]
+fn an_alert_fires_before_the_dead_letter_queue_drops_its_oldest() {
+    let alerts = yaml("deploy/prometheus/alerts.yml").remove(0);
+    let rules: Vec<&yaml_rust2::Yaml> = alerts["groups"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_vec().unwrap())
+        .collect();
+    let rule = rules
+        .iter()
+        .find(|r| r["alert"].as_str() == Some("CountersignDeadLettersNearlyFull"))
+        .expect("an alert for a filling dead-letter queue");
+    let expr = scalar(&rule["expr"]).unwrap();
+    let (metric, threshold) = expr.split_once(" > ").expect("GAUGE > N");
+    assert_eq!(metric, "max(countersign_dead_letter_messages)");
+    let threshold: u32 = threshold.trim().parse().expect("a count");
+    assert!(
+        (DEAD_LETTER_MAX_LENGTH / 2..DEAD_LETTER_MAX_LENGTH).contains(&threshold),
+        "{threshold}: below the bound {DEAD_LETTER_MAX_LENGTH}, and not long before it"
+    );
+    let summary = scalar(&rule["annotations"]["summary"]).unwrap();
+    assert!(
+        summary.contains(&DEAD_LETTER_MAX_LENGTH.to_string()),
+        "{summary}"
+    );
 }
 
 #[test]
@@ -99,8 +128,30 @@ fn the_definitions_hold_the_topology_the_services_check_for_with_dead_lettering_
     assert_eq!(bindings, expected);
 
     let policies = by_name(&d, "policies");
-    assert_eq!(policies.len(), 1);
-    let policy = policies[0];
+    assert_eq!(
+        policies.len(),
+        2,
+        "the work queues' and the dead-letter queue's"
+    );
+    let policy = |name: &str| {
+        *policies
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no policy {name}"))
+    };
+    let bounds = policy("countersign-dead-letters");
+    assert_eq!(bounds["pattern"], format!("^{}\\.dead-letters$", t.prefix));
+    assert_eq!(bounds["apply-to"], "queues");
+    // The bounds the services give the queue when they create it themselves.
+    assert_eq!(
+        bounds["definition"],
+        json!({
+            "max-length": DEAD_LETTER_MAX_LENGTH,
+            "max-length-bytes": DEAD_LETTER_MAX_BYTES,
+            "overflow": DEAD_LETTER_OVERFLOW,
+        })
+    );
+    let policy = policy("countersign-work-queues");
     let suffixes: Vec<String> = t
         .work_queues()
         .iter()
@@ -556,7 +607,8 @@ async fn the_producer_user_reaches_the_two_public_queues_and_nothing_else() {
 }
 
 #[tokio::test]
-async fn the_policy_dead_letters_a_message_redelivered_past_the_delivery_limit() {
+async fn the_policies_dead_letter_a_message_redelivered_past_the_delivery_limit_and_bound_the_dead_letters(
+) {
     let mq = Imported::new("policy");
     let t = Topology::default();
 
@@ -581,6 +633,14 @@ async fn the_policy_dead_letters_a_message_redelivered_past_the_delivery_limit()
         assert!(!line.contains("x-dead-letter"), "{line}");
         assert!(!line.contains("x-delivery-limit"), "{line}");
     }
+    // The dead-letter queue is bounded by its own policy (whose bounds the definitions test
+    // holds to the topology's), not by its arguments.
+    let line = listing
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(t.dead_letters().as_str()))
+        .unwrap_or_else(|| panic!("{} in {listing}", t.dead_letters()));
+    assert!(line.contains("countersign-dead-letters"), "{line}");
+    assert!(!line.contains("x-max-length"), "{line}");
 
     let broker = mq.broker(mq.admin_addr()).await.unwrap();
     let run = countersign_core::RunId::new();
