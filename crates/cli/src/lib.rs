@@ -208,8 +208,9 @@ pub enum Command {
         timeout_secs: u64,
     },
     /// Runs the coordinator, two workers and the reaper (built next to this executable) over
-    /// RabbitMQ in a throwaway database and queue prefix, drives a run through them as an
-    /// operator and its approvers would, narrating and checking each step.
+    /// RabbitMQ in a throwaway database and queue prefix (`QUEUE_PREFIX-demo-` and 12 hex
+    /// digits, under --queue-prefix), drives a run through them as an operator and its
+    /// approvers would, narrating and checking each step.
     Demo {
         /// The database the demo creates (and drops first if it exists).
         #[arg(long, default_value = "countersign_demo")]
@@ -475,7 +476,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Demo { database, keep } => {
-            demo::run(&cli.database_url, &cli.amqp_addr, &database, keep).await
+            demo::run(
+                &cli.database_url,
+                &cli.amqp_addr,
+                &cli.queue_prefix,
+                &database,
+                keep,
+            )
+            .await
         }
     }
 }
