@@ -20,12 +20,13 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
        target/release/countersign-api /out/
 
 # The runtime stage: glibc and libgcc only (TLS roots are compiled in), no shell, and a
-# non-root user (65532). The demo's agent configuration and model script come along so
+# non-root user given by number (distroless's nonroot, 65532): the kubelet refuses
+# `runAsNonRoot` for an image whose user is a name it cannot check without a passwd file. The demo's agent configuration and model script come along so
 # that compose can run the demo agent; a real deployment names its own.
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/
 COPY deploy/agents/ /usr/share/countersign/agents/
 COPY crates/cli/demo/ /usr/share/countersign/demo/
-USER nonroot:nonroot
+USER 65532:65532
 ENV RUST_LOG=info RUST_LOG_FORMAT=json
 CMD ["countersign", "--help"]

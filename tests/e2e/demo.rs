@@ -155,7 +155,8 @@ impl Drop for Kept {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kept_demo_leaves_its_services_running_and_says_how_to_stop_them() {
     let database = format!("countersign_e2e_kept_demo_{}", std::process::id());
-    let (_, stdout) = demo(&database, &["--keep"]).await;
+    let base = format!("e2e-kept-{}", std::process::id());
+    let (_, stdout) = demo(&database, &["--keep", "--queue-prefix", &base]).await;
 
     let stop = stdout
         .lines()
@@ -175,6 +176,16 @@ async fn a_kept_demo_leaves_its_services_running_and_says_how_to_stop_them() {
         .and_then(|s| s.split(".*").next())
         .expect("the queue prefix is shown")
         .to_owned();
+    // Its own queues, under the prefix it was given, which its services use.
+    assert!(
+        prefix.starts_with(&format!("{base}-demo-")),
+        "{prefix} is not under --queue-prefix {base}"
+    );
+    let segments = format!("{prefix}.segments");
+    assert!(
+        countersign_e2e::consumers(&segments).is_some_and(|n| n >= 1),
+        "its workers consume {segments}"
+    );
 
     // What the demo said to type.
     let status = Command::new("kill")

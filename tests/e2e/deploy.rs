@@ -1,11 +1,14 @@
 //! The deployment files in `deploy/` as a deployer uses them: the compose file, the
 //! Kubernetes manifests and the systemd units set only variables and flags the binaries read
-//! (by their `--help`), on ports that do not collide ([`manifests`]); the RabbitMQ
-//! definitions are the topology the services expect, and the services run a whole cycle under
-//! the definitions' least-privilege users without declaring anything ([`rabbitmq`]).
+//! (by their `--help`), on the ports README gives, which do not collide; the kubelet can check
+//! every container's non-root user, `kubernetes-validate` accepts the manifests and
+//! `systemd-analyze` the units ([`manifests`]); the healthcheck compose runs tells a ready
+//! service from anything else ([`healthcheck`]); the RabbitMQ definitions are the topology the
+//! services expect, and the services run a whole cycle, and a worker stops, under the
+//! definitions' least-privilege users without declaring anything ([`rabbitmq`]).
 //!
-//! No container engine or cluster is needed: the YAML is read here, and the broker is the real
-//! one at `AMQP_ADDR`, administered with `rabbitmqctl`.
+//! No container engine or cluster is needed: the YAML is read here, the checkers run on the
+//! files, and the broker is the real one at `AMQP_ADDR`, administered with `rabbitmqctl`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
@@ -14,6 +17,7 @@ use countersign_e2e::{binary, workspace_file};
 use yaml_rust2::yaml::Hash;
 use yaml_rust2::{Yaml, YamlLoader};
 
+mod healthcheck;
 mod manifests;
 mod rabbitmq;
 
@@ -112,7 +116,15 @@ impl Process {
         let addr = self
             .flag("--http-addr")
             .or(self.env.get("COUNTERSIGN_HTTP_ADDR").map(String::as_str))?;
-        Some(addr.rsplit_once(':').expect("host:port").1.to_owned())
+        Some(port_of(addr))
+    }
+
+    /// The port of the address the API serves `/v1` and `/inbox` on (`--listen`).
+    pub fn api_port(&self) -> Option<String> {
+        let addr = self
+            .flag("--listen")
+            .or(self.env.get("COUNTERSIGN_API_ADDR").map(String::as_str))?;
+        Some(port_of(addr))
     }
 
     /// The worker's lease time to live in seconds (`--lease-ttl-secs`, default 30).
@@ -140,6 +152,11 @@ impl Process {
         }
         unknown
     }
+}
+
+/// The port of `host:port`.
+pub fn port_of(addr: &str) -> String {
+    addr.rsplit_once(':').expect("host:port").1.to_owned()
 }
 
 /// Splits `[binary, args…]` into the command (with the `countersign` subcommand) and the rest.

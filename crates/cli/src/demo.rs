@@ -71,6 +71,7 @@ const TEASER_IMAGES: &str = "SELECT count(*) FROM content.file_references
 pub async fn run(
     database_url: &str,
     amqp_addr: &str,
+    queue_prefix: &str,
     database: &str,
     keep: bool,
 ) -> anyhow::Result<()> {
@@ -80,6 +81,13 @@ pub async fn run(
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_'),
         "the demo database name may hold only letters, digits and underscores"
+    );
+    ensure!(
+        !queue_prefix.is_empty()
+            && queue_prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')),
+        "the queue prefix may hold only letters, digits, '-', '_' and '.'"
     );
     let started = Instant::now();
     println!("countersign demo — an agent proposes, a human countersigns\n");
@@ -107,10 +115,7 @@ pub async fn run(
     countersign_content::seed_demo_site(&pool)
         .await
         .context("seeding the demo site")?;
-    let prefix = format!(
-        "countersign-demo-{}",
-        &Uuid::now_v7().simple().to_string()[24..]
-    );
+    let prefix = demo_prefix(queue_prefix);
     // Recorded so that the next demo deletes these queues if this one leaves them behind.
     std::fs::write(dir.join(QUEUES_FILE), &prefix).context("recording the queue prefix")?;
     let model = ModelStandIn::start()?;
@@ -1126,6 +1131,30 @@ fn spawn(
     })
 }
 
+/// The demo's own queue prefix, under `base` (`--queue-prefix`): `BASE-demo-` and 12 hex
+/// digits. Never `base` itself: the demo deletes its queues when it ends, and `base` may be
+/// an installation's.
+fn demo_prefix(base: &str) -> String {
+    format!(
+        "{base}{DEMO_MARK}{}",
+        &Uuid::now_v7().simple().to_string()[20..]
+    )
+}
+
+/// Whether `prefix` is one [`demo_prefix`] made: only such queues a demo deletes as its own.
+fn is_demo_prefix(prefix: &str) -> bool {
+    prefix.rsplit_once(DEMO_MARK).is_some_and(|(base, tail)| {
+        !base.is_empty()
+            // 8 digits in the demos of earlier releases.
+            && (8..=12).contains(&tail.len())
+            && tail
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    })
+}
+
+const DEMO_MARK: &str = "-demo-";
+
 /// The file in the demo's directory naming its queue prefix.
 const QUEUES_FILE: &str = "queues";
 
@@ -1206,7 +1235,7 @@ fn demo_dir(database: &str) -> anyhow::Result<(PathBuf, Option<String>)> {
     let leftover = std::fs::read_to_string(dir.join(QUEUES_FILE))
         .ok()
         .map(|prefix| prefix.trim().to_owned())
-        .filter(|prefix| prefix.starts_with("countersign-demo-"));
+        .filter(|prefix| is_demo_prefix(prefix));
     if dir.exists() {
         std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
@@ -1439,6 +1468,21 @@ async fn drop_database(server: &PgConnectOptions, name: &str) -> anyhow::Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_demo_queues_are_its_own_under_the_prefix_it_was_given() {
+        let prefix = demo_prefix("acme");
+        assert!(prefix.starts_with("acme-demo-"), "{prefix}");
+        assert!(is_demo_prefix(&prefix), "{prefix}");
+        assert_ne!(prefix, demo_prefix("acme"), "a new one each time");
+        for not_a_demo in ["acme", "countersign", "-demo-0123456789ab", "acme-demo-xyz"] {
+            assert!(!is_demo_prefix(not_a_demo), "{not_a_demo}");
+        }
+        assert!(
+            is_demo_prefix("countersign-demo-0123abcd"),
+            "an earlier release's"
+        );
+    }
 
     #[test]
     fn the_demo_database_url_names_the_demo_database_and_keeps_the_rest() {

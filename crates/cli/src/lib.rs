@@ -21,6 +21,7 @@ use sqlx::PgPool;
 
 pub mod bench;
 mod demo;
+mod healthcheck;
 mod ops;
 mod render;
 mod tokens;
@@ -197,9 +198,19 @@ pub enum Command {
         #[arg(long)]
         latency_ms: u64,
     },
+    /// Exits 0 if URL (a service's readiness, e.g. http://127.0.0.1:9464/readyz) answers 200
+    /// within the timeout, non-zero otherwise: a container's healthcheck without a shell.
+    Healthcheck {
+        #[arg(value_parser = healthcheck::parse_url)]
+        url: hyper::Uri,
+        /// Seconds to wait for the answer, connecting included.
+        #[arg(long, default_value_t = 3)]
+        timeout_secs: u64,
+    },
     /// Runs the coordinator, two workers and the reaper (built next to this executable) over
-    /// RabbitMQ in a throwaway database and queue prefix, drives a run through them as an
-    /// operator and its approvers would, narrating and checking each step.
+    /// RabbitMQ in a throwaway database and queue prefix (`QUEUE_PREFIX-demo-` and 12 hex
+    /// digits, under --queue-prefix), drives a run through them as an operator and its
+    /// approvers would, narrating and checking each step.
     Demo {
         /// The database the demo creates (and drops first if it exists).
         #[arg(long, default_value = "countersign_demo")]
@@ -473,8 +484,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::BenchModelStub { latency_ms } => {
             bench::serve_model_stub(Duration::from_millis(latency_ms)).await
         }
+        Command::Healthcheck { url, timeout_secs } => {
+            healthcheck::check(&url, Duration::from_secs(timeout_secs)).await?;
+            println!("{url}: ready");
+            Ok(())
+        }
         Command::Demo { database, keep } => {
-            demo::run(&cli.database_url, &cli.amqp_addr, &database, keep).await
+            demo::run(
+                &cli.database_url,
+                &cli.amqp_addr,
+                &cli.queue_prefix,
+                &database,
+                keep,
+            )
+            .await
         }
     }
 }

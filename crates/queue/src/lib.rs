@@ -31,6 +31,6 @@ pub use consumer::{Consumer, Delivery, ORIGINAL_USER_HEADER, REASON_HEADER, SOUR
 pub use error::QueueError;
 pub use segment::{parse_segment, segment_body, SEGMENT_TYPE};
 pub use topology::{
-    redact, Declare, QueueConfig, Topology, DEFAULT_DELIVERY_LIMIT, DEFAULT_PREFIX,
-    DEFAULT_RECONNECT_ATTEMPTS,
+    redact, Declare, QueueConfig, Topology, DEAD_LETTER_MAX_BYTES, DEAD_LETTER_MAX_LENGTH,
+    DEAD_LETTER_OVERFLOW, DEFAULT_DELIVERY_LIMIT, DEFAULT_PREFIX, DEFAULT_RECONNECT_ATTEMPTS,
 };

@@ -22,10 +22,24 @@
 //! `at-least-once` (which RabbitMQ only offers with `x-overflow: reject-publish`), so a
 //! poison message is not lost on its way to the dead-letter queue either.
 //!
-//! Each public queue has a fanout exchange of the same name bound to it. RabbitMQ checks a
+//! The dead-letter queue is bounded ([`DEAD_LETTER_MAX_LENGTH`] messages,
+//! [`DEAD_LETTER_MAX_BYTES`] bytes) and drops its oldest message when a new one would pass
+//! either bound ([`DEAD_LETTER_OVERFLOW`]). Nothing drains it but an operator, so unbounded it
+//! grows for as long as a producer misbehaves, until the broker's memory alarm blocks every
+//! publisher, the services included. Refusing the newest instead (`reject-publish`) would not
+//! bound anything: at-least-once dead-lettering keeps a message the dead-letter queue refuses
+//! in the work queue it came from and retries, so the backlog would only move there. What is
+//! dropped is a copy for diagnosis, never the truth: a run's state is in PostgreSQL, a lost
+//! wake-up is made good by the workers' poll, and a refused request or decision has already
+//! been logged with its reason. The alert `CountersignDeadLettersNearlyFull` fires well before
+//! the bound, while the oldest are still there to read.
+//!
+//! Each work queue has a fanout exchange of the same name bound to it. RabbitMQ checks a
 //! publish against the exchange it names, and the default exchange (`amq.default`) reaches
 //! every queue: a producer allowed to write only to the exchanges of the two public queues
-//! can reach those two queues and nothing else.
+//! can reach those two queues and nothing else, and a worker allowed to write only to the
+//! segments exchange can hand its wake-ups back (when it stops) without the right to write
+//! into every queue of the vhost that `amq.default` would be.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -44,6 +58,13 @@ use crate::error::QueueError;
 pub const DEFAULT_PREFIX: &str = "countersign";
 /// How many deliveries a quorum queue attempts before it dead-letters a message.
 pub const DEFAULT_DELIVERY_LIMIT: u32 = 5;
+/// The most messages the dead-letter queue holds; past it the oldest is dropped.
+pub const DEAD_LETTER_MAX_LENGTH: u32 = 10_000;
+/// The most bytes of message bodies the dead-letter queue holds (64 MiB); past it the oldest
+/// is dropped.
+pub const DEAD_LETTER_MAX_BYTES: u64 = 64 * 1024 * 1024;
+/// What the dead-letter queue does when full: drops its oldest message (see the module doc).
+pub const DEAD_LETTER_OVERFLOW: &str = "drop-head";
 /// How many times a lost connection is retried before an operation gives up.
 pub const DEFAULT_RECONNECT_ATTEMPTS: usize = 8;
 
@@ -113,6 +134,12 @@ impl Topology {
     /// [`Broker::publish_public`](crate::Broker::publish_public)).
     pub fn public_queues(&self) -> [String; 2] {
         [self.run_requests(), self.decisions()]
+    }
+
+    /// The fanout exchange in front of the segments queue, of the same name: the way a worker
+    /// hands a wake-up back, with write permission on this exchange only.
+    pub fn segments_exchange(&self) -> String {
+        self.segments()
     }
 }
 
@@ -213,17 +240,36 @@ fn long(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s))
 }
 
+/// The arguments of a queue this process creates: a work queue's dead-lettering and delivery
+/// limit (given `dead_letter_exchange`), or the dead-letter queue's bounds; with
+/// [`Declare::WithoutArguments`] the type only, the definitions' policies giving the rest.
 fn queue_arguments(config: &QueueConfig, dead_letter_exchange: Option<&str>) -> FieldTable {
     let mut args = FieldTable::default();
     args.insert("x-queue-type".into(), long("quorum"));
-    if let (Some(dlx), Declare::WithArguments) = (dead_letter_exchange, config.declare) {
-        args.insert("x-dead-letter-exchange".into(), long(dlx));
-        args.insert("x-dead-letter-strategy".into(), long("at-least-once"));
-        args.insert("x-overflow".into(), long("reject-publish"));
-        args.insert(
-            "x-delivery-limit".into(),
-            AMQPValue::LongLongInt(i64::from(config.delivery_limit)),
-        );
+    if config.declare != Declare::WithArguments {
+        return args;
+    }
+    match dead_letter_exchange {
+        Some(dlx) => {
+            args.insert("x-dead-letter-exchange".into(), long(dlx));
+            args.insert("x-dead-letter-strategy".into(), long("at-least-once"));
+            args.insert("x-overflow".into(), long("reject-publish"));
+            args.insert(
+                "x-delivery-limit".into(),
+                AMQPValue::LongLongInt(i64::from(config.delivery_limit)),
+            );
+        }
+        None => {
+            args.insert(
+                "x-max-length".into(),
+                AMQPValue::LongLongInt(i64::from(DEAD_LETTER_MAX_LENGTH)),
+            );
+            args.insert(
+                "x-max-length-bytes".into(),
+                AMQPValue::LongLongInt(i64::try_from(DEAD_LETTER_MAX_BYTES).unwrap_or(i64::MAX)),
+            );
+            args.insert("x-overflow".into(), long(DEAD_LETTER_OVERFLOW));
+        }
     }
     args
 }
@@ -244,6 +290,7 @@ fn exchanges(t: &Topology) -> Vec<(String, ExchangeKind)> {
     all.extend(
         t.public_queues()
             .into_iter()
+            .chain([t.segments_exchange()])
             .map(|q| (q, ExchangeKind::Fanout)),
     );
     all
@@ -264,6 +311,7 @@ fn queues(t: &Topology) -> Vec<(String, Option<String>)> {
 fn bindings(t: &Topology) -> Vec<(String, String)> {
     let mut all = vec![(t.dead_letters(), t.dead_letter_exchange())];
     all.extend(t.public_queues().into_iter().map(|q| (q.clone(), q)));
+    all.push((t.segments(), t.segments_exchange()));
     all
 }
 
@@ -487,21 +535,43 @@ mod tests {
     }
 
     #[test]
-    fn work_queues_left_to_policies_carry_only_their_type() {
-        let mut c = QueueConfig::new("amqp://h", Topology::default());
-        c.declare = Declare::WithoutArguments;
-        let args = queue_arguments(&c, Some("countersign.dlx"));
-        let keys: Vec<_> = args.inner().keys().map(|k| k.as_str().to_owned()).collect();
-        assert_eq!(keys, ["x-queue-type"]);
+    fn the_dead_letter_queue_is_bounded_and_drops_its_oldest() {
+        let c = QueueConfig::new("amqp://h", Topology::default());
+        let args = queue_arguments(&c, None);
+        let get = |k: &str| args.inner().get(k).cloned();
+        assert_eq!(get("x-queue-type"), Some(long("quorum")));
+        assert_eq!(get("x-max-length"), Some(AMQPValue::LongLongInt(10_000)));
+        assert_eq!(
+            get("x-max-length-bytes"),
+            Some(AMQPValue::LongLongInt(64 * 1024 * 1024))
+        );
+        assert_eq!(get("x-overflow"), Some(long("drop-head")));
     }
 
     #[test]
-    fn each_public_queue_has_an_exchange_of_its_name_bound_to_it() {
+    fn work_queues_left_to_policies_carry_only_their_type() {
+        let mut c = QueueConfig::new("amqp://h", Topology::default());
+        c.declare = Declare::WithoutArguments;
+        for dlx in [Some("countersign.dlx"), None] {
+            let args = queue_arguments(&c, dlx);
+            let keys: Vec<_> = args.inner().keys().map(|k| k.as_str().to_owned()).collect();
+            assert_eq!(keys, ["x-queue-type"], "{dlx:?}");
+        }
+    }
+
+    #[test]
+    fn each_work_queue_has_an_exchange_of_its_name_bound_to_it() {
         let t = Topology::new("p");
         let names: Vec<_> = exchanges(&t).into_iter().map(|(n, _)| n).collect();
         assert_eq!(
             names,
-            ["p.dlx", "p.events", "p.run-requests", "p.decisions"]
+            [
+                "p.dlx",
+                "p.events",
+                "p.run-requests",
+                "p.decisions",
+                "p.segments"
+            ]
         );
         assert_eq!(
             bindings(&t),
@@ -509,6 +579,7 @@ mod tests {
                 ("p.dead-letters".to_owned(), "p.dlx".to_owned()),
                 ("p.run-requests".to_owned(), "p.run-requests".to_owned()),
                 ("p.decisions".to_owned(), "p.decisions".to_owned()),
+                ("p.segments".to_owned(), "p.segments".to_owned()),
             ]
         );
     }

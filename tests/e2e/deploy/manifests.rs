@@ -6,9 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use countersign_e2e::{binary, database_url, workspace_file};
-use yaml_rust2::Yaml;
+use yaml_rust2::{Yaml, YamlLoader};
 
-use super::{entries, process, read_without_a_flag, scalar, strings, yaml, Process};
+use super::{entries, port_of, process, read_without_a_flag, scalar, strings, yaml, Process};
 
 /// How long a stopping worker may still take after its grace period (one lease time to
 /// live): the time it gives itself to hand the remaining runs back (`RELEASE_TIMEOUT` in
@@ -194,11 +194,200 @@ fn compose_gives_the_keyring_only_to_the_processes_that_seal_or_open() {
     }
 }
 
+#[test]
+fn every_countersign_service_in_compose_is_health_checked_on_its_own_readiness_port() {
+    let compose = compose();
+    let mut checked = BTreeSet::new();
+    for (name, p, service) in compose_processes(&compose) {
+        let Some(port) = p.http_port() else {
+            // The migrations and the operator's command line end, and serve nothing.
+            assert_eq!(
+                scalar(&service["restart"]).as_deref(),
+                Some("no"),
+                "{name} serves no /readyz, so it must be a one-shot"
+            );
+            continue;
+        };
+        let check = &service["healthcheck"];
+        assert_eq!(
+            strings(&check["test"]),
+            [
+                "CMD".to_owned(),
+                "countersign".to_owned(),
+                "healthcheck".to_owned(),
+                format!("http://127.0.0.1:{port}/readyz"),
+            ],
+            "{name}: the image has no shell; `countersign healthcheck` asks its own /readyz"
+        );
+        for key in ["interval", "timeout", "retries", "start_period"] {
+            assert!(scalar(&check[key]).is_some(), "{name}: healthcheck {key}");
+        }
+        checked.insert(name);
+    }
+    assert_eq!(
+        checked,
+        ["api", "coordinator", "reaper", "worker-1", "worker-2"]
+            .map(str::to_owned)
+            .into(),
+    );
+    assert!(
+        super::help(&["countersign", "healthcheck"])
+            .flags
+            .contains("--timeout-secs"),
+        "countersign has a healthcheck subcommand"
+    );
+}
+
+// ---- README ------------------------------------------------------------------------------
+
+/// The binaries README starts in its shell examples, with what they are given (a command
+/// continued with `\` is one line; a comment or `&` ends it).
+fn readme_processes() -> Vec<Process> {
+    let text = std::fs::read_to_string(workspace_file("README.md")).unwrap();
+    let mut processes = Vec::new();
+    let (mut in_code, mut pending) = (false, String::new());
+    for (n, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if !in_code {
+            continue;
+        }
+        if let Some(head) = line.trim_end().strip_suffix('\\') {
+            pending.push_str(head);
+            continue;
+        }
+        let command = std::mem::take(&mut pending) + line;
+        let words: Vec<&str> = command
+            .split('#')
+            .next()
+            .unwrap()
+            .split_whitespace()
+            .take_while(|w| !matches!(*w, "&" | "&&" | "|" | ";"))
+            .collect();
+        let Some(at) = words.iter().position(|w| SERVICES.contains(w)) else {
+            continue;
+        };
+        let env = words[..at]
+            .iter()
+            .filter_map(|w| w.split_once('='))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let argv = words[at..].iter().map(|w| (*w).to_owned()).collect();
+        processes.push(process(format!("README.md:{}", n + 1), argv, env));
+    }
+    processes
+}
+
+/// The service binaries (the operator's `countersign` serves nothing).
+const SERVICES: [&str; 4] = [
+    "countersign-api",
+    "countersign-coordinator",
+    "countersign-reaper",
+    "countersign-worker",
+];
+
+#[test]
+fn every_flag_readme_gives_a_service_is_read_by_it() {
+    let processes = readme_processes();
+    let binaries: BTreeSet<&str> = processes.iter().map(Process::binary).collect();
+    assert_eq!(
+        binaries,
+        BTreeSet::from(SERVICES),
+        "README starts each service"
+    );
+    assert_all_known(&processes);
+}
+
+/// `(binary, surface) → where → port`, for the ports each deployment and README give: `http`
+/// (`/metrics`, `/healthz`, `/readyz`) and `api` (`/v1`, `/inbox`).
+type Ports = BTreeMap<(String, &'static str), BTreeMap<String, String>>;
+
+fn record_ports(ports: &mut Ports, p: &Process) {
+    for (surface, port) in [("http", p.http_port()), ("api", p.api_port())] {
+        // A systemd worker's port is its instance name (see the worker tests below).
+        if let Some(port) = port.filter(|port| port != "%i") {
+            ports
+                .entry((p.binary().to_owned(), surface))
+                .or_default()
+                .insert(p.origin.clone(), port);
+        }
+    }
+}
+
+#[test]
+fn readme_compose_kubernetes_and_systemd_give_each_service_the_same_ports() {
+    let mut ports = Ports::new();
+    let compose = compose();
+    let from_compose: Vec<Process> = compose_processes(&compose)
+        .into_iter()
+        .map(|(_, p, _)| p)
+        .collect();
+    let from_kubernetes = kubernetes_processes(&kubernetes())
+        .into_iter()
+        .map(|(_, p, _, _)| p);
+    let from_systemd = SERVICE_UNITS.iter().map(|f| systemd_process(f).0);
+    for p in from_compose
+        .iter()
+        .cloned()
+        .chain(from_kubernetes)
+        .chain(from_systemd)
+        .chain(readme_processes())
+    {
+        record_ports(&mut ports, &p);
+    }
+    for binary in [
+        "countersign-api",
+        "countersign-coordinator",
+        "countersign-worker",
+    ] {
+        assert!(
+            ports[&(binary.to_owned(), "http")]
+                .keys()
+                .any(|o| o.starts_with("README.md")),
+            "README gives {binary} no --http-addr"
+        );
+    }
+    for ((binary, surface), by_origin) in &ports {
+        let numbers: BTreeSet<&String> = by_origin.values().collect();
+        assert_eq!(
+            numbers.len(),
+            1,
+            "{binary} serves {surface} on different ports: {by_origin:#?}"
+        );
+        assert!(
+            by_origin.keys().any(|o| o.starts_with("compose.yaml")),
+            "{binary} {surface}: compose runs it elsewhere: {by_origin:#?}"
+        );
+    }
+    // Where every service runs on one host, no two share a port.
+    let mut taken = BTreeMap::new();
+    for ((binary, surface), by_origin) in &ports {
+        let port = by_origin.values().next().unwrap();
+        if let Some(other) = taken.insert(port.clone(), format!("{binary} {surface}")) {
+            panic!("{binary} {surface} and {other} both use {port}");
+        }
+    }
+}
+
 // ---- Kubernetes -------------------------------------------------------------------------
 
 /// Every manifest of deploy/kubernetes/: what kustomize applies, the migration Job applied
 /// on its own, and the example of the Secrets.
 fn kubernetes() -> Vec<(String, Yaml)> {
+    kubernetes_files()
+        .into_iter()
+        .flat_map(|f| {
+            yaml(&format!("deploy/kubernetes/{f}"))
+                .into_iter()
+                .map(move |doc| (f.clone(), doc))
+        })
+        .collect()
+}
+
+/// The files of [`kubernetes`], checked to be every manifest on disk.
+fn kubernetes_files() -> Vec<String> {
     let kustomization = yaml("deploy/kubernetes/kustomization.yaml").remove(0);
     let mut files = strings(&kustomization["resources"]);
     files.extend([
@@ -216,13 +405,6 @@ fn kubernetes() -> Vec<(String, Yaml)> {
         "every manifest is applied by kustomize, or is the migration Job or the Secrets' example"
     );
     files
-        .into_iter()
-        .flat_map(|f| {
-            yaml(&format!("deploy/kubernetes/{f}"))
-                .into_iter()
-                .map(move |doc| (f.clone(), doc))
-        })
-        .collect()
 }
 
 fn kind(doc: &Yaml) -> &str {
@@ -296,6 +478,154 @@ fn kubernetes_processes(docs: &[(String, Yaml)]) -> Vec<(String, Process, Yaml, 
         }
     }
     out
+}
+
+/// The user and group of the image's last `USER` instruction, as written.
+fn dockerfile_user() -> (String, Option<String>) {
+    let text = std::fs::read_to_string(workspace_file("Dockerfile")).unwrap();
+    let user = text
+        .lines()
+        .rev()
+        .find_map(|line| line.trim().strip_prefix("USER "))
+        .expect("the Dockerfile sets a USER");
+    let (user, group) = match user.trim().split_once(':') {
+        Some((u, g)) => (u.to_owned(), Some(g.to_owned())),
+        None => (user.trim().to_owned(), None),
+    };
+    (user, group)
+}
+
+/// The kubelet's check before it starts a container that must run as non-root
+/// (`runAsNonRoot`, the container's or else the pod's): the user it runs as (the container's
+/// `runAsUser`, else the pod's, else the image's `USER`) must be a number, and not 0. An image
+/// user given by name is refused ("image has non-numeric user, cannot verify user is
+/// non-root"): there is no passwd file the kubelet reads.
+fn kubelet_refusal(pod: &Yaml, container: &Yaml, image_user: &str) -> Option<String> {
+    let setting = |key: &str| {
+        let own = &container["securityContext"][key];
+        if own.is_badvalue() {
+            pod["securityContext"][key].clone()
+        } else {
+            own.clone()
+        }
+    };
+    if setting("runAsNonRoot").as_bool() != Some(true) {
+        return None;
+    }
+    let user = match setting("runAsUser") {
+        Yaml::Integer(uid) => uid,
+        Yaml::BadValue => match image_user.parse::<i64>() {
+            Ok(uid) => uid,
+            Err(_) => {
+                return Some(format!(
+                    "image has non-numeric user ({image_user}), cannot verify user is non-root"
+                ))
+            }
+        },
+        other => return Some(format!("runAsUser {other:?} is not a number")),
+    };
+    (user == 0).then(|| "runAsNonRoot, but runs as uid 0".to_owned())
+}
+
+#[test]
+fn the_kubelet_can_check_that_every_container_runs_as_a_non_root_numeric_user() {
+    let (user, group) = dockerfile_user();
+    let uid: i64 = user
+        .parse()
+        .unwrap_or_else(|_| panic!("the Dockerfile's USER {user} is a name, not a number"));
+    let gid: i64 = group
+        .as_deref()
+        .unwrap_or_else(|| panic!("the Dockerfile's USER {user} names no group"))
+        .parse()
+        .unwrap_or_else(|_| panic!("the Dockerfile's USER group {group:?} is a name"));
+    assert_ne!(uid, 0, "the image runs as root");
+
+    // The check itself refuses what the kubelet refuses.
+    let pod = &YamlLoader::load_from_str("securityContext: {runAsNonRoot: true}").unwrap()[0];
+    let bare = &YamlLoader::load_from_str("name: c").unwrap()[0];
+    assert!(kubelet_refusal(pod, bare, "nonroot").is_some());
+    assert!(kubelet_refusal(pod, bare, "0").is_some());
+    assert_eq!(kubelet_refusal(pod, bare, "65532"), None);
+
+    let docs = kubernetes();
+    let mut workloads = BTreeSet::new();
+    for (file, doc) in &docs {
+        let Some(spec) = pod_spec(doc) else { continue };
+        let origin = format!("{file}: {} {}", kind(doc), name(doc));
+        workloads.insert(kind(doc).to_owned());
+        let containers = ["initContainers", "containers"]
+            .iter()
+            .flat_map(|field| spec[*field].as_vec().into_iter().flatten());
+        for container in containers {
+            let c = scalar(&container["name"]).unwrap_or_default();
+            if let Some(refusal) = kubelet_refusal(spec, container, &user) {
+                panic!("{origin}, container {c}: the kubelet refuses it: {refusal}");
+            }
+            let runs_as = |key: &str| {
+                container["securityContext"][key]
+                    .as_i64()
+                    .or(spec["securityContext"][key].as_i64())
+            };
+            assert_eq!(
+                (runs_as("runAsUser"), runs_as("runAsGroup")),
+                (Some(uid), Some(gid)),
+                "{origin}, container {c}: runAsUser and runAsGroup, the image's user and group"
+            );
+        }
+    }
+    assert_eq!(
+        workloads,
+        BTreeSet::from([
+            "CronJob".to_owned(),
+            "Deployment".to_owned(),
+            "Job".to_owned()
+        ])
+    );
+}
+
+/// The Kubernetes release whose API schemas the manifests are checked against.
+const KUBERNETES_VERSION: &str = "1.34.0";
+
+/// `kubernetes-validate` (PyPI; `.ci/run` installs the pinned version and names it in
+/// `KUBERNETES_VALIDATE`), with its schemas bundled: no cluster is needed.
+fn kubernetes_validate() -> String {
+    std::env::var("KUBERNETES_VALIDATE").unwrap_or_else(|_| "kubernetes-validate".to_owned())
+}
+
+#[test]
+fn every_kubernetes_manifest_passes_kubernetes_validate_in_strict_mode() {
+    let program = kubernetes_validate();
+    let files: Vec<String> = kubernetes_files()
+        .into_iter()
+        .map(|f| {
+            workspace_file(&format!("deploy/kubernetes/{f}"))
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    let out = std::process::Command::new(&program)
+        .args([
+            "--strict",
+            "--quiet",
+            "--kubernetes-version",
+            KUBERNETES_VERSION,
+        ])
+        .args(&files)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "{program} is needed (`pip install kubernetes-validate==1.34.1`; .ci/run \
+                 installs it; KUBERNETES_VALIDATE names another): {e}"
+            )
+        });
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{program}: {said}");
+    assert!(!said.contains("ERROR") && !said.contains("WARN"), "{said}");
 }
 
 #[test]
@@ -603,10 +933,11 @@ fn systemd_process(file: &str) -> (Process, Vec<(String, String)>) {
     (process(format!("systemd/{file}"), argv, env), settings)
 }
 
-const SERVICE_UNITS: [&str; 3] = [
+const SERVICE_UNITS: [&str; 4] = [
     "countersign-coordinator.service",
     "countersign-worker@.service",
     "countersign-reaper.service",
+    "countersign-api.service",
 ];
 
 #[test]
@@ -653,12 +984,22 @@ fn systemd_worker_instances_name_their_ports_and_none_is_another_units() {
     assert!(guard.contains("case \"%i\" in 94[7-9][0-9])"), "{guard}");
     assert_eq!(SYSTEMD_WORKER_PORTS, 9470..=9499);
 
-    let (coordinator, _) = systemd_process("countersign-coordinator.service");
-    let port: u16 = coordinator.http_port().expect("a port").parse().unwrap();
-    assert!(
-        !SYSTEMD_WORKER_PORTS.contains(&port),
-        "the coordinator's {port} is a worker's"
-    );
+    let mut taken = BTreeMap::new();
+    for file in ["countersign-coordinator.service", "countersign-api.service"] {
+        let (p, _) = systemd_process(file);
+        let mut ports = vec![p.http_port().expect("a port")];
+        ports.extend(p.flag("--listen").map(port_of));
+        for port in ports {
+            let number: u16 = port.parse().unwrap();
+            assert!(
+                !SYSTEMD_WORKER_PORTS.contains(&number),
+                "{file}: {port} is a worker's"
+            );
+            if let Some(other) = taken.insert(port.clone(), file) {
+                panic!("{file} and {other} both bind {port}");
+            }
+        }
+    }
     let (reaper, settings) = systemd_process("countersign-reaper.service");
     assert_eq!(reaper.http_port(), None, "a one-shot pass serves nothing");
     assert!(settings.contains(&("Type".to_owned(), "oneshot".to_owned())));
@@ -744,4 +1085,145 @@ fn the_variables_read_without_a_flag_are_read_by_the_binaries_given_them() {
     );
     let quiet = reaper("off");
     assert!(!quiet.contains("{\"timestamp\""), "{quiet}");
+}
+
+// ---- systemd-analyze ----------------------------------------------------------------------
+
+/// The highest `systemd-analyze security` exposure a unit may have (0 is confined, 10 not
+/// at all; 4 is the top of "OK").
+const MAX_EXPOSURE: f64 = 4.0;
+
+fn systemd_analyze(args: &[&str]) -> std::process::Output {
+    std::process::Command::new("systemd-analyze")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("systemd-analyze is needed (Debian's systemd package; .ci/run checks it): {e}")
+        })
+}
+
+/// Every unit of deploy/systemd/ copied into a directory of its own, as installed, except that
+/// the binaries are the ones built here (`systemd-analyze verify` checks that each command is
+/// an executable) and the worker's template is its first instance. Removed on drop.
+struct InstalledUnits {
+    dir: std::path::PathBuf,
+    units: Vec<std::path::PathBuf>,
+}
+
+impl InstalledUnits {
+    fn new() -> InstalledUnits {
+        let built = binary("countersign-worker");
+        let bin = built
+            .parent()
+            .expect("the target directory")
+            .to_string_lossy();
+        let dir = std::env::temp_dir().join(format!(
+            "countersign-units-{}",
+            uuid::Uuid::now_v7().simple()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut units = Vec::new();
+        for entry in std::fs::read_dir(workspace_file("deploy/systemd")).unwrap() {
+            let file = entry.unwrap().file_name().to_string_lossy().into_owned();
+            if !(file.ends_with(".service") || file.ends_with(".timer")) {
+                continue;
+            }
+            let text = std::fs::read_to_string(workspace_file(&format!("deploy/systemd/{file}")))
+                .unwrap()
+                .replace("/usr/local/bin/", &format!("{bin}/"));
+            let installed = dir.join(file.replace("@.service", "@9470.service"));
+            std::fs::write(&installed, text).unwrap();
+            units.push(installed);
+        }
+        units.sort();
+        InstalledUnits { dir, units }
+    }
+
+    fn services(&self) -> impl Iterator<Item = &std::path::PathBuf> {
+        self.units
+            .iter()
+            .filter(|u| u.extension().is_some_and(|e| e == "service"))
+    }
+}
+
+impl Drop for InstalledUnits {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[test]
+fn systemd_analyze_verify_finds_nothing_to_say_about_any_unit() {
+    let installed = InstalledUnits::new();
+    let services: Vec<String> = installed
+        .services()
+        .map(|u| u.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    let mut expected: Vec<String> = SERVICE_UNITS
+        .iter()
+        .map(|u| u.replace("@.service", "@9470.service"))
+        .collect();
+    expected.sort();
+    assert_eq!(services, expected, "the tests know every service unit");
+    let paths: Vec<&str> = installed
+        .units
+        .iter()
+        .map(|u| u.to_str().unwrap())
+        .collect();
+    let mut args = vec!["verify"];
+    args.extend(&paths);
+    let out = systemd_analyze(&args);
+    // It exits 0 on an unknown key or a value it cannot parse, which it only prints.
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && said.trim().is_empty(), "{said}");
+}
+
+/// The overall exposure `systemd-analyze security` prints for a unit: "→ Overall exposure
+/// level for NAME: 1.1 OK 🙂".
+fn exposure(output: &str, unit: &str) -> f64 {
+    let marker = format!("Overall exposure level for {unit}: ");
+    let line = output
+        .lines()
+        .find_map(|l| l.split_once(&marker).map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("no exposure for {unit} in:\n{output}"));
+    line.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{unit}: exposure {line}"))
+}
+
+#[test]
+fn systemd_analyze_security_rates_every_service_unit_at_most_4() {
+    assert_eq!(
+        exposure(
+            "\u{2192} Overall exposure level for a.service: 8.3 EXPOSED \u{1f641}",
+            "a.service"
+        ),
+        8.3
+    );
+    let installed = InstalledUnits::new();
+    let mut rated = Vec::new();
+    for unit in installed.services() {
+        let name = unit.file_name().unwrap().to_string_lossy().into_owned();
+        let out = systemd_analyze(&[
+            "security",
+            "--offline=yes",
+            "--no-pager",
+            unit.to_str().unwrap(),
+        ]);
+        let printed = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{name}: {printed}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let level = exposure(&printed, &name);
+        assert!(
+            level <= MAX_EXPOSURE,
+            "{name}: exposure {level}:\n{printed}"
+        );
+        rated.push(name);
+    }
+    assert_eq!(rated.len(), SERVICE_UNITS.len());
 }

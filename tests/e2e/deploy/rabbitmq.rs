@@ -8,10 +8,12 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use countersign_e2e::{
-    amqp_addr, demo_agent, demo_script, free_port, http_get, workspace_file, Installation, Running,
+    amqp_addr, demo_agent, demo_script, free_port, http_get, workspace_file, Installation,
+    ModelEndpoint, Running, TempDir, MODEL_KEY_ENV,
 };
 use countersign_queue::{
-    Broker, Consumer, Declare, MessageProperties, QueueConfig, Topology, DEFAULT_DELIVERY_LIMIT,
+    Broker, Consumer, Declare, MessageProperties, QueueConfig, Topology, DEAD_LETTER_MAX_BYTES,
+    DEAD_LETTER_MAX_LENGTH, DEAD_LETTER_OVERFLOW, DEFAULT_DELIVERY_LIMIT,
 };
 use serde_json::{json, Value};
 use sqlx::Connection;
@@ -34,6 +36,34 @@ fn definitions() -> Value {
 
 fn by_name<'a>(definitions: &'a Value, field: &str) -> Vec<&'a Value> {
     definitions[field].as_array().expect(field).iter().collect()
+}
+
+#[test]
+fn an_alert_fires_before_the_dead_letter_queue_drops_its_oldest() {
+    let alerts = yaml("deploy/prometheus/alerts.yml").remove(0);
+    let rules: Vec<&yaml_rust2::Yaml> = alerts["groups"]
+        .as_vec()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_vec().unwrap())
+        .collect();
+    let rule = rules
+        .iter()
+        .find(|r| r["alert"].as_str() == Some("CountersignDeadLettersNearlyFull"))
+        .expect("an alert for a filling dead-letter queue");
+    let expr = scalar(&rule["expr"]).unwrap();
+    let (metric, threshold) = expr.split_once(" > ").expect("GAUGE > N");
+    assert_eq!(metric, "max(countersign_dead_letter_messages)");
+    let threshold: u32 = threshold.trim().parse().expect("a count");
+    assert!(
+        (DEAD_LETTER_MAX_LENGTH / 2..DEAD_LETTER_MAX_LENGTH).contains(&threshold),
+        "{threshold}: below the bound {DEAD_LETTER_MAX_LENGTH}, and not long before it"
+    );
+    let summary = scalar(&rule["annotations"]["summary"]).unwrap();
+    assert!(
+        summary.contains(&DEAD_LETTER_MAX_LENGTH.to_string()),
+        "{summary}"
+    );
 }
 
 #[test]
@@ -74,7 +104,12 @@ fn the_definitions_hold_the_topology_the_services_check_for_with_dead_lettering_
         (t.dead_letter_exchange(), "fanout".to_owned()),
         (t.events_exchange(), "topic".to_owned()),
     ]);
-    expected.extend(t.public_queues().map(|q| (q, "fanout".to_owned())));
+    expected.extend(
+        t.public_queues()
+            .into_iter()
+            .chain([t.segments_exchange()])
+            .map(|q| (q, "fanout".to_owned())),
+    );
     assert_eq!(exchanges, expected);
 
     let bindings: BTreeSet<(String, String)> = by_name(&d, "bindings")
@@ -89,11 +124,34 @@ fn the_definitions_hold_the_topology_the_services_check_for_with_dead_lettering_
         .collect();
     let mut expected = BTreeSet::from([(t.dead_letter_exchange(), t.dead_letters())]);
     expected.extend(t.public_queues().map(|q| (q.clone(), q)));
+    expected.insert((t.segments_exchange(), t.segments()));
     assert_eq!(bindings, expected);
 
     let policies = by_name(&d, "policies");
-    assert_eq!(policies.len(), 1);
-    let policy = policies[0];
+    assert_eq!(
+        policies.len(),
+        2,
+        "the work queues' and the dead-letter queue's"
+    );
+    let policy = |name: &str| {
+        *policies
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("no policy {name}"))
+    };
+    let bounds = policy("countersign-dead-letters");
+    assert_eq!(bounds["pattern"], format!("^{}\\.dead-letters$", t.prefix));
+    assert_eq!(bounds["apply-to"], "queues");
+    // The bounds the services give the queue when they create it themselves.
+    assert_eq!(
+        bounds["definition"],
+        json!({
+            "max-length": DEAD_LETTER_MAX_LENGTH,
+            "max-length-bytes": DEAD_LETTER_MAX_BYTES,
+            "overflow": DEAD_LETTER_OVERFLOW,
+        })
+    );
+    let policy = policy("countersign-work-queues");
     let suffixes: Vec<String> = t
         .work_queues()
         .iter()
@@ -549,7 +607,8 @@ async fn the_producer_user_reaches_the_two_public_queues_and_nothing_else() {
 }
 
 #[tokio::test]
-async fn the_policy_dead_letters_a_message_redelivered_past_the_delivery_limit() {
+async fn the_policies_dead_letter_a_message_redelivered_past_the_delivery_limit_and_bound_the_dead_letters(
+) {
     let mq = Imported::new("policy");
     let t = Topology::default();
 
@@ -574,6 +633,14 @@ async fn the_policy_dead_letters_a_message_redelivered_past_the_delivery_limit()
         assert!(!line.contains("x-dead-letter"), "{line}");
         assert!(!line.contains("x-delivery-limit"), "{line}");
     }
+    // The dead-letter queue is bounded by its own policy (whose bounds the definitions test
+    // holds to the topology's), not by its arguments.
+    let line = listing
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(t.dead_letters().as_str()))
+        .unwrap_or_else(|| panic!("{} in {listing}", t.dead_letters()));
+    assert!(line.contains("countersign-dead-letters"), "{line}");
+    assert!(!line.contains("x-max-length"), "{line}");
 
     let broker = mq.broker(mq.admin_addr()).await.unwrap();
     let run = countersign_core::RunId::new();
@@ -597,4 +664,178 @@ async fn the_policy_dead_letters_a_message_redelivered_past_the_delivery_limit()
     assert_eq!(countersign_queue::parse_segment(&d.body), Ok(run));
     assert_eq!(d.dead_letter_reason().as_deref(), Some("delivery_limit"));
     d.ack().await.unwrap();
+}
+
+/// `(ready, unacknowledged)` messages of `queue` in the vhost, as the broker counts them.
+fn queue_counts(vhost: &str, queue: &str) -> (u64, u64) {
+    let out = rabbitmqctl(&[
+        "list_queues",
+        "-p",
+        vhost,
+        "-q",
+        "--no-table-headers",
+        "name",
+        "messages_ready",
+        "messages_unacknowledged",
+    ]);
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = listing
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some(queue))
+        .unwrap_or_else(|| panic!("{queue} in {listing}"));
+    let counts: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().expect("a count"))
+        .collect();
+    (counts[0], counts[1])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_under_its_definitions_user_hands_its_waiting_wake_up_back_spending_no_delivery(
+) {
+    // Its user may write to the segments exchange, never to the default exchange (which
+    // reaches every queue of the vhost).
+    let d = definitions();
+    let worker_may_write = by_name(&d, "permissions")
+        .into_iter()
+        .find(|p| p["user"] == "countersign-worker")
+        .map(|p| p["write"].as_str().unwrap().to_owned())
+        .expect("the worker's permissions");
+    assert_eq!(worker_may_write, "^countersign\\.(segments|events|dlx)$");
+
+    let mq = Imported::new("handback");
+    let db = Database::create("deploy_handback").await;
+    let t = Topology::default();
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: t.prefix.clone(),
+    };
+    // A model that never answers: the first run holds the worker's only slot.
+    let model = ModelEndpoint::silent();
+    let dir = TempDir::new();
+    let agent = dir.json(
+        "agent.json",
+        &json!({
+            "name": "seo-assistant",
+            "model": model.model_settings(),
+            "policy": {"allowed_groups": ["content"], "enabled_tools": []},
+            "max_iterations": 4,
+            "approval_deadline_secs": 3600
+        }),
+    );
+    install.configure(&agent);
+    let operator = mq.user("countersign-operator");
+    install.countersign_ok(&["producers", "allow", &operator, "acting-user", "*"]);
+
+    let as_user = |binary: &str, user: &str| {
+        let mut cmd = install.command(binary);
+        cmd.env("AMQP_ADDR", mq.addr(user, &compose_password(user)));
+        cmd
+    };
+    let log = std::env::temp_dir().join(format!("countersign-worker-{}.log", mq.suffix));
+    let _coordinator = Running(
+        as_user("countersign-coordinator", "countersign-coordinator")
+            .arg("--no-declare")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut worker = Running(
+        as_user("countersign-worker", "countersign-worker")
+            .args([
+                "--no-declare",
+                "--concurrency",
+                "1",
+                "--lease-ttl-secs",
+                "3",
+            ])
+            // Only its wake-up brings the second run to this worker.
+            .args(["--poll-interval-secs", "3600"])
+            .env(MODEL_KEY_ENV, "fake-key")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap(),
+    );
+    let submit = |prompt: &str| {
+        let out = as_user("countersign", "countersign-operator")
+            .args([
+                "submit",
+                "--agent",
+                "seo-assistant",
+                "--as",
+                "editor",
+                prompt,
+            ])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        said.split_whitespace().nth(1).expect("a run id").to_owned()
+    };
+
+    submit("Improve page 12.");
+    let deadline = Instant::now() + GUARD;
+    while model.requests().is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the first run never reached its model"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let second = submit("Improve page 13.");
+    // The second wake-up is delivered, and held by the worker while it waits for its slot.
+    let deadline = Instant::now() + GUARD;
+    while queue_counts(&mq.vhost, &t.segments()) != (0, 1) {
+        assert!(
+            Instant::now() < deadline,
+            "the worker never took the second wake-up"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    worker.sigterm();
+    let status = worker
+        .exit_within(GUARD)
+        .await
+        .expect("the worker stops on SIGTERM");
+    assert!(status.success(), "the worker exited with {status}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let _ = std::fs::remove_file(&log);
+    for refusal in ["ACCESS_REFUSED", "publish_refused", "requeuing it"] {
+        assert!(
+            !logged.contains(refusal),
+            "the hand-back was refused ({refusal}):\n{logged}"
+        );
+    }
+
+    // Handed back as a fresh message: neither redelivered nor counted against the delivery
+    // limit after which the quorum queue would dead-letter it.
+    let admin = mq.broker(mq.admin_addr()).await.unwrap();
+    let mut segments = admin.consume(&t.segments(), 8).await.unwrap();
+    loop {
+        let d = tokio::time::timeout(GUARD, segments.next())
+            .await
+            .expect("the second run's wake-up is back in the queue")
+            .unwrap()
+            .unwrap();
+        let run = countersign_queue::parse_segment(&d.body)
+            .unwrap()
+            .to_string();
+        let spent = (d.redelivered, d.delivery_count());
+        d.ack().await.unwrap();
+        if run == second {
+            assert_eq!(spent, (false, 0), "handed back as a fresh message");
+            break;
+        }
+    }
+    let (dead, _) = queue_counts(&mq.vhost, &t.dead_letters());
+    assert_eq!(dead, 0, "nothing was dead-lettered");
+    drop(_coordinator);
+    db.drop().await;
 }
