@@ -151,9 +151,6 @@ mod tests {
         find("GET", "/v1/openapi.json");
         find("POST", "/inbox/runs/{run_id}/decide");
         assert_eq!(method_label(&Method::GET), "GET");
-        assert_eq!(
-            method_label(&Method::from_bytes(b"BREW").unwrap()),
-            "other"
-        );
+        assert_eq!(method_label(&Method::from_bytes(b"BREW").unwrap()), "other");
     }
 }

@@ -356,8 +356,9 @@ pub async fn refresh_backlog(coordinator: &Coordinator, broker: &Broker) {
             continue;
         };
         match broker.message_count(&queue).await {
-            Ok(n) => metrics::gauge!("countersign_queue_messages", "queue" => label)
-                .set(f64::from(n)),
+            Ok(n) => {
+                metrics::gauge!("countersign_queue_messages", "queue" => label).set(f64::from(n))
+            }
             Err(e) => {
                 tracing::warn!(queue = label, code = e.code(), error = %e, "queue depth not measured")
             }

@@ -178,9 +178,11 @@ pub enum DecisionCode {
 impl DecisionCode {
     /// Every outcome's code: the two decided before anything is recorded, then the gated ones.
     pub fn codes() -> impl Iterator<Item = &'static str> {
-        ["malformed", "unauthenticated_producer"]
-            .into_iter()
-            .chain(DecisionOutcome::ALL.into_iter().map(DecisionOutcome::as_str))
+        ["malformed", "unauthenticated_producer"].into_iter().chain(
+            DecisionOutcome::ALL
+                .into_iter()
+                .map(DecisionOutcome::as_str),
+        )
     }
 
     pub fn code(&self) -> &'static str {

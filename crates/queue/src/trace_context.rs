@@ -59,7 +59,8 @@ pub fn traceparent(cx: &Context) -> Option<String> {
 
 /// The span a kept [`traceparent`] names, to link another span to; `None` for a malformed one.
 pub fn span_context(traceparent: &str) -> Option<SpanContext> {
-    let fields = std::collections::HashMap::from([(TRACEPARENT.to_owned(), traceparent.to_owned())]);
+    let fields =
+        std::collections::HashMap::from([(TRACEPARENT.to_owned(), traceparent.to_owned())]);
     let cx = TraceContextPropagator::new().extract_with_context(&Context::new(), &fields);
     let span = cx.span().span_context().clone();
     span.is_valid().then_some(span)

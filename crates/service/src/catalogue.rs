@@ -137,7 +137,9 @@ pub const FAMILIES: &[Family] = &[
 
 /// The families `binary` serves.
 pub fn served_by(binary: Binary) -> impl Iterator<Item = &'static Family> {
-    FAMILIES.iter().filter(move |f| f.served_by.contains(&binary))
+    FAMILIES
+        .iter()
+        .filter(move |f| f.served_by.contains(&binary))
 }
 
 /// Hands every family's description to the installed recorder.

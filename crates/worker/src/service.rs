@@ -14,9 +14,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use countersign_core::{ModelError, TerminationReason};
 use countersign_queue::{parse_segment, Broker, Delivery};
 use countersign_service::relay::{self, RelayConfig};
-use countersign_core::{ModelError, TerminationReason};
 use countersign_store::{Claim, Segment};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -350,12 +350,21 @@ async fn run_claimed(
 }
 
 /// How a segment can end, as `countersign_segment_duration_seconds` labels it.
-const SEGMENT_ENDS: [&str; 5] = ["completed", "failed", "suspended", "interrupted", "released"];
+const SEGMENT_ENDS: [&str; 5] = [
+    "completed",
+    "failed",
+    "suspended",
+    "interrupted",
+    "released",
+];
 /// The termination reasons a worker ends a run with, by status (the reaper's are its own).
 const RUN_ENDS: [(&str, &[TerminationReason]); 2] = [
     (
         "completed",
-        &[TerminationReason::Completed, TerminationReason::ApprovalDenied],
+        &[
+            TerminationReason::Completed,
+            TerminationReason::ApprovalDenied,
+        ],
     ),
     (
         "failed",
