@@ -242,7 +242,13 @@ mod tests {
         metrics::histogram!("countersign_example_seconds").record(0.003);
         metrics::histogram!("countersign_approval_wait_seconds").record(120.0);
         let rendered = again.render();
-        assert_eq!(rendered, first.render());
+        // The same recorder: the same lines (families come in no fixed order).
+        let sorted = |text: &str| {
+            let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+            lines.sort();
+            lines
+        };
+        assert_eq!(sorted(&rendered), sorted(&first.render()));
         let version = env!("CARGO_PKG_VERSION");
         for line in [
             "# HELP countersign_build_info The version running, as its label; always 1.".to_owned(),
