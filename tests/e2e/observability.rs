@@ -1,7 +1,9 @@
 //! What an operator sees of one approved run: the latency histograms and backlog gauges on the
-//! binaries' `/metrics`, and one trace — started by a producer's `traceparent` — that goes on
-//! through the coordinator's gates and the worker's segments, exported over OTLP/HTTP to a
-//! collector (here a small receiver in the test that decodes the protobuf export).
+//! binaries' `/metrics`, and one trace — started by a producer's `traceparent`, over the queues
+//! or over HTTP — that goes on through the gates and the worker's segments, the approval's
+//! linked to the request's, exported over OTLP/HTTP to a collector (here a small receiver in the
+//! test that decodes the protobuf export). Every binary serves the families the catalogue lists
+//! for it from its start, and `promtool` accepts every `/metrics` page and the alert rules.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

@@ -30,7 +30,11 @@ async fn every_route_is_measured_by_its_template_and_a_path_of_none_as_unmatched
         let method = Method::from_bytes(method.as_bytes()).unwrap();
         h.send(method, &path, &[], None).await;
     }
-    for path in ["/v1/no-such-thing", "/elsewhere", &format!("/inbox/runs/{run}/x")] {
+    for path in [
+        "/v1/no-such-thing",
+        "/elsewhere",
+        &format!("/inbox/runs/{run}/x"),
+    ] {
         let reply = h.send(Method::GET, path, &[], None).await;
         assert_eq!(reply.status, 404, "{path}");
     }
