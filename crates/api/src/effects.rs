@@ -1,6 +1,7 @@
-//! What this surface does after the gates, as the queue consumer does: count the outcome,
-//! publish the segment wake-up a verdict names and record that it was confirmed, and announce
-//! the one outcome no transaction announced (`not_auditable`).
+//! What this surface does after the gates, as the queue consumer does: count the outcome (and
+//! time the approval wait it ended), publish the segment wake-up a verdict names and record
+//! that it was confirmed, and announce the one outcome no transaction announced
+//! (`not_auditable`).
 //!
 //! A wake-up that cannot be published is not an error for the caller: the decision or the run
 //! is committed, and the reaper's lost-dispatch scan publishes what was never confirmed.
@@ -22,6 +23,9 @@ pub(crate) async fn after_run_request(state: &AppState, verdict: &RequestVerdict
 pub(crate) async fn after_decision(state: &AppState, verdict: &DecisionVerdict) {
     metrics::counter!("countersign_decisions_total", "outcome" => verdict.outcome.code())
         .increment(1);
+    if let Some(waited) = verdict.approval_wait {
+        metrics::histogram!("countersign_approval_wait_seconds").record(waited.max(0.0));
+    }
     if let Some(dispatch) = verdict.dispatch {
         dispatch_now(state, dispatch).await;
     }

@@ -5,6 +5,7 @@ mod cards;
 mod effects;
 mod inbox;
 mod limits;
+pub mod observe;
 pub mod openapi;
 mod pages;
 mod problem;
@@ -27,6 +28,7 @@ use countersign_queue::Broker;
 
 pub use auth::{Caller, Via};
 pub use limits::CONTENT_SECURITY_POLICY;
+pub use observe::register_metrics;
 pub use problem::{Problem, ProblemCode, ProblemDetails, PROBLEM_JSON};
 
 /// How the surfaces behave: who is trusted to vouch for users, and the limits of a request.
@@ -123,6 +125,8 @@ pub fn router(state: AppState) -> Router {
         ))
         .layer(axum::middleware::from_fn(limits::security_headers))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        // Outermost: the span and the metrics see every answer, a timeout's too.
+        .layer(axum::middleware::from_fn(observe::observe))
         .with_state(state)
 }
 

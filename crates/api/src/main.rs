@@ -76,6 +76,7 @@ async fn main() -> anyhow::Result<()> {
         .init_telemetry("countersign-api")
         .context("setting up traces")?;
     let (store, broker) = args.connections.open(8, args.http_addr).await?;
+    countersign_api::register_metrics();
     let countersign_service::tools::Tools {
         registry, users, ..
     } = countersign_service::tools::tools(&store).await?;

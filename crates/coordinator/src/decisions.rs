@@ -46,7 +46,7 @@ impl Coordinator {
     /// releases the turn so that the model is told.
     ///
     /// [`StoreError::is_transient`]: countersign_store::StoreError::is_transient
-    pub async fn take_decision(
+    pub(crate) async fn gate_decision(
         &self,
         body: &[u8],
         producer: Option<&str>,

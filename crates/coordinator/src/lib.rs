@@ -12,11 +12,11 @@
 //! is and whether they may approve is asked of a [`UserDirectory`] (in a deployment, the
 //! content store's or the table directory: [`countersign_service::tools::tools`]).
 //!
-//! The gates of a decision, in order (see [`Coordinator::take_decision`]): schema, producer,
+//! The gates of a decision, in order (see `Coordinator::gate_decision`): schema, producer,
 //! replay, run waiting, same turn and card, approver's access, configuration, four-eyes, the
 //! approver's tool permissions, and the one transaction that records and releases. A run
 //! request passes schema, producer, acting user and configuration before a run is created
-//! (see [`Coordinator::take_run_request`]).
+//! (see `Coordinator::gate_run_request`).
 //!
 //! It must never:
 //! - trust an identity a producer claims in a body (an `approver`, an `acting_user`) without
@@ -31,6 +31,7 @@ mod decisions;
 pub mod producers;
 mod requests;
 pub mod service;
+mod spans;
 mod verdict;
 
 use std::sync::Arc;

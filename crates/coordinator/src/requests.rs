@@ -26,7 +26,7 @@ impl Coordinator {
     /// A refused request creates nothing; its `run.refused` is written to the outbox before the
     /// verdict is returned (unless the producer was not authenticated: then nothing is). A duplicate is gated like its first copy, so one
     /// arriving after its configuration was deactivated is refused although its run exists.
-    pub async fn take_run_request(
+    pub(crate) async fn gate_run_request(
         &self,
         body: &[u8],
         producer: Option<&str>,
@@ -73,15 +73,17 @@ impl Coordinator {
             return refuse(RequestOutcome::ConfigurationGone).await;
         }
 
+        let new = NewRun {
+            request_id: request.request_id,
+            agent: request.agent,
+            acting_user: request.acting_user,
+            prompt: request.prompt,
+            inputs: request.inputs,
+        };
+        let traceparent = crate::spans::current_traceparent();
         let run = self
             .store
-            .create_run(&NewRun {
-                request_id: request.request_id,
-                agent: request.agent,
-                acting_user: request.acting_user,
-                prompt: request.prompt,
-                inputs: request.inputs,
-            })
+            .create_traced_run(&new, traceparent.as_deref())
             .await?;
         tracing::info!(
             run.id = %run.run_id,

@@ -12,9 +12,11 @@
 //!
 //! Each delivery is gated inside a span (`run_request`, `decision`) whose parent is the trace
 //! context its producer sent, so the segment wake-up published from inside it carries the
-//! producer's trace on to the worker. Beside the consumers, the backlog gauges — runs waiting
-//! for approval, the oldest wait, approvals about to expire, expired leases, dead letters —
-//! are refreshed from one query and one passive declare every [`BACKLOG_INTERVAL`].
+//! producer's trace on to the worker; the span names the run (`run.id`) and the outcome, and
+//! the gates run in a child of it (`run_request_gates`, `decision_gates`). Beside the
+//! consumers, the backlog gauges — runs waiting for approval, the oldest wait, approvals about
+//! to expire, expired leases, dead letters, the work queues' depth — are refreshed from one
+//! query and four passive declares every [`BACKLOG_INTERVAL`].
 
 use std::future::Future;
 use std::time::Duration;
@@ -45,6 +47,7 @@ enum Inbox {
 /// Consumes both public queues, and relays the outbox, until `shutdown` resolves; then
 /// publishes what the last verdicts announced.
 pub async fn run(coordinator: Coordinator, broker: Broker, shutdown: impl Future<Output = ()>) {
+    register_metrics(&broker);
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
     let relay = tokio::spawn(relay::run(
         coordinator.store.clone(),
@@ -113,6 +116,8 @@ async fn consume(coordinator: Coordinator, broker: Broker, inbox: Inbox) {
 
 /// What a verdict asks the transport to do.
 struct Effects {
+    /// The run the message concerns, when it names or created one.
+    run_id: Option<RunId>,
     counter: &'static str,
     outcome: &'static str,
     dead_letter: Option<String>,
@@ -163,11 +168,13 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
         Inbox::RunRequests => tracing::info_span!(
             "run_request",
             otel.kind = "consumer",
+            run.id = tracing::field::Empty,
             outcome = tracing::field::Empty
         ),
         Inbox::Decisions => tracing::info_span!(
             "decision",
             otel.kind = "consumer",
+            run.id = tracing::field::Empty,
             outcome = tracing::field::Empty
         ),
     };
@@ -184,6 +191,7 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
             .take_run_request(&delivery.body, producer)
             .await
             .map(|v| Effects {
+                run_id: v.run_id,
                 counter: "countersign_run_requests_total",
                 outcome: v.outcome.code(),
                 dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
@@ -196,6 +204,7 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
             .take_decision(&delivery.body, producer)
             .await
             .map(|v| Effects {
+                run_id: v.run_id,
                 counter: "countersign_decisions_total",
                 outcome: v.outcome.code(),
                 dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
@@ -221,7 +230,11 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
         }
     };
     metrics::counter!(effects.counter, "outcome" => effects.outcome).increment(1);
-    tracing::Span::current().record("outcome", effects.outcome);
+    let span = tracing::Span::current();
+    span.record("outcome", effects.outcome);
+    if let Some(run_id) = effects.run_id {
+        span.record("run.id", tracing::field::display(run_id));
+    }
     if let Some(waited) = effects.approval_wait {
         metrics::histogram!("countersign_approval_wait_seconds").record(waited.max(0.0));
     }
@@ -266,6 +279,44 @@ pub const BACKLOG_INTERVAL: Duration = Duration::from_secs(15);
 /// An approval whose deadline is this close counts as about to expire.
 pub const EXPIRING_WITHIN: Duration = Duration::from_secs(3600);
 
+/// Registers, at zero, the series of the gates, whichever door runs them: every outcome of a
+/// run request and of a decision, and the approval wait.
+pub fn register_gate_metrics() {
+    for outcome in crate::RequestOutcome::CODES {
+        let _ = metrics::counter!("countersign_run_requests_total", "outcome" => outcome);
+    }
+    for outcome in crate::DecisionCode::codes() {
+        let _ = metrics::counter!("countersign_decisions_total", "outcome" => outcome);
+    }
+    let _ = metrics::histogram!("countersign_approval_wait_seconds");
+}
+
+/// Registers, at zero, every series this service serves: the gates', the waits of the two
+/// queues it consumes, and the backlog gauges (until their first refresh).
+fn register_metrics(broker: &Broker) {
+    register_gate_metrics();
+    let topology = broker.topology();
+    for queue in [topology.run_requests(), topology.decisions()] {
+        if let Some(label) = topology.queue_label(&queue) {
+            let _ = metrics::histogram!("countersign_queue_wait_seconds", "queue" => label);
+        }
+    }
+    for gauge in [
+        "countersign_runs_waiting_for_approval",
+        "countersign_oldest_approval_wait_seconds",
+        "countersign_approvals_expiring_soon",
+        "countersign_expired_leases",
+        "countersign_dead_letter_messages",
+    ] {
+        let _ = metrics::gauge!(gauge);
+    }
+    for queue in topology.work_queues() {
+        if let Some(label) = topology.queue_label(&queue) {
+            let _ = metrics::gauge!("countersign_queue_messages", "queue" => label);
+        }
+    }
+}
+
 /// Refreshes the backlog gauges every [`BACKLOG_INTERVAL`], until dropped.
 async fn watch_backlog(coordinator: Coordinator, broker: Broker) {
     let mut every = tokio::time::interval(BACKLOG_INTERVAL);
@@ -277,9 +328,10 @@ async fn watch_backlog(coordinator: Coordinator, broker: Broker) {
 }
 
 /// Sets `countersign_runs_waiting_for_approval`, `countersign_oldest_approval_wait_seconds`,
-/// `countersign_approvals_expiring_soon`, `countersign_expired_leases` and
-/// `countersign_dead_letter_messages`. A gauge whose source does not answer keeps its last value
-/// (`/readyz` says why).
+/// `countersign_approvals_expiring_soon`, `countersign_expired_leases`,
+/// `countersign_dead_letter_messages` and `countersign_queue_messages{queue}` (the work queues'
+/// ready messages, by a passive declare each). A gauge whose source does not answer keeps its
+/// last value (`/readyz` says why).
 pub async fn refresh_backlog(coordinator: &Coordinator, broker: &Broker) {
     match coordinator.store.backlog(EXPIRING_WITHIN).await {
         Ok(b) => {
@@ -297,5 +349,19 @@ pub async fn refresh_backlog(coordinator: &Coordinator, broker: &Broker) {
     {
         Ok(n) => metrics::gauge!("countersign_dead_letter_messages").set(f64::from(n)),
         Err(e) => tracing::warn!(code = e.code(), error = %e, "dead letters not counted"),
+    }
+    let topology = broker.topology();
+    for queue in topology.work_queues() {
+        let Some(label) = topology.queue_label(&queue) else {
+            continue;
+        };
+        match broker.message_count(&queue).await {
+            Ok(n) => {
+                metrics::gauge!("countersign_queue_messages", "queue" => label).set(f64::from(n))
+            }
+            Err(e) => {
+                tracing::warn!(queue = label, code = e.code(), error = %e, "queue depth not measured")
+            }
+        }
     }
 }

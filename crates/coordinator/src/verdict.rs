@@ -59,6 +59,15 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
+    /// Every outcome's code, for whoever must know them all (a metric's label values).
+    pub const CODES: [&'static str; 5] = [
+        "accepted",
+        "malformed",
+        "unauthenticated_producer",
+        "unknown_acting_user",
+        "configuration_gone",
+    ];
+
     pub fn code(&self) -> &'static str {
         match self {
             RequestOutcome::Accepted => "accepted",
@@ -167,6 +176,15 @@ pub enum DecisionCode {
 }
 
 impl DecisionCode {
+    /// Every outcome's code: the two decided before anything is recorded, then the gated ones.
+    pub fn codes() -> impl Iterator<Item = &'static str> {
+        ["malformed", "unauthenticated_producer"].into_iter().chain(
+            DecisionOutcome::ALL
+                .into_iter()
+                .map(DecisionOutcome::as_str),
+        )
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             DecisionCode::Malformed { .. } => "malformed",
@@ -282,4 +300,32 @@ impl DecisionVerdict {
 fn body(event: &Event, at: &str) -> Vec<u8> {
     // Serialising a `Value` cannot fail.
     serde_json::to_vec(&event.to_json(at)).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outcome_code_is_listed_once() {
+        let requests = [
+            RequestOutcome::Accepted,
+            RequestOutcome::Malformed {
+                reason: String::new(),
+            },
+            RequestOutcome::UnauthenticatedProducer,
+            RequestOutcome::UnknownActingUser,
+            RequestOutcome::ConfigurationGone,
+        ];
+        let codes: Vec<_> = requests.iter().map(RequestOutcome::code).collect();
+        assert_eq!(codes, RequestOutcome::CODES);
+
+        let decisions: Vec<_> = DecisionCode::codes().collect();
+        let unique: std::collections::BTreeSet<_> = decisions.iter().collect();
+        assert_eq!(unique.len(), decisions.len(), "{decisions:?}");
+        for outcome in DecisionOutcome::ALL {
+            assert_eq!(DecisionOutcome::parse(outcome.as_str()), Some(outcome));
+            assert!(decisions.contains(&DecisionCode::Gated(outcome).code()));
+        }
+    }
 }

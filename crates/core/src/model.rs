@@ -120,6 +120,9 @@ pub enum ModelError {
 }
 
 impl ModelError {
+    /// Every error's code, for whoever must know them all (a metric's label values).
+    pub const CODES: [&'static str; 2] = ["provider_unavailable", "provider_invalid_response"];
+
     pub fn code(&self) -> &'static str {
         match self {
             ModelError::Unavailable(_) => "provider_unavailable",

@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{SpanContext, TraceContextExt};
 use opentelemetry::Context;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -47,6 +48,25 @@ pub fn extract(headers: Option<&FieldTable>) -> Context {
     let headers = headers.unwrap_or(&empty);
     TraceContextPropagator::new().extract_with_context(&Context::new(), &Reader(headers))
 }
+
+/// `cx` as a W3C `traceparent` value (ids and flags only, no `tracestate`): what a run keeps of
+/// the span that created it. `None` when `cx` holds no valid span (no tracer installed).
+pub fn traceparent(cx: &Context) -> Option<String> {
+    let mut fields = std::collections::HashMap::new();
+    TraceContextPropagator::new().inject_context(cx, &mut fields);
+    fields.remove(TRACEPARENT)
+}
+
+/// The span a kept [`traceparent`] names, to link another span to; `None` for a malformed one.
+pub fn span_context(traceparent: &str) -> Option<SpanContext> {
+    let fields =
+        std::collections::HashMap::from([(TRACEPARENT.to_owned(), traceparent.to_owned())]);
+    let cx = TraceContextPropagator::new().extract_with_context(&Context::new(), &fields);
+    let span = cx.span().span_context().clone();
+    span.is_valid().then_some(span)
+}
+
+const TRACEPARENT: &str = "traceparent";
 
 /// RabbitMQ's stamp of when it received a message (`set_header_timestamp` interceptor).
 const BROKER_STAMP_HEADER: &str = "timestamp_in_ms";
@@ -108,7 +128,6 @@ impl Extractor for Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::TraceContextExt;
 
     const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
@@ -134,6 +153,23 @@ mod tests {
         let mut forwarded = FieldTable::default();
         inject(&cx, &mut forwarded);
         assert_eq!(Reader(&forwarded).get("traceparent"), Some(PARENT));
+    }
+
+    #[test]
+    fn a_kept_traceparent_names_the_span_it_was_taken_from_and_a_malformed_one_nothing() {
+        let headers = with_traceparent(AMQPValue::LongString(PARENT.into()));
+        let kept = traceparent(&extract(Some(&headers))).expect("a valid context is kept");
+        assert_eq!(kept, PARENT);
+        let linked = span_context(&kept).expect("the kept context is read back");
+        assert_eq!(
+            linked.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(linked.span_id().to_string(), "00f067aa0ba902b7");
+        assert_eq!(traceparent(&Context::new()), None);
+        for malformed in ["", "00-not-a-trace-01", &PARENT.replace("4bf9", "zzzz")] {
+            assert!(span_context(malformed).is_none(), "{malformed}");
+        }
     }
 
     #[test]

@@ -86,6 +86,23 @@ pub struct PassSummary {
     pub events_pruned: u64,
 }
 
+impl PassSummary {
+    /// Each count with its `action` label of `countersign_reaper_actions_total`.
+    pub fn actions(&self) -> [(&'static str, u64); 9] {
+        [
+            ("requeued", self.requeued),
+            ("retries_exhausted", self.retries_exhausted),
+            ("outcome_unknown", self.outcome_unknown),
+            ("skipped", self.skipped),
+            ("redispatched", self.redispatched),
+            ("approval_expired", self.approvals_expired),
+            ("event_republished", self.events_republished),
+            ("event_published", self.events_published),
+            ("event_pruned", self.events_pruned),
+        ]
+    }
+}
+
 impl fmt::Display for PassSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -179,18 +196,16 @@ pub async fn pass(
     summary.events_pruned = store
         .prune_published_events(config.outbox_retention, config.batch)
         .await?;
-    for (action, n) in [
-        ("requeued", summary.requeued),
-        ("retries_exhausted", summary.retries_exhausted),
-        ("outcome_unknown", summary.outcome_unknown),
-        ("skipped", summary.skipped),
-        ("redispatched", summary.redispatched),
-        ("approval_expired", summary.approvals_expired),
-        ("event_republished", summary.events_republished),
-        ("event_published", summary.events_published),
-        ("event_pruned", summary.events_pruned),
-    ] {
+    for (action, n) in summary.actions() {
         metrics::counter!("countersign_reaper_actions_total", "action" => action).increment(n);
     }
     Ok(summary)
+}
+
+/// Registers `countersign_reaper_actions_total` at zero for every action, so that a looping
+/// reaper serves each from its start.
+pub fn register_metrics() {
+    for (action, _) in PassSummary::default().actions() {
+        let _ = metrics::counter!("countersign_reaper_actions_total", "action" => action);
+    }
 }

@@ -106,6 +106,7 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
         eprintln!("reaper: cannot serve the HTTP surfaces: {e}");
         return ExitCode::from(2);
     }
+    countersign_reaper::register_metrics();
 
     loop {
         match pass(&store, &broker, &config)

@@ -8,9 +8,10 @@
 //! error codes as fields; spans go to an OpenTelemetry collector when one is configured
 //! ([`telemetry`]). The metrics recorder is installed in every process that serves or might
 //! serve `/metrics`, whether or not an address is given, with histogram buckets for every
-//! `*_seconds` histogram and `countersign_build_info{version}`. This crate must never decide
-//! what a binary logs or counts: that stays with the code that knows the event. Nothing it
-//! serves carries content.
+//! `*_seconds` histogram, `countersign_build_info{version}`, the HELP text of every family
+//! ([`catalogue`]) and the standard `process_*` families, sampled at each scrape. This crate
+//! describes what the binaries count but never decides when they count it: that stays with the
+//! code that knows the event. Nothing it serves carries content.
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -24,6 +25,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
+pub mod catalogue;
 mod connections;
 pub mod relay;
 pub mod telemetry;
@@ -54,11 +56,19 @@ pub const APPROVAL_WAIT_BUCKETS: &[f64] = &[
 
 static METRICS: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
 
+/// The standard `process_*` families (CPU seconds, resident and virtual memory, open and
+/// maximum file descriptors, threads, start time), read from `/proc` at each scrape.
+fn process_metrics() -> &'static metrics_process::Collector {
+    static PROCESS: OnceLock<metrics_process::Collector> = OnceLock::new();
+    PROCESS.get_or_init(metrics_process::Collector::default)
+}
+
 /// Installs the global metrics recorder (once per process; later calls return the same
-/// handle) and returns the handle `/metrics` renders; sets `countersign_build_info`. The
-/// `metrics` macros record into it from then on. Histograms render as Prometheus histograms
-/// with [`SECONDS_BUCKETS`] (or [`APPROVAL_WAIT_BUCKETS`]), so that quantiles can be
-/// aggregated across instances.
+/// handle) and returns the handle `/metrics` renders; sets `countersign_build_info`, describes
+/// every family ([`catalogue`]) and samples the `process_*` ones once. The `metrics` macros
+/// record into it from then on. Histograms render as Prometheus histograms with
+/// [`SECONDS_BUCKETS`] (or [`APPROVAL_WAIT_BUCKETS`]), so that quantiles can be aggregated
+/// across instances.
 pub fn install_metrics() -> Result<PrometheusHandle, String> {
     METRICS
         .get_or_init(|| {
@@ -73,6 +83,9 @@ pub fn install_metrics() -> Result<PrometheusHandle, String> {
                 .map_err(|e| e.to_string())?
                 .install_recorder()
                 .map_err(|e| e.to_string())?;
+            catalogue::describe();
+            process_metrics().describe();
+            process_metrics().collect();
             metrics::gauge!("countersign_build_info", "version" => env!("CARGO_PKG_VERSION"))
                 .set(1.0);
             Ok(handle)
@@ -110,6 +123,7 @@ async fn readyz(State(s): State<Surfaces>) -> (StatusCode, &'static str) {
 }
 
 async fn render(State(s): State<Surfaces>) -> String {
+    process_metrics().collect();
     s.metrics.render()
 }
 
@@ -228,15 +242,33 @@ mod tests {
         metrics::histogram!("countersign_example_seconds").record(0.003);
         metrics::histogram!("countersign_approval_wait_seconds").record(120.0);
         let rendered = again.render();
-        assert_eq!(rendered, first.render());
+        // The same recorder: the same lines (families come in no fixed order).
+        let sorted = |text: &str| {
+            let mut lines: Vec<String> = text.lines().map(str::to_owned).collect();
+            lines.sort();
+            lines
+        };
+        assert_eq!(sorted(&rendered), sorted(&first.render()));
         let version = env!("CARGO_PKG_VERSION");
         for line in [
+            "# HELP countersign_build_info The version running, as its label; always 1.".to_owned(),
             format!("countersign_build_info{{version=\"{version}\"}} 1"),
             "countersign_example_seconds_bucket{le=\"0.005\"} 1".to_owned(),
             "countersign_approval_wait_seconds_bucket{le=\"300\"} 1".to_owned(),
             "countersign_approval_wait_seconds_bucket{le=\"60\"} 0".to_owned(),
         ] {
             assert!(rendered.lines().any(|l| l == line), "{line} in\n{rendered}");
+        }
+        for family in [
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "process_start_time_seconds",
+        ] {
+            assert!(
+                rendered.contains(&format!("# HELP {family} ")),
+                "{family} in\n{rendered}"
+            );
         }
     }
 }

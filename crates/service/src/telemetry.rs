@@ -106,6 +106,17 @@ pub fn init_telemetry(
     Ok(Telemetry { provider })
 }
 
+/// The W3C trace context (`traceparent`, `tracestate`) an HTTP request carries: the parent of
+/// the span that serves it. An empty context when it carries none, or a malformed one (which the
+/// W3C format says to ignore).
+pub fn http_parent(headers: &axum::http::HeaderMap) -> opentelemetry::Context {
+    use opentelemetry::propagation::TextMapPropagator;
+    opentelemetry_sdk::propagation::TraceContextPropagator::new().extract_with_context(
+        &opentelemetry::Context::new(),
+        &opentelemetry_http::HeaderExtractor(headers),
+    )
+}
+
 /// The log filter: `RUST_LOG` (default `warn`, `debug` when verbose), with lapin's
 /// channel-close lines off unless `RUST_LOG` names lapin. Checking whether a queue or an
 /// exchange exists is a passive declare, and one that finds nothing closes its channel, which
@@ -239,6 +250,31 @@ mod tests {
         let own = filter_of(Some("info,lapin=debug"), false).to_string();
         assert!(!own.contains("lapin::channel=off"), "{own}");
         assert!(own.contains("lapin=debug"), "{own}");
+    }
+
+    #[test]
+    fn an_http_requests_traceparent_is_its_spans_parent_and_a_malformed_one_is_ignored() {
+        use opentelemetry::trace::TraceContextExt;
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                .parse()
+                .unwrap(),
+        );
+        let cx = http_parent(&headers);
+        let parent = cx.span().span_context().clone();
+        assert!(parent.is_remote() && parent.is_sampled());
+        assert_eq!(
+            parent.trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        headers.insert("traceparent", "00-nope-01".parse().unwrap());
+        assert!(!http_parent(&headers).span().span_context().is_valid());
+        assert!(!http_parent(&axum::http::HeaderMap::new())
+            .span()
+            .span_context()
+            .is_valid());
     }
 
     #[test]

@@ -37,6 +37,18 @@ pub enum DecisionOutcome {
 }
 
 impl DecisionOutcome {
+    /// Every outcome, for whoever must know them all (a metric's label values).
+    pub const ALL: [DecisionOutcome; 8] = [
+        DecisionOutcome::Accepted,
+        DecisionOutcome::NotAwaitingApproval,
+        DecisionOutcome::StaleTurn,
+        DecisionOutcome::AccessDenied,
+        DecisionOutcome::ConfigurationGone,
+        DecisionOutcome::SelfApprovalDenied,
+        DecisionOutcome::ApproverNotPermitted,
+        DecisionOutcome::NotAuditable,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DecisionOutcome::Accepted => "accepted",
@@ -51,17 +63,7 @@ impl DecisionOutcome {
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "accepted" => DecisionOutcome::Accepted,
-            "not_awaiting_approval" => DecisionOutcome::NotAwaitingApproval,
-            "stale_turn" => DecisionOutcome::StaleTurn,
-            "access_denied" => DecisionOutcome::AccessDenied,
-            "configuration_gone" => DecisionOutcome::ConfigurationGone,
-            "self_approval_denied" => DecisionOutcome::SelfApprovalDenied,
-            "approver_not_permitted" => DecisionOutcome::ApproverNotPermitted,
-            "not_auditable" => DecisionOutcome::NotAuditable,
-            _ => return None,
-        })
+        Self::ALL.into_iter().find(|o| o.as_str() == s)
     }
 }
 

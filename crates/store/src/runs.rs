@@ -547,6 +547,18 @@ impl Store {
     /// `created == false`, and changes nothing (its event was announced with it). The prompt is
     /// sealed.
     pub async fn create_run(&self, new: &NewRun) -> Result<CreatedRun, StoreError> {
+        self.create_traced_run(new, None).await
+    }
+
+    /// [`Store::create_run`], keeping `traceparent` — the W3C trace context of the span that
+    /// creates the run, ids and flags only — so that the trace of the decision that releases it
+    /// can be linked to the request's ([`Store::request_traceparent`]). A duplicate keeps the
+    /// first copy's.
+    pub async fn create_traced_run(
+        &self,
+        new: &NewRun,
+        traceparent: Option<&str>,
+    ) -> Result<CreatedRun, StoreError> {
         let id = RunId::new();
         let stored = StoredRequest {
             prompt: new.prompt.clone(),
@@ -561,8 +573,9 @@ impl Store {
         let announced = sqlx::query_as!(
             outbox::Row,
             r#"WITH created AS (
-                   INSERT INTO runs (id, request_id, agent, acting_user, status, segment, request)
-                   VALUES ($1, $2, $3, $4, 'queued', 'start', $5)
+                   INSERT INTO runs (id, request_id, agent, acting_user, status, segment, request,
+                                     request_traceparent)
+                   VALUES ($1, $2, $3, $4, 'queued', 'start', $5, $9)
                    ON CONFLICT (request_id) DO NOTHING
                    RETURNING id)
                INSERT INTO event_outbox (id, run_id, kind, body)
@@ -578,6 +591,7 @@ impl Store {
             Uuid::now_v7(),
             event.name,
             outbox::stored_body(&event),
+            traceparent,
         )
         .fetch_optional(&self.pool)
         .await?;
@@ -598,6 +612,18 @@ impl Store {
             run_id: run_id(existing)?,
             created: false,
         })
+    }
+
+    /// The trace context [`Store::create_traced_run`] kept for `run_id`; `None` for a run
+    /// created untraced, or no such run.
+    pub async fn request_traceparent(&self, run_id: RunId) -> Result<Option<String>, StoreError> {
+        let kept = sqlx::query_scalar!(
+            "SELECT request_traceparent FROM runs WHERE id = $1",
+            run_id.as_uuid()
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(kept.flatten())
     }
 
     /// What the gates of a run request read, by one statement: whether `producer` holds a

@@ -434,6 +434,10 @@ fn observed(model: Arc<dyn Model>, settings: &Value) -> Arc<dyn Model> {
     })
 }
 
+/// The `provider` label values of `countersign_model_call_duration_seconds`, as `observed`
+/// names them.
+pub(crate) const PROVIDER_LABELS: [&str; 3] = ["scripted", "openai", "other"];
+
 #[derive(Debug)]
 struct Observed {
     inner: Arc<dyn Model>,

@@ -14,12 +14,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use countersign_core::RunId;
+use countersign_core::{ModelError, RunId, TerminationReason};
 use countersign_queue::{
     parse_segment, segment_body, Broker, Delivery, MessageProperties, QueueError,
 };
 use countersign_service::relay::{self, RelayConfig};
-use countersign_store::Claim;
+use countersign_store::{Claim, Segment};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -49,6 +49,7 @@ pub async fn run(
     config: WorkerConfig,
     shutdown: impl Future<Output = ()>,
 ) {
+    register_metrics(&runner);
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let prefetch = u16::try_from(config.concurrency.max(1)).unwrap_or(u16::MAX);
     let queue = broker.topology().segments();
@@ -342,6 +343,12 @@ async fn run_claimed(
 ) {
     let _permit = permit;
     let run_id = claim.lease.run_id;
+    if claim.requeue_count > 0 {
+        // The reaper requeued this segment after its lease expired: counted here, by the worker
+        // that picks it up, so the expiries show wherever the reaper runs (a CronJob serves no
+        // metrics).
+        metrics::counter!("countersign_expired_lease_claims_total").increment(1);
+    }
     let release = async move {
         // A closed channel means the worker is gone: release as well.
         let _ = released.wait_for(|r| *r).await;
@@ -355,6 +362,75 @@ async fn run_claimed(
         Err(e) => {
             tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "segment stopped on a store error")
         }
+    }
+}
+
+/// How a segment can end, as `countersign_segment_duration_seconds` labels it.
+const SEGMENT_ENDS: [&str; 5] = [
+    "completed",
+    "failed",
+    "suspended",
+    "interrupted",
+    "released",
+];
+/// The termination reasons a worker ends a run with, by status (the reaper's are its own).
+const RUN_ENDS: [(&str, &[TerminationReason]); 2] = [
+    (
+        "completed",
+        &[
+            TerminationReason::Completed,
+            TerminationReason::ApprovalDenied,
+        ],
+    ),
+    (
+        "failed",
+        &[
+            TerminationReason::MaxIterations,
+            TerminationReason::ProviderFailed,
+            TerminationReason::StateUnreadable,
+            TerminationReason::NotRetryable,
+            TerminationReason::SuspendFailed,
+            TerminationReason::OutcomeUnknown,
+        ],
+    ),
+];
+
+/// Registers, at zero, every series a worker serves, for the label values it knows: each
+/// segment kind and end, each provider and outcome of a model call, each way a run ends, each
+/// tool with a preview.
+fn register_metrics(runner: &SegmentRunner) {
+    for segment in [Segment::Start, Segment::Resume] {
+        for end in SEGMENT_ENDS {
+            let _ = metrics::histogram!("countersign_segment_duration_seconds", "segment" => segment.as_str(), "end" => end);
+        }
+    }
+    for provider in crate::segment::PROVIDER_LABELS {
+        for outcome in std::iter::once("ok").chain(ModelError::CODES) {
+            let _ = metrics::histogram!("countersign_model_call_duration_seconds", "provider" => provider, "outcome" => outcome);
+        }
+    }
+    for (status, reasons) in RUN_ENDS {
+        for reason in reasons {
+            let _ = metrics::counter!("countersign_runs_total", "status" => status, "reason" => reason.as_str());
+        }
+    }
+    for tool in runner.registry.iter().filter(|t| t.previewer().is_some()) {
+        let name = tool.spec().name.clone();
+        let _ = metrics::counter!("countersign_preview_failures_total", "tool" => name.clone());
+        let _ = metrics::counter!("countersign_preview_moves_total", "tool" => name);
+    }
+    let _ = metrics::histogram!("countersign_queue_wait_seconds", "queue" => "segments");
+    let _ = metrics::histogram!("countersign_decision_to_write_seconds");
+    let _ = metrics::gauge!("countersign_leases_held");
+    for counter in [
+        "countersign_suspensions_total",
+        "countersign_leases_lost_total",
+        "countersign_expired_lease_claims_total",
+        "countersign_heartbeat_statements_total",
+        "countersign_claim_statements_total",
+        "countersign_settle_statements_total",
+    ] {
+        let _ = metrics::counter!(counter);
     }
 }
 

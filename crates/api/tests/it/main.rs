@@ -4,6 +4,7 @@
 mod auth;
 mod decisions;
 mod inbox;
+mod observe;
 mod openapi;
 mod runs;
 mod support;
