@@ -45,6 +45,7 @@ pub enum ProblemCode {
     SelfApprovalDenied,
     ApproverNotPermitted,
     NotAuditable,
+    IdempotencyConflict,
     // The service.
     StateUnreadable,
     Unavailable,
@@ -74,6 +75,7 @@ impl ProblemCode {
             ProblemCode::SelfApprovalDenied => "self_approval_denied",
             ProblemCode::ApproverNotPermitted => "approver_not_permitted",
             ProblemCode::NotAuditable => "not_auditable",
+            ProblemCode::IdempotencyConflict => "idempotency_conflict",
             ProblemCode::StateUnreadable => "state_unreadable",
             ProblemCode::Unavailable => "unavailable",
         }
@@ -102,7 +104,8 @@ impl ProblemCode {
             ProblemCode::UnknownActingUser => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemCode::ConfigurationGone
             | ProblemCode::NotAwaitingApproval
-            | ProblemCode::StaleTurn => StatusCode::CONFLICT,
+            | ProblemCode::StaleTurn
+            | ProblemCode::IdempotencyConflict => StatusCode::CONFLICT,
             ProblemCode::StateUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -153,6 +156,9 @@ impl ProblemCode {
             ProblemCode::NotAuditable => {
                 "The decision could not be recorded, so nothing changed; send the same decision again."
             }
+            ProblemCode::IdempotencyConflict => {
+                "This id (or Idempotency-Key) was used before for another request: another run, card or body. Nothing changed; send a new id."
+            }
             ProblemCode::StateUnreadable => "The run's suspended state cannot be opened.",
             ProblemCode::Unavailable => "A dependency of this service is unavailable; retry later.",
         }
@@ -172,6 +178,7 @@ impl ProblemCode {
                 DecisionOutcome::SelfApprovalDenied => ProblemCode::SelfApprovalDenied,
                 DecisionOutcome::ApproverNotPermitted => ProblemCode::ApproverNotPermitted,
                 DecisionOutcome::NotAuditable => ProblemCode::NotAuditable,
+                DecisionOutcome::IdempotencyConflict => ProblemCode::IdempotencyConflict,
             },
             // A code this surface does not know yet is a refusal all the same.
             #[allow(unreachable_patterns)]
@@ -187,6 +194,7 @@ impl ProblemCode {
             RequestOutcome::UnauthenticatedProducer => ProblemCode::UnauthenticatedProducer,
             RequestOutcome::UnknownActingUser => ProblemCode::UnknownActingUser,
             RequestOutcome::ConfigurationGone => ProblemCode::ConfigurationGone,
+            RequestOutcome::IdempotencyConflict => ProblemCode::IdempotencyConflict,
             #[allow(unreachable_patterns)]
             _ => ProblemCode::Unavailable,
         })
