@@ -22,6 +22,14 @@ use crate::sessions;
 use crate::tokens::{self, producer_of};
 use crate::{ApiConfig, AppState};
 
+/// What resolving the API's caller can answer: no valid credential, too many requests (for the
+/// credential, or for the address unknown tokens come from), the token table unreachable.
+pub const CALLER_PROBLEMS: [ProblemCode; 3] = [
+    ProblemCode::Unauthenticated,
+    ProblemCode::RateLimited,
+    ProblemCode::Unavailable,
+];
+
 /// Longest user name a proxy header may carry.
 const MAX_USER_CHARS: usize = 200;
 

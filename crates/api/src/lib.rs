@@ -2,6 +2,7 @@
 
 mod auth;
 mod cards;
+mod conn;
 mod effects;
 mod inbox;
 mod limits;
@@ -14,7 +15,7 @@ pub mod tokens;
 pub mod v1;
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -117,6 +118,8 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(inbox::root))
         .nest("/v1", api)
         .nest("/inbox", web)
+        .fallback(v1::not_found)
+        .layer(axum::middleware::from_fn(limits::close_unread))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             limits::deadline,
@@ -132,9 +135,10 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let app = router(state).layer(axum::middleware::map_request(conn::peer_address));
     axum::serve(
-        listener,
-        router(state).into_make_service_with_connect_info::<SocketAddr>(),
+        conn::Listener(listener),
+        app.into_make_service_with_connect_info::<conn::Peer>(),
     )
     .with_graceful_shutdown(shutdown)
     .await

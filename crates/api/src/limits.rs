@@ -2,13 +2,18 @@
 //! keep a browser from doing more with a page than showing it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use http_body::{Frame, SizeHint};
 
 use crate::problem::{Problem, ProblemCode};
 use crate::AppState;
@@ -97,6 +102,61 @@ pub async fn deadline(State(state): State<AppState>, request: Request, next: Nex
     }
 }
 
+/// Closes the connection after answering a request whose body was not read to its end (a
+/// request refused before its body was looked at, or one too large to read): the rest of that
+/// body is still on the connection, where the next request would be looked for, so the answer
+/// says `Connection: close` and the client opens a new connection for its next request instead
+/// of having it reset.
+pub async fn close_unread(request: Request, next: Next) -> Response {
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
+    let read = Arc::new(AtomicBool::new(false));
+    let request = request.map(|inner| {
+        Body::new(Watched {
+            inner,
+            read: read.clone(),
+        })
+    });
+    let mut response = next.run(request).await;
+    if !read.load(Ordering::Acquire) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A request body that notes when it was read to its end.
+struct Watched {
+    inner: Body,
+    read: Arc<AtomicBool>,
+}
+
+impl HttpBody for Watched {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// The headers every response carries.
 pub async fn security_headers(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
@@ -119,6 +179,9 @@ pub async fn security_headers(request: Request, next: Next) -> Response {
     }
     response
 }
+
+/// What [`read_body`] can answer.
+pub const BODY_PROBLEMS: [ProblemCode; 2] = [ProblemCode::BodyTooLarge, ProblemCode::Malformed];
 
 /// A body read whole, up to `limit` bytes: `body_too_large` beyond, `malformed` when the
 /// client broke off.
