@@ -50,6 +50,26 @@ impl RateLimiter {
         }
     }
 
+    /// Whether `key`'s bucket has a request left, without taking it: `Ok` when it has, else
+    /// the seconds until it will.
+    pub fn check(&self, key: &str) -> Result<(), u64> {
+        let rate = f64::from(self.per_minute) / 60.0;
+        let buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(bucket) = buckets.get(key) else {
+            return Ok(());
+        };
+        let refilled =
+            (bucket.tokens + bucket.at.elapsed().as_secs_f64() * rate).min(f64::from(self.burst));
+        if refilled >= 1.0 {
+            Ok(())
+        } else {
+            Err(wait_secs(refilled, rate))
+        }
+    }
+
     /// Takes one request from `key`'s bucket: `Ok` when there was one, else the seconds until
     /// there will be.
     pub fn take(&self, key: &str) -> Result<(), u64> {
@@ -80,14 +100,19 @@ impl RateLimiter {
                 tokens: refilled,
                 at: now,
             };
-            // Whole seconds until one request's worth has refilled, at least one.
-            let wait = ((1.0 - refilled) / rate).ceil();
-            Err(if wait.is_finite() && wait >= 1.0 {
-                wait as u64
-            } else {
-                1
-            })
+            Err(wait_secs(refilled, rate))
         }
+    }
+}
+
+/// Whole seconds until one request's worth has refilled a bucket holding `refilled`, at
+/// least one.
+fn wait_secs(refilled: f64, rate: f64) -> u64 {
+    let wait = ((1.0 - refilled) / rate).ceil();
+    if wait.is_finite() && wait >= 1.0 {
+        wait as u64
+    } else {
+        1
     }
 }
 
@@ -207,7 +232,9 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(limiter.take("a"), Ok(()));
         }
+        assert_eq!(limiter.check("a"), Err(1), "checking takes nothing");
         assert_eq!(limiter.take("a"), Err(1));
+        assert_eq!(limiter.check("b"), Ok(()));
         assert_eq!(limiter.take("b"), Ok(()), "buckets are per credential");
     }
 }

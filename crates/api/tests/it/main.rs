@@ -3,7 +3,9 @@
 
 mod auth;
 mod decisions;
+mod idempotency;
 mod inbox;
 mod openapi;
 mod runs;
 mod support;
+mod transport;
