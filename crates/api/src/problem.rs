@@ -520,6 +520,57 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_code_is_listed_once_and_reads_back() {
+        for code in ProblemCode::ALL {
+            assert_eq!(ProblemCode::parse(code.code()), Some(code));
+        }
+        let mut codes: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.code()).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), ProblemCode::ALL.len());
+        assert_eq!(ProblemCode::parse("nothing"), None);
+    }
+
+    #[test]
+    fn a_routes_problems_are_documented_by_status_with_exactly_their_codes() {
+        let responses = problem_responses(&[
+            ProblemCode::StaleTurn,
+            ProblemCode::IdempotencyConflict,
+            ProblemCode::StaleTurn,
+            ProblemCode::NotFound,
+        ]);
+        assert_eq!(responses.keys().collect::<Vec<_>>(), ["404", "409"]);
+        let RefOr::T(conflict) = &responses["409"] else {
+            panic!("an inline response")
+        };
+        let schema = serde_json::to_value(&conflict.content[PROBLEM_JSON].schema).unwrap();
+        assert_eq!(
+            schema["allOf"][1]["properties"]["code"]["enum"],
+            serde_json::json!(["stale_turn", "idempotency_conflict"])
+        );
+        assert_eq!(conflict.description, "`stale_turn`, `idempotency_conflict`");
+    }
+
+    #[test]
+    fn the_gates_problems_are_every_refusal_of_their_outcomes() {
+        let decisions = ProblemCode::of_decision_gates();
+        for code in [
+            ProblemCode::Malformed,
+            ProblemCode::UnauthenticatedProducer,
+            ProblemCode::IdempotencyConflict,
+            ProblemCode::NotAuditable,
+        ] {
+            assert!(decisions.contains(&code), "{code:?}");
+        }
+        assert_eq!(
+            decisions.len(),
+            DecisionOutcome::ALL.len() - 1 + 2,
+            "all but accepted"
+        );
+        assert!(ProblemCode::of_request_gates().contains(&ProblemCode::IdempotencyConflict));
+    }
+
+    #[test]
     fn every_gate_outcome_maps_to_the_status_a_user_expects() {
         let status = |outcome| {
             ProblemCode::of_decision(&DecisionCode::Gated(outcome)).map(|c| c.status().as_u16())

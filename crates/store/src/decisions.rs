@@ -173,6 +173,26 @@ struct RecordedRow {
     outcome: String,
 }
 
+impl RecordedRow {
+    /// The row from the columns of an outer join: `None` when the decision id was never
+    /// recorded.
+    fn of_columns(
+        (run_id, suspension_seq, turn_digest): (Option<Uuid>, Option<i32>, Option<String>),
+        (approved, approver, comment): (Option<bool>, Option<String>, Option<Vec<u8>>),
+        outcome: Option<String>,
+    ) -> Option<RecordedRow> {
+        Some(RecordedRow {
+            run_id: run_id?,
+            suspension_seq: suspension_seq?,
+            turn_digest: turn_digest?,
+            approved: approved?,
+            approver: approver?,
+            comment,
+            outcome: outcome?,
+        })
+    }
+}
+
 fn outcome(s: &str) -> Result<DecisionOutcome, StoreError> {
     DecisionOutcome::parse(s).ok_or(StoreError::unreadable("run_decisions.outcome"))
 }
@@ -452,35 +472,13 @@ impl Store {
         )
         .fetch_one(&self.pool)
         .await?;
-        let recorded = match (
-            r.recorded_run_id,
-            r.recorded_seq,
-            r.recorded_digest,
-            r.recorded_approved,
-            r.recorded_approver,
+        let recorded = RecordedRow::of_columns(
+            (r.recorded_run_id, r.recorded_seq, r.recorded_digest),
+            (r.recorded_approved, r.recorded_approver, r.recorded_comment),
             r.recorded_outcome,
-        ) {
-            (
-                Some(run_id),
-                Some(suspension_seq),
-                Some(turn_digest),
-                Some(approved),
-                Some(approver),
-                Some(outcome),
-            ) => {
-                let row = RecordedRow {
-                    run_id,
-                    suspension_seq,
-                    turn_digest,
-                    approved,
-                    approver,
-                    comment: r.recorded_comment,
-                    outcome,
-                };
-                Some(self.replay(row, d.into())?)
-            }
-            _ => None,
-        };
+        )
+        .map(|row| self.replay(row, d.into()))
+        .transpose()?;
         let run = match (r.status, r.acting_user, r.run_agent, r.pending_tools) {
             (Some(status), Some(acting_user), Some(agent), Some(pending_tools)) => {
                 Some(DecidedRun {
