@@ -44,8 +44,10 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// A run request.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 pub struct NewRun {
-    /// Chosen by the producer; a duplicate creates nothing and answers with the run created
-    /// for it. Instead of it, an `Idempotency-Key` header may be sent (not both).
+    /// Chosen by the caller, and the caller's own: a duplicate with the same body creates
+    /// nothing and answers with the run created for it; the same id with another body is
+    /// `idempotency_conflict`. Instead of it, an `Idempotency-Key` header may be sent (not
+    /// both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<Uuid>,
     /// An agent configuration name: 1 to 200 characters, no control characters, no leading or
@@ -315,8 +317,10 @@ impl Card {
 /// A decision on the card the caller was shown. The approver is the caller.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 pub struct NewDecision {
-    /// Chosen by the caller; a replay returns the recorded outcome. Instead of it, an
-    /// `Idempotency-Key` header may be sent (not both).
+    /// Chosen by the caller and bound to the run, card and body it first comes with: the same
+    /// decision again returns the recorded outcome; the id with another run, card or body is
+    /// `idempotency_conflict`. Instead of it, an `Idempotency-Key` header may be sent (not
+    /// both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision_id: Option<Uuid>,
     /// The `suspension_seq` of the card decided on.
@@ -508,7 +512,7 @@ route_problems!(
     tag = "runs",
     request_body = NewRun,
     params(("Idempotency-Key" = Option<String>, Header,
-        description = "Instead of `request_id`: a retry with the same key creates nothing.")),
+        description = "Instead of `request_id`: a retry with the same key and body creates nothing; with another body it is `idempotency_conflict`.")),
     responses(
         (status = 202, description = "The run was created and dispatched.", body = RunAccepted),
         (status = 200, description = "A duplicate: the run created for this request before.", body = RunAccepted),
@@ -717,7 +721,7 @@ pub async fn card(
     params(
         ("run_id" = Uuid, Path, description = "The run."),
         ("Idempotency-Key" = Option<String>, Header,
-            description = "Instead of `decision_id`: a retry with the same key replays the recorded outcome."),
+            description = "Instead of `decision_id`: a retry with the same key, run, card and body replays the recorded outcome; with another one it is `idempotency_conflict`."),
     ),
     request_body = NewDecision,
     responses(

@@ -311,6 +311,15 @@ async fn over_the_queues_an_idempotency_conflict_is_published_as_a_refusal_and_c
     assert_eq!(event["decision_id"], denial["decision_id"]);
     assert_eq!(h.row(b.run_id).await, before, "run B still waits as it was");
 
+    // Its decision id again on run A, with another body: approved, not denied.
+    let mut approval = denial.clone();
+    approval["approved"] = json!(true);
+    let reply = producer.send(&topology.decisions(), &approval).await;
+    assert_eq!(reply["outcome"], "idempotency_conflict", "{reply}");
+    let event = next(&mut producer.events).await;
+    assert_eq!(event["run_id"], json!(a.run_id));
+    assert_eq!(h.decisions(a.run_id).await.len(), 1, "the denial alone");
+
     // A request id sent again with another prompt.
     let asked = request("editor", AGENT);
     let reply = producer.send(&topology.run_requests(), &asked).await;
