@@ -411,7 +411,7 @@ impl IntoResponse for Problem {
 /// The problems one route of `/v1` can answer, put together from the problems of the parts its
 /// handler goes through (the caller's credential, the body, the gates, …), each declared next
 /// to the part that answers it. The OpenAPI document lists exactly these
-/// ([`ProblemResponses`]), grouped by status, and the tests hold every problem answered against
+/// ([`problem_responses`]), grouped by status, and the tests hold every problem answered against
 /// the document.
 pub trait RouteProblems {
     fn codes() -> Vec<ProblemCode>;
