@@ -10,5 +10,6 @@ mod observability;
 mod operator;
 mod recovery;
 mod remote_tools;
+mod schemathesis;
 mod services;
 mod shutdown;

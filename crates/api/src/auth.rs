@@ -22,6 +22,14 @@ use crate::sessions;
 use crate::tokens::{self, producer_of};
 use crate::{ApiConfig, AppState};
 
+/// What resolving the API's caller can answer: no valid credential, too many requests (for the
+/// credential, or for the address unknown tokens come from), the token table unreachable.
+pub const CALLER_PROBLEMS: [ProblemCode; 3] = [
+    ProblemCode::Unauthenticated,
+    ProblemCode::RateLimited,
+    ProblemCode::Unavailable,
+];
+
 /// Longest user name a proxy header may carry.
 const MAX_USER_CHARS: usize = 200;
 
@@ -108,6 +116,46 @@ fn limited(state: &AppState, caller: &Caller) -> Result<(), Problem> {
         .map_err(|wait| Problem::new(ProblemCode::RateLimited).with_retry_after(wait))
 }
 
+/// The bucket of an address that offers credentials nobody issued: sign-in attempts and
+/// unknown bearer tokens.
+fn address_key(peer: IpAddr) -> String {
+    format!("address:{peer}")
+}
+
+/// Takes one attempt from `peer`'s bucket of unknown credentials: `rate_limited` when it has
+/// none left.
+pub fn limited_address(state: &AppState, peer: IpAddr) -> Result<(), Problem> {
+    state
+        .limiter
+        .take(&address_key(peer))
+        .map_err(|wait| Problem::new(ProblemCode::RateLimited).with_retry_after(wait))
+}
+
+/// Refuses a bearer token from an address whose bucket of unknown credentials is empty,
+/// before the token costs a lookup; a token nobody issued takes one from that bucket.
+async fn token_caller(state: &AppState, parts: &Parts) -> Result<Caller, Problem> {
+    let secret = bearer(&parts.headers).ok_or(Problem::new(ProblemCode::Unauthenticated))?;
+    let peer = peer(parts);
+    if let Some(peer) = peer {
+        state
+            .limiter
+            .check(&address_key(peer))
+            .map_err(|wait| Problem::new(ProblemCode::RateLimited).with_retry_after(wait))?;
+    }
+    let token = tokens::verify(state.coordinator.store.pool(), secret)
+        .await
+        .map_err(|e| unavailable("tokens", e.code(), &e))?;
+    match token {
+        Some(token) => Ok(Caller::of_token(&token)),
+        None => {
+            if let Some(peer) = peer {
+                limited_address(state, peer)?;
+            }
+            Err(Problem::new(ProblemCode::Unauthenticated))
+        }
+    }
+}
+
 /// The API's caller: the trusted proxy's header, else a bearer token; rate-limited.
 impl FromRequestParts<AppState> for Caller {
     type Rejection = Problem;
@@ -120,13 +168,7 @@ impl FromRequestParts<AppState> for Caller {
                 via: Via::Proxy,
             }
         } else {
-            let secret =
-                bearer(&parts.headers).ok_or(Problem::new(ProblemCode::Unauthenticated))?;
-            let token = tokens::verify(state.coordinator.store.pool(), secret)
-                .await
-                .map_err(|e| unavailable("tokens", e.code(), &e))?
-                .ok_or(Problem::new(ProblemCode::Unauthenticated))?;
-            Caller::of_token(&token)
+            token_caller(state, parts).await?
         };
         limited(state, &caller)?;
         Ok(caller)
@@ -153,31 +195,55 @@ pub fn cookie_name(config: &ApiConfig) -> &'static str {
     }
 }
 
+/// The name of the sign-in form's cookie (see [`crate::sessions::sign_in_secret`]).
+pub fn sign_in_cookie_name(config: &ApiConfig) -> &'static str {
+    if config.secure_cookies {
+        "__Host-countersign-sign-in"
+    } else {
+        "countersign-sign-in"
+    }
+}
+
+/// How long a sign-in form may be left open before it is submitted.
+const SIGN_IN_FORM_SECS: u64 = 3600;
+
 /// The `Set-Cookie` value that stores `secret` (or, with `None`, clears the cookie).
 pub fn session_cookie(config: &ApiConfig, secret: Option<&str>) -> HeaderValue {
+    let max_age = secret.map_or(0, |_| config.session_ttl.as_secs());
+    cookie(config, cookie_name(config), secret, max_age)
+}
+
+/// The `Set-Cookie` value of the sign-in form's cookie (or, with `None`, one that clears it).
+pub fn sign_in_cookie(config: &ApiConfig, secret: Option<&str>) -> HeaderValue {
+    let max_age = secret.map_or(0, |_| SIGN_IN_FORM_SECS);
+    cookie(config, sign_in_cookie_name(config), secret, max_age)
+}
+
+fn cookie(config: &ApiConfig, name: &str, secret: Option<&str>, max_age: u64) -> HeaderValue {
     let secure = if config.secure_cookies {
         "; Secure"
     } else {
         ""
     };
-    let value = match secret {
-        Some(secret) => format!(
-            "{}={secret}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
-            cookie_name(config),
-            config.session_ttl.as_secs()
-        ),
-        None => format!(
-            "{}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}",
-            cookie_name(config)
-        ),
-    };
+    let value = format!(
+        "{name}={}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}",
+        secret.unwrap_or("")
+    );
     // Built from a fixed name and a base64url secret: always a valid header value.
     HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// The session secret the request's cookie carries.
 pub fn session_secret<'h>(headers: &'h HeaderMap, config: &ApiConfig) -> Option<&'h str> {
-    let name = cookie_name(config);
+    cookie_value(headers, cookie_name(config))
+}
+
+/// The sign-in form's secret the request's cookie carries.
+pub fn sign_in_secret<'h>(headers: &'h HeaderMap, config: &ApiConfig) -> Option<&'h str> {
+    cookie_value(headers, sign_in_cookie_name(config))
+}
+
+fn cookie_value<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
     headers
         .get_all(header::COOKIE)
         .iter()

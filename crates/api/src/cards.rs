@@ -10,6 +10,14 @@ use crate::problem::{unavailable, Problem, ProblemCode};
 use crate::queries::Access;
 use crate::AppState;
 
+/// What [`card_for`] can answer.
+pub const CARD_PROBLEMS: [ProblemCode; 4] = [
+    ProblemCode::NotFound,
+    ProblemCode::NotAwaitingApproval,
+    ProblemCode::StateUnreadable,
+    ProblemCode::Unavailable,
+];
+
 /// The card of `run` for the viewer `access` describes: `not_found` when that viewer may not
 /// decide on it, `not_awaiting_approval` when it waits for nothing, `state_unreadable` when its
 /// state does not open.

@@ -2,8 +2,9 @@
 //!
 //! Sign-in is a token (which opens a session cookie: `HttpOnly`, `SameSite=Strict`, `Secure`
 //! unless turned off for plain-HTTP development) or a trusted proxy's header. Every form
-//! carries the session's CSRF token and is refused without it, and a browser's
-//! `Sec-Fetch-Site: cross-site` is refused outright. The decision form carries the card's
+//! carries a CSRF token and is refused without it — the session's, or for the sign-in form,
+//! the token of a cookie the sign-in page set — and a browser's `Sec-Fetch-Site: cross-site`
+//! is refused outright. The decision form carries the card's
 //! `suspension_seq` and `turn_digest` — the card the page showed, never the run's current
 //! one — and a `decision_id` chosen when the page was rendered, so submitting twice replays the
 //! first outcome instead of deciding twice, and a stale tab is refused `stale_turn`.
@@ -141,6 +142,48 @@ pub async fn stylesheet() -> Response {
         .into_response()
 }
 
+/// The sign-in page, with the form's token of the browser's sign-in cookie (set now when the
+/// browser has none).
+fn sign_in_form(
+    state: &AppState,
+    headers: &HeaderMap,
+    status: StatusCode,
+    failed: bool,
+) -> Response {
+    let existing = auth::sign_in_secret(headers, &state.config)
+        .and_then(|secret| Some((secret.to_owned(), sessions::sign_in_token(secret)?)));
+    let (secret, csrf, fresh) = match existing {
+        Some((secret, csrf)) => (secret, csrf, false),
+        None => {
+            let secret = sessions::sign_in_secret();
+            let csrf = sessions::sign_in_token(&secret).unwrap_or_default();
+            (secret, csrf, true)
+        }
+    };
+    let header = state.config.trusted_header.as_ref().map(|h| h.as_str());
+    let mut response = page(status, None, pages::sign_in(failed, header, &csrf));
+    if fresh {
+        response.headers_mut().insert(
+            header::SET_COOKIE,
+            auth::sign_in_cookie(&state.config, Some(&secret)),
+        );
+    }
+    response
+}
+
+/// Refuses a sign-in whose form this inbox did not render for this browser.
+fn sign_in_checked(
+    state: &AppState,
+    headers: &HeaderMap,
+    fields: &[(String, String)],
+) -> Result<(), Problem> {
+    let expected = auth::sign_in_secret(headers, &state.config).and_then(sessions::sign_in_token);
+    match (expected, field(fields, "csrf")) {
+        (Some(expected), Some(csrf)) if same_secret(csrf, &expected) => Ok(()),
+        _ => Err(Problem::new(ProblemCode::CsrfRejected)),
+    }
+}
+
 pub async fn sign_in_page(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -156,8 +199,7 @@ pub async fn sign_in_page(
             return response;
         }
     }
-    let header = state.config.trusted_header.as_ref().map(|h| h.as_str());
-    page(StatusCode::OK, None, pages::sign_in(false, header))
+    sign_in_form(&state, &headers, StatusCode::OK, false)
 }
 
 pub async fn sign_in(
@@ -169,11 +211,9 @@ pub async fn sign_in(
     let result = async {
         same_site(&headers)?;
         // Token guesses are limited per address; a token has 256 bits, but a flood still costs.
-        state
-            .limiter
-            .take(&format!("sign-in:{}", peer.ip()))
-            .map_err(|wait| Problem::new(ProblemCode::RateLimited).with_retry_after(wait))?;
+        auth::limited_address(&state, peer.ip())?;
         let fields = form(&state, body).await?;
+        sign_in_checked(&state, &headers, &fields)?;
         let secret = field(&fields, "token").unwrap_or("").trim().to_owned();
         let pool = state.coordinator.store.pool();
         let token = tokens::verify(pool, &secret)
@@ -197,16 +237,18 @@ pub async fn sign_in(
     match result {
         Ok(Some(session)) => {
             let mut response = Redirect::to("/inbox").into_response();
-            response.headers_mut().insert(
+            let headers = response.headers_mut();
+            headers.append(
                 header::SET_COOKIE,
                 auth::session_cookie(&state.config, Some(&session)),
             );
+            headers.append(
+                header::SET_COOKIE,
+                auth::sign_in_cookie(&state.config, None),
+            );
             response
         }
-        Ok(None) => {
-            let header = state.config.trusted_header.as_ref().map(|h| h.as_str());
-            page(StatusCode::UNAUTHORIZED, None, pages::sign_in(true, header))
-        }
+        Ok(None) => sign_in_form(&state, &headers, StatusCode::UNAUTHORIZED, true),
         Err(problem) => problem_page(None, &problem),
     }
 }

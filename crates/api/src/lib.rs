@@ -2,6 +2,7 @@
 
 mod auth;
 mod cards;
+mod conn;
 mod effects;
 mod inbox;
 mod limits;
@@ -15,7 +16,7 @@ pub mod tokens;
 pub mod v1;
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,6 +120,8 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(inbox::root))
         .nest("/v1", api)
         .nest("/inbox", web)
+        .fallback(v1::not_found)
+        .layer(axum::middleware::from_fn(limits::close_unread))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             limits::deadline,
@@ -136,9 +139,10 @@ pub async fn serve(
     state: AppState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    let app = router(state).layer(axum::middleware::map_request(conn::peer_address));
     axum::serve(
-        listener,
-        router(state).into_make_service_with_connect_info::<SocketAddr>(),
+        conn::Listener(listener),
+        app.into_make_service_with_connect_info::<conn::Peer>(),
     )
     .with_graceful_shutdown(shutdown)
     .await

@@ -2,13 +2,18 @@
 //! keep a browser from doing more with a page than showing it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::Instant;
 
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use http_body::{Frame, SizeHint};
 
 use crate::problem::{Problem, ProblemCode};
 use crate::AppState;
@@ -45,6 +50,26 @@ impl RateLimiter {
         }
     }
 
+    /// Whether `key`'s bucket has a request left, without taking it: `Ok` when it has, else
+    /// the seconds until it will.
+    pub fn check(&self, key: &str) -> Result<(), u64> {
+        let rate = f64::from(self.per_minute) / 60.0;
+        let buckets = self
+            .buckets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(bucket) = buckets.get(key) else {
+            return Ok(());
+        };
+        let refilled =
+            (bucket.tokens + bucket.at.elapsed().as_secs_f64() * rate).min(f64::from(self.burst));
+        if refilled >= 1.0 {
+            Ok(())
+        } else {
+            Err(wait_secs(refilled, rate))
+        }
+    }
+
     /// Takes one request from `key`'s bucket: `Ok` when there was one, else the seconds until
     /// there will be.
     pub fn take(&self, key: &str) -> Result<(), u64> {
@@ -75,14 +100,19 @@ impl RateLimiter {
                 tokens: refilled,
                 at: now,
             };
-            // Whole seconds until one request's worth has refilled, at least one.
-            let wait = ((1.0 - refilled) / rate).ceil();
-            Err(if wait.is_finite() && wait >= 1.0 {
-                wait as u64
-            } else {
-                1
-            })
+            Err(wait_secs(refilled, rate))
         }
+    }
+}
+
+/// Whole seconds until one request's worth has refilled a bucket holding `refilled`, at
+/// least one.
+fn wait_secs(refilled: f64, rate: f64) -> u64 {
+    let wait = ((1.0 - refilled) / rate).ceil();
+    if wait.is_finite() && wait >= 1.0 {
+        wait as u64
+    } else {
+        1
     }
 }
 
@@ -94,6 +124,61 @@ pub async fn deadline(State(state): State<AppState>, request: Request, next: Nex
     match tokio::time::timeout(state.config.request_timeout, next.run(request)).await {
         Ok(response) => response,
         Err(_) => Problem::new(ProblemCode::Timeout).into_response(),
+    }
+}
+
+/// Closes the connection after answering a request whose body was not read to its end (a
+/// request refused before its body was looked at, or one too large to read): the rest of that
+/// body is still on the connection, where the next request would be looked for, so the answer
+/// says `Connection: close` and the client opens a new connection for its next request instead
+/// of having it reset.
+pub async fn close_unread(request: Request, next: Next) -> Response {
+    if request.body().is_end_stream() {
+        return next.run(request).await;
+    }
+    let read = Arc::new(AtomicBool::new(false));
+    let request = request.map(|inner| {
+        Body::new(Watched {
+            inner,
+            read: read.clone(),
+        })
+    });
+    let mut response = next.run(request).await;
+    if !read.load(Ordering::Acquire) {
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A request body that notes when it was read to its end.
+struct Watched {
+    inner: Body,
+    read: Arc<AtomicBool>,
+}
+
+impl HttpBody for Watched {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
+            self.read.store(true, Ordering::Release);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -120,6 +205,9 @@ pub async fn security_headers(request: Request, next: Next) -> Response {
     response
 }
 
+/// What [`read_body`] can answer.
+pub const BODY_PROBLEMS: [ProblemCode; 2] = [ProblemCode::BodyTooLarge, ProblemCode::Malformed];
+
 /// A body read whole, up to `limit` bytes: `body_too_large` beyond, `malformed` when the
 /// client broke off.
 pub async fn read_body(body: axum::body::Body, limit: usize) -> Result<axum::body::Bytes, Problem> {
@@ -144,7 +232,9 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(limiter.take("a"), Ok(()));
         }
+        assert_eq!(limiter.check("a"), Err(1), "checking takes nothing");
         assert_eq!(limiter.take("a"), Err(1));
+        assert_eq!(limiter.check("b"), Ok(()));
         assert_eq!(limiter.take("b"), Ok(()), "buckets are per credential");
     }
 }

@@ -60,8 +60,9 @@ fn layout(title: &str, viewer: Option<Viewer<'_>>, body: Markup) -> Markup {
     }
 }
 
-/// The sign-in page; `failed` after a token that did not sign in.
-pub fn sign_in(failed: bool, proxy_header: Option<&str>) -> Markup {
+/// The sign-in page; `failed` after a token that did not sign in. Its form carries `csrf`, the
+/// token of the browser's sign-in cookie.
+pub fn sign_in(failed: bool, proxy_header: Option<&str>, csrf: &str) -> Markup {
     layout(
         "Sign in",
         None,
@@ -73,6 +74,7 @@ pub fn sign_in(failed: bool, proxy_header: Option<&str>) -> Markup {
                 }
             }
             form.card-form method="post" action="/inbox/sign-in" {
+                input type="hidden" name="csrf" value=(csrf);
                 label for="token" { "Your API token" }
                 input #token type="password" name="token" autocomplete="off" required
                     placeholder="cst_…" maxlength="100";

@@ -5,11 +5,15 @@
 //! the body says only that code, a fixed title, and the ids the caller sent. Never an error's
 //! message: a message can carry a credential, a query or content.
 
+use std::collections::BTreeMap;
+
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use countersign_coordinator::{DecisionCode, RequestOutcome};
 use countersign_store::DecisionOutcome;
 use serde::Serialize;
+use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Type};
+use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -34,6 +38,10 @@ pub enum ProblemCode {
     NotFound,
     MethodNotAllowed,
     Timeout,
+    // The connection, before any route (see `crate::conn`).
+    MalformedRequest,
+    UriTooLong,
+    HeadersTooLarge,
     // The gates of a run request.
     UnauthenticatedProducer,
     UnknownActingUser,
@@ -45,12 +53,49 @@ pub enum ProblemCode {
     SelfApprovalDenied,
     ApproverNotPermitted,
     NotAuditable,
+    IdempotencyConflict,
     // The service.
     StateUnreadable,
     Unavailable,
 }
 
 impl ProblemCode {
+    /// Every code, in the order of the enum.
+    pub const ALL: [ProblemCode; 27] = [
+        ProblemCode::Unauthenticated,
+        ProblemCode::RateLimited,
+        ProblemCode::CsrfRejected,
+        ProblemCode::NotAJsonObject,
+        ProblemCode::UnsupportedMediaType,
+        ProblemCode::BodyTooLarge,
+        ProblemCode::Malformed,
+        ProblemCode::InvalidQuery,
+        ProblemCode::ConflictingIdempotency,
+        ProblemCode::NotFound,
+        ProblemCode::MethodNotAllowed,
+        ProblemCode::Timeout,
+        ProblemCode::MalformedRequest,
+        ProblemCode::UriTooLong,
+        ProblemCode::HeadersTooLarge,
+        ProblemCode::UnauthenticatedProducer,
+        ProblemCode::UnknownActingUser,
+        ProblemCode::ConfigurationGone,
+        ProblemCode::NotAwaitingApproval,
+        ProblemCode::StaleTurn,
+        ProblemCode::AccessDenied,
+        ProblemCode::SelfApprovalDenied,
+        ProblemCode::ApproverNotPermitted,
+        ProblemCode::NotAuditable,
+        ProblemCode::IdempotencyConflict,
+        ProblemCode::StateUnreadable,
+        ProblemCode::Unavailable,
+    ];
+
+    /// The code of `s`, as [`ProblemCode::code`] spells it.
+    pub fn parse(s: &str) -> Option<ProblemCode> {
+        ProblemCode::ALL.into_iter().find(|c| c.code() == s)
+    }
+
     pub fn code(self) -> &'static str {
         match self {
             ProblemCode::Unauthenticated => "unauthenticated",
@@ -65,6 +110,9 @@ impl ProblemCode {
             ProblemCode::NotFound => "not_found",
             ProblemCode::MethodNotAllowed => "method_not_allowed",
             ProblemCode::Timeout => "timeout",
+            ProblemCode::MalformedRequest => "malformed_request",
+            ProblemCode::UriTooLong => "uri_too_long",
+            ProblemCode::HeadersTooLarge => "headers_too_large",
             ProblemCode::UnauthenticatedProducer => "unauthenticated_producer",
             ProblemCode::UnknownActingUser => "unknown_acting_user",
             ProblemCode::ConfigurationGone => "configuration_gone",
@@ -74,6 +122,7 @@ impl ProblemCode {
             ProblemCode::SelfApprovalDenied => "self_approval_denied",
             ProblemCode::ApproverNotPermitted => "approver_not_permitted",
             ProblemCode::NotAuditable => "not_auditable",
+            ProblemCode::IdempotencyConflict => "idempotency_conflict",
             ProblemCode::StateUnreadable => "state_unreadable",
             ProblemCode::Unavailable => "unavailable",
         }
@@ -91,6 +140,9 @@ impl ProblemCode {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
             ProblemCode::NotFound => StatusCode::NOT_FOUND,
+            ProblemCode::MalformedRequest => StatusCode::BAD_REQUEST,
+            ProblemCode::UriTooLong => StatusCode::URI_TOO_LONG,
+            ProblemCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProblemCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ProblemCode::Timeout | ProblemCode::Unavailable | ProblemCode::NotAuditable => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -102,7 +154,8 @@ impl ProblemCode {
             ProblemCode::UnknownActingUser => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemCode::ConfigurationGone
             | ProblemCode::NotAwaitingApproval
-            | ProblemCode::StaleTurn => StatusCode::CONFLICT,
+            | ProblemCode::StaleTurn
+            | ProblemCode::IdempotencyConflict => StatusCode::CONFLICT,
             ProblemCode::StateUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -127,8 +180,13 @@ impl ProblemCode {
             ProblemCode::ConflictingIdempotency => {
                 "Send either an Idempotency-Key header or an id in the body, not both."
             }
-            ProblemCode::NotFound => "No such run that this caller may see.",
+            ProblemCode::NotFound => {
+                "Nothing at this path that this caller may see: no such run, or not one of theirs."
+            }
             ProblemCode::MethodNotAllowed => "This path does not take that method.",
+            ProblemCode::MalformedRequest => "The request is not an HTTP request this service can read.",
+            ProblemCode::UriTooLong => "The URI is longer than this service reads.",
+            ProblemCode::HeadersTooLarge => "The request's headers are larger than this service reads.",
             ProblemCode::Timeout => "The request took too long and was abandoned; it may be retried with the same id.",
             ProblemCode::UnauthenticatedProducer => {
                 "This credential may not assert that user (no producer grant covers it). Nothing was recorded."
@@ -153,6 +211,9 @@ impl ProblemCode {
             ProblemCode::NotAuditable => {
                 "The decision could not be recorded, so nothing changed; send the same decision again."
             }
+            ProblemCode::IdempotencyConflict => {
+                "This id (or Idempotency-Key) was used before for another request: another run, card or body. Nothing changed; send a new id."
+            }
             ProblemCode::StateUnreadable => "The run's suspended state cannot be opened.",
             ProblemCode::Unavailable => "A dependency of this service is unavailable; retry later.",
         }
@@ -172,11 +233,45 @@ impl ProblemCode {
                 DecisionOutcome::SelfApprovalDenied => ProblemCode::SelfApprovalDenied,
                 DecisionOutcome::ApproverNotPermitted => ProblemCode::ApproverNotPermitted,
                 DecisionOutcome::NotAuditable => ProblemCode::NotAuditable,
+                DecisionOutcome::IdempotencyConflict => ProblemCode::IdempotencyConflict,
             },
             // A code this surface does not know yet is a refusal all the same.
             #[allow(unreachable_patterns)]
             _ => ProblemCode::Unavailable,
         })
+    }
+
+    /// Every problem the decision gates can answer: each outcome of [`DecisionCode`].
+    pub fn of_decision_gates() -> Vec<ProblemCode> {
+        let ungated = [
+            DecisionCode::Malformed {
+                reason: String::new(),
+            },
+            DecisionCode::UnauthenticatedProducer,
+        ];
+        let gated = DecisionOutcome::ALL.map(DecisionCode::Gated);
+        ungated
+            .iter()
+            .chain(&gated)
+            .filter_map(ProblemCode::of_decision)
+            .collect()
+    }
+
+    /// Every problem the run-request gates can answer: each outcome of [`RequestOutcome`].
+    pub fn of_request_gates() -> Vec<ProblemCode> {
+        [
+            RequestOutcome::Accepted,
+            RequestOutcome::Malformed {
+                reason: String::new(),
+            },
+            RequestOutcome::UnauthenticatedProducer,
+            RequestOutcome::UnknownActingUser,
+            RequestOutcome::ConfigurationGone,
+            RequestOutcome::IdempotencyConflict,
+        ]
+        .iter()
+        .filter_map(ProblemCode::of_request)
+        .collect()
     }
 
     /// The problem of a gated run request; `None` for `accepted`.
@@ -187,6 +282,7 @@ impl ProblemCode {
             RequestOutcome::UnauthenticatedProducer => ProblemCode::UnauthenticatedProducer,
             RequestOutcome::UnknownActingUser => ProblemCode::UnknownActingUser,
             RequestOutcome::ConfigurationGone => ProblemCode::ConfigurationGone,
+            RequestOutcome::IdempotencyConflict => ProblemCode::IdempotencyConflict,
             #[allow(unreachable_patterns)]
             _ => ProblemCode::Unavailable,
         })
@@ -312,6 +408,103 @@ impl IntoResponse for Problem {
     }
 }
 
+/// The problems one route of `/v1` can answer, put together from the problems of the parts its
+/// handler goes through (the caller's credential, the body, the gates, …), each declared next
+/// to the part that answers it. The OpenAPI document lists exactly these
+/// ([`problem_responses`]), grouped by status, and the tests hold every problem answered against
+/// the document.
+pub trait RouteProblems {
+    fn codes() -> Vec<ProblemCode>;
+}
+
+/// The OpenAPI responses of a route's problems: for each status, a problem+json body whose
+/// `code` is one of the route's codes of that status.
+pub fn problem_responses(
+    codes: &[ProblemCode],
+) -> BTreeMap<String, RefOr<utoipa::openapi::Response>> {
+    let mut by_status: BTreeMap<u16, Vec<&'static str>> = BTreeMap::new();
+    for code in codes {
+        let of_status = by_status.entry(code.status().as_u16()).or_default();
+        if !of_status.contains(&code.code()) {
+            of_status.push(code.code());
+        }
+    }
+    by_status
+        .into_iter()
+        .map(|(status, codes)| {
+            let description = codes
+                .iter()
+                .map(|c| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            let narrowed = ObjectBuilder::new()
+                .property(
+                    "code",
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .enum_values(Some(codes.iter().copied())),
+                )
+                .property(
+                    "status",
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .enum_values(Some([status])),
+                );
+            let schema = AllOfBuilder::new()
+                .item(Ref::from_schema_name("ProblemDetails"))
+                .item(narrowed);
+            let response = ResponseBuilder::new()
+                .description(description)
+                .content(
+                    PROBLEM_JSON,
+                    ContentBuilder::new().schema(Some(schema)).build(),
+                )
+                .build();
+            (status.to_string(), RefOr::T(response))
+        })
+        .collect()
+}
+
+/// Declares a route's problems: a type for `#[utoipa::path(responses(…))]` whose responses are
+/// the union of the parts' problems.
+macro_rules! route_problems {
+    ($(#[$doc:meta])* $name:ident = [$($part:expr),* $(,)?]) => {
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name;
+
+        impl $crate::problem::RouteProblems for $name {
+            fn codes() -> Vec<$crate::problem::ProblemCode> {
+                let mut codes = Vec::new();
+                $(codes.extend_from_slice(&$part);)*
+                codes
+            }
+        }
+
+        impl utoipa::IntoResponses for $name {
+            fn responses() -> std::collections::BTreeMap<
+                String,
+                utoipa::openapi::RefOr<utoipa::openapi::Response>,
+            > {
+                $crate::problem::problem_responses(
+                    &<$name as $crate::problem::RouteProblems>::codes(),
+                )
+            }
+        }
+    };
+}
+pub(crate) use route_problems;
+
+/// What every request can be answered, whatever its route: abandoned past the deadline
+/// ([`crate::limits::deadline`]), or refused by the connection before any route
+/// ([`crate::conn`]).
+pub const EVERY_REQUEST: [ProblemCode; 4] = [
+    ProblemCode::Timeout,
+    ProblemCode::MalformedRequest,
+    ProblemCode::UriTooLong,
+    ProblemCode::HeadersTooLarge,
+];
+
 /// A failure to reach a dependency, logged with its message and answered with its class only.
 pub(crate) fn unavailable(
     what: &'static str,
@@ -325,6 +518,57 @@ pub(crate) fn unavailable(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_code_is_listed_once_and_reads_back() {
+        for code in ProblemCode::ALL {
+            assert_eq!(ProblemCode::parse(code.code()), Some(code));
+        }
+        let mut codes: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.code()).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), ProblemCode::ALL.len());
+        assert_eq!(ProblemCode::parse("nothing"), None);
+    }
+
+    #[test]
+    fn a_routes_problems_are_documented_by_status_with_exactly_their_codes() {
+        let responses = problem_responses(&[
+            ProblemCode::StaleTurn,
+            ProblemCode::IdempotencyConflict,
+            ProblemCode::StaleTurn,
+            ProblemCode::NotFound,
+        ]);
+        assert_eq!(responses.keys().collect::<Vec<_>>(), ["404", "409"]);
+        let RefOr::T(conflict) = &responses["409"] else {
+            panic!("an inline response")
+        };
+        let schema = serde_json::to_value(&conflict.content[PROBLEM_JSON].schema).unwrap();
+        assert_eq!(
+            schema["allOf"][1]["properties"]["code"]["enum"],
+            serde_json::json!(["stale_turn", "idempotency_conflict"])
+        );
+        assert_eq!(conflict.description, "`stale_turn`, `idempotency_conflict`");
+    }
+
+    #[test]
+    fn the_gates_problems_are_every_refusal_of_their_outcomes() {
+        let decisions = ProblemCode::of_decision_gates();
+        for code in [
+            ProblemCode::Malformed,
+            ProblemCode::UnauthenticatedProducer,
+            ProblemCode::IdempotencyConflict,
+            ProblemCode::NotAuditable,
+        ] {
+            assert!(decisions.contains(&code), "{code:?}");
+        }
+        assert_eq!(
+            decisions.len(),
+            DecisionOutcome::ALL.len() - 1 + 2,
+            "all but accepted"
+        );
+        assert!(ProblemCode::of_request_gates().contains(&ProblemCode::IdempotencyConflict));
+    }
 
     #[test]
     fn every_gate_outcome_maps_to_the_status_a_user_expects() {

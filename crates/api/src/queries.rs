@@ -185,6 +185,10 @@ pub async fn inbox_page(
     Ok((entries, next))
 }
 
+/// What [`visible_run`] can answer.
+pub const VISIBLE_RUN_PROBLEMS: [ProblemCode; 2] =
+    [ProblemCode::NotFound, ProblemCode::Unavailable];
+
 /// A run the caller may follow, or `not_found` (also for one that exists but is not theirs).
 pub async fn visible_run(
     state: &crate::AppState,

@@ -16,6 +16,8 @@ use crate::tokens::{hash, random_secret};
 
 /// What a session cookie's secret starts with.
 const SESSION_PREFIX: &str = "css_";
+/// What the sign-in form's cookie secret starts with.
+const SIGN_IN_PREFIX: &str = "csi_";
 
 /// A live session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,8 +29,27 @@ pub struct Session {
 
 /// The CSRF token of the forms of the session whose secret is `secret`.
 pub fn csrf_token(secret: &str) -> String {
+    derived(b"countersign-inbox-csrf\0", secret)
+}
+
+/// A fresh secret for the sign-in form's cookie. The form carries [`sign_in_token`] of it,
+/// so a sign-in is accepted only from a form this inbox rendered for this browser: a page of
+/// another site can neither read the cookie nor make the browser send it (`SameSite=Strict`),
+/// so it cannot sign the browser in to an account of the attacker's choosing.
+pub fn sign_in_secret() -> String {
+    random_secret(SIGN_IN_PREFIX)
+}
+
+/// The CSRF token of the sign-in form whose cookie holds `secret`; `None` for a cookie that
+/// is not a sign-in secret.
+pub fn sign_in_token(secret: &str) -> Option<String> {
+    (secret.starts_with(SIGN_IN_PREFIX) && secret.len() <= 100)
+        .then(|| derived(b"countersign-inbox-sign-in\0", secret))
+}
+
+fn derived(domain: &[u8], secret: &str) -> String {
     let mut h = Sha256::new();
-    h.update(b"countersign-inbox-csrf\0");
+    h.update(domain);
     h.update(secret.as_bytes());
     hex::encode(h.finalize())
 }

@@ -27,11 +27,11 @@ use sha2::{Digest, Sha256};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use crate::auth::Caller;
-use crate::cards::card_for;
-use crate::limits::read_body;
-use crate::problem::{unavailable, Problem, ProblemCode, ProblemDetails};
-use crate::queries::{inbox_page, visible_run, Access, Cursor, InboxEntry};
+use crate::auth::{Caller, CALLER_PROBLEMS};
+use crate::cards::{card_for, CARD_PROBLEMS};
+use crate::limits::{read_body, BODY_PROBLEMS};
+use crate::problem::{route_problems, unavailable, Problem, ProblemCode, EVERY_REQUEST};
+use crate::queries::{inbox_page, visible_run, Access, Cursor, InboxEntry, VISIBLE_RUN_PROBLEMS};
 use crate::{effects, AppState};
 
 /// The header a client may send instead of an id in the body.
@@ -44,20 +44,38 @@ pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
 /// A run request.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 pub struct NewRun {
-    /// Chosen by the producer; a duplicate creates nothing and answers with the run created
-    /// for it. Instead of it, an `Idempotency-Key` header may be sent (not both).
+    /// Chosen by the caller, and the caller's own: a duplicate with the same body creates
+    /// nothing and answers with the run created for it; the same id with another body is
+    /// `idempotency_conflict`. Instead of it, an `Idempotency-Key` header may be sent (not
+    /// both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<Uuid>,
-    /// An agent configuration name.
-    #[schema(example = "seo-assistant")]
+    /// An agent configuration name: 1 to 200 characters, no control characters, no leading or
+    /// trailing whitespace (gate 1's rule for a name, as the queues' JSON Schemas write it).
+    #[schema(
+        example = "seo-assistant",
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^\s\u0000-\u001F\u007F-\u009F](?:[^\u0000-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F])?$"
+    )]
     pub agent: String,
     /// The user the run acts as; the caller's own user when left out. Asserting another user
     /// takes a producer grant (`countersign producers allow http:<caller> acting-user <user>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(example = "editor")]
+    #[schema(
+        example = "editor",
+        min_length = 1,
+        max_length = 200,
+        pattern = r"^[^\s\u0000-\u001F\u007F-\u009F](?:[^\u0000-\u001F\u007F-\u009F]*[^\s\u0000-\u001F\u007F-\u009F])?$"
+    )]
     pub acting_user: Option<String>,
-    /// At most 32 KiB of text; sealed at rest, never published.
-    #[schema(example = "Tighten the description of page 12.")]
+    /// At most 32 KiB of text, not blank; sealed at rest, never published.
+    #[schema(
+        example = "Tighten the description of page 12.",
+        min_length = 1,
+        max_length = 32768,
+        pattern = r"\S"
+    )]
     pub prompt: String,
     /// Optional structured inputs (a JSON object of at most 64 KiB), sealed at rest like the
     /// prompt.
@@ -157,6 +175,7 @@ pub struct RunEventView {
 #[into_params(parameter_in = Query)]
 pub struct InboxQuery {
     /// Runs per page, 1 to 100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
@@ -298,20 +317,26 @@ impl Card {
 /// A decision on the card the caller was shown. The approver is the caller.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
 pub struct NewDecision {
-    /// Chosen by the caller; a replay returns the recorded outcome. Instead of it, an
-    /// `Idempotency-Key` header may be sent (not both).
+    /// Chosen by the caller and bound to the run, card and body it first comes with: the same
+    /// decision again returns the recorded outcome; the id with another run, card or body is
+    /// `idempotency_conflict`. Instead of it, an `Idempotency-Key` header may be sent (not
+    /// both).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision_id: Option<Uuid>,
     /// The `suspension_seq` of the card decided on.
-    #[schema(minimum = 1, example = 1)]
+    #[schema(minimum = 1, maximum = 4294967295_u64, example = 1)]
     pub suspension_seq: u32,
     /// The `turn_digest` of the card decided on: 64 lowercase hex characters.
-    #[schema(example = "9f2c0e5a7b1d3c4e6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6")]
+    #[schema(
+        example = "9f2c0e5a7b1d3c4e6f8091a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d5e6",
+        pattern = "^[0-9a-f]{64}$"
+    )]
     pub turn_digest: String,
     /// `true` approves the turn, `false` denies it.
     pub approved: bool,
     /// Optional, at most 4096 characters; shown to the model on a denial, sealed at rest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 4096)]
     pub comment: Option<String>,
 }
 
@@ -403,6 +428,80 @@ fn copied(body: &Map<String, Value>, fields: &[&str], into: &mut Map<String, Val
 }
 
 // ---------------------------------------------------------------------------------------------
+// What each route can answer besides its success
+// ---------------------------------------------------------------------------------------------
+
+/// [`json_object`]'s problems, besides [`BODY_PROBLEMS`].
+const JSON_OBJECT_PROBLEMS: [ProblemCode; 2] = [
+    ProblemCode::UnsupportedMediaType,
+    ProblemCode::NotAJsonObject,
+];
+/// [`request_key`]'s problems.
+const REQUEST_KEY_PROBLEMS: [ProblemCode; 2] =
+    [ProblemCode::ConflictingIdempotency, ProblemCode::Malformed];
+/// [`parse_run_id`]'s problem: a path naming no run names nothing.
+const RUN_PATH_PROBLEMS: [ProblemCode; 1] = [ProblemCode::NotFound];
+/// The inbox query's problem, besides those of the page it reads.
+const INBOX_QUERY_PROBLEMS: [ProblemCode; 2] =
+    [ProblemCode::InvalidQuery, ProblemCode::Unavailable];
+/// A store read of a handler of its own (a run's events).
+const STORE_PROBLEMS: [ProblemCode; 1] = [ProblemCode::Unavailable];
+
+route_problems!(
+    /// The problems of `POST /v1/runs`.
+    CreateRunProblems = [
+        EVERY_REQUEST,
+        CALLER_PROBLEMS,
+        JSON_OBJECT_PROBLEMS,
+        BODY_PROBLEMS,
+        REQUEST_KEY_PROBLEMS,
+        ProblemCode::of_request_gates(),
+        STORE_PROBLEMS,
+    ]
+);
+route_problems!(
+    /// The problems of `GET /v1/runs/{run_id}`.
+    GetRunProblems = [
+        EVERY_REQUEST,
+        CALLER_PROBLEMS,
+        RUN_PATH_PROBLEMS,
+        VISIBLE_RUN_PROBLEMS,
+        STORE_PROBLEMS,
+    ]
+);
+route_problems!(
+    /// The problems of `GET /v1/inbox`.
+    InboxProblems = [EVERY_REQUEST, CALLER_PROBLEMS, INBOX_QUERY_PROBLEMS]
+);
+route_problems!(
+    /// The problems of `GET /v1/runs/{run_id}/card`.
+    CardProblems = [
+        EVERY_REQUEST,
+        CALLER_PROBLEMS,
+        RUN_PATH_PROBLEMS,
+        VISIBLE_RUN_PROBLEMS,
+        CARD_PROBLEMS,
+    ]
+);
+route_problems!(
+    /// The problems of `POST /v1/runs/{run_id}/decisions`.
+    DecideProblems = [
+        EVERY_REQUEST,
+        CALLER_PROBLEMS,
+        RUN_PATH_PROBLEMS,
+        JSON_OBJECT_PROBLEMS,
+        BODY_PROBLEMS,
+        REQUEST_KEY_PROBLEMS,
+        ProblemCode::of_decision_gates(),
+        STORE_PROBLEMS,
+    ]
+);
+route_problems!(
+    /// The problems of `GET /v1/openapi.json`.
+    OpenApiProblems = [EVERY_REQUEST]
+);
+
+// ---------------------------------------------------------------------------------------------
 // Handlers
 // ---------------------------------------------------------------------------------------------
 
@@ -413,18 +512,11 @@ fn copied(body: &Map<String, Value>, fields: &[&str], into: &mut Map<String, Val
     tag = "runs",
     request_body = NewRun,
     params(("Idempotency-Key" = Option<String>, Header,
-        description = "Instead of `request_id`: a retry with the same key creates nothing.")),
+        description = "Instead of `request_id`: a retry with the same key and body creates nothing; with another body it is `idempotency_conflict`.")),
     responses(
         (status = 202, description = "The run was created and dispatched.", body = RunAccepted),
         (status = 200, description = "A duplicate: the run created for this request before.", body = RunAccepted),
-        (status = 400, description = "`not_a_json_object`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthenticated`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 403, description = "`unauthenticated_producer`: no grant lets this caller assert the acting user", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 409, description = "`configuration_gone`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "`malformed` (with `reason`), `unknown_acting_user`, `conflicting_idempotency`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`", body = ProblemDetails, content_type = "application/problem+json"),
+        CreateRunProblems,
     ),
     security(("bearer" = []))
 )]
@@ -510,8 +602,7 @@ pub async fn create_run(
     params(("run_id" = Uuid, Path, description = "The run.")),
     responses(
         (status = 200, body = RunView),
-        (status = 401, description = "`unauthenticated`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such run that this caller may see", body = ProblemDetails, content_type = "application/problem+json"),
+        GetRunProblems,
     ),
     security(("bearer" = []))
 )]
@@ -571,8 +662,7 @@ pub async fn get_run(
     params(InboxQuery),
     responses(
         (status = 200, body = InboxPage),
-        (status = 400, description = "`invalid_query`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthenticated`", body = ProblemDetails, content_type = "application/problem+json"),
+        InboxProblems,
     ),
     security(("bearer" = []))
 )]
@@ -607,10 +697,7 @@ pub async fn inbox(
     params(("run_id" = Uuid, Path, description = "The run.")),
     responses(
         (status = 200, body = Card),
-        (status = 401, description = "`unauthenticated`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 404, description = "`not_found`: no such run that this caller may decide on", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 409, description = "`not_awaiting_approval`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 500, description = "`state_unreadable`", body = ProblemDetails, content_type = "application/problem+json"),
+        CardProblems,
     ),
     security(("bearer" = []))
 )]
@@ -634,20 +721,12 @@ pub async fn card(
     params(
         ("run_id" = Uuid, Path, description = "The run."),
         ("Idempotency-Key" = Option<String>, Header,
-            description = "Instead of `decision_id`: a retry with the same key replays the recorded outcome."),
+            description = "Instead of `decision_id`: a retry with the same key, run, card and body replays the recorded outcome; with another one it is `idempotency_conflict`."),
     ),
     request_body = NewDecision,
     responses(
         (status = 202, description = "`accepted`: the turn is released (an approval or a denial).", body = DecisionAccepted),
-        (status = 400, description = "`not_a_json_object`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthenticated`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 403, description = "`access_denied`, `self_approval_denied`, `approver_not_permitted`, `unauthenticated_producer`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 409, description = "`stale_turn` (decide on the current card), `not_awaiting_approval`, `configuration_gone`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 413, description = "`body_too_large`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 415, description = "`unsupported_media_type`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 422, description = "`malformed` (with `reason`), `conflicting_idempotency`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 429, description = "`rate_limited`", body = ProblemDetails, content_type = "application/problem+json"),
-        (status = 503, description = "`not_auditable`: nothing changed, send the same decision again", body = ProblemDetails, content_type = "application/problem+json"),
+        DecideProblems,
     ),
     security(("bearer" = []))
 )]
@@ -755,7 +834,10 @@ pub(crate) async fn take_decision(
     get,
     path = "/v1/openapi.json",
     tag = "meta",
-    responses((status = 200, description = "This document.", content_type = "application/json"))
+    responses(
+        (status = 200, description = "This document.", content_type = "application/json"),
+        OpenApiProblems,
+    )
 )]
 pub async fn openapi() -> Response {
     (
@@ -765,8 +847,10 @@ pub async fn openapi() -> Response {
         .into_response()
 }
 
+/// The run a path names: any string that is not a run id (a version-7 UUID) names no run, so
+/// it is `not_found` as an unknown run is.
 fn parse_run_id(s: &str) -> Result<RunId, Problem> {
-    RunId::parse(s).map_err(|_| Problem::malformed("invalid_path:run_id"))
+    RunId::parse(s).map_err(|_| Problem::new(ProblemCode::NotFound))
 }
 
 /// An unknown path under `/v1`.

@@ -583,6 +583,10 @@ pub async fn decide(
         Some(DecisionOutcome::NotAuditable) => {
             " — the decision could not be recorded and nothing changed; send it again".to_owned()
         }
+        Some(DecisionOutcome::IdempotencyConflict) => {
+            " — the decision id was recorded for another run, card or body; nothing changed"
+                .to_owned()
+        }
         _ => String::new(),
     };
     bail!("decision refused: {outcome}{why}")

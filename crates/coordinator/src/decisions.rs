@@ -3,9 +3,13 @@
 //! The order is part of the contract, because each gate decides what the next may learn or
 //! burn. A malformed message is refused before its claims are read; an unauthenticated one
 //! before it can learn a recorded outcome or claim a decision id; a replay before any current
-//! fact is consulted, so it answers exactly what it answered the first time; and the cheap,
-//! run-level facts (waiting, same card) before the approver's authority, so that a stale tab
-//! is told it is stale whoever holds it.
+//! fact is consulted, so it answers exactly what it answered the first time — but only a replay
+//! of the same decision: a decision id is bound to the run, card and body it was first recorded
+//! with, and anything else naming it is refused `idempotency_conflict` and changes nothing. A
+//! run the approver may not see (and its producer may not follow) is answered as a run that
+//! does not exist, before any fact of it shows, so the gates are no oracle of other people's
+//! runs; then the cheap, run-level facts (waiting, same card) before the approver's authority,
+//! so that a stale tab of someone who may see the run is told it is stale.
 //!
 //! The gates read the run and decide; the release itself is the store's one guarded
 //! transaction (status, suspension number and digest repeated in its `UPDATE`), so a run that
@@ -13,9 +17,9 @@
 //! `not_awaiting_approval`. Refusals are recorded too (a row and an audit event, never a change
 //! to the run), so a replay returns the same refusal.
 
-use countersign_core::DecisionMessage;
+use countersign_core::{Approver, DecisionMessage};
 use countersign_store::{
-    DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision, RunStatus, StoredAgent,
+    DecidedRun, DecisionOutcome, DecisionRecord, NewDecision, Replay, RunStatus, StoredAgent,
 };
 
 use crate::producers::ProducerKind;
@@ -29,18 +33,20 @@ impl Coordinator {
     /// |---|---|---|
     /// | 1 | the body is a version-1 decision | `malformed` (dead-letter; nothing recorded) |
     /// | 2 | `producer` is present and may assert the approver | `unauthenticated_producer` (nothing recorded) |
-    /// | 3 | the decision id was recorded before | the recorded outcome again; nothing else happens |
-    /// | 4 | the run is `waiting_for_approval` | `not_awaiting_approval` |
-    /// | 5 | digest and suspension number are the run's current ones | `stale_turn` (denials too) |
-    /// | 6 | the directory lets the approver approve runs (admin, or its approve grant), or they are the run's acting user | `access_denied` |
-    /// | 7 | the agent configuration exists and is active | `configuration_gone` |
-    /// | 8 | an approval is not by the acting user under four-eyes (admins too) | `self_approval_denied` |
-    /// | 9 | approvals: the tool policy permits every pending write's tool for the approver | `approver_not_permitted` |
-    /// | 10 | decision row, audit event and transition to `queued`/`resume` commit together | `not_auditable` (run stays waiting) |
+    /// | 3 | the decision id was recorded before | for the same run, card and body: the recorded outcome again, nothing else happens; otherwise `idempotency_conflict` (not recorded) |
+    /// | 4 | the run exists, and the approver may decide on it or the producer may follow it (start runs as its acting user) | `not_awaiting_approval`, as for a run that does not exist: recorded, but not in the run's trail |
+    /// | 5 | the run is `waiting_for_approval` | `not_awaiting_approval` |
+    /// | 6 | digest and suspension number are the run's current ones | `stale_turn` (denials too) |
+    /// | 7 | the directory lets the approver approve runs (admin, or its approve grant), or they are the run's acting user | `access_denied` |
+    /// | 8 | the agent configuration exists and is active | `configuration_gone` |
+    /// | 9 | an approval is not by the acting user under four-eyes (admins too) | `self_approval_denied` |
+    /// | 10 | approvals: the tool policy permits every pending write's tool for the approver | `approver_not_permitted` |
+    /// | 11 | decision row, audit event and transition to `queued`/`resume` commit together | `not_auditable` (run stays waiting) |
     ///
-    /// Outcomes of gates 4–9 are recorded as refusals; `not_auditable` is not (the database
+    /// Outcomes of gates 4–10 are recorded as refusals; `not_auditable` is not (the database
     /// refused to store the audit), so a producer may send the same decision again and it is
-    /// gated afresh. A transient store error at gate 10 (see [`StoreError::is_transient`]) is
+    /// gated afresh; nor is `idempotency_conflict`, whose id belongs to the first decision. A
+    /// transient store error at gate 11 (see [`StoreError::is_transient`]) is
     /// no outcome at all: it is returned as an error, like a failure to read a gate's facts,
     /// and the caller requeues the delivery. A denial that passes every gate is accepted: it
     /// releases the turn so that the model is told.
@@ -60,16 +66,15 @@ impl Coordinator {
             }
         };
 
-        // 2–5 and 7 read their facts with one statement; each is consulted in its turn.
+        // 2–6 and 8 read their facts with one statement; each is consulted in its turn.
         let producer = producer.filter(|p| !p.is_empty());
         let facts = self
             .store
             .decision_facts(
-                decision.decision_id,
-                decision.run_id,
+                &decision,
                 producer.unwrap_or_default(),
                 ProducerKind::Approver.as_str(),
-                &decision.approver,
+                ProducerKind::ActingUser.as_str(),
             )
             .await?;
 
@@ -86,63 +91,82 @@ impl Coordinator {
             ));
         }
 
-        // 3. Replay.
-        if let Some(recorded) = facts.recorded {
-            return Ok(self.verdict(&decision, recorded, true));
+        // 3. Replay, of this very decision only.
+        match facts.recorded {
+            Some(Replay::Same(recorded)) => return Ok(self.verdict(&decision, recorded, true)),
+            Some(Replay::Conflict) => return Ok(self.conflict(&decision)),
+            None => {}
         }
 
-        // 4–9.
-        let outcome = self.gate(&decision, facts).await?;
-
-        // 10, and the record of a refusal.
-        self.record(&decision, outcome).await
-    }
-
-    /// Gates 4–9: `Accepted` when every gate passes.
-    async fn gate(
-        &self,
-        d: &DecisionMessage,
-        facts: DecisionFacts,
-    ) -> Result<DecisionOutcome, CoordinatorError> {
-        // 4. The run is waiting.
-        let run: DecidedRun = match facts.run {
-            Some(run) if run.status == RunStatus::WaitingForApproval => run,
-            _ => return Ok(DecisionOutcome::NotAwaitingApproval),
+        // 4. A run the approver may not see is one that does not exist.
+        let Some((run, approver)) = self.seen(&decision, facts.run).await? else {
+            return self
+                .record(&decision, DecisionOutcome::NotAwaitingApproval, false)
+                .await;
         };
 
-        // 5. The calls and the card reviewed are the current ones.
+        // 5–10.
+        let outcome = self.gate(&decision, run, approver, facts.agent);
+
+        // 11, and the record of a refusal.
+        self.record(&decision, outcome, true).await
+    }
+
+    /// Gate 4: the run, with the approver as the directory knows them (`None` for a user it
+    /// does not know or has disabled), when the approver may decide on it or the producer may
+    /// follow it; `None` when the run does not exist or neither may.
+    async fn seen(
+        &self,
+        d: &DecisionMessage,
+        run: Option<DecidedRun>,
+    ) -> Result<Option<(DecidedRun, Option<Approver>)>, CoordinatorError> {
+        let Some(run) = run else { return Ok(None) };
+        let approver = self.users.approver(&d.approver).await?;
+        let decides = approver.as_ref().is_some_and(|a| may_decide(a, d, &run));
+        Ok((decides || run.producer_follows).then_some((run, approver)))
+    }
+
+    /// Gates 5–10: `Accepted` when every gate passes.
+    fn gate(
+        &self,
+        d: &DecisionMessage,
+        run: DecidedRun,
+        approver: Option<Approver>,
+        agent: Option<StoredAgent>,
+    ) -> DecisionOutcome {
+        // 5. The run is waiting.
+        if run.status != RunStatus::WaitingForApproval {
+            return DecisionOutcome::NotAwaitingApproval;
+        }
+
+        // 6. The calls and the card reviewed are the current ones.
         if run.turn_digest.as_ref() != Some(&d.turn_digest)
             || run.suspension_seq != Some(d.suspension_seq)
         {
-            return Ok(DecisionOutcome::StaleTurn);
+            return DecisionOutcome::StaleTurn;
         }
 
-        // 6. The approver may act on the run: the directory lets them approve runs of its
+        // 7. The approver may act on the run: the directory lets them approve runs of its
         //    agent, or it is their own. An unknown or disabled user may not, whatever name it
         //    shares with the run's acting user.
         let owner = d.approver == run.acting_user;
-        let Some(approver) = self
-            .users
-            .approver(&d.approver)
-            .await?
-            .filter(|a| a.may_approve_runs_of(&run.agent) || owner)
-        else {
-            return Ok(DecisionOutcome::AccessDenied);
+        let Some(approver) = approver.filter(|a| may_decide(a, d, &run)) else {
+            return DecisionOutcome::AccessDenied;
         };
 
-        // 7. The configuration is still there and active.
-        let agent: StoredAgent = match facts.agent {
+        // 8. The configuration is still there and active.
+        let agent: StoredAgent = match agent {
             Some(agent) if agent.config.active => agent,
-            _ => return Ok(DecisionOutcome::ConfigurationGone),
+            _ => return DecisionOutcome::ConfigurationGone,
         };
 
         if d.approved {
-            // 8. Four-eyes: the initiator does not release their own run's writes.
+            // 9. Four-eyes: the initiator does not release their own run's writes.
             if agent.config.four_eyes && owner {
-                return Ok(DecisionOutcome::SelfApprovalDenied);
+                return DecisionOutcome::SelfApprovalDenied;
             }
 
-            // 9. The approver may release every write of the turn. An unknown tool counts as
+            // 10. The approver may release every write of the turn. An unknown tool counts as
             //    a non-idempotent write, and nobody is permitted to release it.
             let principal = approver.principal();
             let permitted = run
@@ -156,18 +180,21 @@ impl Coordinator {
                     }
                 });
             if !permitted {
-                return Ok(DecisionOutcome::ApproverNotPermitted);
+                return DecisionOutcome::ApproverNotPermitted;
             }
         }
 
-        Ok(DecisionOutcome::Accepted)
+        DecisionOutcome::Accepted
     }
 
     /// Records the gated outcome; for `Accepted`, in the transaction that releases the turn.
+    /// `in_trail`: whether the run's audit trail shows it (not for a run the approver may not
+    /// see).
     async fn record(
         &self,
         d: &DecisionMessage,
         outcome: DecisionOutcome,
+        in_trail: bool,
     ) -> Result<DecisionVerdict, CoordinatorError> {
         let new = NewDecision {
             decision_id: d.decision_id,
@@ -178,6 +205,7 @@ impl Coordinator {
             approver: d.approver.clone(),
             comment: d.comment.clone(),
             outcome,
+            in_trail,
         };
         let mut approval_wait = None;
         let record = match self.store.record_decision_timed(&new).await {
@@ -189,8 +217,13 @@ impl Coordinator {
                 // The commit itself may have failed after the database applied it: ask before
                 // saying nothing happened. If even the question cannot be answered, nobody
                 // knows; the redelivery's replay gate will.
-                match self.store.decision_outcome(d.decision_id).await? {
-                    Some(recorded) => DecisionRecord::Recorded(recorded),
+                match self
+                    .store
+                    .recorded_decision(d.decision_id, d.into())
+                    .await?
+                {
+                    Some(Replay::Same(recorded)) => DecisionRecord::Recorded(recorded),
+                    Some(Replay::Conflict) => DecisionRecord::Conflict,
                     // A lost connection, a serialization failure, a deadlock or a restarting
                     // server says nothing about the decision: it is an error, so the delivery
                     // is requeued and gated afresh, rather than an answer that leaves an
@@ -234,6 +267,7 @@ impl Coordinator {
         let verdict = match record {
             DecisionRecord::Recorded(recorded) => self.verdict(d, recorded, false),
             DecisionRecord::Replayed(recorded) => self.verdict(d, recorded, true),
+            DecisionRecord::Conflict => self.conflict(d),
             // Only an accepted decision can lose its transition; a refusal has none.
             DecisionRecord::TransitionLost => {
                 self.verdict(d, DecisionOutcome::NotAwaitingApproval, false)
@@ -243,6 +277,23 @@ impl Coordinator {
             approval_wait,
             ..verdict
         })
+    }
+
+    /// `idempotency_conflict`: the decision id is the one of another decision. Nothing is
+    /// recorded (the id is that decision's), so the caller announces it
+    /// ([`DecisionVerdict::unannounced`]).
+    fn conflict(&self, d: &DecisionMessage) -> DecisionVerdict {
+        tracing::warn!(
+            run.id = %d.run_id,
+            decision.id = %d.decision_id,
+            "decision id recorded before for another run, card or body"
+        );
+        DecisionVerdict::gated(
+            d.decision_id,
+            d.run_id,
+            DecisionOutcome::IdempotencyConflict,
+            false,
+        )
     }
 
     fn verdict(
@@ -261,4 +312,10 @@ impl Coordinator {
         );
         DecisionVerdict::gated(d.decision_id, d.run_id, outcome, replayed)
     }
+}
+
+/// Whether the directory lets `approver` decide on `run`: approve runs of its agent, or it is
+/// their own.
+fn may_decide(approver: &Approver, d: &DecisionMessage, run: &DecidedRun) -> bool {
+    approver.may_approve_runs_of(&run.agent) || d.approver == run.acting_user
 }

@@ -13,8 +13,10 @@
 //! content store's or the table directory: [`countersign_service::tools::tools`]).
 //!
 //! The gates of a decision, in order (see `Coordinator::gate_decision`): schema, producer,
-//! replay, run waiting, same turn and card, approver's access, configuration, four-eyes, the
-//! approver's tool permissions, and the one transaction that records and releases. A run
+//! replay (of the same run, card and body only; anything else naming the decision id is
+//! `idempotency_conflict`), a run the approver may see, run waiting, same turn and card,
+//! approver's access, configuration, four-eyes, the approver's tool permissions, and the one
+//! transaction that records and releases. A run
 //! request passes schema, producer, acting user and configuration before a run is created
 //! (see `Coordinator::gate_run_request`).
 //!

@@ -5,7 +5,7 @@
 //! as an administrator — every tool checks its permissions against that user.
 
 use countersign_core::RunRequest;
-use countersign_store::NewRun;
+use countersign_store::{NewRun, StoreError};
 
 use crate::producers::ProducerKind;
 use crate::{Coordinator, CoordinatorError, RequestOutcome, RequestVerdict};
@@ -20,8 +20,10 @@ impl Coordinator {
     ///    `unknown_acting_user`;
     /// 4. the agent configuration exists and is active → else `configuration_gone`;
     /// 5. the run is created `queued`/`start`, and `run.accepted` announced, in one
-    ///    transaction; a duplicate `request_id` returns the run created for it before
-    ///    (`created == false`), creates, announces and dispatches nothing.
+    ///    transaction; a duplicate `request_id` of the same producer with the same request
+    ///    returns the run created for it before (`created == false`), creates, announces and
+    ///    dispatches nothing; the same id with another request is `idempotency_conflict`. A
+    ///    request id is the producer's own: another producer's same id is another request.
     ///
     /// A refused request creates nothing; its `run.refused` is written to the outbox before the
     /// verdict is returned (unless the producer was not authenticated: then nothing is). A duplicate is gated like its first copy, so one
@@ -73,6 +75,8 @@ impl Coordinator {
             return refuse(RequestOutcome::ConfigurationGone).await;
         }
 
+        // Gate 2 passed, so `producer` is present.
+        let producer = producer.unwrap_or_default();
         let new = NewRun {
             request_id: request.request_id,
             agent: request.agent,
@@ -81,10 +85,17 @@ impl Coordinator {
             inputs: request.inputs,
         };
         let traceparent = crate::spans::current_traceparent();
-        let run = self
+        let run = match self
             .store
-            .create_traced_run(&new, traceparent.as_deref())
-            .await?;
+            .create_run_for(producer, &new, traceparent.as_deref())
+            .await
+        {
+            Ok(run) => run,
+            Err(StoreError::IdempotencyConflict) => {
+                return refuse(RequestOutcome::IdempotencyConflict).await;
+            }
+            Err(e) => return Err(e.into()),
+        };
         tracing::info!(
             run.id = %run.run_id,
             request.id = %request.request_id,

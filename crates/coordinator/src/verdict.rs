@@ -11,9 +11,9 @@
 //! decision) or, for a refused run request, which records nothing, by the gates themselves.
 //! The outbox relay publishes it, at least once; consumers deduplicate by `event_id`. A replayed
 //! decision or a duplicate run request announces nothing new — its first copy's event is in the
-//! outbox already — and the verdict's `event` is that first one. The one exception is
-//! `not_auditable`, which nothing recorded: the caller announces it
-//! ([`DecisionVerdict::unannounced`]). Dispatches are not repeated either: the reaper
+//! outbox already — and the verdict's `event` is that first one. The exceptions are
+//! `not_auditable` and `idempotency_conflict`, which nothing recorded: the caller announces
+//! them ([`DecisionVerdict::unannounced`]). Dispatches are not repeated either: the reaper
 //! re-publishes a queued run whose wake-up was never confirmed.
 //!
 //! Only outcomes of an authenticated producer are announced or answered. A malformed or
@@ -56,16 +56,20 @@ pub enum RequestOutcome {
     UnknownActingUser,
     /// The agent configuration does not exist or is not active.
     ConfigurationGone,
+    /// The producer's request id was used before for another request (agent, acting user,
+    /// prompt or inputs): nothing was created, and the first request's run is not told.
+    IdempotencyConflict,
 }
 
 impl RequestOutcome {
     /// Every outcome's code, for whoever must know them all (a metric's label values).
-    pub const CODES: [&'static str; 5] = [
+    pub const CODES: [&'static str; 6] = [
         "accepted",
         "malformed",
         "unauthenticated_producer",
         "unknown_acting_user",
         "configuration_gone",
+        "idempotency_conflict",
     ];
 
     pub fn code(&self) -> &'static str {
@@ -75,6 +79,7 @@ impl RequestOutcome {
             RequestOutcome::UnauthenticatedProducer => "unauthenticated_producer",
             RequestOutcome::UnknownActingUser => "unknown_acting_user",
             RequestOutcome::ConfigurationGone => "configuration_gone",
+            RequestOutcome::IdempotencyConflict => "idempotency_conflict",
         }
     }
 }
@@ -233,11 +238,14 @@ impl DecisionVerdict {
         self.outcome == DecisionCode::Gated(DecisionOutcome::Accepted)
     }
 
-    /// The event the caller must announce itself: only a `not_auditable` outcome's, which no
-    /// transaction recorded. Every other event of a verdict is in the outbox already.
+    /// The event the caller must announce itself: only that of a `not_auditable` or an
+    /// `idempotency_conflict` outcome, which no transaction recorded. Every other event of a
+    /// verdict is in the outbox already.
     pub fn unannounced(&self) -> Option<&Event> {
         match self.outcome {
-            DecisionCode::Gated(DecisionOutcome::NotAuditable) => self.event.as_ref(),
+            DecisionCode::Gated(
+                DecisionOutcome::NotAuditable | DecisionOutcome::IdempotencyConflict,
+            ) => self.event.as_ref(),
             _ => None,
         }
     }

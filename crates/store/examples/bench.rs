@@ -195,6 +195,7 @@ async fn lifecycle(store: Store, run: RunId) -> anyhow::Result<()> {
         approver: "alice".into(),
         comment: None,
         outcome: DecisionOutcome::Accepted,
+        in_trail: true,
     };
     anyhow::ensure!(
         store.record_decision(&decision).await?

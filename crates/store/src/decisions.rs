@@ -10,7 +10,7 @@
 //! even the decision row, and the run stays as the winner left it: an approval is never on
 //! record for a turn it did not release.
 
-use countersign_core::{RunId, SuspensionSeq, TurnDigest};
+use countersign_core::{DecisionMessage, RunId, SuspensionSeq, TurnDigest};
 use countersign_crypto::Purpose;
 use serde_json::json;
 use uuid::Uuid;
@@ -24,6 +24,8 @@ use crate::{outbox, Store, StoreError};
 ///
 /// `malformed` and `unauthenticated_producer` are not here on purpose: such a message is not
 /// recorded, or anyone able to publish could claim a decision id before its real approver.
+/// `not_auditable` and `idempotency_conflict` are published but never recorded: the first
+/// because the database refused the record, the second because its decision id is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DecisionOutcome {
     Accepted,
@@ -34,12 +36,13 @@ pub enum DecisionOutcome {
     SelfApprovalDenied,
     ApproverNotPermitted,
     NotAuditable,
+    IdempotencyConflict,
 }
 
 impl DecisionOutcome {
-    /// Every outcome, for whoever must know them all (a metric's label values).
-    pub const ALL: [DecisionOutcome; 8] = [
-        DecisionOutcome::Accepted,
+    /// Every outcome, in the order of the gates (a metric's label values, the parser).
+    pub const ALL: [DecisionOutcome; 9] = [
+        DecisionOutcome::IdempotencyConflict,
         DecisionOutcome::NotAwaitingApproval,
         DecisionOutcome::StaleTurn,
         DecisionOutcome::AccessDenied,
@@ -47,6 +50,7 @@ impl DecisionOutcome {
         DecisionOutcome::SelfApprovalDenied,
         DecisionOutcome::ApproverNotPermitted,
         DecisionOutcome::NotAuditable,
+        DecisionOutcome::Accepted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -59,6 +63,7 @@ impl DecisionOutcome {
             DecisionOutcome::SelfApprovalDenied => "self_approval_denied",
             DecisionOutcome::ApproverNotPermitted => "approver_not_permitted",
             DecisionOutcome::NotAuditable => "not_auditable",
+            DecisionOutcome::IdempotencyConflict => "idempotency_conflict",
         }
     }
 
@@ -81,6 +86,10 @@ pub struct NewDecision {
     /// What the gates decided. `Accepted` releases the turn (for a denial too: the model is
     /// told the calls were denied).
     pub outcome: DecisionOutcome,
+    /// Whether the decision's event joins the run's audit trail. `false` for a run its
+    /// producer may not see: the refusal is recorded (for replays) as for a run that does not
+    /// exist, and the run's history shows nothing of it.
+    pub in_trail: bool,
 }
 
 /// The decision a resume segment continues from.
@@ -97,10 +106,91 @@ pub struct AcceptedDecision {
 pub enum DecisionRecord {
     /// Recorded now with this outcome; an accepted one has released the turn.
     Recorded(DecisionOutcome),
-    /// The decision id was recorded before: its outcome, and nothing else happened.
+    /// The decision id was recorded before, for the same run, card and body: its outcome,
+    /// and nothing else happened.
     Replayed(DecisionOutcome),
+    /// The decision id was recorded before for another run, card or body: nothing happened.
+    Conflict,
     /// An accepted decision whose transition lost: nothing was recorded.
     TransitionLost,
+}
+
+/// What a decision id was recorded with before, as a new message naming it finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// The same run, card (suspension number, turn digest) and body (approved, approver,
+    /// comment): the recorded outcome.
+    Same(DecisionOutcome),
+    /// Anything else: `idempotency_conflict`.
+    Conflict,
+}
+
+/// What a decision names, to compare with what its id was recorded with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecisionBinding<'a> {
+    pub run_id: RunId,
+    pub suspension_seq: SuspensionSeq,
+    pub turn_digest: &'a TurnDigest,
+    pub approved: bool,
+    pub approver: &'a str,
+    pub comment: Option<&'a str>,
+}
+
+impl<'a> From<&'a DecisionMessage> for DecisionBinding<'a> {
+    fn from(d: &'a DecisionMessage) -> DecisionBinding<'a> {
+        DecisionBinding {
+            run_id: d.run_id,
+            suspension_seq: d.suspension_seq,
+            turn_digest: &d.turn_digest,
+            approved: d.approved,
+            approver: &d.approver,
+            comment: d.comment.as_deref(),
+        }
+    }
+}
+
+impl<'a> From<&'a NewDecision> for DecisionBinding<'a> {
+    fn from(d: &'a NewDecision) -> DecisionBinding<'a> {
+        DecisionBinding {
+            run_id: d.run_id,
+            suspension_seq: d.suspension_seq,
+            turn_digest: &d.turn_digest,
+            approved: d.approved,
+            approver: &d.approver,
+            comment: d.comment.as_deref(),
+        }
+    }
+}
+
+/// A `run_decisions` row as the replay gate reads it.
+struct RecordedRow {
+    run_id: Uuid,
+    suspension_seq: i32,
+    turn_digest: String,
+    approved: bool,
+    approver: String,
+    comment: Option<Vec<u8>>,
+    outcome: String,
+}
+
+impl RecordedRow {
+    /// The row from the columns of an outer join: `None` when the decision id was never
+    /// recorded.
+    fn of_columns(
+        (run_id, suspension_seq, turn_digest): (Option<Uuid>, Option<i32>, Option<String>),
+        (approved, approver, comment): (Option<bool>, Option<String>, Option<Vec<u8>>),
+        outcome: Option<String>,
+    ) -> Option<RecordedRow> {
+        Some(RecordedRow {
+            run_id: run_id?,
+            suspension_seq: suspension_seq?,
+            turn_digest: turn_digest?,
+            approved: approved?,
+            approver: approver?,
+            comment,
+            outcome: outcome?,
+        })
+    }
 }
 
 fn outcome(s: &str) -> Result<DecisionOutcome, StoreError> {
@@ -148,9 +238,10 @@ impl Store {
         // - `decided`, the decision row — for an accepted decision only if it released the
         //   turn: an approval is never on record for a turn it did not release. A concurrent
         //   insert of the same id makes this one wait for it; once it commits this inserts
-        //   nothing and is a replay, and if it rolls back this goes ahead.
+        //   nothing and is a replay (or a conflict), and if it rolls back this goes ahead.
         // - the audit row, numbered by the run's counter (a refused decision may name a run
-        //   that does not exist: it is still recorded, for replays, but has no trail to join);
+        //   that does not exist, or one its producer may not see: it is still recorded, for
+        //   replays, but joins no trail);
         // - the outbox row, announced whether or not the run exists: the producer learns its
         //   refusal either way.
         let announced = sqlx::query!(
@@ -175,7 +266,7 @@ impl Store {
                next AS (
                    INSERT INTO run_trails (run_id, last_sequence)
                    SELECT $2, 1 FROM decided
-                   WHERE EXISTS (SELECT 1 FROM runs WHERE id = $2)
+                   WHERE $13 AND EXISTS (SELECT 1 FROM runs WHERE id = $2)
                    ON CONFLICT (run_id) DO UPDATE
                        SET last_sequence = run_trails.last_sequence + 1
                    RETURNING last_sequence),
@@ -202,15 +293,17 @@ impl Store {
             payload,
             Uuid::now_v7(),
             outbox::stored_body(&event),
+            d.in_trail,
         )
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = announced else {
-            // Nothing committed. Lost to this very decision, recorded before or concurrently:
-            // a replay; otherwise an approval whose transition another decision, a cancel or
-            // the reaper won.
-            let record = match self.decision_outcome(d.decision_id).await? {
-                Some(recorded) => DecisionRecord::Replayed(recorded),
+            // Nothing committed. Lost to this decision id, recorded before or concurrently:
+            // a replay or a conflict; otherwise an approval whose transition another decision,
+            // a cancel or the reaper won.
+            let record = match self.recorded_decision(d.decision_id, d.into()).await? {
+                Some(Replay::Same(recorded)) => DecisionRecord::Replayed(recorded),
+                Some(Replay::Conflict) => DecisionRecord::Conflict,
                 None => DecisionRecord::TransitionLost,
             };
             return Ok((record, None));
@@ -228,7 +321,7 @@ impl Store {
         Ok((DecisionRecord::Recorded(d.outcome), waited))
     }
 
-    /// The recorded outcome of a decision id, if any: the coordinator's replay gate.
+    /// The recorded outcome of a decision id, whatever it was recorded for.
     pub async fn decision_outcome(
         &self,
         decision_id: Uuid,
@@ -240,6 +333,48 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         recorded.as_deref().map(outcome).transpose()
+    }
+
+    /// What the decision id was recorded with, compared with what `claim` names: the
+    /// coordinator's replay gate. `None` when the id was never recorded.
+    pub async fn recorded_decision(
+        &self,
+        decision_id: Uuid,
+        claim: DecisionBinding<'_>,
+    ) -> Result<Option<Replay>, StoreError> {
+        let row = sqlx::query_as!(
+            RecordedRow,
+            r#"SELECT run_id, suspension_seq, turn_digest, approved, approver, comment, outcome
+               FROM run_decisions WHERE decision_id = $1"#,
+            decision_id
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|row| self.replay(row, claim)).transpose()
+    }
+
+    /// Whether `row` was recorded for exactly what `claim` names, and its outcome if so.
+    fn replay(&self, row: RecordedRow, claim: DecisionBinding<'_>) -> Result<Replay, StoreError> {
+        let recorded = outcome(&row.outcome)?;
+        let same_card = row.run_id == claim.run_id.as_uuid()
+            && row.suspension_seq == claim.suspension_seq.as_i32()
+            && row.turn_digest == claim.turn_digest.as_str();
+        if !same_card || row.approved != claim.approved || row.approver != claim.approver {
+            return Ok(Replay::Conflict);
+        }
+        let comment = row
+            .comment
+            .map(|sealed| {
+                let plain = self.keyring.open(Purpose::Comment, claim.run_id, &sealed)?;
+                String::from_utf8(plain)
+                    .map_err(|_| StoreError::unreadable("run_decisions.comment"))
+            })
+            .transpose()?;
+        Ok(if comment.as_deref() == claim.comment {
+            Replay::Same(recorded)
+        } else {
+            Replay::Conflict
+        })
     }
 
     /// The decision that released suspension `seq` of the run, its comment opened: what a
@@ -294,21 +429,25 @@ impl Store {
     }
 
     /// Everything the gates of a decision read, by one statement: whether `producer` holds a
-    /// grant of `kind` for `approver` (`producer_grants`, as the coordinator's registry checks
-    /// it), the outcome recorded for the decision id, and the run with its agent's current
-    /// configuration. The gates use them in their order; reading them together changes
-    /// nothing they decide, because the release itself is guarded again by its `UPDATE`.
+    /// grant of `approver_kind` for the approver and one of `acting_kind` for the run's acting
+    /// user (`producer_grants`, as the coordinator's registry checks them), what the decision
+    /// id was recorded with, and the run with its agent's current configuration. The gates use
+    /// them in their order; reading them together changes nothing they decide, because the
+    /// release itself is guarded again by its `UPDATE`.
     pub async fn decision_facts(
         &self,
-        decision_id: Uuid,
-        run_id: RunId,
+        d: &DecisionMessage,
         producer: &str,
-        kind: &str,
-        approver: &str,
+        approver_kind: &str,
+        acting_kind: &str,
     ) -> Result<DecisionFacts, StoreError> {
         let r = sqlx::query!(
             r#"SELECT producer_may_assert($3, $4, $5) AS "granted!",
-                      (SELECT outcome FROM run_decisions WHERE decision_id = $1) AS "recorded?",
+                      coalesce(producer_may_assert($3, $6, r.acting_user), false) AS "follows!",
+                      d.run_id AS "recorded_run_id?", d.suspension_seq AS "recorded_seq?",
+                      d.turn_digest AS "recorded_digest?", d.approved AS "recorded_approved?",
+                      d.approver AS "recorded_approver?", d.comment AS "recorded_comment?",
+                      d.outcome AS "recorded_outcome?",
                       r.status AS "status?", r.suspension_seq AS "suspension_seq?",
                       r.turn_digest AS "turn_digest?", r.acting_user AS "acting_user?",
                       r.agent AS "run_agent?", r.pending_tools AS "pending_tools?",
@@ -321,16 +460,25 @@ impl Store {
                       a.approval_deadline_seconds AS "approval_deadline_seconds?",
                       a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?"
                FROM (SELECT 1) AS one
+               LEFT JOIN run_decisions d ON d.decision_id = $1
                LEFT JOIN runs r ON r.id = $2
                LEFT JOIN agents a ON a.name = r.agent"#,
-            decision_id,
-            run_id.as_uuid(),
+            d.decision_id,
+            d.run_id.as_uuid(),
             producer,
-            kind,
-            approver,
+            approver_kind,
+            &d.approver,
+            acting_kind,
         )
         .fetch_one(&self.pool)
         .await?;
+        let recorded = RecordedRow::of_columns(
+            (r.recorded_run_id, r.recorded_seq, r.recorded_digest),
+            (r.recorded_approved, r.recorded_approver, r.recorded_comment),
+            r.recorded_outcome,
+        )
+        .map(|row| self.replay(row, d.into()))
+        .transpose()?;
         let run = match (r.status, r.acting_user, r.run_agent, r.pending_tools) {
             (Some(status), Some(acting_user), Some(agent), Some(pending_tools)) => {
                 Some(DecidedRun {
@@ -347,6 +495,7 @@ impl Store {
                     acting_user,
                     agent,
                     pending_tools,
+                    producer_follows: r.follows,
                 })
             }
             _ => None,
@@ -367,7 +516,7 @@ impl Store {
         );
         Ok(DecisionFacts {
             producer_granted: r.granted,
-            recorded: r.recorded.as_deref().map(outcome).transpose()?,
+            recorded,
             run,
             agent,
         })
@@ -379,8 +528,8 @@ impl Store {
 pub struct DecisionFacts {
     /// The producer holds a grant for the approver.
     pub producer_granted: bool,
-    /// The outcome recorded for the decision id before, if any.
-    pub recorded: Option<DecisionOutcome>,
+    /// What the decision id was recorded with before, if it was.
+    pub recorded: Option<Replay>,
     /// `None` when the run does not exist.
     pub run: Option<DecidedRun>,
     /// The run's agent configuration; `None` when it is gone.
@@ -396,4 +545,6 @@ pub struct DecidedRun {
     pub acting_user: String,
     pub agent: String,
     pub pending_tools: Vec<String>,
+    /// The decision's producer may start runs as the run's acting user, and so may follow it.
+    pub producer_follows: bool,
 }

@@ -19,6 +19,10 @@ pub enum StoreError {
     /// The call was journaled already: executing it again would repeat a write.
     #[error("call already journaled")]
     AlreadyJournaled,
+    /// The id of a request was recorded before for another request (another run, card or
+    /// body): nothing was created or changed, and the first request's outcome is not told.
+    #[error("the id was recorded for another request")]
+    IdempotencyConflict,
     /// A stored value opened but does not parse, or a column holds a value this code does
     /// not know. `what` names the column, never its content.
     #[error("stored {what} is unreadable")]
@@ -38,6 +42,7 @@ impl StoreError {
             StoreError::RunNotFound(_) => "run_not_found",
             StoreError::NoState(_) => "state_missing",
             StoreError::AlreadyJournaled => "already_journaled",
+            StoreError::IdempotencyConflict => "idempotency_conflict",
             StoreError::Unreadable { .. } => "state_unreadable",
             StoreError::Crypto(e) => e.code(),
             StoreError::Database(e) => classify(e).1,

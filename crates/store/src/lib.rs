@@ -42,7 +42,8 @@ use tokio::sync::Notify;
 
 pub use agents::{AgentConfig, StoredAgent};
 pub use decisions::{
-    AcceptedDecision, DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision,
+    AcceptedDecision, DecidedRun, DecisionBinding, DecisionFacts, DecisionOutcome, DecisionRecord,
+    NewDecision, Replay,
 };
 pub use directory::{DirectoryUser, TableUsers};
 pub use error::{classify, StoreError};
@@ -55,7 +56,7 @@ pub use rotation::{ColumnRotation, RotationReport};
 pub use runs::{
     Claim, ClaimedInputs, CreatedRun, Lease, NewRun, Renewal, RunCounters, RunRecord, RunStatus,
     SealedDecision, Segment, SentCall, SentCallRef, Settlement, StoredRequest, TerminationReason,
-    WaitingRun,
+    WaitingRun, LOCAL_PRODUCER,
 };
 
 /// The migrations of the engine's schema (`migrations/`), embedded at build time.

@@ -22,6 +22,10 @@ use uuid::Uuid;
 use crate::agents::{AgentColumns, StoredAgent};
 use crate::{millis, outbox, Store, StoreError};
 
+/// The producer of the runs this repository's own tools create through
+/// [`Store::create_run`] (tests, benchmarks): no transport authenticated it.
+pub const LOCAL_PRODUCER: &str = "countersign:local";
+
 /// A run as requested by a producer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewRun {
@@ -542,20 +546,27 @@ impl SettlementColumns {
 }
 
 impl Store {
-    /// (new) → `queued`/`start`, with its `run.accepted` event in the same transaction. The
-    /// request id is unique: a duplicate returns the run created for it before, with
-    /// `created == false`, and changes nothing (its event was announced with it). The prompt is
-    /// sealed.
+    /// [`Store::create_run_for`] as this repository's own tools request runs (tests, benchmarks,
+    /// the demo's fixtures), under the producer [`LOCAL_PRODUCER`].
     pub async fn create_run(&self, new: &NewRun) -> Result<CreatedRun, StoreError> {
-        self.create_traced_run(new, None).await
+        self.create_run_for(LOCAL_PRODUCER, new, None).await
     }
 
-    /// [`Store::create_run`], keeping `traceparent` — the W3C trace context of the span that
-    /// creates the run, ids and flags only — so that the trace of the decision that releases it
-    /// can be linked to the request's ([`Store::request_traceparent`]). A duplicate keeps the
-    /// first copy's.
-    pub async fn create_traced_run(
+    /// (new) → `queued`/`start`, with its `run.accepted` event in the same transaction. The
+    /// request id is the producer's: a duplicate from the same producer with the same request
+    /// (agent, acting user, prompt and inputs) returns the run created for it before, with
+    /// `created == false`, and changes nothing (its event was announced with it); the same id
+    /// with another request is [`StoreError::IdempotencyConflict`]. The prompt is sealed.
+    ///
+    /// A run recorded before producers were (`producer` NULL, see migration 0018) keeps its id
+    /// for every producer: it is matched as a duplicate the same way, by its request.
+    ///
+    /// `traceparent` is the W3C trace context of the span that creates the run, ids and flags
+    /// only, so that the trace of the decision that releases it can be linked to the request's
+    /// ([`Store::request_traceparent`]). A duplicate keeps the first copy's.
+    pub async fn create_run_for(
         &self,
+        producer: &str,
         new: &NewRun,
         traceparent: Option<&str>,
     ) -> Result<CreatedRun, StoreError> {
@@ -573,10 +584,12 @@ impl Store {
         let announced = sqlx::query_as!(
             outbox::Row,
             r#"WITH created AS (
-                   INSERT INTO runs (id, request_id, agent, acting_user, status, segment, request,
-                                     request_traceparent)
-                   VALUES ($1, $2, $3, $4, 'queued', 'start', $5, $9)
-                   ON CONFLICT (request_id) DO NOTHING
+                   INSERT INTO runs (id, request_id, producer, agent, acting_user, status, segment,
+                                     request, request_traceparent)
+                   SELECT $1, $2, $9, $3, $4, 'queued', 'start', $5, $10
+                   WHERE NOT EXISTS (SELECT 1 FROM runs
+                                     WHERE request_id = $2 AND producer IS NULL)
+                   ON CONFLICT (producer, request_id) DO NOTHING
                    RETURNING id)
                INSERT INTO event_outbox (id, run_id, kind, body)
                SELECT $6, created.id, $7,
@@ -591,6 +604,7 @@ impl Store {
             Uuid::now_v7(),
             event.name,
             outbox::stored_body(&event),
+            producer,
             traceparent,
         )
         .fetch_optional(&self.pool)
@@ -602,19 +616,37 @@ impl Store {
                 created: true,
             });
         }
-        // The conflicting insert has committed (ON CONFLICT waited for it), so the row is
-        // visible to this new statement.
-        let existing =
-            sqlx::query_scalar!("SELECT id FROM runs WHERE request_id = $1", new.request_id)
-                .fetch_one(&self.pool)
-                .await?;
+        self.duplicate_run(producer, new).await
+    }
+
+    /// The run an earlier copy of `new` created, or [`StoreError::IdempotencyConflict`] when
+    /// the run its request id names was requested otherwise. The conflicting insert has
+    /// committed (ON CONFLICT waited for it), so the row is visible to this new statement.
+    async fn duplicate_run(&self, producer: &str, new: &NewRun) -> Result<CreatedRun, StoreError> {
+        let existing = sqlx::query!(
+            r#"SELECT id, agent, acting_user, request FROM runs
+               WHERE request_id = $1 AND (producer = $2 OR producer IS NULL)"#,
+            new.request_id,
+            producer,
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let run_id = run_id(existing.id)?;
+        let asked = self.open_request(run_id, &existing.request)?;
+        let same = existing.agent == new.agent
+            && existing.acting_user == new.acting_user
+            && asked.prompt == new.prompt
+            && asked.inputs == new.inputs;
+        if !same {
+            return Err(StoreError::IdempotencyConflict);
+        }
         Ok(CreatedRun {
-            run_id: run_id(existing)?,
+            run_id,
             created: false,
         })
     }
 
-    /// The trace context [`Store::create_traced_run`] kept for `run_id`; `None` for a run
+    /// The trace context [`Store::create_run_for`] kept for `run_id`; `None` for a run
     /// created untraced, or no such run.
     pub async fn request_traceparent(&self, run_id: RunId) -> Result<Option<String>, StoreError> {
         let kept = sqlx::query_scalar!(

@@ -310,10 +310,10 @@ async fn refusals_by_the_gates_are_mapped_to_403_409_and_422_and_change_nothing(
     h.post(&editor, &path, &decision_on(&card, true), &[])
         .await
         .problem(403, "self_approval_denied");
-    // A user who may not act on the run.
+    // A user who may not see the run is told what a run that does not exist would tell.
     h.post(&restricted, &path, &decision_on(&card, true), &[])
         .await
-        .problem(403, "access_denied");
+        .problem(409, "not_awaiting_approval");
     // A body that names no card.
     let problem = h
         .post(&admin, &path, &json!({"approved": true}), &[])

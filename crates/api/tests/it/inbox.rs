@@ -4,18 +4,39 @@
 use axum::http::Method;
 use sqlx::PgPool;
 
-use crate::support::{harness, Harness};
+use crate::support::{harness, Harness, Reply};
+
+/// The sign-in form as a browser gets it: the `name=value` of its cookie, and its CSRF token.
+async fn sign_in_form(h: &Harness) -> (String, String) {
+    let page = h.send(Method::GET, "/inbox/sign-in", &[], None).await;
+    assert_eq!(page.status, 200);
+    let cookie = page.header("set-cookie").expect("a sign-in cookie");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(cookie.contains(attribute), "{cookie}");
+    }
+    let cookie = cookie.split(';').next().unwrap().to_owned();
+    (cookie, hidden(&page.text(), "csrf"))
+}
+
+/// Posts the sign-in form with `token`, from the page `form` rendered.
+async fn post_sign_in(h: &Harness, form: &(String, String), token: &str) -> Reply {
+    let (cookie, csrf) = form;
+    h.send(
+        Method::POST,
+        "/inbox/sign-in",
+        &[
+            ("content-type", "application/x-www-form-urlencoded"),
+            ("cookie", cookie),
+        ],
+        Some(format!("csrf={csrf}&token={token}").into_bytes()),
+    )
+    .await
+}
 
 /// Signs in with `token`; returns the `name=value` of the session cookie.
 async fn sign_in(h: &Harness, token: &str) -> String {
-    let reply = h
-        .send(
-            Method::POST,
-            "/inbox/sign-in",
-            &[("content-type", "application/x-www-form-urlencoded")],
-            Some(format!("token={token}").into_bytes()),
-        )
-        .await;
+    let form = sign_in_form(h).await;
+    let reply = post_sign_in(h, &form, token).await;
     assert_eq!(reply.status, 303, "{}", reply.text());
     assert_eq!(reply.header("location"), Some("/inbox"));
     let cookie = reply.header("set-cookie").expect("a session cookie");
@@ -57,17 +78,55 @@ async fn every_inbox_page_forbids_scripts_framing_and_sniffing(pool: PgPool) {
     let inbox = h.send(Method::GET, "/inbox", &[], None).await;
     assert_eq!(inbox.status, 303);
     assert_eq!(inbox.header("location"), Some("/inbox/sign-in"));
-    let wrong = h
-        .send(
-            Method::POST,
-            "/inbox/sign-in",
-            &[("content-type", "application/x-www-form-urlencoded")],
-            Some(b"token=cst_wrong".to_vec()),
-        )
-        .await;
+    let form = sign_in_form(&h).await;
+    let wrong = post_sign_in(&h, &form, "cst_wrong").await;
     assert_eq!(wrong.status, 401);
     assert!(wrong.header("set-cookie").is_none());
     assert!(wrong.text().contains("did not sign you in"));
+    assert_eq!(hidden(&wrong.text(), "csrf"), form.1, "the same form again");
+    h.finish().await;
+}
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn a_sign_in_from_a_form_this_inbox_did_not_render_is_refused(pool: PgPool) {
+    let h = harness(pool).await;
+    let token = h.token("admin").await;
+    let (cookie, csrf) = sign_in_form(&h).await;
+    // Another site's form: no sign-in cookie (SameSite=Strict), or a token it made up.
+    for (cookie, csrf) in [
+        (String::new(), csrf.clone()),
+        (cookie.clone(), "0".repeat(64)),
+        (cookie.clone(), String::new()),
+    ] {
+        let refused = post_sign_in(&h, &(cookie, csrf), &token).await;
+        assert_eq!(refused.status, 403, "{}", refused.text());
+        assert!(
+            refused.text().contains("csrf_rejected"),
+            "{}",
+            refused.text()
+        );
+        assert!(refused.header("set-cookie").is_none(), "no session");
+    }
+    assert_eq!(
+        h.count("SELECT count(*) FROM web_sessions").await,
+        0,
+        "no session was opened"
+    );
+    // The form this inbox rendered signs in, and its cookie is cleared.
+    let signed_in = post_sign_in(&h, &(cookie, csrf), &token).await;
+    assert_eq!(signed_in.status, 303, "{}", signed_in.text());
+    let cookies: Vec<&str> = signed_in
+        .headers
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect();
+    assert!(
+        cookies
+            .iter()
+            .any(|c| c.starts_with("countersign-sign-in=;") && c.contains("Max-Age=0")),
+        "{cookies:?}"
+    );
     h.finish().await;
 }
 

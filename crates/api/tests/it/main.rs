@@ -3,8 +3,10 @@
 
 mod auth;
 mod decisions;
+mod idempotency;
 mod inbox;
 mod observe;
 mod openapi;
 mod runs;
 mod support;
+mod transport;

@@ -235,9 +235,16 @@ async fn a_run_is_shown_with_its_codes_to_whoever_may_follow_it_and_to_nobody_el
     assert_eq!(h.get(&h.token("approver").await, &path).await.status, 200);
     let restricted = h.token("restricted").await;
     h.get(&restricted, &path).await.problem(404, "not_found");
+    // A path that names no run names nothing: not a UUID, or a UUID that is not a run id.
     h.get(&restricted, "/v1/runs/not-a-run")
         .await
-        .problem(422, "malformed");
+        .problem(404, "not_found");
+    h.get(
+        &restricted,
+        "/v1/runs/6f1c1a4e-2b3d-4c5e-8f70-0123456789ab/card",
+    )
+    .await
+    .problem(404, "not_found");
     h.get(&restricted, "/v1/nothing-here")
         .await
         .problem(404, "not_found");

@@ -151,12 +151,43 @@ pub async fn harness_with_users(
     }
 }
 
-/// A response, read whole.
+/// A response, read whole, with the request it answers.
 #[derive(Debug)]
 pub struct Reply {
     pub status: u16,
     pub headers: HeaderMap,
     pub body: Vec<u8>,
+    method: Method,
+    path: String,
+}
+
+/// The codes the OpenAPI document lists for `status` of the operation that `method path` is
+/// a request of; `None` when no operation of the document matches the path.
+pub fn documented_codes(method: &Method, path: &str, status: u16) -> Option<Vec<String>> {
+    let doc: Value = serde_json::from_str(&countersign_api::openapi::document()).unwrap();
+    let path = path.split('?').next().unwrap_or_default();
+    let asked: Vec<&str> = path.split('/').collect();
+    let (_, operations) = doc["paths"].as_object()?.iter().find(|(template, _)| {
+        let parts: Vec<&str> = template.split('/').collect();
+        parts.len() == asked.len()
+            && parts
+                .iter()
+                .zip(&asked)
+                .all(|(t, a)| t == a || t.starts_with('{'))
+    })?;
+    let operation = operations.get(method.as_str().to_ascii_lowercase())?;
+    let schema = &operation["responses"][status.to_string()]["content"]["application/problem+json"]
+        ["schema"];
+    let codes = schema["allOf"][1]["properties"]["code"]["enum"]
+        .as_array()
+        .map(|codes| {
+            codes
+                .iter()
+                .filter_map(|c| c.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(codes)
 }
 
 impl Reply {
@@ -190,6 +221,15 @@ impl Reply {
             format!("urn:countersign:problem:{code}"),
             "{body}"
         );
+        // The document says so: every problem a test meets on an operation is listed for it.
+        if let Some(codes) = documented_codes(&self.method, &self.path, status) {
+            assert!(
+                codes.iter().any(|c| c == code),
+                "{} {} answered {status} {code}, which the OpenAPI document does not list ({codes:?})",
+                self.method,
+                self.path
+            );
+        }
         body
     }
 }
@@ -213,7 +253,7 @@ impl Harness {
     ) -> Reply {
         let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
         let mut request = Request::builder()
-            .method(method)
+            .method(method.clone())
             .uri(format!("http://{}{path}", self.addr));
         for (name, value) in headers {
             request = request.header(*name, *value);
@@ -227,6 +267,8 @@ impl Harness {
             status: parts.status.as_u16(),
             headers: parts.headers,
             body: body.collect().await.unwrap().to_bytes().to_vec(),
+            method,
+            path: path.to_owned(),
         }
     }
 

@@ -10,7 +10,9 @@ use countersign_core::{Approver, Approves, DirectoryError, Principal, UserDirect
 use countersign_store::TableUsers;
 use sqlx::PgPool;
 
-use crate::support::{assert_refused, bytes, harness, request, Harness, AGENT, INBOX, PORTAL};
+use crate::support::{
+    assert_refused, bytes, harness, request, Harness, AGENT, DESK, INBOX, PORTAL,
+};
 
 /// A directory of its own, unlike the content store's: it knows `auditor` (whom the content
 /// store does not) and lets them approve the runs of [`AGENT`], knows `approver` without the approve grant the
@@ -66,12 +68,12 @@ async fn the_decision_gate_lets_approve_whom_the_injected_directory_grants_and_n
 
     // Against the content store's users, `auditor` is nobody.
     let d = card.decision(true, "auditor");
-    assert_refused(&h.decide(&d, Some(INBOX)).await, &d, "access_denied");
+    assert_refused(&h.decide(&d, Some(DESK)).await, &d, "access_denied");
 
     // Against the directory's, `approver` holds no grant, whatever the content store says.
     let own = coordinator(&h, Directory::Own);
     let d = card.decision(true, "approver");
-    let v = own.take_decision(&bytes(&d), Some(INBOX)).await.unwrap();
+    let v = own.take_decision(&bytes(&d), Some(DESK)).await.unwrap();
     assert_refused(&v, &d, "access_denied");
     assert_eq!(h.row(card.run_id).await, before);
 
@@ -166,7 +168,7 @@ async fn the_table_directory_lets_approve_only_the_agents_a_grant_names_and_forg
         let table = table.clone();
         async move {
             (
-                table.take_decision(&bytes(&d), Some(INBOX)).await.unwrap(),
+                table.take_decision(&bytes(&d), Some(DESK)).await.unwrap(),
                 d,
             )
         }

@@ -13,8 +13,8 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::support::{
-    agent, assert_refused, assert_unrecorded, bytes, harness, Harness, AGENT, INBOX, KIOSK, PORTAL,
-    WRITERS,
+    agent, assert_refused, assert_unrecorded, bytes, harness, Harness, AGENT, DESK, INBOX, KIOSK,
+    PORTAL, WRITERS,
 };
 
 // 1. schema
@@ -128,7 +128,7 @@ async fn a_replayed_refusal_returns_the_recorded_refusal_although_the_facts_chan
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
     let d = card.decision(true, "restricted");
-    assert_refused(&h.decide(&d, Some(INBOX)).await, &d, "access_denied");
+    assert_refused(&h.decide(&d, Some(DESK)).await, &d, "access_denied");
 
     // `restricted` is given the grant afterwards; the replay is still what was recorded.
     sqlx::query("UPDATE content.users SET grants = '{agent_approve}' WHERE name = 'restricted'")
@@ -136,7 +136,7 @@ async fn a_replayed_refusal_returns_the_recorded_refusal_although_the_facts_chan
         .await
         .unwrap();
     let before = h.row(card.run_id).await;
-    let again = h.decide(&d, Some(INBOX)).await;
+    let again = h.decide(&d, Some(DESK)).await;
     assert_refused(&again, &d, "access_denied");
     assert!(again.replayed);
     assert_eq!(h.row(card.run_id).await, before);
@@ -144,7 +144,7 @@ async fn a_replayed_refusal_returns_the_recorded_refusal_although_the_facts_chan
 
     // A new decision by the same approver is gated on today's facts.
     assert!(h
-        .decide(&card.decision(true, "restricted"), Some(INBOX))
+        .decide(&card.decision(true, "restricted"), Some(DESK))
         .await
         .is_accepted());
 }
@@ -255,14 +255,14 @@ async fn an_approver_who_is_not_admin_granted_or_the_owner_is_access_denied(pool
     // disabled for the second round although it owns the run.
     for approver in ["restricted", "nobody"] {
         let d = card.decision(true, approver);
-        assert_refused(&h.decide(&d, Some(INBOX)).await, &d, "access_denied");
+        assert_refused(&h.decide(&d, Some(DESK)).await, &d, "access_denied");
     }
     sqlx::query("UPDATE content.users SET disabled = true WHERE name = 'editor'")
         .execute(&h.pool)
         .await
         .unwrap();
     let d = card.decision(false, "editor");
-    assert_refused(&h.decide(&d, Some(INBOX)).await, &d, "access_denied");
+    assert_refused(&h.decide(&d, Some(DESK)).await, &d, "access_denied");
 
     assert_eq!(h.row(card.run_id).await, before);
     assert_eq!(h.decisions(card.run_id).await.len(), 3);
@@ -536,21 +536,25 @@ async fn a_second_decision_on_a_released_card_is_not_awaiting_approval_rather_th
 }
 
 #[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
-async fn a_stale_decision_by_someone_without_access_is_stale(pool: PgPool) {
+async fn a_stale_decision_by_someone_without_access_on_a_run_the_producer_follows_is_stale(
+    pool: PgPool,
+) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
     let mut d = card.decision(true, "restricted");
     d["turn_digest"] = json!("f".repeat(64));
-    assert_refused(&h.decide(&d, Some(INBOX)).await, &d, "stale_turn");
+    assert_refused(&h.decide(&d, Some(DESK)).await, &d, "stale_turn");
 }
 
 #[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
-async fn a_decision_without_access_on_a_gone_configuration_is_access_denied(pool: PgPool) {
+async fn a_decision_without_access_on_a_gone_configuration_the_producer_follows_is_access_denied(
+    pool: PgPool,
+) {
     let h = harness(pool).await;
     let card = h.suspended_run("editor").await;
     h.store.delete_agent(AGENT).await.unwrap();
     let d = card.decision(true, "restricted");
-    assert_refused(&h.decide(&d, Some(INBOX)).await, &d, "access_denied");
+    assert_refused(&h.decide(&d, Some(DESK)).await, &d, "access_denied");
 }
 
 #[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]

@@ -6,6 +6,7 @@
 
 mod directory;
 mod gates;
+mod idempotency;
 mod producers;
 mod recording;
 mod release;

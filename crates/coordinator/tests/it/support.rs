@@ -26,6 +26,9 @@ pub const INBOX: &str = "inbox";
 pub const KIOSK: &str = "kiosk";
 /// The broker user of the editorial portal: may start runs as `editor` and `admin`.
 pub const PORTAL: &str = "portal";
+/// The broker user of the editor's desk: may assert any approver and start runs as `editor`,
+/// so it may follow `editor`'s runs whoever decides on them.
+pub const DESK: &str = "desk";
 
 const SCRIPT: &str = r#"{"turns": [
   {"tool_calls": [
@@ -85,6 +88,8 @@ pub async fn harness(pool: PgPool) -> Harness {
         (KIOSK, ProducerKind::Approver, "approver"),
         (PORTAL, ProducerKind::ActingUser, "editor"),
         (PORTAL, ProducerKind::ActingUser, "admin"),
+        (DESK, ProducerKind::Approver, ANY),
+        (DESK, ProducerKind::ActingUser, "editor"),
     ] {
         producers::allow(&pool, user, kind, name).await.unwrap();
     }

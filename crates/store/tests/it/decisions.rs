@@ -17,6 +17,7 @@ fn decision(run: RunId, st: &SuspendedRunState, outcome: DecisionOutcome) -> New
         approver: "alice".into(),
         comment: Some("Keep the old description.".into()),
         outcome,
+        in_trail: true,
     }
 }
 

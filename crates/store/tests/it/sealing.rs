@@ -83,6 +83,7 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
             approver: "alice".into(),
             comment: Some(format!("comment {i}")),
             outcome: DecisionOutcome::Accepted,
+            in_trail: true,
         };
         assert_eq!(
             before.record_decision(&decision).await.unwrap(),

@@ -110,6 +110,7 @@ pub fn accept(run: RunId, st: &SuspendedRunState) -> NewDecision {
         approver: "alice".into(),
         comment: None,
         outcome: DecisionOutcome::Accepted,
+        in_trail: true,
     }
 }
 

@@ -466,29 +466,47 @@ async fn a_segment_holding_an_old_epoch_can_neither_suspend_settle_renew_nor_wri
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
-async fn a_duplicate_request_id_returns_the_existing_run(pool: PgPool) {
+async fn a_duplicate_request_id_returns_the_existing_run_and_another_request_under_it_conflicts(
+    pool: PgPool,
+) {
     let store = store(pool.clone());
     let request = new_run("first prompt");
     let first = store.create_run(&request).await.unwrap();
     assert!(first.created);
-    let again = countersign_store::NewRun {
-        prompt: "another prompt".into(),
-        inputs: None,
-        ..request.clone()
-    };
-    let second = store.create_run(&again).await.unwrap();
+    let second = store.create_run(&request).await.unwrap();
     assert_eq!(second.run_id, first.run_id);
     assert!(!second.created);
+
+    // The same id with another prompt, or other inputs, creates nothing and names no run.
+    let prompt = countersign_store::NewRun {
+        prompt: "another prompt".into(),
+        ..request.clone()
+    };
+    let inputs = countersign_store::NewRun {
+        inputs: Some(serde_json::Map::from_iter([("page".into(), 12.into())])),
+        ..request.clone()
+    };
+    for other in [prompt, inputs] {
+        assert!(matches!(
+            store.create_run(&other).await,
+            Err(countersign_store::StoreError::IdempotencyConflict)
+        ));
+    }
     assert_eq!(
         store.load_prompt(first.run_id).await.unwrap(),
         "first prompt"
     );
+
+    // Another producer's same id is another request.
+    let theirs = store.create_run_for("portal", &request, None).await.unwrap();
+    assert!(theirs.created);
+    assert_ne!(theirs.run_id, first.run_id);
     let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE request_id = $1")
         .bind(request.request_id)
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(runs, 1);
+    assert_eq!(runs, 2);
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
@@ -691,16 +709,9 @@ async fn every_termination_reason_and_decision_outcome_fits_the_schema(pool: PgP
         assert_eq!(TerminationReason::parse(reason.as_str()), Some(reason));
     }
 
-    let outcomes = [
-        DecisionOutcome::NotAwaitingApproval,
-        DecisionOutcome::StaleTurn,
-        DecisionOutcome::AccessDenied,
-        DecisionOutcome::ConfigurationGone,
-        DecisionOutcome::SelfApprovalDenied,
-        DecisionOutcome::ApproverNotPermitted,
-        DecisionOutcome::NotAuditable,
-        DecisionOutcome::Accepted,
-    ];
+    // `accepted` last: it releases the run the refusals leave waiting.
+    let outcomes = DecisionOutcome::ALL;
+    assert_eq!(outcomes.last(), Some(&DecisionOutcome::Accepted));
     let (run, st) = waiting(&store).await;
     for outcome in outcomes {
         let d = NewDecision {

@@ -134,6 +134,7 @@ impl Harness {
                 approver: "admin".into(),
                 comment: None,
                 outcome: DecisionOutcome::Accepted,
+                in_trail: true,
             })
             .await
             .unwrap();
