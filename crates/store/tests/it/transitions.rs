@@ -498,7 +498,10 @@ async fn a_duplicate_request_id_returns_the_existing_run_and_another_request_und
     );
 
     // Another producer's same id is another request.
-    let theirs = store.create_run_for("portal", &request, None).await.unwrap();
+    let theirs = store
+        .create_run_for("portal", &request, None)
+        .await
+        .unwrap();
     assert!(theirs.created);
     assert_ne!(theirs.run_id, first.run_id);
     let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE request_id = $1")
