@@ -324,6 +324,7 @@ mod tests {
             RequestOutcome::UnauthenticatedProducer,
             RequestOutcome::UnknownActingUser,
             RequestOutcome::ConfigurationGone,
+            RequestOutcome::IdempotencyConflict,
         ];
         let codes: Vec<_> = requests.iter().map(RequestOutcome::code).collect();
         assert_eq!(codes, RequestOutcome::CODES);
