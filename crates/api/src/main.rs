@@ -25,7 +25,7 @@ struct Args {
     /// Where to serve /v1 and /inbox.
     #[arg(long, env = "COUNTERSIGN_API_ADDR", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Where to serve /metrics, /healthz and /readyz (e.g. 0.0.0.0:9466); none when unset.
+    /// Where to serve /metrics, /healthz and /readyz (e.g. 0.0.0.0:9467); none when unset.
     #[arg(long, env = "COUNTERSIGN_HTTP_ADDR")]
     http_addr: Option<SocketAddr>,
     /// The header an authenticating proxy sets to the signed-in user (e.g. X-Forwarded-User);
