@@ -1,7 +1,8 @@
 //! What the tests, the demo and the bench need the same way, written once: a throwaway
 //! database ([`Database`]), an OpenAI-compatible model that answers what it is told
 //! ([`ModelStub`]), and the service binaries started, awaited and stopped as an installation
-//! would ([`Process`]).
+//! would ([`Process`]). With the feature `site`, the demo site, an agent and the worker's
+//! segment runner over them (`site::Site`), for the suites of the crates around the worker.
 //!
 //! It is test support: a dev-dependency of the test suites and a dependency of the
 //! `countersign-dev` binary, never of anything that ships. It must never fake a step the
@@ -11,10 +12,15 @@
 mod database;
 mod model;
 mod process;
+#[cfg(feature = "site")]
+pub mod site;
 
 pub use database::Database;
-pub use model::{messages_with_role, ModelStub, Recorded, Reply};
-pub use process::{binary, free_port, http_get, is_ready, process_runs, Process};
+pub use model::{chat_answer, messages_with_role, ModelStub, Recorded, Reply};
+pub use process::{binary, counter_total, free_port, http_get, process_runs, wait_until, Process};
+
+/// A fixed test keyring (32 zero bytes): these tests are about behaviour, not about keys.
+pub const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
 
 /// PostgreSQL, where the tests find it: `DATABASE_URL`, by default the local server.
 pub fn database_url() -> String {

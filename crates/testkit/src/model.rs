@@ -53,7 +53,7 @@ impl Reply {
 
     /// A chat completion whose one choice says `content` and calls `calls` (name, arguments).
     pub fn chat(content: &str, calls: &[(&str, Value)]) -> Reply {
-        Reply::new(200, &chat_completion(content, calls).to_string())
+        Reply::new(200, &chat_answer(content, calls).to_string())
     }
 
     /// HTTP 429, asking the caller to come back in `seconds`.
@@ -79,7 +79,7 @@ impl Reply {
 }
 
 /// A chat completion body: one choice saying `content` and calling `calls`.
-fn chat_completion(content: &str, calls: &[(&str, Value)]) -> Value {
+pub fn chat_answer(content: &str, calls: &[(&str, Value)]) -> Value {
     let tool_calls: Vec<Value> = calls
         .iter()
         .enumerate()

@@ -52,10 +52,36 @@ pub fn http_get(port: u16, path: &str) -> Option<(String, String)> {
     Some((head.lines().next()?.to_owned(), body.to_owned()))
 }
 
-/// Whether `GET /readyz` on 127.0.0.1:`port` answers 200.
-pub fn is_ready(port: u16) -> bool {
-    http_get(port, "/readyz")
-        .is_some_and(|(status, _)| status.split_whitespace().nth(1) == Some("200"))
+/// The sum of a Prometheus counter's samples (every label set) in a `/metrics` body.
+pub fn counter_total(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
+        .sum()
+}
+
+/// Polls `probe` every 20 ms until it yields a value, or fails; fails once `within` has passed
+/// without one, saying what it waited for.
+pub async fn wait_until<T>(
+    what: &str,
+    within: Duration,
+    mut probe: impl AsyncFnMut() -> anyhow::Result<Option<T>>,
+) -> anyhow::Result<T> {
+    let started = Instant::now();
+    loop {
+        if let Some(value) = probe().await? {
+            return Ok(value);
+        }
+        ensure!(
+            started.elapsed() < within,
+            "timed out after {within:?} waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Whether process `pid` exists and is not a zombie (dead, its status not yet collected).
@@ -117,10 +143,6 @@ impl Process {
         Ok(process)
     }
 
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -158,16 +180,9 @@ impl Process {
 
     /// Waits up to `within` for the process to exit; `None` if it is still running.
     pub async fn exit_within(&mut self, within: Duration) -> Option<ExitStatus> {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.exited() {
-                return Some(status);
-            }
-            if started.elapsed() >= within {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until("it exits", within, async || Ok(self.exited()))
+            .await
+            .ok()
     }
 
     /// SIGTERM, then its exit status; SIGKILL and an error if it has not exited within
@@ -191,26 +206,18 @@ impl Process {
         path: &str,
         within: Duration,
     ) -> anyhow::Result<()> {
-        let started = Instant::now();
-        loop {
+        let what = format!("{} is ready", self.name);
+        let ready = wait_until(&what, within, async || {
             if let Some(status) = self.exited() {
-                bail!(
-                    "{} exited {status} before it was ready:\n{}",
-                    self.name,
-                    self.log_tail()
-                );
+                bail!("{} exited {status} before it was ready", self.name);
             }
-            if http_get(port, path).is_some_and(|(status, _)| status.contains(" 200")) {
-                return Ok(());
-            }
-            ensure!(
-                started.elapsed() < within,
-                "{} was not ready within {within:?}:\n{}",
-                self.name,
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            let answer = http_get(port, path);
+            Ok(answer
+                .is_some_and(|(status, _)| status.contains(" 200"))
+                .then_some(()))
+        })
+        .await;
+        ready.map_err(|e| anyhow::anyhow!("{e}:\n{}", self.log_tail()))
     }
 
     /// [`Process::wait_for_http`] on `/readyz`.
