@@ -22,23 +22,25 @@
 //! the worker starts, for its first wave, and with the runs requested at once — the
 //! coordinator's intake, RSS, heartbeat statements per second and PostgreSQL connections.
 
-mod figures;
-mod long;
-
 use std::collections::{HashMap, HashSet};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use countersign_coordinator::{producers, Coordinator, ProducerKind};
-use countersign_core::{RunRequest, ToolPolicy};
+use countersign_core::RunRequest;
 use countersign_crypto::{KeyId, Keyring};
 use countersign_model::ScriptedModel;
 use countersign_queue::{Broker, Consumer, MessageProperties, QueueConfig, Topology};
 use countersign_service::tools::Tools;
 use countersign_store::{AgentConfig, Store};
-use countersign_testkit::Database;
+use countersign_testkit::site::agent;
+use countersign_testkit::{
+    binary, counter_total, free_port, http_get, Database, ModelStub, Process, Reply,
+};
 use countersign_worker::service::WorkerConfig;
 use countersign_worker::{Models, SegmentRunner};
 use serde_json::{json, Value};
@@ -46,13 +48,6 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use uuid::Uuid;
-
-pub use figures::init_tracing;
-use figures::{
-    amqp_round_trips, commit_ceiling, print_phase, print_profile, publish_ceiling, reset_profile,
-    rss_bytes, update_commits, Counters, Latencies,
-};
-pub use long::serve_model_stub;
 
 const SCRIPT: &str = include_str!("../bench-agent.json");
 const AGENT: &str = "bench-agent";
@@ -87,7 +82,7 @@ async fn bench(db: &Database, amqp_addr: &str, config: &BenchConfig) -> anyhow::
     // Checked first, so a missing worker binary stops the bench before its first figure.
     let worker = match config.long_segments {
         0 => None,
-        _ => Some(long::WorkerEnv::new(
+        _ => Some(WorkerEnv::new(
             db,
             amqp_addr,
             &bench.queue_prefix,
@@ -131,7 +126,7 @@ async fn bench(db: &Database, amqp_addr: &str, config: &BenchConfig) -> anyhow::
     while services.join_next().await.is_some() {}
 
     if let Some(worker) = &worker {
-        long::long_segments(&bench, worker, config).await?;
+        long_segments(&bench, worker, config).await?;
     }
     bench.broker.delete_topology().await?;
     bench.pool.close().await;
@@ -165,12 +160,10 @@ impl Bench {
         let keys = Keyring::generate_entry(&KeyId::parse("bench")?);
         let store = Store::new(pool.clone(), Arc::new(Keyring::parse(&keys)?));
         store
-            .upsert_agent(&agent(
-                AGENT,
-                json!({"provider": "scripted"}),
-                vec!["update_page_metadata".into()],
-                5,
-            ))
+            .upsert_agent(&AgentConfig {
+                model: json!({"provider": "scripted"}),
+                ..agent(AGENT, &["update_page_metadata"], false)
+            })
             .await?;
         let queue_prefix = format!("bench-{}", Uuid::now_v7());
         let topology = Topology::new(queue_prefix.clone());
@@ -197,30 +190,17 @@ impl Bench {
 
     /// The coordinator and one worker, in this process, until `stop` is notified.
     async fn start_services(&self, stop: &Arc<Notify>) -> anyhow::Result<JoinSet<()>> {
-        let Tools {
-            registry,
-            local,
-            users,
-            ..
-        } = self.tools().await?;
-        let (registry, local) = (Arc::new(registry), Arc::new(local));
         let mut services = JoinSet::new();
         // Each service gets a store of its own, as in its own process: its relay wakes for its
         // own commits only. They share the connection pool.
         let keyring = Arc::new(Keyring::ephemeral());
         let service_store = || Store::new(self.pool.clone(), keyring.clone());
-        let coordinator = Coordinator::with_users(service_store(), registry.clone(), users.clone());
+        let models = Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?));
+        let ttl = Duration::from_secs(30);
+        let runner = SegmentRunner::new(service_store(), self.tools().await?, models, ttl);
+        let (registry, users) = (runner.registry.clone(), runner.users.clone());
+        let coordinator = Coordinator::with_users(service_store(), registry, users);
         spawn_coordinator(&mut services, coordinator, &self.broker, stop);
-        let runner = SegmentRunner {
-            store: service_store(),
-            registry,
-            local,
-            models: Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?)),
-            users,
-            lease_ttl: Duration::from_secs(30),
-            heartbeat: Default::default(),
-            settler: Default::default(),
-        };
         spawn_worker(
             &mut services,
             runner,
@@ -246,23 +226,6 @@ impl Bench {
             early: Vec::new(),
             done: Vec::new(),
         })
-    }
-}
-
-/// An agent of the bench: no allow-list, the writers `enabled`, no second approver.
-fn agent(name: &str, model: Value, enabled: Vec<String>, max_iterations: u32) -> AgentConfig {
-    AgentConfig {
-        name: name.into(),
-        active: true,
-        model,
-        policy: ToolPolicy {
-            enabled_tools: enabled,
-            ..ToolPolicy::default()
-        },
-        max_iterations,
-        max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-        four_eyes: false,
-        approval_deadline: Duration::from_secs(3600),
     }
 }
 
@@ -677,4 +640,864 @@ async fn verify(pool: &PgPool, done: &[Cycle]) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Prints one phase's row; returns the CPU seconds a cycle cost the three processes.
+fn print_phase(
+    name: &str,
+    rate: f64,
+    latency: &Latencies,
+    before: &Counters,
+    after: &Counters,
+    cycles: usize,
+) -> f64 {
+    let per = |a: f64, b: f64| (b - a) / cycles as f64;
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{:<28} {:>9.1} {:>26} {:>6.1} {:>6.1} {:>6.1} {:>8.0} {:>6.1} {:>7.1}ms {:>7.1}ms {:>7.1}ms",
+        name,
+        rate,
+        format!(
+            "{:.1} / {:.1} / {:.1} ms",
+            ms(latency.percentile(50)),
+            ms(latency.percentile(95)),
+            ms(latency.percentile(99))
+        ),
+        per(before.statements as f64, after.statements as f64),
+        per(before.commits as f64, after.commits as f64),
+        per(before.writes as f64, after.writes as f64),
+        per(before.wal_bytes as f64, after.wal_bytes as f64),
+        per(before.publishes as f64, after.publishes as f64),
+        per(before.cpu.this, after.cpu.this) * 1000.0,
+        per(before.cpu.postgres, after.cpu.postgres) * 1000.0,
+        per(before.cpu.rabbitmq, after.cpu.rabbitmq) * 1000.0,
+    );
+    per(before.cpu.total(), after.cpu.total())
+}
+
+/// Counters read before and after a phase.
+#[derive(Debug, Clone, Copy)]
+struct Counters {
+    statements: u64,
+    /// `pg_stat_database.xact_commit`: every committed transaction, a read-only statement
+    /// outside a transaction included.
+    commits: i64,
+    /// Transaction ids assigned (the next one, from `pg_current_snapshot()`): the transactions
+    /// that wrote, each one a WAL flush at its commit.
+    writes: i64,
+    wal_bytes: i64,
+    publishes: u64,
+    cpu: CpuTimes,
+}
+
+impl Counters {
+    async fn read(pool: &PgPool) -> anyhow::Result<Counters> {
+        // A backend reports its statistics when it goes idle, at most once a second: wait, then
+        // have every connection of the pool run a statement so each one reports.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let mut conns = Vec::new();
+        while let Ok(Some(conn)) = tokio::time::timeout(Duration::from_millis(50), pool.acquire())
+            .await
+            .map(Result::ok)
+        {
+            conns.push(conn);
+        }
+        for conn in &mut conns {
+            sqlx::query("SELECT 1").execute(&mut **conn).await?;
+        }
+        drop(conns);
+        sqlx::query("SELECT pg_stat_clear_snapshot()")
+            .execute(pool)
+            .await?;
+        let (commits, writes, wal_bytes): (i64, i64, i64) = sqlx::query_as(
+            "SELECT (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()),
+                    pg_snapshot_xmax(pg_current_snapshot())::text::int8,
+                    (SELECT wal_bytes::int8 FROM pg_stat_wal)",
+        )
+        .fetch_one(pool)
+        .await?;
+        Ok(Counters {
+            statements: STATEMENTS.load(Ordering::Relaxed),
+            commits,
+            writes,
+            wal_bytes,
+            publishes: countersign_queue::published_total(),
+            cpu: CpuTimes::now(None),
+        })
+    }
+}
+
+/// CPU seconds so far of this process, a worker process, PostgreSQL's and RabbitMQ's.
+#[derive(Debug, Clone, Copy)]
+struct CpuTimes {
+    this: f64,
+    /// 0 without a worker process.
+    worker: f64,
+    postgres: f64,
+    rabbitmq: f64,
+}
+
+impl CpuTimes {
+    fn now(worker: Option<u32>) -> CpuTimes {
+        CpuTimes {
+            this: cpu_seconds(|pid, _| pid == std::process::id()),
+            worker: worker.map_or(0.0, |worker| cpu_seconds(|pid, _| pid == worker)),
+            postgres: cpu_seconds(|_, comm| comm == "postgres"),
+            rabbitmq: cpu_seconds(|_, comm| comm == "beam.smp"),
+        }
+    }
+
+    /// The CPU seconds of all of them together.
+    fn total(&self) -> f64 {
+        self.this + self.worker + self.postgres + self.rabbitmq
+    }
+}
+
+/// SQL statements issued by this process, as sqlx logs them.
+static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
+/// Tracing for the bench: the usual log lines, and a count of every statement sqlx issues.
+pub fn init_tracing(verbose: bool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let filter = countersign_service::telemetry::log_filter(verbose);
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let statements = StatementCounter.with_filter(
+        tracing_subscriber::filter::Targets::new()
+            .with_target("sqlx::query", tracing::Level::TRACE),
+    );
+    tracing_subscriber::registry()
+        .with(log)
+        .with(statements)
+        .init();
+    if std::env::var_os("COUNTERSIGN_BENCH_PROFILE").is_some() {
+        let _ = PROFILE.set(Default::default());
+    }
+}
+
+struct StatementCounter;
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for StatementCounter {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        STATEMENTS.fetch_add(1, Ordering::Relaxed);
+        let mut text = StatementText(String::new());
+        event.record(&mut text);
+        if let Some(profile) = PROFILE.get() {
+            let key: String = text.0.split_whitespace().collect::<Vec<_>>().join(" ");
+            let key: String = key.chars().take(90).collect();
+            *profile
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(key)
+                .or_default() += 1;
+        }
+    }
+}
+
+/// Statements by their first words, when `COUNTERSIGN_BENCH_PROFILE` is set.
+static PROFILE: std::sync::OnceLock<std::sync::Mutex<HashMap<String, u64>>> =
+    std::sync::OnceLock::new();
+
+/// The statement a sqlx log event is about.
+struct StatementText(String);
+
+impl tracing::field::Visit for StatementText {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "db.statement" || (field.name() == "summary" && self.0.is_empty()) {
+            self.0 = value.to_owned();
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "db.statement" || (field.name() == "summary" && self.0.is_empty()) {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+fn reset_profile() {
+    if let Some(profile) = PROFILE.get() {
+        profile.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+/// Prints the statements of a phase by kind, per cycle, and starts counting afresh.
+fn print_profile(cycles: usize) {
+    let Some(profile) = PROFILE.get() else { return };
+    let mut counts: Vec<(String, u64)> = profile
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .drain()
+        .collect();
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
+    for (statement, n) in counts.iter().take(40) {
+        println!("    {:>6.2}  {statement}", *n as f64 / cycles as f64);
+    }
+}
+
+/// CPU seconds (user + system) of the processes `matches` picks by pid and command, from
+/// `/proc`.
+fn cpu_seconds(matches: impl Fn(u32, &str) -> bool) -> f64 {
+    proc_stats()
+        .filter(|(pid, comm, _)| matches(*pid, comm))
+        .map(|(_, _, ticks)| ticks)
+        .sum::<u64>() as f64
+        / CLOCK_TICKS
+}
+
+/// `sysconf(_SC_CLK_TCK)` on Linux.
+const CLOCK_TICKS: f64 = 100.0;
+
+/// (pid, command, utime + stime) of every process.
+fn proc_stats() -> impl Iterator<Item = (u32, String, u64)> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let (head, tail) = stat.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1.to_owned();
+            let fields: Vec<&str> = tail.split_whitespace().collect();
+            // After the command: state is field 3; utime and stime are fields 14 and 15.
+            let utime: u64 = fields.get(11)?.parse().ok()?;
+            let stime: u64 = fields.get(12)?.parse().ok()?;
+            Some((pid, comm, utime + stime))
+        })
+}
+
+/// The resident set of process `pid`, from `/proc`; 0 when it cannot be read.
+fn rss_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+        * 1024
+}
+
+async fn amqp_round_trips(broker: &Broker, n: usize) -> anyhow::Result<Latencies> {
+    let queue = broker.declare_private_queue().await?;
+    let mut consumer = broker.consume(&queue, 1).await?;
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        broker
+            .publish_message(&queue, b"{}", &MessageProperties::default())
+            .await?;
+        let delivery = consumer
+            .next()
+            .await
+            .context("the baseline consumer closed")??;
+        delivery.ack().await?;
+        samples.push(t.elapsed());
+    }
+    Ok(Latencies::new(samples))
+}
+
+async fn update_commits(pool: &PgPool, n: usize) -> anyhow::Result<Latencies> {
+    sqlx::query("CREATE TABLE bench_baseline (id int PRIMARY KEY, n bigint NOT NULL)")
+        .execute(pool)
+        .await?;
+    sqlx::query("INSERT INTO bench_baseline SELECT i, 0 FROM generate_series(1, 64) AS i")
+        .execute(pool)
+        .await?;
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        sqlx::query("UPDATE bench_baseline SET n = n + 1 WHERE id = 1")
+            .execute(pool)
+            .await?;
+        samples.push(t.elapsed());
+    }
+    Ok(Latencies::new(samples))
+}
+
+/// Single-row commits per second from `connections` connections at once, each on its own row.
+async fn commit_ceiling(
+    pool: &PgPool,
+    connections: usize,
+    period: Duration,
+) -> anyhow::Result<f64> {
+    let until = Instant::now() + period;
+    let mut tasks = tokio::task::JoinSet::new();
+    for id in 1..=connections.min(64) as i32 {
+        let pool = pool.clone();
+        tasks.spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < until {
+                sqlx::query("UPDATE bench_baseline SET n = n + 1 WHERE id = $1")
+                    .bind(id)
+                    .execute(&pool)
+                    .await?;
+                n += 1;
+            }
+            Ok::<u64, sqlx::Error>(n)
+        });
+    }
+    let mut total = 0;
+    while let Some(done) = tasks.join_next().await {
+        total += done??;
+    }
+    Ok(total as f64 / period.as_secs_f64())
+}
+
+/// Confirmed publishes per second with `in_flight` confirms outstanding at once.
+async fn publish_ceiling(broker: &Broker, n: usize, in_flight: usize) -> anyhow::Result<f64> {
+    let queue = broker.declare_private_queue().await?;
+    let bodies = (0..n).map(|i| format!("{{\"n\":{i}}}").into_bytes());
+    let started = Instant::now();
+    publish_pipelined(
+        broker,
+        &queue,
+        bodies,
+        &MessageProperties::default(),
+        in_flight,
+    )
+    .await?;
+    Ok(n as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Publishes every body to `queue` with up to `in_flight` confirms awaited at once, as a
+/// producer sending a burst does; returns once the broker confirmed them all.
+async fn publish_pipelined(
+    broker: &Broker,
+    queue: &str,
+    bodies: impl Iterator<Item = Vec<u8>>,
+    properties: &MessageProperties,
+    in_flight: usize,
+) -> anyhow::Result<()> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for body in bodies {
+        if tasks.len() >= in_flight {
+            tasks
+                .join_next()
+                .await
+                .context("a publish task vanished")???;
+        }
+        let (broker, queue, properties) = (broker.clone(), queue.to_owned(), properties.clone());
+        tasks.spawn(async move { broker.publish_message(&queue, &body, &properties).await });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(())
+}
+
+/// Sorted latency samples.
+struct Latencies(Vec<Duration>);
+
+impl Latencies {
+    fn new(mut samples: Vec<Duration>) -> Self {
+        samples.sort();
+        Latencies(samples)
+    }
+
+    fn percentile(&self, p: usize) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = (p * self.0.len()).div_ceil(100).clamp(1, self.0.len());
+        self.0[rank - 1]
+    }
+
+    fn summary(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        format!(
+            "p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+            ms(self.percentile(50)),
+            ms(self.percentile(95)),
+            ms(self.percentile(99)),
+            ms(self.0.last().copied().unwrap_or_default())
+        )
+    }
+}
+
+// The long-segment part: thousands of segments at once in one `countersign-worker` process,
+// each waiting seconds for a model stub in a process of its own.
+
+const LONG_AGENT: &str = "bench-long";
+/// The `application_name` of the worker's connections, to count them.
+const WORKER_APPLICATION: &str = "countersign-bench-worker";
+/// The variable the long agent's model settings name for their (stand-in) API key.
+const STUB_KEY_ENV: &str = "COUNTERSIGN_BENCH_STUB_KEY";
+const LONG_LEASE_TTL_SECS: u64 = 6;
+
+/// Thousands of segments at once in one `countersign-worker`, each waiting seconds for its
+/// model.
+async fn long_segments(
+    bench: &Bench,
+    worker: &WorkerEnv,
+    config: &BenchConfig,
+) -> anyhow::Result<()> {
+    let n = config.long_segments;
+    // The stub runs in a process of its own, as the worker does: each process's figures are
+    // its own.
+    let stub = StubProcess::start(config.model_latency).await?;
+    let model = json!({
+        "provider": "openai", "base_url": format!("http://127.0.0.1:{}/v1", stub.port),
+        "model": "stub", "api_key_env": STUB_KEY_ENV,
+        "timeout_secs": 120,
+    });
+    let long_agent = AgentConfig {
+        model,
+        max_iterations: 2,
+        ..agent(LONG_AGENT, &[], false)
+    };
+    bench.store.upsert_agent(&long_agent).await?;
+    let stop = Arc::new(Notify::new());
+    let mut services = JoinSet::new();
+    let tools = bench.tools().await?;
+    let coordinator =
+        Coordinator::with_users(bench.store.clone(), Arc::new(tools.registry), tools.users);
+    spawn_coordinator(&mut services, coordinator, &bench.broker, &stop);
+    let watch = bench.broker.declare_private_queue().await?;
+    bench.broker.bind_events(&watch, "run.*").await?;
+    let mut long = Long {
+        bench,
+        worker,
+        stub,
+        events: bench.broker.consume(&watch, 1000).await?,
+        latency: config.model_latency,
+    };
+    println!();
+    println!(
+        "long segments: {n} runs in flight in one countersign-worker process (--concurrency {n}, its default pool), \
+         the model answering in {:.1} s",
+        long.latency.as_secs_f64()
+    );
+    // The worker alone first, on a backlog queued before it starts.
+    let backlog = long.backlog(n).await?;
+    long.print_backlog(&backlog, n);
+    long.requested_at_once(n).await?;
+    // For scale: the same backlog with a quarter as many in flight, where the cores are not
+    // the bound.
+    if n / 4 > 0 {
+        let smaller = long.backlog(n / 4).await?;
+        long.print_quarter(&smaller, n / 4);
+    }
+    stop.notify_waiters();
+    while services.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// What the long-segment part works with.
+struct Long<'a> {
+    bench: &'a Bench,
+    worker: &'a WorkerEnv,
+    stub: StubProcess,
+    /// Every `run.*` event of the bench's queues.
+    events: Consumer,
+    latency: Duration,
+}
+
+impl Long<'_> {
+    /// The ideal rate with `n` in flight: N / latency.
+    fn ideal(&self, n: usize) -> f64 {
+        n as f64 / self.latency.as_secs_f64()
+    }
+
+    fn print_backlog(&self, backlog: &Backlog, n: usize) {
+        let ideal = self.ideal(n);
+        let per_run = |a: f64, b: f64| (b - a) / backlog.queued as f64;
+        let (before, after) = (&backlog.before, &backlog.after);
+        let first_wave = n as f64 / (backlog.seen.completed[n - 1] - backlog.started).as_secs_f64();
+        println!(
+            "  steady state:       {:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — completions {n} to {}, \
+             {:.1} s, of {} runs queued before the worker started; {} model calls in flight midway",
+            backlog.steady,
+            100.0 * backlog.steady / ideal,
+            2 * n,
+            backlog.window.as_secs_f64(),
+            backlog.queued,
+            backlog.seen.midway_calls
+        );
+        println!(
+            "  first wave:         {first_wave:.0} runs/s ({:.0} %) — the first {n} completions, {:.1} s from the worker's start \
+             (the ramp: every run claimed and sent to the model before the first answers)",
+            100.0 * first_wave / ideal,
+            (backlog.seen.completed[n - 1] - backlog.started).as_secs_f64()
+        );
+        println!(
+            "  per run: {:.1} commits ({:.1} that wrote), CPU {:.2} ms the worker, {:.2} ms PostgreSQL, {:.2} ms RabbitMQ \
+             (the stub's and the bench's own processes not counted); {} runs in {:.1} s",
+            per_run(before.commits as f64, after.commits as f64),
+            per_run(before.writes as f64, after.writes as f64),
+            per_run(before.cpu.worker, after.cpu.worker) * 1000.0,
+            per_run(before.cpu.postgres, after.cpu.postgres) * 1000.0,
+            per_run(before.cpu.rabbitmq, after.cpu.rabbitmq) * 1000.0,
+            backlog.queued,
+            backlog.elapsed.as_secs_f64()
+        );
+        println!(
+            "  worker RSS {:.0} MB at most; heartbeat statements {:.2}/s (lease ttl {LONG_LEASE_TTL_SECS} s); \
+             PostgreSQL connections the worker used: {} at most",
+            backlog.seen.rss as f64 / 1e6,
+            backlog.heartbeats / backlog.elapsed.as_secs_f64(),
+            backlog.seen.connections
+        );
+        println!(
+            "  intake:             {:.0} runs/s — the coordinator (in the bench's process) accepted the {} requests, published \
+             with 256 confirms in flight, in {:.1} s, before the worker started",
+            backlog.queued as f64 / backlog.intake.as_secs_f64(),
+            backlog.queued,
+            backlog.intake.as_secs_f64()
+        );
+    }
+
+    /// End to end: the runs are requested at once, so the coordinator's gates (in this
+    /// process) and the claims run while the first segments wait on the model.
+    async fn requested_at_once(&mut self, n: usize) -> anyhow::Result<()> {
+        let process = self.worker.start(n).await?;
+        let started = Instant::now();
+        request_long_runs(&self.bench.broker, &self.bench.as_producer, n).await?;
+        let seen = self.await_long_runs(&process, n).await?;
+        let elapsed = started.elapsed();
+        process.stop().await?;
+        let rate = n as f64 / elapsed.as_secs_f64();
+        let ideal = self.ideal(n);
+        println!(
+            "  requested at once:  {rate:.0} runs/s against the ideal {ideal:.0}: {:.0} % — {n} runs in {:.1} s; \
+             at most {} model calls in flight; worker RSS {:.0} MB",
+            100.0 * rate / ideal,
+            elapsed.as_secs_f64(),
+            seen.peak_calls,
+            seen.rss as f64 / 1e6
+        );
+        Ok(())
+    }
+
+    fn print_quarter(&self, smaller: &Backlog, quarter: usize) {
+        let ideal = self.ideal(quarter);
+        let per_run = |a: f64, b: f64| (b - a) / smaller.queued as f64 * 1000.0;
+        println!(
+            "  a quarter in flight: steady state {:.0} runs/s against the ideal {ideal:.0}: {:.0} % ({quarter} in flight, \
+             completions {quarter} to {}); per run CPU {:.2} ms the worker, {:.2} ms PostgreSQL, {:.2} ms RabbitMQ; \
+             worker RSS {:.0} MB",
+            smaller.steady,
+            100.0 * smaller.steady / ideal,
+            2 * quarter,
+            per_run(smaller.before.cpu.worker, smaller.after.cpu.worker),
+            per_run(smaller.before.cpu.postgres, smaller.after.cpu.postgres),
+            per_run(smaller.before.cpu.rabbitmq, smaller.after.cpu.rabbitmq),
+            smaller.seen.rss as f64 / 1e6
+        );
+    }
+
+    /// Three times `n` runs queued before a worker with `n` slots starts, and its steady
+    /// state.
+    async fn backlog(&mut self, n: usize) -> anyhow::Result<Backlog> {
+        let pool = &self.bench.pool;
+        let queued = 3 * n;
+        let requested = Instant::now();
+        request_long_runs(&self.bench.broker, &self.bench.as_producer, queued).await?;
+        let mut accepted = 0;
+        while accepted < queued {
+            if next_event(&mut self.events).await?["event"] == "run.accepted" {
+                accepted += 1;
+            }
+        }
+        let intake = requested.elapsed();
+        let before = Counters::read(pool).await?;
+        // The worker's start-up (its connections, its topology check) is in its first wave.
+        let started = Instant::now();
+        let process = self.worker.start(n).await?;
+        let seen = self.await_long_runs(&process, queued).await?;
+        let elapsed = started.elapsed();
+        let heartbeats = process.metric("countersign_heartbeat_statements_total")?;
+        // CPU times now, while the worker and its server processes run (an exited process's
+        // time is gone from /proc); the statistics once it stopped, as its server processes
+        // report theirs when they exit (an idle one may wait ten seconds).
+        let cpu = CpuTimes::now(Some(process.pid()));
+        process.stop().await?;
+        let after = Counters {
+            cpu,
+            ..Counters::read(pool).await?
+        };
+        let window = seen.completed[2 * n - 1] - seen.completed[n - 1];
+        Ok(Backlog {
+            queued,
+            intake,
+            started,
+            elapsed,
+            steady: n as f64 / window.as_secs_f64(),
+            window,
+            seen,
+            before,
+            after,
+            heartbeats,
+        })
+    }
+
+    /// Waits for `n` runs to complete, sampling the model calls in flight, the worker's RSS
+    /// and the database connections it holds every hundred completions.
+    async fn await_long_runs(
+        &mut self,
+        worker: &WorkerProcess,
+        n: usize,
+    ) -> anyhow::Result<LongRuns> {
+        let mut seen = LongRuns {
+            peak_calls: 0,
+            midway_calls: 0,
+            rss: 0,
+            connections: 0,
+            completed: Vec::with_capacity(n),
+        };
+        while seen.completed.len() < n {
+            let event = next_event(&mut self.events).await?;
+            match event["event"].as_str() {
+                Some("run.completed") => seen.completed.push(Instant::now()),
+                Some("run.failed") => bail!("a long run failed: {event}"),
+                _ => continue,
+            }
+            let completed = seen.completed.len();
+            if completed == n / 2 {
+                seen.midway_calls = self.stub.in_flight()?;
+            }
+            if completed.is_multiple_of(100) {
+                seen.rss = seen.rss.max(rss_bytes(worker.pid()));
+                seen.peak_calls = seen.peak_calls.max(self.stub.in_flight()?);
+                let used = worker_connections(&self.bench.pool).await?;
+                seen.connections = seen.connections.max(used);
+            }
+        }
+        Ok(seen)
+    }
+}
+
+/// The PostgreSQL connections the worker process holds now.
+async fn worker_connections(pool: &PgPool) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = $1",
+    )
+    .bind(WORKER_APPLICATION)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Three times `n` runs queued before a worker with `n` slots starts, and its steady state:
+/// the rate between the `n`-th completion (the first wave is through) and the `2n`-th (about
+/// when the last queued run is taken), while every completion frees a slot the backlog fills
+/// at once.
+struct Backlog {
+    queued: usize,
+    /// From the first request's publish to the last `run.accepted`, before the worker starts.
+    intake: Duration,
+    started: Instant,
+    /// From the worker's start to the last completion.
+    elapsed: Duration,
+    steady: f64,
+    window: Duration,
+    seen: LongRuns,
+    before: Counters,
+    after: Counters,
+    /// The worker's lease renewal statements, from its start to the last completion.
+    heartbeats: f64,
+}
+
+/// Requests `n` runs of the long agent through the queue, as a producer sending a burst does:
+/// 256 confirms in flight, so the requests reach the coordinator as fast as the broker takes
+/// them rather than at the pace of one confirm after another.
+async fn request_long_runs(
+    broker: &Broker,
+    as_producer: &MessageProperties,
+    n: usize,
+) -> anyhow::Result<()> {
+    let requests = (0..n).map(|_| {
+        let request = RunRequest {
+            request_id: Uuid::now_v7(),
+            agent: LONG_AGENT.into(),
+            acting_user: "editor".into(),
+            prompt: "Say done.".into(),
+            inputs: None,
+        };
+        request.to_json().to_string().into_bytes()
+    });
+    publish_pipelined(
+        broker,
+        &broker.topology().run_requests(),
+        requests,
+        as_producer,
+        256,
+    )
+    .await
+}
+
+/// What was seen while long runs completed.
+struct LongRuns {
+    peak_calls: u64,
+    /// Model calls in flight at the middle completion.
+    midway_calls: u64,
+    rss: u64,
+    connections: i64,
+    /// When each run's `run.completed` arrived, in order.
+    completed: Vec<Instant>,
+}
+
+/// How the long-segment part starts `countersign-worker`: as an installation does, against the
+/// bench's database, queues and keys.
+struct WorkerEnv {
+    binary: std::path::PathBuf,
+    /// The bench database, with the worker's connections named [`WORKER_APPLICATION`].
+    database_url: String,
+    amqp_addr: String,
+    queue_prefix: String,
+    keys: String,
+}
+
+impl WorkerEnv {
+    fn new(
+        db: &Database,
+        amqp_addr: &str,
+        queue_prefix: &str,
+        keys: &str,
+    ) -> anyhow::Result<WorkerEnv> {
+        use sqlx::ConnectOptions;
+        let binary = binary("countersign-worker")?;
+        let mut url = db.options()?.to_url_lossy();
+        url.query_pairs_mut()
+            .append_pair("application_name", WORKER_APPLICATION);
+        Ok(WorkerEnv {
+            binary,
+            database_url: url.to_string(),
+            amqp_addr: amqp_addr.into(),
+            queue_prefix: queue_prefix.into(),
+            keys: keys.into(),
+        })
+    }
+
+    /// A worker running `concurrency` segments at once, serving its metrics; returns once it
+    /// answers on them.
+    async fn start(&self, concurrency: usize) -> anyhow::Result<WorkerProcess> {
+        let port = free_port();
+        let mut command = Command::new(&self.binary);
+        command
+            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--lease-ttl-secs", &LONG_LEASE_TTL_SECS.to_string()])
+            .args(["--poll-interval-secs", "1"])
+            .args(["--http-addr", &format!("127.0.0.1:{port}")])
+            .env("DATABASE_URL", &self.database_url)
+            .env("AMQP_ADDR", &self.amqp_addr)
+            .env("COUNTERSIGN_QUEUE_PREFIX", &self.queue_prefix)
+            .env("COUNTERSIGN_KEYS", &self.keys)
+            .env_remove("COUNTERSIGN_KEY_FILE")
+            .env(STUB_KEY_ENV, "stub")
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let mut process = Process::spawn("countersign-worker", &mut command)?;
+        process
+            .wait_for_http(port, "/healthz", Duration::from_secs(30))
+            .await?;
+        Ok(WorkerProcess { process, port })
+    }
+}
+
+/// A running `countersign-worker`; killed if dropped before [`WorkerProcess::stop`].
+struct WorkerProcess {
+    process: Process,
+    /// Where it serves its metrics.
+    port: u16,
+}
+
+impl WorkerProcess {
+    fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// The value of an unlabelled metric the worker serves.
+    fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        let (_, body) = http_get(self.port, "/metrics").context("the worker's /metrics")?;
+        let served = body
+            .lines()
+            .any(|line| line.starts_with(&format!("{name} ")));
+        anyhow::ensure!(served, "the worker serves no {name}");
+        Ok(counter_total(&body, name))
+    }
+
+    /// SIGTERM, as an installation stops it; waits for it to exit 0.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        let status = self.process.terminate(Duration::from_secs(30)).await?;
+        anyhow::ensure!(status.success(), "countersign-worker exited {status}");
+        Ok(())
+    }
+}
+
+/// The model stub's process (`countersign-dev bench-model-stub`), killed when dropped.
+struct StubProcess {
+    _process: Process,
+    port: u16,
+}
+
+impl StubProcess {
+    async fn start(latency: Duration) -> anyhow::Result<StubProcess> {
+        use std::io::BufRead;
+        let mut command = Command::new(std::env::current_exe()?);
+        command
+            .args(["bench-model-stub", "--latency-ms"])
+            .arg(latency.as_millis().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut child = command.spawn().context("starting the model stub")?;
+        let stdout = child.stdout.take().context("the stub's stdout")?;
+        let process = Process::from(child);
+        // One line, written as soon as it listens.
+        let line = tokio::task::spawn_blocking(move || {
+            let mut line = String::new();
+            std::io::BufReader::new(stdout)
+                .read_line(&mut line)
+                .map(|_| line)
+        })
+        .await??;
+        let port = line
+            .trim()
+            .strip_prefix("listening on 127.0.0.1:")
+            .with_context(|| format!("the stub said {line:?}"))?
+            .parse()?;
+        Ok(StubProcess {
+            _process: process,
+            port,
+        })
+    }
+
+    /// The model calls the stub is answering now.
+    fn in_flight(&self) -> anyhow::Result<u64> {
+        let (_, body) = http_get(self.port, "/in-flight").context("the stub's /in-flight")?;
+        Ok(body.trim().parse()?)
+    }
+}
+
+/// Serves the stub (`countersign-dev bench-model-stub`): the test kit's OpenAI-compatible
+/// stub answering "Done." after `latency`, and `GET /in-flight`; prints where it listens, and
+/// stops when its stdin closes (when the bench that started it ends).
+pub async fn serve_model_stub(latency: Duration) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let stub = ModelStub::replying(vec![Reply::chat("Done.", &[]).after(latency)]);
+    println!("listening on 127.0.0.1:{}", stub.port());
+    std::io::stdout().flush()?;
+    tokio::task::spawn_blocking(|| std::io::stdin().read_to_end(&mut Vec::new())).await??;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let l = Latencies::new((1..=100).rev().map(Duration::from_millis).collect());
+        assert_eq!(l.percentile(50), Duration::from_millis(50));
+        assert_eq!(l.percentile(99), Duration::from_millis(99));
+        assert_eq!(l.percentile(100), Duration::from_millis(100));
+        assert_eq!(Latencies::new(vec![]).percentile(50), Duration::ZERO);
+    }
 }

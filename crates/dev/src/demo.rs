@@ -23,20 +23,22 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Output};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use countersign_coordinator::{producers, ProducerKind};
-use countersign_core::{RunId, ToolPolicy};
+use countersign_core::RunId;
 use countersign_crypto::{KeyId, Keyring};
 use countersign_queue::Broker;
-use countersign_store::{AgentConfig, RunRecord, RunStatus, Store};
-use countersign_testkit::{binary, free_port, process_runs, Database, ModelStub, Process, Reply};
+use countersign_store::{RunRecord, RunStatus, Store};
+use countersign_testkit::{
+    binary, free_port, process_runs, wait_until, Database, ModelStub, Process, Reply,
+};
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::{connect_broker, store_without_keys};
+use crate::connect_broker;
 
 const AGENT: &str = "seo-assistant";
 const ACTING_USER: &str = "editor";
@@ -112,7 +114,6 @@ struct Demo {
     /// Connected once the services declared the queues.
     broker: Option<Broker>,
     amqp_addr: String,
-    launch: Launch,
     model: ModelStub,
     services: Services,
     prefix: String,
@@ -156,14 +157,18 @@ impl Demo {
         ]);
         let env = Env::new(db.url(), amqp_addr, &prefix, &dir)?;
         Ok(Demo {
-            store: store_without_keys(pool.clone()),
+            // It opens no sealed value: a throwaway keyring.
+            store: Store::new(pool.clone(), Arc::new(Keyring::ephemeral())),
             pool,
             db,
             broker: None,
             amqp_addr: amqp_addr.to_owned(),
-            launch: Launch { dir, env },
             model,
-            services: Services::default(),
+            services: Services {
+                dir,
+                env,
+                running: Vec::new(),
+            },
             prefix,
         })
     }
@@ -182,7 +187,7 @@ impl Demo {
             .delete_topology()
             .await
             .context("deleting the demo's queues")?;
-        let dir = &self.launch.dir;
+        let dir = &self.services.dir;
         std::fs::remove_file(dir.join(QUEUES_FILE)).ok();
         if behaved {
             std::fs::remove_dir_all(dir).ok();
@@ -219,10 +224,10 @@ impl Demo {
 
     /// The agents, the services and the broker user the demo's commands publish as.
     async fn set_up(&mut self) -> anyhow::Result<()> {
-        self.configure().await?;
+        self.configure()?;
         self.start_services().await?;
         let broker = connect_broker(&self.amqp_addr, &self.prefix).await?;
-        let user = self.allow_producer(&broker).await?;
+        let user = self.allow_producer(&broker)?;
         self.broker = Some(broker);
         println!(
             "Set up: database {} (migrated, demo site seeded) and queues {}.*;",
@@ -457,8 +462,8 @@ impl Demo {
     async fn crash(&mut self) -> anyhow::Result<()> {
         let (run_id, doomed) = self.kill_the_waiting_worker().await?;
         self.rescue(run_id, &doomed).await?;
-        self.services.restart(&self.launch, &doomed)?;
-        self.services.wait_ready(&self.launch, &doomed).await?;
+        self.services.restart(&doomed)?;
+        self.services.wait_ready(&doomed).await?;
         println!(
             "   A supervisor would start the dead worker again; the demo does: {doomed} (pid {}) is ready.\n",
             self.services.pid(&doomed)?
@@ -570,13 +575,9 @@ impl Demo {
     /// `--keep`, until they are stopped by hand).
     async fn web_inbox(&mut self) -> anyhow::Result<()> {
         let port = free_port();
-        self.services.start(
-            &self.launch,
-            "api",
-            API,
-            &["--listen", &format!("127.0.0.1:{port}")],
-        )?;
-        self.services.wait_ready(&self.launch, "api").await?;
+        self.services
+            .start("api", API, &["--listen", &format!("127.0.0.1:{port}")])?;
+        self.services.wait_ready("api").await?;
         let token = countersign_api::tokens::create(&self.pool, APPROVER, Some("demo"), None)
             .await
             .context("minting the demo approver's token")?;
@@ -593,80 +594,58 @@ impl Demo {
         Ok(())
     }
 
-    /// The demo's two agents, as `countersign agents put` would store them.
-    async fn configure(&self) -> anyhow::Result<()> {
-        let script = self.launch.dir.join("seo-assistant.script.json");
+    /// The demo's two agents, put as an operator puts them: `countersign agents put`, which
+    /// checks their model settings with the workers' own parser.
+    fn configure(&self) -> anyhow::Result<()> {
+        let dir = &self.services.dir;
+        let script = dir.join("seo-assistant.script.json");
         std::fs::write(&script, SCRIPT).context("writing the demo's model script")?;
-        let scripted = json!({"provider": "scripted", "script": script});
         let stand_in = json!({
-            "provider": "openai",
-            "base_url": self.model.base_url,
-            "model": "demo-summariser",
-            "api_key_env": MODEL_KEY_ENV,
-            "timeout_secs": 60,
+            "provider": "openai", "base_url": self.model.base_url, "model": "demo-summariser",
+            "api_key_env": MODEL_KEY_ENV, "timeout_secs": 60,
             "retry": {"max_attempts": 3, "max_elapsed_secs": 20},
         });
-        for (name, model, groups, enabled, four_eyes) in [
-            (
-                AGENT,
-                scripted,
-                vec!["content", "editing"],
-                vec!["update_page_metadata", "attach_file_to_content_element"],
-                true,
-            ),
-            (SUMMARISER, stand_in, vec!["content"], vec![], false),
+        let writers = ["update_page_metadata", "attach_file_to_content_element"];
+        for agent in [
+            json!({"name": AGENT, "model": {"provider": "scripted", "script": script},
+                   "policy": {"allowed_groups": ["content", "editing"], "enabled_tools": writers},
+                   "max_iterations": 8, "four_eyes": true, "approval_deadline_secs": 86400}),
+            json!({"name": SUMMARISER, "model": stand_in, "policy": {"allowed_groups": ["content"]},
+                   "max_iterations": 8, "approval_deadline_secs": 86400}),
         ] {
-            // The workers' parser; its notes are about this process's environment, not theirs.
-            countersign_model::ModelCatalog::new()
-                .check(&model)
-                .with_context(|| format!("the model settings of {name}"))?;
-            self.store
-                .upsert_agent(&AgentConfig {
-                    name: name.into(),
-                    active: true,
-                    model,
-                    policy: ToolPolicy {
-                        allowed_tools: vec![],
-                        allowed_groups: groups.into_iter().map(Into::into).collect(),
-                        enabled_tools: enabled.into_iter().map(Into::into).collect(),
-                    },
-                    max_iterations: 8,
-                    max_tool_calls_per_turn:
-                        countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-                    four_eyes,
-                    approval_deadline: Duration::from_secs(24 * 3600),
-                })
-                .await?;
+            let file = dir.join(format!(
+                "{}.agent.json",
+                agent["name"].as_str().unwrap_or("")
+            ));
+            std::fs::write(&file, agent.to_string()).context("writing an agent file")?;
+            self.countersign(&["agents", "put", &file.to_string_lossy()])?;
         }
         Ok(())
     }
 
-    /// Lets the broker user of the demo's commands name any acting user and approver, as
-    /// `countersign producers allow` would.
-    async fn allow_producer(&self, broker: &Broker) -> anyhow::Result<String> {
+    /// Lets the broker user of the demo's commands name any acting user and approver:
+    /// `countersign producers allow`.
+    fn allow_producer(&self, broker: &Broker) -> anyhow::Result<String> {
         let user = broker
             .user()
             .context("the broker connection names no user")?;
-        for kind in [ProducerKind::ActingUser, ProducerKind::Approver] {
-            producers::allow(&self.pool, &user, kind, "*").await?;
+        for kind in ["acting-user", "approver"] {
+            self.countersign(&["producers", "allow", &user, kind, "*"])?;
         }
         Ok(user)
     }
 
     async fn start_services(&mut self) -> anyhow::Result<()> {
         let workers = ["demo-worker-1", "demo-worker-2"];
-        self.services
-            .start(&self.launch, "coordinator", COORDINATOR, &[])?;
+        self.services.start("coordinator", COORDINATOR, &[])?;
         for worker in workers {
             self.services.start(
-                &self.launch,
                 worker,
                 WORKER,
                 &["--owner", worker, "--lease-ttl-secs", LEASE_TTL_SECS],
             )?;
         }
         self.services.start(
-            &self.launch,
             "reaper",
             REAPER,
             &[
@@ -680,7 +659,7 @@ impl Demo {
         )?;
         println!("The services, each its own process, over RabbitMQ and PostgreSQL:");
         for name in ["coordinator", workers[0], workers[1], "reaper"] {
-            self.services.wait_ready(&self.launch, name).await?;
+            self.services.wait_ready(name).await?;
             let service = self.services.get(name)?;
             println!(
                 "   {name:<14} pid {:<7} ready on :{}/readyz   {}",
@@ -737,13 +716,8 @@ impl Demo {
     }
 
     fn countersign_output(&self, args: &[&str]) -> anyhow::Result<Output> {
-        let mut command = Command::new(binary("countersign")?);
-        self.launch.env.apply(&mut command);
-        command
-            .args(args)
-            .current_dir(&self.launch.dir)
-            .output()
-            .context("running countersign")
+        let mut command = self.services.command("countersign")?;
+        command.args(args).output().context("running countersign")
     }
 
     /// [`Self::countersign`], printing the command line and what it printed.
@@ -771,7 +745,7 @@ impl Demo {
 
     /// The one card in a card file `inbox --save` wrote.
     fn card(&self, name: &str) -> anyhow::Result<Value> {
-        let text = std::fs::read_to_string(self.launch.dir.join(name))
+        let text = std::fs::read_to_string(self.services.dir.join(name))
             .with_context(|| format!("reading {name}"))?;
         let file: Value = serde_json::from_str(&text)?;
         match file["cards"].as_array().map(Vec::as_slice) {
@@ -817,23 +791,19 @@ impl Demo {
     }
 
     /// Polls `probe` until it yields a value; fails after [`STEP`], or when a service died.
-    async fn wait_for<T, F, Fut>(&self, what: &str, mut probe: F) -> anyhow::Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
-    {
-        let started = Instant::now();
-        loop {
-            if let Some(value) = probe().await? {
-                return Ok(value);
+    async fn wait_for<T>(
+        &self,
+        what: &str,
+        mut probe: impl AsyncFnMut() -> anyhow::Result<Option<T>>,
+    ) -> anyhow::Result<T> {
+        wait_until(what, STEP, async || {
+            let value = probe().await?;
+            if value.is_none() {
+                self.services.all_alive()?;
             }
-            self.services.all_alive()?;
-            ensure!(
-                started.elapsed() < STEP,
-                "timed out after {STEP:?} waiting until {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            Ok(value)
+        })
+        .await
     }
 
     async fn expect_nothing_written(&self, images: i64) -> anyhow::Result<()> {
@@ -891,13 +861,13 @@ impl Demo {
         let pids = self.services.detach();
         let database = self.db.keep();
         let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-        let dir = &self.launch.dir;
+        let dir = &self.services.dir;
         std::fs::write(dir.join("services.pid"), list.join("\n") + "\n")
             .context("writing services.pid")?;
         println!("The services keep running (--keep, KEEP=1), with the database and the queues:");
         println!("   logs:       {}/*.log", dir.display());
         // The URLs may carry passwords: they go to a file of the owner's, not to the terminal.
-        std::fs::write(dir.join("demo.env"), self.launch.env.shown())
+        std::fs::write(dir.join("demo.env"), self.services.env.shown())
             .context("writing demo.env")?;
         println!(
             "   look:       cd {} && (set -a; . ./demo.env; {} inbox --as {APPROVER})",
@@ -989,13 +959,6 @@ impl Env {
     }
 }
 
-/// What starting a process of the demo takes: the demo's directory (logs, card files, its key
-/// file) and its environment.
-struct Launch {
-    dir: PathBuf,
-    env: Env,
-}
-
 /// One service process.
 struct Service {
     name: String,
@@ -1008,34 +971,32 @@ struct Service {
     killed: bool,
 }
 
-/// The demo's service processes. Those still running when it is dropped are killed, unless
-/// they were detached to keep running.
-#[derive(Default)]
-struct Services(Vec<Service>);
+/// The demo's service processes, started in its directory (logs, card files, its key file)
+/// with its environment. Those still running when it is dropped are killed, unless they were
+/// detached to keep running.
+struct Services {
+    dir: PathBuf,
+    env: Env,
+    running: Vec<Service>,
+}
 
 impl Services {
-    fn start(
-        &mut self,
-        launch: &Launch,
-        name: &str,
-        binary: &'static str,
-        args: &[&str],
-    ) -> anyhow::Result<()> {
+    fn start(&mut self, name: &str, binary: &'static str, args: &[&str]) -> anyhow::Result<()> {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let service = spawn(launch, name, binary, args)?;
-        self.0.push(service);
+        let service = self.spawn(name, binary, args)?;
+        self.running.push(service);
         Ok(())
     }
 
     fn get(&self, name: &str) -> anyhow::Result<&Service> {
-        self.0
+        self.running
             .iter()
             .find(|s| s.name == name)
             .with_context(|| format!("no service {name}"))
     }
 
     fn get_mut(&mut self, name: &str) -> anyhow::Result<&mut Service> {
-        self.0
+        self.running
             .iter_mut()
             .find(|s| s.name == name)
             .with_context(|| format!("no service {name}"))
@@ -1047,7 +1008,7 @@ impl Services {
 
     /// Waits until the service answers `/readyz` with 200. One that could not bind the port
     /// it was given (taken since it was found free) is started again on another.
-    async fn wait_ready(&mut self, launch: &Launch, name: &str) -> anyhow::Result<()> {
+    async fn wait_ready(&mut self, name: &str) -> anyhow::Result<()> {
         let mut rebinds = 0;
         loop {
             let service = self.get_mut(name)?;
@@ -1063,13 +1024,13 @@ impl Services {
                 return Err(e);
             }
             rebinds += 1;
-            self.restart(launch, name)?;
+            self.restart(name)?;
         }
     }
 
     /// Fails when a service is no longer running.
     fn all_alive(&self) -> anyhow::Result<()> {
-        for service in self.0.iter().filter(|s| !s.killed) {
+        for service in self.running.iter().filter(|s| !s.killed) {
             ensure!(
                 service.process.is_running(),
                 "{} (pid {}) died:\n{}",
@@ -1089,10 +1050,10 @@ impl Services {
     }
 
     /// Starts a killed service again with the same arguments, as a supervisor would.
-    fn restart(&mut self, launch: &Launch, name: &str) -> anyhow::Result<()> {
+    fn restart(&mut self, name: &str) -> anyhow::Result<()> {
         let old = self.get_mut(name)?;
         let (binary, args) = (old.binary, old.args.clone());
-        let new = spawn(launch, name, binary, args)?;
+        let new = self.spawn(name, binary, args)?;
         *self.get_mut(name)? = new;
         Ok(())
     }
@@ -1100,7 +1061,7 @@ impl Services {
     /// SIGTERM to every service, in order; their exit statuses.
     async fn stop_all(&mut self) -> anyhow::Result<Vec<(String, u32, ExitStatus)>> {
         let mut stopped = Vec::new();
-        for mut service in std::mem::take(&mut self.0) {
+        for mut service in std::mem::take(&mut self.running) {
             let pid = service.process.pid();
             let status = service.process.terminate(STEP).await?;
             stopped.push((service.name, pid, status));
@@ -1110,7 +1071,7 @@ impl Services {
 
     /// Lets the services run on after the demo; their pids.
     fn detach(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.0)
+        std::mem::take(&mut self.running)
             .into_iter()
             .filter(|s| !s.killed)
             .map(|s| s.process.detach())
@@ -1118,44 +1079,50 @@ impl Services {
     }
 
     fn kill_all(&mut self) {
-        self.0.clear();
+        self.running.clear();
+    }
+
+    fn spawn(
+        &self,
+        name: &str,
+        binary: &'static str,
+        args: Vec<String>,
+    ) -> anyhow::Result<Service> {
+        let port = free_port();
+        let log = self.dir.join(format!("{name}.log"));
+        let mut command = self.command(binary)?;
+        command
+            .args(&args)
+            .args(["--http-addr", &format!("127.0.0.1:{port}")]);
+        let process = Process::spawn_logged(name, &mut command, &log)?;
+        Ok(Service {
+            name: name.to_owned(),
+            binary,
+            args,
+            port,
+            process,
+            log,
+            killed: false,
+        })
+    }
+
+    /// `binary`, to run in the demo's directory with its environment.
+    fn command(&self, binary: &str) -> anyhow::Result<Command> {
+        let mut command = Command::new(countersign_testkit::binary(binary)?);
+        self.env.apply(&mut command);
+        command.current_dir(&self.dir);
+        Ok(command)
     }
 
     fn log_lines(&self, binary: &str) -> anyhow::Result<Vec<String>> {
         let service = self
-            .0
+            .running
             .iter()
             .find(|s| s.binary == binary)
             .with_context(|| format!("no {binary}"))?;
         let file = File::open(&service.log)?;
         Ok(BufReader::new(file).lines().map_while(Result::ok).collect())
     }
-}
-
-fn spawn(
-    launch: &Launch,
-    name: &str,
-    binary: &'static str,
-    args: Vec<String>,
-) -> anyhow::Result<Service> {
-    let port = free_port();
-    let log = launch.dir.join(format!("{name}.log"));
-    let mut command = Command::new(countersign_testkit::binary(binary)?);
-    launch.env.apply(&mut command);
-    command
-        .args(&args)
-        .args(["--http-addr", &format!("127.0.0.1:{port}")])
-        .current_dir(&launch.dir);
-    let process = Process::spawn_logged(name, &mut command, &log)?;
-    Ok(Service {
-        name: name.to_owned(),
-        binary,
-        args,
-        port,
-        process,
-        log,
-        killed: false,
-    })
 }
 
 /// The demo's own queue prefix, under `base` (`--queue-prefix`): `BASE-demo-` and 12 hex

@@ -8,15 +8,11 @@
 //! measure is what ships. They must never print what a sealed value holds beyond what the demo
 //! narrates from its own throwaway database.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use countersign_crypto::Keyring;
 use countersign_queue::{Broker, QueueConfig, Topology};
-use countersign_store::Store;
-use sqlx::PgPool;
 
 pub mod bench;
 mod demo;
@@ -108,11 +104,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             bench::serve_model_stub(Duration::from_millis(latency_ms)).await
         }
     }
-}
-
-/// A store for what needs no sealed value opened: its keyring is a throwaway one.
-fn store_without_keys(pool: PgPool) -> Store {
-    Store::new(pool, Arc::new(Keyring::ephemeral()))
 }
 
 async fn connect_broker(addr: &str, prefix: &str) -> anyhow::Result<Broker> {
