@@ -21,8 +21,8 @@ test: services
 ## Runs the demonstration through the real services (coordinator, two workers, reaper) over
 ## RabbitMQ, in a throwaway database and queue prefix. KEEP=1 leaves them running.
 demo: services
-	cargo build --quiet -p countersign-cli -p countersign-coordinator -p countersign-worker -p countersign-reaper -p countersign-api --bins
-	cargo run --quiet -p countersign-cli -- demo $(if $(KEEP),--keep)
+	cargo build --quiet -p countersign-cli -p countersign-dev -p countersign-coordinator -p countersign-worker -p countersign-reaper -p countersign-api --bins
+	cargo run --quiet -p countersign-dev -- demo $(if $(KEEP),--keep)
 
 CHAOS_RUNS ?= 200
 CI_CHAOS_RUNS ?= 30
@@ -36,8 +36,8 @@ chaos: services
 ## Prints the benchmark figures: the store and crypto, then runs through the services.
 bench: services
 	cargo run --release -p countersign-store --example bench
-	cargo build --release --quiet -p countersign-cli -p countersign-worker --bins
-	cargo run --release --quiet -p countersign-cli -- bench --runs 500
+	cargo build --release --quiet -p countersign-dev -p countersign-worker --bins
+	cargo run --release --quiet -p countersign-dev -- bench --runs 500
 
 services:
 	@scripts/services.sh

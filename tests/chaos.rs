@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use countersign_core::{RunId, SuspendedRunState};
 use countersign_crypto::Keyring;
-use countersign_e2e::{amqp_addr, Database, Installation, Running, KEYS};
+use countersign_e2e::{amqp_addr, Database, Installation, Process, KEYS};
 use countersign_queue::{Broker, QueueConfig, Topology};
 use countersign_store::Store;
 use rand::Rng;
@@ -80,7 +80,7 @@ async fn chaos(runs: usize, workers: usize, deadline: Duration) -> anyhow::Resul
     };
     let outcome = drive(&install, runs, workers, deadline).await;
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
     outcome
 }
 
@@ -138,7 +138,7 @@ async fn drive(
 
     let _coordinator = install.spawn("countersign-coordinator", &[]);
     let worker_args = ["--lease-ttl-secs", "3", "--poll-interval-secs", "1"];
-    let mut fleet: Vec<Running> = (0..workers)
+    let mut fleet: Vec<Process> = (0..workers)
         .map(|_| install.spawn("countersign-worker", &worker_args))
         .collect();
     let _reaper = install.spawn(
@@ -233,8 +233,7 @@ async fn drive(
         // Kill a worker now and then, and start a new one in its place.
         if Instant::now() >= next_kill {
             let victim = rand::thread_rng().gen_range(0..fleet.len());
-            let _ = fleet[victim].0.kill();
-            let _ = fleet[victim].0.wait();
+            fleet[victim].sigkill();
             fleet[victim] = install.spawn("countersign-worker", &worker_args);
             kills += 1;
             next_kill =

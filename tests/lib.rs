@@ -5,31 +5,17 @@
 //! This crate must never reach into a library crate to fake a step a binary performs; the
 //! queue crate is used only as any foreign producer or event consumer would use RabbitMQ.
 
-use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
-/// A fixed test keyring (32 zero bytes): these tests are about behaviour, not about keys.
-pub const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+pub use countersign_testkit::{
+    amqp_addr, chat_answer, counter_total, database_url, free_port, http_get, messages_with_role,
+    Database, ModelStub, Process, KEYS,
+};
 
-/// The path of a binary built from this workspace, next to the running test executable.
+/// The path of a binary built from this workspace, beside the test executable's directory.
 pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the test executable has a path");
-    // A test: target/<profile>/deps/e2e-<hash> → target/<profile>/<name>; a program of this
-    // crate (the chaos run): target/<profile>/<program> → target/<profile>/<name>.
-    let here = exe.parent().expect("a target directory");
-    let dir = if here.join(name).exists() {
-        here
-    } else {
-        here.parent().expect("a target directory")
-    };
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is not built; `make test` builds it (`cargo build --workspace --bins`)",
-        path.display()
-    );
-    path
+    countersign_testkit::binary(name).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 /// The agent configuration the demo, the services and the tests share.
@@ -51,16 +37,6 @@ pub fn workspace_file(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("..")
         .join(path)
-}
-
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-}
-
-pub fn amqp_addr() -> String {
-    std::env::var("AMQP_ADDR")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
 }
 
 /// The environment one installation under test shares.
@@ -113,59 +89,65 @@ impl Installation {
         self.countersign_ok(&["producers", "allow", "guest", "approver", "*"]);
     }
 
-    /// Starts a long-running binary; it is killed when the guard drops.
-    pub fn spawn(&self, binary_name: &str, args: &[&str]) -> Running {
-        let child = self
-            .command(binary_name)
-            .args(args)
+    /// Starts a long-running binary with extra environment variables; killed when dropped.
+    pub fn spawn_env(&self, binary_name: &str, args: &[&str], env: &[(&str, &str)]) -> Process {
+        let mut cmd = self.command(binary_name);
+        cmd.args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("the binary starts");
-        Running(child)
+            .stderr(Stdio::inherit());
+        Process::spawn(binary_name, &mut cmd).unwrap_or_else(|e| panic!("{e:#}"))
     }
-}
 
-/// A running binary, killed on drop.
-#[derive(Debug)]
-pub struct Running(pub Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+    /// `countersign decide RUN_ID --seq SEQ --digest DIGEST --as APPROVER --approve`, to
+    /// completion: an approval of the card those values name.
+    pub fn approve_card(&self, run_id: &str, seq: i32, digest: &str, approver: &str) -> Output {
+        let seq = seq.to_string();
+        self.countersign(&[
+            "decide",
+            run_id,
+            "--seq",
+            &seq,
+            "--digest",
+            digest,
+            "--as",
+            approver,
+            "--approve",
+        ])
     }
-}
 
-/// A free port on the loopback interface.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
+    /// `countersign submit` through the queue; the new run's id.
+    pub fn submit(&self, agent: &str, acting_user: &str, prompt: &str) -> String {
+        let out = self.countersign_ok(&["submit", "--agent", agent, "--as", acting_user, prompt]);
+        out.split_whitespace()
+            .nth(1)
+            .unwrap_or_else(|| panic!("no run id in {out:?}"))
+            .to_owned()
+    }
 
-/// `GET path` on 127.0.0.1:port: (status line, body); `None` while nothing listens.
-pub fn http_get(port: u16, path: &str) -> Option<(String, String)> {
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    Some((head.lines().next()?.to_owned(), body.to_owned()))
+    /// A broker connection on this installation's topology, as a foreign producer has one.
+    pub async fn broker(&self) -> countersign_queue::Broker {
+        countersign_queue::Broker::connect(countersign_queue::QueueConfig::new(
+            amqp_addr(),
+            countersign_queue::Topology::new(&self.queue_prefix),
+        ))
+        .await
+        .expect("the broker answers")
+    }
+
+    /// Starts a long-running binary; it is killed when the guard drops.
+    pub fn spawn(&self, binary_name: &str, args: &[&str]) -> Process {
+        self.spawn_env(binary_name, args, &[])
+    }
 }
 
 /// Deletes the queues and exchanges an installation under test declared.
 pub async fn delete_topology(prefix: &str) {
-    let config =
-        countersign_queue::QueueConfig::new(amqp_addr(), countersign_queue::Topology::new(prefix));
-    let broker = countersign_queue::Broker::connect(config)
-        .await
-        .expect("the broker answers");
+    let install = Installation {
+        database_url: String::new(),
+        queue_prefix: prefix.to_owned(),
+    };
+    let broker = install.broker().await;
     broker
         .delete_topology()
         .await
@@ -173,7 +155,7 @@ pub async fn delete_topology(prefix: &str) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Fault injection and observation: processes, the database, a fake model endpoint.
+// Fault injection and observation: processes, the database, what the model stub was asked.
 // ---------------------------------------------------------------------------------------------
 
 /// Test seconds, for deadlines.
@@ -181,23 +163,15 @@ pub fn secs(n: u64) -> std::time::Duration {
     std::time::Duration::from_secs(n)
 }
 
-/// Polls `probe` every 50 ms until it yields a value, failing the test after `within`.
+/// Polls `probe` until it yields a value, failing the test after `within`.
 pub async fn wait_until<T>(
     what: &str,
     within: std::time::Duration,
     mut probe: impl AsyncFnMut() -> Option<T>,
 ) -> T {
-    let started = std::time::Instant::now();
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(
-            started.elapsed() < within,
-            "timed out after {within:?} waiting until {what}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    countersign_testkit::wait_until(what, within, async || Ok(probe().await))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Waits until the boolean query `sql` holds in the database `conn` is connected to.
@@ -345,13 +319,28 @@ pub async fn release_gate(conn: &mut sqlx::PgConnection, key: i64) {
 
 /// How many other backends of this database wait for the advisory lock `key`.
 pub async fn waiting_at_gate(conn: &mut sqlx::PgConnection, key: i64) -> i64 {
+    at_gate(conn, key, false).await
+}
+
+/// Terminates the backends of this database that wait for the advisory lock `key` (statements
+/// held at a gate whose client is gone), so that what they were about to do never happens;
+/// returns how many were cut.
+pub async fn cut_waiting_at_gate(conn: &mut sqlx::PgConnection, key: i64) -> i64 {
+    at_gate(conn, key, true).await
+}
+
+/// The other backends of this database waiting for the advisory lock `key`, counted, and
+/// terminated when `cut`.
+async fn at_gate(conn: &mut sqlx::PgConnection, key: i64, cut: bool) -> i64 {
     sqlx::query_scalar(
-        "SELECT count(*) FROM pg_locks l
+        "SELECT count(*) FILTER (WHERE CASE WHEN $2 THEN pg_terminate_backend(l.pid) ELSE true END)
+         FROM pg_locks l
          WHERE l.locktype = 'advisory' AND NOT l.granted AND l.classid = 0 AND l.objid = $1
            AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
            AND l.pid <> pg_backend_pid()",
     )
     .bind(key)
+    .bind(cut)
     .fetch_one(conn)
     .await
     .expect("pg_locks reads")
@@ -394,93 +383,6 @@ pub async fn cut_connections(conn: &mut sqlx::PgConnection) -> i64 {
     .fetch_one(conn)
     .await
     .expect("the backends are terminated")
-}
-
-impl Running {
-    /// The child's process id.
-    pub fn pid(&self) -> u32 {
-        self.0.id()
-    }
-
-    /// SIGKILL: the process dies at once, settling nothing.
-    pub fn sigkill(&mut self) {
-        self.0.kill().expect("SIGKILL is delivered");
-        self.0.wait().expect("the killed child is reaped");
-    }
-
-    /// SIGTERM: the orderly stop.
-    pub fn sigterm(&self) {
-        let sent = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status()
-            .expect("kill starts");
-        assert!(sent.success(), "SIGTERM was not delivered");
-    }
-
-    /// Waits up to `within` for the process to exit; `None` if it is still running.
-    pub async fn exit_within(
-        &mut self,
-        within: std::time::Duration,
-    ) -> Option<std::process::ExitStatus> {
-        let started = std::time::Instant::now();
-        loop {
-            if let Some(status) = self.0.try_wait().expect("the child can be polled") {
-                return Some(status);
-            }
-            if started.elapsed() >= within {
-                return None;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Installation {
-    /// Starts a long-running binary with extra environment variables; killed when dropped.
-    pub fn spawn_env(&self, binary_name: &str, args: &[&str], env: &[(&str, &str)]) -> Running {
-        let mut cmd = self.command(binary_name);
-        cmd.args(args)
-            .envs(env.iter().copied())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        Running(cmd.spawn().expect("the binary starts"))
-    }
-
-    /// `countersign decide RUN_ID --seq SEQ --digest DIGEST --as APPROVER --approve`, to
-    /// completion: an approval of the card those values name.
-    pub fn approve_card(&self, run_id: &str, seq: i32, digest: &str, approver: &str) -> Output {
-        let seq = seq.to_string();
-        self.countersign(&[
-            "decide",
-            run_id,
-            "--seq",
-            &seq,
-            "--digest",
-            digest,
-            "--as",
-            approver,
-            "--approve",
-        ])
-    }
-
-    /// `countersign submit` through the queue; the new run's id.
-    pub fn submit(&self, agent: &str, acting_user: &str, prompt: &str) -> String {
-        let out = self.countersign_ok(&["submit", "--agent", agent, "--as", acting_user, prompt]);
-        out.split_whitespace()
-            .nth(1)
-            .unwrap_or_else(|| panic!("no run id in {out:?}"))
-            .to_owned()
-    }
-
-    /// A broker connection on this installation's topology, as a foreign producer has one.
-    pub async fn broker(&self) -> countersign_queue::Broker {
-        countersign_queue::Broker::connect(countersign_queue::QueueConfig::new(
-            amqp_addr(),
-            countersign_queue::Topology::new(&self.queue_prefix),
-        ))
-        .await
-        .expect("the broker answers")
-    }
 }
 
 /// Publishes a decision on `countersign.decisions` as the broker user `guest`, the way any
@@ -558,263 +460,21 @@ impl Drop for TempDir {
 /// The environment variable the fake model's agents name for their (fake) API key.
 pub const MODEL_KEY_ENV: &str = "COUNTERSIGN_E2E_MODEL_KEY";
 
-type Answer = dyn Fn(&serde_json::Value) -> Option<serde_json::Value> + Send + Sync;
-
-/// A fake OpenAI-compatible chat-completions endpoint on the loopback interface: every request
-/// body is recorded, and `answer` decides the reply — a chat completion body, or `None` to hold
-/// the connection open and never answer (a hanging provider). Stops when dropped.
-pub struct ModelEndpoint {
-    port: u16,
-    requests: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl std::fmt::Debug for ModelEndpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ModelEndpoint")
-            .field("port", &self.port)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ModelEndpoint {
-    pub fn start(
-        answer: impl Fn(&serde_json::Value) -> Option<serde_json::Value> + Send + Sync + 'static,
-    ) -> ModelEndpoint {
-        use std::sync::atomic::Ordering;
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a loopback port");
-        listener
-            .set_nonblocking(true)
-            .expect("a non-blocking listener");
-        let port = listener.local_addr().expect("a local address").port();
-        let requests = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let answer: std::sync::Arc<Answer> = std::sync::Arc::new(answer);
-        let (seen, stopped) = (requests.clone(), stop.clone());
-        std::thread::spawn(move || {
-            while !stopped.load(Ordering::SeqCst) {
-                match listener.accept() {
-                    Ok((stream, _)) => {
-                        let (seen, stopped, answer) =
-                            (seen.clone(), stopped.clone(), answer.clone());
-                        std::thread::spawn(move || serve(stream, &seen, &stopped, &*answer));
-                    }
-                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
-                }
-            }
-        });
-        ModelEndpoint {
-            port,
-            requests,
-            stop,
-        }
-    }
-
-    /// An endpoint that accepts every request and never answers.
-    pub fn silent() -> ModelEndpoint {
-        ModelEndpoint::start(|_| None)
-    }
-
-    /// The agent configuration's `model` settings that point at this endpoint.
-    pub fn model_settings(&self) -> serde_json::Value {
-        serde_json::json!({
-            "provider": "openai",
-            "base_url": format!("http://127.0.0.1:{}/v1", self.port),
-            "model": "fake",
-            "api_key_env": MODEL_KEY_ENV,
-            "timeout_secs": 600,
-        })
-    }
-
-    /// Every request body received so far, in arrival order.
-    pub fn requests(&self) -> Vec<serde_json::Value> {
-        self.requests
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-}
-
-impl Drop for ModelEndpoint {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// One connection of a [`ModelEndpoint`]: requests answered one by one, `Connection: close`.
-fn serve(
-    mut stream: std::net::TcpStream,
-    seen: &std::sync::Mutex<Vec<serde_json::Value>>,
-    stop: &std::sync::atomic::AtomicBool,
-    answer: &Answer,
-) {
-    use std::sync::atomic::Ordering;
-    let _ = stream.set_nonblocking(false);
-    let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(100)));
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let (head_len, body_len) = loop {
-        if stop.load(Ordering::SeqCst) {
-            return;
-        }
-        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
-            let body_len = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            if buffer.len() >= end + 4 + body_len {
-                break (end + 4, body_len);
-            }
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) => return,
-            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return,
-        }
-    };
-    let request: serde_json::Value =
-        serde_json::from_slice(&buffer[head_len..head_len + body_len]).unwrap_or_default();
-    seen.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(request.clone());
-    let Some(reply) = answer(&request) else {
-        // Hold the connection, answering nothing, until the endpoint stops.
-        while !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        return;
-    };
-    let body = reply.to_string();
-    let _ = write!(
-        stream,
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.flush();
-}
-
-/// A chat completion whose one choice says `content` and calls `calls` (name, arguments).
-pub fn chat_answer(content: &str, calls: &[(&str, serde_json::Value)]) -> serde_json::Value {
-    let tool_calls: Vec<serde_json::Value> = calls
-        .iter()
-        .enumerate()
-        .map(|(n, (name, arguments))| {
-            serde_json::json!({
-                "id": format!("call_{}", n + 1), "type": "function",
-                "function": {"name": name, "arguments": arguments.to_string()},
-            })
-        })
-        .collect();
-    let mut message = serde_json::json!({"role": "assistant", "content": content});
-    if !tool_calls.is_empty() {
-        message["tool_calls"] = serde_json::Value::Array(tool_calls);
-    }
+/// The agent configuration's `model` settings that point at `stub`.
+pub fn model_settings(stub: &ModelStub) -> serde_json::Value {
     serde_json::json!({
-        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+        "provider": "openai",
+        "base_url": stub.base_url,
+        "model": "fake",
+        "api_key_env": MODEL_KEY_ENV,
+        "timeout_secs": 600,
     })
 }
 
-/// The messages of a chat-completion request with `role`, their `content` as text.
-pub fn messages_with_role(request: &serde_json::Value, role: &str) -> Vec<String> {
-    request["messages"]
-        .as_array()
-        .map(|messages| {
-            messages
-                .iter()
-                .filter(|m| m["role"] == role)
-                .map(|m| m["content"].as_str().unwrap_or_default().to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 // ---------------------------------------------------------------------------------------------
-// The services themselves restarted: throwaway databases, PostgreSQL and RabbitMQ stopped and
-// started under a test, and the guard that brings them back whatever the test did.
+// The services themselves restarted: PostgreSQL and RabbitMQ stopped and started under a test,
+// and the guard that brings them back whatever the test did.
 // ---------------------------------------------------------------------------------------------
-
-/// A database of its own for one installation under test, named after the tag and this process,
-/// dropped by [`Database::drop`] (a database left by a panicking test is dropped by the next run
-/// that creates the same name).
-#[derive(Debug)]
-pub struct Database {
-    name: String,
-}
-
-impl Database {
-    pub async fn create(tag: &str) -> Database {
-        use sqlx::Connection;
-        let name = format!("countersign_e2e_{tag}_{}", std::process::id());
-        let mut conn = sqlx::PgConnection::connect(&database_url())
-            .await
-            .expect("PostgreSQL answers");
-        for sql in [
-            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-            format!("CREATE DATABASE {name}"),
-        ] {
-            sqlx::query(&sql)
-                .execute(&mut conn)
-                .await
-                .unwrap_or_else(|e| panic!("{sql}: {e}"));
-        }
-        Database { name }
-    }
-
-    /// The URL of this database on the server of [`database_url`].
-    pub fn url(&self) -> String {
-        let base = database_url();
-        let root = base
-            .rsplit_once('/')
-            .map_or(base.as_str(), |(root, _)| root);
-        format!("{root}/{}", self.name)
-    }
-
-    /// A connection to this database.
-    pub async fn connect(&self) -> sqlx::PgConnection {
-        use sqlx::Connection;
-        sqlx::PgConnection::connect(&self.url())
-            .await
-            .expect("the test database answers")
-    }
-
-    pub async fn drop(self) {
-        use sqlx::Connection;
-        let mut conn = sqlx::PgConnection::connect(&database_url())
-            .await
-            .expect("PostgreSQL answers");
-        sqlx::query(&format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.name
-        ))
-        .execute(&mut conn)
-        .await
-        .expect("the test database is dropped");
-    }
-}
-
-/// Terminates the backends of this database that wait for the advisory lock `key` (statements
-/// held at a gate whose client is gone), so that what they were about to do never happens;
-/// returns how many were cut.
-pub async fn cut_waiting_at_gate(conn: &mut sqlx::PgConnection, key: i64) -> i64 {
-    sqlx::query_scalar(
-        "SELECT count(*) FILTER (WHERE pg_terminate_backend(l.pid)) FROM pg_locks l
-         WHERE l.locktype = 'advisory' AND NOT l.granted AND l.classid = 0 AND l.objid = $1
-           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-           AND l.pid <> pg_backend_pid()",
-    )
-    .bind(key)
-    .fetch_one(conn)
-    .await
-    .expect("the waiting backends are terminated")
-}
 
 /// Whether an executable is a test process a restart must not land under: an e2e, restarts or
 /// `it` test binary (`<name>-<16 hex digits>`, as cargo names them) or the chaos run. It is
@@ -1061,18 +721,6 @@ pub async fn metrics(port: u16) -> String {
         async || http_get(port, "/metrics").map(|(_, body)| body),
     )
     .await
-}
-
-/// The sum of a Prometheus counter's samples (every label set) in a `/metrics` body.
-pub fn counter_total(metrics: &str, name: &str) -> f64 {
-    metrics
-        .lines()
-        .filter(|line| {
-            line.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
-        })
-        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<f64>().ok())
-        .sum()
 }
 
 /// The `WHEN` of a gate on the turn transaction of a resume: the lease renewal that opens it,

@@ -304,7 +304,7 @@ async fn a_saved_card_the_run_has_moved_past_is_refused_stale_turn_and_the_run_i
 
     drop(conn);
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -333,5 +333,5 @@ async fn show_saves_no_card_for_a_run_that_does_not_wait_for_approval() {
     assert!(!file.0.exists(), "a refused --save writes nothing");
 
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }

@@ -3,7 +3,7 @@
 //! `countersign agents check` says which tools are withheld and why.
 
 use countersign_e2e::{
-    chat_answer, secs, wait_for_status, Database, Installation, ModelEndpoint, TempDir,
+    chat_answer, model_settings, secs, wait_for_status, Database, Installation, ModelStub, TempDir,
     MODEL_KEY_ENV,
 };
 use serde_json::{json, Value};
@@ -35,15 +35,15 @@ fn offered(request: &Value) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_outside_the_installation_is_offered_only_the_tools_whose_data_it_may_be_sent() {
-    let endpoint = ModelEndpoint::start(|_| Some(chat_answer("Nothing to change.", &[])));
+    let endpoint = ModelStub::responding(|_| Some(chat_answer("Nothing to change.", &[])));
     let db = Database::create("data_classes").await;
     let install = Installation {
         database_url: db.url(),
         queue_prefix: format!("e2e-{}", Uuid::now_v7()),
     };
     let dir = TempDir::new();
-    let external = agent("external", endpoint.model_settings());
-    let mut trusted_model = endpoint.model_settings();
+    let external = agent("external", model_settings(&endpoint));
+    let mut trusted_model = model_settings(&endpoint);
     trusted_model["data_classes"] = json!(["public", "editor_content", "secret_adjacent"]);
     let trusted = agent("trusted", trusted_model);
     install.configure(&dir.json("external.json", &external));
@@ -57,7 +57,7 @@ async fn a_provider_outside_the_installation_is_offered_only_the_tools_whose_dat
         let run = install.submit(name, "admin", "Look around.");
         wait_for_status(&mut conn, &run, "completed", secs(60)).await;
     }
-    let requests = endpoint.requests();
+    let requests = endpoint.bodies();
     assert_eq!(requests.len(), 2, "{requests:?}");
     let (to_external, to_trusted) = (offered(&requests[0]), offered(&requests[1]));
     assert!(
@@ -109,5 +109,5 @@ async fn a_provider_outside_the_installation_is_offered_only_the_tools_whose_dat
     );
     drop(conn);
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }

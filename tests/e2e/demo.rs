@@ -1,4 +1,4 @@
-//! `countersign demo`: the story through the real services, as `make demo` runs it.
+//! `countersign-dev demo`: the story through the real services, as `make demo` runs it.
 
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use countersign_e2e::{amqp_addr, binary, database_url};
 use sqlx::{Connection, PgConnection};
 
-/// Runs `countersign demo --database DATABASE ARGS` with a fresh key, as a clone would.
+/// Runs `countersign-dev demo --database DATABASE ARGS` with a fresh key, as a clone would.
 async fn demo(database: &str, args: &[&str]) -> (Output, String) {
-    let mut command = Command::new(binary("countersign"));
+    let mut command = Command::new(binary("countersign-dev"));
     command
         .args(["demo", "--database", database])
         .args(args)
@@ -17,9 +17,10 @@ async fn demo(database: &str, args: &[&str]) -> (Output, String) {
         .env("RUST_BACKTRACE", "0")
         .env_remove("COUNTERSIGN_KEYS")
         .env_remove("COUNTERSIGN_KEY_FILE");
-    let out = tokio::task::spawn_blocking(move || command.output().expect("countersign starts"))
-        .await
-        .unwrap();
+    let out =
+        tokio::task::spawn_blocking(move || command.output().expect("countersign-dev starts"))
+            .await
+            .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use countersign_e2e::{
     approve_through_queue, chat_answer, count, counter_total, cut_connections, demo_script,
     fault_page, fault_page_model, fault_page_prompt, free_port, hold_gate, install_gate,
-    messages_with_role, metrics, publish_decision, publish_wake_up, referenced_files, release_gate,
-    remove_gate, run_row, secs, seed_fault_pages, turn_digest, wait_for_card, wait_for_sql,
-    wait_for_status, wait_until, waiting_at_gate, waiting_in_transaction, waiting_on_lock,
-    Installation, ModelEndpoint, Running, TempDir, LEASE_RENEWAL, MODEL_KEY_ENV, TURN_GATE_WHEN,
+    messages_with_role, metrics, model_settings, publish_decision, publish_wake_up,
+    referenced_files, release_gate, remove_gate, run_row, secs, seed_fault_pages, turn_digest,
+    wait_for_card, wait_for_sql, wait_for_status, wait_until, waiting_at_gate,
+    waiting_in_transaction, waiting_on_lock, Installation, ModelStub, Process, TempDir,
+    LEASE_RENEWAL, MODEL_KEY_ENV, TURN_GATE_WHEN,
 };
 use countersign_queue::parse_segment;
 use serde_json::{json, Value};
@@ -58,7 +59,7 @@ struct Site {
     install: Installation,
     conn: PgConnection,
     dir: TempDir,
-    services: Vec<Running>,
+    services: Vec<Process>,
 }
 
 impl Site {
@@ -95,7 +96,7 @@ impl Site {
     }
 
     /// A worker the test keeps its hands on (to kill or stop it).
-    fn worker(&self, args: &[&str]) -> Running {
+    fn worker(&self, args: &[&str]) -> Process {
         self.install
             .spawn_env("countersign-worker", args, &[(MODEL_KEY_ENV, "fake-key")])
     }
@@ -125,7 +126,7 @@ impl Site {
         drop(self.conn);
         drop(self.dir);
         countersign_e2e::delete_topology(&self.install.queue_prefix).await;
-        self.db.drop().await;
+        self.db.remove().await.unwrap();
     }
 }
 
@@ -487,8 +488,8 @@ async fn an_approved_turn_waiting_on_a_colleagues_lock_keeps_its_lease_and_every
 ) {
     let mut site = Site::new("faults_busy_row", &agent(demo_model(), 3600)).await;
     // A second agent whose model never answers: its run holds a lease for as long as the test.
-    let silent = ModelEndpoint::silent();
-    let mut patient = agent(silent.model_settings(), 3600);
+    let silent = ModelStub::silent();
+    let mut patient = agent(model_settings(&silent), 3600);
     patient["name"] = json!("patient-assistant");
     site.install
         .configure(&site.dir.json("patient.json", &patient));
@@ -576,8 +577,8 @@ const RUNS: i64 = 10;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cutting_every_database_connection_while_ten_approvals_are_in_flight_loses_and_duplicates_no_write(
 ) {
-    let model = ModelEndpoint::start(fault_page_model);
-    let mut site = Site::new("faults_cut", &agent(model.model_settings(), 3600)).await;
+    let model = ModelStub::responding(fault_page_model);
+    let mut site = Site::new("faults_cut", &agent(model_settings(&model), 3600)).await;
     seed_fault_pages(&mut site.conn, RUNS).await;
     site.start_coordinator();
     site.start_worker(&["--poll-interval-secs", "1"]);
@@ -685,7 +686,7 @@ async fn cutting_every_database_connection_while_ten_approvals_are_in_flight_los
         vec![("accepted".to_owned(), RUNS)],
         "no decision refused"
     );
-    let requests = model.requests();
+    let requests = model.bodies();
     for (page, run) in &runs {
         let row = run_row(&mut site.conn, run).await;
         assert_eq!(row["termination_reason"], "completed", "{row}");
@@ -736,8 +737,8 @@ async fn cutting_every_database_connection_while_ten_approvals_are_in_flight_los
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stopped_with_every_slot_busy_exits_within_its_grace_and_hands_both_runs_back_the_waiting_wake_up_as_a_fresh_message(
 ) {
-    let model = ModelEndpoint::silent();
-    let mut site = Site::new("faults_term_full", &agent(model.model_settings(), 3600)).await;
+    let model = ModelStub::silent();
+    let mut site = Site::new("faults_term_full", &agent(model_settings(&model), 3600)).await;
     site.start_coordinator();
     let grace = Duration::from_secs(3);
     // One slot: the second run's wake-up waits in the worker for it.
@@ -804,8 +805,8 @@ async fn a_worker_stopped_with_every_slot_busy_exits_within_its_grace_and_hands_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_stopped_with_sigterm_mid_segment_exits_zero_and_hands_the_run_back_without_spending_its_retry_budget(
 ) {
-    let model = ModelEndpoint::silent();
-    let mut site = Site::new("faults_term", &agent(model.model_settings(), 3600)).await;
+    let model = ModelStub::silent();
+    let mut site = Site::new("faults_term", &agent(model_settings(&model), 3600)).await;
     site.start_coordinator();
     // A lease of 3 s is also the worker's shutdown grace.
     let grace = Duration::from_secs(3);
@@ -881,8 +882,8 @@ async fn a_worker_stopped_with_sigterm_mid_segment_exits_zero_and_hands_the_run_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_holding_two_leases_renews_them_with_one_statement_a_beat_and_shows_both_on_its_metrics(
 ) {
-    let model = ModelEndpoint::silent();
-    let mut site = Site::new("faults_beat", &agent(model.model_settings(), 3600)).await;
+    let model = ModelStub::silent();
+    let mut site = Site::new("faults_beat", &agent(model_settings(&model), 3600)).await;
     site.start_coordinator();
     let port = free_port();
     // A lease of 3 s is renewed every second.
@@ -945,8 +946,8 @@ async fn a_worker_holding_two_leases_renews_them_with_one_statement_a_beat_and_s
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_of_wake_ups_is_claimed_in_batched_statements_each_run_once() {
     const RUNS: usize = 24;
-    let model = ModelEndpoint::silent();
-    let mut site = Site::new("faults_batch", &agent(model.model_settings(), 3600)).await;
+    let model = ModelStub::silent();
+    let mut site = Site::new("faults_batch", &agent(model_settings(&model), 3600)).await;
     site.start_coordinator();
     let runs: Vec<String> = (0..RUNS)
         .map(|page| {
@@ -994,8 +995,8 @@ async fn a_backlog_of_wake_ups_is_claimed_in_batched_statements_each_run_once() 
 async fn settlements_queued_behind_one_in_flight_are_written_together_and_a_lease_taken_meanwhile_writes_nothing(
 ) {
     const RUNS: usize = 4;
-    let model = ModelEndpoint::start(|_| Some(chat_answer("Page 12 reads well.", &[])));
-    let mut site = Site::new("faults_settle", &agent(model.model_settings(), 3600)).await;
+    let model = ModelStub::responding(|_| Some(chat_answer("Page 12 reads well.", &[])));
+    let mut site = Site::new("faults_settle", &agent(model_settings(&model), 3600)).await;
     // Every settlement of a run waits at the gate while the test holds it.
     install_gate(
         &mut site.conn,
@@ -1076,8 +1077,8 @@ async fn runs_whose_wake_ups_were_lost_are_claimed_by_the_poll_once_each_as_many
 {
     const RUNS: usize = 12;
     const SLOTS: usize = 5;
-    let model = ModelEndpoint::silent();
-    let mut site = Site::new("faults_poll", &agent(model.model_settings(), 3600)).await;
+    let model = ModelStub::silent();
+    let mut site = Site::new("faults_poll", &agent(model_settings(&model), 3600)).await;
     site.start_coordinator();
     for page in 0..RUNS {
         site.install
@@ -1240,8 +1241,8 @@ fn proposing_model(request: &Value) -> Option<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_denial_with_a_comment_through_the_queue_reaches_the_model_and_writes_nothing() {
-    let model = ModelEndpoint::start(proposing_model);
-    let mut site = Site::new("faults_deny", &agent(model.model_settings(), 3600)).await;
+    let model = ModelStub::responding(proposing_model);
+    let mut site = Site::new("faults_deny", &agent(model_settings(&model), 3600)).await;
     site.start_coordinator();
     site.start_worker(&["--poll-interval-secs", "1"]);
     let run = site.install.submit("seo-assistant", "editor", PROMPT);
@@ -1254,7 +1255,7 @@ async fn a_denial_with_a_comment_through_the_queue_reaches_the_model_and_writes_
 
     let row = run_row(&mut site.conn, &run).await;
     assert_eq!(row["termination_reason"], "approval_denied", "{row}");
-    let requests = model.requests();
+    let requests = model.bodies();
     assert_eq!(
         requests.len(),
         2,

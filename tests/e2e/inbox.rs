@@ -540,5 +540,5 @@ async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_
     drop(conn);
     let _ = std::fs::remove_dir_all(&scratch);
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }

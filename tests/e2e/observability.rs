@@ -458,7 +458,7 @@ async fn an_approved_run_shows_in_the_latency_histograms_and_continues_its_produ
 
     drop(conn);
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }
 
 /// `METHOD path` on the API at `port` as the bearer of `token`, sent from the client span
@@ -658,7 +658,7 @@ async fn a_run_submitted_and_approved_over_http_is_one_trace_linked_to_its_appro
 
     drop(conn);
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }
 
 /// The `countersign_…` families a `/metrics` page declares (`# TYPE` lines), with their kinds.
@@ -737,7 +737,7 @@ async fn every_service_serves_its_described_families_from_the_start_and_promtool
     }
     drop(running);
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }
 
 /// The metric families `text` (a rule file, a dashboard) queries: `countersign_…` names, with

@@ -70,5 +70,5 @@ async fn a_cancelled_waiting_run_refuses_every_later_decision() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("already ended"));
 
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }

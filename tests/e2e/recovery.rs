@@ -73,7 +73,7 @@ async fn a_run_whose_worker_died_is_requeued_by_the_reaper_and_taken_up_by_anoth
         .args(["--model-script", script, "--lease-ttl-secs", "3"])
         .env("COUNTERSIGN_E2E_MODEL_KEY", "not-a-real-key")
         .stdout(std::process::Stdio::null());
-    let doomed = countersign_e2e::Running(doomed.spawn().unwrap());
+    let doomed = countersign_e2e::Process::from(doomed.spawn().unwrap());
     install.countersign_ok(&[
         "submit",
         "--agent",
@@ -141,5 +141,5 @@ async fn a_run_whose_worker_died_is_requeued_by_the_reaper_and_taken_up_by_anoth
     drop(conn);
     std::fs::remove_dir_all(&dir).unwrap();
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }

@@ -29,7 +29,7 @@ use countersign_core::RunId;
 use countersign_crypto::Keyring;
 use countersign_e2e::{
     count, run_row, secs, wait_for_card, wait_for_sql, wait_for_status, wait_until, workspace_file,
-    Installation, Running, TempDir, KEYS,
+    Installation, Process, TempDir, KEYS,
 };
 use countersign_store::Store;
 use serde_json::{json, Value};
@@ -229,7 +229,7 @@ impl Site {
     }
 
     /// A coordinator or worker that knows the wiki's tools.
-    fn spawn(&self, binary: &str, args: &[&str]) -> Running {
+    fn spawn(&self, binary: &str, args: &[&str]) -> Process {
         let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         self.install.spawn_env(binary, args, &env)
     }
@@ -258,7 +258,7 @@ impl Site {
 
     /// A coordinator and a worker with a short lease (to be killed while the approved call is
     /// in flight), a run on card 1, and that card's digest.
-    async fn suspended_with_doomed_worker(&mut self) -> (Running, Running, String, String) {
+    async fn suspended_with_doomed_worker(&mut self) -> (Process, Process, String, String) {
         let coordinator = self.spawn("countersign-coordinator", &[]);
         let doomed = self.spawn("countersign-worker", &["--lease-ttl-secs", "3"]);
         let run_id = self.submit();
@@ -341,7 +341,7 @@ impl Site {
 
     /// Once the killed worker's lease has run out: one reaper pass, which requeues the run (its
     /// next segment resolves the call in doubt by its key), and a worker that takes it again.
-    async fn requeue_to_a_rescuer(&mut self, run_id: &str) -> Running {
+    async fn requeue_to_a_rescuer(&mut self, run_id: &str) -> Process {
         self.wait_for_expired_lease(run_id).await;
         let summary = self.reap();
         assert!(
@@ -367,12 +367,12 @@ impl Site {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
-    async fn finish(self, services: Vec<Running>) {
+    async fn finish(self, services: Vec<Process>) {
         drop(services);
         drop(self.conn);
         drop(self.wiki);
         countersign_e2e::delete_topology(&self.install.queue_prefix).await;
-        self.db.drop().await;
+        self.db.remove().await.unwrap();
     }
 }
 
@@ -1069,17 +1069,15 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
 ) {
     let dir = TempDir::new();
     let wiki = WikiServer::start(&dir, &json!({ "home": ["Welcome."] }), &[]);
-    let mut unfit = Running(
-        Command::new("python3")
-            .args(["-c", UNFIT_SERVER])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("python3 runs the unfit server"),
-    );
+    let mut child = Command::new("python3")
+        .args(["-c", UNFIT_SERVER])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 runs the unfit server");
+    let stdout = child.stdout.take().unwrap();
+    let mut unfit = Process::from(child);
     let mut line = String::new();
-    BufReader::new(unfit.0.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    BufReader::new(stdout).read_line(&mut line).unwrap();
     let unfit_url = line
         .trim()
         .strip_prefix("listening on ")
@@ -1248,7 +1246,7 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
 
     unfit.sigkill();
     drop(wiki);
-    db.drop().await;
+    db.remove().await.unwrap();
 }
 
 #[tokio::test]
@@ -1415,5 +1413,5 @@ async fn a_deployment_without_the_content_store_runs_on_remote_tools_and_its_own
     drop(conn);
     drop(wiki);
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }

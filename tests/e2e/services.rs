@@ -218,7 +218,7 @@ async fn a_run_requested_through_the_queue_is_approved_through_the_queue_and_wri
 
     drop(conn);
     broker.delete_topology().await.unwrap();
-    db.drop().await;
+    db.remove().await.unwrap();
 }
 
 #[test]

@@ -60,5 +60,5 @@ async fn the_worker_the_coordinator_and_a_looping_reaper_exit_zero_on_sigterm() 
     }
 
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }

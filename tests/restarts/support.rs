@@ -3,8 +3,8 @@
 
 use countersign_e2e::{
     approve_through_queue, count, fault_page_model, fault_page_prompt, messages_with_role,
-    referenced_files, run_row, seed_fault_pages, turn_digest, Database, Installation,
-    ModelEndpoint, Running, TempDir, MODEL_KEY_ENV,
+    model_settings, referenced_files, run_row, seed_fault_pages, turn_digest, Database,
+    Installation, ModelStub, Process, TempDir, MODEL_KEY_ENV,
 };
 pub use countersign_e2e::{fault_page, LEASE_RENEWAL, TURN_GATE_WHEN};
 use serde_json::{json, Value};
@@ -30,8 +30,8 @@ pub struct Site {
     pub db: Database,
     pub install: Installation,
     pub conn: PgConnection,
-    pub model: ModelEndpoint,
-    pub services: Vec<Running>,
+    pub model: ModelStub,
+    pub services: Vec<Process>,
     _dir: TempDir,
 }
 
@@ -39,7 +39,7 @@ impl Site {
     /// Creates the installation with `pages` fault pages and the agent `seo-assistant` (the two
     /// writers enabled, four eyes) on the fake model.
     pub async fn new(tag: &str, pages: i64) -> Site {
-        let model = ModelEndpoint::start(fault_page_model);
+        let model = ModelStub::responding(fault_page_model);
         let db = Database::create(tag).await;
         let install = Installation {
             database_url: db.url(),
@@ -48,7 +48,7 @@ impl Site {
         let dir = TempDir::new();
         let agent = json!({
             "name": "seo-assistant",
-            "model": model.model_settings(),
+            "model": model_settings(&model),
             "policy": {
                 "allowed_groups": ["content", "editing"],
                 "enabled_tools": ["update_page_metadata", "attach_file_to_content_element"]
@@ -76,7 +76,7 @@ impl Site {
     }
 
     /// A coordinator the test keeps its hands on.
-    pub fn coordinator(&self) -> Running {
+    pub fn coordinator(&self) -> Process {
         self.install.spawn("countersign-coordinator", &[])
     }
 
@@ -86,7 +86,7 @@ impl Site {
     }
 
     /// A worker the test keeps its hands on.
-    pub fn worker(&self, args: &[&str]) -> Running {
+    pub fn worker(&self, args: &[&str]) -> Process {
         self.install
             .spawn_env("countersign-worker", args, &[(MODEL_KEY_ENV, "fake-key")])
     }
@@ -114,25 +114,20 @@ impl Site {
     /// Approves card 1 with `countersign decide` (which waits for the coordinator's reply).
     pub async fn decide(&mut self, run_id: &str) {
         let digest = self.digest(run_id).await;
-        let out = self.install.countersign_ok(&[
-            "decide",
-            run_id,
-            "--seq",
-            "1",
-            "--digest",
-            &digest,
-            "--as",
-            "admin",
-            "--approve",
-        ]);
-        assert!(out.contains("decision accepted"), "{out}");
+        let out = self.install.approve_card(run_id, 1, &digest, "admin");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("decision accepted"),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     pub async fn finish(mut self) {
         self.services.clear();
         drop(self.conn);
         countersign_e2e::delete_topology(&self.install.queue_prefix).await;
-        self.db.drop().await;
+        self.db.remove().await.unwrap();
     }
 }
 
@@ -144,7 +139,7 @@ impl Site {
 pub async fn assert_turn_written_once(
     scenario: &str,
     conn: &mut PgConnection,
-    model: &ModelEndpoint,
+    model: &ModelStub,
     run_id: &str,
     page: i64,
 ) -> i64 {
@@ -234,7 +229,7 @@ pub async fn assert_turn_written_once(
     // What the model was told the calls did: their results, never an infrastructure failure.
     let prompt = fault_page_prompt(page);
     let told: Vec<Vec<String>> = model
-        .requests()
+        .bodies()
         .iter()
         .filter(|r| messages_with_role(r, "user").first() == Some(&prompt))
         .map(|r| messages_with_role(r, "tool"))

@@ -1,11 +1,13 @@
-//! The `countersign` command line: database migrations, key management, and the demo.
+//! The `countersign` command line: what an operator runs against an installation — database
+//! migrations, users, keys, agents, producers, tokens, tools, runs and their cards. The demo
+//! and the bench are no part of it: they are `countersign-dev`'s.
 //!
 //! It is a thin layer over the library crates: every rule it exercises lives in them. It must
 //! never print key material other than a key it was asked to generate, nor a sealed value's
-//! plaintext other than the approval cards it shows (and saves) for their viewer and what the
-//! demo narrates from its own throwaway database (the previews `tools check` asks a tool for
-//! are not sealed values: they are the tool's answer to the operator, as the acting user); and
-//! it must never decide on a card other than the one its approver names.
+//! plaintext other than the approval cards it shows (and saves) for their viewer (the previews
+//! `tools check` asks a tool for are not sealed values: they are the tool's answer to the
+//! operator, as the acting user); and it must never decide on a card other than the one its
+//! approver names.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,8 +21,6 @@ use countersign_store::Store;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-pub mod bench;
-mod demo;
 mod healthcheck;
 mod ops;
 mod render;
@@ -34,30 +34,8 @@ mod tools;
     about = "Agents that propose, humans who countersign."
 )]
 pub struct Cli {
-    /// PostgreSQL, the source of truth.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres",
-        global = true
-    )]
-    pub database_url: String,
-    /// RabbitMQ, for the commands that talk to the queues.
-    #[arg(
-        long,
-        env = "AMQP_ADDR",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
-        global = true
-    )]
-    pub amqp_addr: String,
-    /// Prefix of every queue and exchange name.
-    #[arg(
-        long,
-        env = "COUNTERSIGN_QUEUE_PREFIX",
-        default_value = "countersign",
-        global = true
-    )]
-    pub queue_prefix: String,
+    #[command(flatten)]
+    pub endpoints: countersign_service::Endpoints,
     /// Log at debug level.
     #[arg(short, long, global = true)]
     pub verbose: bool,
@@ -177,27 +155,6 @@ pub enum Command {
     },
     /// Cancels a run that has not ended.
     Cancel { run_id: countersign_core::RunId },
-    /// Times runs through an in-process coordinator and worker against baselines, then long
-    /// segments in a `countersign-worker` process beside this one, in a throwaway database,
-    /// and prints the figures.
-    Bench {
-        /// Full approval cycles per measured phase.
-        #[arg(long, default_value_t = 500)]
-        runs: usize,
-        /// Segments in flight in the long-segment part (0 skips it).
-        #[arg(long, default_value_t = 2000)]
-        long: usize,
-        /// How long the stub model of the long-segment part takes to answer, in milliseconds.
-        #[arg(long, default_value_t = 2000)]
-        model_latency_ms: u64,
-    },
-    /// The bench's model stub, in a process of its own (started by `bench`): an
-    /// OpenAI-compatible endpoint that answers after the latency; exits when its stdin closes.
-    #[command(hide = true)]
-    BenchModelStub {
-        #[arg(long)]
-        latency_ms: u64,
-    },
     /// Exits 0 if URL (a service's readiness, e.g. http://127.0.0.1:9464/readyz) answers 200
     /// within the timeout, non-zero otherwise: a container's healthcheck without a shell.
     Healthcheck {
@@ -206,19 +163,6 @@ pub enum Command {
         /// Seconds to wait for the answer, connecting included.
         #[arg(long, default_value_t = 3)]
         timeout_secs: u64,
-    },
-    /// Runs the coordinator, two workers and the reaper (built next to this executable) over
-    /// RabbitMQ in a throwaway database and queue prefix (`QUEUE_PREFIX-demo-` and 12 hex
-    /// digits, under --queue-prefix), drives a run through them as an operator and its
-    /// approvers would, narrating and checking each step.
-    Demo {
-        /// The database the demo creates (and drops first if it exists).
-        #[arg(long, default_value = "countersign_demo")]
-        database: String,
-        /// Keep the services running afterwards, with the database and the queues, to look
-        /// around; the demo prints how to stop them.
-        #[arg(long)]
-        keep: bool,
     },
 }
 
@@ -299,99 +243,19 @@ pub enum KeysCommand {
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let url = cli.endpoints.database_url.as_str();
     match cli.command {
-        Command::Migrate { with_content } => {
-            let pool = connect(&cli.database_url).await?;
-            countersign_store::MIGRATOR
-                .run(&pool)
-                .await
-                .context("applying the engine's migrations")?;
-            if with_content {
-                countersign_content::MIGRATOR
-                    .run(&pool)
-                    .await
-                    .context("applying the content store's migrations")?;
-                println!("migrations applied (with the content store)");
-            } else {
-                println!("migrations applied");
-            }
-            Ok(())
-        }
+        Command::Migrate { with_content } => migrate(url, with_content).await,
         Command::Users { command } => {
-            let users = countersign_store::TableUsers::new(connect(&cli.database_url).await?);
+            let users = countersign_store::TableUsers::new(connect(url).await?);
             ops::users(&users, command).await
         }
-        Command::Keys {
-            command: KeysCommand::Generate { id },
-        } => {
-            let id = KeyId::parse(&id).context("invalid key id")?;
-            println!("{}", Keyring::generate_entry(&id));
-            Ok(())
-        }
-        Command::Keys {
-            command: KeysCommand::Rotate { batch, key_file },
-        } => {
-            let keyring = match key_file {
-                Some(path) => Keyring::from_file(&path),
-                None => Keyring::from_env(),
-            }
-            .context("loading the keyring")?;
-            let store = Store::new(connect(&cli.database_url).await?, Arc::new(keyring));
-            let report = store.rotate_keys(batch).await.context("rotating keys")?;
-            println!(
-                "re-sealed {} data key(s) under key {} in {} batch(es)",
-                report.resealed(),
-                store.keyring().active_key_id(),
-                report.batches
-            );
-            anyhow::ensure!(
-                report.unreadable() == 0,
-                "{} envelope(s) could not be opened with this keyring and were left as they are",
-                report.unreadable()
-            );
-            Ok(())
-        }
-        Command::Agents { command } => {
-            let store = ops::store_without_keys(connect(&cli.database_url).await?);
-            match command {
-                AgentsCommand::Put { file } => ops::put_agent(&store, &file).await,
-                AgentsCommand::List => ops::list_agents(&store).await,
-                AgentsCommand::Check { name, acting_user } => {
-                    let tools = countersign_service::tools::tools(&store).await?;
-                    ops::check_agent(&store, &tools, &name, acting_user.as_deref()).await
-                }
-            }
-        }
-        Command::Producers { command } => {
-            let pool = connect(&cli.database_url).await?;
-            match command {
-                ProducersCommand::Allow {
-                    amqp_user,
-                    kind,
-                    name,
-                } => ops::allow_producer(&pool, &amqp_user, &kind, &name).await,
-                ProducersCommand::Revoke {
-                    amqp_user,
-                    kind,
-                    name,
-                } => ops::revoke_producer(&pool, &amqp_user, &kind, &name).await,
-                ProducersCommand::List => ops::list_producers(&pool).await,
-            }
-        }
-        Command::Tokens { command } => {
-            tokens::run(&connect(&cli.database_url).await?, command).await
-        }
-        Command::Tools { command } => tools::run(&cli.database_url, command).await,
-        Command::SeedDemoSite => {
-            let pool = connect(&cli.database_url).await?;
-            anyhow::ensure!(
-                countersign_content::is_installed(&pool).await?,
-                "the content store's schema is not installed: run `countersign migrate --with-content` first"
-            );
-            countersign_content::seed_demo_site(&pool).await?;
-            println!("demo site seeded");
-            Ok(())
-        }
+        Command::Keys { command } => keys(url, command).await,
+        Command::Agents { command } => agents(url, command).await,
+        Command::Producers { command } => producers(url, command).await,
+        Command::Tokens { command } => tokens::run(&connect(url).await?, command).await,
+        Command::Tools { command } => tools::run(url, command).await,
+        Command::SeedDemoSite => seed_demo_site(url).await,
         Command::Submit {
             agent,
             acting_user,
@@ -400,19 +264,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             wait,
         } => {
             let inputs = inputs.as_deref().map(ops::parse_inputs).transpose()?;
-            let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
-            ops::submit(
-                &broker,
-                &agent,
-                &acting_user,
-                &prompt,
-                inputs,
-                Duration::from_secs(wait),
-            )
-            .await
+            let broker =
+                ops::connect_broker(&cli.endpoints.amqp_addr, &cli.endpoints.queue_prefix).await?;
+            let wait = Duration::from_secs(wait);
+            ops::submit(&broker, &agent, &acting_user, &prompt, inputs, wait).await
         }
         Command::Inbox { viewer, save } => {
-            let (store, registry, users) = card_reader(&cli.database_url).await?;
+            let (store, registry, users) = card_reader(url).await?;
             ops::inbox(&store, &registry, &*users, &viewer, save.as_deref()).await
         }
         Command::Decide {
@@ -426,79 +284,144 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             digest,
             wait,
         } => {
-            let reviewed = match (card, seq, digest) {
-                (Some(path), _, _) => ops::saved_card(&path, run_id)?,
-                (None, Some(suspension_seq), Some(turn_digest)) => ops::Reviewed {
-                    run_id,
-                    suspension_seq,
-                    turn_digest,
-                },
-                // clap requires --card, or --seq with --digest.
-                _ => anyhow::bail!("name the card decided on: --card FILE, or --seq and --digest"),
-            };
-            let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
-            ops::decide(
-                &broker,
-                &reviewed,
-                &approver,
-                approve,
-                comment,
-                Duration::from_secs(wait),
-            )
-            .await
+            let reviewed = reviewed(run_id, card, seq, digest)?;
+            let broker =
+                ops::connect_broker(&cli.endpoints.amqp_addr, &cli.endpoints.queue_prefix).await?;
+            let wait = Duration::from_secs(wait);
+            ops::decide(&broker, &reviewed, &approver, approve, comment, wait).await
         }
         Command::Show {
             run_id,
             viewer: None,
             save: _,
-        } => {
-            let store = ops::store_without_keys(connect(&cli.database_url).await?);
-            ops::show_run(&store, run_id).await
-        }
+        } => ops::show_run(&ops::store_without_keys(connect(url).await?), run_id).await,
         Command::Show {
             run_id,
             viewer: Some(viewer),
             save,
         } => {
-            let (store, registry, users) = card_reader(&cli.database_url).await?;
+            let (store, registry, users) = card_reader(url).await?;
             ops::show_run(&store, run_id).await?;
             ops::show_card(&store, &registry, &*users, run_id, &viewer, save.as_deref()).await
         }
         Command::Cancel { run_id } => {
-            let store = ops::store_without_keys(connect(&cli.database_url).await?);
-            let broker = ops::connect_broker(&cli.amqp_addr, &cli.queue_prefix).await?;
+            let store = ops::store_without_keys(connect(url).await?);
+            let broker =
+                ops::connect_broker(&cli.endpoints.amqp_addr, &cli.endpoints.queue_prefix).await?;
             ops::cancel(&store, &broker, run_id).await
-        }
-        Command::Bench {
-            runs,
-            long,
-            model_latency_ms,
-        } => {
-            let config = bench::BenchConfig {
-                cycles: runs,
-                long_segments: long,
-                model_latency: Duration::from_millis(model_latency_ms),
-            };
-            bench::run(&cli.database_url, &cli.amqp_addr, config).await
-        }
-        Command::BenchModelStub { latency_ms } => {
-            bench::serve_model_stub(Duration::from_millis(latency_ms)).await
         }
         Command::Healthcheck { url, timeout_secs } => {
             healthcheck::check(&url, Duration::from_secs(timeout_secs)).await?;
             println!("{url}: ready");
             Ok(())
         }
-        Command::Demo { database, keep } => {
-            demo::run(
-                &cli.database_url,
-                &cli.amqp_addr,
-                &cli.queue_prefix,
-                &database,
-                keep,
-            )
+    }
+}
+
+async fn migrate(database_url: &str, with_content: bool) -> anyhow::Result<()> {
+    let pool = connect(database_url).await?;
+    countersign_store::MIGRATOR
+        .run(&pool)
+        .await
+        .context("applying the engine's migrations")?;
+    if with_content {
+        countersign_content::MIGRATOR
+            .run(&pool)
             .await
+            .context("applying the content store's migrations")?;
+        println!("migrations applied (with the content store)");
+    } else {
+        println!("migrations applied");
+    }
+    Ok(())
+}
+
+async fn keys(database_url: &str, command: KeysCommand) -> anyhow::Result<()> {
+    let (batch, key_file) = match command {
+        KeysCommand::Generate { id } => {
+            let id = KeyId::parse(&id).context("invalid key id")?;
+            println!("{}", Keyring::generate_entry(&id));
+            return Ok(());
         }
+        KeysCommand::Rotate { batch, key_file } => (batch, key_file),
+    };
+    let keyring = match key_file {
+        Some(path) => Keyring::from_file(&path),
+        None => Keyring::from_env(),
+    }
+    .context("loading the keyring")?;
+    let store = Store::new(connect(database_url).await?, Arc::new(keyring));
+    let report = store.rotate_keys(batch).await.context("rotating keys")?;
+    println!(
+        "re-sealed {} data key(s) under key {} in {} batch(es)",
+        report.resealed(),
+        store.keyring().active_key_id(),
+        report.batches
+    );
+    anyhow::ensure!(
+        report.unreadable() == 0,
+        "{} envelope(s) could not be opened with this keyring and were left as they are",
+        report.unreadable()
+    );
+    Ok(())
+}
+
+async fn agents(database_url: &str, command: AgentsCommand) -> anyhow::Result<()> {
+    let store = ops::store_without_keys(connect(database_url).await?);
+    match command {
+        AgentsCommand::Put { file } => ops::put_agent(&store, &file).await,
+        AgentsCommand::List => ops::list_agents(&store).await,
+        AgentsCommand::Check { name, acting_user } => {
+            let tools = countersign_service::tools::tools(&store).await?;
+            ops::check_agent(&store, &tools, &name, acting_user.as_deref()).await
+        }
+    }
+}
+
+async fn producers(database_url: &str, command: ProducersCommand) -> anyhow::Result<()> {
+    let pool = connect(database_url).await?;
+    match command {
+        ProducersCommand::Allow {
+            amqp_user,
+            kind,
+            name,
+        } => ops::allow_producer(&pool, &amqp_user, &kind, &name).await,
+        ProducersCommand::Revoke {
+            amqp_user,
+            kind,
+            name,
+        } => ops::revoke_producer(&pool, &amqp_user, &kind, &name).await,
+        ProducersCommand::List => ops::list_producers(&pool).await,
+    }
+}
+
+async fn seed_demo_site(database_url: &str) -> anyhow::Result<()> {
+    let pool = connect(database_url).await?;
+    anyhow::ensure!(
+        countersign_content::is_installed(&pool).await?,
+        "the content store's schema is not installed: run `countersign migrate --with-content` first"
+    );
+    countersign_content::seed_demo_site(&pool).await?;
+    println!("demo site seeded");
+    Ok(())
+}
+
+/// The card a decision names: from the card file, or by its number and digest.
+fn reviewed(
+    run_id: countersign_core::RunId,
+    card: Option<PathBuf>,
+    seq: Option<SuspensionSeq>,
+    digest: Option<TurnDigest>,
+) -> anyhow::Result<ops::Reviewed> {
+    match (card, seq, digest) {
+        (Some(path), _, _) => ops::saved_card(&path, run_id),
+        (None, Some(suspension_seq), Some(turn_digest)) => Ok(ops::Reviewed {
+            run_id,
+            suspension_seq,
+            turn_digest,
+        }),
+        // clap requires --card, or --seq with --digest.
+        _ => anyhow::bail!("name the card decided on: --card FILE, or --seq and --digest"),
     }
 }
 

@@ -54,6 +54,37 @@ pub struct Connections {
     pub otlp_endpoint: Option<String>,
 }
 
+/// `--database-url`, `--amqp-addr` and `--queue-prefix` of the command lines that act on an
+/// installation from outside it (`countersign`, `countersign-dev`): the environment's values,
+/// else the local services; given anywhere on the command line.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Endpoints {
+    /// PostgreSQL, the source of truth.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres",
+        global = true
+    )]
+    pub database_url: String,
+    /// RabbitMQ, for the commands that talk to the queues.
+    #[arg(
+        long,
+        env = "AMQP_ADDR",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f",
+        global = true
+    )]
+    pub amqp_addr: String,
+    /// Prefix of every queue and exchange name.
+    #[arg(
+        long,
+        env = "COUNTERSIGN_QUEUE_PREFIX",
+        default_value = "countersign",
+        global = true
+    )]
+    pub queue_prefix: String,
+}
+
 /// Where the work queues' dead-lettering and delivery limit come from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum QueueArguments {

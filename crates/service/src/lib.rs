@@ -31,7 +31,7 @@ pub mod relay;
 pub mod telemetry;
 pub mod tools;
 
-pub use connections::{pool_options, Connections, QueueArguments, Ready};
+pub use connections::{pool_options, Connections, Endpoints, QueueArguments, Ready};
 pub use telemetry::{init_telemetry, Telemetry, TelemetryError};
 
 /// Installs the global log subscriber, without traces. Call once, first thing in `main`;

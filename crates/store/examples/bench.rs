@@ -27,8 +27,9 @@ use countersign_store::{
     DecisionOutcome, DecisionRecord, NewDecision, RunCounters, Settlement, Store,
     TerminationReason, MIGRATOR,
 };
+use countersign_testkit::Database;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
 /// How long each figure is measured for.
@@ -37,30 +38,20 @@ const TTL: Duration = Duration::from_secs(60);
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let admin: PgConnectOptions = url.parse().context("DATABASE_URL")?;
     let name = format!("countersign_bench_{}", std::process::id());
-
-    let mut conn = admin.connect().await.context("connecting to PostgreSQL")?;
+    let db = Database::create_on(&countersign_testkit::database_url(), &name).await?;
+    let mut conn = db.connect().await;
     let version: String = sqlx::query_scalar("SHOW server_version")
         .fetch_one(&mut conn)
         .await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await?;
+    conn.close().await?;
     println!(
         "countersign-store bench: PostgreSQL {version}, {} cores, window {}s per figure",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         WINDOW.as_secs()
     );
-
-    let result = run(admin.clone().database(&name)).await;
-
-    sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
-        .execute(&mut conn)
-        .await?;
-    conn.close().await?;
+    let result = run(db.options()?).await;
+    db.remove().await?;
     result
 }
 

@@ -63,23 +63,10 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(u32::MAX)
         .min(args.pool_size.max(2));
     let (store, broker) = args.connections.open(pool_size, args.http_addr).await?;
-    let countersign_service::tools::Tools {
-        registry,
-        local,
-        users,
-        ..
-    } = countersign_service::tools::tools(&store).await?;
+    let tools = countersign_service::tools::tools(&store).await?;
     let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));
-    let runner = SegmentRunner {
-        store,
-        registry: Arc::new(registry),
-        local: Arc::new(local),
-        models: Models::PerAgent(Arc::new(catalog)),
-        users,
-        lease_ttl,
-        heartbeat: Default::default(),
-        settler: Default::default(),
-    };
+    let models = Models::PerAgent(Arc::new(catalog));
+    let runner = SegmentRunner::new(store, tools, models, lease_ttl);
     let config = WorkerConfig {
         owner: args.owner.unwrap_or_else(default_owner),
         concurrency: args.concurrency.max(1),

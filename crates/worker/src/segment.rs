@@ -13,6 +13,7 @@ use countersign_core::{
     TokenUsage, ToolRegistry, UserDirectory,
 };
 use countersign_model::ModelCatalog;
+use countersign_service::tools::Tools;
 use countersign_store::{
     Claim, FencedWrite, Lease, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
 };
@@ -86,6 +87,21 @@ impl Models {
 }
 
 impl SegmentRunner {
+    /// A runner over the deployment's tools and users (`countersign_service::tools`), as the
+    /// worker binary assembles it, with a heartbeat and a settler of its own.
+    pub fn new(store: Store, tools: Tools, models: Models, lease_ttl: Duration) -> SegmentRunner {
+        SegmentRunner {
+            store,
+            registry: Arc::new(tools.registry),
+            local: Arc::new(tools.local),
+            models,
+            users: tools.users,
+            lease_ttl,
+            heartbeat: Heartbeat::default(),
+            settler: Settler::default(),
+        }
+    }
+
     /// Runs the segment of a won claim to its end.
     pub async fn run(&self, claim: &Claim) -> Result<SegmentEnd, StoreError> {
         self.run_until(claim, std::future::pending()).await

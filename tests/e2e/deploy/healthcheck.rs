@@ -88,5 +88,5 @@ async fn the_healthcheck_passes_on_a_ready_service_and_fails_on_anything_else() 
     assert!(said(&https).contains("not an http://"), "{}", said(&https));
 
     countersign_e2e::delete_topology(&install.queue_prefix).await;
-    db.drop().await;
+    db.remove().await.unwrap();
 }

@@ -8,8 +8,8 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use countersign_e2e::{
-    amqp_addr, demo_agent, demo_script, free_port, http_get, workspace_file, Installation,
-    ModelEndpoint, Running, TempDir, MODEL_KEY_ENV,
+    amqp_addr, demo_agent, demo_script, free_port, http_get, model_settings, workspace_file,
+    Installation, ModelStub, Process, TempDir, MODEL_KEY_ENV,
 };
 use countersign_queue::{
     Broker, Consumer, Declare, MessageProperties, QueueConfig, Topology, DEAD_LETTER_MAX_BYTES,
@@ -446,7 +446,7 @@ async fn a_run_goes_from_request_to_write_under_the_least_privilege_users_declar
         |name: &str| std::env::temp_dir().join(format!("countersign-{name}-{}.log", mq.suffix));
     let log_to = |name: &str| Stdio::from(std::fs::File::create(log(name)).unwrap());
     // --no-declare by its variable for one service, by its flag for the others.
-    let _coordinator = Running(
+    let _coordinator = Process::from(
         as_user("countersign-coordinator", "countersign-coordinator")
             .env("COUNTERSIGN_NO_DECLARE", "true")
             .args(["--http-addr", &format!("127.0.0.1:{coordinator_port}")])
@@ -455,7 +455,7 @@ async fn a_run_goes_from_request_to_write_under_the_least_privilege_users_declar
             .spawn()
             .unwrap(),
     );
-    let _worker = Running(
+    let _worker = Process::from(
         as_user("countersign-worker", "countersign-worker")
             .args(["--no-declare", "--model-script", &demo_script()])
             .args(["--http-addr", &format!("127.0.0.1:{worker_port}")])
@@ -552,7 +552,7 @@ async fn a_run_goes_from_request_to_write_under_the_least_privilege_users_declar
         }
     }
     drop((_coordinator, _worker));
-    db.drop().await;
+    db.remove().await.unwrap();
 }
 
 #[tokio::test]
@@ -712,13 +712,13 @@ async fn a_worker_stopped_under_its_definitions_user_hands_its_waiting_wake_up_b
         queue_prefix: t.prefix.clone(),
     };
     // A model that never answers: the first run holds the worker's only slot.
-    let model = ModelEndpoint::silent();
+    let model = ModelStub::silent();
     let dir = TempDir::new();
     let agent = dir.json(
         "agent.json",
         &json!({
             "name": "seo-assistant",
-            "model": model.model_settings(),
+            "model": model_settings(&model),
             "policy": {"allowed_groups": ["content"], "enabled_tools": []},
             "max_iterations": 4,
             "approval_deadline_secs": 3600
@@ -734,14 +734,14 @@ async fn a_worker_stopped_under_its_definitions_user_hands_its_waiting_wake_up_b
         cmd
     };
     let log = std::env::temp_dir().join(format!("countersign-worker-{}.log", mq.suffix));
-    let _coordinator = Running(
+    let _coordinator = Process::from(
         as_user("countersign-coordinator", "countersign-coordinator")
             .arg("--no-declare")
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    let mut worker = Running(
+    let mut worker = Process::from(
         as_user("countersign-worker", "countersign-worker")
             .args([
                 "--no-declare",
@@ -837,5 +837,5 @@ async fn a_worker_stopped_under_its_definitions_user_hands_its_waiting_wake_up_b
     let (dead, _) = queue_counts(&mq.vhost, &t.dead_letters());
     assert_eq!(dead, 0, "nothing was dead-lettered");
     drop(_coordinator);
-    db.drop().await;
+    db.remove().await.unwrap();
 }

@@ -4,28 +4,24 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, Method, Request};
 use countersign_api::{tokens, ApiConfig, AppState};
-use countersign_content::{seed_demo_site, ContentUsers};
+use countersign_content::ContentUsers;
 use countersign_coordinator::Coordinator;
-use countersign_core::{RunId, ToolPolicy, ToolRegistry, UserDirectory};
-use countersign_crypto::Keyring;
-use countersign_model::ScriptedModel;
+use countersign_core::{RunId, UserDirectory};
 use countersign_queue::{Broker, QueueConfig, Topology};
-use countersign_store::{AgentConfig, Store};
-use countersign_worker::{SegmentEnd, SegmentRunner};
+use countersign_store::AgentConfig;
+use countersign_testkit::amqp_addr;
+use countersign_testkit::site::Site;
+use countersign_worker::SegmentEnd;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use uuid::Uuid;
-
-const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
-const TTL: Duration = Duration::from_secs(30);
 
 pub const AGENT: &str = "seo";
 pub const WRITERS: [&str; 2] = ["update_page_metadata", "attach_file_to_content_element"];
@@ -44,18 +40,20 @@ fn script() -> String {
     .to_string()
 }
 
-pub fn amqp_addr() -> String {
-    std::env::var("AMQP_ADDR")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-}
-
+/// The API on a real socket over the demo site, the agent and the worker's segment runner.
 pub struct Harness {
-    pub pool: PgPool,
-    pub store: Store,
-    pub runner: SegmentRunner,
+    pub site: Site,
     pub broker: Broker,
     pub addr: SocketAddr,
     server: tokio::task::JoinHandle<()>,
+}
+
+impl std::ops::Deref for Harness {
+    type Target = Site;
+
+    fn deref(&self) -> &Site {
+        &self.site
+    }
 }
 
 impl Drop for Harness {
@@ -66,19 +64,7 @@ impl Drop for Harness {
 
 /// The agent as the harness configures it.
 pub fn agent(four_eyes: bool) -> AgentConfig {
-    AgentConfig {
-        name: AGENT.into(),
-        active: true,
-        model: json!({}),
-        policy: ToolPolicy {
-            enabled_tools: WRITERS.iter().map(|w| w.to_string()).collect(),
-            ..Default::default()
-        },
-        max_iterations: 5,
-        max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-        four_eyes,
-        approval_deadline: Duration::from_secs(3600),
-    }
+    countersign_testkit::site::agent(AGENT, &WRITERS, four_eyes)
 }
 
 /// A plain-HTTP configuration (cookies not `Secure`, since the test talks plain HTTP).
@@ -105,35 +91,14 @@ pub async fn harness_with_users(
     config: ApiConfig,
     api_users: Arc<dyn UserDirectory>,
 ) -> Harness {
-    seed_demo_site(&pool).await.unwrap();
-    let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
-    store.upsert_agent(&agent(true)).await.unwrap();
-    let mut registry = ToolRegistry::new();
-    let mut local = countersign_core::LocalWriters::new();
-    countersign_content::register(&mut registry, &mut local, store.clone());
-    let registry = Arc::new(registry);
-    let users: Arc<dyn UserDirectory> = Arc::new(ContentUsers::new(pool.clone()));
-    let runner = SegmentRunner {
-        store: store.clone(),
-        registry: registry.clone(),
-        local: Arc::new(local),
-        models: countersign_worker::Models::Fixed(Arc::new(
-            ScriptedModel::from_json(&script()).unwrap(),
-        )),
-        users: users.clone(),
-        lease_ttl: TTL,
-        heartbeat: Default::default(),
-        settler: Default::default(),
-    };
+    let site = Site::new(pool, &agent(true), &script()).await;
     let prefix = format!("api-it-{}", Uuid::now_v7());
     let broker = Broker::connect(QueueConfig::new(amqp_addr(), Topology::new(prefix)))
         .await
         .expect("RabbitMQ answers");
-    let state = AppState::new(
-        Coordinator::with_users(store.clone(), registry, api_users),
-        broker.clone(),
-        config,
-    );
+    let registry = site.runner.registry.clone();
+    let coordinator = Coordinator::with_users(site.store.clone(), registry, api_users);
+    let state = AppState::new(coordinator, broker.clone(), config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
@@ -142,9 +107,7 @@ pub async fn harness_with_users(
             .unwrap();
     });
     Harness {
-        pool,
-        store,
-        runner,
+        site,
         broker,
         addr,
         server,
@@ -332,26 +295,7 @@ impl Harness {
     }
 
     pub async fn claim_and_run(&self, run_id: RunId) -> SegmentEnd {
-        let claim = self
-            .store
-            .claim(run_id, "w1", TTL)
-            .await
-            .unwrap()
-            .expect("claimable");
-        self.runner.run(&claim).await.unwrap()
-    }
-
-    /// The whole run row as JSON, to prove a refusal left it exactly as it was.
-    pub async fn row(&self, run_id: RunId) -> Value {
-        sqlx::query_scalar("SELECT to_jsonb(r) FROM runs r WHERE id = $1")
-            .bind(run_id.as_uuid())
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
-    }
-
-    pub async fn count(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sql).fetch_one(&self.pool).await.unwrap()
+        self.site.claim_and_run(run_id, "w1").await
     }
 
     /// A colleague attaches another image to the teaser: the attach call's preview moves.

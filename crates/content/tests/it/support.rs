@@ -1,26 +1,24 @@
 //! A seeded demo site, its tools, and leases to write under.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use countersign_content::{seed_demo_site, tools};
 use countersign_core::{
     CallIndex, ExecContext, FenceToken, Principal, SuspensionSeq, Tool, ToolError, ToolOutput,
-    ToolPreview, ToolRegistry,
+    ToolPreview,
 };
-use countersign_crypto::Keyring;
-use countersign_store::{NewRun, Store};
+use countersign_testkit::site::{agent, TTL};
 use serde_json::Value;
 use sqlx::{PgPool, Row};
-use uuid::Uuid;
 
-/// A fixed test key (32 zero bytes): the content tests are about content, not about sealing.
-const TEST_KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+/// The demo site, and the tools as the services register them.
+pub struct Site(countersign_testkit::site::Site);
 
-pub struct Site {
-    pub pool: PgPool,
-    pub store: Store,
-    registry: ToolRegistry,
+impl std::ops::Deref for Site {
+    type Target = countersign_testkit::site::Site;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
 }
 
 /// A principal by name; the content store decides what the name may do.
@@ -31,22 +29,13 @@ pub fn user(name: &str) -> Principal {
 impl Site {
     /// The demo site in this test's own database.
     pub async fn seeded(pool: PgPool) -> Site {
-        seed_demo_site(&pool).await.expect("seed the demo site");
-        let keyring = Keyring::parse(TEST_KEYS).expect("test keyring");
-        let store = Store::new(pool.clone(), Arc::new(keyring));
-        let mut registry = ToolRegistry::new();
-        for tool in tools(store.clone()) {
-            registry.register(tool);
-        }
-        Site {
-            pool,
-            store,
-            registry,
-        }
+        let agent = agent("seo-assistant", &[], false);
+        Site(countersign_testkit::site::Site::new(pool, &agent, r#"{"turns": []}"#).await)
     }
 
     pub fn tool(&self, name: &str) -> &Arc<dyn Tool> {
-        self.registry
+        self.runner
+            .registry
             .get(name)
             .unwrap_or_else(|| panic!("no tool {name}"))
     }
@@ -72,26 +61,14 @@ impl Site {
 
     /// A run acting as `acting_user`, claimed by a worker: the fence token of its first call.
     pub async fn lease(&self, acting_user: &str) -> FenceToken {
-        let created = self
-            .store
-            .create_run(&NewRun {
-                request_id: Uuid::now_v7(),
-                agent: "seo-assistant".into(),
-                acting_user: acting_user.into(),
-                prompt: "Tighten the description of page 12.".into(),
-                inputs: None,
-            })
-            .await
-            .expect("create run");
+        let run_id = self.queued_run("seo-assistant", acting_user).await;
         let claim = self
             .store
-            .claim(created.run_id, "worker-1", Duration::from_secs(60))
+            .claim(run_id, "worker-1", TTL)
             .await
-            .expect("claim")
-            .expect("the new run is claimable");
-        claim
-            .lease
-            .fence_token(SuspensionSeq::new(1).unwrap(), CallIndex::new(0))
+            .expect("claim");
+        let lease = claim.expect("the new run is claimable").lease;
+        lease.fence_token(SuspensionSeq::new(1).unwrap(), CallIndex::new(0))
     }
 
     /// Executes a call with the given fence (or none).
@@ -132,13 +109,6 @@ impl Site {
             .await
             .expect("page row")
             .get(0)
-    }
-
-    pub async fn count(&self, sql: &str) -> i64 {
-        sqlx::query_scalar(sql)
-            .fetch_one(&self.pool)
-            .await
-            .expect("count")
     }
 
     pub async fn exec(&self, sql: &str) {

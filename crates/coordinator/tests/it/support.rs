@@ -1,22 +1,17 @@
 //! A seeded store, the agent `seo`, a real worker to suspend runs, and the coordinator.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use countersign_content::{seed_demo_site, ContentUsers};
 use countersign_coordinator::producers::{self, ProducerKind, ANY};
 use countersign_coordinator::{Coordinator, DecisionVerdict, RequestOutcome};
-use countersign_core::{RunId, SuspensionSeq, ToolPolicy, ToolRegistry, TurnDigest, UserDirectory};
-use countersign_crypto::Keyring;
-use countersign_model::ScriptedModel;
-use countersign_store::{AgentConfig, RunStatus, Store};
-use countersign_worker::{SegmentEnd, SegmentRunner};
+use countersign_core::{RunId, SuspensionSeq, TurnDigest};
+use countersign_store::{AgentConfig, RunStatus};
+use countersign_testkit::site::Site;
+use countersign_testkit::wait_until;
+use countersign_worker::SegmentEnd;
 use serde_json::{json, Value};
 use sqlx::PgPool;
 use uuid::Uuid;
-
-const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
-const TTL: Duration = Duration::from_secs(30);
 
 pub const AGENT: &str = "seo";
 pub const WRITERS: [&str; 2] = ["update_page_metadata", "attach_file_to_content_element"];
@@ -38,51 +33,27 @@ const SCRIPT: &str = r#"{"turns": [
   {"content": "Done."}
 ]}"#;
 
+/// The demo site, the agent, the worker's segment runner, and the coordinator over them.
 pub struct Harness {
-    pub store: Store,
-    pub pool: PgPool,
-    pub runner: SegmentRunner,
+    pub site: Site,
     pub coordinator: Coordinator,
+}
+
+impl std::ops::Deref for Harness {
+    type Target = Site;
+
+    fn deref(&self) -> &Site {
+        &self.site
+    }
 }
 
 /// The agent as the harness configures it, before a test changes it.
 pub fn agent(four_eyes: bool) -> AgentConfig {
-    AgentConfig {
-        name: AGENT.into(),
-        active: true,
-        model: json!({}),
-        policy: ToolPolicy {
-            enabled_tools: WRITERS.iter().map(|w| w.to_string()).collect(),
-            ..Default::default()
-        },
-        max_iterations: 5,
-        max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-        four_eyes,
-        approval_deadline: Duration::from_secs(3600),
-    }
+    countersign_testkit::site::agent(AGENT, &WRITERS, four_eyes)
 }
 
 pub async fn harness(pool: PgPool) -> Harness {
-    seed_demo_site(&pool).await.unwrap();
-    let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
-    store.upsert_agent(&agent(false)).await.unwrap();
-    let mut registry = ToolRegistry::new();
-    let mut local = countersign_core::LocalWriters::new();
-    countersign_content::register(&mut registry, &mut local, store.clone());
-    let registry = Arc::new(registry);
-    let users: Arc<dyn UserDirectory> = Arc::new(ContentUsers::new(pool.clone()));
-    let runner = SegmentRunner {
-        store: store.clone(),
-        registry: registry.clone(),
-        local: Arc::new(local),
-        models: countersign_worker::Models::Fixed(Arc::new(
-            ScriptedModel::from_json(SCRIPT).unwrap(),
-        )),
-        users: users.clone(),
-        lease_ttl: TTL,
-        heartbeat: Default::default(),
-        settler: Default::default(),
-    };
+    let site = Site::new(pool, &agent(false), SCRIPT).await;
     for (user, kind, name) in [
         (INBOX, ProducerKind::Approver, ANY),
         (KIOSK, ProducerKind::Approver, "approver"),
@@ -91,13 +62,14 @@ pub async fn harness(pool: PgPool) -> Harness {
         (DESK, ProducerKind::Approver, ANY),
         (DESK, ProducerKind::ActingUser, "editor"),
     ] {
-        producers::allow(&pool, user, kind, name).await.unwrap();
+        producers::allow(&site.pool, user, kind, name)
+            .await
+            .unwrap();
     }
+    let (registry, users) = (site.runner.registry.clone(), site.runner.users.clone());
     Harness {
-        coordinator: Coordinator::with_users(store.clone(), registry, users),
-        store,
-        pool,
-        runner,
+        coordinator: Coordinator::with_users(site.store.clone(), registry, users),
+        site,
     }
 }
 
@@ -174,30 +146,10 @@ impl Harness {
         }
     }
 
-    pub async fn claim_and_run(&self, run_id: RunId, owner: &str) -> SegmentEnd {
-        let claim = self
-            .store
-            .claim(run_id, owner, TTL)
-            .await
-            .unwrap()
-            .expect("claimable");
-        self.runner.run(&claim).await.unwrap()
-    }
-
     /// Sends a decision from `producer`.
     pub async fn decide(&self, decision: &Value, producer: Option<&str>) -> DecisionVerdict {
         self.coordinator
             .take_decision(&bytes(decision), producer)
-            .await
-            .unwrap()
-    }
-
-    /// The whole run row as JSON — status, segment, suspension, sealed state (as hex), lease,
-    /// deadlines and `updated_at` — to prove a refusal left it exactly as it was.
-    pub async fn row(&self, run_id: RunId) -> Value {
-        sqlx::query_scalar("SELECT to_jsonb(r) FROM runs r WHERE id = $1")
-            .bind(run_id.as_uuid())
-            .fetch_one(&self.pool)
             .await
             .unwrap()
     }
@@ -261,40 +213,29 @@ impl Harness {
     /// Waits until `n` statements of this database are blocked on a lock: the deciders have
     /// passed their gates and queue behind the held run row. Fails after thirty seconds.
     pub async fn wait_for_lock_waiters(&self, n: i64) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(&self.pool)
-            .await
-            .unwrap();
-            if waiting >= n {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "only {waiting} of {n} deciders reached the run row"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        let what = format!("{n} deciders wait on the run row");
+        let sql = "SELECT count(*) >= $1 FROM pg_stat_activity
+                   WHERE datname = current_database() AND wait_event_type = 'Lock'";
+        wait_until(&what, Duration::from_secs(30), async || {
+            let all: bool = sqlx::query_scalar(sql)
+                .bind(n)
+                .fetch_one(&self.pool)
+                .await?;
+            Ok(all.then_some(()))
+        })
+        .await
+        .unwrap();
     }
 
     pub async fn runs(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM runs")
-            .fetch_one(&self.pool)
-            .await
-            .unwrap()
+        self.count("SELECT count(*) FROM runs").await
     }
 
     pub async fn teaser_images(&self) -> i64 {
-        sqlx::query_scalar(
+        self.count(
             "SELECT count(*) FROM content.file_references WHERE element = 5 AND field = 'image' AND NOT deleted",
         )
-        .fetch_one(&self.pool)
         .await
-        .unwrap()
     }
 }
 

@@ -5,7 +5,7 @@ use countersign_core::Message;
 use countersign_model::{ModelCatalog, ModelConfigError};
 use serde_json::json;
 
-use crate::support::{ask, completion, Endpoint};
+use crate::support::{answering, ask, completion};
 
 const SCRIPT: &str = r#"{"turns": [{"content": "Scripted hello."}]}"#;
 
@@ -81,7 +81,7 @@ fn a_missing_or_invalid_script_is_script_unreadable() {
 #[tokio::test]
 async fn an_openai_provider_sends_the_key_from_the_variable_its_settings_name() {
     std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_SET", "sk-from-the-environment");
-    let endpoint = Endpoint::answering(&completion(json!({"content": "Hello."}))).await;
+    let endpoint = answering(&completion(json!({"content": "Hello."})));
     let model = ModelCatalog::new()
         .model_for(&json!({
             "provider": "openai",

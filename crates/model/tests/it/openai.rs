@@ -2,10 +2,11 @@ use std::time::{Duration, Instant};
 
 use countersign_core::{Effect, Message, ModelOptions, TokenUsage, ToolCall, ToolSpec};
 use countersign_model::{OpenAiCompatible, RetryPolicy};
+use countersign_testkit::{ModelStub, Reply};
 use secrecy::SecretString;
 use serde_json::{json, Value};
 
-use crate::support::{ask, ask_with, completion, Endpoint};
+use crate::support::{answering, ask, ask_with, completion};
 
 const KEY: &str = "sk-test-4f1c9a0e7b2d";
 const PROMPT: &str = "Tighten the description of page 12.";
@@ -19,7 +20,7 @@ pub fn quick_retries() -> RetryPolicy {
     }
 }
 
-fn provider(endpoint: &Endpoint) -> OpenAiCompatible {
+fn provider(endpoint: &ModelStub) -> OpenAiCompatible {
     OpenAiCompatible::new(&endpoint.base_url, "small-model", SecretString::from(KEY))
         .unwrap()
         .with_retry(quick_retries())
@@ -56,10 +57,9 @@ fn transcript() -> Vec<Message> {
 
 #[tokio::test]
 async fn the_request_carries_the_model_key_messages_tools_and_options() {
-    let endpoint = Endpoint::answering(&completion(
+    let endpoint = answering(&completion(
         json!({"role": "assistant", "content": "Done."}),
-    ))
-    .await;
+    ));
     let mut options = ModelOptions::new();
     options.insert("temperature".into(), json!(0.2));
     options.insert("max_tokens".into(), json!(256));
@@ -111,7 +111,7 @@ async fn the_request_carries_the_model_key_messages_tools_and_options() {
 
 #[tokio::test]
 async fn an_option_cannot_replace_the_model_the_messages_or_turn_on_streaming() {
-    let endpoint = Endpoint::answering(&completion(json!({"content": "Done."}))).await;
+    let endpoint = answering(&completion(json!({"content": "Done."})));
     let mut options = ModelOptions::new();
     options.insert("model".into(), json!("other-model"));
     options.insert("messages".into(), json!([]));
@@ -140,7 +140,7 @@ async fn an_option_cannot_replace_the_model_the_messages_or_turn_on_streaming() 
 
 #[tokio::test]
 async fn tool_calls_in_the_answer_become_calls_with_parsed_arguments_and_ids() {
-    let endpoint = Endpoint::answering(&completion(json!({
+    let endpoint = answering(&completion(json!({
         "role": "assistant",
         "content": "Reading.",
         "tool_calls": [
@@ -149,8 +149,7 @@ async fn tool_calls_in_the_answer_become_calls_with_parsed_arguments_and_ids() {
             {"id": "call_2", "type": "function",
              "function": {"name": "search_pages", "arguments": "{\"query\": \"home\"}"}},
         ],
-    })))
-    .await;
+    })));
 
     let answer = ask(&provider(&endpoint), &[Message::user(PROMPT)])
         .await
@@ -176,7 +175,7 @@ async fn tool_calls_in_the_answer_become_calls_with_parsed_arguments_and_ids() {
 
 #[tokio::test]
 async fn usage_becomes_token_usage() {
-    let endpoint = Endpoint::answering(&completion(json!({"content": "Done."}))).await;
+    let endpoint = answering(&completion(json!({"content": "Done."})));
     let answer = ask(&provider(&endpoint), &[Message::user(PROMPT)])
         .await
         .unwrap();
@@ -192,12 +191,11 @@ async fn usage_becomes_token_usage() {
 
 #[tokio::test]
 async fn unparseable_arguments_arrive_as_a_json_string_value() {
-    let endpoint = Endpoint::answering(&completion(json!({
+    let endpoint = answering(&completion(json!({
         "content": null,
         "tool_calls": [{"id": "call_1", "type": "function",
                         "function": {"name": "update_page", "arguments": "{\"uid\": 12,"}}],
-    })))
-    .await;
+    })));
 
     let answer = ask(&provider(&endpoint), &[Message::user(PROMPT)])
         .await
@@ -212,17 +210,16 @@ async fn unparseable_arguments_arrive_as_a_json_string_value() {
 
 #[tokio::test]
 async fn a_call_without_an_id_is_named_after_its_turn_and_position() {
-    let endpoint = Endpoint::answering(&completion(json!({
+    let endpoint = answering(&completion(json!({
         "tool_calls": [{"type": "function", "function": {"name": "search_pages", "arguments": "{}"}}],
-    })))
-    .await;
+    })));
     let answer = ask(&provider(&endpoint), &transcript()).await.unwrap();
     // The transcript already holds one assistant turn: this is turn 2.
     assert_eq!(answer.tool_calls[0].id, "call_2_1");
 }
 
 async fn error_for(status: u16, body: &str) -> countersign_core::ModelError {
-    let endpoint = Endpoint::start(status, body, Duration::ZERO).await;
+    let endpoint = ModelStub::replying(vec![Reply::new(status, body)]);
     ask(&provider(&endpoint), &[Message::user(PROMPT)])
         .await
         .unwrap_err()
@@ -244,12 +241,11 @@ async fn a_rate_limit_is_provider_unavailable() {
 
 #[tokio::test]
 async fn an_unanswered_call_times_out_as_provider_unavailable() {
-    let endpoint = Endpoint::start(
+    let endpoint = ModelStub::replying(vec![Reply::new(
         200,
         &completion(json!({"content": "late"})),
-        Duration::from_secs(5),
     )
-    .await;
+    .after(Duration::from_secs(5))]);
     let model = provider(&endpoint).with_timeout(Duration::from_millis(200));
 
     let started = Instant::now();
@@ -312,7 +308,7 @@ async fn no_error_text_carries_the_key_or_the_prompt() {
         error_for(200, &echo).await,
         error_for(200, &format!(r#"{{"choices": "{KEY} {PROMPT}"}}"#)).await,
     ];
-    let slow = Endpoint::start(200, &echo, Duration::from_secs(5)).await;
+    let slow = ModelStub::replying(vec![Reply::new(200, &echo).after(Duration::from_secs(5))]);
     errors.push(
         ask(
             &provider(&slow).with_timeout(Duration::from_millis(100)),
@@ -331,7 +327,7 @@ async fn no_error_text_carries_the_key_or_the_prompt() {
 
 #[tokio::test]
 async fn the_provider_debug_output_does_not_show_the_key() {
-    let endpoint = Endpoint::answering("{}").await;
+    let endpoint = answering("{}");
     let debug = format!("{:?}", provider(&endpoint));
     assert!(!debug.contains(KEY), "{debug}");
     assert!(debug.contains("small-model"), "{debug}");

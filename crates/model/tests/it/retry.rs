@@ -5,15 +5,16 @@ use std::time::{Duration, Instant, SystemTime};
 
 use countersign_core::Message;
 use countersign_model::{ModelCatalog, OpenAiCompatible, RetryPolicy};
+use countersign_testkit::{ModelStub, Reply};
 use secrecy::SecretString;
 use serde_json::json;
 
 use crate::openai::quick_retries;
-use crate::support::{ask, completion, Endpoint, Reply};
+use crate::support::{ask, completion};
 
 const BUSY: &str = r#"{"error": {"message": "overloaded"}}"#;
 
-fn provider(endpoint: &Endpoint, retry: RetryPolicy) -> OpenAiCompatible {
+fn provider(endpoint: &ModelStub, retry: RetryPolicy) -> OpenAiCompatible {
     OpenAiCompatible::new(
         &endpoint.base_url,
         "small-model",
@@ -28,18 +29,17 @@ fn done() -> Reply {
 }
 
 /// The pause between the arrivals of request `n - 1` and request `n`.
-fn gap(endpoint: &Endpoint, n: usize) -> Duration {
+fn gap(endpoint: &ModelStub, n: usize) -> Duration {
     let requests = endpoint.requests();
     requests[n].at - requests[n - 1].at
 }
 
 #[tokio::test]
 async fn a_rate_limited_call_waits_the_seconds_retry_after_names_and_then_succeeds() {
-    let endpoint = Endpoint::replying(vec![
+    let endpoint = ModelStub::replying(vec![
         Reply::new(429, BUSY).with_header("retry-after", "1"),
         done(),
-    ])
-    .await;
+    ]);
 
     let answer = ask(
         &provider(&endpoint, RetryPolicy::default()),
@@ -61,11 +61,10 @@ async fn a_rate_limited_call_waits_the_seconds_retry_after_names_and_then_succee
 async fn a_retry_after_given_as_an_http_date_is_waited_for() {
     // HTTP dates name whole seconds: two seconds from now is one to two seconds away.
     let at = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(2));
-    let endpoint = Endpoint::replying(vec![
+    let endpoint = ModelStub::replying(vec![
         Reply::new(503, BUSY).with_header("retry-after", &at),
         done(),
-    ])
-    .await;
+    ]);
 
     let answer = ask(
         &provider(&endpoint, quick_retries()),
@@ -84,7 +83,7 @@ async fn a_retry_after_given_as_an_http_date_is_waited_for() {
 
 #[tokio::test]
 async fn a_provider_that_keeps_answering_503_fails_the_call_once_the_attempts_are_spent() {
-    let endpoint = Endpoint::replying(vec![Reply::new(503, BUSY)]).await;
+    let endpoint = ModelStub::replying(vec![Reply::new(503, BUSY)]);
     let retry = RetryPolicy {
         max_attempts: 3,
         ..quick_retries()
@@ -105,8 +104,7 @@ async fn a_provider_that_keeps_answering_503_fails_the_call_once_the_attempts_ar
 
 #[tokio::test]
 async fn a_provider_that_keeps_answering_503_fails_the_call_once_the_time_budget_is_spent() {
-    let endpoint =
-        Endpoint::replying(vec![Reply::new(503, BUSY).with_header("retry-after", "1")]).await;
+    let endpoint = ModelStub::replying(vec![Reply::new(503, BUSY).with_header("retry-after", "1")]);
     let retry = RetryPolicy {
         max_attempts: 10,
         max_elapsed: Duration::from_secs(2),
@@ -130,11 +128,10 @@ async fn a_provider_that_keeps_answering_503_fails_the_call_once_the_time_budget
 
 #[tokio::test]
 async fn a_retry_after_beyond_the_budget_fails_the_call_at_once_rather_than_wait() {
-    let endpoint = Endpoint::replying(vec![
+    let endpoint = ModelStub::replying(vec![
         Reply::new(429, BUSY).with_header("retry-after", "120"),
         done(),
-    ])
-    .await;
+    ]);
 
     let started = Instant::now();
     let err = ask(
@@ -157,7 +154,7 @@ async fn a_retry_after_beyond_the_budget_fails_the_call_at_once_rather_than_wait
 #[tokio::test]
 async fn a_refusal_that_will_not_pass_is_not_tried_again() {
     for status in [400, 401, 404, 501] {
-        let endpoint = Endpoint::replying(vec![Reply::new(status, BUSY), done()]).await;
+        let endpoint = ModelStub::replying(vec![Reply::new(status, BUSY), done()]);
         let err = ask(
             &provider(&endpoint, quick_retries()),
             &[Message::user("go")],
@@ -167,7 +164,7 @@ async fn a_refusal_that_will_not_pass_is_not_tried_again() {
         assert_eq!(err.code(), "provider_unavailable", "{status}");
         assert_eq!(endpoint.requests().len(), 1, "{status} is not tried again");
     }
-    let endpoint = Endpoint::replying(vec![Reply::new(200, "<html>"), done()]).await;
+    let endpoint = ModelStub::replying(vec![Reply::new(200, "<html>"), done()]);
     let err = ask(
         &provider(&endpoint, quick_retries()),
         &[Message::user("go")],
@@ -185,7 +182,7 @@ async fn a_refusal_that_will_not_pass_is_not_tried_again() {
 #[tokio::test]
 async fn the_retry_settings_of_an_agent_bound_its_calls() {
     std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_RETRY", "sk-retry");
-    let endpoint = Endpoint::replying(vec![Reply::new(502, BUSY)]).await;
+    let endpoint = ModelStub::replying(vec![Reply::new(502, BUSY)]);
     let model = ModelCatalog::new()
         .model_for(&json!({
             "provider": "openai",

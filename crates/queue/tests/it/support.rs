@@ -2,13 +2,10 @@ use std::future::Future;
 use std::time::Duration;
 
 use countersign_queue::{Broker, Consumer, Delivery, QueueConfig, Topology};
+use countersign_testkit::amqp_addr;
 
 /// A guard for something that must happen; never an assertion about timing.
 pub const ARRIVES_WITHIN: Duration = Duration::from_secs(10);
-
-pub fn amqp_addr() -> String {
-    std::env::var("AMQP_ADDR").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
 
 pub fn test_config() -> QueueConfig {
     let mut config = QueueConfig::new(

@@ -534,7 +534,12 @@ async fn covered(
 
     let claim = h.store.claim(run_id, "w-turn", TTL).await.unwrap().unwrap();
     let hooks = Colleague {
-        inner: StoreHooks::new(h.store.clone(), h.local.clone(), claim.lease.clone(), TTL),
+        inner: StoreHooks::new(
+            h.store.clone(),
+            h.runner.local.clone(),
+            claim.lease.clone(),
+            TTL,
+        ),
         pool: pool.clone(),
         sql: mutation.sql,
         seen: Mutex::new(None),
@@ -554,7 +559,7 @@ async fn covered(
     let model = ScriptedModel::from_json(&script(coverage.writer, coverage.arguments)).unwrap();
     let seg = Segment {
         model: &model,
-        registry: &h.registry,
+        registry: &h.runner.registry,
         agent: &agent,
         acting_user: &user,
         hooks: &hooks,

@@ -90,6 +90,7 @@ async fn a_retry_that_finds_part_of_a_turn_journaled_reuses_it_and_writes_only_t
         shown_preview: None,
     };
     let out = h
+        .runner
         .registry
         .get("update_page_metadata")
         .unwrap()
@@ -521,10 +522,9 @@ async fn external_harness(pool: PgPool, hang: bool) -> (Harness, Arc<Notify>) {
         hang,
         started: Default::default(),
     });
-    let mut registry = (*h.registry).clone();
+    let mut registry = (*h.runner.registry).clone();
     registry.register(notify.clone());
-    h.registry = Arc::new(registry);
-    h.runner.registry = h.registry.clone();
+    h.runner.registry = Arc::new(registry);
     h.runner.models = countersign_worker::Models::Fixed(Arc::new(
         ScriptedModel::from_json(NOTIFY_SCRIPT).unwrap(),
     ));

@@ -1,78 +1,39 @@
 //! The seeded demo site, an agent whose script proposes one write turn, and the worker's real
 //! segment runner over them.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use countersign_content::{seed_demo_site, ContentUsers};
-use countersign_core::{LocalWriters, RunId, SuspendedRunState, ToolPolicy, ToolRegistry};
-use countersign_crypto::Keyring;
-use countersign_model::ScriptedModel;
-use countersign_store::{
-    AgentConfig, DecisionOutcome, DecisionRecord, FencedWrite, NewDecision, NewRun, Store,
-};
-use countersign_worker::{SegmentEnd, SegmentRunner};
-use serde_json::json;
+use countersign_core::{RunId, SuspendedRunState};
+use countersign_store::{DecisionOutcome, DecisionRecord, NewDecision};
+pub use countersign_testkit::site::TTL;
+use countersign_testkit::site::{agent, Site};
+use countersign_worker::SegmentEnd;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
-pub const TTL: Duration = Duration::from_secs(30);
 /// The agent every harness configures.
 pub const AGENT: &str = "seo";
 
-pub struct Harness {
-    pub store: Store,
-    pub runner: SegmentRunner,
-    pub registry: Arc<ToolRegistry>,
-    pub local: Arc<LocalWriters<FencedWrite>>,
+/// The site; a test may change its runner (its registry, model, lease time to live).
+pub struct Harness(Site);
+
+impl std::ops::Deref for Harness {
+    type Target = Site;
+
+    fn deref(&self) -> &Site {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Harness {
+    fn deref_mut(&mut self) -> &mut Site {
+        &mut self.0
+    }
 }
 
 impl Harness {
     /// The demo site in `pool`'s database, and an agent that follows `script` with the writers
     /// `enabled`.
     pub async fn new(pool: PgPool, script: &str, enabled: &[&str]) -> Harness {
-        seed_demo_site(&pool).await.unwrap();
-        let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
-        store
-            .upsert_agent(&AgentConfig {
-                name: AGENT.into(),
-                active: true,
-                model: json!({}),
-                policy: ToolPolicy {
-                    enabled_tools: enabled.iter().map(|w| w.to_string()).collect(),
-                    ..Default::default()
-                },
-                max_iterations: 5,
-                max_tool_calls_per_turn:
-                    countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-                four_eyes: false,
-                approval_deadline: Duration::from_secs(3600),
-            })
-            .await
-            .unwrap();
-        let mut registry = ToolRegistry::new();
-        let mut local = LocalWriters::new();
-        countersign_content::register(&mut registry, &mut local, store.clone());
-        let (registry, local) = (Arc::new(registry), Arc::new(local));
-        let runner = SegmentRunner {
-            store: store.clone(),
-            registry: registry.clone(),
-            local: local.clone(),
-            models: countersign_worker::Models::Fixed(Arc::new(
-                ScriptedModel::from_json(script).unwrap(),
-            )),
-            users: Arc::new(ContentUsers::new(pool)),
-            lease_ttl: TTL,
-            heartbeat: Default::default(),
-            settler: Default::default(),
-        };
-        Harness {
-            store,
-            runner,
-            registry,
-            local,
-        }
+        Harness(Site::new(pool, &agent(AGENT, enabled, false), script).await)
     }
 
     /// A run of the script, suspended on its write turn.
@@ -91,28 +52,7 @@ impl Harness {
 
     /// A queued run of the script, acting as `editor`.
     pub async fn new_run(&self) -> RunId {
-        let run = self
-            .store
-            .create_run(&NewRun {
-                request_id: Uuid::now_v7(),
-                agent: AGENT.into(),
-                acting_user: "editor".into(),
-                prompt: "Improve page 12.".into(),
-                inputs: None,
-            })
-            .await
-            .unwrap();
-        run.run_id
-    }
-
-    pub async fn claim_and_run(&self, run_id: RunId, owner: &str) -> SegmentEnd {
-        let claim = self
-            .store
-            .claim(run_id, owner, TTL)
-            .await
-            .unwrap()
-            .expect("claimable");
-        self.runner.run(&claim).await.unwrap()
+        self.queued_run(AGENT, "editor").await
     }
 
     /// The run's suspended state, opened.

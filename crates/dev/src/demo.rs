@@ -1,4 +1,4 @@
-//! `countersign demo`: one run through the real services, start to finish, narrated and checked.
+//! `countersign-dev demo`: one run through the real services, start to finish, narrated and checked.
 //!
 //! The demo starts what an installation runs — `countersign-coordinator`, two
 //! `countersign-worker`s and `countersign-reaper --every 1` — as separate processes over
@@ -6,8 +6,8 @@
 //! approvers with the `countersign` commands README documents: `submit` sends the run request
 //! through the queue like any producer, `inbox --save` shows a card and keeps it, `decide --card`
 //! sends the decision on exactly that card. Only the model is a stand-in: the deterministic
-//! scripted one for the story, and an OpenAI-compatible endpoint the demo serves itself for the
-//! worker that dies holding a lease.
+//! scripted one for the story, and the test kit's OpenAI-compatible stub for the worker that
+//! dies holding a lease.
 //!
 //! Every step is checked in the database (the run row, its decisions, its audit events, the
 //! content store) before the next one is told, and the demo fails loudly at the first step that
@@ -18,28 +18,27 @@
 //! recovery are real — and a second copy of the story would drift from this one.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Output};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context};
-use countersign_coordinator::{producers, ProducerKind};
-use countersign_core::{RunId, ToolPolicy};
+use countersign_core::RunId;
 use countersign_crypto::{KeyId, Keyring};
 use countersign_queue::Broker;
-use countersign_store::{AgentConfig, RunRecord, RunStatus, Store};
+use countersign_store::{RunRecord, RunStatus, Store};
+use countersign_testkit::{
+    binary, free_port, process_runs, wait_until, Database, ModelStub, Process, Reply,
+};
 use serde_json::{json, Value};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::ops;
+use crate::connect_broker;
 
 const AGENT: &str = "seo-assistant";
 const ACTING_USER: &str = "editor";
@@ -47,7 +46,7 @@ const APPROVER: &str = "admin";
 /// A second approver, without rights on page 12: their card withholds the previews.
 const SECOND_APPROVER: &str = "approver";
 const PROMPT: &str = "Tighten the description of page 12 and add bicycle.png to its teaser.";
-const SCRIPT: &str = include_str!("../demo/seo-assistant.json");
+const SCRIPT: &str = include_str!("../../cli/demo/seo-assistant.json");
 
 /// The agent whose model call hangs while a worker is killed.
 const SUMMARISER: &str = "page-summariser";
@@ -91,51 +90,7 @@ pub async fn run(
     );
     let started = Instant::now();
     println!("countersign demo — an agent proposes, a human countersigns\n");
-    let binaries = binaries()?;
-    let (dir, leftover) = demo_dir(database)?;
-    if let Some(prefix) = leftover {
-        let broker = ops::connect_broker(amqp_addr, &prefix).await?;
-        broker
-            .delete_topology()
-            .await
-            .context("deleting the queues a previous demo left")?;
-        println!("(Deleted the queues {prefix}.* a previous demo left behind.)\n");
-    }
-    let server = PgConnectOptions::from_str(database_url).context("parsing DATABASE_URL")?;
-    recreate_database(&server, database).await?;
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(server.clone().database(database))
-        .await
-        .context("connecting to the demo database")?;
-    countersign_content::WITH_ENGINE
-        .run(&pool)
-        .await
-        .context("migrating the demo database")?;
-    countersign_content::seed_demo_site(&pool)
-        .await
-        .context("seeding the demo site")?;
-    let prefix = demo_prefix(queue_prefix);
-    // Recorded so that the next demo deletes these queues if this one leaves them behind.
-    std::fs::write(dir.join(QUEUES_FILE), &prefix).context("recording the queue prefix")?;
-    let model = ModelStandIn::start()?;
-    let env = Env::new(database_url, database, amqp_addr, &prefix, &dir)?;
-
-    let mut demo = Demo {
-        store: ops::store_without_keys(pool.clone()),
-        pool: pool.clone(),
-        broker: None,
-        amqp_addr: amqp_addr.to_owned(),
-        launch: Launch {
-            binaries,
-            dir: dir.clone(),
-            env,
-        },
-        model,
-        services: Services::default(),
-        database: database.to_owned(),
-        prefix: prefix.clone(),
-    };
+    let mut demo = Demo::prepare(database_url, amqp_addr, queue_prefix, database).await?;
     let result = tokio::select! {
         result = demo.story(keep) => result,
         _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted")),
@@ -145,34 +100,9 @@ pub async fn run(
             "Every step behaved as told ({:.1} s).\n",
             started.elapsed().as_secs_f64()
         );
-        demo.keep_running()?;
-        return Ok(());
+        return demo.keep_running();
     }
-    demo.services.kill_all();
-    pool.close().await;
-    drop_database(&server, database).await?;
-    let broker = match demo.broker.take() {
-        Some(broker) => broker,
-        None => ops::connect_broker(amqp_addr, &prefix).await?,
-    };
-    broker
-        .delete_topology()
-        .await
-        .context("deleting the demo's queues")?;
-    std::fs::remove_file(dir.join(QUEUES_FILE)).ok();
-    match &result {
-        Ok(()) => {
-            std::fs::remove_dir_all(&dir).ok();
-            println!(
-                "\nThe demo database, queues and files are gone. Every step behaved as told ({:.1} s).",
-                started.elapsed().as_secs_f64()
-            );
-        }
-        Err(_) => eprintln!(
-            "\nThe demo failed; the services' logs are in {}.",
-            dir.display()
-        ),
-    }
+    demo.clean_up(result.is_ok(), started).await?;
     result
 }
 
@@ -180,34 +110,140 @@ pub async fn run(
 struct Demo {
     store: Store,
     pool: PgPool,
+    db: Database,
     /// Connected once the services declared the queues.
     broker: Option<Broker>,
     amqp_addr: String,
-    launch: Launch,
-    model: ModelStandIn,
+    model: ModelStub,
     services: Services,
-    database: String,
     prefix: String,
 }
 
 impl Demo {
+    /// The demo's directory, database (migrated, the demo site seeded), queue prefix, model
+    /// stand-in and environment; the queues a previous demo left are deleted.
+    async fn prepare(
+        database_url: &str,
+        amqp_addr: &str,
+        queue_prefix: &str,
+        database: &str,
+    ) -> anyhow::Result<Demo> {
+        for name in ["countersign", COORDINATOR, WORKER, REAPER, API] {
+            binary(name)?;
+        }
+        let (dir, leftover) = demo_dir(database)?;
+        if let Some(prefix) = leftover {
+            let broker = connect_broker(amqp_addr, &prefix).await?;
+            broker
+                .delete_topology()
+                .await
+                .context("deleting the queues a previous demo left")?;
+            println!("(Deleted the queues {prefix}.* a previous demo left behind.)\n");
+        }
+        let db = Database::create_on(database_url, database).await?;
+        let pool = db.migrated(&countersign_content::WITH_ENGINE, 4).await?;
+        countersign_content::seed_demo_site(&pool)
+            .await
+            .context("seeding the demo site")?;
+        let prefix = demo_prefix(queue_prefix);
+        // Recorded so that the next demo deletes these queues if this one leaves them behind.
+        std::fs::write(dir.join(QUEUES_FILE), &prefix).context("recording the queue prefix")?;
+        // The summariser's provider: the first call is never answered (its worker is killed
+        // waiting for it), the second is rate limited, every later one is answered.
+        let model = ModelStub::replying(vec![
+            Reply::chat(SUMMARY, &[]).held(),
+            Reply::too_many_requests(1),
+            Reply::chat(SUMMARY, &[]),
+        ]);
+        let env = Env::new(db.url(), amqp_addr, &prefix, &dir)?;
+        Ok(Demo {
+            // It opens no sealed value: a throwaway keyring.
+            store: Store::new(pool.clone(), Arc::new(Keyring::ephemeral())),
+            pool,
+            db,
+            broker: None,
+            amqp_addr: amqp_addr.to_owned(),
+            model,
+            services: Services {
+                dir,
+                env,
+                running: Vec::new(),
+            },
+            prefix,
+        })
+    }
+
+    /// Stops the services and removes the database and the queues; the files too once every
+    /// step behaved, else they stay for their logs.
+    async fn clean_up(mut self, behaved: bool, started: Instant) -> anyhow::Result<()> {
+        self.services.kill_all();
+        self.pool.close().await;
+        self.db.remove().await?;
+        let broker = match self.broker.take() {
+            Some(broker) => broker,
+            None => connect_broker(&self.amqp_addr, &self.prefix).await?,
+        };
+        broker
+            .delete_topology()
+            .await
+            .context("deleting the demo's queues")?;
+        let dir = &self.services.dir;
+        std::fs::remove_file(dir.join(QUEUES_FILE)).ok();
+        if behaved {
+            std::fs::remove_dir_all(dir).ok();
+            println!(
+                "\nThe demo database, queues and files are gone. Every step behaved as told ({:.1} s).",
+                started.elapsed().as_secs_f64()
+            );
+        } else {
+            eprintln!(
+                "\nThe demo failed; the services' logs are in {}.",
+                dir.display()
+            );
+        }
+        Ok(())
+    }
+    /// The story, step by step; each step checks what it told before the next is told.
     async fn story(&mut self, keep: bool) -> anyhow::Result<()> {
-        self.configure().await?;
+        self.set_up().await?;
+        let run_id = self.request().await?;
+        let card_1 = self.first_card(run_id).await?;
+        self.colleague_edits().await?;
+        self.approve_first_card(run_id).await?;
+        self.moved_card(run_id, &card_1).await?;
+        self.stale_tab(run_id).await?;
+        self.approve_current_card(run_id).await?;
+        self.what_changed(run_id).await?;
+        self.crash().await?;
+        self.web_inbox().await?;
+        if keep {
+            return Ok(());
+        }
+        self.stop().await
+    }
+
+    /// The agents, the services and the broker user the demo's commands publish as.
+    async fn set_up(&mut self) -> anyhow::Result<()> {
+        self.configure()?;
         self.start_services().await?;
-        let broker = ops::connect_broker(&self.amqp_addr, &self.prefix).await?;
-        let user = self.allow_producer(&broker).await?;
+        let broker = connect_broker(&self.amqp_addr, &self.prefix).await?;
+        let user = self.allow_producer(&broker)?;
         self.broker = Some(broker);
         println!(
             "Set up: database {} (migrated, demo site seeded) and queues {}.*;",
-            self.database, self.prefix
+            self.db.name(),
+            self.prefix
         );
         println!(
             "agents \"{AGENT}\" (scripted model, two writers, four eyes) and \"{SUMMARISER}\""
         );
         println!("(read-only, OpenAI-compatible model); the broker user \"{user}\" may name any acting user");
         println!("and approver.\n");
+        Ok(())
+    }
 
-        // 1. The request, through the queue.
+    /// Step 1: the request, through the queue.
+    async fn request(&self) -> anyhow::Result<RunId> {
         println!(
             "1. A run request for agent \"{AGENT}\", acting as \"{ACTING_USER}\", goes through"
         );
@@ -221,8 +257,12 @@ impl Demo {
             run.acting_user
         );
         println!("   → the coordinator gated the request and queued the run\n");
+        Ok(run_id)
+    }
 
-        // 2. The first segment suspends the write turn.
+    /// Step 2: the first segment suspends the write turn; the card as the approver sees it,
+    /// and as a second approver without rights on the page does.
+    async fn first_card(&self, run_id: RunId) -> anyhow::Result<Value> {
         println!(
             "2. A worker claims the run and runs the tool loop. The model reads page 12, then"
         );
@@ -258,8 +298,11 @@ impl Demo {
             "   (\"{SECOND_APPROVER}\", who may approve but holds no rights on page 12, opens the same"
         );
         println!("    card in a tab of their own, with {withheld} preview(s) withheld.)\n");
+        Ok(card_1)
+    }
 
-        // 3. Someone edits the target in the CMS.
+    /// Step 3: someone edits the target in the CMS.
+    async fn colleague_edits(&self) -> anyhow::Result<()> {
         println!("3. Meanwhile a colleague attaches logo.svg to the same teaser in the CMS.");
         sqlx::query(
             "INSERT INTO content.file_references (element, field, file, sorting)
@@ -275,8 +318,11 @@ impl Demo {
         println!(
             "   → the teaser's image field now holds one more reference than the card shows\n"
         );
+        Ok(())
+    }
 
-        // 4. The approval of the first card.
+    /// Step 4: the approval of the first card.
+    async fn approve_first_card(&self, run_id: RunId) -> anyhow::Result<()> {
         println!("4. \"{APPROVER}\" approves the card they were shown, suspension 1:");
         self.decide(run_id, "card-1.json", APPROVER)?;
         ensure!(
@@ -284,8 +330,11 @@ impl Demo {
             "the coordinator did not record the approval"
         );
         println!("   → decision accepted; the run is queued to resume\n");
+        Ok(())
+    }
 
-        // 5. The resume re-previews and finds the relative write moved.
+    /// Step 5: the resume re-previews and finds the relative write moved.
+    async fn moved_card(&self, run_id: RunId, card_1: &Value) -> anyhow::Result<()> {
         println!("5. A worker claims the resume and re-previews the whole turn before any write.");
         self.wait_for_card(run_id, 2).await?;
         self.expect_nothing_written(3).await?;
@@ -321,8 +370,11 @@ impl Demo {
             "the second card does not show the current preview: {card_2}"
         );
         println!();
+        Ok(())
+    }
 
-        // 6. A stale tab.
+    /// Step 6: a stale tab's approval is refused and changes nothing.
+    async fn stale_tab(&self, run_id: RunId) -> anyhow::Result<()> {
         println!("6. The second approver's tab still shows suspension 1, and they approve it:");
         let out = self.show_refused(&[
             "decide",
@@ -349,8 +401,11 @@ impl Demo {
             run.status
         );
         println!("   → decision refused: stale_turn; the run stays waiting, untouched\n");
+        Ok(())
+    }
 
-        // 7. The approval of the current card executes the turn.
+    /// Step 7: the approval of the current card executes the turn.
+    async fn approve_current_card(&self, run_id: RunId) -> anyhow::Result<()> {
         println!("7. \"{APPROVER}\" approves the card they are shown now, suspension 2:");
         self.decide(run_id, "card-2.json", APPROVER)?;
         let run = self.wait_for_status(run_id, RunStatus::Completed).await?;
@@ -368,8 +423,11 @@ impl Demo {
         );
         println!("   journal row in one transaction. The model is told the results and answers.");
         println!("   → run completed: completed\n");
+        Ok(())
+    }
 
-        // 8. What changed.
+    /// Step 8: what changed, read back from the content store.
+    async fn what_changed(&self, run_id: RunId) -> anyhow::Result<()> {
         println!("8. What the run changed, read back from the content store:");
         let description: String =
             sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = 12")
@@ -386,17 +444,11 @@ impl Demo {
         println!("   page 12 description: \"{description}\"");
         println!("   teaser images, in order: {}", files.join(", "));
         println!("   run events: {}\n", kinds.join(" → "));
+        Ok(())
+    }
 
-        // 9. A worker dies holding a lease.
-        self.crash().await?;
-
-        // The web inbox over the same installation.
-        self.web_inbox().await?;
-
-        if keep {
-            return Ok(());
-        }
-        // 10. The orderly stop.
+    /// Step 10: the orderly stop.
+    async fn stop(&mut self) -> anyhow::Result<()> {
         println!("10. Every service is sent SIGTERM, as systemd or Kubernetes would stop it:");
         for (name, pid, status) in self.services.stop_all().await? {
             ensure!(status.success(), "{name} (pid {pid}) exited {status}");
@@ -408,18 +460,32 @@ impl Demo {
     /// Step 9: the summariser's first model call hangs; its worker is SIGKILLed holding the
     /// lease; the reaper requeues the run once the lease ran out, and the other worker runs it.
     async fn crash(&mut self) -> anyhow::Result<()> {
+        let (run_id, doomed) = self.kill_the_waiting_worker().await?;
+        self.rescue(run_id, &doomed).await?;
+        self.services.restart(&doomed)?;
+        self.services.wait_ready(&doomed).await?;
+        println!(
+            "   A supervisor would start the dead worker again; the demo does: {doomed} (pid {}) is ready.\n",
+            self.services.pid(&doomed)?
+        );
+        Ok(())
+    }
+
+    /// The summariser's run, its worker waiting on the model, SIGKILLed: the run and the
+    /// worker's name.
+    async fn kill_the_waiting_worker(&mut self) -> anyhow::Result<(RunId, String)> {
         println!(
             "9. A second agent, \"{SUMMARISER}\", calls an OpenAI-compatible endpoint (a stand-in"
         );
         println!(
             "   the demo serves on 127.0.0.1:{}), whose first answer never comes:",
-            self.model.port
+            self.model.port()
         );
         let run_id = self.submit(SUMMARISER, SUMMARY_PROMPT)?;
         let (run, doomed) = self
             .wait_for("a worker waits on the model, holding the lease", || async {
                 let run = self.run_row(run_id).await?;
-                let waiting = run.status == RunStatus::Running && self.model.requests() == 1;
+                let waiting = run.status == RunStatus::Running && self.model.requests().len() == 1;
                 Ok(waiting
                     .then(|| run.lease_owner.clone())
                     .flatten()
@@ -448,6 +514,12 @@ impl Demo {
             run.status
         );
         println!("   → {doomed} died settling nothing: the run still reads running, leased to it");
+        Ok((run_id, doomed))
+    }
+
+    /// The reaper requeues the dead worker's run once its lease ran out; the other worker
+    /// claims it and completes it, past a rate-limited model call.
+    async fn rescue(&self, run_id: RunId, doomed: &str) -> anyhow::Result<()> {
         println!(
             "   The lease runs out by the database clock. The reaper's next pass requeues the run"
         );
@@ -485,40 +557,27 @@ impl Demo {
         ensure!(
             run.termination_reason.map(|r| r.as_str()) == Some("completed")
                 && run.lease_epoch.get() == 2
-                && self.model.requests() == 3,
+                && self.model.requests().len() == 3,
             "the rescued run ended {:?} at epoch {} after {} model call(s)",
             run.termination_reason,
             run.lease_epoch,
-            self.model.requests()
+            self.model.requests().len()
         );
         println!(
             "   → run completed: completed (three model calls: one lost with the dead worker, one"
         );
         println!("     rate-limited, one answered)");
-        self.services.restart(&self.launch, &doomed)?;
-        self.services.wait_ready(&self.launch, &doomed).await?;
-        println!(
-            "   A supervisor would start the dead worker again; the demo does: {doomed} (pid {}) is ready.\n",
-            self.services.pid(&doomed)?
-        );
         Ok(())
     }
 
-    /// Where the web inbox of crates/api will be shown: started as one more service, with its
-    /// URL and a sign-in token for the demo approver printed here. Prints nothing until then.
-    //
     /// The web inbox: `countersign-api` started like the other services, a token minted for
     /// the demo's approver, and where to sign in (usable until the services stop; with
     /// `--keep`, until they are stopped by hand).
     async fn web_inbox(&mut self) -> anyhow::Result<()> {
-        let port = free_port()?;
-        self.services.start(
-            &self.launch,
-            "api",
-            API,
-            &["--listen", &format!("127.0.0.1:{port}")],
-        )?;
-        self.services.wait_ready(&self.launch, "api").await?;
+        let port = free_port();
+        self.services
+            .start("api", API, &["--listen", &format!("127.0.0.1:{port}")])?;
+        self.services.wait_ready("api").await?;
         let token = countersign_api::tokens::create(&self.pool, APPROVER, Some("demo"), None)
             .await
             .context("minting the demo approver's token")?;
@@ -535,80 +594,58 @@ impl Demo {
         Ok(())
     }
 
-    /// The demo's two agents, as `countersign agents put` would store them.
-    async fn configure(&self) -> anyhow::Result<()> {
-        let script = self.launch.dir.join("seo-assistant.script.json");
+    /// The demo's two agents, put as an operator puts them: `countersign agents put`, which
+    /// checks their model settings with the workers' own parser.
+    fn configure(&self) -> anyhow::Result<()> {
+        let dir = &self.services.dir;
+        let script = dir.join("seo-assistant.script.json");
         std::fs::write(&script, SCRIPT).context("writing the demo's model script")?;
-        let scripted = json!({"provider": "scripted", "script": script});
         let stand_in = json!({
-            "provider": "openai",
-            "base_url": format!("http://127.0.0.1:{}/v1", self.model.port),
-            "model": "demo-summariser",
-            "api_key_env": MODEL_KEY_ENV,
-            "timeout_secs": 60,
+            "provider": "openai", "base_url": self.model.base_url, "model": "demo-summariser",
+            "api_key_env": MODEL_KEY_ENV, "timeout_secs": 60,
             "retry": {"max_attempts": 3, "max_elapsed_secs": 20},
         });
-        for (name, model, groups, enabled, four_eyes) in [
-            (
-                AGENT,
-                scripted,
-                vec!["content", "editing"],
-                vec!["update_page_metadata", "attach_file_to_content_element"],
-                true,
-            ),
-            (SUMMARISER, stand_in, vec!["content"], vec![], false),
+        let writers = ["update_page_metadata", "attach_file_to_content_element"];
+        for agent in [
+            json!({"name": AGENT, "model": {"provider": "scripted", "script": script},
+                   "policy": {"allowed_groups": ["content", "editing"], "enabled_tools": writers},
+                   "max_iterations": 8, "four_eyes": true, "approval_deadline_secs": 86400}),
+            json!({"name": SUMMARISER, "model": stand_in, "policy": {"allowed_groups": ["content"]},
+                   "max_iterations": 8, "approval_deadline_secs": 86400}),
         ] {
-            // The workers' parser; its notes are about this process's environment, not theirs.
-            countersign_model::ModelCatalog::new()
-                .check(&model)
-                .with_context(|| format!("the model settings of {name}"))?;
-            self.store
-                .upsert_agent(&AgentConfig {
-                    name: name.into(),
-                    active: true,
-                    model,
-                    policy: ToolPolicy {
-                        allowed_tools: vec![],
-                        allowed_groups: groups.into_iter().map(Into::into).collect(),
-                        enabled_tools: enabled.into_iter().map(Into::into).collect(),
-                    },
-                    max_iterations: 8,
-                    max_tool_calls_per_turn:
-                        countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-                    four_eyes,
-                    approval_deadline: Duration::from_secs(24 * 3600),
-                })
-                .await?;
+            let file = dir.join(format!(
+                "{}.agent.json",
+                agent["name"].as_str().unwrap_or("")
+            ));
+            std::fs::write(&file, agent.to_string()).context("writing an agent file")?;
+            self.countersign(&["agents", "put", &file.to_string_lossy()])?;
         }
         Ok(())
     }
 
-    /// Lets the broker user of the demo's commands name any acting user and approver, as
-    /// `countersign producers allow` would.
-    async fn allow_producer(&self, broker: &Broker) -> anyhow::Result<String> {
+    /// Lets the broker user of the demo's commands name any acting user and approver:
+    /// `countersign producers allow`.
+    fn allow_producer(&self, broker: &Broker) -> anyhow::Result<String> {
         let user = broker
             .user()
             .context("the broker connection names no user")?;
-        for kind in [ProducerKind::ActingUser, ProducerKind::Approver] {
-            producers::allow(&self.pool, &user, kind, "*").await?;
+        for kind in ["acting-user", "approver"] {
+            self.countersign(&["producers", "allow", &user, kind, "*"])?;
         }
         Ok(user)
     }
 
     async fn start_services(&mut self) -> anyhow::Result<()> {
         let workers = ["demo-worker-1", "demo-worker-2"];
-        self.services
-            .start(&self.launch, "coordinator", COORDINATOR, &[])?;
+        self.services.start("coordinator", COORDINATOR, &[])?;
         for worker in workers {
             self.services.start(
-                &self.launch,
                 worker,
                 WORKER,
                 &["--owner", worker, "--lease-ttl-secs", LEASE_TTL_SECS],
             )?;
         }
         self.services.start(
-            &self.launch,
             "reaper",
             REAPER,
             &[
@@ -622,11 +659,11 @@ impl Demo {
         )?;
         println!("The services, each its own process, over RabbitMQ and PostgreSQL:");
         for name in ["coordinator", workers[0], workers[1], "reaper"] {
-            self.services.wait_ready(&self.launch, name).await?;
+            self.services.wait_ready(name).await?;
             let service = self.services.get(name)?;
             println!(
                 "   {name:<14} pid {:<7} ready on :{}/readyz   {}",
-                service.child.id(),
+                service.process.pid(),
                 service.port,
                 shell_words(
                     &std::iter::once(service.binary)
@@ -679,13 +716,8 @@ impl Demo {
     }
 
     fn countersign_output(&self, args: &[&str]) -> anyhow::Result<Output> {
-        let mut command = Command::new(self.launch.binaries.join("countersign"));
-        self.launch.env.apply(&mut command);
-        command
-            .args(args)
-            .current_dir(&self.launch.dir)
-            .output()
-            .context("running countersign")
+        let mut command = self.services.command("countersign")?;
+        command.args(args).output().context("running countersign")
     }
 
     /// [`Self::countersign`], printing the command line and what it printed.
@@ -713,7 +745,7 @@ impl Demo {
 
     /// The one card in a card file `inbox --save` wrote.
     fn card(&self, name: &str) -> anyhow::Result<Value> {
-        let text = std::fs::read_to_string(self.launch.dir.join(name))
+        let text = std::fs::read_to_string(self.services.dir.join(name))
             .with_context(|| format!("reading {name}"))?;
         let file: Value = serde_json::from_str(&text)?;
         match file["cards"].as_array().map(Vec::as_slice) {
@@ -759,23 +791,19 @@ impl Demo {
     }
 
     /// Polls `probe` until it yields a value; fails after [`STEP`], or when a service died.
-    async fn wait_for<T, F, Fut>(&self, what: &str, mut probe: F) -> anyhow::Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
-    {
-        let started = Instant::now();
-        loop {
-            if let Some(value) = probe().await? {
-                return Ok(value);
+    async fn wait_for<T>(
+        &self,
+        what: &str,
+        mut probe: impl AsyncFnMut() -> anyhow::Result<Option<T>>,
+    ) -> anyhow::Result<T> {
+        wait_until(what, STEP, async || {
+            let value = probe().await?;
+            if value.is_none() {
+                self.services.all_alive()?;
             }
-            self.services.all_alive()?;
-            ensure!(
-                started.elapsed() < STEP,
-                "timed out after {STEP:?} waiting until {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            Ok(value)
+        })
+        .await
     }
 
     async fn expect_nothing_written(&self, images: i64) -> anyhow::Result<()> {
@@ -829,26 +857,27 @@ impl Demo {
     }
 
     /// `--keep`: the services go on; say how to reach and stop them.
-    fn keep_running(&mut self) -> anyhow::Result<()> {
+    fn keep_running(mut self) -> anyhow::Result<()> {
         let pids = self.services.detach();
+        let database = self.db.keep();
         let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-        let dir = &self.launch.dir;
+        let dir = &self.services.dir;
         std::fs::write(dir.join("services.pid"), list.join("\n") + "\n")
             .context("writing services.pid")?;
         println!("The services keep running (--keep, KEEP=1), with the database and the queues:");
         println!("   logs:       {}/*.log", dir.display());
         // The URLs may carry passwords: they go to a file of the owner's, not to the terminal.
-        std::fs::write(dir.join("demo.env"), self.launch.env.shown())
+        std::fs::write(dir.join("demo.env"), self.services.env.shown())
             .context("writing demo.env")?;
         println!(
             "   look:       cd {} && (set -a; . ./demo.env; {} inbox --as {APPROVER})",
             dir.display(),
-            self.launch.binaries.join("countersign").display()
+            binary("countersign")?.display()
         );
         println!("   stop them:  kill -TERM {}", list.join(" "));
         println!(
             "   clean up:   the next `make demo` replaces the database {} and deletes the queues {}.*",
-            self.database, self.prefix
+            database, self.prefix
         );
         Ok(())
     }
@@ -870,15 +899,9 @@ const CLEARED: [&str; 5] = [
 ];
 
 impl Env {
-    fn new(
-        database_url: &str,
-        database: &str,
-        amqp_addr: &str,
-        prefix: &str,
-        dir: &Path,
-    ) -> anyhow::Result<Env> {
+    fn new(database_url: String, amqp_addr: &str, prefix: &str, dir: &Path) -> anyhow::Result<Env> {
         let mut vars = vec![
-            ("DATABASE_URL", with_database(database_url, database)?),
+            ("DATABASE_URL", database_url),
             ("AMQP_ADDR", amqp_addr.to_owned()),
             ("COUNTERSIGN_QUEUE_PREFIX", prefix.to_owned()),
             (MODEL_KEY_ENV, "demo-key-not-a-secret".to_owned()),
@@ -936,100 +959,84 @@ impl Env {
     }
 }
 
-/// What starting a process of the demo takes: where the binaries are, the demo's directory
-/// (logs, card files, its key file) and its environment.
-struct Launch {
-    binaries: PathBuf,
-    dir: PathBuf,
-    env: Env,
-}
-
 /// One service process.
 struct Service {
     name: String,
     binary: &'static str,
     args: Vec<String>,
     port: u16,
-    child: Child,
+    process: Process,
     log: PathBuf,
     /// SIGKILLed by the demo, until it is started again.
     killed: bool,
 }
 
-/// The demo's service processes. Those still running when it is dropped are killed, unless
-/// they were detached to keep running.
-#[derive(Default)]
-struct Services(Vec<Service>);
+/// The demo's service processes, started in its directory (logs, card files, its key file)
+/// with its environment. Those still running when it is dropped are killed, unless they were
+/// detached to keep running.
+struct Services {
+    dir: PathBuf,
+    env: Env,
+    running: Vec<Service>,
+}
 
 impl Services {
-    fn start(
-        &mut self,
-        launch: &Launch,
-        name: &str,
-        binary: &'static str,
-        args: &[&str],
-    ) -> anyhow::Result<()> {
+    fn start(&mut self, name: &str, binary: &'static str, args: &[&str]) -> anyhow::Result<()> {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        let service = spawn(launch, name, binary, args)?;
-        self.0.push(service);
+        let service = self.spawn(name, binary, args)?;
+        self.running.push(service);
         Ok(())
     }
 
     fn get(&self, name: &str) -> anyhow::Result<&Service> {
-        self.0
+        self.running
             .iter()
             .find(|s| s.name == name)
             .with_context(|| format!("no service {name}"))
     }
 
     fn get_mut(&mut self, name: &str) -> anyhow::Result<&mut Service> {
-        self.0
+        self.running
             .iter_mut()
             .find(|s| s.name == name)
             .with_context(|| format!("no service {name}"))
     }
 
     fn pid(&self, name: &str) -> anyhow::Result<u32> {
-        Ok(self.get(name)?.child.id())
+        Ok(self.get(name)?.process.pid())
     }
 
     /// Waits until the service answers `/readyz` with 200. One that could not bind the port
     /// it was given (taken since it was found free) is started again on another.
-    async fn wait_ready(&mut self, launch: &Launch, name: &str) -> anyhow::Result<()> {
-        let started = Instant::now();
+    async fn wait_ready(&mut self, name: &str) -> anyhow::Result<()> {
         let mut rebinds = 0;
         loop {
             let service = self.get_mut(name)?;
-            if let Some(status) = service.child.try_wait()? {
-                let log = tail(&service.log);
-                if log.contains("Address already in use") && rebinds < 3 {
-                    rebinds += 1;
-                    self.restart(launch, name)?;
-                    continue;
-                }
-                bail!("{name} exited {status} before it was ready:\n{log}");
-            }
-            if ready(service.port) {
+            let Err(e) = service.process.wait_ready(service.port, STEP).await else {
                 return Ok(());
+            };
+            let rebind = service.process.exited().is_some()
+                && service
+                    .process
+                    .log_tail()
+                    .contains("Address already in use");
+            if !rebind || rebinds == 3 {
+                return Err(e);
             }
-            ensure!(
-                started.elapsed() < STEP,
-                "{name} was not ready within {STEP:?}:\n{}",
-                tail(&service.log)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            rebinds += 1;
+            self.restart(name)?;
         }
     }
 
     /// Fails when a service is no longer running.
     fn all_alive(&self) -> anyhow::Result<()> {
-        for service in self.0.iter().filter(|s| !s.killed) {
-            let pid = service.child.id();
+        for service in self.running.iter().filter(|s| !s.killed) {
             ensure!(
-                process_runs(pid),
-                "{} (pid {pid}) died:\n{}",
+                service.process.is_running(),
+                "{} (pid {}) died:\n{}",
                 service.name,
-                tail(&service.log)
+                service.process.pid(),
+                service.process.log_tail()
             );
         }
         Ok(())
@@ -1038,16 +1045,15 @@ impl Services {
     /// SIGKILL: the process dies at once, settling nothing.
     fn kill(&mut self, name: &str) -> anyhow::Result<ExitStatus> {
         let service = self.get_mut(name)?;
-        service.child.kill().context("sending SIGKILL")?;
         service.killed = true;
-        Ok(service.child.wait()?)
+        Ok(service.process.sigkill())
     }
 
     /// Starts a killed service again with the same arguments, as a supervisor would.
-    fn restart(&mut self, launch: &Launch, name: &str) -> anyhow::Result<()> {
+    fn restart(&mut self, name: &str) -> anyhow::Result<()> {
         let old = self.get_mut(name)?;
         let (binary, args) = (old.binary, old.args.clone());
-        let new = spawn(launch, name, binary, args)?;
+        let new = self.spawn(name, binary, args)?;
         *self.get_mut(name)? = new;
         Ok(())
     }
@@ -1055,9 +1061,9 @@ impl Services {
     /// SIGTERM to every service, in order; their exit statuses.
     async fn stop_all(&mut self) -> anyhow::Result<Vec<(String, u32, ExitStatus)>> {
         let mut stopped = Vec::new();
-        for mut service in std::mem::take(&mut self.0) {
-            let pid = service.child.id();
-            let status = terminate(&mut service.child, &service.name, STEP).await?;
+        for mut service in std::mem::take(&mut self.running) {
+            let pid = service.process.pid();
+            let status = service.process.terminate(STEP).await?;
             stopped.push((service.name, pid, status));
         }
         Ok(stopped)
@@ -1065,70 +1071,58 @@ impl Services {
 
     /// Lets the services run on after the demo; their pids.
     fn detach(&mut self) -> Vec<u32> {
-        std::mem::take(&mut self.0)
+        std::mem::take(&mut self.running)
             .into_iter()
             .filter(|s| !s.killed)
-            .map(|s| s.child.id())
+            .map(|s| s.process.detach())
             .collect()
     }
 
     fn kill_all(&mut self) {
-        for mut service in std::mem::take(&mut self.0) {
-            let _ = service.child.kill();
-            let _ = service.child.wait();
-        }
+        self.running.clear();
+    }
+
+    fn spawn(
+        &self,
+        name: &str,
+        binary: &'static str,
+        args: Vec<String>,
+    ) -> anyhow::Result<Service> {
+        let port = free_port();
+        let log = self.dir.join(format!("{name}.log"));
+        let mut command = self.command(binary)?;
+        command
+            .args(&args)
+            .args(["--http-addr", &format!("127.0.0.1:{port}")]);
+        let process = Process::spawn_logged(name, &mut command, &log)?;
+        Ok(Service {
+            name: name.to_owned(),
+            binary,
+            args,
+            port,
+            process,
+            log,
+            killed: false,
+        })
+    }
+
+    /// `binary`, to run in the demo's directory with its environment.
+    fn command(&self, binary: &str) -> anyhow::Result<Command> {
+        let mut command = Command::new(countersign_testkit::binary(binary)?);
+        self.env.apply(&mut command);
+        command.current_dir(&self.dir);
+        Ok(command)
     }
 
     fn log_lines(&self, binary: &str) -> anyhow::Result<Vec<String>> {
         let service = self
-            .0
+            .running
             .iter()
             .find(|s| s.binary == binary)
             .with_context(|| format!("no {binary}"))?;
         let file = File::open(&service.log)?;
         Ok(BufReader::new(file).lines().map_while(Result::ok).collect())
     }
-}
-
-impl Drop for Services {
-    fn drop(&mut self) {
-        self.kill_all();
-    }
-}
-
-fn spawn(
-    launch: &Launch,
-    name: &str,
-    binary: &'static str,
-    args: Vec<String>,
-) -> anyhow::Result<Service> {
-    let port = free_port()?;
-    let log = launch.dir.join(format!("{name}.log"));
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&log)
-        .with_context(|| format!("opening {}", log.display()))?;
-    let mut command = Command::new(launch.binaries.join(binary));
-    launch.env.apply(&mut command);
-    let child = command
-        .args(&args)
-        .args(["--http-addr", &format!("127.0.0.1:{port}")])
-        .current_dir(&launch.dir)
-        .stdin(Stdio::null())
-        .stdout(out.try_clone()?)
-        .stderr(out)
-        .spawn()
-        .with_context(|| format!("starting {binary}"))?;
-    Ok(Service {
-        name: name.to_owned(),
-        binary,
-        args,
-        port,
-        child,
-        log,
-        killed: false,
-    })
 }
 
 /// The demo's own queue prefix, under `base` (`--queue-prefix`): `BASE-demo-` and 12 hex
@@ -1157,62 +1151,6 @@ const DEMO_MARK: &str = "-demo-";
 
 /// The file in the demo's directory naming its queue prefix.
 const QUEUES_FILE: &str = "queues";
-
-/// The directory of this executable, where `cargo build` put the service binaries too.
-fn binaries() -> anyhow::Result<PathBuf> {
-    let countersign = beside_countersign("countersign")?;
-    for binary in [COORDINATOR, WORKER, REAPER] {
-        beside_countersign(binary)?;
-    }
-    let dir = countersign
-        .parent()
-        .context("countersign has no directory")?;
-    Ok(dir.to_path_buf())
-}
-
-/// The path of `name`, a binary of this workspace, where it is built: beside the running
-/// `countersign`.
-pub(crate) fn beside_countersign(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe().context("locating the countersign executable")?;
-    let path = exe
-        .parent()
-        .context("the countersign executable has no directory")?
-        .join(name);
-    ensure!(
-        path.is_file(),
-        "{} is not built; countersign runs it from beside itself. Build the workspace's binaries \
-         as countersign was built (`cargo build [--release] --workspace --bins`; `make demo` \
-         and `make bench` do)",
-        path.display()
-    );
-    Ok(path)
-}
-
-/// SIGTERM to `child`, as systemd or Kubernetes would stop it, then its exit status; SIGKILL
-/// and an error if it has not exited within `within`.
-pub(crate) async fn terminate(
-    child: &mut Child,
-    name: &str,
-    within: Duration,
-) -> anyhow::Result<ExitStatus> {
-    let pid = child.id();
-    let sent = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .context("running kill")?;
-    ensure!(sent.success(), "SIGTERM could not be sent to {name}");
-    let asked = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait()? {
-            return Ok(status);
-        }
-        if asked.elapsed() > within {
-            let _ = child.kill();
-            bail!("{name} (pid {pid}) did not stop on SIGTERM");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 /// The demo's directory (logs, card files, the key file, a kept demo's pids), made afresh —
 /// unless a demo kept with `--keep` still runs from it — and the queue prefix of a previous
@@ -1246,58 +1184,6 @@ fn demo_dir(database: &str) -> anyhow::Result<(PathBuf, Option<String>)> {
         .create(&dir)
         .with_context(|| format!("creating {}", dir.display()))?;
     Ok((dir, leftover))
-}
-
-/// `url` naming `database` instead of the database it names (its query kept).
-fn with_database(url: &str, database: &str) -> anyhow::Result<String> {
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, Some(query)),
-        None => (url, None),
-    };
-    let authority = base.find("://").context("DATABASE_URL is not a URL")? + 3;
-    let server = match base[authority..].find('/') {
-        Some(slash) => &base[..authority + slash],
-        None => base,
-    };
-    Ok(match query {
-        Some(query) => format!("{server}/{database}?{query}"),
-        None => format!("{server}/{database}"),
-    })
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// Whether `GET /readyz` on the port answers 200.
-fn ready(port: u16) -> bool {
-    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    if stream
-        .write_all(b"GET /readyz HTTP/1.1\r\nHost: demo\r\nConnection: close\r\n\r\n")
-        .is_err()
-    {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    stream.read_exact(&mut head).is_ok() && head.ends_with(b" 200")
-}
-
-/// Whether process `pid` exists and is not a zombie (dead, its status not yet collected).
-fn process_runs(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The state follows the command name, which is in parentheses and may hold anything.
-    stat.rsplit_once(") ")
-        .is_some_and(|(_, rest)| !rest.starts_with('Z') && !rest.starts_with('X'))
-}
-
-/// The last lines of a log, for a failure message.
-fn tail(log: &Path) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(20)..].join("\n")
 }
 
 /// Prints a `countersign` command line and what it printed.
@@ -1356,115 +1242,6 @@ fn card_text(card: &Value) -> String {
         .join("\n")
 }
 
-/// An OpenAI-compatible chat-completions endpoint on the loopback interface, standing in for
-/// the summariser's provider: the first request is held unanswered (its worker is killed
-/// waiting for it), the second is answered HTTP 429 with `Retry-After: 1`, every later one with
-/// the summary.
-struct ModelStandIn {
-    port: u16,
-    requests: Arc<AtomicUsize>,
-}
-
-impl ModelStandIn {
-    fn start() -> anyhow::Result<ModelStandIn> {
-        let listener = TcpListener::bind("127.0.0.1:0").context("serving the model stand-in")?;
-        let port = listener.local_addr()?.port();
-        let requests = Arc::new(AtomicUsize::new(0));
-        let seen = Arc::clone(&requests);
-        std::thread::spawn(move || {
-            for stream in listener.incoming().flatten() {
-                let seen = Arc::clone(&seen);
-                std::thread::spawn(move || answer(stream, &seen));
-            }
-        });
-        Ok(ModelStandIn { port, requests })
-    }
-
-    /// Requests received whole so far.
-    fn requests(&self) -> usize {
-        self.requests.load(Ordering::SeqCst)
-    }
-}
-
-/// One connection of the stand-in: one request, one answer, `Connection: close`.
-fn answer(mut stream: TcpStream, seen: &AtomicUsize) {
-    if !read_request(&mut stream) {
-        return;
-    }
-    let (status, extra, body) = match seen.fetch_add(1, Ordering::SeqCst) + 1 {
-        1 => {
-            // Held until the caller goes away: its worker is killed waiting.
-            let mut rest = [0u8; 256];
-            while matches!(stream.read(&mut rest), Ok(n) if n > 0) {}
-            return;
-        }
-        2 => (
-            "429 Too Many Requests",
-            "Retry-After: 1\r\n",
-            json!({"error": {"message": "rate limited, try again in a second"}}),
-        ),
-        _ => (
-            "200 OK",
-            "",
-            json!({
-                "choices": [{"index": 0, "finish_reason": "stop",
-                             "message": {"role": "assistant", "content": SUMMARY}}],
-                "usage": {"prompt_tokens": 1, "completion_tokens": 1},
-            }),
-        ),
-    };
-    let body = body.to_string();
-    let _ = write!(
-        stream,
-        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-}
-
-/// Reads one HTTP request, head and body; `false` when the connection ends first.
-fn read_request(stream: &mut TcpStream) -> bool {
-    let mut buffer = Vec::new();
-    let mut chunk = [0u8; 8192];
-    loop {
-        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buffer[..end]).to_ascii_lowercase();
-            let body = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse::<usize>().ok())
-                .unwrap_or(0);
-            if buffer.len() >= end + 4 + body {
-                return true;
-            }
-        }
-        match stream.read(&mut chunk) {
-            Ok(0) | Err(_) => return false,
-            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
-async fn recreate_database(server: &PgConnectOptions, name: &str) -> anyhow::Result<()> {
-    let mut conn = sqlx::PgConnection::connect_with(server)
-        .await
-        .context("connecting to PostgreSQL")?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut conn)
-        .await?;
-    sqlx::query(&format!("CREATE DATABASE {name}"))
-        .execute(&mut conn)
-        .await?;
-    Ok(())
-}
-
-async fn drop_database(server: &PgConnectOptions, name: &str) -> anyhow::Result<()> {
-    let mut conn = sqlx::PgConnection::connect_with(server).await?;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        .execute(&mut conn)
-        .await?;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1482,27 +1259,6 @@ mod tests {
             is_demo_prefix("countersign-demo-0123abcd"),
             "an earlier release's"
         );
-    }
-
-    #[test]
-    fn the_demo_database_url_names_the_demo_database_and_keeps_the_rest() {
-        for (url, expected) in [
-            (
-                "postgres://postgres@127.0.0.1:5432/postgres",
-                "postgres://postgres@127.0.0.1:5432/countersign_demo",
-            ),
-            (
-                "postgres://u:p@db:5432/app?sslmode=disable",
-                "postgres://u:p@db:5432/countersign_demo?sslmode=disable",
-            ),
-            (
-                "postgres://127.0.0.1",
-                "postgres://127.0.0.1/countersign_demo",
-            ),
-        ] {
-            assert_eq!(with_database(url, "countersign_demo").unwrap(), expected);
-        }
-        assert!(with_database("not a url", "x").is_err());
     }
 
     #[test]

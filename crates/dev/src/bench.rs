@@ -1,4 +1,4 @@
-//! `countersign bench`: the approval cycle users pay for, through the real services, with the
+//! `countersign-dev bench`: the approval cycle users pay for, through the real services, with the
 //! figures that say where its time goes, against ceilings measured in the same run.
 //!
 //! One cycle is what a run with a write costs end to end: run request → the coordinator's gates
@@ -23,7 +23,7 @@
 //! coordinator's intake, RSS, heartbeat statements per second and PostgreSQL connections.
 
 use std::collections::{HashMap, HashSet};
-use std::str::FromStr;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,26 +31,32 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use chrono::{DateTime, Utc};
 use countersign_coordinator::{producers, Coordinator, ProducerKind};
-use countersign_core::{LocalWriters, RunRequest, ToolPolicy, ToolRegistry};
+use countersign_core::RunRequest;
 use countersign_crypto::{KeyId, Keyring};
 use countersign_model::ScriptedModel;
 use countersign_queue::{Broker, Consumer, MessageProperties, QueueConfig, Topology};
+use countersign_service::tools::Tools;
 use countersign_store::{AgentConfig, Store};
+use countersign_testkit::site::agent;
+use countersign_testkit::{
+    binary, counter_total, free_port, http_get, Database, ModelStub, Process, Reply,
+};
 use countersign_worker::service::WorkerConfig;
 use countersign_worker::{Models, SegmentRunner};
 use serde_json::{json, Value};
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio::sync::Notify;
+use tokio::task::JoinSet;
 use uuid::Uuid;
 
-const SCRIPT: &str = include_str!("../demo/bench-agent.json");
+const SCRIPT: &str = include_str!("../bench-agent.json");
 const AGENT: &str = "bench-agent";
-const LONG_AGENT: &str = "bench-long";
 /// The page every bench page is created under (inside the editor's page mount).
 const PARENT_PAGE: i64 = 10;
 /// Segments the worker runs at once in the cycle part.
 const WORKER_CONCURRENCY: usize = 512;
+/// The concurrencies of the closed-loop phases.
+const PHASES: [usize; 3] = [1, 16, 256];
 
 /// What the bench is asked to do.
 #[derive(Debug, Clone)]
@@ -64,84 +70,37 @@ pub struct BenchConfig {
 }
 
 pub async fn run(database_url: &str, amqp_addr: &str, config: BenchConfig) -> anyhow::Result<()> {
-    let server = PgConnectOptions::from_str(database_url).context("parsing DATABASE_URL")?;
-    let database = format!("countersign_bench_{}", std::process::id());
-    let mut admin = PgConnection::connect_with(&server)
-        .await
-        .context("connecting to PostgreSQL")?;
-    sqlx::query(&format!("CREATE DATABASE {database}"))
-        .execute(&mut admin)
-        .await?;
-    let result = bench(&server.clone().database(&database), amqp_addr, &config).await;
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
-        .execute(&mut admin)
-        .await?;
+    let name = format!("countersign_bench_{}", std::process::id());
+    let db = Database::create_on(database_url, &name).await?;
+    let result = bench(&db, amqp_addr, &config).await;
+    db.remove().await?;
     result
 }
 
-async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> anyhow::Result<()> {
-    // The services' pool, as the binaries configure it.
-    let pool = countersign_service::pool_options(16)
-        .connect_with(db.clone())
-        .await?;
-    countersign_content::WITH_ENGINE.run(&pool).await?;
-    countersign_content::seed_demo_site(&pool).await?;
-    producers::allow(&pool, "guest", ProducerKind::ActingUser, "*").await?;
-    producers::allow(&pool, "guest", ProducerKind::Approver, "*").await?;
-    // A key of this run's own, which the long-segment part's worker process is given too.
-    let keys = Keyring::generate_entry(&KeyId::parse("bench")?);
-    let store = Store::new(pool.clone(), Arc::new(Keyring::parse(&keys)?));
-    let queue_prefix = format!("bench-{}", Uuid::now_v7());
+async fn bench(db: &Database, amqp_addr: &str, config: &BenchConfig) -> anyhow::Result<()> {
+    let bench = Bench::prepare(db, amqp_addr).await?;
     // Checked first, so a missing worker binary stops the bench before its first figure.
     let worker = match config.long_segments {
         0 => None,
-        _ => Some(WorkerEnv::new(db, amqp_addr, &queue_prefix, &keys)?),
+        _ => Some(WorkerEnv::new(
+            db,
+            amqp_addr,
+            &bench.queue_prefix,
+            &bench.keys,
+        )?),
     };
-    let agent = |name: &str, model: Value, enabled: Vec<String>| AgentConfig {
-        name: name.into(),
-        active: true,
-        model,
-        policy: ToolPolicy {
-            enabled_tools: enabled,
-            ..ToolPolicy::default()
-        },
-        max_iterations: 5,
-        max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-        four_eyes: false,
-        approval_deadline: Duration::from_secs(3600),
-    };
-    store
-        .upsert_agent(&agent(
-            AGENT,
-            json!({"provider": "scripted"}),
-            vec!["update_page_metadata".into()],
-        ))
-        .await?;
-    let phases = [1usize, 16, 256];
-    let total: usize = phases
+    let total: usize = PHASES
         .iter()
         .map(|&c| phase_cycles(c, config.cycles))
         .sum::<usize>()
         + config.cycles;
-    let pages = seed_pages(&pool, total).await?;
-
-    let broker = Broker::connect(QueueConfig::new(
-        amqp_addr,
-        Topology::new(queue_prefix.clone()),
-    ))
-    .await?;
-    let user = broker.user().context("the broker connection has no user")?;
-    let as_producer = MessageProperties {
-        user_id: Some(user),
-        ..MessageProperties::default()
-    };
-
+    let pages = seed_pages(&bench.pool, total).await?;
     println!(
         "countersign bench: the full approval cycle (request → suspend → approve → re-preview → write → completed),\n\
          coordinator and one worker ({WORKER_CONCURRENCY} segments at once) in this process, over RabbitMQ and PostgreSQL"
     );
-    let amqp = amqp_round_trips(&broker, 200).await?;
-    let pg = update_commits(&pool, 200).await?;
+    let amqp = amqp_round_trips(&bench.broker, 200).await?;
+    let pg = update_commits(&bench.pool, 200).await?;
     println!(
         "baseline  RabbitMQ publish→consume round trip:  {}",
         amqp.summary()
@@ -152,51 +111,137 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
     );
 
     let stop = Arc::new(Notify::new());
-    let mut registry = ToolRegistry::new();
-    let mut local = LocalWriters::new();
-    countersign_content::register(&mut registry, &mut local, store.clone());
-    let (registry, local) = (Arc::new(registry), Arc::new(local));
-    let mut services = tokio::task::JoinSet::new();
-    // Each service gets a store of its own, as in its own process: its relay wakes for its
-    // own commits only. They share the connection pool.
-    let keyring = Arc::new(Keyring::ephemeral());
-    let service_store = || Store::new(pool.clone(), keyring.clone());
-    {
-        let coordinator = Coordinator::new(service_store(), registry.clone());
-        let (broker, stop) = (broker.clone(), stop.clone());
-        services.spawn(async move {
-            countersign_coordinator::service::run(coordinator, broker, async move {
-                stop.notified().await
-            })
-            .await
-        });
+    let mut services = bench.start_services(&stop).await?;
+    let mut driver = bench.driver(pages).await?;
+    let peak = closed_loop_phases(&bench.pool, &mut driver, config).await?;
+    half_the_peak(&bench.pool, &mut driver, config, &peak).await?;
+    let floor = amqp.percentile(50) + pg.percentile(50);
+    print_ceilings(&bench, floor).await?;
+    verify(&bench.pool, &driver.done).await?;
+    println!(
+        "verified  {} approved writes landed once each, on their own page; nothing else changed",
+        driver.done.len()
+    );
+    stop.notify_waiters();
+    while services.join_next().await.is_some() {}
+
+    if let Some(worker) = &worker {
+        long_segments(&bench, worker, config).await?;
     }
-    let runner = SegmentRunner {
-        store: service_store(),
-        registry: registry.clone(),
-        local,
-        models: Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?)),
-        users: Arc::new(countersign_content::ContentUsers::new(pool.clone())),
-        lease_ttl: Duration::from_secs(30),
-        heartbeat: Default::default(),
-        settler: Default::default(),
-    };
-    spawn_worker(&mut services, runner, &broker, &stop, WORKER_CONCURRENCY);
+    bench.broker.delete_topology().await?;
+    bench.pool.close().await;
+    Ok(())
+}
 
-    let watch = broker.declare_private_queue().await?;
-    broker.bind_events(&watch, "#").await?;
-    let events = broker.consume(&watch, 1000).await?;
-    let mut driver = Driver {
-        broker: &broker,
-        events,
-        as_producer: as_producer.clone(),
-        pages: pages.into_iter(),
-        cycles: HashMap::new(),
-        run_of: HashMap::new(),
-        early: Vec::new(),
-        done: Vec::new(),
-    };
+/// What every part of the bench works on: its database, keys, queues and producer identity.
+struct Bench {
+    /// The services' pool, as the binaries configure it.
+    pool: PgPool,
+    /// Sealed with a key of this run's own, which the long-segment part's worker is given too.
+    store: Store,
+    keys: String,
+    queue_prefix: String,
+    broker: Broker,
+    /// The broker user, as a producer's messages name it.
+    as_producer: MessageProperties,
+}
 
+impl Bench {
+    /// The database migrated and seeded, the bench's producer allowed, its agent configured,
+    /// its queues declared.
+    async fn prepare(db: &Database, amqp_addr: &str) -> anyhow::Result<Bench> {
+        let pool = countersign_service::pool_options(16)
+            .connect_with(db.options()?)
+            .await?;
+        countersign_content::WITH_ENGINE.run(&pool).await?;
+        countersign_content::seed_demo_site(&pool).await?;
+        producers::allow(&pool, "guest", ProducerKind::ActingUser, "*").await?;
+        producers::allow(&pool, "guest", ProducerKind::Approver, "*").await?;
+        let keys = Keyring::generate_entry(&KeyId::parse("bench")?);
+        let store = Store::new(pool.clone(), Arc::new(Keyring::parse(&keys)?));
+        store
+            .upsert_agent(&AgentConfig {
+                model: json!({"provider": "scripted"}),
+                ..agent(AGENT, &["update_page_metadata"], false)
+            })
+            .await?;
+        let queue_prefix = format!("bench-{}", Uuid::now_v7());
+        let topology = Topology::new(queue_prefix.clone());
+        let broker = Broker::connect(QueueConfig::new(amqp_addr, topology)).await?;
+        let user = broker.user().context("the broker connection has no user")?;
+        let as_producer = MessageProperties {
+            user_id: Some(user),
+            ..MessageProperties::default()
+        };
+        Ok(Bench {
+            pool,
+            store,
+            keys,
+            queue_prefix,
+            broker,
+            as_producer,
+        })
+    }
+
+    /// The deployment's tools and users, assembled as every service assembles them.
+    async fn tools(&self) -> anyhow::Result<Tools> {
+        countersign_service::tools::tools(&self.store).await
+    }
+
+    /// The coordinator and one worker, in this process, until `stop` is notified.
+    async fn start_services(&self, stop: &Arc<Notify>) -> anyhow::Result<JoinSet<()>> {
+        let mut services = JoinSet::new();
+        // Each service gets a store of its own, as in its own process: its relay wakes for its
+        // own commits only. They share the connection pool.
+        let keyring = Arc::new(Keyring::ephemeral());
+        let service_store = || Store::new(self.pool.clone(), keyring.clone());
+        let models = Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?));
+        let ttl = Duration::from_secs(30);
+        let runner = SegmentRunner::new(service_store(), self.tools().await?, models, ttl);
+        let (registry, users) = (runner.registry.clone(), runner.users.clone());
+        let coordinator = Coordinator::with_users(service_store(), registry, users);
+        spawn_coordinator(&mut services, coordinator, &self.broker, stop);
+        spawn_worker(
+            &mut services,
+            runner,
+            &self.broker,
+            stop,
+            WORKER_CONCURRENCY,
+        );
+        Ok(services)
+    }
+
+    /// The producer's side of the cycles, on every event of the bench's queues.
+    async fn driver(&self, pages: Vec<i64>) -> anyhow::Result<Driver<'_>> {
+        let watch = self.broker.declare_private_queue().await?;
+        self.broker.bind_events(&watch, "#").await?;
+        let events = self.broker.consume(&watch, 1000).await?;
+        Ok(Driver {
+            broker: &self.broker,
+            events,
+            as_producer: self.as_producer.clone(),
+            pages: pages.into_iter(),
+            cycles: HashMap::new(),
+            run_of: HashMap::new(),
+            early: Vec::new(),
+            done: Vec::new(),
+        })
+    }
+}
+
+/// The peak phase: its concurrency, its rate and the CPU a cycle cost in it.
+struct Peak {
+    in_flight: usize,
+    rate: f64,
+    cpu: f64,
+}
+
+/// The closed-loop phases, one row each under the table's head; the peak among them.
+async fn closed_loop_phases(
+    pool: &PgPool,
+    driver: &mut Driver<'_>,
+    config: &BenchConfig,
+) -> anyhow::Result<Peak> {
     println!();
     println!(
         "{:<28} {:>9} {:>26} {:>6} {:>6} {:>6} {:>8} {:>6} {:>8} {:>8} {:>8}",
@@ -212,39 +257,45 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
         "cpu pg",
         "cpu mq"
     );
-    // The peak phase: its concurrency, its rate and the CPU a cycle cost in it.
-    let mut peak: Option<(usize, f64, f64)> = None;
-    for &in_flight in &phases {
+    let mut peak: Option<Peak> = None;
+    for in_flight in PHASES {
         let n = phase_cycles(in_flight, config.cycles);
-        let before = Counters::read(&pool).await?;
+        let before = Counters::read(pool).await?;
         reset_profile();
         let started = Instant::now();
         let cycles = driver.closed_loop(n, in_flight).await?;
         let elapsed = started.elapsed();
-        let after = Counters::read(&pool).await?;
+        let after = Counters::read(pool).await?;
         let rate = n as f64 / elapsed.as_secs_f64();
-        let latency = write_latencies(&pool, &cycles).await?;
-        let cpu = print_phase(
-            &format!("{in_flight} in flight, {n} cycles"),
-            rate,
-            &latency,
-            &before,
-            &after,
-            n,
-        );
+        let latency = write_latencies(pool, &cycles).await?;
+        let name = format!("{in_flight} in flight, {n} cycles");
+        let cpu = print_phase(&name, rate, &latency, &before, &after, n);
         print_profile(n);
-        if peak.as_ref().is_none_or(|(_, r, _)| rate > *r) {
-            peak = Some((in_flight, rate, cpu));
+        if peak.as_ref().is_none_or(|p| rate > p.rate) {
+            peak = Some(Peak {
+                in_flight,
+                rate,
+                cpu,
+            });
         }
     }
-    let (peak_flight, peak_rate, peak_cpu) = peak.context("no phase ran")?;
-    let half = peak_rate / 2.0;
-    let before = Counters::read(&pool).await?;
+    peak.context("no phase ran")
+}
+
+/// The open-loop phase at half the peak's rate, and what the peak says of the CPU.
+async fn half_the_peak(
+    pool: &PgPool,
+    driver: &mut Driver<'_>,
+    config: &BenchConfig,
+    peak: &Peak,
+) -> anyhow::Result<()> {
+    let half = peak.rate / 2.0;
+    let before = Counters::read(pool).await?;
     let started = Instant::now();
     let cycles = driver.open_loop(config.cycles, half).await?;
     let elapsed = started.elapsed();
-    let after = Counters::read(&pool).await?;
-    let latency = write_latencies(&pool, &cycles).await?;
+    let after = Counters::read(pool).await?;
+    let latency = write_latencies(pool, &cycles).await?;
     let _ = print_phase(
         &format!("half the peak, {half:.0}/s offered"),
         config.cycles as f64 / elapsed.as_secs_f64(),
@@ -254,44 +305,50 @@ async fn bench(db: &PgConnectOptions, amqp_addr: &str, config: &BenchConfig) -> 
         config.cycles,
     );
     println!(
-        "peak at {peak_flight} in flight; process RSS {:.0} MB",
+        "peak at {} in flight; process RSS {:.0} MB",
+        peak.in_flight,
         rss_bytes(std::process::id()) as f64 / 1e6
     );
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
     println!(
         "cpu-bound at the peak a cycle cost {:.1} ms of CPU (this process, PostgreSQL and RabbitMQ): {cores:.0} cores run at most {:.0} cycles/s of it; the peak kept {:.0} % of them busy",
-        peak_cpu * 1000.0,
-        cores / peak_cpu,
-        peak_rate * peak_cpu / cores * 100.0,
+        peak.cpu * 1000.0,
+        cores / peak.cpu,
+        peak.rate * peak.cpu / cores * 100.0,
     );
+    Ok(())
+}
 
+/// The commit and publish ceilings of this machine, and the floor of one cycle's latency.
+async fn print_ceilings(bench: &Bench, floor: Duration) -> anyhow::Result<()> {
     let ceilings_at = 16;
-    let commits = commit_ceiling(&pool, ceilings_at, Duration::from_secs(3)).await?;
-    let publishes = publish_ceiling(&broker, 5000, 256).await?;
+    let commits = commit_ceiling(&bench.pool, ceilings_at, Duration::from_secs(3)).await?;
+    let publishes = publish_ceiling(&bench.broker, 5000, 256).await?;
     println!(
         "ceiling   single-row commits/s with {ceilings_at} connections: {commits:.0}; confirmed publishes/s, 256 confirms in flight: {publishes:.0}"
     );
-    let floor = amqp.percentile(50) + pg.percentile(50);
     println!(
         "floor     one broker round trip plus one commit: {:.2} ms",
         floor.as_secs_f64() * 1000.0
     );
-
-    verify(&pool, &driver.done).await?;
-    println!(
-        "verified  {} approved writes landed once each, on their own page; nothing else changed",
-        driver.done.len()
-    );
-
-    stop.notify_waiters();
-    while services.join_next().await.is_some() {}
-
-    if let Some(worker) = &worker {
-        long_segments(&pool, &store, &broker, &as_producer, worker, config).await?;
-    }
-    broker.delete_topology().await?;
-    pool.close().await;
     Ok(())
+}
+
+fn spawn_coordinator(
+    services: &mut JoinSet<()>,
+    coordinator: Coordinator,
+    broker: &Broker,
+    stop: &Arc<Notify>,
+) {
+    let (broker, stop) = (broker.clone(), stop.clone());
+    services.spawn(async move {
+        countersign_coordinator::service::run(
+            coordinator,
+            broker,
+            async move { stop.notified().await },
+        )
+        .await
+    });
 }
 
 /// Cycles a phase runs: enough for its concurrency to matter, at most what was asked.
@@ -303,7 +360,7 @@ fn phase_cycles(in_flight: usize, cycles: usize) -> usize {
 }
 
 fn spawn_worker(
-    services: &mut tokio::task::JoinSet<()>,
+    services: &mut JoinSet<()>,
     runner: SegmentRunner,
     broker: &Broker,
     stop: &Arc<Notify>,
@@ -325,39 +382,6 @@ fn spawn_worker(
         )
         .await
     });
-}
-
-/// Prints one phase's row; returns the CPU seconds a cycle cost the three processes.
-fn print_phase(
-    name: &str,
-    rate: f64,
-    latency: &Latencies,
-    before: &Counters,
-    after: &Counters,
-    cycles: usize,
-) -> f64 {
-    let per = |a: f64, b: f64| (b - a) / cycles as f64;
-    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    println!(
-        "{:<28} {:>9.1} {:>26} {:>6.1} {:>6.1} {:>6.1} {:>8.0} {:>6.1} {:>7.1}ms {:>7.1}ms {:>7.1}ms",
-        name,
-        rate,
-        format!(
-            "{:.1} / {:.1} / {:.1} ms",
-            ms(latency.percentile(50)),
-            ms(latency.percentile(95)),
-            ms(latency.percentile(99))
-        ),
-        per(before.statements as f64, after.statements as f64),
-        per(before.commits as f64, after.commits as f64),
-        per(before.writes as f64, after.writes as f64),
-        per(before.wal_bytes as f64, after.wal_bytes as f64),
-        per(before.publishes as f64, after.publishes as f64),
-        per(before.cpu.this, after.cpu.this) * 1000.0,
-        per(before.cpu.postgres, after.cpu.postgres) * 1000.0,
-        per(before.cpu.rabbitmq, after.cpu.rabbitmq) * 1000.0,
-    );
-    per(before.cpu.total(), after.cpu.total())
 }
 
 /// One bench page per cycle, a copy of the demo's home page.
@@ -616,6 +640,39 @@ async fn verify(pool: &PgPool, done: &[Cycle]) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Prints one phase's row; returns the CPU seconds a cycle cost the three processes.
+fn print_phase(
+    name: &str,
+    rate: f64,
+    latency: &Latencies,
+    before: &Counters,
+    after: &Counters,
+    cycles: usize,
+) -> f64 {
+    let per = |a: f64, b: f64| (b - a) / cycles as f64;
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "{:<28} {:>9.1} {:>26} {:>6.1} {:>6.1} {:>6.1} {:>8.0} {:>6.1} {:>7.1}ms {:>7.1}ms {:>7.1}ms",
+        name,
+        rate,
+        format!(
+            "{:.1} / {:.1} / {:.1} ms",
+            ms(latency.percentile(50)),
+            ms(latency.percentile(95)),
+            ms(latency.percentile(99))
+        ),
+        per(before.statements as f64, after.statements as f64),
+        per(before.commits as f64, after.commits as f64),
+        per(before.writes as f64, after.writes as f64),
+        per(before.wal_bytes as f64, after.wal_bytes as f64),
+        per(before.publishes as f64, after.publishes as f64),
+        per(before.cpu.this, after.cpu.this) * 1000.0,
+        per(before.cpu.postgres, after.cpu.postgres) * 1000.0,
+        per(before.cpu.rabbitmq, after.cpu.rabbitmq) * 1000.0,
+    );
+    per(before.cpu.total(), after.cpu.total())
 }
 
 /// Counters read before and after a phase.
@@ -935,13 +992,49 @@ async fn publish_pipelined(
     Ok(())
 }
 
+/// Sorted latency samples.
+struct Latencies(Vec<Duration>);
+
+impl Latencies {
+    fn new(mut samples: Vec<Duration>) -> Self {
+        samples.sort();
+        Latencies(samples)
+    }
+
+    fn percentile(&self, p: usize) -> Duration {
+        if self.0.is_empty() {
+            return Duration::ZERO;
+        }
+        let rank = (p * self.0.len()).div_ceil(100).clamp(1, self.0.len());
+        self.0[rank - 1]
+    }
+
+    fn summary(&self) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        format!(
+            "p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
+            ms(self.percentile(50)),
+            ms(self.percentile(95)),
+            ms(self.percentile(99)),
+            ms(self.0.last().copied().unwrap_or_default())
+        )
+    }
+}
+
+// The long-segment part: thousands of segments at once in one `countersign-worker` process,
+// each waiting seconds for a model stub in a process of its own.
+
+const LONG_AGENT: &str = "bench-long";
+/// The `application_name` of the worker's connections, to count them.
+const WORKER_APPLICATION: &str = "countersign-bench-worker";
+/// The variable the long agent's model settings name for their (stand-in) API key.
+const STUB_KEY_ENV: &str = "COUNTERSIGN_BENCH_STUB_KEY";
+const LONG_LEASE_TTL_SECS: u64 = 6;
+
 /// Thousands of segments at once in one `countersign-worker`, each waiting seconds for its
 /// model.
 async fn long_segments(
-    pool: &PgPool,
-    store: &Store,
-    broker: &Broker,
-    as_producer: &MessageProperties,
+    bench: &Bench,
     worker: &WorkerEnv,
     config: &BenchConfig,
 ) -> anyhow::Result<()> {
@@ -949,132 +1042,141 @@ async fn long_segments(
     // The stub runs in a process of its own, as the worker does: each process's figures are
     // its own.
     let stub = StubProcess::start(config.model_latency).await?;
-    let addr = stub.addr;
-    store
-        .upsert_agent(&AgentConfig {
-            name: LONG_AGENT.into(),
-            active: true,
-            model: json!({
-                "provider": "openai", "base_url": format!("http://{addr}/v1"),
-                "model": "stub", "api_key_env": STUB_KEY_ENV,
-                "timeout_secs": 120,
-            }),
-            policy: ToolPolicy::default(),
-            max_iterations: 2,
-            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
-            four_eyes: false,
-            approval_deadline: Duration::from_secs(3600),
-        })
-        .await?;
+    let model = json!({
+        "provider": "openai", "base_url": format!("http://127.0.0.1:{}/v1", stub.port),
+        "model": "stub", "api_key_env": STUB_KEY_ENV,
+        "timeout_secs": 120,
+    });
+    let long_agent = AgentConfig {
+        model,
+        max_iterations: 2,
+        ..agent(LONG_AGENT, &[], false)
+    };
+    bench.store.upsert_agent(&long_agent).await?;
     let stop = Arc::new(Notify::new());
-    let mut services = tokio::task::JoinSet::new();
-    {
-        let mut registry = ToolRegistry::new();
-        countersign_content::register(&mut registry, &mut LocalWriters::new(), store.clone());
-        let coordinator = Coordinator::new(store.clone(), Arc::new(registry));
-        let (broker, stop) = (broker.clone(), stop.clone());
-        services.spawn(async move {
-            countersign_coordinator::service::run(coordinator, broker, async move {
-                stop.notified().await
-            })
-            .await
-        });
-    }
-    let watch = broker.declare_private_queue().await?;
-    broker.bind_events(&watch, "run.*").await?;
-    let mut events = broker.consume(&watch, 1000).await?;
-    let latency = config.model_latency;
-    let ideal = n as f64 / latency.as_secs_f64();
+    let mut services = JoinSet::new();
+    let tools = bench.tools().await?;
+    let coordinator =
+        Coordinator::with_users(bench.store.clone(), Arc::new(tools.registry), tools.users);
+    spawn_coordinator(&mut services, coordinator, &bench.broker, &stop);
+    let watch = bench.broker.declare_private_queue().await?;
+    bench.broker.bind_events(&watch, "run.*").await?;
+    let mut long = Long {
+        bench,
+        worker,
+        stub,
+        events: bench.broker.consume(&watch, 1000).await?,
+        latency: config.model_latency,
+    };
     println!();
     println!(
         "long segments: {n} runs in flight in one countersign-worker process (--concurrency {n}, its default pool), \
          the model answering in {:.1} s",
-        latency.as_secs_f64()
+        long.latency.as_secs_f64()
     );
-
     // The worker alone first, on a backlog queued before it starts.
-    let backlog = Backlog::run(pool, broker, as_producer, &mut events, &stub, n, || {
-        worker.start(n)
-    })
-    .await?;
-    let per_run = |a: f64, b: f64| (b - a) / backlog.queued as f64;
-    let (before, after) = (&backlog.before, &backlog.after);
-    let first_wave = n as f64 / (backlog.seen.completed[n - 1] - backlog.started).as_secs_f64();
-    println!(
-        "  steady state:       {:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — completions {n} to {}, \
-         {:.1} s, of {} runs queued before the worker started; {} model calls in flight midway",
-        backlog.steady,
-        100.0 * backlog.steady / ideal,
-        2 * n,
-        backlog.window.as_secs_f64(),
-        backlog.queued,
-        backlog.seen.midway_calls
-    );
-    println!(
-        "  first wave:         {first_wave:.0} runs/s ({:.0} %) — the first {n} completions, {:.1} s from the worker's start \
-         (the ramp: every run claimed and sent to the model before the first answers)",
-        100.0 * first_wave / ideal,
-        (backlog.seen.completed[n - 1] - backlog.started).as_secs_f64()
-    );
-    println!(
-        "  per run: {:.1} commits ({:.1} that wrote), CPU {:.2} ms the worker, {:.2} ms PostgreSQL, {:.2} ms RabbitMQ \
-         (the stub's and the bench's own processes not counted); {} runs in {:.1} s",
-        per_run(before.commits as f64, after.commits as f64),
-        per_run(before.writes as f64, after.writes as f64),
-        per_run(before.cpu.worker, after.cpu.worker) * 1000.0,
-        per_run(before.cpu.postgres, after.cpu.postgres) * 1000.0,
-        per_run(before.cpu.rabbitmq, after.cpu.rabbitmq) * 1000.0,
-        backlog.queued,
-        backlog.elapsed.as_secs_f64()
-    );
-    println!(
-        "  worker RSS {:.0} MB at most; heartbeat statements {:.2}/s (lease ttl {LONG_LEASE_TTL_SECS} s); \
-         PostgreSQL connections the worker used: {} at most",
-        backlog.seen.rss as f64 / 1e6,
-        backlog.heartbeats / backlog.elapsed.as_secs_f64(),
-        backlog.seen.connections
-    );
-    println!(
-        "  intake:             {:.0} runs/s — the coordinator (in the bench's process) accepted the {} requests, published \
-         with 256 confirms in flight, in {:.1} s, before the worker started",
-        backlog.queued as f64 / backlog.intake.as_secs_f64(),
-        backlog.queued,
-        backlog.intake.as_secs_f64()
-    );
-
-    // End to end: the runs are requested at once, so the coordinator's gates (in this
-    // process) and the claims run while the first segments wait on the model.
-    let process = worker.start(n).await?;
-    let started = Instant::now();
-    request_long_runs(broker, as_producer, n).await?;
-    let seen = await_long_runs(pool, &mut events, &stub, &process, n).await?;
-    let elapsed = started.elapsed();
-    process.stop().await?;
-    let rate = n as f64 / elapsed.as_secs_f64();
-    println!(
-        "  requested at once:  {rate:.0} runs/s against the ideal {ideal:.0}: {:.0} % — {n} runs in {:.1} s; \
-         at most {} model calls in flight; worker RSS {:.0} MB",
-        100.0 * rate / ideal,
-        elapsed.as_secs_f64(),
-        seen.peak_calls,
-        seen.rss as f64 / 1e6
-    );
-
+    let backlog = long.backlog(n).await?;
+    long.print_backlog(&backlog, n);
+    long.requested_at_once(n).await?;
     // For scale: the same backlog with a quarter as many in flight, where the cores are not
     // the bound.
-    let quarter = n / 4;
-    if quarter > 0 {
-        let smaller = Backlog::run(
-            pool,
-            broker,
-            as_producer,
-            &mut events,
-            &stub,
-            quarter,
-            || worker.start(quarter),
-        )
-        .await?;
-        let ideal = quarter as f64 / latency.as_secs_f64();
+    if n / 4 > 0 {
+        let smaller = long.backlog(n / 4).await?;
+        long.print_quarter(&smaller, n / 4);
+    }
+    stop.notify_waiters();
+    while services.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// What the long-segment part works with.
+struct Long<'a> {
+    bench: &'a Bench,
+    worker: &'a WorkerEnv,
+    stub: StubProcess,
+    /// Every `run.*` event of the bench's queues.
+    events: Consumer,
+    latency: Duration,
+}
+
+impl Long<'_> {
+    /// The ideal rate with `n` in flight: N / latency.
+    fn ideal(&self, n: usize) -> f64 {
+        n as f64 / self.latency.as_secs_f64()
+    }
+
+    fn print_backlog(&self, backlog: &Backlog, n: usize) {
+        let ideal = self.ideal(n);
+        let per_run = |a: f64, b: f64| (b - a) / backlog.queued as f64;
+        let (before, after) = (&backlog.before, &backlog.after);
+        let first_wave = n as f64 / (backlog.seen.completed[n - 1] - backlog.started).as_secs_f64();
+        println!(
+            "  steady state:       {:.0} runs/s against the ideal {ideal:.0} (N / latency): {:.0} % — completions {n} to {}, \
+             {:.1} s, of {} runs queued before the worker started; {} model calls in flight midway",
+            backlog.steady,
+            100.0 * backlog.steady / ideal,
+            2 * n,
+            backlog.window.as_secs_f64(),
+            backlog.queued,
+            backlog.seen.midway_calls
+        );
+        println!(
+            "  first wave:         {first_wave:.0} runs/s ({:.0} %) — the first {n} completions, {:.1} s from the worker's start \
+             (the ramp: every run claimed and sent to the model before the first answers)",
+            100.0 * first_wave / ideal,
+            (backlog.seen.completed[n - 1] - backlog.started).as_secs_f64()
+        );
+        println!(
+            "  per run: {:.1} commits ({:.1} that wrote), CPU {:.2} ms the worker, {:.2} ms PostgreSQL, {:.2} ms RabbitMQ \
+             (the stub's and the bench's own processes not counted); {} runs in {:.1} s",
+            per_run(before.commits as f64, after.commits as f64),
+            per_run(before.writes as f64, after.writes as f64),
+            per_run(before.cpu.worker, after.cpu.worker) * 1000.0,
+            per_run(before.cpu.postgres, after.cpu.postgres) * 1000.0,
+            per_run(before.cpu.rabbitmq, after.cpu.rabbitmq) * 1000.0,
+            backlog.queued,
+            backlog.elapsed.as_secs_f64()
+        );
+        println!(
+            "  worker RSS {:.0} MB at most; heartbeat statements {:.2}/s (lease ttl {LONG_LEASE_TTL_SECS} s); \
+             PostgreSQL connections the worker used: {} at most",
+            backlog.seen.rss as f64 / 1e6,
+            backlog.heartbeats / backlog.elapsed.as_secs_f64(),
+            backlog.seen.connections
+        );
+        println!(
+            "  intake:             {:.0} runs/s — the coordinator (in the bench's process) accepted the {} requests, published \
+             with 256 confirms in flight, in {:.1} s, before the worker started",
+            backlog.queued as f64 / backlog.intake.as_secs_f64(),
+            backlog.queued,
+            backlog.intake.as_secs_f64()
+        );
+    }
+
+    /// End to end: the runs are requested at once, so the coordinator's gates (in this
+    /// process) and the claims run while the first segments wait on the model.
+    async fn requested_at_once(&mut self, n: usize) -> anyhow::Result<()> {
+        let process = self.worker.start(n).await?;
+        let started = Instant::now();
+        request_long_runs(&self.bench.broker, &self.bench.as_producer, n).await?;
+        let seen = self.await_long_runs(&process, n).await?;
+        let elapsed = started.elapsed();
+        process.stop().await?;
+        let rate = n as f64 / elapsed.as_secs_f64();
+        let ideal = self.ideal(n);
+        println!(
+            "  requested at once:  {rate:.0} runs/s against the ideal {ideal:.0}: {:.0} % — {n} runs in {:.1} s; \
+             at most {} model calls in flight; worker RSS {:.0} MB",
+            100.0 * rate / ideal,
+            elapsed.as_secs_f64(),
+            seen.peak_calls,
+            seen.rss as f64 / 1e6
+        );
+        Ok(())
+    }
+
+    fn print_quarter(&self, smaller: &Backlog, quarter: usize) {
+        let ideal = self.ideal(quarter);
         let per_run = |a: f64, b: f64| (b - a) / smaller.queued as f64 * 1000.0;
         println!(
             "  a quarter in flight: steady state {:.0} runs/s against the ideal {ideal:.0}: {:.0} % ({quarter} in flight, \
@@ -1089,50 +1191,17 @@ async fn long_segments(
             smaller.seen.rss as f64 / 1e6
         );
     }
-    stop.notify_waiters();
-    while services.join_next().await.is_some() {}
-    Ok(())
-}
 
-/// Three times `n` runs queued before a worker with `n` slots starts, and its steady state:
-/// the rate between the `n`-th completion (the first wave is through) and the `2n`-th (about
-/// when the last queued run is taken), while every completion frees a slot the backlog fills
-/// at once.
-struct Backlog {
-    queued: usize,
-    /// From the first request's publish to the last `run.accepted`, before the worker starts.
-    intake: Duration,
-    started: Instant,
-    /// From the worker's start to the last completion.
-    elapsed: Duration,
-    steady: f64,
-    window: Duration,
-    seen: LongRuns,
-    before: Counters,
-    after: Counters,
-    /// The worker's lease renewal statements, from its start to the last completion.
-    heartbeats: f64,
-}
-
-impl Backlog {
-    async fn run<F>(
-        pool: &PgPool,
-        broker: &Broker,
-        as_producer: &MessageProperties,
-        events: &mut Consumer,
-        stub: &StubProcess,
-        n: usize,
-        start_worker: impl FnOnce() -> F,
-    ) -> anyhow::Result<Backlog>
-    where
-        F: std::future::Future<Output = anyhow::Result<WorkerProcess>>,
-    {
+    /// Three times `n` runs queued before a worker with `n` slots starts, and its steady
+    /// state.
+    async fn backlog(&mut self, n: usize) -> anyhow::Result<Backlog> {
+        let pool = &self.bench.pool;
         let queued = 3 * n;
         let requested = Instant::now();
-        request_long_runs(broker, as_producer, queued).await?;
+        request_long_runs(&self.bench.broker, &self.bench.as_producer, queued).await?;
         let mut accepted = 0;
         while accepted < queued {
-            if next_event(events).await?["event"] == "run.accepted" {
+            if next_event(&mut self.events).await?["event"] == "run.accepted" {
                 accepted += 1;
             }
         }
@@ -1140,12 +1209,10 @@ impl Backlog {
         let before = Counters::read(pool).await?;
         // The worker's start-up (its connections, its topology check) is in its first wave.
         let started = Instant::now();
-        let process = start_worker().await?;
-        let seen = await_long_runs(pool, events, stub, &process, queued).await?;
+        let process = self.worker.start(n).await?;
+        let seen = self.await_long_runs(&process, queued).await?;
         let elapsed = started.elapsed();
-        let heartbeats = process
-            .metric("countersign_heartbeat_statements_total")
-            .await?;
+        let heartbeats = process.metric("countersign_heartbeat_statements_total")?;
         // CPU times now, while the worker and its server processes run (an exited process's
         // time is gone from /proc); the statistics once it stopped, as its server processes
         // report theirs when they exit (an idle one may wait ten seconds).
@@ -1169,6 +1236,72 @@ impl Backlog {
             heartbeats,
         })
     }
+
+    /// Waits for `n` runs to complete, sampling the model calls in flight, the worker's RSS
+    /// and the database connections it holds every hundred completions.
+    async fn await_long_runs(
+        &mut self,
+        worker: &WorkerProcess,
+        n: usize,
+    ) -> anyhow::Result<LongRuns> {
+        let mut seen = LongRuns {
+            peak_calls: 0,
+            midway_calls: 0,
+            rss: 0,
+            connections: 0,
+            completed: Vec::with_capacity(n),
+        };
+        while seen.completed.len() < n {
+            let event = next_event(&mut self.events).await?;
+            match event["event"].as_str() {
+                Some("run.completed") => seen.completed.push(Instant::now()),
+                Some("run.failed") => bail!("a long run failed: {event}"),
+                _ => continue,
+            }
+            let completed = seen.completed.len();
+            if completed == n / 2 {
+                seen.midway_calls = self.stub.in_flight()?;
+            }
+            if completed.is_multiple_of(100) {
+                seen.rss = seen.rss.max(rss_bytes(worker.pid()));
+                seen.peak_calls = seen.peak_calls.max(self.stub.in_flight()?);
+                let used = worker_connections(&self.bench.pool).await?;
+                seen.connections = seen.connections.max(used);
+            }
+        }
+        Ok(seen)
+    }
+}
+
+/// The PostgreSQL connections the worker process holds now.
+async fn worker_connections(pool: &PgPool) -> anyhow::Result<i64> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND application_name = $1",
+    )
+    .bind(WORKER_APPLICATION)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Three times `n` runs queued before a worker with `n` slots starts, and its steady state:
+/// the rate between the `n`-th completion (the first wave is through) and the `2n`-th (about
+/// when the last queued run is taken), while every completion frees a slot the backlog fills
+/// at once.
+struct Backlog {
+    queued: usize,
+    /// From the first request's publish to the last `run.accepted`, before the worker starts.
+    intake: Duration,
+    started: Instant,
+    /// From the worker's start to the last completion.
+    elapsed: Duration,
+    steady: f64,
+    window: Duration,
+    seen: LongRuns,
+    before: Counters,
+    after: Counters,
+    /// The worker's lease renewal statements, from its start to the last completion.
+    heartbeats: f64,
 }
 
 /// Requests `n` runs of the long agent through the queue, as a producer sending a burst does:
@@ -1210,49 +1343,6 @@ struct LongRuns {
     completed: Vec<Instant>,
 }
 
-/// Waits for `n` runs to complete, sampling the model calls in flight, the worker's RSS and
-/// the database connections it holds every hundred completions.
-async fn await_long_runs(
-    pool: &PgPool,
-    events: &mut Consumer,
-    stub: &StubProcess,
-    worker: &WorkerProcess,
-    n: usize,
-) -> anyhow::Result<LongRuns> {
-    let mut seen = LongRuns {
-        peak_calls: 0,
-        midway_calls: 0,
-        rss: 0,
-        connections: 0,
-        completed: Vec::with_capacity(n),
-    };
-    while seen.completed.len() < n {
-        let event = next_event(events).await?;
-        match event["event"].as_str() {
-            Some("run.completed") => seen.completed.push(Instant::now()),
-            Some("run.failed") => bail!("a long run failed: {event}"),
-            _ => continue,
-        }
-        let completed = seen.completed.len();
-        if completed == n / 2 {
-            seen.midway_calls = stub.in_flight().await?;
-        }
-        if completed.is_multiple_of(100) {
-            seen.rss = seen.rss.max(rss_bytes(worker.pid()));
-            seen.peak_calls = seen.peak_calls.max(stub.in_flight().await?);
-            let used: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND application_name = $1",
-            )
-            .bind(WORKER_APPLICATION)
-            .fetch_one(pool)
-            .await?;
-            seen.connections = seen.connections.max(used);
-        }
-    }
-    Ok(seen)
-}
-
 /// How the long-segment part starts `countersign-worker`: as an installation does, against the
 /// bench's database, queues and keys.
 struct WorkerEnv {
@@ -1264,22 +1354,16 @@ struct WorkerEnv {
     keys: String,
 }
 
-/// The `application_name` of the worker's connections, to count them.
-const WORKER_APPLICATION: &str = "countersign-bench-worker";
-/// The variable the long agent's model settings name for their (stand-in) API key.
-const STUB_KEY_ENV: &str = "COUNTERSIGN_BENCH_STUB_KEY";
-const LONG_LEASE_TTL_SECS: u64 = 6;
-
 impl WorkerEnv {
     fn new(
-        db: &PgConnectOptions,
+        db: &Database,
         amqp_addr: &str,
         queue_prefix: &str,
         keys: &str,
     ) -> anyhow::Result<WorkerEnv> {
         use sqlx::ConnectOptions;
-        let binary = crate::demo::beside_countersign("countersign-worker")?;
-        let mut url = db.to_url_lossy();
+        let binary = binary("countersign-worker")?;
+        let mut url = db.options()?.to_url_lossy();
         url.query_pairs_mut()
             .append_pair("application_name", WORKER_APPLICATION);
         Ok(WorkerEnv {
@@ -1294,12 +1378,13 @@ impl WorkerEnv {
     /// A worker running `concurrency` segments at once, serving its metrics; returns once it
     /// answers on them.
     async fn start(&self, concurrency: usize) -> anyhow::Result<WorkerProcess> {
-        let metrics = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let child = std::process::Command::new(&self.binary)
+        let port = free_port();
+        let mut command = Command::new(&self.binary);
+        command
             .args(["--concurrency", &concurrency.to_string()])
             .args(["--lease-ttl-secs", &LONG_LEASE_TTL_SECS.to_string()])
             .args(["--poll-interval-secs", "1"])
-            .args(["--http-addr", &metrics.to_string()])
+            .args(["--http-addr", &format!("127.0.0.1:{port}")])
             .env("DATABASE_URL", &self.database_url)
             .env("AMQP_ADDR", &self.amqp_addr)
             .env("COUNTERSIGN_QUEUE_PREFIX", &self.queue_prefix)
@@ -1307,109 +1392,64 @@ impl WorkerEnv {
             .env_remove("COUNTERSIGN_KEY_FILE")
             .env(STUB_KEY_ENV, "stub")
             .env("RUST_LOG", "warn")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", self.binary.display()))?;
-        let mut process = WorkerProcess { child, metrics };
-        let asked = Instant::now();
-        while http_get(metrics, "/healthz").await.is_err() {
-            if let Some(status) = process.child.try_wait()? {
-                bail!("countersign-worker exited {status} at its start");
-            }
-            anyhow::ensure!(
-                asked.elapsed() < Duration::from_secs(30),
-                "countersign-worker did not answer on {metrics} within 30 s"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        Ok(process)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null());
+        let mut process = Process::spawn("countersign-worker", &mut command)?;
+        process
+            .wait_for_http(port, "/healthz", Duration::from_secs(30))
+            .await?;
+        Ok(WorkerProcess { process, port })
     }
 }
 
 /// A running `countersign-worker`; killed if dropped before [`WorkerProcess::stop`].
 struct WorkerProcess {
-    child: std::process::Child,
-    metrics: std::net::SocketAddr,
+    process: Process,
+    /// Where it serves its metrics.
+    port: u16,
 }
 
 impl WorkerProcess {
     fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// The value of an unlabelled metric the worker serves.
-    async fn metric(&self, name: &str) -> anyhow::Result<f64> {
-        let body = http_get(self.metrics, "/metrics").await?;
-        body.lines()
-            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
-            .with_context(|| format!("the worker serves no {name}"))?
-            .trim()
-            .parse()
-            .with_context(|| format!("reading {name}"))
+    fn metric(&self, name: &str) -> anyhow::Result<f64> {
+        let (_, body) = http_get(self.port, "/metrics").context("the worker's /metrics")?;
+        let served = body
+            .lines()
+            .any(|line| line.starts_with(&format!("{name} ")));
+        anyhow::ensure!(served, "the worker serves no {name}");
+        Ok(counter_total(&body, name))
     }
 
     /// SIGTERM, as an installation stops it; waits for it to exit 0.
     async fn stop(mut self) -> anyhow::Result<()> {
-        let status = crate::demo::terminate(
-            &mut self.child,
-            "countersign-worker",
-            Duration::from_secs(30),
-        )
-        .await?;
+        let status = self.process.terminate(Duration::from_secs(30)).await?;
         anyhow::ensure!(status.success(), "countersign-worker exited {status}");
         Ok(())
     }
 }
 
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// The body of `GET path` on `addr`, over a connection of its own.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await?;
-    let (head, body) = answer
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("GET {path}: no HTTP answer"))?;
-    anyhow::ensure!(
-        head.starts_with("HTTP/1.1 200"),
-        "GET {path}: {}",
-        head.lines().next().unwrap_or_default()
-    );
-    Ok(body.to_owned())
-}
-
-/// The model stub's process (`countersign bench-model-stub`), killed when dropped.
+/// The model stub's process (`countersign-dev bench-model-stub`), killed when dropped.
 struct StubProcess {
-    child: std::process::Child,
-    addr: std::net::SocketAddr,
+    _process: Process,
+    port: u16,
 }
 
 impl StubProcess {
     async fn start(latency: Duration) -> anyhow::Result<StubProcess> {
         use std::io::BufRead;
-        let mut child = std::process::Command::new(std::env::current_exe()?)
+        let mut command = Command::new(std::env::current_exe()?);
+        command
             .args(["bench-model-stub", "--latency-ms"])
             .arg(latency.as_millis().to_string())
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .context("starting the model stub")?;
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped());
+        let mut child = command.spawn().context("starting the model stub")?;
         let stdout = child.stdout.take().context("the stub's stdout")?;
+        let process = Process::from(child);
         // One line, written as soon as it listens.
         let line = tokio::task::spawn_blocking(move || {
             let mut line = String::new();
@@ -1418,116 +1458,34 @@ impl StubProcess {
                 .map(|_| line)
         })
         .await??;
-        let addr = line
+        let port = line
             .trim()
-            .strip_prefix("listening on ")
+            .strip_prefix("listening on 127.0.0.1:")
             .with_context(|| format!("the stub said {line:?}"))?
             .parse()?;
-        Ok(StubProcess { child, addr })
+        Ok(StubProcess {
+            _process: process,
+            port,
+        })
     }
 
     /// The model calls the stub is answering now.
-    async fn in_flight(&self) -> anyhow::Result<u64> {
-        Ok(http_get(self.addr, "/in-flight").await?.trim().parse()?)
+    fn in_flight(&self) -> anyhow::Result<u64> {
+        let (_, body) = http_get(self.port, "/in-flight").context("the stub's /in-flight")?;
+        Ok(body.trim().parse()?)
     }
 }
 
-impl Drop for StubProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Serves the stub (`countersign bench-model-stub`): an OpenAI-compatible chat endpoint that
-/// answers "Done." after `latency`, and `GET /in-flight`; prints where it listens, and stops
-/// when its stdin closes (when the bench that started it ends).
+/// Serves the stub (`countersign-dev bench-model-stub`): the test kit's OpenAI-compatible
+/// stub answering "Done." after `latency`, and `GET /in-flight`; prints where it listens, and
+/// stops when its stdin closes (when the bench that started it ends).
 pub async fn serve_model_stub(latency: Duration) -> anyhow::Result<()> {
     use std::io::{Read, Write};
-    let (addr, _stub) = stub_model(latency).await?;
-    println!("listening on {addr}");
+    let stub = ModelStub::replying(vec![Reply::chat("Done.", &[]).after(latency)]);
+    println!("listening on 127.0.0.1:{}", stub.port());
     std::io::stdout().flush()?;
     tokio::task::spawn_blocking(|| std::io::stdin().read_to_end(&mut Vec::new())).await??;
     Ok(())
-}
-
-/// An OpenAI-compatible chat endpoint that answers "Done." after `latency`.
-struct Stub {
-    in_flight: AtomicU64,
-}
-
-async fn stub_model(latency: Duration) -> anyhow::Result<(std::net::SocketAddr, Arc<Stub>)> {
-    use axum::routing::{get, post};
-    let stub = Arc::new(Stub {
-        in_flight: AtomicU64::new(0),
-    });
-    let state = stub.clone();
-    let counted = stub.clone();
-    let app = axum::Router::new()
-        .route(
-            "/v1/chat/completions",
-            post(move || {
-                let stub = state.clone();
-                async move {
-                    stub.in_flight.fetch_add(1, Ordering::Relaxed);
-                    tokio::time::sleep(latency).await;
-                    stub.in_flight.fetch_sub(1, Ordering::Relaxed);
-                    let body = json!({
-                        "choices": [{"message": {"role": "assistant", "content": "Done."},
-                                     "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": 5, "completion_tokens": 1},
-                    });
-                    (
-                        [(axum::http::header::CONTENT_TYPE, "application/json")],
-                        body.to_string(),
-                    )
-                }
-            }),
-        )
-        .route(
-            "/in-flight",
-            get(move || {
-                let stub = counted.clone();
-                async move { stub.in_flight.load(Ordering::Relaxed).to_string() }
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let addr = listener.local_addr()?;
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::warn!(error = %e, "the stub model stopped");
-        }
-    });
-    Ok((addr, stub))
-}
-
-/// Sorted latency samples.
-struct Latencies(Vec<Duration>);
-
-impl Latencies {
-    fn new(mut samples: Vec<Duration>) -> Self {
-        samples.sort();
-        Latencies(samples)
-    }
-
-    fn percentile(&self, p: usize) -> Duration {
-        if self.0.is_empty() {
-            return Duration::ZERO;
-        }
-        let rank = (p * self.0.len()).div_ceil(100).clamp(1, self.0.len());
-        self.0[rank - 1]
-    }
-
-    fn summary(&self) -> String {
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        format!(
-            "p50 {:.2} ms  p95 {:.2} ms  p99 {:.2} ms  max {:.2} ms",
-            ms(self.percentile(50)),
-            ms(self.percentile(95)),
-            ms(self.percentile(99)),
-            ms(self.0.last().copied().unwrap_or_default())
-        )
-    }
 }
 
 #[cfg(test)]
