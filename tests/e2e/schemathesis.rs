@@ -122,5 +122,4 @@ async fn the_api_answers_generated_requests_only_as_its_openapi_document_says() 
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(report.contains(" passed"), "no test case ran:\n{report}");
-    db.drop().await;
 }
