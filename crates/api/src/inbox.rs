@@ -17,7 +17,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use chrono::Utc;
 use countersign_core::{DecisionMessage, RunId};
-use countersign_store::RunStatus;
+use countersign_store::{DecisionOutcome, RunStatus};
 use maud::Markup;
 use serde::Deserialize;
 use serde_json::json;
@@ -335,7 +335,9 @@ pub async fn run(
             match card_for(&state, &run, &access).await {
                 Ok(card) => Some(card),
                 // Moved on between the read of the row and the state: show what it is now.
-                Err(p) if p.code == ProblemCode::NotAwaitingApproval => None,
+                Err(p) if p.code == ProblemCode::Decision(DecisionOutcome::NotAwaitingApproval) => {
+                    None
+                }
                 Err(p) if p.code == ProblemCode::StateUnreadable => None,
                 Err(p) => return Err(p),
             }

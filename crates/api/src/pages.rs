@@ -7,7 +7,7 @@
 
 use chrono::{DateTime, Utc};
 use countersign_core::card::{ApprovalCard, CardPreview};
-use countersign_store::{RunEvent, RunRecord, RunStatus};
+use countersign_store::{DecisionOutcome, RunEvent, RunRecord, RunStatus};
 use maud::{html, Markup, DOCTYPE};
 
 use crate::problem::{Problem, ProblemCode};
@@ -321,7 +321,8 @@ pub fn outcome(
             problem.code.title().to_owned(),
         ),
     };
-    let stale = matches!(result, Err(p) if p.code == ProblemCode::StaleTurn);
+    let stale =
+        matches!(result, Err(p) if p.code == ProblemCode::Decision(DecisionOutcome::StaleTurn));
     layout(
         heading,
         Some(viewer),

@@ -587,7 +587,9 @@ pub async fn create_run(
             }
             Ok(response)
         }
-        (RequestOutcome::Malformed { reason }, _) => Err(Problem::malformed(reason.clone())),
+        (RequestOutcome::Malformed, _) => Err(Problem::malformed(
+            verdict.dead_letter_reason().unwrap_or_default(),
+        )),
         (outcome, _) => Err(Problem::new(
             ProblemCode::of_request(outcome).unwrap_or(ProblemCode::Unavailable),
         )),
@@ -804,8 +806,8 @@ pub(crate) async fn take_decision(
         .map_err(|e| unavailable("decision gates", e.code(), &e))?;
     effects::after_decision(state, &verdict).await;
     let (Some(decision_id), Some(run_id)) = (verdict.decision_id, verdict.run_id) else {
-        return Ok(Err(match &verdict.outcome {
-            DecisionCode::Malformed { reason } => Problem::malformed(reason.clone()),
+        return Ok(Err(match (verdict.outcome, verdict.dead_letter_reason()) {
+            (DecisionCode::Malformed, Some(reason)) => Problem::malformed(reason),
             _ => Problem::new(ProblemCode::Unavailable),
         }));
     };
@@ -817,9 +819,9 @@ pub(crate) async fn take_decision(
             replayed: verdict.replayed,
         }),
         Some(code) => {
-            let mut problem = match &verdict.outcome {
-                DecisionCode::Malformed { reason } => Problem::malformed(reason.clone()),
-                _ => Problem::new(code),
+            let mut problem = match verdict.dead_letter_reason() {
+                Some(reason) => Problem::malformed(reason),
+                None => Problem::new(code),
             };
             problem.run_id = Some(run_id.as_uuid());
             problem.decision_id = Some(decision_id);

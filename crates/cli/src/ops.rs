@@ -570,7 +570,7 @@ pub async fn decide(
         );
         return Ok(());
     }
-    let why = match DecisionOutcome::parse(outcome) {
+    let why = match outcome.parse().ok() {
         Some(DecisionOutcome::StaleTurn) => format!(
             " — run {} no longer shows the card decided on (suspension {}, turn {}); \
              nothing changed: look at the run again and decide on the card it shows now",

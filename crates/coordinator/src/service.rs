@@ -251,7 +251,7 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
     if let Some((run_id, event)) = &effects.unannounced {
         // Nothing recorded this outcome, so nothing announced it: the outbox gets it now.
         if let Err(e) = coordinator.store.announce(Some(*run_id), event).await {
-            tracing::warn!(run.id = %run_id, event = event.name, code = e.code(), error = %e, "event not announced");
+            tracing::warn!(run.id = %run_id, event = event.name.as_str(), code = e.code(), error = %e, "event not announced");
         }
     }
     // Only an authenticated producer is answered: `reply_to` names any queue, and the reply is
@@ -282,11 +282,11 @@ pub const EXPIRING_WITHIN: Duration = Duration::from_secs(3600);
 /// Registers, at zero, the series of the gates, whichever door runs them: every outcome of a
 /// run request and of a decision, and the approval wait.
 pub fn register_gate_metrics() {
-    for outcome in crate::RequestOutcome::CODES {
-        let _ = metrics::counter!("countersign_run_requests_total", "outcome" => outcome);
+    for outcome in <crate::RequestOutcome as strum::VariantArray>::VARIANTS {
+        let _ = metrics::counter!("countersign_run_requests_total", "outcome" => outcome.code());
     }
-    for outcome in crate::DecisionCode::codes() {
-        let _ = metrics::counter!("countersign_decisions_total", "outcome" => outcome);
+    for outcome in crate::DecisionCode::all() {
+        let _ = metrics::counter!("countersign_decisions_total", "outcome" => outcome.code());
     }
     let _ = metrics::histogram!("countersign_approval_wait_seconds");
 }

@@ -29,11 +29,12 @@ pub mod tool;
 pub mod turn;
 
 pub use agent_loop::{
-    AgentConfig, Decision, HookError, Outcome, Segment, SegmentHooks, TerminationReason,
+    AgentConfig, Decision, HookError, Interruption, Outcome, Segment, SegmentHooks,
+    TerminationReason,
 };
 pub use directory::{Approver, Approves, DirectoryError, UserDirectory};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
-pub use messages::{DecisionMessage, Event, MessageError, RunRequest};
+pub use messages::{DecisionMessage, Event, EventName, MessageError, RunRequest};
 pub use model::{
     Message, Model, ModelError, ModelOptions, ModelRequest, ModelResponse, Role, TokenUsage,
     ToolCall,

@@ -196,18 +196,68 @@ impl DecisionMessage {
 /// deduplicate by `event_id`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
-    /// `run.accepted`, `run.suspended`, `run.preview_moved`, `run.completed`, `run.failed`,
-    /// `run.cancelled`, `decision.accepted`, `decision.refused`.
-    pub name: &'static str,
+    pub name: EventName,
     /// Ids, codes and counts only.
     pub fields: Map<String, Value>,
+}
+
+/// The name of an event: its routing key on `countersign.events`, and the `kind` of its outbox
+/// and audit rows.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::Display,
+    strum::VariantArray,
+)]
+pub enum EventName {
+    /// A run exists for a request. Carries `request_id` and `run_id`.
+    #[strum(serialize = "run.accepted")]
+    RunAccepted,
+    /// A run request was refused; nothing was created. Carries `request_id` and `outcome`.
+    #[strum(serialize = "run.refused")]
+    RunRefused,
+    #[strum(serialize = "run.suspended")]
+    RunSuspended,
+    #[strum(serialize = "run.preview_moved")]
+    RunPreviewMoved,
+    #[strum(serialize = "run.completed")]
+    RunCompleted,
+    #[strum(serialize = "run.failed")]
+    RunFailed,
+    #[strum(serialize = "run.cancelled")]
+    RunCancelled,
+    /// A decision released its turn (an approval or a denial). Carries `decision_id`, `run_id`
+    /// and `outcome`.
+    #[strum(serialize = "decision.accepted")]
+    DecisionAccepted,
+    /// A decision was refused; the run is unchanged. Carries `decision_id`, `run_id`, `outcome`.
+    #[strum(serialize = "decision.refused")]
+    DecisionRefused,
+}
+
+impl EventName {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl PartialEq<&str> for EventName {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
 }
 
 impl Event {
     pub const TYPE: &'static str = "countersign.event";
 
     /// An event with its fields; `fields` must be a JSON object of ids and codes.
-    pub fn new(name: &'static str, fields: Value) -> Self {
+    pub fn new(name: EventName, fields: Value) -> Self {
         let fields = match fields {
             Value::Object(map) => map,
             _ => Map::new(),
@@ -221,7 +271,7 @@ impl Event {
         let mut body = Map::new();
         body.insert("type".into(), json!(Self::TYPE));
         body.insert("version".into(), json!(MESSAGE_VERSION));
-        body.insert("event".into(), json!(self.name));
+        body.insert("event".into(), json!(self.name.as_str()));
         for (k, v) in &self.fields {
             body.insert(k.clone(), v.clone());
         }
@@ -430,7 +480,7 @@ mod tests {
     #[test]
     fn an_event_carries_its_name_fields_and_time() {
         let e = Event::new(
-            "decision.refused",
+            EventName::DecisionRefused,
             json!({"decision_id": "d", "outcome": "stale_turn"}),
         );
         let body = e.to_json("2026-11-30T10:00:00Z");

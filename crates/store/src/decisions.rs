@@ -26,9 +26,22 @@ use crate::{outbox, Store, StoreError};
 /// recorded, or anyone able to publish could claim a decision id before its real approver.
 /// `not_auditable` and `idempotency_conflict` are published but never recorded: the first
 /// because the database refused the record, the second because its decision id is taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// The variants are in the order of the gates (a metric's label values, the API's document).
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    strum::IntoStaticStr,
+    strum::EnumString,
+    strum::VariantArray,
+)]
+#[strum(serialize_all = "snake_case")]
 pub enum DecisionOutcome {
-    Accepted,
+    IdempotencyConflict,
     NotAwaitingApproval,
     StaleTurn,
     AccessDenied,
@@ -36,39 +49,12 @@ pub enum DecisionOutcome {
     SelfApprovalDenied,
     ApproverNotPermitted,
     NotAuditable,
-    IdempotencyConflict,
+    Accepted,
 }
 
 impl DecisionOutcome {
-    /// Every outcome, in the order of the gates (a metric's label values, the parser).
-    pub const ALL: [DecisionOutcome; 9] = [
-        DecisionOutcome::IdempotencyConflict,
-        DecisionOutcome::NotAwaitingApproval,
-        DecisionOutcome::StaleTurn,
-        DecisionOutcome::AccessDenied,
-        DecisionOutcome::ConfigurationGone,
-        DecisionOutcome::SelfApprovalDenied,
-        DecisionOutcome::ApproverNotPermitted,
-        DecisionOutcome::NotAuditable,
-        DecisionOutcome::Accepted,
-    ];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            DecisionOutcome::Accepted => "accepted",
-            DecisionOutcome::NotAwaitingApproval => "not_awaiting_approval",
-            DecisionOutcome::StaleTurn => "stale_turn",
-            DecisionOutcome::AccessDenied => "access_denied",
-            DecisionOutcome::ConfigurationGone => "configuration_gone",
-            DecisionOutcome::SelfApprovalDenied => "self_approval_denied",
-            DecisionOutcome::ApproverNotPermitted => "approver_not_permitted",
-            DecisionOutcome::NotAuditable => "not_auditable",
-            DecisionOutcome::IdempotencyConflict => "idempotency_conflict",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|o| o.as_str() == s)
+        self.into()
     }
 }
 
@@ -194,7 +180,8 @@ impl RecordedRow {
 }
 
 fn outcome(s: &str) -> Result<DecisionOutcome, StoreError> {
-    DecisionOutcome::parse(s).ok_or(StoreError::unreadable("run_decisions.outcome"))
+    s.parse()
+        .map_err(|_| StoreError::unreadable("run_decisions.outcome"))
 }
 
 impl Store {
@@ -289,7 +276,7 @@ impl Store {
             d.approver,
             comment,
             d.outcome.as_str(),
-            event.name,
+            event.name.as_str(),
             payload,
             Uuid::now_v7(),
             outbox::stored_body(&event),
@@ -482,8 +469,9 @@ impl Store {
         let run = match (r.status, r.acting_user, r.run_agent, r.pending_tools) {
             (Some(status), Some(acting_user), Some(agent), Some(pending_tools)) => {
                 Some(DecidedRun {
-                    status: RunStatus::parse(&status)
-                        .ok_or(StoreError::unreadable("runs.status"))?,
+                    status: status
+                        .parse()
+                        .map_err(|_| StoreError::unreadable("runs.status"))?,
                     suspension_seq: r.suspension_seq.map(crate::runs::seq).transpose()?,
                     turn_digest: r
                         .turn_digest

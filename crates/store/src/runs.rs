@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use countersign_core::{
-    CallIndex, Effect, FenceToken, LeaseEpoch, RunId, SuspendedRunState, SuspensionSeq, TurnDigest,
+    CallIndex, Effect, EventName, FenceToken, LeaseEpoch, RunId, SuspendedRunState, SuspensionSeq,
+    TurnDigest,
 };
 use countersign_crypto::Purpose;
 use uuid::Uuid;
@@ -93,7 +94,8 @@ pub struct CreatedRun {
     pub created: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
 pub enum RunStatus {
     Queued,
     Running,
@@ -105,26 +107,7 @@ pub enum RunStatus {
 
 impl RunStatus {
     pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Queued => "queued",
-            RunStatus::Running => "running",
-            RunStatus::WaitingForApproval => "waiting_for_approval",
-            RunStatus::Completed => "completed",
-            RunStatus::Failed => "failed",
-            RunStatus::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "queued" => RunStatus::Queued,
-            "running" => RunStatus::Running,
-            "waiting_for_approval" => RunStatus::WaitingForApproval,
-            "completed" => RunStatus::Completed,
-            "failed" => RunStatus::Failed,
-            "cancelled" => RunStatus::Cancelled,
-            _ => return None,
-        })
+        self.into()
     }
 
     pub fn is_terminal(self) -> bool {
@@ -136,7 +119,8 @@ impl RunStatus {
 }
 
 /// Which stretch of a run a claim executes: from the prompt, or after a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
 pub enum Segment {
     Start,
     Resume,
@@ -144,18 +128,7 @@ pub enum Segment {
 
 impl Segment {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Segment::Start => "start",
-            Segment::Resume => "resume",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "start" => Some(Segment::Start),
-            "resume" => Some(Segment::Resume),
-            _ => None,
-        }
+        self.into()
     }
 }
 
@@ -386,7 +359,8 @@ fn opt_seq(n: Option<i32>) -> Result<Option<SuspensionSeq>, StoreError> {
 }
 
 fn segment(s: &str) -> Result<Segment, StoreError> {
-    Segment::parse(s).ok_or(StoreError::unreadable("runs.segment"))
+    s.parse()
+        .map_err(|_| StoreError::unreadable("runs.segment"))
 }
 
 fn digest(s: &str) -> Result<TurnDigest, StoreError> {
@@ -602,7 +576,7 @@ impl Store {
             new.acting_user,
             request,
             Uuid::now_v7(),
-            event.name,
+            event.name.as_str(),
             outbox::stored_body(&event),
             producer,
             traceparent,
@@ -1190,7 +1164,11 @@ impl Store {
             tx.rollback().await?;
             return Ok(false);
         }
-        let event = outbox::ended_event("run.cancelled", run_id, TerminationReason::Cancelled);
+        let event = outbox::ended_event(
+            EventName::RunCancelled,
+            run_id,
+            TerminationReason::Cancelled,
+        );
         let row = outbox::announce_locked(&mut tx, &self.keyring, run_id, &event, None).await?;
         tx.commit().await?;
         self.hand_off(vec![row]);
@@ -1267,7 +1245,10 @@ impl Store {
             request_id: r.request_id,
             agent: r.agent,
             acting_user: r.acting_user,
-            status: RunStatus::parse(&r.status).ok_or(StoreError::unreadable("runs.status"))?,
+            status: r
+                .status
+                .parse()
+                .map_err(|_| StoreError::unreadable("runs.status"))?,
             segment: segment(&r.segment)?,
             suspension_seq: opt_seq(r.suspension_seq)?,
             turn_digest: r.turn_digest.as_deref().map(digest).transpose()?,
@@ -1277,7 +1258,10 @@ impl Store {
             lease_expires_at: r.lease_expires_at,
             pending_effect: r
                 .pending_effect
-                .map(|e| Effect::parse(&e).ok_or(StoreError::unreadable("runs.pending_effect")))
+                .map(|e| {
+                    e.parse()
+                        .map_err(|_| StoreError::unreadable("runs.pending_effect"))
+                })
                 .transpose()?,
             requeue_count: r.requeue_count,
             available_at: r.available_at,
@@ -1286,8 +1270,8 @@ impl Store {
             termination_reason: r
                 .termination_reason
                 .map(|t| {
-                    TerminationReason::parse(&t)
-                        .ok_or(StoreError::unreadable("runs.termination_reason"))
+                    t.parse()
+                        .map_err(|_| StoreError::unreadable("runs.termination_reason"))
                 })
                 .transpose()?,
             error_code: r.error_code,

@@ -6,7 +6,7 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::{SecondsFormat, Utc};
 use countersign_core::agent_loop::{
-    self, AgentConfig, Decision, Outcome, Segment, SegmentHooks, TerminationReason,
+    self, AgentConfig, Decision, Interruption, Outcome, Segment, SegmentHooks, TerminationReason,
 };
 use countersign_core::{
     DataClasses, LocalWriters, Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState,
@@ -23,8 +23,9 @@ use crate::heartbeat::Heartbeat;
 use crate::hooks::StoreHooks;
 use crate::settler::Settler;
 
-/// How a segment ended, for the caller's metrics and logs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How a segment ended, for the caller's metrics (the `end` label its name) and logs.
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum SegmentEnd {
     Completed(TerminationReason),
@@ -35,7 +36,7 @@ pub enum SegmentEnd {
         moved: usize,
     },
     /// Stopped without settling (lease lost, store unreachable); the reaper takes it from here.
-    Interrupted(&'static str),
+    Interrupted(Interruption),
     /// Handed back to the queue at shutdown, its retry budget untouched.
     Released,
 }
@@ -131,12 +132,12 @@ impl SegmentRunner {
         let end = loop {
             let end = tokio::select! {
                 end = self.drive(claim, &hooks).instrument(span.clone()) => end,
-                () = hooks.lost() => Ok(SegmentEnd::Interrupted("lease_lost")),
+                () = hooks.lost() => Ok(SegmentEnd::Interrupted(Interruption::LeaseLost)),
                 () = &mut release => break self.release(&claim.lease).await,
             };
             match end {
-                Ok(SegmentEnd::Interrupted(code))
-                    if code != "lease_lost" && !hooks.lease_lost() =>
+                Ok(SegmentEnd::Interrupted(Interruption::Unavailable(code)))
+                    if !hooks.lease_lost() =>
                 {
                     match backoff.next() {
                         Some(pause) => {
@@ -160,7 +161,7 @@ impl SegmentRunner {
         Ok(if handed_back {
             SegmentEnd::Released
         } else {
-            SegmentEnd::Interrupted("lease_lost")
+            SegmentEnd::Interrupted(Interruption::LeaseLost)
         })
     }
 
@@ -197,7 +198,7 @@ impl SegmentRunner {
             }
             Err(e) => {
                 tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "user directory failed");
-                return Ok(SegmentEnd::Interrupted(e.code()));
+                return Ok(SegmentEnd::Interrupted(Interruption::Unavailable(e.code())));
             }
         };
         let captured_at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
@@ -226,11 +227,7 @@ impl SegmentRunner {
             SegmentKind::Resume => {
                 let Some(seq) = claim.suspension_seq else {
                     return self
-                        .fail(
-                            lease,
-                            TerminationReason::StateUnreadable,
-                            "state_unreadable",
-                        )
+                        .fail_as(lease, TerminationReason::StateUnreadable)
                         .await;
                 };
                 let opened = match &inputs.state {
@@ -245,11 +242,7 @@ impl SegmentRunner {
                     Ok(state) if state.suspension_seq == seq => state,
                     Ok(_) => {
                         return self
-                            .fail(
-                                lease,
-                                TerminationReason::StateUnreadable,
-                                "state_unreadable",
-                            )
+                            .fail_as(lease, TerminationReason::StateUnreadable)
                             .await
                     }
                     Err(e) => {
@@ -296,7 +289,7 @@ impl SegmentRunner {
                 // `run.completed` (the answer sealed into its audit row) commits with the settle.
                 let settlement = Settlement::completed(reason, counters).with_answer(answer);
                 if !self.settler.settle(&self.store, lease, &settlement).await? {
-                    return Ok(SegmentEnd::Interrupted("lease_lost"));
+                    return Ok(SegmentEnd::Interrupted(Interruption::LeaseLost));
                 }
                 tracing::info!(run.id = %run_id, reason = reason.as_str(), "run completed");
                 metrics::counter!("countersign_runs_total", "status" => "completed", "reason" => reason.as_str()).increment(1);
@@ -311,7 +304,7 @@ impl SegmentRunner {
                 let settlement =
                     Settlement::failed(reason, Some(code), Some(counters(iterations, tokens)));
                 if !self.settler.settle(&self.store, lease, &settlement).await? {
-                    return Ok(SegmentEnd::Interrupted("lease_lost"));
+                    return Ok(SegmentEnd::Interrupted(Interruption::LeaseLost));
                 }
                 failed(run_id, reason, code);
                 Ok(SegmentEnd::Failed(reason))
@@ -322,7 +315,7 @@ impl SegmentRunner {
                 let moved_tools: Vec<&str> = moved.iter().map(|(_, t)| t.as_str()).collect();
                 match self.store.suspend(lease, &state, &moved_tools).await {
                     Ok(true) => {}
-                    Ok(false) => return Ok(SegmentEnd::Interrupted("lease_lost")),
+                    Ok(false) => return Ok(SegmentEnd::Interrupted(Interruption::LeaseLost)),
                     Err(e) => {
                         tracing::error!(run.id = %run_id, code = e.code(), error = %e, "suspend failed");
                         return self
@@ -345,24 +338,29 @@ impl SegmentRunner {
                     moved: moved.len(),
                 })
             }
-            Outcome::Interrupted { code } => {
-                if code == "lease_lost" {
+            Outcome::Interrupted(cause) => {
+                if cause == Interruption::LeaseLost {
                     metrics::counter!("countersign_leases_lost_total").increment(1);
                 }
-                tracing::warn!(run.id = %run_id, code, "segment interrupted; nothing settled");
-                Ok(SegmentEnd::Interrupted(code))
+                tracing::warn!(run.id = %run_id, code = cause.code(), "segment interrupted; nothing settled");
+                Ok(SegmentEnd::Interrupted(cause))
             }
         }
     }
 
     async fn unreadable(&self, lease: &Lease, e: &StoreError) -> Result<SegmentEnd, StoreError> {
         tracing::error!(run.id = %lease.run_id, error = %e, "sealed run data unreadable");
-        self.fail(
-            lease,
-            TerminationReason::StateUnreadable,
-            "state_unreadable",
-        )
-        .await
+        self.fail_as(lease, TerminationReason::StateUnreadable)
+            .await
+    }
+
+    /// Fails the run with `reason`, which is its error code too.
+    async fn fail_as(
+        &self,
+        lease: &Lease,
+        reason: TerminationReason,
+    ) -> Result<SegmentEnd, StoreError> {
+        self.fail(lease, reason, reason.as_str()).await
     }
 
     async fn fail(
@@ -373,7 +371,7 @@ impl SegmentRunner {
     ) -> Result<SegmentEnd, StoreError> {
         let settlement = Settlement::failed(reason, Some(code), None);
         if !self.settler.settle(&self.store, lease, &settlement).await? {
-            return Ok(SegmentEnd::Interrupted("lease_lost"));
+            return Ok(SegmentEnd::Interrupted(Interruption::LeaseLost));
         }
         failed(lease.run_id, reason, code);
         Ok(SegmentEnd::Failed(reason))

@@ -709,12 +709,14 @@ async fn every_termination_reason_and_decision_outcome_fits_the_schema(pool: PgP
         assert!(store.settle(&lease, &settlement).await.unwrap());
         let row = store.run(run).await.unwrap().unwrap();
         assert_eq!(row.termination_reason, Some(reason));
-        assert_eq!(TerminationReason::parse(reason.as_str()), Some(reason));
+        assert_eq!(reason.as_str().parse(), Ok(reason));
     }
 
     // `accepted` last: it releases the run the refusals leave waiting.
-    let outcomes = DecisionOutcome::ALL;
-    assert_eq!(outcomes.last(), Some(&DecisionOutcome::Accepted));
+    let outcomes = <DecisionOutcome as strum::VariantArray>::VARIANTS
+        .iter()
+        .copied();
+    assert_eq!(outcomes.clone().last(), Some(DecisionOutcome::Accepted));
     let (run, st) = waiting(&store).await;
     for outcome in outcomes {
         let d = NewDecision {
@@ -729,7 +731,7 @@ async fn every_termination_reason_and_decision_outcome_fits_the_schema(pool: PgP
             store.decision_outcome(d.decision_id).await.unwrap(),
             Some(outcome)
         );
-        assert_eq!(DecisionOutcome::parse(outcome.as_str()), Some(outcome));
+        assert_eq!(outcome.as_str().parse(), Ok(outcome));
     }
 
     // A status that does not end a run is not a settlement.
