@@ -438,18 +438,11 @@ impl Store {
                       r.status AS "status?", r.suspension_seq AS "suspension_seq?",
                       r.turn_digest AS "turn_digest?", r.acting_user AS "acting_user?",
                       r.agent AS "run_agent?", r.pending_tools AS "pending_tools?",
-                      a.name AS "agent_name?", a.active AS "agent_active?",
-                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
-                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
-                      a.max_iterations AS "max_iterations?",
-                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
-                      a.four_eyes AS "four_eyes?",
-                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
-                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?"
+                      s AS "settings: AgentColumns"
                FROM (SELECT 1) AS one
                LEFT JOIN run_decisions d ON d.decision_id = $1
                LEFT JOIN runs r ON r.id = $2
-               LEFT JOIN agents a ON a.name = r.agent"#,
+               LEFT JOIN agent_settings s ON s.name = r.agent"#,
             d.decision_id,
             d.run_id.as_uuid(),
             producer,
@@ -488,25 +481,11 @@ impl Store {
             }
             _ => None,
         };
-        let agent = AgentColumns::optional(
-            r.agent_name,
-            r.agent_active,
-            r.agent_model,
-            r.allowed_groups,
-            r.allowed_tools,
-            r.enabled_tools,
-            r.max_iterations,
-            r.max_tool_calls_per_turn,
-            r.four_eyes,
-            r.approval_deadline_seconds,
-            r.agent_created_at,
-            r.agent_updated_at,
-        );
         Ok(DecisionFacts {
             producer_granted: r.granted,
             recorded,
             run,
-            agent,
+            agent: r.settings.map(StoredAgent::from),
         })
     }
 }

@@ -382,8 +382,8 @@ pub struct SentCall {
     pub effect: Effect,
 }
 
-/// What a claim's statement gives back: the claimed row, its agent and, for a resume, the
-/// accepted decision.
+/// What a claim's statement (`claim_runs`) gives back: the claimed row, its agent and, for a
+/// resume, the accepted decision.
 struct ClaimRow {
     id: Uuid,
     lease_epoch: i64,
@@ -396,18 +396,7 @@ struct ClaimRow {
     sent_call: Option<i32>,
     request: Option<Vec<u8>>,
     state: Option<Vec<u8>>,
-    agent_name: Option<String>,
-    agent_active: Option<bool>,
-    agent_model: Option<serde_json::Value>,
-    allowed_groups: Option<Vec<String>>,
-    allowed_tools: Option<Vec<String>>,
-    enabled_tools: Option<Vec<String>>,
-    max_iterations: Option<i32>,
-    max_tool_calls_per_turn: Option<i32>,
-    four_eyes: Option<bool>,
-    approval_deadline_seconds: Option<i64>,
-    agent_created_at: Option<DateTime<Utc>>,
-    agent_updated_at: Option<DateTime<Utc>>,
+    settings: Option<AgentColumns>,
     decision_id: Option<Uuid>,
     approved: Option<bool>,
     approver: Option<String>,
@@ -415,22 +404,20 @@ struct ClaimRow {
     decided_secs_ago: Option<f64>,
 }
 
+/// Which runs a claim asks for.
+#[derive(Clone, Copy)]
+enum Asked<'a> {
+    /// These runs, each waited for while another transaction holds its row.
+    Waiting(&'a [Uuid]),
+    /// These runs, skipping a row another transaction holds.
+    Free(&'a [Uuid]),
+    /// Any available runs, those available longest first, skipping held rows.
+    Next(i64),
+}
+
 impl ClaimRow {
     fn into_claim(self, owner: &str) -> Result<Claim, StoreError> {
-        let agent = AgentColumns::optional(
-            self.agent_name,
-            self.agent_active,
-            self.agent_model,
-            self.allowed_groups,
-            self.allowed_tools,
-            self.enabled_tools,
-            self.max_iterations,
-            self.max_tool_calls_per_turn,
-            self.four_eyes,
-            self.approval_deadline_seconds,
-            self.agent_created_at,
-            self.agent_updated_at,
-        );
+        let agent = self.settings.map(StoredAgent::from);
         let decision = match (self.decision_id, self.approved, self.approver) {
             (Some(decision_id), Some(approved), Some(approver)) => Some(SealedDecision {
                 decision_id,
@@ -660,54 +647,21 @@ impl Store {
 
     /// `queued` → `running`: one UPDATE that sets the owner, `lease_epoch + 1` and
     /// `lease_expires_at = now() + ttl`, only if the run is available by the database clock.
-    /// `None` when it lost (another claimer, not queued, or not yet available).
+    /// `None` when it lost (another claimer, not queued, or not yet available). [`Store::claim_many`]
+    /// of one, except that a row another transaction holds is waited for: the answer says
+    /// whether the claim was truly lost.
     pub async fn claim(
         &self,
         run_id: RunId,
         owner: &str,
         ttl: Duration,
     ) -> Result<Option<Claim>, StoreError> {
-        let row = sqlx::query_as!(
-            ClaimRow,
-            r#"WITH c AS (
-                   UPDATE runs
-                   SET status = 'running', lease_owner = $2, lease_epoch = lease_epoch + 1,
-                       lease_expires_at = now() + $3 * interval '1 millisecond',
-                       pending_effect = NULL, updated_at = now()
-                   WHERE id = $1 AND status = 'queued' AND available_at <= now()
-                   RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
-                             suspension_seq, requeue_count,
-                             CASE WHEN segment = 'resume' AND sent_seq = suspension_seq
-                                  THEN sent_call END AS sent_call,
-                             CASE WHEN segment = 'start' THEN request END AS request,
-                             CASE WHEN segment = 'resume' THEN state END AS state)
-               SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
-                      c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
-                      c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
-                      c.requeue_count AS "requeue_count!", c.sent_call, c.request AS "request?",
-                      c.state,
-                      a.name AS "agent_name?", a.active AS "agent_active?",
-                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
-                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
-                      a.max_iterations AS "max_iterations?",
-                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
-                      a.four_eyes AS "four_eyes?",
-                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
-                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
-                      d.decision_id AS "decision_id?", d.approved AS "approved?",
-                      d.approver AS "approver?", d.comment AS "comment?",
-                      extract(epoch FROM now() - d.created_at)::float8 AS "decided_secs_ago?"
-               FROM c
-               LEFT JOIN agents a ON a.name = c.agent
-               LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id
-                    AND d.suspension_seq = c.suspension_seq AND d.outcome = 'accepted'"#,
-            run_id.as_uuid(),
-            owner,
-            millis(ttl) as f64,
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| r.into_claim(owner)).transpose()
+        let ids = [run_id.as_uuid()];
+        let row = self.claim_runs(Asked::Waiting(&ids), owner, ttl).await?;
+        row.into_iter()
+            .next()
+            .map(|r| r.into_claim(owner))
+            .transpose()
     }
 
     /// [`Store::claim`] for many wake-ups in one statement: each run is claimed as `claim`
@@ -722,50 +676,7 @@ impl Store {
         ttl: Duration,
     ) -> Result<Vec<Option<Result<Claim, StoreError>>>, StoreError> {
         let ids: Vec<Uuid> = run_ids.iter().map(|r| r.as_uuid()).collect();
-        let rows = sqlx::query_as!(
-            ClaimRow,
-            r#"WITH c AS (
-                   UPDATE runs
-                   SET status = 'running', lease_owner = $2, lease_epoch = lease_epoch + 1,
-                       lease_expires_at = now() + $3 * interval '1 millisecond',
-                       pending_effect = NULL, updated_at = now()
-                   WHERE id = ANY (ARRAY (SELECT id FROM runs
-                                          WHERE id = ANY ($1) AND status = 'queued'
-                                            AND available_at <= now()
-                                          FOR UPDATE SKIP LOCKED))
-                     AND status = 'queued' AND available_at <= now()
-                   RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
-                             suspension_seq, requeue_count,
-                             CASE WHEN segment = 'resume' AND sent_seq = suspension_seq
-                                  THEN sent_call END AS sent_call,
-                             CASE WHEN segment = 'start' THEN request END AS request,
-                             CASE WHEN segment = 'resume' THEN state END AS state)
-               SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
-                      c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
-                      c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
-                      c.requeue_count AS "requeue_count!", c.sent_call, c.request AS "request?",
-                      c.state,
-                      a.name AS "agent_name?", a.active AS "agent_active?",
-                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
-                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
-                      a.max_iterations AS "max_iterations?",
-                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
-                      a.four_eyes AS "four_eyes?",
-                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
-                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
-                      d.decision_id AS "decision_id?", d.approved AS "approved?",
-                      d.approver AS "approver?", d.comment AS "comment?",
-                      extract(epoch FROM now() - d.created_at)::float8 AS "decided_secs_ago?"
-               FROM c
-               LEFT JOIN agents a ON a.name = c.agent
-               LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id
-                    AND d.suspension_seq = c.suspension_seq AND d.outcome = 'accepted'"#,
-            &ids,
-            owner,
-            millis(ttl) as f64,
-        )
-        .fetch_all(&self.pool)
-        .await?;
+        let rows = self.claim_runs(Asked::Free(&ids), owner, ttl).await?;
         let mut won: Vec<Option<ClaimRow>> = rows.into_iter().map(Some).collect();
         Ok(ids
             .iter()
@@ -787,51 +698,40 @@ impl Store {
         ttl: Duration,
         limit: usize,
     ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
-        let rows = sqlx::query_as!(
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self.claim_runs(Asked::Next(limit), owner, ttl).await?;
+        Ok(rows.into_iter().map(|r| r.into_claim(owner)).collect())
+    }
+
+    /// The one claim statement (the function `claim_runs` of the migrations).
+    async fn claim_runs(
+        &self,
+        asked: Asked<'_>,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Vec<ClaimRow>, StoreError> {
+        let (ids, skip_locked, limit) = match asked {
+            Asked::Waiting(ids) => (Some(ids), false, None),
+            Asked::Free(ids) => (Some(ids), true, None),
+            Asked::Next(limit) => (None, true, Some(limit)),
+        };
+        Ok(sqlx::query_as!(
             ClaimRow,
-            r#"WITH c AS (
-                   UPDATE runs
-                   SET status = 'running', lease_owner = $1, lease_epoch = lease_epoch + 1,
-                       lease_expires_at = now() + $2 * interval '1 millisecond',
-                       pending_effect = NULL, updated_at = now()
-                   WHERE id = ANY (ARRAY (SELECT id FROM runs
-                                          WHERE status = 'queued' AND available_at <= now()
-                                          ORDER BY available_at LIMIT $3
-                                          FOR UPDATE SKIP LOCKED))
-                     AND status = 'queued' AND available_at <= now()
-                   RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
-                             suspension_seq, requeue_count,
-                             CASE WHEN segment = 'resume' AND sent_seq = suspension_seq
-                                  THEN sent_call END AS sent_call,
-                             CASE WHEN segment = 'start' THEN request END AS request,
-                             CASE WHEN segment = 'resume' THEN state END AS state)
-               SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
-                      c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
-                      c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
-                      c.requeue_count AS "requeue_count!", c.sent_call, c.request AS "request?",
-                      c.state,
-                      a.name AS "agent_name?", a.active AS "agent_active?",
-                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
-                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
-                      a.max_iterations AS "max_iterations?",
-                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
-                      a.four_eyes AS "four_eyes?",
-                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
-                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
-                      d.decision_id AS "decision_id?", d.approved AS "approved?",
-                      d.approver AS "approver?", d.comment AS "comment?",
-                      extract(epoch FROM now() - d.created_at)::float8 AS "decided_secs_ago?"
-               FROM c
-               LEFT JOIN agents a ON a.name = c.agent
-               LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id
-                    AND d.suspension_seq = c.suspension_seq AND d.outcome = 'accepted'"#,
+            r#"SELECT id AS "id!", lease_epoch AS "lease_epoch!",
+                      lease_expires_at AS "lease_expires_at!", segment AS "segment!",
+                      agent AS "agent!", acting_user AS "acting_user!", suspension_seq,
+                      requeue_count AS "requeue_count!", sent_call, request, state,
+                      settings AS "settings: AgentColumns", decision_id, approved, approver,
+                      comment, decided_secs_ago
+               FROM claim_runs($1, $2, $3, $4, $5)"#,
+            ids as Option<&[Uuid]>,
+            skip_locked,
+            limit,
             owner,
             millis(ttl) as f64,
-            i64::try_from(limit).unwrap_or(i64::MAX),
         )
         .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(|r| r.into_claim(owner)).collect())
+        .await?)
     }
 
     /// Heartbeat: extends the lease to `now() + ttl` if this segment still holds it. `false`
