@@ -16,8 +16,8 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::agents::{AgentColumns, StoredAgent};
+use crate::leases::SealedDecision;
 use crate::runs::RunStatus;
-use crate::runs::SealedDecision;
 use crate::{outbox, Store, StoreError};
 
 /// The outcome of a decision, as recorded and published.

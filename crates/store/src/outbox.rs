@@ -36,7 +36,8 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::decisions::DecisionOutcome;
-use crate::runs::{RunStatus, Settlement};
+use crate::runs::RunStatus;
+use crate::settlements::Settlement;
 use crate::{millis, Store, StoreError};
 use countersign_crypto::Purpose;
 
