@@ -26,7 +26,7 @@ create function claim_runs(asked uuid[], skip_locked boolean, free_limit bigint,
 returns table (id uuid, lease_epoch bigint, lease_expires_at timestamptz, segment text,
                agent text, acting_user text, suspension_seq integer, requeue_count integer,
                sent_call integer, request bytea, state bytea, settings agent_settings,
-               decision_id uuid, approved boolean, approver text, comment bytea,
+               decision_id uuid, approved boolean, comment bytea,
                decided_secs_ago float8)
 language plpgsql volatile
 as $$
@@ -56,7 +56,7 @@ begin
                   case when r.segment = 'resume' then r.state end as state)
     select c.id, c.lease_epoch, c.lease_expires_at, c.segment, c.agent, c.acting_user,
            c.suspension_seq, c.requeue_count, c.sent_call, c.request, c.state, s,
-           d.decision_id, d.approved, d.approver, d.comment,
+           d.decision_id, d.approved, d.comment,
            extract(epoch from now() - d.created_at)::float8
     from c
     left join agent_settings s on s.name = c.agent

@@ -46,8 +46,8 @@ pub async fn card_for(
         Err(e) if e.is_unreadable() => return Err(unreadable(run.id, e.code(), &e)),
         Err(e) => return Err(unavailable("state", e.code(), &e)),
     };
-    let parsed = SuspendedRunState::from_bytes(&bytes)
-        .map_err(|e| unreadable(run.id, "state_unreadable", &e))?;
+    let parsed =
+        SuspendedRunState::from_bytes(&bytes).map_err(|e| unreadable(run.id, e.code(), &e))?;
     Ok(build_card(&parsed, &state.coordinator.registry, viewer.as_ref()).await)
 }
 

@@ -30,7 +30,7 @@ use serde_json::Value;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::{Coordinator, Dispatch};
+use crate::{Coordinator, DecisionCode, Dispatch, RequestOutcome};
 
 /// Deliveries each consumer may hold unacknowledged.
 const PREFETCH: u16 = 8;
@@ -133,10 +133,14 @@ struct Effects {
 
 /// Malformed messages carry their parse reason; a message from a producer that may not
 /// assert the identity it names is kept too, for the operator to see who sent it.
-fn dead_letter_reason(malformed: Option<&str>, outcome: &'static str) -> Option<String> {
+fn dead_letter_reason(
+    malformed: Option<&str>,
+    unauthenticated: bool,
+    outcome: &'static str,
+) -> Option<String> {
     malformed
         .map(str::to_owned)
-        .or_else(|| (outcome == "unauthenticated_producer").then(|| outcome.to_owned()))
+        .or_else(|| unauthenticated.then(|| outcome.to_owned()))
 }
 
 /// How long a consumer holds a message it could not gate while it waits for the store.
@@ -194,7 +198,11 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
                 run_id: v.run_id,
                 counter: "countersign_run_requests_total",
                 outcome: v.outcome.code(),
-                dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
+                dead_letter: dead_letter_reason(
+                    v.dead_letter_reason(),
+                    v.outcome == RequestOutcome::UnauthenticatedProducer,
+                    v.outcome.code(),
+                ),
                 dispatch: v.dispatch,
                 unannounced: None,
                 reply: v.reply,
@@ -207,7 +215,11 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
                 run_id: v.run_id,
                 counter: "countersign_decisions_total",
                 outcome: v.outcome.code(),
-                dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
+                dead_letter: dead_letter_reason(
+                    v.dead_letter_reason(),
+                    v.outcome == DecisionCode::UnauthenticatedProducer,
+                    v.outcome.code(),
+                ),
                 approval_wait: v.approval_wait,
                 dispatch: v.dispatch,
                 unannounced: v.run_id.zip(v.unannounced().cloned()),

@@ -34,7 +34,7 @@ pub use agent_loop::{
 };
 pub use directory::{Approver, Approves, DirectoryError, UserDirectory};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
-pub use messages::{DecisionMessage, Event, EventName, MessageError, RunRequest};
+pub use messages::{DecisionMessage, Event, EventName, MessageError, RunRequest, MESSAGE_VERSION};
 pub use model::{
     Message, Model, ModelError, ModelOptions, ModelRequest, ModelResponse, Role, TokenUsage,
     ToolCall,

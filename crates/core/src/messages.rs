@@ -5,7 +5,13 @@
 //! field, a wrong `type` or an unsupported `version` is a [`MessageError`] whose
 //! [`MessageError::reason`] is the code a dead-lettered message carries. Events carry ids
 //! and outcome codes, never prompts, arguments or previews.
+//!
+//! Each message is one serde struct, its parser: a field's type refuses a bad value (a run id
+//! that is not a version-7 UUID, a digest that is not 64 lowercase hex characters, a padded
+//! name), and the refusal names the field.
 
+use serde::de::{DeserializeOwned, Deserializer, Error as _};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
@@ -50,15 +56,20 @@ impl MessageError {
 }
 
 /// A request to run an agent, queue `countersign.run-requests`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunRequest {
     /// Chosen by the producer; a duplicate creates nothing.
+    #[serde(deserialize_with = "id")]
     pub request_id: Uuid,
+    #[serde(deserialize_with = "name")]
     pub agent: String,
+    #[serde(deserialize_with = "name")]
     pub acting_user: String,
+    #[serde(deserialize_with = "prompt")]
     pub prompt: String,
     /// Optional structured inputs (a JSON object), sealed at rest like the prompt. The model
     /// receives them with its first message; a scripted model substitutes them into its calls.
+    #[serde(default, deserialize_with = "inputs")]
     pub inputs: Option<Map<String, Value>>,
 }
 
@@ -69,48 +80,24 @@ impl RunRequest {
     pub const TYPE: &'static str = "countersign.run_request";
 
     pub fn parse(body: &[u8]) -> Result<Self, MessageError> {
-        let doc = envelope(body, Self::TYPE)?;
-        Ok(RunRequest {
-            request_id: uuid_field(&doc, "request_id")?,
-            agent: name_field(&doc, "agent")?,
-            acting_user: name_field(&doc, "acting_user")?,
-            prompt: text_field(&doc, "prompt", MAX_PROMPT_CHARS)?,
-            inputs: inputs_field(&doc)?,
-        })
+        Self::from_json(serde_json::from_slice(body).unwrap_or(Value::Null))
+    }
+
+    /// The message a JSON document is, as [`Self::parse`] reads its body.
+    pub fn from_json(doc: Value) -> Result<Self, MessageError> {
+        parse(doc, Self::TYPE)
     }
 
     pub fn to_json(&self) -> Value {
-        json!({
-            "type": Self::TYPE,
-            "version": MESSAGE_VERSION,
-            "request_id": self.request_id,
-            "agent": self.agent,
-            "acting_user": self.acting_user,
-            "prompt": self.prompt,
-            "inputs": self.inputs,
-        })
-    }
-}
-
-/// `inputs`: absent or null → none; otherwise a JSON object of at most [`MAX_INPUTS_BYTES`].
-fn inputs_field(doc: &Map<String, Value>) -> Result<Option<Map<String, Value>>, MessageError> {
-    match doc.get("inputs") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(map)) => {
-            let size = serde_json::to_vec(map).map_or(usize::MAX, |b| b.len());
-            if size > MAX_INPUTS_BYTES {
-                return Err(MessageError::Invalid("inputs"));
-            }
-            Ok(Some(map.clone()))
-        }
-        Some(_) => Err(MessageError::Invalid("inputs")),
+        message_json(self, Self::TYPE)
     }
 }
 
 /// An approver's decision on a suspended turn, queue `countersign.decisions`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DecisionMessage {
     /// Chosen by the producer; a replay returns the recorded outcome.
+    #[serde(deserialize_with = "id")]
     pub decision_id: Uuid,
     pub run_id: RunId,
     /// The card reviewed.
@@ -118,7 +105,14 @@ pub struct DecisionMessage {
     /// The calls reviewed.
     pub turn_digest: TurnDigest,
     pub approved: bool,
+    #[serde(deserialize_with = "name")]
     pub approver: String,
+    /// At most [`MAX_COMMENT_CHARS`]; a blank one is none.
+    #[serde(
+        default,
+        deserialize_with = "comment",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub comment: Option<String>,
 }
 
@@ -126,64 +120,132 @@ impl DecisionMessage {
     pub const TYPE: &'static str = "countersign.decision";
 
     pub fn parse(body: &[u8]) -> Result<Self, MessageError> {
-        let doc = envelope(body, Self::TYPE)?;
-        let run_id = doc
-            .get("run_id")
-            .ok_or(MessageError::Missing("run_id"))?
-            .as_str()
-            .and_then(|s| RunId::parse(s).ok())
-            .ok_or(MessageError::Invalid("run_id"))?;
-        let suspension_seq = doc
-            .get("suspension_seq")
-            .ok_or(MessageError::Missing("suspension_seq"))?
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .and_then(|n| SuspensionSeq::new(n).ok())
-            .ok_or(MessageError::Invalid("suspension_seq"))?;
-        let turn_digest = doc
-            .get("turn_digest")
-            .ok_or(MessageError::Missing("turn_digest"))?
-            .as_str()
-            .and_then(|s| TurnDigest::parse(s).ok())
-            .ok_or(MessageError::Invalid("turn_digest"))?;
-        let approved = doc
-            .get("approved")
-            .ok_or(MessageError::Missing("approved"))?
-            .as_bool()
-            .ok_or(MessageError::Invalid("approved"))?;
-        let comment = match doc.get("comment") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(c)) if c.chars().count() <= MAX_COMMENT_CHARS => {
-                Some(c.clone()).filter(|c| !c.trim().is_empty())
-            }
-            Some(_) => return Err(MessageError::Invalid("comment")),
-        };
-        Ok(DecisionMessage {
-            decision_id: uuid_field(&doc, "decision_id")?,
-            run_id,
-            suspension_seq,
-            turn_digest,
-            approved,
-            approver: name_field(&doc, "approver")?,
-            comment,
-        })
+        Self::from_json(serde_json::from_slice(body).unwrap_or(Value::Null))
+    }
+
+    /// The message a JSON document is, as [`Self::parse`] reads its body.
+    pub fn from_json(doc: Value) -> Result<Self, MessageError> {
+        parse(doc, Self::TYPE)
     }
 
     pub fn to_json(&self) -> Value {
-        let mut v = json!({
-            "type": Self::TYPE,
-            "version": MESSAGE_VERSION,
-            "decision_id": self.decision_id,
-            "run_id": self.run_id,
-            "suspension_seq": self.suspension_seq,
-            "turn_digest": self.turn_digest,
-            "approved": self.approved,
-            "approver": self.approver,
-        });
-        if let Some(c) = &self.comment {
-            v["comment"] = json!(c);
+        message_json(self, Self::TYPE)
+    }
+}
+
+/// A message of type `expected` from its body: the envelope first, then its fields.
+fn parse<M: DeserializeOwned>(doc: Value, expected: &'static str) -> Result<M, MessageError> {
+    let doc = envelope(doc, expected)?;
+    let fields = field_names::<M>();
+    let named = |key: &str| fields.iter().copied().find(|f| *f == key);
+    serde_path_to_error::deserialize(Value::Object(doc)).map_err(|e| {
+        if let Some(serde_path_to_error::Segment::Map { key }) = e.path().iter().next() {
+            if let Some(field) = named(key) {
+                return MessageError::Invalid(field);
+            }
         }
-        v
+        // serde's own words for a field that is not there: "missing field `name`".
+        let message = e.inner().to_string();
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+            .and_then(named);
+        missing.map_or(MessageError::NotAnObject, MessageError::Missing)
+    })
+}
+
+/// The body of `message`, with its `type` and `version`.
+fn message_json<M: Serialize>(message: &M, kind: &'static str) -> Value {
+    let mut body = serde_json::to_value(message).unwrap_or_else(|_| json!({}));
+    body["type"] = json!(kind);
+    body["version"] = json!(MESSAGE_VERSION);
+    body
+}
+
+/// The names of `M`'s fields as serde reads them.
+fn field_names<M: DeserializeOwned>() -> &'static [&'static str] {
+    let mut names: &'static [&'static str] = &[];
+    // The deserializer only notes the names and then refuses; the refusal is expected.
+    let _ = M::deserialize(FieldNames(&mut names));
+    names
+}
+
+/// A deserializer that answers a struct's request with nothing but notes its field names.
+struct FieldNames<'a>(&'a mut &'static [&'static str]);
+
+impl<'de> Deserializer<'de> for FieldNames<'_> {
+    type Error = serde::de::value::Error;
+
+    fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(Self::Error::custom("messages are structs"))
+    }
+
+    fn deserialize_struct<V: serde::de::Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        *self.0 = fields;
+        Err(Self::Error::custom("only the field names were asked for"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
+        ignored_any
+    }
+}
+
+/// A producer's id: a UUID, not the nil one.
+fn id<'de, D: Deserializer<'de>>(d: D) -> Result<Uuid, D::Error> {
+    let s = String::deserialize(d)?;
+    Uuid::parse_str(&s)
+        .ok()
+        .filter(|u| !u.is_nil())
+        .ok_or_else(|| D::Error::custom("not a UUID"))
+}
+
+/// A name (agent, user): 1 to [`MAX_NAME_CHARS`], unpadded, no control characters.
+fn name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    let valid = !s.is_empty()
+        && s.chars().count() <= MAX_NAME_CHARS
+        && s.trim() == s
+        && !s.chars().any(char::is_control);
+    valid
+        .then_some(s)
+        .ok_or_else(|| D::Error::custom("not a name"))
+}
+
+/// A prompt: not blank, at most [`MAX_PROMPT_CHARS`].
+fn prompt<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    let valid = !s.trim().is_empty() && s.chars().count() <= MAX_PROMPT_CHARS;
+    valid
+        .then_some(s)
+        .ok_or_else(|| D::Error::custom("not a prompt"))
+}
+
+/// `inputs`: absent or null → none; otherwise a JSON object of at most [`MAX_INPUTS_BYTES`].
+fn inputs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Map<String, Value>>, D::Error> {
+    let map = Option::<Map<String, Value>>::deserialize(d)?;
+    if let Some(map) = &map {
+        let size = serde_json::to_vec(map).map_or(usize::MAX, |b| b.len());
+        if size > MAX_INPUTS_BYTES {
+            return Err(D::Error::custom("inputs too large"));
+        }
+    }
+    Ok(map)
+}
+
+/// A comment: absent or null → none; at most [`MAX_COMMENT_CHARS`]; a blank one is none.
+fn comment<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(c) if c.chars().count() > MAX_COMMENT_CHARS => {
+            Err(D::Error::custom("comment too long"))
+        }
+        c => Ok(c.filter(|c| !c.trim().is_empty())),
     }
 }
 
@@ -280,8 +342,8 @@ impl Event {
     }
 }
 
-fn envelope(body: &[u8], expected: &'static str) -> Result<Map<String, Value>, MessageError> {
-    let Ok(Value::Object(doc)) = serde_json::from_slice::<Value>(body) else {
+fn envelope(doc: Value, expected: &'static str) -> Result<Map<String, Value>, MessageError> {
+    let Value::Object(doc) = doc else {
         return Err(MessageError::NotAnObject);
     };
     match doc.get("type") {
@@ -295,38 +357,6 @@ fn envelope(body: &[u8], expected: &'static str) -> Result<Map<String, Value>, M
         Some(_) => return Err(MessageError::UnsupportedVersion),
     }
     Ok(doc)
-}
-
-fn uuid_field(doc: &Map<String, Value>, field: &'static str) -> Result<Uuid, MessageError> {
-    doc.get(field)
-        .ok_or(MessageError::Missing(field))?
-        .as_str()
-        .and_then(|s| Uuid::parse_str(s).ok())
-        .filter(|u| !u.is_nil())
-        .ok_or(MessageError::Invalid(field))
-}
-
-fn name_field(doc: &Map<String, Value>, field: &'static str) -> Result<String, MessageError> {
-    let s = doc.get(field).ok_or(MessageError::Missing(field))?.as_str();
-    s.filter(|s| {
-        !s.is_empty()
-            && s.chars().count() <= MAX_NAME_CHARS
-            && s.trim() == *s
-            && !s.chars().any(char::is_control)
-    })
-    .map(str::to_owned)
-    .ok_or(MessageError::Invalid(field))
-}
-
-fn text_field(
-    doc: &Map<String, Value>,
-    field: &'static str,
-    max: usize,
-) -> Result<String, MessageError> {
-    let s = doc.get(field).ok_or(MessageError::Missing(field))?.as_str();
-    s.filter(|s| !s.trim().is_empty() && s.chars().count() <= max)
-        .map(str::to_owned)
-        .ok_or(MessageError::Invalid(field))
 }
 
 #[cfg(test)]

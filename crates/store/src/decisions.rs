@@ -10,7 +10,7 @@
 //! even the decision row, and the run stays as the winner left it: an approval is never on
 //! record for a turn it did not release.
 
-use countersign_core::{DecisionMessage, RunId, SuspensionSeq, TurnDigest};
+use countersign_core::{Decision, DecisionMessage, RunId, SuspensionSeq, TurnDigest};
 use countersign_crypto::Purpose;
 use serde_json::json;
 use uuid::Uuid;
@@ -58,17 +58,12 @@ impl DecisionOutcome {
     }
 }
 
-/// A gated decision to record.
+/// A gated decision to record: the message as its producer sent it, and what the gates made
+/// of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewDecision {
-    pub decision_id: Uuid,
-    pub run_id: RunId,
-    pub suspension_seq: SuspensionSeq,
-    pub turn_digest: TurnDigest,
-    pub approved: bool,
-    pub approver: String,
-    /// Sealed before it is stored.
-    pub comment: Option<String>,
+    /// Its comment is sealed before it is stored.
+    pub message: DecisionMessage,
     /// What the gates decided. `Accepted` releases the turn (for a denial too: the model is
     /// told the calls were denied).
     pub outcome: DecisionOutcome,
@@ -76,15 +71,6 @@ pub struct NewDecision {
     /// producer may not see: the refusal is recorded (for replays) as for a run that does not
     /// exist, and the run's history shows nothing of it.
     pub in_trail: bool,
-}
-
-/// The decision a resume segment continues from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AcceptedDecision {
-    pub decision_id: Uuid,
-    pub approved: bool,
-    pub approver: String,
-    pub comment: Option<String>,
 }
 
 /// What became of [`Store::record_decision`].
@@ -109,43 +95,6 @@ pub enum Replay {
     Same(DecisionOutcome),
     /// Anything else: `idempotency_conflict`.
     Conflict,
-}
-
-/// What a decision names, to compare with what its id was recorded with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DecisionBinding<'a> {
-    pub run_id: RunId,
-    pub suspension_seq: SuspensionSeq,
-    pub turn_digest: &'a TurnDigest,
-    pub approved: bool,
-    pub approver: &'a str,
-    pub comment: Option<&'a str>,
-}
-
-impl<'a> From<&'a DecisionMessage> for DecisionBinding<'a> {
-    fn from(d: &'a DecisionMessage) -> DecisionBinding<'a> {
-        DecisionBinding {
-            run_id: d.run_id,
-            suspension_seq: d.suspension_seq,
-            turn_digest: &d.turn_digest,
-            approved: d.approved,
-            approver: &d.approver,
-            comment: d.comment.as_deref(),
-        }
-    }
-}
-
-impl<'a> From<&'a NewDecision> for DecisionBinding<'a> {
-    fn from(d: &'a NewDecision) -> DecisionBinding<'a> {
-        DecisionBinding {
-            run_id: d.run_id,
-            suspension_seq: d.suspension_seq,
-            turn_digest: &d.turn_digest,
-            approved: d.approved,
-            approver: &d.approver,
-            comment: d.comment.as_deref(),
-        }
-    }
 }
 
 /// A `run_decisions` row as the replay gate reads it.
@@ -201,20 +150,21 @@ impl Store {
         &self,
         d: &NewDecision,
     ) -> Result<(DecisionRecord, Option<f64>), StoreError> {
-        let comment = d
+        let m = &d.message;
+        let comment = m
             .comment
             .as_ref()
-            .map(|c| self.keyring.seal(Purpose::Comment, d.run_id, c.as_bytes()))
+            .map(|c| self.keyring.seal(Purpose::Comment, m.run_id, c.as_bytes()))
             .transpose()?;
-        let event = outbox::decision_event(d.decision_id, d.run_id, d.outcome);
+        let event = outbox::decision_event(m.decision_id, m.run_id, d.outcome);
         let payload = json!({
-            "decision_id": d.decision_id,
-            "suspension_seq": d.suspension_seq.get(),
-            "turn_digest": d.turn_digest.as_str(),
-            "approved": d.approved,
-            "approver": d.approver,
+            "decision_id": m.decision_id,
+            "suspension_seq": m.suspension_seq.get(),
+            "turn_digest": m.turn_digest.as_str(),
+            "approved": m.approved,
+            "approver": m.approver,
             "outcome": d.outcome.as_str(),
-            "has_comment": d.comment.is_some(),
+            "has_comment": m.comment.is_some(),
         });
         // One statement, so one transaction without a round trip to open or close it:
         // - `released`, for an accepted decision only, the transition (guarded by status,
@@ -268,12 +218,12 @@ impl Store {
                FROM decided
                RETURNING id, run_id, kind, body, created_at, published_at,
                          (SELECT waited FROM released) AS waited"#,
-            d.decision_id,
-            d.run_id.as_uuid(),
-            d.suspension_seq.as_i32(),
-            d.turn_digest.as_str(),
-            d.approved,
-            d.approver,
+            m.decision_id,
+            m.run_id.as_uuid(),
+            m.suspension_seq.as_i32(),
+            m.turn_digest.as_str(),
+            m.approved,
+            m.approver,
             comment,
             d.outcome.as_str(),
             event.name.as_str(),
@@ -288,7 +238,7 @@ impl Store {
             // Nothing committed. Lost to this decision id, recorded before or concurrently:
             // a replay or a conflict; otherwise an approval whose transition another decision,
             // a cancel or the reaper won.
-            let record = match self.recorded_decision(d.decision_id, d.into()).await? {
+            let record = match self.recorded_decision(m).await? {
                 Some(Replay::Same(recorded)) => DecisionRecord::Replayed(recorded),
                 Some(Replay::Conflict) => DecisionRecord::Conflict,
                 None => DecisionRecord::TransitionLost,
@@ -322,18 +272,17 @@ impl Store {
         recorded.as_deref().map(outcome).transpose()
     }
 
-    /// What the decision id was recorded with, compared with what `claim` names: the
-    /// coordinator's replay gate. `None` when the id was never recorded.
+    /// What the decision id of `claim` was recorded with, compared with what `claim` names:
+    /// the coordinator's replay gate. `None` when the id was never recorded.
     pub async fn recorded_decision(
         &self,
-        decision_id: Uuid,
-        claim: DecisionBinding<'_>,
+        claim: &DecisionMessage,
     ) -> Result<Option<Replay>, StoreError> {
         let row = sqlx::query_as!(
             RecordedRow,
             r#"SELECT run_id, suspension_seq, turn_digest, approved, approver, comment, outcome
                FROM run_decisions WHERE decision_id = $1"#,
-            decision_id
+            claim.decision_id
         )
         .fetch_optional(&self.pool)
         .await?;
@@ -341,7 +290,7 @@ impl Store {
     }
 
     /// Whether `row` was recorded for exactly what `claim` names, and its outcome if so.
-    fn replay(&self, row: RecordedRow, claim: DecisionBinding<'_>) -> Result<Replay, StoreError> {
+    fn replay(&self, row: RecordedRow, claim: &DecisionMessage) -> Result<Replay, StoreError> {
         let recorded = outcome(&row.outcome)?;
         let same_card = row.run_id == claim.run_id.as_uuid()
             && row.suspension_seq == claim.suspension_seq.as_i32()
@@ -349,30 +298,23 @@ impl Store {
         if !same_card || row.approved != claim.approved || row.approver != claim.approver {
             return Ok(Replay::Conflict);
         }
-        let comment = row
-            .comment
-            .map(|sealed| {
-                let plain = self.keyring.open(Purpose::Comment, claim.run_id, &sealed)?;
-                String::from_utf8(plain)
-                    .map_err(|_| StoreError::unreadable("run_decisions.comment"))
-            })
-            .transpose()?;
-        Ok(if comment.as_deref() == claim.comment {
+        let comment = self.open_comment(claim.run_id, row.comment.as_deref())?;
+        Ok(if comment == claim.comment {
             Replay::Same(recorded)
         } else {
             Replay::Conflict
         })
     }
 
-    /// The decision that released suspension `seq` of the run, its comment opened: what a
-    /// resume segment acts on.
+    /// The decision that released suspension `seq` of the run, as its producer sent it (its
+    /// comment opened).
     pub async fn accepted_decision(
         &self,
         run_id: RunId,
         seq: SuspensionSeq,
-    ) -> Result<Option<AcceptedDecision>, StoreError> {
+    ) -> Result<Option<DecisionMessage>, StoreError> {
         let row = sqlx::query!(
-            r#"SELECT decision_id, approved, approver, comment FROM run_decisions
+            r#"SELECT decision_id, turn_digest, approved, approver, comment FROM run_decisions
                WHERE run_id = $1 AND suspension_seq = $2 AND outcome = 'accepted'"#,
             run_id.as_uuid(),
             seq.as_i32(),
@@ -380,39 +322,43 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        self.open_decision(
+        Ok(Some(DecisionMessage {
+            decision_id: row.decision_id,
             run_id,
-            SealedDecision {
-                decision_id: row.decision_id,
-                approved: row.approved,
-                approver: row.approver,
-                comment: row.comment,
-                decided_secs_ago: None,
-            },
-        )
-        .map(Some)
+            suspension_seq: seq,
+            turn_digest: TurnDigest::parse(&row.turn_digest)
+                .map_err(|_| StoreError::unreadable("run_decisions.turn_digest"))?,
+            approved: row.approved,
+            approver: row.approver,
+            comment: self.open_comment(run_id, row.comment.as_deref())?,
+        }))
     }
 
-    /// Opens the comment of an accepted decision as a claim read it.
+    /// Opens the accepted decision a claim read: what a resume segment continues from.
     pub fn open_decision(
         &self,
         run_id: RunId,
-        sealed: SealedDecision,
-    ) -> Result<AcceptedDecision, StoreError> {
-        let comment = sealed
-            .comment
+        sealed: &SealedDecision,
+    ) -> Result<Decision, StoreError> {
+        Ok(Decision {
+            approved: sealed.approved,
+            comment: self.open_comment(run_id, sealed.comment.as_deref())?,
+        })
+    }
+
+    /// A decision's sealed comment, opened.
+    fn open_comment(
+        &self,
+        run_id: RunId,
+        sealed: Option<&[u8]>,
+    ) -> Result<Option<String>, StoreError> {
+        sealed
             .map(|sealed| {
-                let plain = self.keyring.open(Purpose::Comment, run_id, &sealed)?;
+                let plain = self.keyring.open(Purpose::Comment, run_id, sealed)?;
                 String::from_utf8(plain)
                     .map_err(|_| StoreError::unreadable("run_decisions.comment"))
             })
-            .transpose()?;
-        Ok(AcceptedDecision {
-            decision_id: sealed.decision_id,
-            approved: sealed.approved,
-            approver: sealed.approver,
-            comment,
-        })
+            .transpose()
     }
 
     /// Everything the gates of a decision read, by one statement: whether `producer` holds a
@@ -457,7 +403,7 @@ impl Store {
             (r.recorded_approved, r.recorded_approver, r.recorded_comment),
             r.recorded_outcome,
         )
-        .map(|row| self.replay(row, d.into()))
+        .map(|row| self.replay(row, d))
         .transpose()?;
         let run = match (r.status, r.acting_user, r.run_agent, r.pending_tools) {
             (Some(status), Some(acting_user), Some(agent), Some(pending_tools)) => {

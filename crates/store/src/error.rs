@@ -2,6 +2,8 @@
 //! queue; the `Display` text is for the log.
 
 use countersign_core::{Fault, RunId, TerminationReason};
+
+use crate::DecisionOutcome;
 use countersign_crypto::CryptoError;
 
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +44,7 @@ impl StoreError {
             StoreError::RunNotFound(_) => "run_not_found",
             StoreError::NoState(_) => "state_missing",
             StoreError::AlreadyJournaled => "already_journaled",
-            StoreError::IdempotencyConflict => "idempotency_conflict",
+            StoreError::IdempotencyConflict => DecisionOutcome::IdempotencyConflict.as_str(),
             StoreError::Unreadable { .. } => TerminationReason::StateUnreadable.as_str(),
             StoreError::Crypto(e) => e.code(),
             StoreError::Database(e) => classify(e).1,

@@ -61,13 +61,11 @@ pub struct ClaimedInputs {
     pub decision: Option<SealedDecision>,
 }
 
-/// An accepted decision as a claim reads it: the comment is opened with
-/// [`Store::open_decision`].
+/// An accepted decision as a claim reads it, its comment still sealed: opened by
+/// [`Store::open_decision`] into what the segment resumes with.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SealedDecision {
-    pub decision_id: Uuid,
     pub approved: bool,
-    pub approver: String,
     pub comment: Option<Vec<u8>>,
     /// How long before the claim it was recorded, in seconds by the database clock: where a
     /// segment starts timing decision → write.
@@ -106,7 +104,6 @@ struct ClaimRow {
     settings: Option<AgentColumns>,
     decision_id: Option<Uuid>,
     approved: Option<bool>,
-    approver: Option<String>,
     comment: Option<Vec<u8>>,
     decided_secs_ago: Option<f64>,
 }
@@ -125,11 +122,9 @@ enum Asked<'a> {
 impl ClaimRow {
     fn into_claim(self, owner: &str) -> Result<Claim, StoreError> {
         let agent = self.settings.map(StoredAgent::from);
-        let decision = match (self.decision_id, self.approved, self.approver) {
-            (Some(decision_id), Some(approved), Some(approver)) => Some(SealedDecision {
-                decision_id,
+        let decision = match (self.decision_id, self.approved) {
+            (Some(_), Some(approved)) => Some(SealedDecision {
                 approved,
-                approver,
                 comment: self.comment,
                 decided_secs_ago: self.decided_secs_ago,
             }),
@@ -240,7 +235,7 @@ impl Store {
                       lease_expires_at AS "lease_expires_at!", segment AS "segment!",
                       agent AS "agent!", acting_user AS "acting_user!", suspension_seq,
                       requeue_count AS "requeue_count!", sent_call, request, state,
-                      settings AS "settings: AgentColumns", decision_id, approved, approver,
+                      settings AS "settings: AgentColumns", decision_id, approved,
                       comment, decided_secs_ago
                FROM claim_runs($1, $2, $3, $4, $5)"#,
             ids as Option<&[Uuid]>,

@@ -45,14 +45,13 @@ use tokio::sync::Notify;
 
 pub use agents::{AgentConfig, StoredAgent};
 pub use decisions::{
-    AcceptedDecision, DecidedRun, DecisionBinding, DecisionFacts, DecisionOutcome, DecisionRecord,
-    NewDecision, Replay,
+    DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision, Replay,
 };
 pub use directory::{DirectoryUser, TableUsers};
 pub use error::{classify, StoreError};
 pub use events::{NewEvent, RunEvent};
 pub use fence::{hook_error, FencedWrite};
-pub use inbox::WaitingRun;
+pub use inbox::{InboxCursor, InboxPage, WaitingRun};
 pub use leases::{Claim, ClaimedInputs, Renewal, SealedDecision, SentCall};
 pub use observe::Backlog;
 pub use outbox::{EventPublisher, OutboxEvent, RelayReport};

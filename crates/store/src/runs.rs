@@ -26,18 +26,8 @@ use crate::{millis, outbox, Store, StoreError};
 /// [`Store::create_run`] (tests, benchmarks): no transport authenticated it.
 pub const LOCAL_PRODUCER: &str = "countersign:local";
 
-/// A run as requested by a producer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewRun {
-    /// Chosen by the producer; a duplicate creates nothing.
-    pub request_id: Uuid,
-    pub agent: String,
-    pub acting_user: String,
-    /// Sealed before it is stored, together with `inputs`.
-    pub prompt: String,
-    /// Structured inputs of the run request (a JSON object), sealed with the prompt.
-    pub inputs: Option<serde_json::Map<String, serde_json::Value>>,
-}
+/// A run as requested by a producer: the run request message itself.
+pub use countersign_core::RunRequest as NewRun;
 
 /// What a run was asked to do, as its sealed `request` column holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::{SecondsFormat, Utc};
 use countersign_core::agent_loop::{
-    self, AgentConfig, Decision, Interruption, Outcome, Segment, SegmentHooks, TerminationReason,
+    self, AgentConfig, Interruption, Outcome, Segment, SegmentHooks, TerminationReason,
 };
 use countersign_core::{
     DataClasses, LocalWriters, Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState,
@@ -14,7 +14,8 @@ use countersign_core::{
 };
 use countersign_model::ModelCatalog;
 use countersign_store::{
-    Claim, FencedWrite, Lease, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
+    Claim, DecisionOutcome, FencedWrite, Lease, RunCounters, Segment as SegmentKind, Settlement,
+    Store, StoreError,
 };
 use serde_json::Value;
 use tracing::Instrument;
@@ -185,7 +186,11 @@ impl SegmentRunner {
             }
             _ => {
                 return self
-                    .fail(lease, TerminationReason::NotRetryable, "configuration_gone")
+                    .fail(
+                        lease,
+                        TerminationReason::NotRetryable,
+                        DecisionOutcome::ConfigurationGone.as_str(),
+                    )
                     .await
             }
         };
@@ -253,7 +258,7 @@ impl SegmentRunner {
                     }
                 };
                 // A sealed comment that does not open fails the run now: no retry can open it.
-                let Some(sealed) = inputs.decision.clone() else {
+                let Some(sealed) = &inputs.decision else {
                     return self
                         .fail(lease, TerminationReason::NotRetryable, "decision_missing")
                         .await;
@@ -261,10 +266,6 @@ impl SegmentRunner {
                 let decision = match self.store.open_decision(run_id, sealed) {
                     Ok(decision) => decision,
                     Err(e) => return self.unreadable(lease, &e).await,
-                };
-                let decision = Decision {
-                    approved: decision.approved,
-                    comment: decision.comment,
                 };
                 agent_loop::resume(seg, state, &decision).await
             }

@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_content::{seed_demo_site, ContentUsers};
-use countersign_core::{LocalWriters, RunId, SuspendedRunState, ToolPolicy, ToolRegistry};
+use countersign_core::{
+    DecisionMessage, LocalWriters, RunId, SuspendedRunState, ToolPolicy, ToolRegistry,
+};
 use countersign_crypto::Keyring;
 use countersign_model::ScriptedModel;
 use countersign_store::{
@@ -126,13 +128,15 @@ impl Harness {
         let record = self
             .store
             .record_decision(&NewDecision {
-                decision_id: Uuid::now_v7(),
-                run_id,
-                suspension_seq: state.suspension_seq,
-                turn_digest: state.turn_digest(),
-                approved: true,
-                approver: "admin".into(),
-                comment: None,
+                message: DecisionMessage {
+                    decision_id: Uuid::now_v7(),
+                    run_id,
+                    suspension_seq: state.suspension_seq,
+                    turn_digest: state.turn_digest(),
+                    approved: true,
+                    approver: "admin".into(),
+                    comment: None,
+                },
                 outcome: DecisionOutcome::Accepted,
                 in_trail: true,
             })
