@@ -30,7 +30,7 @@ use serde_json::Value;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::{Coordinator, DecisionCode, Dispatch, RequestOutcome};
+use crate::{Coordinator, DecisionCode, DecisionVerdict, Dispatch, RequestOutcome, RequestVerdict};
 
 /// Deliveries each consumer may hold unacknowledged.
 const PREFETCH: u16 = 8;
@@ -131,6 +131,46 @@ struct Effects {
     approval_wait: Option<f64>,
 }
 
+impl From<RequestVerdict> for Effects {
+    fn from(v: RequestVerdict) -> Effects {
+        let unauthenticated = v.outcome == RequestOutcome::UnauthenticatedProducer;
+        Effects {
+            run_id: v.run_id,
+            counter: "countersign_run_requests_total",
+            outcome: v.outcome.code(),
+            dead_letter: dead_letter_reason(
+                v.dead_letter_reason(),
+                unauthenticated,
+                v.outcome.code(),
+            ),
+            dispatch: v.dispatch,
+            unannounced: None,
+            reply: v.reply,
+            approval_wait: None,
+        }
+    }
+}
+
+impl From<DecisionVerdict> for Effects {
+    fn from(v: DecisionVerdict) -> Effects {
+        let unauthenticated = v.outcome == DecisionCode::UnauthenticatedProducer;
+        Effects {
+            run_id: v.run_id,
+            counter: "countersign_decisions_total",
+            outcome: v.outcome.code(),
+            dead_letter: dead_letter_reason(
+                v.dead_letter_reason(),
+                unauthenticated,
+                v.outcome.code(),
+            ),
+            approval_wait: v.approval_wait,
+            dispatch: v.dispatch,
+            unannounced: v.run_id.zip(v.unannounced().cloned()),
+            reply: v.reply,
+        }
+    }
+}
+
 /// Malformed messages carry their parse reason; a message from a producer that may not
 /// assert the identity it names is kept too, for the operator to see who sent it.
 fn dead_letter_reason(
@@ -194,37 +234,11 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
         Inbox::RunRequests => coordinator
             .take_run_request(&delivery.body, producer)
             .await
-            .map(|v| Effects {
-                run_id: v.run_id,
-                counter: "countersign_run_requests_total",
-                outcome: v.outcome.code(),
-                dead_letter: dead_letter_reason(
-                    v.dead_letter_reason(),
-                    v.outcome == RequestOutcome::UnauthenticatedProducer,
-                    v.outcome.code(),
-                ),
-                dispatch: v.dispatch,
-                unannounced: None,
-                reply: v.reply,
-                approval_wait: None,
-            }),
+            .map(Effects::from),
         Inbox::Decisions => coordinator
             .take_decision(&delivery.body, producer)
             .await
-            .map(|v| Effects {
-                run_id: v.run_id,
-                counter: "countersign_decisions_total",
-                outcome: v.outcome.code(),
-                dead_letter: dead_letter_reason(
-                    v.dead_letter_reason(),
-                    v.outcome == DecisionCode::UnauthenticatedProducer,
-                    v.outcome.code(),
-                ),
-                approval_wait: v.approval_wait,
-                dispatch: v.dispatch,
-                unannounced: v.run_id.zip(v.unannounced().cloned()),
-                reply: v.reply,
-            }),
+            .map(Effects::from),
     };
     let effects = match effects {
         Ok(effects) => effects,

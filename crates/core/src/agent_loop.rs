@@ -87,21 +87,9 @@ impl Default for AgentConfig {
 }
 
 /// Why a run ended, as stored in its one machine-readable column.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    strum::IntoStaticStr,
-    strum::EnumString,
-    strum::Display,
-    strum::VariantArray,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::IntoStaticStr, strum::EnumString, strum::Display, strum::VariantArray)]
 #[strum(serialize_all = "snake_case")]
 pub enum TerminationReason {
     Completed,

@@ -20,6 +20,7 @@ pub mod card;
 pub mod comparator;
 pub mod digest;
 pub mod directory;
+pub mod fields;
 pub mod ids;
 pub mod messages;
 pub mod model;

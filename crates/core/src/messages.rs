@@ -13,8 +13,10 @@
 use serde::de::{DeserializeOwned, Deserializer, Error as _};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use strum::{EnumString, IntoStaticStr, VariantArray};
 use uuid::Uuid;
 
+use crate::fields::field_names;
 use crate::ids::{RunId, SuspensionSeq, TurnDigest};
 
 /// The message version this code reads and writes.
@@ -162,41 +164,6 @@ fn message_json<M: Serialize>(message: &M, kind: &'static str) -> Value {
     body
 }
 
-/// The names of `M`'s fields as serde reads them.
-fn field_names<M: DeserializeOwned>() -> &'static [&'static str] {
-    let mut names: &'static [&'static str] = &[];
-    // The deserializer only notes the names and then refuses; the refusal is expected.
-    let _ = M::deserialize(FieldNames(&mut names));
-    names
-}
-
-/// A deserializer that answers a struct's request with nothing but notes its field names.
-struct FieldNames<'a>(&'a mut &'static [&'static str]);
-
-impl<'de> Deserializer<'de> for FieldNames<'_> {
-    type Error = serde::de::value::Error;
-
-    fn deserialize_any<V: serde::de::Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
-        Err(Self::Error::custom("messages are structs"))
-    }
-
-    fn deserialize_struct<V: serde::de::Visitor<'de>>(
-        self,
-        _name: &'static str,
-        fields: &'static [&'static str],
-        _visitor: V,
-    ) -> Result<V::Value, Self::Error> {
-        *self.0 = fields;
-        Err(Self::Error::custom("only the field names were asked for"))
-    }
-
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-        ignored_any
-    }
-}
-
 /// A producer's id: a UUID, not the nil one.
 fn id<'de, D: Deserializer<'de>>(d: D) -> Result<Uuid, D::Error> {
     let s = String::deserialize(d)?;
@@ -265,18 +232,7 @@ pub struct Event {
 
 /// The name of an event: its routing key on `countersign.events`, and the `kind` of its outbox
 /// and audit rows.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    strum::IntoStaticStr,
-    strum::EnumString,
-    strum::Display,
-    strum::VariantArray,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
 pub enum EventName {
     /// A run exists for a request. Carries `request_id` and `run_id`.
     #[strum(serialize = "run.accepted")]

@@ -74,19 +74,9 @@ impl PartialEq for Profile {
 impl Eq for Profile {}
 
 /// What a call does to the world.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    Serialize,
-    Deserialize,
-    strum::IntoStaticStr,
-    strum::EnumString,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::IntoStaticStr, strum::EnumString)]
 #[strum(serialize_all = "snake_case")]
 pub enum Effect {
     ReadOnly,
@@ -108,23 +98,9 @@ impl Effect {
 /// its results reach the model, and a model outside the installation must see only what it
 /// may. Every tool group has one; a group nobody classified counts as
 /// [`DataClass::SecretAdjacent`], so an oversight withholds a tool instead of leaking it.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    PartialOrd,
-    Ord,
-    Hash,
-    Serialize,
-    Deserialize,
-    strum::IntoStaticStr,
-    strum::EnumString,
-    strum::Display,
-    strum::VariantArray,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::IntoStaticStr, strum::EnumString, strum::Display, VariantArray)]
 #[strum(serialize_all = "snake_case")]
 pub enum DataClass {
     /// Published anyway: anybody may read it.

@@ -10,9 +10,10 @@
 //! even the decision row, and the run stays as the winner left it: an approval is never on
 //! record for a turn it did not release.
 
-use countersign_core::{Decision, DecisionMessage, RunId, SuspensionSeq, TurnDigest};
+use countersign_core::{Decision, DecisionMessage, Event, RunId, SuspensionSeq, TurnDigest};
 use countersign_crypto::Purpose;
 use serde_json::json;
+use strum::{EnumString, IntoStaticStr, VariantArray};
 use uuid::Uuid;
 
 use crate::agents::{AgentColumns, StoredAgent};
@@ -28,17 +29,7 @@ use crate::{outbox, Store, StoreError};
 /// because the database refused the record, the second because its decision id is taken.
 ///
 /// The variants are in the order of the gates (a metric's label values, the API's document).
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Hash,
-    strum::IntoStaticStr,
-    strum::EnumString,
-    strum::VariantArray,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
 #[strum(serialize_all = "snake_case")]
 pub enum DecisionOutcome {
     IdempotencyConflict,
@@ -166,21 +157,48 @@ impl Store {
             "outcome": d.outcome.as_str(),
             "has_comment": m.comment.is_some(),
         });
-        // One statement, so one transaction without a round trip to open or close it:
-        // - `released`, for an accepted decision only, the transition (guarded by status,
-        //   suspension number and turn digest, and by the decision id being new). It comes
-        //   first, so two decisions on one turn serialise on the run row and the second finds
-        //   it no longer waiting. Its subquery reads the row as the statement's snapshot saw
-        //   it: as it was suspended, before this UPDATE.
-        // - `decided`, the decision row — for an accepted decision only if it released the
-        //   turn: an approval is never on record for a turn it did not release. A concurrent
-        //   insert of the same id makes this one wait for it; once it commits this inserts
-        //   nothing and is a replay (or a conflict), and if it rolls back this goes ahead.
-        // - the audit row, numbered by the run's counter (a refused decision may name a run
-        //   that does not exist, or one its producer may not see: it is still recorded, for
-        //   replays, but joins no trail);
-        // - the outbox row, announced whether or not the run exists: the producer learns its
-        //   refusal either way.
+        let Some((row, waited)) = self.insert_decision(d, comment, &event, payload).await? else {
+            // Nothing committed. Lost to this decision id, recorded before or concurrently:
+            // a replay or a conflict; otherwise an approval whose transition another decision,
+            // a cancel or the reaper won.
+            let record = match self.recorded_decision(m).await? {
+                Some(Replay::Same(recorded)) => DecisionRecord::Replayed(recorded),
+                Some(Replay::Conflict) => DecisionRecord::Conflict,
+                None => DecisionRecord::TransitionLost,
+            };
+            return Ok((record, None));
+        };
+        self.hand_off(vec![row.into()]);
+        Ok((DecisionRecord::Recorded(d.outcome), waited))
+    }
+
+    /// The statement of [`Store::record_decision`], with `comment` sealed and the audit
+    /// `payload`: the outbox row it wrote and how long the run waited, or `None` when it wrote
+    /// nothing.
+    ///
+    /// One statement, so one transaction without a round trip to open or close it:
+    /// - `released`, for an accepted decision only, the transition (guarded by status,
+    ///   suspension number and turn digest, and by the decision id being new). It comes
+    ///   first, so two decisions on one turn serialise on the run row and the second finds
+    ///   it no longer waiting. Its subquery reads the row as the statement's snapshot saw
+    ///   it: as it was suspended, before this UPDATE.
+    /// - `decided`, the decision row — for an accepted decision only if it released the
+    ///   turn: an approval is never on record for a turn it did not release. A concurrent
+    ///   insert of the same id makes this one wait for it; once it commits this inserts
+    ///   nothing and is a replay (or a conflict), and if it rolls back this goes ahead.
+    /// - the audit row, numbered by the run's counter (a refused decision may name a run
+    ///   that does not exist, or one its producer may not see: it is still recorded, for
+    ///   replays, but joins no trail);
+    /// - the outbox row, announced whether or not the run exists: the producer learns its
+    ///   refusal either way.
+    async fn insert_decision(
+        &self,
+        d: &NewDecision,
+        comment: Option<Vec<u8>>,
+        event: &Event,
+        payload: serde_json::Value,
+    ) -> Result<Option<(outbox::Row, Option<f64>)>, StoreError> {
+        let m = &d.message;
         let announced = sqlx::query!(
             r#"WITH released AS (
                    UPDATE runs
@@ -234,28 +252,18 @@ impl Store {
         )
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = announced else {
-            // Nothing committed. Lost to this decision id, recorded before or concurrently:
-            // a replay or a conflict; otherwise an approval whose transition another decision,
-            // a cancel or the reaper won.
-            let record = match self.recorded_decision(m).await? {
-                Some(Replay::Same(recorded)) => DecisionRecord::Replayed(recorded),
-                Some(Replay::Conflict) => DecisionRecord::Conflict,
-                None => DecisionRecord::TransitionLost,
+        Ok(announced.map(|row| {
+            let waited = row.waited;
+            let row = outbox::Row {
+                id: row.id,
+                run_id: row.run_id,
+                kind: row.kind,
+                body: row.body,
+                created_at: row.created_at,
+                published_at: row.published_at,
             };
-            return Ok((record, None));
-        };
-        let waited = row.waited;
-        self.hand_off(vec![outbox::Row {
-            id: row.id,
-            run_id: row.run_id,
-            kind: row.kind,
-            body: row.body,
-            created_at: row.created_at,
-            published_at: row.published_at,
-        }
-        .into()]);
-        Ok((DecisionRecord::Recorded(d.outcome), waited))
+            (row, waited)
+        }))
     }
 
     /// The recorded outcome of a decision id, whatever it was recorded for.

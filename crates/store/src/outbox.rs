@@ -126,7 +126,7 @@ pub(crate) struct Batch {
 impl Batch {
     pub(crate) fn of(events: &[Event]) -> Batch {
         Batch {
-            kinds: events.iter().map(|e| e.name.to_string()).collect(),
+            kinds: events.iter().map(|e| e.name.as_str().to_owned()).collect(),
             payloads: events.iter().map(audit_payload).collect(),
             ids: events.iter().map(|_| Uuid::now_v7()).collect(),
             bodies: events.iter().map(stored_body).collect(),

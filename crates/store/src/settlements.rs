@@ -22,6 +22,11 @@ pub struct Settlement {
 }
 
 impl Settlement {
+    /// Whether it ends the run: only `Completed` and `Failed` do.
+    fn settles(&self) -> bool {
+        matches!(self.status, RunStatus::Completed | RunStatus::Failed)
+    }
+
     pub fn completed(reason: TerminationReason, counters: RunCounters) -> Self {
         Settlement {
             status: RunStatus::Completed,
@@ -97,7 +102,7 @@ impl SettlementColumns {
         self.iterations.push(counters.map(|c| c.0));
         self.prompt_tokens.push(counters.map(|c| c.1));
         self.completion_tokens.push(counters.map(|c| c.2));
-        self.kinds.push(event.name.to_string());
+        self.kinds.push(event.name.as_str().to_owned());
         self.payloads.push(outbox::audit_payload(&event));
         self.event_ids.push(Uuid::now_v7());
         self.bodies.push(outbox::stored_body(&event));
@@ -123,10 +128,8 @@ impl Store {
         &self,
         settlements: &[(&Lease, &Settlement)],
     ) -> Result<Vec<bool>, StoreError> {
-        let settleable =
-            |s: &Settlement| matches!(s.status, RunStatus::Completed | RunStatus::Failed);
         let mut given = SettlementColumns::default();
-        for (lease, settlement) in settlements.iter().filter(|(_, s)| settleable(s)) {
+        for (lease, settlement) in settlements.iter().filter(|(_, s)| s.settles()) {
             given.push(self, lease, settlement)?;
         }
         if given.ids.is_empty() {
@@ -197,7 +200,7 @@ impl Store {
         self.hand_off(rows.into_iter().map(Into::into).collect());
         Ok(settlements
             .iter()
-            .map(|(lease, s)| settleable(s) && written.contains(&Some(lease.run_id.as_uuid())))
+            .map(|(lease, s)| s.settles() && written.contains(&Some(lease.run_id.as_uuid())))
             .collect())
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::{SecondsFormat, Utc};
 use countersign_core::agent_loop::{
-    self, AgentConfig, Interruption, Outcome, Segment, SegmentHooks, TerminationReason,
+    self, AgentConfig, Decision, Interruption, Outcome, Segment, SegmentHooks, TerminationReason,
 };
 use countersign_core::{
     DataClasses, LocalWriters, Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState,
@@ -40,6 +40,14 @@ pub enum SegmentEnd {
     Interrupted(Interruption),
     /// Handed back to the queue at shutdown, its retry budget untouched.
     Released,
+}
+
+/// Why a resume segment cannot start: its run fails.
+enum Unresumable {
+    /// A sealed value of the run does not open (`state_unreadable`).
+    Unreadable(StoreError),
+    /// With this reason and code.
+    Fail(TerminationReason, &'static str),
 }
 
 /// How often a segment interrupted by the store is run again before it is left to the reaper.
@@ -229,48 +237,48 @@ impl SegmentRunner {
                     Err(e) => return self.unreadable(lease, &e).await,
                 }
             }
-            SegmentKind::Resume => {
-                let Some(seq) = claim.suspension_seq else {
-                    return self
-                        .fail_as(lease, TerminationReason::StateUnreadable)
-                        .await;
-                };
-                let opened = match &inputs.state {
-                    Some(sealed) => self.store.open_state(run_id, sealed),
-                    None => Err(StoreError::NoState(run_id)),
-                };
-                let state = match opened {
-                    Ok(bytes) => SuspendedRunState::from_bytes(&bytes),
-                    Err(e) => return self.unreadable(lease, &e).await,
-                };
-                let state = match state {
-                    Ok(state) if state.suspension_seq == seq => state,
-                    Ok(_) => {
-                        return self
-                            .fail_as(lease, TerminationReason::StateUnreadable)
-                            .await
-                    }
-                    Err(e) => {
-                        tracing::error!(run.id = %run_id, error = %e, "suspended state unreadable");
-                        return self
-                            .fail(lease, TerminationReason::StateUnreadable, e.code())
-                            .await;
-                    }
-                };
-                // A sealed comment that does not open fails the run now: no retry can open it.
-                let Some(sealed) = &inputs.decision else {
-                    return self
-                        .fail(lease, TerminationReason::NotRetryable, "decision_missing")
-                        .await;
-                };
-                let decision = match self.store.open_decision(run_id, sealed) {
-                    Ok(decision) => decision,
-                    Err(e) => return self.unreadable(lease, &e).await,
-                };
-                agent_loop::resume(seg, state, &decision).await
-            }
+            SegmentKind::Resume => match self.resume_inputs(claim) {
+                Ok((state, decision)) => agent_loop::resume(seg, state, &decision).await,
+                Err(Unresumable::Unreadable(e)) => return self.unreadable(lease, &e).await,
+                Err(Unresumable::Fail(reason, code)) => {
+                    return self.fail(lease, reason, code).await
+                }
+            },
         };
         self.settle(lease, outcome).await
+    }
+
+    /// What a resume continues from: the suspended state of the card the claim resumes, and
+    /// the decision on it. A sealed value that does not open fails the run: no retry can
+    /// open it.
+    fn resume_inputs(&self, claim: &Claim) -> Result<(SuspendedRunState, Decision), Unresumable> {
+        let run_id = claim.lease.run_id;
+        let unreadable = TerminationReason::StateUnreadable;
+        let seq = claim
+            .suspension_seq
+            .ok_or(Unresumable::Fail(unreadable, unreadable.as_str()))?;
+        let state = match &claim.inputs.state {
+            Some(sealed) => self.store.open_state(run_id, sealed),
+            None => Err(StoreError::NoState(run_id)),
+        }
+        .map_err(Unresumable::Unreadable)?;
+        let state = match SuspendedRunState::from_bytes(&state) {
+            Ok(state) if state.suspension_seq == seq => state,
+            Ok(_) => return Err(Unresumable::Fail(unreadable, unreadable.as_str())),
+            Err(e) => {
+                tracing::error!(run.id = %run_id, error = %e, "suspended state unreadable");
+                return Err(Unresumable::Fail(unreadable, e.code()));
+            }
+        };
+        let Some(sealed) = &claim.inputs.decision else {
+            let missing = Unresumable::Fail(TerminationReason::NotRetryable, "decision_missing");
+            return Err(missing);
+        };
+        let decision = self
+            .store
+            .open_decision(run_id, sealed)
+            .map_err(Unresumable::Unreadable)?;
+        Ok((state, decision))
     }
 
     async fn settle(&self, lease: &Lease, outcome: Outcome) -> Result<SegmentEnd, StoreError> {
