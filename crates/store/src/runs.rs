@@ -544,11 +544,15 @@ impl Store {
 
     /// Opens a sealed suspended state (a claim's [`ClaimedInputs::state`]); an error whose code
     /// is `state_unreadable` when it does not open.
+    ///
+    /// [`ClaimedInputs::state`]: crate::ClaimedInputs::state
     pub fn open_state(&self, run_id: RunId, sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
         Ok(self.keyring.open(Purpose::State, run_id, sealed)?)
     }
 
     /// Opens a sealed request (a claim's [`ClaimedInputs::request`]).
+    ///
+    /// [`ClaimedInputs::request`]: crate::ClaimedInputs::request
     pub fn open_request(&self, run_id: RunId, sealed: &[u8]) -> Result<StoredRequest, StoreError> {
         let bytes = self.keyring.open(Purpose::Request, run_id, sealed)?;
         StoredRequest::from_bytes(&bytes)
