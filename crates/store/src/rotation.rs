@@ -120,8 +120,9 @@ impl Store {
         let limit = batch_size.max(1);
         let mut batches = 0;
         let columns = vec![
-            self.rotate_column::<RunStates>(limit, &mut batches).await?,
-            self.rotate_column::<RunRequests>(limit, &mut batches)
+            self.rotate_column::<RunColumn<true>>(limit, &mut batches)
+                .await?,
+            self.rotate_column::<RunColumn<false>>(limit, &mut batches)
                 .await?,
             self.rotate_column::<EventPayloads>(limit, &mut batches)
                 .await?,
@@ -168,13 +169,18 @@ impl Store {
     }
 }
 
-/// `runs.state`, by run id.
-struct RunStates;
+/// `runs.state` (`STATE`) or `runs.request`, by run id: the two sealed columns of a run row,
+/// read and written by the same two statements.
+struct RunColumn<const STATE: bool>;
 
-impl SealedColumn for RunStates {
+impl<const STATE: bool> SealedColumn for RunColumn<STATE> {
     type Key = Uuid;
-    const NAME: &'static str = "runs.state";
-    const PURPOSE: Purpose = Purpose::State;
+    const NAME: &'static str = if STATE { "runs.state" } else { "runs.request" };
+    const PURPOSE: Purpose = if STATE {
+        Purpose::State
+    } else {
+        Purpose::Request
+    };
     const FIRST: Uuid = Uuid::nil();
 
     async fn page(
@@ -183,63 +189,29 @@ impl SealedColumn for RunStates {
         limit: i64,
     ) -> Result<Vec<(Uuid, Uuid, Vec<u8>)>, sqlx::Error> {
         let rows = sqlx::query!(
-            r#"SELECT id, state AS "state!" FROM runs
-               WHERE id > $1 AND state IS NOT NULL ORDER BY id LIMIT $2"#,
+            r#"SELECT id AS "id!", sealed AS "sealed!" FROM (
+                   SELECT id, CASE WHEN $3 THEN state ELSE request END AS sealed FROM runs
+                   WHERE id > $1) AS r
+               WHERE sealed IS NOT NULL ORDER BY id LIMIT $2"#,
             after,
             limit,
+            STATE,
         )
         .fetch_all(tx)
         .await?;
-        Ok(rows.into_iter().map(|r| (r.id, r.id, r.state)).collect())
+        Ok(rows.into_iter().map(|r| (r.id, r.id, r.sealed)).collect())
     }
 
     async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
         let done = sqlx::query!(
-            r#"UPDATE runs r SET state = v.new
+            r#"UPDATE runs r SET state = CASE WHEN $4 THEN v.new ELSE r.state END,
+                                 request = CASE WHEN $4 THEN r.request ELSE v.new END
                FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
-               WHERE r.id = v.id AND r.state = v.old"#,
+               WHERE r.id = v.id AND v.old = CASE WHEN $4 THEN r.state ELSE r.request END"#,
             &r.keys,
             &r.olds,
             &r.news,
-        )
-        .execute(tx)
-        .await?;
-        Ok(done.rows_affected())
-    }
-}
-
-/// `runs.request`, by run id.
-struct RunRequests;
-
-impl SealedColumn for RunRequests {
-    type Key = Uuid;
-    const NAME: &'static str = "runs.request";
-    const PURPOSE: Purpose = Purpose::Request;
-    const FIRST: Uuid = Uuid::nil();
-
-    async fn page(
-        tx: &mut PgConnection,
-        after: &Uuid,
-        limit: i64,
-    ) -> Result<Vec<(Uuid, Uuid, Vec<u8>)>, sqlx::Error> {
-        let rows = sqlx::query!(
-            "SELECT id, request FROM runs WHERE id > $1 ORDER BY id LIMIT $2",
-            after,
-            limit,
-        )
-        .fetch_all(tx)
-        .await?;
-        Ok(rows.into_iter().map(|r| (r.id, r.id, r.request)).collect())
-    }
-
-    async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query!(
-            r#"UPDATE runs r SET request = v.new
-               FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
-               WHERE r.id = v.id AND r.request = v.old"#,
-            &r.keys,
-            &r.olds,
-            &r.news,
+            STATE,
         )
         .execute(tx)
         .await?;
