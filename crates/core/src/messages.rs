@@ -75,40 +75,43 @@ pub struct RunRequest {
     pub inputs: Option<Map<String, Value>>,
 }
 
+/// A message's type, and its parser and writer: the envelope, then the struct's fields.
+macro_rules! message {
+    ($message:ident, $type:literal) => {
+        impl $message {
+            pub const TYPE: &'static str = $type;
+
+            pub fn parse(body: &[u8]) -> Result<Self, MessageError> {
+                Self::from_json(serde_json::from_slice(body).unwrap_or(Value::Null))
+            }
+
+            /// The message a JSON document is, as [`Self::parse`] reads its body.
+            pub fn from_json(doc: Value) -> Result<Self, MessageError> {
+                parse(doc, Self::TYPE)
+            }
+
+            pub fn to_json(&self) -> Value {
+                message_json(self, Self::TYPE)
+            }
+        }
+    };
+}
+
 /// The largest `inputs` object a run request may carry, in bytes of its JSON.
 pub const MAX_INPUTS_BYTES: usize = 64 * 1024;
 
-impl RunRequest {
-    pub const TYPE: &'static str = "countersign.run_request";
-
-    pub fn parse(body: &[u8]) -> Result<Self, MessageError> {
-        Self::from_json(serde_json::from_slice(body).unwrap_or(Value::Null))
-    }
-
-    /// The message a JSON document is, as [`Self::parse`] reads its body.
-    pub fn from_json(doc: Value) -> Result<Self, MessageError> {
-        parse(doc, Self::TYPE)
-    }
-
-    pub fn to_json(&self) -> Value {
-        message_json(self, Self::TYPE)
-    }
-}
+message!(RunRequest, "countersign.run_request");
 
 /// An approver's decision on a suspended turn, queue `countersign.decisions`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DecisionMessage {
-    /// Chosen by the producer; a replay returns the recorded outcome.
-    #[serde(deserialize_with = "id")]
-    pub decision_id: Uuid,
+    // The fields are in the order a refusal names them: the first one refused is the reason.
     pub run_id: RunId,
     /// The card reviewed.
     pub suspension_seq: SuspensionSeq,
     /// The calls reviewed.
     pub turn_digest: TurnDigest,
     pub approved: bool,
-    #[serde(deserialize_with = "name")]
-    pub approver: String,
     /// At most [`MAX_COMMENT_CHARS`]; a blank one is none.
     #[serde(
         default,
@@ -116,31 +119,54 @@ pub struct DecisionMessage {
         skip_serializing_if = "Option::is_none"
     )]
     pub comment: Option<String>,
+    /// Chosen by the producer; a replay returns the recorded outcome.
+    #[serde(deserialize_with = "id")]
+    pub decision_id: Uuid,
+    #[serde(deserialize_with = "name")]
+    pub approver: String,
 }
 
-impl DecisionMessage {
-    pub const TYPE: &'static str = "countersign.decision";
+message!(DecisionMessage, "countersign.decision");
 
-    pub fn parse(body: &[u8]) -> Result<Self, MessageError> {
-        Self::from_json(serde_json::from_slice(body).unwrap_or(Value::Null))
-    }
-
-    /// The message a JSON document is, as [`Self::parse`] reads its body.
-    pub fn from_json(doc: Value) -> Result<Self, MessageError> {
-        parse(doc, Self::TYPE)
-    }
-
-    pub fn to_json(&self) -> Value {
-        message_json(self, Self::TYPE)
-    }
-}
-
-/// A message of type `expected` from its body: the envelope first, then its fields.
+/// A message of type `expected` from its body: the envelope first, then its fields, each in the
+/// order the struct declares them. The first field refused, missing or malformed, is the
+/// reason.
 fn parse<M: DeserializeOwned>(doc: Value, expected: &'static str) -> Result<M, MessageError> {
     let doc = envelope(doc, expected)?;
     let fields = field_names::<M>();
+    let position = |field: &str| fields.iter().position(|f| *f == field);
+    match fields_of::<M>(&doc, fields) {
+        Err(MessageError::Invalid(field)) => {
+            // A required field declared before the malformed one, and missing, comes first:
+            // serde names a missing field only once it has read every present one.
+            let mut without = doc;
+            without.remove(field);
+            match fields_of::<M>(&without, fields) {
+                Err(MessageError::Missing(first)) if position(first) < position(field) => {
+                    Err(MessageError::Missing(first))
+                }
+                _ => Err(MessageError::Invalid(field)),
+            }
+        }
+        parsed => parsed,
+    }
+}
+
+/// `doc` as `M`, its fields read in declaration order: the first refused names the error.
+fn fields_of<M: DeserializeOwned>(
+    doc: &Map<String, Value>,
+    fields: &'static [&'static str],
+) -> Result<M, MessageError> {
     let named = |key: &str| fields.iter().copied().find(|f| *f == key);
-    serde_path_to_error::deserialize(Value::Object(doc)).map_err(|e| {
+    let declared = fields
+        .iter()
+        .filter_map(|f| Some((*f, doc.get(*f)?.clone())));
+    let rest = doc.iter().filter(|(k, _)| named(k).is_none());
+    let ordered = declared
+        .map(|(k, v)| (k.to_owned(), v))
+        .chain(rest.map(|(k, v)| (k.clone(), v.clone())));
+    let entries = serde::de::value::MapDeserializer::<_, serde_json::Error>::new(ordered);
+    serde_path_to_error::deserialize(entries).map_err(|e| {
         if let Some(serde_path_to_error::Segment::Map { key }) = e.path().iter().next() {
             if let Some(field) = named(key) {
                 return MessageError::Invalid(field);
@@ -365,6 +391,24 @@ mod tests {
             v[field] = json!([]);
             assert_eq!(parse(&v), Err(MessageError::Invalid(field)));
         }
+    }
+
+    #[test]
+    fn the_first_field_refused_in_the_order_of_the_fields_is_the_reason() {
+        let envelope = json!({"type": "countersign.decision", "version": 1});
+        assert_eq!(parse(&envelope), Err(MessageError::Missing("run_id")));
+        let mut v = decision();
+        v.as_object_mut().unwrap().remove("run_id");
+        v["approved"] = json!("yes");
+        assert_eq!(parse(&v), Err(MessageError::Missing("run_id")));
+        let mut v = decision();
+        v["run_id"] = json!(1);
+        v.as_object_mut().unwrap().remove("approver");
+        assert_eq!(parse(&v), Err(MessageError::Invalid("run_id")));
+        let mut v = decision();
+        v["approved"] = json!("yes");
+        v["suspension_seq"] = json!("one");
+        assert_eq!(parse(&v), Err(MessageError::Invalid("suspension_seq")));
     }
 
     #[test]
