@@ -50,7 +50,7 @@ const CLAIM_GATE_WHEN: &str =
 /// Gate of a run's settlement (`running` → `completed` or `failed`).
 const SETTLE_GATE: i64 = 4245;
 const SETTLE_GATE_WHEN: &str = "OLD.status = 'running' AND NEW.status IN ('completed', 'failed')";
-const CLAIM: &str = "WITH c AS ( UPDATE runs SET status = 'running', lease_owner";
+const CLAIM: &str = r#"SELECT id AS "id!", lease_epoch AS "lease_epoch!", lease_expires_at"#;
 
 /// One installation under test: its database, queues, agent file, a connection, and the
 /// services started in the background (stopped before the database and queues go).

@@ -4,7 +4,7 @@
 
 use countersign_core::card::{build_card, ApprovalCard};
 use countersign_core::{RunId, SuspendedRunState};
-use countersign_store::{RunRecord, RunStatus};
+use countersign_store::{DecisionOutcome, RunRecord, RunStatus};
 
 use crate::problem::{unavailable, Problem, ProblemCode};
 use crate::queries::Access;
@@ -13,7 +13,7 @@ use crate::AppState;
 /// What [`card_for`] can answer.
 pub const CARD_PROBLEMS: [ProblemCode; 4] = [
     ProblemCode::NotFound,
-    ProblemCode::NotAwaitingApproval,
+    ProblemCode::Decision(DecisionOutcome::NotAwaitingApproval),
     ProblemCode::StateUnreadable,
     ProblemCode::Unavailable,
 ];
@@ -30,7 +30,10 @@ pub async fn card_for(
         return Err(Problem::new(ProblemCode::NotFound).with_run(run.id.as_uuid()));
     }
     if run.status != RunStatus::WaitingForApproval {
-        return Err(Problem::new(ProblemCode::NotAwaitingApproval).with_run(run.id.as_uuid()));
+        return Err(
+            Problem::new(ProblemCode::Decision(DecisionOutcome::NotAwaitingApproval))
+                .with_run(run.id.as_uuid()),
+        );
     }
     let viewer = state
         .coordinator
@@ -43,8 +46,8 @@ pub async fn card_for(
         Err(e) if e.is_unreadable() => return Err(unreadable(run.id, e.code(), &e)),
         Err(e) => return Err(unavailable("state", e.code(), &e)),
     };
-    let parsed = SuspendedRunState::from_bytes(&bytes)
-        .map_err(|e| unreadable(run.id, "state_unreadable", &e))?;
+    let parsed =
+        SuspendedRunState::from_bytes(&bytes).map_err(|e| unreadable(run.id, e.code(), &e))?;
     Ok(build_card(&parsed, &state.coordinator.registry, viewer.as_ref()).await)
 }
 

@@ -31,7 +31,7 @@ pub(crate) async fn after_decision(state: &AppState, verdict: &DecisionVerdict) 
     }
     if let (Some(event), Some(run_id)) = (verdict.unannounced(), verdict.run_id) {
         if let Err(e) = state.coordinator.store.announce(Some(run_id), event).await {
-            tracing::warn!(run.id = %run_id, event = event.name, code = e.code(), error = %e, "event not announced");
+            tracing::warn!(run.id = %run_id, event = event.name.as_str(), code = e.code(), error = %e, "event not announced");
         }
     }
 }

@@ -17,7 +17,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use chrono::Utc;
 use countersign_core::{DecisionMessage, RunId};
-use countersign_store::RunStatus;
+use countersign_store::{DecisionOutcome, RunStatus};
 use maud::Markup;
 use serde::Deserialize;
 use serde_json::json;
@@ -28,7 +28,7 @@ use crate::cards::card_for;
 use crate::limits::read_body;
 use crate::pages::{self, Viewer};
 use crate::problem::{unavailable, Problem, ProblemCode};
-use crate::queries::{inbox_page, visible_run, Access, Cursor};
+use crate::queries::{decode_cursor, encode_cursor, inbox_page, visible_run, Access};
 use crate::sessions;
 use crate::tokens;
 use crate::v1::take_decision;
@@ -301,17 +301,16 @@ pub async fn list(
     let result = async {
         let cursor = match params.cursor.as_deref() {
             None => None,
-            Some(c) => Some(Cursor::decode(c).ok_or(Problem::new(ProblemCode::InvalidQuery))?),
+            Some(c) => Some(decode_cursor(c).ok_or(Problem::new(ProblemCode::InvalidQuery))?),
         };
-        let pool = state.coordinator.store.pool();
         let access = Access::of(state.coordinator.users.as_ref(), &web.caller).await?;
-        inbox_page(pool, &access, PAGE, cursor).await
+        inbox_page(&state.coordinator.store, &access, PAGE, cursor).await
     }
     .await;
     match result {
-        Ok((entries, next)) => {
-            let next = next.map(|c| c.encode());
-            let markup = pages::inbox(viewer(&web), &entries, next.as_deref(), Utc::now());
+        Ok(inbox) => {
+            let next = inbox.next.as_ref().map(encode_cursor);
+            let markup = pages::inbox(viewer(&web), &inbox.runs, next.as_deref(), Utc::now());
             page(StatusCode::OK, Some(&web), markup)
         }
         Err(problem) => problem_page(Some(&web), &problem),
@@ -335,7 +334,9 @@ pub async fn run(
             match card_for(&state, &run, &access).await {
                 Ok(card) => Some(card),
                 // Moved on between the read of the row and the state: show what it is now.
-                Err(p) if p.code == ProblemCode::NotAwaitingApproval => None,
+                Err(p) if p.code == ProblemCode::Decision(DecisionOutcome::NotAwaitingApproval) => {
+                    None
+                }
                 Err(p) if p.code == ProblemCode::StateUnreadable => None,
                 Err(p) => return Err(p),
             }
@@ -399,7 +400,8 @@ pub async fn decide(
             "approver": web.caller.user,
             "comment": comment,
         });
-        let outcome = take_decision(&state, &web.caller, &message).await?;
+        let outcome =
+            take_decision(&state, &web.caller, DecisionMessage::from_json(message)).await?;
         Ok((run_id, outcome, approved))
     }
     .await;

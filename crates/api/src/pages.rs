@@ -7,11 +7,10 @@
 
 use chrono::{DateTime, Utc};
 use countersign_core::card::{ApprovalCard, CardPreview};
-use countersign_store::{RunEvent, RunRecord, RunStatus};
+use countersign_store::{DecisionOutcome, RunEvent, RunRecord, RunStatus, WaitingRun};
 use maud::{html, Markup, DOCTYPE};
 
 use crate::problem::{Problem, ProblemCode};
-use crate::queries::InboxEntry;
 use crate::v1::DecisionAccepted;
 
 /// The stylesheet, served at [`STYLESHEET_PATH`].
@@ -113,7 +112,7 @@ fn when(t: DateTime<Utc>) -> String {
 /// The list of waiting runs.
 pub fn inbox(
     viewer: Viewer<'_>,
-    entries: &[InboxEntry],
+    entries: &[WaitingRun],
     next: Option<&str>,
     now: DateTime<Utc>,
 ) -> Markup {
@@ -321,7 +320,8 @@ pub fn outcome(
             problem.code.title().to_owned(),
         ),
     };
-    let stale = matches!(result, Err(p) if p.code == ProblemCode::StaleTurn);
+    let stale =
+        matches!(result, Err(p) if p.code == ProblemCode::Decision(DecisionOutcome::StaleTurn));
     layout(
         heading,
         Some(viewer),

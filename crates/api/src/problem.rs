@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use countersign_coordinator::{DecisionCode, RequestOutcome};
 use countersign_store::DecisionOutcome;
 use serde::Serialize;
+use strum::VariantArray;
 use utoipa::openapi::schema::{AllOfBuilder, ObjectBuilder, Type};
 use utoipa::openapi::{ContentBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::ToSchema;
@@ -20,8 +21,10 @@ use uuid::Uuid;
 /// The media type of a problem body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
-/// Every code a problem of this surface can carry, with its HTTP status and title.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Every code a problem of this surface can carry, with its HTTP status and title. The gates'
+/// refusals are their own outcomes, wrapped: their codes are the gates'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum ProblemCode {
     // The caller.
@@ -42,93 +45,28 @@ pub enum ProblemCode {
     MalformedRequest,
     UriTooLong,
     HeadersTooLarge,
-    // The gates of a run request.
+    // Both gates: the producer may not assert the user.
     UnauthenticatedProducer,
-    UnknownActingUser,
-    ConfigurationGone,
-    // The gates of a decision.
-    NotAwaitingApproval,
-    StaleTurn,
-    AccessDenied,
-    SelfApprovalDenied,
-    ApproverNotPermitted,
-    NotAuditable,
-    IdempotencyConflict,
+    /// A refusal of the run-request gates past the producer's: never `accepted`, `malformed`
+    /// or `unauthenticated_producer`, which are their own.
+    #[strum(transparent)]
+    Request(RequestOutcome),
+    /// A refusal of the decision gates: never `accepted`.
+    #[strum(transparent)]
+    Decision(DecisionOutcome),
     // The service.
     StateUnreadable,
     Unavailable,
 }
 
 impl ProblemCode {
-    /// Every code, in the order of the enum.
-    pub const ALL: [ProblemCode; 27] = [
-        ProblemCode::Unauthenticated,
-        ProblemCode::RateLimited,
-        ProblemCode::CsrfRejected,
-        ProblemCode::NotAJsonObject,
-        ProblemCode::UnsupportedMediaType,
-        ProblemCode::BodyTooLarge,
-        ProblemCode::Malformed,
-        ProblemCode::InvalidQuery,
-        ProblemCode::ConflictingIdempotency,
-        ProblemCode::NotFound,
-        ProblemCode::MethodNotAllowed,
-        ProblemCode::Timeout,
-        ProblemCode::MalformedRequest,
-        ProblemCode::UriTooLong,
-        ProblemCode::HeadersTooLarge,
-        ProblemCode::UnauthenticatedProducer,
-        ProblemCode::UnknownActingUser,
-        ProblemCode::ConfigurationGone,
-        ProblemCode::NotAwaitingApproval,
-        ProblemCode::StaleTurn,
-        ProblemCode::AccessDenied,
-        ProblemCode::SelfApprovalDenied,
-        ProblemCode::ApproverNotPermitted,
-        ProblemCode::NotAuditable,
-        ProblemCode::IdempotencyConflict,
-        ProblemCode::StateUnreadable,
-        ProblemCode::Unavailable,
-    ];
-
-    /// The code of `s`, as [`ProblemCode::code`] spells it.
-    pub fn parse(s: &str) -> Option<ProblemCode> {
-        ProblemCode::ALL.into_iter().find(|c| c.code() == s)
-    }
-
     pub fn code(self) -> &'static str {
-        match self {
-            ProblemCode::Unauthenticated => "unauthenticated",
-            ProblemCode::RateLimited => "rate_limited",
-            ProblemCode::CsrfRejected => "csrf_rejected",
-            ProblemCode::NotAJsonObject => "not_a_json_object",
-            ProblemCode::UnsupportedMediaType => "unsupported_media_type",
-            ProblemCode::BodyTooLarge => "body_too_large",
-            ProblemCode::Malformed => "malformed",
-            ProblemCode::InvalidQuery => "invalid_query",
-            ProblemCode::ConflictingIdempotency => "conflicting_idempotency",
-            ProblemCode::NotFound => "not_found",
-            ProblemCode::MethodNotAllowed => "method_not_allowed",
-            ProblemCode::Timeout => "timeout",
-            ProblemCode::MalformedRequest => "malformed_request",
-            ProblemCode::UriTooLong => "uri_too_long",
-            ProblemCode::HeadersTooLarge => "headers_too_large",
-            ProblemCode::UnauthenticatedProducer => "unauthenticated_producer",
-            ProblemCode::UnknownActingUser => "unknown_acting_user",
-            ProblemCode::ConfigurationGone => "configuration_gone",
-            ProblemCode::NotAwaitingApproval => "not_awaiting_approval",
-            ProblemCode::StaleTurn => "stale_turn",
-            ProblemCode::AccessDenied => "access_denied",
-            ProblemCode::SelfApprovalDenied => "self_approval_denied",
-            ProblemCode::ApproverNotPermitted => "approver_not_permitted",
-            ProblemCode::NotAuditable => "not_auditable",
-            ProblemCode::IdempotencyConflict => "idempotency_conflict",
-            ProblemCode::StateUnreadable => "state_unreadable",
-            ProblemCode::Unavailable => "unavailable",
-        }
+        self.into()
     }
 
     pub fn status(self) -> StatusCode {
+        use DecisionOutcome as D;
+        use RequestOutcome as R;
         match self {
             ProblemCode::Unauthenticated => StatusCode::UNAUTHORIZED,
             ProblemCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
@@ -144,24 +82,23 @@ impl ProblemCode {
             ProblemCode::UriTooLong => StatusCode::URI_TOO_LONG,
             ProblemCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ProblemCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ProblemCode::Timeout | ProblemCode::Unavailable | ProblemCode::NotAuditable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ProblemCode::Timeout
+            | ProblemCode::Unavailable
+            | ProblemCode::Decision(D::NotAuditable) => StatusCode::SERVICE_UNAVAILABLE,
             ProblemCode::UnauthenticatedProducer
-            | ProblemCode::AccessDenied
-            | ProblemCode::SelfApprovalDenied
-            | ProblemCode::ApproverNotPermitted => StatusCode::FORBIDDEN,
-            ProblemCode::UnknownActingUser => StatusCode::UNPROCESSABLE_ENTITY,
-            ProblemCode::ConfigurationGone
-            | ProblemCode::NotAwaitingApproval
-            | ProblemCode::StaleTurn
-            | ProblemCode::IdempotencyConflict => StatusCode::CONFLICT,
+            | ProblemCode::Decision(
+                D::AccessDenied | D::SelfApprovalDenied | D::ApproverNotPermitted,
+            ) => StatusCode::FORBIDDEN,
+            ProblemCode::Request(R::UnknownActingUser) => StatusCode::UNPROCESSABLE_ENTITY,
+            ProblemCode::Request(_) | ProblemCode::Decision(_) => StatusCode::CONFLICT,
             ProblemCode::StateUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     /// A fixed sentence: what happened and what the caller may do about it.
     pub fn title(self) -> &'static str {
+        use DecisionOutcome as D;
+        use RequestOutcome as R;
         match self {
             ProblemCode::Unauthenticated => {
                 "No valid credential: send `Authorization: Bearer <token>` with a token from `countersign tokens create`."
@@ -191,50 +128,43 @@ impl ProblemCode {
             ProblemCode::UnauthenticatedProducer => {
                 "This credential may not assert that user (no producer grant covers it). Nothing was recorded."
             }
-            ProblemCode::UnknownActingUser => "The acting user does not exist. Nothing was created.",
-            ProblemCode::ConfigurationGone => {
+            ProblemCode::Request(R::UnknownActingUser) => "The acting user does not exist. Nothing was created.",
+            ProblemCode::Request(R::ConfigurationGone) | ProblemCode::Decision(D::ConfigurationGone) => {
                 "The agent configuration does not exist or is not active. Nothing changed."
             }
-            ProblemCode::NotAwaitingApproval => {
+            ProblemCode::Decision(D::NotAwaitingApproval) => {
                 "The run is not waiting for approval (decided, cancelled or expired). Nothing changed."
             }
-            ProblemCode::StaleTurn => {
+            ProblemCode::Decision(D::StaleTurn) => {
                 "The card decided on is no longer the run's current card. Nothing changed: reload the card and decide on what it shows now."
             }
-            ProblemCode::AccessDenied => "The approver may not act on this run. Nothing changed.",
-            ProblemCode::SelfApprovalDenied => {
+            ProblemCode::Decision(D::AccessDenied) => "The approver may not act on this run. Nothing changed.",
+            ProblemCode::Decision(D::SelfApprovalDenied) => {
                 "This configuration requires a second approver: the run's own user may not approve it. Nothing changed."
             }
-            ProblemCode::ApproverNotPermitted => {
+            ProblemCode::Decision(D::ApproverNotPermitted) => {
                 "The approver is not permitted to release every write of this turn. Nothing changed."
             }
-            ProblemCode::NotAuditable => {
+            ProblemCode::Decision(D::NotAuditable) => {
                 "The decision could not be recorded, so nothing changed; send the same decision again."
             }
-            ProblemCode::IdempotencyConflict => {
+            ProblemCode::Request(R::IdempotencyConflict) | ProblemCode::Decision(D::IdempotencyConflict) => {
                 "This id (or Idempotency-Key) was used before for another request: another run, card or body. Nothing changed; send a new id."
             }
             ProblemCode::StateUnreadable => "The run's suspended state cannot be opened.",
             ProblemCode::Unavailable => "A dependency of this service is unavailable; retry later.",
+            // Never wrapped: `accepted` is no problem, and the others have their own.
+            ProblemCode::Request(_) | ProblemCode::Decision(_) => ProblemCode::Unavailable.title(),
         }
     }
 
     /// The problem of a gated decision outcome; `None` for `accepted`.
     pub fn of_decision(outcome: &DecisionCode) -> Option<ProblemCode> {
-        Some(match outcome {
-            DecisionCode::Malformed { .. } => ProblemCode::Malformed,
+        Some(match *outcome {
+            DecisionCode::Malformed => ProblemCode::Malformed,
             DecisionCode::UnauthenticatedProducer => ProblemCode::UnauthenticatedProducer,
-            DecisionCode::Gated(outcome) => match outcome {
-                DecisionOutcome::Accepted => return None,
-                DecisionOutcome::NotAwaitingApproval => ProblemCode::NotAwaitingApproval,
-                DecisionOutcome::StaleTurn => ProblemCode::StaleTurn,
-                DecisionOutcome::AccessDenied => ProblemCode::AccessDenied,
-                DecisionOutcome::ConfigurationGone => ProblemCode::ConfigurationGone,
-                DecisionOutcome::SelfApprovalDenied => ProblemCode::SelfApprovalDenied,
-                DecisionOutcome::ApproverNotPermitted => ProblemCode::ApproverNotPermitted,
-                DecisionOutcome::NotAuditable => ProblemCode::NotAuditable,
-                DecisionOutcome::IdempotencyConflict => ProblemCode::IdempotencyConflict,
-            },
+            DecisionCode::Gated(DecisionOutcome::Accepted) => return None,
+            DecisionCode::Gated(outcome) => ProblemCode::Decision(outcome),
             // A code this surface does not know yet is a refusal all the same.
             #[allow(unreachable_patterns)]
             _ => ProblemCode::Unavailable,
@@ -243,48 +173,26 @@ impl ProblemCode {
 
     /// Every problem the decision gates can answer: each outcome of [`DecisionCode`].
     pub fn of_decision_gates() -> Vec<ProblemCode> {
-        let ungated = [
-            DecisionCode::Malformed {
-                reason: String::new(),
-            },
-            DecisionCode::UnauthenticatedProducer,
-        ];
-        let gated = DecisionOutcome::ALL.map(DecisionCode::Gated);
-        ungated
-            .iter()
-            .chain(&gated)
-            .filter_map(ProblemCode::of_decision)
+        DecisionCode::all()
+            .filter_map(|c| ProblemCode::of_decision(&c))
             .collect()
     }
 
     /// Every problem the run-request gates can answer: each outcome of [`RequestOutcome`].
     pub fn of_request_gates() -> Vec<ProblemCode> {
-        [
-            RequestOutcome::Accepted,
-            RequestOutcome::Malformed {
-                reason: String::new(),
-            },
-            RequestOutcome::UnauthenticatedProducer,
-            RequestOutcome::UnknownActingUser,
-            RequestOutcome::ConfigurationGone,
-            RequestOutcome::IdempotencyConflict,
-        ]
-        .iter()
-        .filter_map(ProblemCode::of_request)
-        .collect()
+        RequestOutcome::VARIANTS
+            .iter()
+            .filter_map(ProblemCode::of_request)
+            .collect()
     }
 
     /// The problem of a gated run request; `None` for `accepted`.
     pub fn of_request(outcome: &RequestOutcome) -> Option<ProblemCode> {
-        Some(match outcome {
+        Some(match *outcome {
             RequestOutcome::Accepted => return None,
-            RequestOutcome::Malformed { .. } => ProblemCode::Malformed,
+            RequestOutcome::Malformed => ProblemCode::Malformed,
             RequestOutcome::UnauthenticatedProducer => ProblemCode::UnauthenticatedProducer,
-            RequestOutcome::UnknownActingUser => ProblemCode::UnknownActingUser,
-            RequestOutcome::ConfigurationGone => ProblemCode::ConfigurationGone,
-            RequestOutcome::IdempotencyConflict => ProblemCode::IdempotencyConflict,
-            #[allow(unreachable_patterns)]
-            _ => ProblemCode::Unavailable,
+            outcome => ProblemCode::Request(outcome),
         })
     }
 }
@@ -344,9 +252,9 @@ impl Problem {
             decision_id: None,
             replayed: false,
             retry_after: match code {
-                ProblemCode::NotAuditable | ProblemCode::Unavailable | ProblemCode::Timeout => {
-                    Some(1)
-                }
+                ProblemCode::Decision(DecisionOutcome::NotAuditable)
+                | ProblemCode::Unavailable
+                | ProblemCode::Timeout => Some(1),
                 _ => None,
             },
         }
@@ -520,23 +428,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_code_is_listed_once_and_reads_back() {
-        for code in ProblemCode::ALL {
-            assert_eq!(ProblemCode::parse(code.code()), Some(code));
+    fn every_code_names_one_problem() {
+        // Where two problems share a code (a refusal both gates give), they are one problem.
+        let mut codes: BTreeMap<&str, ProblemCode> = BTreeMap::new();
+        for code in ProblemCode::of_decision_gates()
+            .into_iter()
+            .chain(ProblemCode::of_request_gates())
+            .chain(EVERY_REQUEST)
+        {
+            let first = *codes.entry(code.code()).or_insert(code);
+            assert_eq!(
+                (first.status(), first.title()),
+                (code.status(), code.title())
+            );
         }
-        let mut codes: Vec<&str> = ProblemCode::ALL.iter().map(|c| c.code()).collect();
-        codes.sort_unstable();
-        codes.dedup();
-        assert_eq!(codes.len(), ProblemCode::ALL.len());
-        assert_eq!(ProblemCode::parse("nothing"), None);
+        assert_eq!(
+            codes["stale_turn"],
+            ProblemCode::Decision(DecisionOutcome::StaleTurn)
+        );
     }
 
     #[test]
     fn a_routes_problems_are_documented_by_status_with_exactly_their_codes() {
         let responses = problem_responses(&[
-            ProblemCode::StaleTurn,
-            ProblemCode::IdempotencyConflict,
-            ProblemCode::StaleTurn,
+            ProblemCode::Decision(DecisionOutcome::StaleTurn),
+            ProblemCode::Decision(DecisionOutcome::IdempotencyConflict),
+            ProblemCode::Decision(DecisionOutcome::StaleTurn),
             ProblemCode::NotFound,
         ]);
         assert_eq!(responses.keys().collect::<Vec<_>>(), ["404", "409"]);
@@ -557,17 +474,18 @@ mod tests {
         for code in [
             ProblemCode::Malformed,
             ProblemCode::UnauthenticatedProducer,
-            ProblemCode::IdempotencyConflict,
-            ProblemCode::NotAuditable,
+            ProblemCode::Decision(DecisionOutcome::IdempotencyConflict),
+            ProblemCode::Decision(DecisionOutcome::NotAuditable),
         ] {
             assert!(decisions.contains(&code), "{code:?}");
         }
         assert_eq!(
             decisions.len(),
-            DecisionOutcome::ALL.len() - 1 + 2,
+            DecisionOutcome::VARIANTS.len() - 1 + 2,
             "all but accepted"
         );
-        assert!(ProblemCode::of_request_gates().contains(&ProblemCode::IdempotencyConflict));
+        assert!(ProblemCode::of_request_gates()
+            .contains(&ProblemCode::Request(RequestOutcome::IdempotencyConflict)));
     }
 
     #[test]
@@ -591,7 +509,7 @@ mod tests {
         assert_eq!(unauthenticated.map(|c| c.status().as_u16()), Some(403));
 
         // A problem's code is the gate's own, and `not_auditable` says when to retry.
-        let problem = Problem::new(ProblemCode::NotAuditable).details();
+        let problem = Problem::new(ProblemCode::Decision(DecisionOutcome::NotAuditable)).details();
         assert_eq!(problem.code, DecisionOutcome::NotAuditable.as_str());
         assert_eq!(problem.retry_after, Some(1));
         assert_eq!(problem.kind, "urn:countersign:problem:not_auditable");

@@ -7,15 +7,15 @@
 //! acting user, so a service that submitted a run can follow it. Anything else is answered as
 //! if the run did not exist.
 //!
-//! The inbox query lives here rather than in the store because it pages by the viewer's
-//! access, which is this surface's rule; it reads only columns without content.
+//! The inbox page itself is the store's ([`countersign_store::Store::inbox`]); this surface
+//! says whose, and writes its cursor.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
-use chrono::{DateTime, Utc};
+use chrono::DateTime;
 use countersign_coordinator::producers::{self, ProducerKind};
-use countersign_core::{Approver, Approves, RunId, SuspensionSeq, TurnDigest, UserDirectory};
-use countersign_store::{RunRecord, StoreError};
+use countersign_core::{Approver, Approves, RunId, UserDirectory};
+use countersign_store::{InboxCursor, InboxPage, RunRecord, Store};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -75,114 +75,40 @@ pub async fn may_follow(
     .map_err(|e| unavailable("producers", e.code(), &e))
 }
 
-/// Where a page of the inbox starts: after this run, in inbox order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cursor {
-    deadline: DateTime<Utc>,
-    run_id: Uuid,
+/// The opaque form of a cursor a client sends back.
+pub fn encode_cursor(c: &InboxCursor) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}|{}", c.deadline.timestamp_micros(), c.run_id))
 }
 
-impl Cursor {
-    /// The opaque form a client sends back.
-    pub fn encode(&self) -> String {
-        URL_SAFE_NO_PAD.encode(format!(
-            "{}|{}",
-            self.deadline.timestamp_micros(),
-            self.run_id
-        ))
-    }
-
-    pub fn decode(s: &str) -> Option<Cursor> {
-        let bytes = URL_SAFE_NO_PAD.decode(s).ok()?;
-        let text = String::from_utf8(bytes).ok()?;
-        let (micros, id) = text.split_once('|')?;
-        Some(Cursor {
-            deadline: DateTime::from_timestamp_micros(micros.parse().ok()?)?,
-            run_id: Uuid::parse_str(id).ok()?,
-        })
-    }
-}
-
-/// A waiting run as the inbox lists it: no content.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InboxEntry {
-    pub run_id: RunId,
-    pub agent: String,
-    pub acting_user: String,
-    pub suspension_seq: SuspensionSeq,
-    pub turn_digest: TurnDigest,
-    pub pending_tools: Vec<String>,
-    pub approval_deadline: DateTime<Utc>,
-    /// When the run paused on this card.
-    pub waiting_since: DateTime<Utc>,
+/// The cursor a client sent back; `None` for anything [`encode_cursor`] did not write.
+pub fn decode_cursor(s: &str) -> Option<InboxCursor> {
+    let bytes = URL_SAFE_NO_PAD.decode(s).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
+    let (micros, id) = text.split_once('|')?;
+    Some(InboxCursor {
+        deadline: DateTime::from_timestamp_micros(micros.parse().ok()?)?,
+        run_id: Uuid::parse_str(id).ok()?,
+    })
 }
 
 /// One page of the runs waiting for a decision that `access` may see, soonest deadline first,
 /// and the cursor of the next page when there is one.
 pub async fn inbox_page(
-    pool: &PgPool,
+    store: &Store,
     access: &Access,
     limit: u32,
-    after: Option<Cursor>,
-) -> Result<(Vec<InboxEntry>, Option<Cursor>), Problem> {
+    after: Option<InboxCursor>,
+) -> Result<InboxPage, Problem> {
     if !access.known {
-        return Ok((Vec::new(), None));
-    }
-    let limit = i64::from(limit.clamp(1, 100));
-    let (all_agents, agents): (bool, Vec<String>) = match &access.approves {
-        Approves::Nothing => (false, Vec::new()),
-        Approves::Every => (true, Vec::new()),
-        Approves::Agents(names) => (false, names.iter().cloned().collect()),
-    };
-    let rows = sqlx::query!(
-        r#"SELECT id, agent, acting_user, suspension_seq AS "suspension_seq!",
-                  turn_digest AS "turn_digest!", pending_tools,
-                  approval_deadline AS "approval_deadline!", updated_at
-           FROM runs
-           WHERE status = 'waiting_for_approval'
-             AND ($1 OR agent = ANY($6) OR acting_user = $2)
-             AND ($3::timestamptz IS NULL OR (approval_deadline, id) > ($3, $4))
-           ORDER BY approval_deadline, id
-           LIMIT $5"#,
-        all_agents,
-        access.user,
-        after.map(|c| c.deadline),
-        after.map(|c| c.run_id),
-        limit + 1,
-        &agents[..],
-    )
-    .fetch_all(pool)
-    .await
-    .map_err(|e| unavailable("inbox", "database_error", &e))?;
-    let mut entries = Vec::with_capacity(rows.len());
-    for r in rows {
-        let unreadable = |what: &'static str| {
-            let e = StoreError::Unreadable { what };
-            unavailable("inbox", e.code(), &e)
-        };
-        entries.push(InboxEntry {
-            run_id: RunId::from_uuid(r.id).map_err(|_| unreadable("runs.id"))?,
-            agent: r.agent,
-            acting_user: r.acting_user,
-            suspension_seq: SuspensionSeq::from_i32(r.suspension_seq)
-                .map_err(|_| unreadable("runs.suspension_seq"))?,
-            turn_digest: TurnDigest::parse(&r.turn_digest)
-                .map_err(|_| unreadable("runs.turn_digest"))?,
-            pending_tools: r.pending_tools,
-            approval_deadline: r.approval_deadline,
-            waiting_since: r.updated_at,
+        return Ok(InboxPage {
+            runs: Vec::new(),
+            next: None,
         });
     }
-    let next = if entries.len() > limit as usize {
-        entries.truncate(limit as usize);
-        entries.last().map(|e| Cursor {
-            deadline: e.approval_deadline,
-            run_id: e.run_id.as_uuid(),
-        })
-    } else {
-        None
-    };
-    Ok((entries, next))
+    store
+        .inbox(&access.user, &access.approves, limit, after)
+        .await
+        .map_err(|e| unavailable("inbox", e.code(), &e))
 }
 
 /// What [`visible_run`] can answer.
@@ -215,13 +141,13 @@ mod tests {
 
     #[test]
     fn a_cursor_reads_back_as_it_was_written_and_garbage_reads_as_none() {
-        let cursor = Cursor {
+        let cursor = InboxCursor {
             deadline: DateTime::from_timestamp_micros(1_790_000_000_123_456).unwrap(),
             run_id: Uuid::now_v7(),
         };
-        assert_eq!(Cursor::decode(&cursor.encode()), Some(cursor));
+        assert_eq!(decode_cursor(&encode_cursor(&cursor)), Some(cursor));
         for bad in ["", "x", "bm90IGEgY3Vyc29y", "MTIzfG5vdC1hLXV1aWQ"] {
-            assert_eq!(Cursor::decode(bad), None, "{bad}");
+            assert_eq!(decode_cursor(bad), None, "{bad}");
         }
     }
 }

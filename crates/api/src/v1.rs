@@ -19,8 +19,8 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use countersign_coordinator::{DecisionCode, RequestOutcome};
 use countersign_core::card::{ApprovalCard, CardPreview};
-use countersign_core::{DecisionMessage, RunId, RunRequest};
-use countersign_store::{RunRecord, RunStatus};
+use countersign_core::{DecisionMessage, MessageError, RunId, RunRequest, MESSAGE_VERSION};
+use countersign_store::{DecisionOutcome, RunRecord, RunStatus, WaitingRun};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -31,7 +31,9 @@ use crate::auth::{Caller, CALLER_PROBLEMS};
 use crate::cards::{card_for, CARD_PROBLEMS};
 use crate::limits::{read_body, BODY_PROBLEMS};
 use crate::problem::{route_problems, unavailable, Problem, ProblemCode, EVERY_REQUEST};
-use crate::queries::{inbox_page, visible_run, Access, Cursor, InboxEntry, VISIBLE_RUN_PROBLEMS};
+use crate::queries::{
+    decode_cursor, encode_cursor, inbox_page, visible_run, Access, VISIBLE_RUN_PROBLEMS,
+};
 use crate::{effects, AppState};
 
 /// The header a client may send instead of an id in the body.
@@ -208,8 +210,8 @@ pub struct InboxRun {
     pub card: String,
 }
 
-impl From<InboxEntry> for InboxRun {
-    fn from(e: InboxEntry) -> InboxRun {
+impl From<WaitingRun> for InboxRun {
+    fn from(e: WaitingRun) -> InboxRun {
         InboxRun {
             card: format!("/v1/runs/{}/card", e.run_id),
             run_id: e.run_id.as_uuid(),
@@ -411,20 +413,29 @@ fn request_key(
     Ok(uuid::Builder::from_custom_bytes(bytes).into_uuid())
 }
 
-/// The reason gate 1 gives `message` (a body that did not fit the typed schema): the same
-/// code a queue producer would be dead-lettered with.
-fn gate_one_reason(message: &Value, parse: fn(&[u8]) -> Option<String>) -> Problem {
-    let bytes = serde_json::to_vec(message).unwrap_or_default();
-    Problem::malformed(parse(&bytes).unwrap_or_else(|| "invalid_body".to_owned()))
+/// The refusal of gate 1 for a body that did not fit the typed schema: the same reason a queue
+/// producer's message would be dead-lettered with.
+fn gate_one_reason<M>(parsed: Result<M, MessageError>) -> Problem {
+    Problem::malformed(
+        parsed
+            .err()
+            .map_or_else(|| "invalid_body".to_owned(), |e| e.reason()),
+    )
 }
 
-/// `Value`s of the body's known fields, for gate 1 to judge.
-fn copied(body: &Map<String, Value>, fields: &[&str], into: &mut Map<String, Value>) {
-    for field in fields {
-        if let Some(value) = body.get(*field) {
-            into.insert((*field).to_owned(), value.clone());
-        }
-    }
+/// The body's known `fields`, for gate 1 to judge.
+fn copied(body: &Value, fields: &[&str]) -> Map<String, Value> {
+    fields
+        .iter()
+        .filter_map(|f| Some(((*f).to_owned(), body.get(*f)?.clone())))
+        .collect()
+}
+
+/// `fields` as a version-1 message of type `kind`.
+fn typed_message(mut fields: Map<String, Value>, kind: &str) -> Value {
+    fields.insert("type".into(), json!(kind));
+    fields.insert("version".into(), json!(MESSAGE_VERSION));
+    Value::Object(fields)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -534,35 +545,31 @@ pub async fn create_run(
         &caller.producer,
         "run",
     )?;
+    // The run request a queue producer would send: the body's fields, the caller's own user
+    // when it names none, the id the request is deduplicated by.
     let message = match typed {
-        Ok(new) => RunRequest {
-            request_id,
-            agent: new.agent,
-            acting_user: new.acting_user.unwrap_or_else(|| caller.user.clone()),
-            prompt: new.prompt,
-            inputs: new.inputs,
-        }
-        .to_json(),
+        Ok(new) => RunRequest::from_json(
+            RunRequest {
+                request_id,
+                agent: new.agent,
+                acting_user: new.acting_user.unwrap_or_else(|| caller.user.clone()),
+                prompt: new.prompt,
+                inputs: new.inputs,
+            }
+            .to_json(),
+        ),
         Err(_) => {
-            let mut message = Map::new();
-            copied(
-                &body,
-                &["request_id", "agent", "acting_user", "prompt", "inputs"],
-                &mut message,
-            );
-            message.insert("type".into(), json!(RunRequest::TYPE));
-            message.insert("version".into(), json!(1));
-            message.entry("request_id").or_insert(json!(request_id));
-            message.entry("acting_user").or_insert(json!(caller.user));
-            return Err(gate_one_reason(&Value::Object(message), |b| {
-                RunRequest::parse(b).err().map(|e| e.reason())
-            }));
+            let known = ["request_id", "agent", "acting_user", "prompt", "inputs"];
+            let mut fields = copied(&Value::Object(body), &known);
+            fields.entry("request_id").or_insert(json!(request_id));
+            fields.entry("acting_user").or_insert(json!(caller.user));
+            let message = RunRequest::from_json(typed_message(fields, RunRequest::TYPE));
+            return Err(gate_one_reason(message));
         }
     };
-    let bytes = serde_json::to_vec(&message).unwrap_or_default();
     let verdict = state
         .coordinator
-        .take_run_request(&bytes, Some(&caller.producer))
+        .take_run_request_message(message, Some(&caller.producer))
         .await
         .map_err(|e| unavailable("run request gates", e.code(), &e))?;
     effects::after_run_request(&state, &verdict).await;
@@ -587,7 +594,9 @@ pub async fn create_run(
             }
             Ok(response)
         }
-        (RequestOutcome::Malformed { reason }, _) => Err(Problem::malformed(reason.clone())),
+        (RequestOutcome::Malformed, _) => Err(Problem::malformed(
+            verdict.dead_letter_reason().unwrap_or_default(),
+        )),
         (outcome, _) => Err(Problem::new(
             ProblemCode::of_request(outcome).unwrap_or(ProblemCode::Unavailable),
         )),
@@ -674,18 +683,17 @@ pub async fn inbox(
     let Query(query) = query.map_err(|_| Problem::new(ProblemCode::InvalidQuery))?;
     let cursor = match query.cursor.as_deref() {
         None => None,
-        Some(c) => Some(Cursor::decode(c).ok_or(Problem::new(ProblemCode::InvalidQuery))?),
+        Some(c) => Some(decode_cursor(c).ok_or(Problem::new(ProblemCode::InvalidQuery))?),
     };
     let limit = query.limit.unwrap_or(20);
     if !(1..=100).contains(&limit) {
         return Err(Problem::new(ProblemCode::InvalidQuery));
     }
-    let pool = state.coordinator.store.pool();
     let access = Access::of(state.coordinator.users.as_ref(), &caller).await?;
-    let (entries, next) = inbox_page(pool, &access, limit, cursor).await?;
+    let page = inbox_page(&state.coordinator.store, &access, limit, cursor).await?;
     Ok(Json(InboxPage {
-        runs: entries.into_iter().map(InboxRun::from).collect(),
-        next_cursor: next.map(|c| c.encode()),
+        runs: page.runs.into_iter().map(InboxRun::from).collect(),
+        next_cursor: page.next.as_ref().map(encode_cursor),
     }))
 }
 
@@ -746,43 +754,36 @@ pub async fn decide(
         &caller.producer,
         "decision",
     )?;
-    let message = match typed {
-        Ok(d) => json!({
-            "type": DecisionMessage::TYPE,
-            "version": 1,
-            "decision_id": decision_id,
-            "run_id": run_id,
-            "suspension_seq": d.suspension_seq,
-            "turn_digest": d.turn_digest,
-            "approved": d.approved,
-            "approver": caller.user,
-            "comment": d.comment,
-        }),
-        Err(_) => {
-            let mut message = Map::new();
-            copied(
-                &body,
-                &[
-                    "decision_id",
-                    "suspension_seq",
-                    "turn_digest",
-                    "approved",
-                    "comment",
-                ],
-                &mut message,
-            );
-            message.insert("type".into(), json!(DecisionMessage::TYPE));
-            message.insert("version".into(), json!(1));
-            message.insert("run_id".into(), json!(run_id));
-            message.insert("approver".into(), json!(caller.user));
-            message.entry("decision_id").or_insert(json!(decision_id));
-            return Err(gate_one_reason(&Value::Object(message), |b| {
-                DecisionMessage::parse(b).err().map(|e| e.reason())
-            })
-            .with_run(run_id.as_uuid()));
-        }
+    // The decision a queue producer would send: the card the caller decided on, the run of the
+    // path, the caller as approver.
+    let known = [
+        "decision_id",
+        "suspension_seq",
+        "turn_digest",
+        "approved",
+        "comment",
+    ];
+    let mut fields = match &typed {
+        Ok(d) => copied(
+            &json!({
+                "decision_id": decision_id,
+                "suspension_seq": d.suspension_seq,
+                "turn_digest": d.turn_digest,
+                "approved": d.approved,
+                "comment": d.comment,
+            }),
+            &known,
+        ),
+        Err(_) => copied(&Value::Object(body), &known),
     };
-    let outcome = take_decision(&state, &caller, &message).await?;
+    fields.entry("decision_id").or_insert(json!(decision_id));
+    fields.insert("run_id".into(), json!(run_id));
+    fields.insert("approver".into(), json!(caller.user));
+    let message = DecisionMessage::from_json(typed_message(fields, DecisionMessage::TYPE));
+    if typed.is_err() {
+        return Err(gate_one_reason(message).with_run(run_id.as_uuid()));
+    }
+    let outcome = take_decision(&state, &caller, message).await?;
     Ok(match outcome {
         Ok(accepted) => (StatusCode::ACCEPTED, Json(accepted)).into_response(),
         Err(problem) => problem.into_response(),
@@ -794,32 +795,31 @@ pub async fn decide(
 pub(crate) async fn take_decision(
     state: &AppState,
     caller: &Caller,
-    message: &Value,
+    message: Result<DecisionMessage, MessageError>,
 ) -> Result<Result<DecisionAccepted, Problem>, Problem> {
-    let bytes = serde_json::to_vec(message).unwrap_or_default();
     let verdict = state
         .coordinator
-        .take_decision(&bytes, Some(&caller.producer))
+        .take_decision_message(message, Some(&caller.producer))
         .await
         .map_err(|e| unavailable("decision gates", e.code(), &e))?;
     effects::after_decision(state, &verdict).await;
     let (Some(decision_id), Some(run_id)) = (verdict.decision_id, verdict.run_id) else {
-        return Ok(Err(match &verdict.outcome {
-            DecisionCode::Malformed { reason } => Problem::malformed(reason.clone()),
+        return Ok(Err(match (verdict.outcome, verdict.dead_letter_reason()) {
+            (DecisionCode::Malformed, Some(reason)) => Problem::malformed(reason),
             _ => Problem::new(ProblemCode::Unavailable),
         }));
     };
     Ok(match ProblemCode::of_decision(&verdict.outcome) {
         None => Ok(DecisionAccepted {
-            outcome: "accepted",
+            outcome: DecisionOutcome::Accepted.as_str(),
             decision_id,
             run_id: run_id.as_uuid(),
             replayed: verdict.replayed,
         }),
         Some(code) => {
-            let mut problem = match &verdict.outcome {
-                DecisionCode::Malformed { reason } => Problem::malformed(reason.clone()),
-                _ => Problem::new(code),
+            let mut problem = match verdict.dead_letter_reason() {
+                Some(reason) => Problem::malformed(reason),
+                None => Problem::new(code),
             };
             problem.run_id = Some(run_id.as_uuid());
             problem.decision_id = Some(decision_id);

@@ -18,8 +18,8 @@ use anyhow::{bail, Context};
 use countersign_coordinator::{producers, ProducerKind};
 use countersign_core::card::{build_card, ApprovalCard};
 use countersign_core::{
-    DecisionMessage, Principal, RunId, RunRequest, SuspendedRunState, SuspensionSeq, ToolPolicy,
-    ToolRegistry, TurnDigest, UserDirectory,
+    Approves, DecisionMessage, EventName, Principal, RunId, RunRequest, SuspendedRunState,
+    SuspensionSeq, ToolPolicy, ToolRegistry, TurnDigest, UserDirectory,
 };
 use countersign_crypto::Keyring;
 use countersign_queue::{Broker, MessageProperties, QueueConfig, Topology};
@@ -329,7 +329,9 @@ pub async fn submit(
     )
     .await?;
     match reply.get("run_id").and_then(Value::as_str) {
-        Some(run_id) if reply["event"] == "run.accepted" => println!("run {run_id} accepted"),
+        Some(run_id) if reply["event"] == EventName::RunAccepted.as_str() => {
+            println!("run {run_id} accepted")
+        }
         _ => bail!(
             "run request refused: {}",
             reply["outcome"].as_str().unwrap_or("unknown")
@@ -466,7 +468,10 @@ pub async fn inbox(
     save: Option<&Path>,
 ) -> anyhow::Result<()> {
     let viewer: Option<Principal> = users.principal(viewer_name).await?;
-    let waiting = store.inbox(100).await?;
+    let waiting = store
+        .inbox(viewer_name, &Approves::Every, 100, None)
+        .await?
+        .runs;
     if waiting.is_empty() {
         println!("no run is waiting for approval");
     }
@@ -563,14 +568,14 @@ pub async fn decide(
     )
     .await?;
     let outcome = reply["outcome"].as_str().unwrap_or("unknown");
-    if reply["event"] == "decision.accepted" {
+    if reply["event"] == EventName::DecisionAccepted.as_str() {
         println!(
             "decision accepted: run {} suspension {} released",
             reviewed.run_id, reviewed.suspension_seq
         );
         return Ok(());
     }
-    let why = match DecisionOutcome::parse(outcome) {
+    let why = match outcome.parse().ok() {
         Some(DecisionOutcome::StaleTurn) => format!(
             " — run {} no longer shows the card decided on (suspension {}, turn {}); \
              nothing changed: look at the run again and decide on the card it shows now",

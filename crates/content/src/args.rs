@@ -20,8 +20,9 @@
 
 use std::borrow::Cow;
 
+use countersign_core::fields::field_names;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
-use serde::de::{self, DeserializeOwned, Deserializer, Visitor};
+use serde::de::{self, DeserializeOwned, Deserializer};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -92,42 +93,6 @@ pub(crate) fn parse<A: Arguments>(value: &Value) -> ArgResult<A> {
     })?;
     args.check()?;
     Ok(args)
-}
-
-/// The names of `A`'s fields as serde reads them, in declaration order: the arguments a call
-/// may name, listed in that order when it names another.
-fn field_names<A: Arguments>() -> &'static [&'static str] {
-    let mut names: &'static [&'static str] = &[];
-    // The deserializer only records the names and then refuses; the refusal is expected.
-    let _ = A::deserialize(FieldNames(&mut names));
-    names
-}
-
-/// A deserializer that answers a struct's request with nothing but notes its field names.
-struct FieldNames<'a>(&'a mut &'static [&'static str]);
-
-impl<'de> Deserializer<'de> for FieldNames<'_> {
-    type Error = de::value::Error;
-
-    fn deserialize_any<V: Visitor<'de>>(self, _visitor: V) -> Result<V::Value, Self::Error> {
-        Err(de::Error::custom("tool arguments are a struct"))
-    }
-
-    fn deserialize_struct<V: Visitor<'de>>(
-        self,
-        _name: &'static str,
-        fields: &'static [&'static str],
-        _visitor: V,
-    ) -> Result<V::Value, Self::Error> {
-        *self.0 = fields;
-        Err(de::Error::custom("only the field names were asked for"))
-    }
-
-    serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
-        option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier
-        ignored_any
-    }
 }
 
 /// An integer-valued JSON number (`12` or `12.0`, as JSON Schema's `integer` has it) that fits

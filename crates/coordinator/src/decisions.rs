@@ -17,7 +17,7 @@
 //! `not_awaiting_approval`. Refusals are recorded too (a row and an audit event, never a change
 //! to the run), so a replay returns the same refusal.
 
-use countersign_core::{Approver, DecisionMessage};
+use countersign_core::{Approver, DecisionMessage, MessageError};
 use countersign_store::{
     DecidedRun, DecisionOutcome, DecisionRecord, NewDecision, Replay, RunStatus, StoredAgent,
 };
@@ -54,11 +54,11 @@ impl Coordinator {
     /// [`StoreError::is_transient`]: countersign_store::StoreError::is_transient
     pub(crate) async fn gate_decision(
         &self,
-        body: &[u8],
+        message: Result<DecisionMessage, MessageError>,
         producer: Option<&str>,
     ) -> Result<DecisionVerdict, CoordinatorError> {
         // 1. Schema.
-        let decision = match DecisionMessage::parse(body) {
+        let decision = match message {
             Ok(decision) => decision,
             Err(e) => {
                 tracing::warn!(reason = %e.reason(), "malformed decision");
@@ -197,13 +197,7 @@ impl Coordinator {
         in_trail: bool,
     ) -> Result<DecisionVerdict, CoordinatorError> {
         let new = NewDecision {
-            decision_id: d.decision_id,
-            run_id: d.run_id,
-            suspension_seq: d.suspension_seq,
-            turn_digest: d.turn_digest.clone(),
-            approved: d.approved,
-            approver: d.approver.clone(),
-            comment: d.comment.clone(),
+            message: d.clone(),
             outcome,
             in_trail,
         };
@@ -217,11 +211,7 @@ impl Coordinator {
                 // The commit itself may have failed after the database applied it: ask before
                 // saying nothing happened. If even the question cannot be answered, nobody
                 // knows; the redelivery's replay gate will.
-                match self
-                    .store
-                    .recorded_decision(d.decision_id, d.into())
-                    .await?
-                {
+                match self.store.recorded_decision(d).await? {
                     Some(Replay::Same(recorded)) => DecisionRecord::Recorded(recorded),
                     Some(Replay::Conflict) => DecisionRecord::Conflict,
                     // A lost connection, a serialization failure, a deadlock or a restarting

@@ -42,10 +42,7 @@ use countersign_core::{DirectoryError, ToolRegistry, UserDirectory};
 use countersign_store::{Store, StoreError};
 
 pub use producers::{ProducerError, ProducerGrant, ProducerKind};
-pub use verdict::{
-    DecisionCode, DecisionVerdict, Dispatch, RequestOutcome, RequestVerdict, DECISION_ACCEPTED,
-    DECISION_REFUSED, RUN_ACCEPTED, RUN_REFUSED,
-};
+pub use verdict::{DecisionCode, DecisionVerdict, Dispatch, RequestOutcome, RequestVerdict};
 
 /// Re-exported so that a caller can name the segment of a [`Dispatch`] and the gated outcomes.
 pub use countersign_store::{DecisionOutcome, Segment};

@@ -13,6 +13,7 @@
 use std::fmt;
 
 use chrono::{DateTime, Utc};
+use countersign_core::TerminationReason;
 use sqlx::PgPool;
 
 /// The grant name that covers every user of its kind.
@@ -78,7 +79,7 @@ impl ProducerError {
     pub fn code(&self) -> &'static str {
         match self {
             ProducerError::InvalidName(_) => "invalid_name",
-            ProducerError::Unreadable => "state_unreadable",
+            ProducerError::Unreadable => TerminationReason::StateUnreadable.as_str(),
             ProducerError::Database(_) => "database_error",
         }
     }

@@ -4,8 +4,8 @@
 //! here too, because a producer that may put any `acting_user` into a request could run agents
 //! as an administrator — every tool checks its permissions against that user.
 
-use countersign_core::RunRequest;
-use countersign_store::{NewRun, StoreError};
+use countersign_core::{MessageError, RunRequest};
+use countersign_store::StoreError;
 
 use crate::producers::ProducerKind;
 use crate::{Coordinator, CoordinatorError, RequestOutcome, RequestVerdict};
@@ -30,10 +30,10 @@ impl Coordinator {
     /// arriving after its configuration was deactivated is refused although its run exists.
     pub(crate) async fn gate_run_request(
         &self,
-        body: &[u8],
+        message: Result<RunRequest, MessageError>,
         producer: Option<&str>,
     ) -> Result<RequestVerdict, CoordinatorError> {
-        let request = match RunRequest::parse(body) {
+        let request = match message {
             Ok(request) => request,
             Err(e) => {
                 tracing::warn!(reason = %e.reason(), "malformed run request");
@@ -77,17 +77,10 @@ impl Coordinator {
 
         // Gate 2 passed, so `producer` is present.
         let producer = producer.unwrap_or_default();
-        let new = NewRun {
-            request_id: request.request_id,
-            agent: request.agent,
-            acting_user: request.acting_user,
-            prompt: request.prompt,
-            inputs: request.inputs,
-        };
         let traceparent = crate::spans::current_traceparent();
         let run = match self
             .store
-            .create_run_for(producer, &new, traceparent.as_deref())
+            .create_run_for(producer, &request, traceparent.as_deref())
             .await
         {
             Ok(run) => run,

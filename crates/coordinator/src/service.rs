@@ -30,7 +30,7 @@ use serde_json::Value;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::{Coordinator, Dispatch};
+use crate::{Coordinator, DecisionCode, DecisionVerdict, Dispatch, RequestOutcome, RequestVerdict};
 
 /// Deliveries each consumer may hold unacknowledged.
 const PREFETCH: u16 = 8;
@@ -131,12 +131,56 @@ struct Effects {
     approval_wait: Option<f64>,
 }
 
+impl From<RequestVerdict> for Effects {
+    fn from(v: RequestVerdict) -> Effects {
+        let unauthenticated = v.outcome == RequestOutcome::UnauthenticatedProducer;
+        Effects {
+            run_id: v.run_id,
+            counter: "countersign_run_requests_total",
+            outcome: v.outcome.code(),
+            dead_letter: dead_letter_reason(
+                v.dead_letter_reason(),
+                unauthenticated,
+                v.outcome.code(),
+            ),
+            dispatch: v.dispatch,
+            unannounced: None,
+            reply: v.reply,
+            approval_wait: None,
+        }
+    }
+}
+
+impl From<DecisionVerdict> for Effects {
+    fn from(v: DecisionVerdict) -> Effects {
+        let unauthenticated = v.outcome == DecisionCode::UnauthenticatedProducer;
+        Effects {
+            run_id: v.run_id,
+            counter: "countersign_decisions_total",
+            outcome: v.outcome.code(),
+            dead_letter: dead_letter_reason(
+                v.dead_letter_reason(),
+                unauthenticated,
+                v.outcome.code(),
+            ),
+            approval_wait: v.approval_wait,
+            dispatch: v.dispatch,
+            unannounced: v.run_id.zip(v.unannounced().cloned()),
+            reply: v.reply,
+        }
+    }
+}
+
 /// Malformed messages carry their parse reason; a message from a producer that may not
 /// assert the identity it names is kept too, for the operator to see who sent it.
-fn dead_letter_reason(malformed: Option<&str>, outcome: &'static str) -> Option<String> {
+fn dead_letter_reason(
+    malformed: Option<&str>,
+    unauthenticated: bool,
+    outcome: &'static str,
+) -> Option<String> {
     malformed
         .map(str::to_owned)
-        .or_else(|| (outcome == "unauthenticated_producer").then(|| outcome.to_owned()))
+        .or_else(|| unauthenticated.then(|| outcome.to_owned()))
 }
 
 /// How long a consumer holds a message it could not gate while it waits for the store.
@@ -190,29 +234,11 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
         Inbox::RunRequests => coordinator
             .take_run_request(&delivery.body, producer)
             .await
-            .map(|v| Effects {
-                run_id: v.run_id,
-                counter: "countersign_run_requests_total",
-                outcome: v.outcome.code(),
-                dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
-                dispatch: v.dispatch,
-                unannounced: None,
-                reply: v.reply,
-                approval_wait: None,
-            }),
+            .map(Effects::from),
         Inbox::Decisions => coordinator
             .take_decision(&delivery.body, producer)
             .await
-            .map(|v| Effects {
-                run_id: v.run_id,
-                counter: "countersign_decisions_total",
-                outcome: v.outcome.code(),
-                dead_letter: dead_letter_reason(v.dead_letter_reason(), v.outcome.code()),
-                approval_wait: v.approval_wait,
-                dispatch: v.dispatch,
-                unannounced: v.run_id.zip(v.unannounced().cloned()),
-                reply: v.reply,
-            }),
+            .map(Effects::from),
     };
     let effects = match effects {
         Ok(effects) => effects,
@@ -251,7 +277,7 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
     if let Some((run_id, event)) = &effects.unannounced {
         // Nothing recorded this outcome, so nothing announced it: the outbox gets it now.
         if let Err(e) = coordinator.store.announce(Some(*run_id), event).await {
-            tracing::warn!(run.id = %run_id, event = event.name, code = e.code(), error = %e, "event not announced");
+            tracing::warn!(run.id = %run_id, event = event.name.as_str(), code = e.code(), error = %e, "event not announced");
         }
     }
     // Only an authenticated producer is answered: `reply_to` names any queue, and the reply is
@@ -282,11 +308,11 @@ pub const EXPIRING_WITHIN: Duration = Duration::from_secs(3600);
 /// Registers, at zero, the series of the gates, whichever door runs them: every outcome of a
 /// run request and of a decision, and the approval wait.
 pub fn register_gate_metrics() {
-    for outcome in crate::RequestOutcome::CODES {
-        let _ = metrics::counter!("countersign_run_requests_total", "outcome" => outcome);
+    for outcome in <crate::RequestOutcome as strum::VariantArray>::VARIANTS {
+        let _ = metrics::counter!("countersign_run_requests_total", "outcome" => outcome.code());
     }
-    for outcome in crate::DecisionCode::codes() {
-        let _ = metrics::counter!("countersign_decisions_total", "outcome" => outcome);
+    for outcome in crate::DecisionCode::all() {
+        let _ = metrics::counter!("countersign_decisions_total", "outcome" => outcome.code());
     }
     let _ = metrics::histogram!("countersign_approval_wait_seconds");
 }

@@ -9,7 +9,7 @@
 //! carries a prompt, an argument or a comment. Without a tracer installed nothing is kept and
 //! no statement is spent on the link.
 
-use countersign_core::RunId;
+use countersign_core::{DecisionMessage, MessageError, RunId, RunRequest};
 use countersign_queue::trace_context;
 use countersign_store::Store;
 use opentelemetry::trace::TraceContextExt;
@@ -27,6 +27,17 @@ impl Coordinator {
         body: &[u8],
         producer: Option<&str>,
     ) -> Result<RequestVerdict, CoordinatorError> {
+        self.take_run_request_message(RunRequest::parse(body), producer)
+            .await
+    }
+
+    /// [`Coordinator::take_run_request`] of a body already read: `message` is what gate 1 made
+    /// of it.
+    pub async fn take_run_request_message(
+        &self,
+        message: Result<RunRequest, MessageError>,
+        producer: Option<&str>,
+    ) -> Result<RequestVerdict, CoordinatorError> {
         let span = tracing::info_span!(
             "run_request_gates",
             run.id = Empty,
@@ -34,7 +45,7 @@ impl Coordinator {
             outcome = Empty
         );
         let verdict = self
-            .gate_run_request(body, producer)
+            .gate_run_request(message, producer)
             .instrument(span.clone())
             .await;
         if let Ok(v) = &verdict {
@@ -51,6 +62,17 @@ impl Coordinator {
         body: &[u8],
         producer: Option<&str>,
     ) -> Result<DecisionVerdict, CoordinatorError> {
+        self.take_decision_message(DecisionMessage::parse(body), producer)
+            .await
+    }
+
+    /// [`Coordinator::take_decision`] of a body already read: `message` is what gate 1 made of
+    /// it.
+    pub async fn take_decision_message(
+        &self,
+        message: Result<DecisionMessage, MessageError>,
+        producer: Option<&str>,
+    ) -> Result<DecisionVerdict, CoordinatorError> {
         let span = tracing::info_span!(
             "decision_gates",
             run.id = Empty,
@@ -58,7 +80,7 @@ impl Coordinator {
             outcome = Empty
         );
         let verdict = self
-            .gate_decision(body, producer)
+            .gate_decision(message, producer)
             .instrument(span.clone())
             .await;
         if let Ok(v) = &verdict {

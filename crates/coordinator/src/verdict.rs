@@ -21,19 +21,12 @@
 //! unauthenticated producer can neither put a refusal for someone else's decision id on the bus
 //! nor make the coordinator publish to a queue of its choosing through `reply_to`.
 
-use countersign_core::{Event, RunId};
+use countersign_core::{Event, EventName, RunId};
 use countersign_store::outbox::{decision_event, run_accepted};
 use countersign_store::{DecisionOutcome, Segment};
 use serde_json::json;
+use strum::VariantArray;
 use uuid::Uuid;
-
-/// `run.accepted`: a run was created for a request (or the request was a duplicate of one
-/// that was); `decision.accepted`: a decision released its turn (an approval or a denial);
-/// `decision.refused`: a decision was refused and the run is unchanged. The store announces
-/// them with the records they describe.
-pub use countersign_store::outbox::{DECISION_ACCEPTED, DECISION_REFUSED, RUN_ACCEPTED};
-/// A run request was refused; nothing was created. Carries `request_id` and `outcome`.
-pub const RUN_REFUSED: &str = "run.refused";
 
 /// A segment wake-up to publish on `countersign.segments`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,13 +36,15 @@ pub struct Dispatch {
 }
 
 /// What became of a run request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, VariantArray)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum RequestOutcome {
     /// A run exists for the request (created now, or by an earlier copy of it).
     Accepted,
-    /// The body is not a version-1 run request; `reason` is the dead-letter reason.
-    Malformed { reason: String },
+    /// The body is not a version-1 run request; the verdict's `reason` is the dead-letter
+    /// reason.
+    Malformed,
     /// No authenticated producer, or one not allowed to assert this acting user.
     UnauthenticatedProducer,
     /// The acting user does not exist in the content store (or is disabled).
@@ -62,25 +57,8 @@ pub enum RequestOutcome {
 }
 
 impl RequestOutcome {
-    /// Every outcome's code, for whoever must know them all (a metric's label values).
-    pub const CODES: [&'static str; 6] = [
-        "accepted",
-        "malformed",
-        "unauthenticated_producer",
-        "unknown_acting_user",
-        "configuration_gone",
-        "idempotency_conflict",
-    ];
-
     pub fn code(&self) -> &'static str {
-        match self {
-            RequestOutcome::Accepted => "accepted",
-            RequestOutcome::Malformed { .. } => "malformed",
-            RequestOutcome::UnauthenticatedProducer => "unauthenticated_producer",
-            RequestOutcome::UnknownActingUser => "unknown_acting_user",
-            RequestOutcome::ConfigurationGone => "configuration_gone",
-            RequestOutcome::IdempotencyConflict => "idempotency_conflict",
-        }
+        self.into()
     }
 }
 
@@ -88,6 +66,8 @@ impl RequestOutcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestVerdict {
     pub outcome: RequestOutcome,
+    /// Why the body is `malformed`: the reason it is dead-lettered with.
+    pub reason: Option<String>,
     /// `None` only when the body was malformed.
     pub request_id: Option<Uuid>,
     /// The run created for the request, now or before.
@@ -108,10 +88,7 @@ pub struct RequestVerdict {
 impl RequestVerdict {
     /// The reason to dead-letter the message with, when it must be dead-lettered.
     pub fn dead_letter_reason(&self) -> Option<&str> {
-        match &self.outcome {
-            RequestOutcome::Malformed { reason } => Some(reason),
-            _ => None,
-        }
+        self.reason.as_deref()
     }
 
     /// The reply as a UTF-8 JSON body, stamped with `at` (RFC 3339), if there is one.
@@ -122,7 +99,8 @@ impl RequestVerdict {
     pub(crate) fn malformed(reason: String) -> Self {
         RequestVerdict {
             reply: None,
-            outcome: RequestOutcome::Malformed { reason },
+            outcome: RequestOutcome::Malformed,
+            reason: Some(reason),
             request_id: None,
             run_id: None,
             created: false,
@@ -133,13 +111,14 @@ impl RequestVerdict {
 
     pub(crate) fn refused(request_id: Uuid, outcome: RequestOutcome) -> Self {
         let event = Event::new(
-            RUN_REFUSED,
+            EventName::RunRefused,
             json!({"request_id": request_id, "outcome": outcome.code()}),
         );
         let authenticated = !matches!(outcome, RequestOutcome::UnauthenticatedProducer);
         let event = authenticated.then_some(event);
         RequestVerdict {
             outcome,
+            reason: None,
             request_id: Some(request_id),
             run_id: None,
             created: false,
@@ -153,6 +132,7 @@ impl RequestVerdict {
         let event = run_accepted(request_id, run_id);
         RequestVerdict {
             outcome: RequestOutcome::Accepted,
+            reason: None,
             request_id: Some(request_id),
             run_id: Some(run_id),
             created,
@@ -168,34 +148,39 @@ impl RequestVerdict {
 
 /// What became of a decision: the two outcomes decided before anything is recorded, or the
 /// outcome the gates decided (recorded, except `not_auditable`).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum DecisionCode {
-    /// Gate 1: not a version-1 decision; `reason` is the dead-letter reason. Not recorded.
-    Malformed { reason: String },
+    /// Gate 1: not a version-1 decision; the verdict's `reason` is the dead-letter reason.
+    /// Not recorded.
+    Malformed,
     /// Gate 2: no authenticated producer, or one not allowed to assert this approver. Not
     /// recorded, or an unauthenticated producer could burn a decision id.
     UnauthenticatedProducer,
     /// Gates 3–10.
+    #[strum(transparent)]
     Gated(DecisionOutcome),
 }
 
 impl DecisionCode {
-    /// Every outcome's code: the two decided before anything is recorded, then the gated ones.
-    pub fn codes() -> impl Iterator<Item = &'static str> {
-        ["malformed", "unauthenticated_producer"].into_iter().chain(
-            DecisionOutcome::ALL
-                .into_iter()
-                .map(DecisionOutcome::as_str),
+    /// Every outcome: the two decided before anything is recorded, then the gated ones.
+    pub fn all() -> impl Iterator<Item = DecisionCode> {
+        [
+            DecisionCode::Malformed,
+            DecisionCode::UnauthenticatedProducer,
+        ]
+        .into_iter()
+        .chain(
+            DecisionOutcome::VARIANTS
+                .iter()
+                .copied()
+                .map(DecisionCode::Gated),
         )
     }
 
     pub fn code(&self) -> &'static str {
-        match self {
-            DecisionCode::Malformed { .. } => "malformed",
-            DecisionCode::UnauthenticatedProducer => "unauthenticated_producer",
-            DecisionCode::Gated(outcome) => outcome.as_str(),
-        }
+        self.into()
     }
 }
 
@@ -203,6 +188,8 @@ impl DecisionCode {
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecisionVerdict {
     pub outcome: DecisionCode,
+    /// Why the body is `malformed`: the reason it is dead-lettered with.
+    pub reason: Option<String>,
     /// `None` only when the body was malformed.
     pub decision_id: Option<Uuid>,
     /// The run the decision names; `None` only when the body was malformed.
@@ -227,10 +214,7 @@ pub struct DecisionVerdict {
 impl DecisionVerdict {
     /// The reason to dead-letter the message with, when it must be dead-lettered.
     pub fn dead_letter_reason(&self) -> Option<&str> {
-        match &self.outcome {
-            DecisionCode::Malformed { reason } => Some(reason),
-            _ => None,
-        }
+        self.reason.as_deref()
     }
 
     /// Whether the decision released its turn (now or, on a replay, before).
@@ -258,7 +242,8 @@ impl DecisionVerdict {
     pub(crate) fn malformed(reason: String) -> Self {
         DecisionVerdict {
             reply: None,
-            outcome: DecisionCode::Malformed { reason },
+            outcome: DecisionCode::Malformed,
+            reason: Some(reason),
             decision_id: None,
             run_id: None,
             replayed: false,
@@ -272,6 +257,7 @@ impl DecisionVerdict {
         DecisionVerdict {
             reply: None,
             outcome: DecisionCode::UnauthenticatedProducer,
+            reason: None,
             decision_id: Some(decision_id),
             run_id: Some(run_id),
             replayed: false,
@@ -291,6 +277,7 @@ impl DecisionVerdict {
         let event = decision_event(decision_id, run_id, outcome);
         DecisionVerdict {
             outcome: DecisionCode::Gated(outcome),
+            reason: None,
             decision_id: Some(decision_id),
             run_id: Some(run_id),
             replayed,
@@ -316,24 +303,19 @@ mod tests {
 
     #[test]
     fn every_outcome_code_is_listed_once() {
-        let requests = [
-            RequestOutcome::Accepted,
-            RequestOutcome::Malformed {
-                reason: String::new(),
-            },
-            RequestOutcome::UnauthenticatedProducer,
-            RequestOutcome::UnknownActingUser,
-            RequestOutcome::ConfigurationGone,
-            RequestOutcome::IdempotencyConflict,
-        ];
-        let codes: Vec<_> = requests.iter().map(RequestOutcome::code).collect();
-        assert_eq!(codes, RequestOutcome::CODES);
+        let codes: Vec<_> = RequestOutcome::VARIANTS
+            .iter()
+            .map(RequestOutcome::code)
+            .collect();
+        let unique: std::collections::BTreeSet<_> = codes.iter().collect();
+        assert_eq!(unique.len(), codes.len(), "{codes:?}");
+        assert!(codes.contains(&"idempotency_conflict"), "{codes:?}");
 
-        let decisions: Vec<_> = DecisionCode::codes().collect();
+        let decisions: Vec<_> = DecisionCode::all().map(|c| c.code()).collect();
         let unique: std::collections::BTreeSet<_> = decisions.iter().collect();
         assert_eq!(unique.len(), decisions.len(), "{decisions:?}");
-        for outcome in DecisionOutcome::ALL {
-            assert_eq!(DecisionOutcome::parse(outcome.as_str()), Some(outcome));
+        for &outcome in DecisionOutcome::VARIANTS {
+            assert_eq!(outcome.as_str().parse(), Ok(outcome));
             assert!(decisions.contains(&DecisionCode::Gated(outcome).code()));
         }
     }

@@ -89,6 +89,8 @@ impl Default for AgentConfig {
 /// Why a run ended, as stored in its one machine-readable column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::IntoStaticStr, strum::EnumString, strum::Display, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum TerminationReason {
     Completed,
     MaxIterations,
@@ -106,44 +108,8 @@ pub enum TerminationReason {
 }
 
 impl TerminationReason {
-    pub const ALL: [TerminationReason; 11] = [
-        TerminationReason::Completed,
-        TerminationReason::MaxIterations,
-        TerminationReason::ApprovalDenied,
-        TerminationReason::ApprovalExpired,
-        TerminationReason::ProviderFailed,
-        TerminationReason::StateUnreadable,
-        TerminationReason::RetriesExhausted,
-        TerminationReason::NotRetryable,
-        TerminationReason::SuspendFailed,
-        TerminationReason::Cancelled,
-        TerminationReason::OutcomeUnknown,
-    ];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            TerminationReason::Completed => "completed",
-            TerminationReason::MaxIterations => "max_iterations",
-            TerminationReason::ApprovalDenied => "approval_denied",
-            TerminationReason::ApprovalExpired => "approval_expired",
-            TerminationReason::ProviderFailed => "provider_failed",
-            TerminationReason::StateUnreadable => "state_unreadable",
-            TerminationReason::RetriesExhausted => "retries_exhausted",
-            TerminationReason::NotRetryable => "not_retryable",
-            TerminationReason::SuspendFailed => "suspend_failed",
-            TerminationReason::Cancelled => "cancelled",
-            TerminationReason::OutcomeUnknown => "outcome_unknown",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.as_str() == s)
-    }
-}
-
-impl fmt::Display for TerminationReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 
@@ -333,7 +299,26 @@ pub enum Outcome {
     },
     /// The segment stopped without settling: lease lost or the store unreachable. The row is
     /// left as it is for the reaper.
-    Interrupted { code: &'static str },
+    Interrupted(Interruption),
+}
+
+/// Why a segment stopped without settling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum Interruption {
+    /// The segment no longer holds its lease: its next owner takes the run over, so nothing
+    /// here may run it again.
+    LeaseLost,
+    /// A transient failure, by its stable code: the segment may run again.
+    #[strum(transparent)]
+    Unavailable(&'static str),
+}
+
+impl Interruption {
+    /// The stable code, for the log.
+    pub fn code(self) -> &'static str {
+        self.into()
+    }
 }
 
 /// Text the model receives for each call of a denied turn.
@@ -552,10 +537,11 @@ impl Cursor {
 async fn run_turns<H: SegmentHooks>(seg: Segment<'_, H>, mut cur: Cursor) -> Outcome {
     loop {
         if seg.hooks.lease_lost() {
-            return Outcome::Interrupted { code: "lease_lost" };
+            return Outcome::Interrupted(Interruption::LeaseLost);
         }
         if cur.iterations >= seg.agent.max_iterations {
-            return cur.failed(TerminationReason::MaxIterations, "max_iterations");
+            let reason = TerminationReason::MaxIterations;
+            return cur.failed(reason, reason.as_str());
         }
         let offered = seg.agent.offered(seg.registry, seg.acting_user);
         let calls = match next_turn(seg, &mut cur, &offered).await {
@@ -792,10 +778,10 @@ fn interrupted(e: HookError, iterations: u32, tokens: TokenUsage) -> Outcome {
         tokens,
     };
     match e {
-        HookError::LeaseLost => Outcome::Interrupted { code: "lease_lost" },
+        HookError::LeaseLost => Outcome::Interrupted(Interruption::LeaseLost),
         HookError::Unavailable { code, detail } => {
             tracing::warn!(code, detail, "segment interrupted");
-            Outcome::Interrupted { code }
+            Outcome::Interrupted(Interruption::Unavailable(code))
         }
         HookError::Broken { code, detail } => {
             tracing::error!(code, detail, "a persistent failure stopped a write");
@@ -803,11 +789,17 @@ fn interrupted(e: HookError, iterations: u32, tokens: TokenUsage) -> Outcome {
         }
         HookError::Unreadable { what } => {
             tracing::error!(what, "sealed run data unreadable");
-            failed(TerminationReason::StateUnreadable, "state_unreadable")
+            failed(
+                TerminationReason::StateUnreadable,
+                TerminationReason::StateUnreadable.as_str(),
+            )
         }
         HookError::OutcomeUnknown { index, code } => {
             tracing::error!(call.index = %index, code, "the outcome of a write sent outside the store is unknown");
-            failed(TerminationReason::OutcomeUnknown, "outcome_unknown")
+            failed(
+                TerminationReason::OutcomeUnknown,
+                TerminationReason::OutcomeUnknown.as_str(),
+            )
         }
     }
 }

@@ -8,7 +8,8 @@ use serde_json::Value;
 use uuid::Uuid;
 
 /// Why an identifier was rejected. Codes are stable; they may be stored or published.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(prefix = "invalid_", serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum IdError {
     #[error("run id is not a UUID version 7")]
@@ -26,13 +27,7 @@ pub enum IdError {
 impl IdError {
     /// The stable code of this error.
     pub fn code(&self) -> &'static str {
-        match self {
-            IdError::RunId => "invalid_run_id",
-            IdError::TurnDigest => "invalid_turn_digest",
-            IdError::SuspensionSeq => "invalid_suspension_seq",
-            IdError::LeaseEpoch => "invalid_lease_epoch",
-            IdError::CallIndex => "invalid_call_index",
-        }
+        self.into()
     }
 }
 

@@ -20,6 +20,7 @@ pub mod card;
 pub mod comparator;
 pub mod digest;
 pub mod directory;
+pub mod fields;
 pub mod ids;
 pub mod messages;
 pub mod model;
@@ -29,11 +30,12 @@ pub mod tool;
 pub mod turn;
 
 pub use agent_loop::{
-    AgentConfig, Decision, HookError, Outcome, Segment, SegmentHooks, TerminationReason,
+    AgentConfig, Decision, HookError, Interruption, Outcome, Segment, SegmentHooks,
+    TerminationReason,
 };
 pub use directory::{Approver, Approves, DirectoryError, UserDirectory};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
-pub use messages::{DecisionMessage, Event, MessageError, RunRequest};
+pub use messages::{DecisionMessage, Event, EventName, MessageError, RunRequest, MESSAGE_VERSION};
 pub use model::{
     Message, Model, ModelError, ModelOptions, ModelRequest, ModelResponse, Role, TokenUsage,
     ToolCall,

@@ -5,10 +5,18 @@
 //! field, a wrong `type` or an unsupported `version` is a [`MessageError`] whose
 //! [`MessageError::reason`] is the code a dead-lettered message carries. Events carry ids
 //! and outcome codes, never prompts, arguments or previews.
+//!
+//! Each message is one serde struct, its parser: a field's type refuses a bad value (a run id
+//! that is not a version-7 UUID, a digest that is not 64 lowercase hex characters, a padded
+//! name), and the refusal names the field.
 
+use serde::de::{DeserializeOwned, Deserializer, Error as _};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
+use strum::{EnumString, IntoStaticStr, VariantArray};
 use uuid::Uuid;
 
+use crate::fields::field_names;
 use crate::ids::{RunId, SuspensionSeq, TurnDigest};
 
 /// The message version this code reads and writes.
@@ -50,140 +58,187 @@ impl MessageError {
 }
 
 /// A request to run an agent, queue `countersign.run-requests`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunRequest {
     /// Chosen by the producer; a duplicate creates nothing.
+    #[serde(deserialize_with = "id")]
     pub request_id: Uuid,
+    #[serde(deserialize_with = "name")]
     pub agent: String,
+    #[serde(deserialize_with = "name")]
     pub acting_user: String,
+    #[serde(deserialize_with = "prompt")]
     pub prompt: String,
     /// Optional structured inputs (a JSON object), sealed at rest like the prompt. The model
     /// receives them with its first message; a scripted model substitutes them into its calls.
+    #[serde(default, deserialize_with = "inputs")]
     pub inputs: Option<Map<String, Value>>,
+}
+
+/// A message's type, and its parser and writer: the envelope, then the struct's fields.
+macro_rules! message {
+    ($message:ident, $type:literal) => {
+        impl $message {
+            pub const TYPE: &'static str = $type;
+
+            pub fn parse(body: &[u8]) -> Result<Self, MessageError> {
+                Self::from_json(serde_json::from_slice(body).unwrap_or(Value::Null))
+            }
+
+            /// The message a JSON document is, as [`Self::parse`] reads its body.
+            pub fn from_json(doc: Value) -> Result<Self, MessageError> {
+                parse(doc, Self::TYPE)
+            }
+
+            pub fn to_json(&self) -> Value {
+                message_json(self, Self::TYPE)
+            }
+        }
+    };
 }
 
 /// The largest `inputs` object a run request may carry, in bytes of its JSON.
 pub const MAX_INPUTS_BYTES: usize = 64 * 1024;
 
-impl RunRequest {
-    pub const TYPE: &'static str = "countersign.run_request";
-
-    pub fn parse(body: &[u8]) -> Result<Self, MessageError> {
-        let doc = envelope(body, Self::TYPE)?;
-        Ok(RunRequest {
-            request_id: uuid_field(&doc, "request_id")?,
-            agent: name_field(&doc, "agent")?,
-            acting_user: name_field(&doc, "acting_user")?,
-            prompt: text_field(&doc, "prompt", MAX_PROMPT_CHARS)?,
-            inputs: inputs_field(&doc)?,
-        })
-    }
-
-    pub fn to_json(&self) -> Value {
-        json!({
-            "type": Self::TYPE,
-            "version": MESSAGE_VERSION,
-            "request_id": self.request_id,
-            "agent": self.agent,
-            "acting_user": self.acting_user,
-            "prompt": self.prompt,
-            "inputs": self.inputs,
-        })
-    }
-}
-
-/// `inputs`: absent or null → none; otherwise a JSON object of at most [`MAX_INPUTS_BYTES`].
-fn inputs_field(doc: &Map<String, Value>) -> Result<Option<Map<String, Value>>, MessageError> {
-    match doc.get("inputs") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(map)) => {
-            let size = serde_json::to_vec(map).map_or(usize::MAX, |b| b.len());
-            if size > MAX_INPUTS_BYTES {
-                return Err(MessageError::Invalid("inputs"));
-            }
-            Ok(Some(map.clone()))
-        }
-        Some(_) => Err(MessageError::Invalid("inputs")),
-    }
-}
+message!(RunRequest, "countersign.run_request");
 
 /// An approver's decision on a suspended turn, queue `countersign.decisions`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DecisionMessage {
-    /// Chosen by the producer; a replay returns the recorded outcome.
-    pub decision_id: Uuid,
+    // The fields are in the order a refusal names them: the first one refused is the reason.
     pub run_id: RunId,
     /// The card reviewed.
     pub suspension_seq: SuspensionSeq,
     /// The calls reviewed.
     pub turn_digest: TurnDigest,
     pub approved: bool,
-    pub approver: String,
+    /// At most [`MAX_COMMENT_CHARS`]; a blank one is none.
+    #[serde(
+        default,
+        deserialize_with = "comment",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub comment: Option<String>,
+    /// Chosen by the producer; a replay returns the recorded outcome.
+    #[serde(deserialize_with = "id")]
+    pub decision_id: Uuid,
+    #[serde(deserialize_with = "name")]
+    pub approver: String,
 }
 
-impl DecisionMessage {
-    pub const TYPE: &'static str = "countersign.decision";
+message!(DecisionMessage, "countersign.decision");
 
-    pub fn parse(body: &[u8]) -> Result<Self, MessageError> {
-        let doc = envelope(body, Self::TYPE)?;
-        let run_id = doc
-            .get("run_id")
-            .ok_or(MessageError::Missing("run_id"))?
-            .as_str()
-            .and_then(|s| RunId::parse(s).ok())
-            .ok_or(MessageError::Invalid("run_id"))?;
-        let suspension_seq = doc
-            .get("suspension_seq")
-            .ok_or(MessageError::Missing("suspension_seq"))?
-            .as_u64()
-            .and_then(|n| u32::try_from(n).ok())
-            .and_then(|n| SuspensionSeq::new(n).ok())
-            .ok_or(MessageError::Invalid("suspension_seq"))?;
-        let turn_digest = doc
-            .get("turn_digest")
-            .ok_or(MessageError::Missing("turn_digest"))?
-            .as_str()
-            .and_then(|s| TurnDigest::parse(s).ok())
-            .ok_or(MessageError::Invalid("turn_digest"))?;
-        let approved = doc
-            .get("approved")
-            .ok_or(MessageError::Missing("approved"))?
-            .as_bool()
-            .ok_or(MessageError::Invalid("approved"))?;
-        let comment = match doc.get("comment") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(c)) if c.chars().count() <= MAX_COMMENT_CHARS => {
-                Some(c.clone()).filter(|c| !c.trim().is_empty())
+/// A message of type `expected` from its body: the envelope first, then its fields, each in the
+/// order the struct declares them. The first field refused, missing or malformed, is the
+/// reason.
+fn parse<M: DeserializeOwned>(doc: Value, expected: &'static str) -> Result<M, MessageError> {
+    let doc = envelope(doc, expected)?;
+    let fields = field_names::<M>();
+    let position = |field: &str| fields.iter().position(|f| *f == field);
+    match fields_of::<M>(&doc, fields) {
+        Err(MessageError::Invalid(field)) => {
+            // A required field declared before the malformed one, and missing, comes first:
+            // serde names a missing field only once it has read every present one.
+            let mut without = doc;
+            without.remove(field);
+            match fields_of::<M>(&without, fields) {
+                Err(MessageError::Missing(first)) if position(first) < position(field) => {
+                    Err(MessageError::Missing(first))
+                }
+                _ => Err(MessageError::Invalid(field)),
             }
-            Some(_) => return Err(MessageError::Invalid("comment")),
-        };
-        Ok(DecisionMessage {
-            decision_id: uuid_field(&doc, "decision_id")?,
-            run_id,
-            suspension_seq,
-            turn_digest,
-            approved,
-            approver: name_field(&doc, "approver")?,
-            comment,
-        })
-    }
-
-    pub fn to_json(&self) -> Value {
-        let mut v = json!({
-            "type": Self::TYPE,
-            "version": MESSAGE_VERSION,
-            "decision_id": self.decision_id,
-            "run_id": self.run_id,
-            "suspension_seq": self.suspension_seq,
-            "turn_digest": self.turn_digest,
-            "approved": self.approved,
-            "approver": self.approver,
-        });
-        if let Some(c) = &self.comment {
-            v["comment"] = json!(c);
         }
-        v
+        parsed => parsed,
+    }
+}
+
+/// `doc` as `M`, its fields read in declaration order: the first refused names the error.
+fn fields_of<M: DeserializeOwned>(
+    doc: &Map<String, Value>,
+    fields: &'static [&'static str],
+) -> Result<M, MessageError> {
+    let named = |key: &str| fields.iter().copied().find(|f| *f == key);
+    let declared = fields
+        .iter()
+        .filter_map(|f| Some((*f, doc.get(*f)?.clone())));
+    let rest = doc.iter().filter(|(k, _)| named(k).is_none());
+    let ordered = declared
+        .map(|(k, v)| (k.to_owned(), v))
+        .chain(rest.map(|(k, v)| (k.clone(), v.clone())));
+    let entries = serde::de::value::MapDeserializer::<_, serde_json::Error>::new(ordered);
+    serde_path_to_error::deserialize(entries).map_err(|e| {
+        if let Some(serde_path_to_error::Segment::Map { key }) = e.path().iter().next() {
+            if let Some(field) = named(key) {
+                return MessageError::Invalid(field);
+            }
+        }
+        // serde's own words for a field that is not there: "missing field `name`".
+        let message = e.inner().to_string();
+        let missing = message
+            .strip_prefix("missing field `")
+            .and_then(|rest| rest.split('`').next())
+            .and_then(named);
+        missing.map_or(MessageError::NotAnObject, MessageError::Missing)
+    })
+}
+
+/// The body of `message`, with its `type` and `version`.
+fn message_json<M: Serialize>(message: &M, kind: &'static str) -> Value {
+    let mut body = serde_json::to_value(message).unwrap_or_else(|_| json!({}));
+    body["type"] = json!(kind);
+    body["version"] = json!(MESSAGE_VERSION);
+    body
+}
+
+/// A producer's id: a UUID, not the nil one.
+fn id<'de, D: Deserializer<'de>>(d: D) -> Result<Uuid, D::Error> {
+    let s = String::deserialize(d)?;
+    Uuid::parse_str(&s)
+        .ok()
+        .filter(|u| !u.is_nil())
+        .ok_or_else(|| D::Error::custom("not a UUID"))
+}
+
+/// A name (agent, user): 1 to [`MAX_NAME_CHARS`], unpadded, no control characters.
+fn name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    let valid = !s.is_empty()
+        && s.chars().count() <= MAX_NAME_CHARS
+        && s.trim() == s
+        && !s.chars().any(char::is_control);
+    valid
+        .then_some(s)
+        .ok_or_else(|| D::Error::custom("not a name"))
+}
+
+/// A prompt: not blank, at most [`MAX_PROMPT_CHARS`].
+fn prompt<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let s = String::deserialize(d)?;
+    let valid = !s.trim().is_empty() && s.chars().count() <= MAX_PROMPT_CHARS;
+    valid
+        .then_some(s)
+        .ok_or_else(|| D::Error::custom("not a prompt"))
+}
+
+/// `inputs`: absent or null → none; otherwise a JSON object of at most [`MAX_INPUTS_BYTES`].
+fn inputs<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Map<String, Value>>, D::Error> {
+    let map = Option::<Map<String, Value>>::deserialize(d)?;
+    if let Some(map) = &map {
+        let size = serde_json::to_vec(map).map_or(usize::MAX, |b| b.len());
+        if size > MAX_INPUTS_BYTES {
+            return Err(D::Error::custom("inputs too large"));
+        }
+    }
+    Ok(map)
+}
+
+/// A comment: absent or null → none; at most [`MAX_COMMENT_CHARS`]; a blank one is none.
+fn comment<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        Some(c) if c.chars().count() > MAX_COMMENT_CHARS => {
+            Err(D::Error::custom("comment too long"))
+        }
+        c => Ok(c.filter(|c| !c.trim().is_empty())),
     }
 }
 
@@ -196,18 +251,57 @@ impl DecisionMessage {
 /// deduplicate by `event_id`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
-    /// `run.accepted`, `run.suspended`, `run.preview_moved`, `run.completed`, `run.failed`,
-    /// `run.cancelled`, `decision.accepted`, `decision.refused`.
-    pub name: &'static str,
+    pub name: EventName,
     /// Ids, codes and counts only.
     pub fields: Map<String, Value>,
+}
+
+/// The name of an event: its routing key on `countersign.events`, and the `kind` of its outbox
+/// and audit rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
+pub enum EventName {
+    /// A run exists for a request. Carries `request_id` and `run_id`.
+    #[strum(serialize = "run.accepted")]
+    RunAccepted,
+    /// A run request was refused; nothing was created. Carries `request_id` and `outcome`.
+    #[strum(serialize = "run.refused")]
+    RunRefused,
+    #[strum(serialize = "run.suspended")]
+    RunSuspended,
+    #[strum(serialize = "run.preview_moved")]
+    RunPreviewMoved,
+    #[strum(serialize = "run.completed")]
+    RunCompleted,
+    #[strum(serialize = "run.failed")]
+    RunFailed,
+    #[strum(serialize = "run.cancelled")]
+    RunCancelled,
+    /// A decision released its turn (an approval or a denial). Carries `decision_id`, `run_id`
+    /// and `outcome`.
+    #[strum(serialize = "decision.accepted")]
+    DecisionAccepted,
+    /// A decision was refused; the run is unchanged. Carries `decision_id`, `run_id`, `outcome`.
+    #[strum(serialize = "decision.refused")]
+    DecisionRefused,
+}
+
+impl EventName {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+impl PartialEq<&str> for EventName {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
 }
 
 impl Event {
     pub const TYPE: &'static str = "countersign.event";
 
     /// An event with its fields; `fields` must be a JSON object of ids and codes.
-    pub fn new(name: &'static str, fields: Value) -> Self {
+    pub fn new(name: EventName, fields: Value) -> Self {
         let fields = match fields {
             Value::Object(map) => map,
             _ => Map::new(),
@@ -221,7 +315,7 @@ impl Event {
         let mut body = Map::new();
         body.insert("type".into(), json!(Self::TYPE));
         body.insert("version".into(), json!(MESSAGE_VERSION));
-        body.insert("event".into(), json!(self.name));
+        body.insert("event".into(), json!(self.name.as_str()));
         for (k, v) in &self.fields {
             body.insert(k.clone(), v.clone());
         }
@@ -230,8 +324,8 @@ impl Event {
     }
 }
 
-fn envelope(body: &[u8], expected: &'static str) -> Result<Map<String, Value>, MessageError> {
-    let Ok(Value::Object(doc)) = serde_json::from_slice::<Value>(body) else {
+fn envelope(doc: Value, expected: &'static str) -> Result<Map<String, Value>, MessageError> {
+    let Value::Object(doc) = doc else {
         return Err(MessageError::NotAnObject);
     };
     match doc.get("type") {
@@ -245,38 +339,6 @@ fn envelope(body: &[u8], expected: &'static str) -> Result<Map<String, Value>, M
         Some(_) => return Err(MessageError::UnsupportedVersion),
     }
     Ok(doc)
-}
-
-fn uuid_field(doc: &Map<String, Value>, field: &'static str) -> Result<Uuid, MessageError> {
-    doc.get(field)
-        .ok_or(MessageError::Missing(field))?
-        .as_str()
-        .and_then(|s| Uuid::parse_str(s).ok())
-        .filter(|u| !u.is_nil())
-        .ok_or(MessageError::Invalid(field))
-}
-
-fn name_field(doc: &Map<String, Value>, field: &'static str) -> Result<String, MessageError> {
-    let s = doc.get(field).ok_or(MessageError::Missing(field))?.as_str();
-    s.filter(|s| {
-        !s.is_empty()
-            && s.chars().count() <= MAX_NAME_CHARS
-            && s.trim() == *s
-            && !s.chars().any(char::is_control)
-    })
-    .map(str::to_owned)
-    .ok_or(MessageError::Invalid(field))
-}
-
-fn text_field(
-    doc: &Map<String, Value>,
-    field: &'static str,
-    max: usize,
-) -> Result<String, MessageError> {
-    let s = doc.get(field).ok_or(MessageError::Missing(field))?.as_str();
-    s.filter(|s| !s.trim().is_empty() && s.chars().count() <= max)
-        .map(str::to_owned)
-        .ok_or(MessageError::Invalid(field))
 }
 
 #[cfg(test)]
@@ -329,6 +391,24 @@ mod tests {
             v[field] = json!([]);
             assert_eq!(parse(&v), Err(MessageError::Invalid(field)));
         }
+    }
+
+    #[test]
+    fn the_first_field_refused_in_the_order_of_the_fields_is_the_reason() {
+        let envelope = json!({"type": "countersign.decision", "version": 1});
+        assert_eq!(parse(&envelope), Err(MessageError::Missing("run_id")));
+        let mut v = decision();
+        v.as_object_mut().unwrap().remove("run_id");
+        v["approved"] = json!("yes");
+        assert_eq!(parse(&v), Err(MessageError::Missing("run_id")));
+        let mut v = decision();
+        v["run_id"] = json!(1);
+        v.as_object_mut().unwrap().remove("approver");
+        assert_eq!(parse(&v), Err(MessageError::Invalid("run_id")));
+        let mut v = decision();
+        v["approved"] = json!("yes");
+        v["suspension_seq"] = json!("one");
+        assert_eq!(parse(&v), Err(MessageError::Invalid("suspension_seq")));
     }
 
     #[test]
@@ -430,7 +510,7 @@ mod tests {
     #[test]
     fn an_event_carries_its_name_fields_and_time() {
         let e = Event::new(
-            "decision.refused",
+            EventName::DecisionRefused,
             json!({"decision_id": "d", "outcome": "stale_turn"}),
         );
         let body = e.to_json("2026-11-30T10:00:00Z");

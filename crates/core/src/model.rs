@@ -108,7 +108,10 @@ pub struct ModelResponse {
     pub usage: TokenUsage,
 }
 
-#[derive(Debug, thiserror::Error)]
+/// Its codes are the `outcome` label values of a model call's metric besides `ok`
+/// ([`strum::VariantNames::VARIANTS`]).
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(prefix = "provider_", serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum ModelError {
     /// The provider could not be reached or answered with an error.
@@ -120,14 +123,8 @@ pub enum ModelError {
 }
 
 impl ModelError {
-    /// Every error's code, for whoever must know them all (a metric's label values).
-    pub const CODES: [&'static str; 2] = ["provider_unavailable", "provider_invalid_response"];
-
     pub fn code(&self) -> &'static str {
-        match self {
-            ModelError::Unavailable(_) => "provider_unavailable",
-            ModelError::InvalidResponse(_) => "provider_invalid_response",
-        }
+        self.into()
     }
 }
 

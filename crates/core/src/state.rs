@@ -90,7 +90,7 @@ pub enum StateError {
 
 impl StateError {
     pub fn code(&self) -> &'static str {
-        "state_unreadable"
+        crate::TerminationReason::StateUnreadable.as_str()
     }
 }
 

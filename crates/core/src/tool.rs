@@ -11,6 +11,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use strum::VariantArray;
 
 use crate::ids::{CallIndex, LeaseEpoch, RunId, SuspensionSeq};
 
@@ -75,6 +76,8 @@ impl Eq for Profile {}
 /// What a call does to the world.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
 pub enum Effect {
     ReadOnly,
     IdempotentWrite,
@@ -87,20 +90,7 @@ impl Effect {
     }
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            Effect::ReadOnly => "read_only",
-            Effect::IdempotentWrite => "idempotent_write",
-            Effect::NonIdempotentWrite => "non_idempotent_write",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "read_only" => Some(Effect::ReadOnly),
-            "idempotent_write" => Some(Effect::IdempotentWrite),
-            "non_idempotent_write" => Some(Effect::NonIdempotentWrite),
-            _ => None,
-        }
+        self.into()
     }
 }
 
@@ -110,6 +100,8 @@ impl Effect {
 /// [`DataClass::SecretAdjacent`], so an oversight withholds a tool instead of leaking it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[derive(strum::IntoStaticStr, strum::EnumString, strum::Display, VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum DataClass {
     /// Published anyway: anybody may read it.
     Public,
@@ -122,33 +114,11 @@ pub enum DataClass {
 }
 
 impl DataClass {
-    pub const ALL: [DataClass; 4] = [
-        DataClass::Public,
-        DataClass::EditorContent,
-        DataClass::PersonalData,
-        DataClass::SecretAdjacent,
-    ];
-
     /// What a group or a name that is not a class counts as.
     pub const FAIL_CLOSED: DataClass = DataClass::SecretAdjacent;
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            DataClass::Public => "public",
-            DataClass::EditorContent => "editor_content",
-            DataClass::PersonalData => "personal_data",
-            DataClass::SecretAdjacent => "secret_adjacent",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|c| c.as_str() == s)
-    }
-}
-
-impl fmt::Display for DataClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        self.into()
     }
 }
 
@@ -159,7 +129,7 @@ pub struct DataClasses(BTreeSet<DataClass>);
 impl DataClasses {
     /// Every class: a provider that runs inside the installation.
     pub fn all() -> Self {
-        DataClasses(DataClass::ALL.into_iter().collect())
+        DataClasses(DataClass::VARIANTS.iter().copied().collect())
     }
 
     /// What a provider outside the installation may be sent unless its settings say more:
@@ -762,10 +732,10 @@ mod tests {
 
     #[test]
     fn a_data_class_is_named_by_its_code_and_anything_else_is_no_class() {
-        for class in DataClass::ALL {
-            assert_eq!(DataClass::parse(class.as_str()), Some(class));
+        for &class in DataClass::VARIANTS {
+            assert_eq!(class.as_str().parse(), Ok(class));
         }
-        assert_eq!(DataClass::parse("EDITOR_CONTENT"), None);
+        assert!("EDITOR_CONTENT".parse::<DataClass>().is_err());
         assert_eq!(DataClass::FAIL_CLOSED, DataClass::SecretAdjacent);
     }
 

@@ -40,7 +40,7 @@ use std::fmt;
 use aes_gcm::aead::rand_core::RngCore;
 use aes_gcm::aead::{Aead, AeadInPlace, KeyInit, OsRng, Payload};
 use aes_gcm::{Aes256Gcm, Key, Nonce};
-use countersign_core::RunId;
+use countersign_core::{RunId, TerminationReason};
 use zeroize::Zeroizing;
 
 use crate::keyring::{KeyId, Keyring, MasterKey, KEY_ID_MAX_LEN, KEY_LEN};
@@ -127,7 +127,7 @@ impl CryptoError {
             | CryptoError::UnknownVersion { .. }
             | CryptoError::MalformedKeyId
             | CryptoError::UnknownKey { .. }
-            | CryptoError::Unauthentic { .. } => "state_unreadable",
+            | CryptoError::Unauthentic { .. } => TerminationReason::StateUnreadable.as_str(),
             CryptoError::TooLarge => "seal_too_large",
             CryptoError::RandomUnavailable => "random_unavailable",
         }

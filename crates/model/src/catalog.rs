@@ -25,6 +25,7 @@ use std::time::Duration;
 use countersign_core::{DataClass, DataClasses, Model};
 use secrecy::SecretString;
 use serde_json::{Map, Value};
+use strum::VariantArray;
 
 use crate::openai::{endpoint, EndpointError, OpenAiCompatible, RetryPolicy, DEFAULT_TIMEOUT};
 use crate::scripted::{ScriptError, ScriptedModel};
@@ -155,10 +156,12 @@ impl ModelCatalog {
                 names
                     .iter()
                     .map(|n| {
-                        n.as_str().and_then(DataClass::parse).ok_or_else(|| {
+                        n.as_str().and_then(|n| n.parse().ok()).ok_or_else(|| {
+                            let known: Vec<&str> =
+                                DataClass::VARIANTS.iter().map(|c| c.as_str()).collect();
                             ModelConfigError::InvalidSettings(format!(
                                 "data_classes: {n} is not one of {}",
-                                DataClass::ALL.map(DataClass::as_str).join(", ")
+                                known.join(", ")
                             ))
                         })
                     })

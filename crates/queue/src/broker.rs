@@ -161,8 +161,14 @@ impl Broker {
     pub async fn publish_event(&self, event: &Event, at: &str) -> Result<(), QueueError> {
         let body = serde_json::to_vec(&event.to_json(at))?;
         let exchange = self.topology().events_exchange();
-        self.publish(&exchange, event.name, &body, base_properties(), false)
-            .await
+        self.publish(
+            &exchange,
+            event.name.as_str(),
+            &body,
+            base_properties(),
+            false,
+        )
+        .await
     }
 
     /// Publishes a pre-built event body (an outbox row's) to the events exchange under

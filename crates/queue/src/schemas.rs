@@ -19,7 +19,7 @@ mod tests {
     //! are checked without a validator dependency. A keyword or pattern it does not know
     //! fails the test rather than being skipped.
 
-    use countersign_core::{DecisionMessage, Event, MessageError, RunRequest};
+    use countersign_core::{DecisionMessage, Event, EventName, MessageError, RunRequest};
     use serde_json::{json, Map, Value};
 
     use super::*;
@@ -318,7 +318,8 @@ mod tests {
         let schema = load(EVENT_V1);
         let required: Vec<Value> = schema["required"].as_array().unwrap().clone();
         // What the store's outbox publishes: the core body plus the event's id.
-        let mut bare = Event::new("run.completed", json!({})).to_json("2026-11-30T10:00:00Z");
+        let mut bare =
+            Event::new(EventName::RunCompleted, json!({})).to_json("2026-11-30T10:00:00Z");
         bare["event_id"] = json!("0193c1f4-0a1b-7c2d-8e3f-000000000009");
         let mut written: Vec<&String> = bare.as_object().unwrap().keys().collect();
         written.sort();
@@ -336,7 +337,7 @@ mod tests {
             let name = fields.remove("event").unwrap();
             fields.remove("type");
             fields.remove("version");
-            let name: &'static str = Box::leak(name.as_str().unwrap().to_owned().into_boxed_str());
+            let name: EventName = name.as_str().unwrap().parse().unwrap();
             let rebuilt = Event::new(name, Value::Object(fields)).to_json(at.as_str().unwrap());
             assert_eq!(&rebuilt, example);
         }

@@ -86,19 +86,41 @@ pub struct PassSummary {
     pub events_pruned: u64,
 }
 
+/// What a pass did to one run or event: the `action` label of
+/// `countersign_reaper_actions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
+pub enum ReaperAction {
+    Requeued,
+    RetriesExhausted,
+    OutcomeUnknown,
+    Skipped,
+    Redispatched,
+    ApprovalExpired,
+    EventRepublished,
+    EventPublished,
+    EventPruned,
+}
+
+impl ReaperAction {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
 impl PassSummary {
-    /// Each count with its `action` label of `countersign_reaper_actions_total`.
-    pub fn actions(&self) -> [(&'static str, u64); 9] {
+    /// Each action with its count.
+    pub fn actions(&self) -> [(ReaperAction, u64); 9] {
         [
-            ("requeued", self.requeued),
-            ("retries_exhausted", self.retries_exhausted),
-            ("outcome_unknown", self.outcome_unknown),
-            ("skipped", self.skipped),
-            ("redispatched", self.redispatched),
-            ("approval_expired", self.approvals_expired),
-            ("event_republished", self.events_republished),
-            ("event_published", self.events_published),
-            ("event_pruned", self.events_pruned),
+            (ReaperAction::Requeued, self.requeued),
+            (ReaperAction::RetriesExhausted, self.retries_exhausted),
+            (ReaperAction::OutcomeUnknown, self.outcome_unknown),
+            (ReaperAction::Skipped, self.skipped),
+            (ReaperAction::Redispatched, self.redispatched),
+            (ReaperAction::ApprovalExpired, self.approvals_expired),
+            (ReaperAction::EventRepublished, self.events_republished),
+            (ReaperAction::EventPublished, self.events_published),
+            (ReaperAction::EventPruned, self.events_pruned),
         ]
     }
 }
@@ -197,7 +219,8 @@ pub async fn pass(
         .prune_published_events(config.outbox_retention, config.batch)
         .await?;
     for (action, n) in summary.actions() {
-        metrics::counter!("countersign_reaper_actions_total", "action" => action).increment(n);
+        metrics::counter!("countersign_reaper_actions_total", "action" => action.as_str())
+            .increment(n);
     }
     Ok(summary)
 }
@@ -206,6 +229,6 @@ pub async fn pass(
 /// reaper serves each from its start.
 pub fn register_metrics() {
     for (action, _) in PassSummary::default().actions() {
-        let _ = metrics::counter!("countersign_reaper_actions_total", "action" => action);
+        let _ = metrics::counter!("countersign_reaper_actions_total", "action" => action.as_str());
     }
 }

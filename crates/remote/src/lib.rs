@@ -380,7 +380,7 @@ impl RemoteToolServer {
             if !valid_tool_name(&d.name) {
                 return Err(invalid("the name is not ^[a-z][a-z0-9_]{0,63}$"));
             }
-            let effect = Effect::parse(&d.effect).ok_or_else(|| invalid("unknown effect"))?;
+            let effect: Effect = d.effect.parse().map_err(|_| invalid("unknown effect"))?;
             if !d.parameters.is_object() {
                 return Err(invalid("parameters is not a JSON Schema object"));
             }
@@ -525,7 +525,7 @@ struct Discovery {
 fn data_class_of(classes: &std::collections::BTreeMap<String, String>, group: &str) -> DataClass {
     classes
         .get(group)
-        .and_then(|c| DataClass::parse(c))
+        .and_then(|c| c.parse().ok())
         .unwrap_or(DataClass::FAIL_CLOSED)
 }
 

@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use countersign_core::{
-    CallIndex, CallPreview, Message, PendingCall, RunId, SuspendedRunState, SuspensionSeq,
-    TokenUsage,
+    CallIndex, CallPreview, DecisionMessage, Message, PendingCall, RunId, SuspendedRunState,
+    SuspensionSeq, TokenUsage,
 };
 use countersign_crypto::{Keyring, Purpose};
 use countersign_store::{
@@ -178,13 +178,15 @@ async fn lifecycle(store: Store, run: RunId) -> anyhow::Result<()> {
     let state = suspended_state();
     anyhow::ensure!(store.suspend(&lease, &state, &[]).await?, "suspend lost");
     let decision = NewDecision {
-        decision_id: Uuid::now_v7(),
-        run_id: run,
-        suspension_seq: state.suspension_seq,
-        turn_digest: state.turn_digest(),
-        approved: true,
-        approver: "alice".into(),
-        comment: None,
+        message: DecisionMessage {
+            decision_id: Uuid::now_v7(),
+            run_id: run,
+            suspension_seq: state.suspension_seq,
+            turn_digest: state.turn_digest(),
+            approved: true,
+            approver: "alice".into(),
+            comment: None,
+        },
         outcome: DecisionOutcome::Accepted,
         in_trail: true,
     };

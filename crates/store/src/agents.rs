@@ -41,59 +41,27 @@ pub struct StoredAgent {
     pub updated_at: DateTime<Utc>,
 }
 
-/// An `agents` row as a statement returns it.
+/// An agent configuration as every statement reads it: the row of the view `agent_settings`
+/// (its columns in this order), selected whole — alone, or joined to the run it configures.
+#[derive(Debug, sqlx::Type)]
+#[sqlx(type_name = "agent_settings")]
 pub(crate) struct AgentColumns {
-    pub(crate) name: String,
-    pub(crate) active: bool,
-    pub(crate) model: Value,
-    pub(crate) allowed_groups: Vec<String>,
-    pub(crate) allowed_tools: Vec<String>,
-    pub(crate) enabled_tools: Vec<String>,
-    pub(crate) max_iterations: i32,
-    pub(crate) max_tool_calls_per_turn: i32,
-    pub(crate) four_eyes: bool,
-    pub(crate) approval_deadline_seconds: i64,
-    pub(crate) created_at: DateTime<Utc>,
-    pub(crate) updated_at: DateTime<Utc>,
+    name: String,
+    active: bool,
+    model: Value,
+    allowed_groups: Vec<String>,
+    allowed_tools: Vec<String>,
+    enabled_tools: Vec<String>,
+    max_iterations: i32,
+    max_tool_calls_per_turn: i32,
+    four_eyes: bool,
+    approval_deadline_seconds: i64,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
 }
 
-impl AgentColumns {
-    /// The configuration from the columns of a statement that left-joins `agents`: `None`
-    /// when the join found none.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn optional(
-        name: Option<String>,
-        active: Option<bool>,
-        model: Option<Value>,
-        allowed_groups: Option<Vec<String>>,
-        allowed_tools: Option<Vec<String>>,
-        enabled_tools: Option<Vec<String>>,
-        max_iterations: Option<i32>,
-        max_tool_calls_per_turn: Option<i32>,
-        four_eyes: Option<bool>,
-        approval_deadline_seconds: Option<i64>,
-        created_at: Option<DateTime<Utc>>,
-        updated_at: Option<DateTime<Utc>>,
-    ) -> Option<StoredAgent> {
-        Some(StoredAgent::from_columns(AgentColumns {
-            name: name?,
-            active: active?,
-            model: model?,
-            allowed_groups: allowed_groups?,
-            allowed_tools: allowed_tools?,
-            enabled_tools: enabled_tools?,
-            max_iterations: max_iterations?,
-            max_tool_calls_per_turn: max_tool_calls_per_turn?,
-            four_eyes: four_eyes?,
-            approval_deadline_seconds: approval_deadline_seconds?,
-            created_at: created_at?,
-            updated_at: updated_at?,
-        }))
-    }
-}
-
-impl StoredAgent {
-    pub(crate) fn from_columns(r: AgentColumns) -> Self {
+impl From<AgentColumns> for StoredAgent {
+    fn from(r: AgentColumns) -> Self {
         StoredAgent {
             config: AgentConfig {
                 name: r.name,
@@ -154,31 +122,23 @@ impl Store {
 
     /// The configuration named `name`, active or not.
     pub async fn agent(&self, name: &str) -> Result<Option<StoredAgent>, StoreError> {
-        let row = sqlx::query_as!(
-            AgentColumns,
-            r#"SELECT name, active, model, allowed_groups, allowed_tools, enabled_tools,
-                      max_iterations, max_tool_calls_per_turn, four_eyes, approval_deadline_seconds,
-                      created_at, updated_at
-               FROM agents WHERE name = $1"#,
+        let row = sqlx::query_scalar!(
+            r#"SELECT s AS "s!: AgentColumns" FROM agent_settings s WHERE s.name = $1"#,
             name,
         )
         .fetch_optional(&self.pool)
         .await?;
-        Ok(row.map(StoredAgent::from_columns))
+        Ok(row.map(StoredAgent::from))
     }
 
     /// All configurations, by name.
     pub async fn agents(&self) -> Result<Vec<StoredAgent>, StoreError> {
-        let rows = sqlx::query_as!(
-            AgentColumns,
-            r#"SELECT name, active, model, allowed_groups, allowed_tools, enabled_tools,
-                      max_iterations, max_tool_calls_per_turn, four_eyes, approval_deadline_seconds,
-                      created_at, updated_at
-               FROM agents ORDER BY name"#,
+        let rows = sqlx::query_scalar!(
+            r#"SELECT s AS "s!: AgentColumns" FROM agent_settings s ORDER BY s.name"#,
         )
         .fetch_all(&self.pool)
         .await?;
-        Ok(rows.into_iter().map(StoredAgent::from_columns).collect())
+        Ok(rows.into_iter().map(StoredAgent::from).collect())
     }
 
     /// Activates or deactivates a configuration; `false` when it does not exist.

@@ -10,14 +10,15 @@
 //! even the decision row, and the run stays as the winner left it: an approval is never on
 //! record for a turn it did not release.
 
-use countersign_core::{DecisionMessage, RunId, SuspensionSeq, TurnDigest};
+use countersign_core::{Decision, DecisionMessage, Event, RunId, SuspensionSeq, TurnDigest};
 use countersign_crypto::Purpose;
 use serde_json::json;
+use strum::{EnumString, IntoStaticStr, VariantArray};
 use uuid::Uuid;
 
 use crate::agents::{AgentColumns, StoredAgent};
+use crate::leases::SealedDecision;
 use crate::runs::RunStatus;
-use crate::runs::SealedDecision;
 use crate::{outbox, Store, StoreError};
 
 /// The outcome of a decision, as recorded and published.
@@ -26,9 +27,12 @@ use crate::{outbox, Store, StoreError};
 /// recorded, or anyone able to publish could claim a decision id before its real approver.
 /// `not_auditable` and `idempotency_conflict` are published but never recorded: the first
 /// because the database refused the record, the second because its decision id is taken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// The variants are in the order of the gates (a metric's label values, the API's document).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum DecisionOutcome {
-    Accepted,
+    IdempotencyConflict,
     NotAwaitingApproval,
     StaleTurn,
     AccessDenied,
@@ -36,53 +40,21 @@ pub enum DecisionOutcome {
     SelfApprovalDenied,
     ApproverNotPermitted,
     NotAuditable,
-    IdempotencyConflict,
+    Accepted,
 }
 
 impl DecisionOutcome {
-    /// Every outcome, in the order of the gates (a metric's label values, the parser).
-    pub const ALL: [DecisionOutcome; 9] = [
-        DecisionOutcome::IdempotencyConflict,
-        DecisionOutcome::NotAwaitingApproval,
-        DecisionOutcome::StaleTurn,
-        DecisionOutcome::AccessDenied,
-        DecisionOutcome::ConfigurationGone,
-        DecisionOutcome::SelfApprovalDenied,
-        DecisionOutcome::ApproverNotPermitted,
-        DecisionOutcome::NotAuditable,
-        DecisionOutcome::Accepted,
-    ];
-
     pub fn as_str(self) -> &'static str {
-        match self {
-            DecisionOutcome::Accepted => "accepted",
-            DecisionOutcome::NotAwaitingApproval => "not_awaiting_approval",
-            DecisionOutcome::StaleTurn => "stale_turn",
-            DecisionOutcome::AccessDenied => "access_denied",
-            DecisionOutcome::ConfigurationGone => "configuration_gone",
-            DecisionOutcome::SelfApprovalDenied => "self_approval_denied",
-            DecisionOutcome::ApproverNotPermitted => "approver_not_permitted",
-            DecisionOutcome::NotAuditable => "not_auditable",
-            DecisionOutcome::IdempotencyConflict => "idempotency_conflict",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|o| o.as_str() == s)
+        self.into()
     }
 }
 
-/// A gated decision to record.
+/// A gated decision to record: the message as its producer sent it, and what the gates made
+/// of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewDecision {
-    pub decision_id: Uuid,
-    pub run_id: RunId,
-    pub suspension_seq: SuspensionSeq,
-    pub turn_digest: TurnDigest,
-    pub approved: bool,
-    pub approver: String,
-    /// Sealed before it is stored.
-    pub comment: Option<String>,
+    /// Its comment is sealed before it is stored.
+    pub message: DecisionMessage,
     /// What the gates decided. `Accepted` releases the turn (for a denial too: the model is
     /// told the calls were denied).
     pub outcome: DecisionOutcome,
@@ -90,15 +62,6 @@ pub struct NewDecision {
     /// producer may not see: the refusal is recorded (for replays) as for a run that does not
     /// exist, and the run's history shows nothing of it.
     pub in_trail: bool,
-}
-
-/// The decision a resume segment continues from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AcceptedDecision {
-    pub decision_id: Uuid,
-    pub approved: bool,
-    pub approver: String,
-    pub comment: Option<String>,
 }
 
 /// What became of [`Store::record_decision`].
@@ -123,43 +86,6 @@ pub enum Replay {
     Same(DecisionOutcome),
     /// Anything else: `idempotency_conflict`.
     Conflict,
-}
-
-/// What a decision names, to compare with what its id was recorded with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DecisionBinding<'a> {
-    pub run_id: RunId,
-    pub suspension_seq: SuspensionSeq,
-    pub turn_digest: &'a TurnDigest,
-    pub approved: bool,
-    pub approver: &'a str,
-    pub comment: Option<&'a str>,
-}
-
-impl<'a> From<&'a DecisionMessage> for DecisionBinding<'a> {
-    fn from(d: &'a DecisionMessage) -> DecisionBinding<'a> {
-        DecisionBinding {
-            run_id: d.run_id,
-            suspension_seq: d.suspension_seq,
-            turn_digest: &d.turn_digest,
-            approved: d.approved,
-            approver: &d.approver,
-            comment: d.comment.as_deref(),
-        }
-    }
-}
-
-impl<'a> From<&'a NewDecision> for DecisionBinding<'a> {
-    fn from(d: &'a NewDecision) -> DecisionBinding<'a> {
-        DecisionBinding {
-            run_id: d.run_id,
-            suspension_seq: d.suspension_seq,
-            turn_digest: &d.turn_digest,
-            approved: d.approved,
-            approver: &d.approver,
-            comment: d.comment.as_deref(),
-        }
-    }
 }
 
 /// A `run_decisions` row as the replay gate reads it.
@@ -194,7 +120,8 @@ impl RecordedRow {
 }
 
 fn outcome(s: &str) -> Result<DecisionOutcome, StoreError> {
-    DecisionOutcome::parse(s).ok_or(StoreError::unreadable("run_decisions.outcome"))
+    s.parse()
+        .map_err(|_| StoreError::unreadable("run_decisions.outcome"))
 }
 
 impl Store {
@@ -214,36 +141,64 @@ impl Store {
         &self,
         d: &NewDecision,
     ) -> Result<(DecisionRecord, Option<f64>), StoreError> {
-        let comment = d
+        let m = &d.message;
+        let comment = m
             .comment
             .as_ref()
-            .map(|c| self.keyring.seal(Purpose::Comment, d.run_id, c.as_bytes()))
+            .map(|c| self.keyring.seal(Purpose::Comment, m.run_id, c.as_bytes()))
             .transpose()?;
-        let event = outbox::decision_event(d.decision_id, d.run_id, d.outcome);
+        let event = outbox::decision_event(m.decision_id, m.run_id, d.outcome);
         let payload = json!({
-            "decision_id": d.decision_id,
-            "suspension_seq": d.suspension_seq.get(),
-            "turn_digest": d.turn_digest.as_str(),
-            "approved": d.approved,
-            "approver": d.approver,
+            "decision_id": m.decision_id,
+            "suspension_seq": m.suspension_seq.get(),
+            "turn_digest": m.turn_digest.as_str(),
+            "approved": m.approved,
+            "approver": m.approver,
             "outcome": d.outcome.as_str(),
-            "has_comment": d.comment.is_some(),
+            "has_comment": m.comment.is_some(),
         });
-        // One statement, so one transaction without a round trip to open or close it:
-        // - `released`, for an accepted decision only, the transition (guarded by status,
-        //   suspension number and turn digest, and by the decision id being new). It comes
-        //   first, so two decisions on one turn serialise on the run row and the second finds
-        //   it no longer waiting. Its subquery reads the row as the statement's snapshot saw
-        //   it: as it was suspended, before this UPDATE.
-        // - `decided`, the decision row — for an accepted decision only if it released the
-        //   turn: an approval is never on record for a turn it did not release. A concurrent
-        //   insert of the same id makes this one wait for it; once it commits this inserts
-        //   nothing and is a replay (or a conflict), and if it rolls back this goes ahead.
-        // - the audit row, numbered by the run's counter (a refused decision may name a run
-        //   that does not exist, or one its producer may not see: it is still recorded, for
-        //   replays, but joins no trail);
-        // - the outbox row, announced whether or not the run exists: the producer learns its
-        //   refusal either way.
+        let Some((row, waited)) = self.insert_decision(d, comment, &event, payload).await? else {
+            // Nothing committed. Lost to this decision id, recorded before or concurrently:
+            // a replay or a conflict; otherwise an approval whose transition another decision,
+            // a cancel or the reaper won.
+            let record = match self.recorded_decision(m).await? {
+                Some(Replay::Same(recorded)) => DecisionRecord::Replayed(recorded),
+                Some(Replay::Conflict) => DecisionRecord::Conflict,
+                None => DecisionRecord::TransitionLost,
+            };
+            return Ok((record, None));
+        };
+        self.hand_off(vec![row.into()]);
+        Ok((DecisionRecord::Recorded(d.outcome), waited))
+    }
+
+    /// The statement of [`Store::record_decision`], with `comment` sealed and the audit
+    /// `payload`: the outbox row it wrote and how long the run waited, or `None` when it wrote
+    /// nothing.
+    ///
+    /// One statement, so one transaction without a round trip to open or close it:
+    /// - `released`, for an accepted decision only, the transition (guarded by status,
+    ///   suspension number and turn digest, and by the decision id being new). It comes
+    ///   first, so two decisions on one turn serialise on the run row and the second finds
+    ///   it no longer waiting. Its subquery reads the row as the statement's snapshot saw
+    ///   it: as it was suspended, before this UPDATE.
+    /// - `decided`, the decision row — for an accepted decision only if it released the
+    ///   turn: an approval is never on record for a turn it did not release. A concurrent
+    ///   insert of the same id makes this one wait for it; once it commits this inserts
+    ///   nothing and is a replay (or a conflict), and if it rolls back this goes ahead.
+    /// - the audit row, numbered by the run's counter (a refused decision may name a run
+    ///   that does not exist, or one its producer may not see: it is still recorded, for
+    ///   replays, but joins no trail);
+    /// - the outbox row, announced whether or not the run exists: the producer learns its
+    ///   refusal either way.
+    async fn insert_decision(
+        &self,
+        d: &NewDecision,
+        comment: Option<Vec<u8>>,
+        event: &Event,
+        payload: serde_json::Value,
+    ) -> Result<Option<(outbox::Row, Option<f64>)>, StoreError> {
+        let m = &d.message;
         let announced = sqlx::query!(
             r#"WITH released AS (
                    UPDATE runs
@@ -281,15 +236,15 @@ impl Store {
                FROM decided
                RETURNING id, run_id, kind, body, created_at, published_at,
                          (SELECT waited FROM released) AS waited"#,
-            d.decision_id,
-            d.run_id.as_uuid(),
-            d.suspension_seq.as_i32(),
-            d.turn_digest.as_str(),
-            d.approved,
-            d.approver,
+            m.decision_id,
+            m.run_id.as_uuid(),
+            m.suspension_seq.as_i32(),
+            m.turn_digest.as_str(),
+            m.approved,
+            m.approver,
             comment,
             d.outcome.as_str(),
-            event.name,
+            event.name.as_str(),
             payload,
             Uuid::now_v7(),
             outbox::stored_body(&event),
@@ -297,28 +252,18 @@ impl Store {
         )
         .fetch_optional(&self.pool)
         .await?;
-        let Some(row) = announced else {
-            // Nothing committed. Lost to this decision id, recorded before or concurrently:
-            // a replay or a conflict; otherwise an approval whose transition another decision,
-            // a cancel or the reaper won.
-            let record = match self.recorded_decision(d.decision_id, d.into()).await? {
-                Some(Replay::Same(recorded)) => DecisionRecord::Replayed(recorded),
-                Some(Replay::Conflict) => DecisionRecord::Conflict,
-                None => DecisionRecord::TransitionLost,
+        Ok(announced.map(|row| {
+            let waited = row.waited;
+            let row = outbox::Row {
+                id: row.id,
+                run_id: row.run_id,
+                kind: row.kind,
+                body: row.body,
+                created_at: row.created_at,
+                published_at: row.published_at,
             };
-            return Ok((record, None));
-        };
-        let waited = row.waited;
-        self.hand_off(vec![outbox::Row {
-            id: row.id,
-            run_id: row.run_id,
-            kind: row.kind,
-            body: row.body,
-            created_at: row.created_at,
-            published_at: row.published_at,
-        }
-        .into()]);
-        Ok((DecisionRecord::Recorded(d.outcome), waited))
+            (row, waited)
+        }))
     }
 
     /// The recorded outcome of a decision id, whatever it was recorded for.
@@ -335,18 +280,17 @@ impl Store {
         recorded.as_deref().map(outcome).transpose()
     }
 
-    /// What the decision id was recorded with, compared with what `claim` names: the
-    /// coordinator's replay gate. `None` when the id was never recorded.
+    /// What the decision id of `claim` was recorded with, compared with what `claim` names:
+    /// the coordinator's replay gate. `None` when the id was never recorded.
     pub async fn recorded_decision(
         &self,
-        decision_id: Uuid,
-        claim: DecisionBinding<'_>,
+        claim: &DecisionMessage,
     ) -> Result<Option<Replay>, StoreError> {
         let row = sqlx::query_as!(
             RecordedRow,
             r#"SELECT run_id, suspension_seq, turn_digest, approved, approver, comment, outcome
                FROM run_decisions WHERE decision_id = $1"#,
-            decision_id
+            claim.decision_id
         )
         .fetch_optional(&self.pool)
         .await?;
@@ -354,7 +298,7 @@ impl Store {
     }
 
     /// Whether `row` was recorded for exactly what `claim` names, and its outcome if so.
-    fn replay(&self, row: RecordedRow, claim: DecisionBinding<'_>) -> Result<Replay, StoreError> {
+    fn replay(&self, row: RecordedRow, claim: &DecisionMessage) -> Result<Replay, StoreError> {
         let recorded = outcome(&row.outcome)?;
         let same_card = row.run_id == claim.run_id.as_uuid()
             && row.suspension_seq == claim.suspension_seq.as_i32()
@@ -362,30 +306,23 @@ impl Store {
         if !same_card || row.approved != claim.approved || row.approver != claim.approver {
             return Ok(Replay::Conflict);
         }
-        let comment = row
-            .comment
-            .map(|sealed| {
-                let plain = self.keyring.open(Purpose::Comment, claim.run_id, &sealed)?;
-                String::from_utf8(plain)
-                    .map_err(|_| StoreError::unreadable("run_decisions.comment"))
-            })
-            .transpose()?;
-        Ok(if comment.as_deref() == claim.comment {
+        let comment = self.open_comment(claim.run_id, row.comment.as_deref())?;
+        Ok(if comment == claim.comment {
             Replay::Same(recorded)
         } else {
             Replay::Conflict
         })
     }
 
-    /// The decision that released suspension `seq` of the run, its comment opened: what a
-    /// resume segment acts on.
+    /// The decision that released suspension `seq` of the run, as its producer sent it (its
+    /// comment opened).
     pub async fn accepted_decision(
         &self,
         run_id: RunId,
         seq: SuspensionSeq,
-    ) -> Result<Option<AcceptedDecision>, StoreError> {
+    ) -> Result<Option<DecisionMessage>, StoreError> {
         let row = sqlx::query!(
-            r#"SELECT decision_id, approved, approver, comment FROM run_decisions
+            r#"SELECT decision_id, turn_digest, approved, approver, comment FROM run_decisions
                WHERE run_id = $1 AND suspension_seq = $2 AND outcome = 'accepted'"#,
             run_id.as_uuid(),
             seq.as_i32(),
@@ -393,39 +330,43 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else { return Ok(None) };
-        self.open_decision(
+        Ok(Some(DecisionMessage {
+            decision_id: row.decision_id,
             run_id,
-            SealedDecision {
-                decision_id: row.decision_id,
-                approved: row.approved,
-                approver: row.approver,
-                comment: row.comment,
-                decided_secs_ago: None,
-            },
-        )
-        .map(Some)
+            suspension_seq: seq,
+            turn_digest: TurnDigest::parse(&row.turn_digest)
+                .map_err(|_| StoreError::unreadable("run_decisions.turn_digest"))?,
+            approved: row.approved,
+            approver: row.approver,
+            comment: self.open_comment(run_id, row.comment.as_deref())?,
+        }))
     }
 
-    /// Opens the comment of an accepted decision as a claim read it.
+    /// Opens the accepted decision a claim read: what a resume segment continues from.
     pub fn open_decision(
         &self,
         run_id: RunId,
-        sealed: SealedDecision,
-    ) -> Result<AcceptedDecision, StoreError> {
-        let comment = sealed
-            .comment
+        sealed: &SealedDecision,
+    ) -> Result<Decision, StoreError> {
+        Ok(Decision {
+            approved: sealed.approved,
+            comment: self.open_comment(run_id, sealed.comment.as_deref())?,
+        })
+    }
+
+    /// A decision's sealed comment, opened.
+    fn open_comment(
+        &self,
+        run_id: RunId,
+        sealed: Option<&[u8]>,
+    ) -> Result<Option<String>, StoreError> {
+        sealed
             .map(|sealed| {
-                let plain = self.keyring.open(Purpose::Comment, run_id, &sealed)?;
+                let plain = self.keyring.open(Purpose::Comment, run_id, sealed)?;
                 String::from_utf8(plain)
                     .map_err(|_| StoreError::unreadable("run_decisions.comment"))
             })
-            .transpose()?;
-        Ok(AcceptedDecision {
-            decision_id: sealed.decision_id,
-            approved: sealed.approved,
-            approver: sealed.approver,
-            comment,
-        })
+            .transpose()
     }
 
     /// Everything the gates of a decision read, by one statement: whether `producer` holds a
@@ -451,18 +392,11 @@ impl Store {
                       r.status AS "status?", r.suspension_seq AS "suspension_seq?",
                       r.turn_digest AS "turn_digest?", r.acting_user AS "acting_user?",
                       r.agent AS "run_agent?", r.pending_tools AS "pending_tools?",
-                      a.name AS "agent_name?", a.active AS "agent_active?",
-                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
-                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
-                      a.max_iterations AS "max_iterations?",
-                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
-                      a.four_eyes AS "four_eyes?",
-                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
-                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?"
+                      s AS "settings: AgentColumns"
                FROM (SELECT 1) AS one
                LEFT JOIN run_decisions d ON d.decision_id = $1
                LEFT JOIN runs r ON r.id = $2
-               LEFT JOIN agents a ON a.name = r.agent"#,
+               LEFT JOIN agent_settings s ON s.name = r.agent"#,
             d.decision_id,
             d.run_id.as_uuid(),
             producer,
@@ -477,13 +411,14 @@ impl Store {
             (r.recorded_approved, r.recorded_approver, r.recorded_comment),
             r.recorded_outcome,
         )
-        .map(|row| self.replay(row, d.into()))
+        .map(|row| self.replay(row, d))
         .transpose()?;
         let run = match (r.status, r.acting_user, r.run_agent, r.pending_tools) {
             (Some(status), Some(acting_user), Some(agent), Some(pending_tools)) => {
                 Some(DecidedRun {
-                    status: RunStatus::parse(&status)
-                        .ok_or(StoreError::unreadable("runs.status"))?,
+                    status: status
+                        .parse()
+                        .map_err(|_| StoreError::unreadable("runs.status"))?,
                     suspension_seq: r.suspension_seq.map(crate::runs::seq).transpose()?,
                     turn_digest: r
                         .turn_digest
@@ -500,25 +435,11 @@ impl Store {
             }
             _ => None,
         };
-        let agent = AgentColumns::optional(
-            r.agent_name,
-            r.agent_active,
-            r.agent_model,
-            r.allowed_groups,
-            r.allowed_tools,
-            r.enabled_tools,
-            r.max_iterations,
-            r.max_tool_calls_per_turn,
-            r.four_eyes,
-            r.approval_deadline_seconds,
-            r.agent_created_at,
-            r.agent_updated_at,
-        );
         Ok(DecisionFacts {
             producer_granted: r.granted,
             recorded,
             run,
-            agent,
+            agent: r.settings.map(StoredAgent::from),
         })
     }
 }

@@ -1,7 +1,9 @@
 //! The errors of the store. Only [`StoreError::code`] may reach the database, an event or a
 //! queue; the `Display` text is for the log.
 
-use countersign_core::{Fault, RunId};
+use countersign_core::{Fault, RunId, TerminationReason};
+
+use crate::DecisionOutcome;
 use countersign_crypto::CryptoError;
 
 #[derive(Debug, thiserror::Error)]
@@ -42,8 +44,8 @@ impl StoreError {
             StoreError::RunNotFound(_) => "run_not_found",
             StoreError::NoState(_) => "state_missing",
             StoreError::AlreadyJournaled => "already_journaled",
-            StoreError::IdempotencyConflict => "idempotency_conflict",
-            StoreError::Unreadable { .. } => "state_unreadable",
+            StoreError::IdempotencyConflict => DecisionOutcome::IdempotencyConflict.as_str(),
+            StoreError::Unreadable { .. } => TerminationReason::StateUnreadable.as_str(),
             StoreError::Crypto(e) => e.code(),
             StoreError::Database(e) => classify(e).1,
         }

@@ -25,12 +25,15 @@ mod directory;
 mod error;
 mod events;
 mod fence;
+mod inbox;
 mod journal;
+mod leases;
 mod observe;
 pub mod outbox;
 mod reaper;
 mod rotation;
 mod runs;
+mod settlements;
 
 use std::fmt;
 use std::sync::Arc;
@@ -42,22 +45,23 @@ use tokio::sync::Notify;
 
 pub use agents::{AgentConfig, StoredAgent};
 pub use decisions::{
-    AcceptedDecision, DecidedRun, DecisionBinding, DecisionFacts, DecisionOutcome, DecisionRecord,
-    NewDecision, Replay,
+    DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision, Replay,
 };
 pub use directory::{DirectoryUser, TableUsers};
 pub use error::{classify, StoreError};
 pub use events::{NewEvent, RunEvent};
 pub use fence::{hook_error, FencedWrite};
+pub use inbox::{InboxCursor, InboxPage, WaitingRun};
+pub use leases::{Claim, ClaimedInputs, Renewal, SealedDecision, SentCall};
 pub use observe::Backlog;
 pub use outbox::{EventPublisher, OutboxEvent, RelayReport};
 pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
 pub use rotation::{ColumnRotation, RotationReport};
 pub use runs::{
-    Claim, ClaimedInputs, CreatedRun, Lease, NewRun, Renewal, RunCounters, RunRecord, RunStatus,
-    SealedDecision, Segment, SentCall, SentCallRef, Settlement, StoredRequest, TerminationReason,
-    WaitingRun, LOCAL_PRODUCER,
+    CreatedRun, Lease, NewRun, RunCounters, RunRecord, RunStatus, Segment, SentCallRef,
+    StoredRequest, TerminationReason, LOCAL_PRODUCER,
 };
+pub use settlements::Settlement;
 
 /// The migrations of the engine's schema (`migrations/`), embedded at build time.
 ///

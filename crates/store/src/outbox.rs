@@ -29,24 +29,17 @@ use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use countersign_core::{Event, RunId, SuspendedRunState, TerminationReason};
+use countersign_core::{Event, EventName, RunId, SuspendedRunState, TerminationReason};
 use countersign_crypto::Keyring;
 use serde_json::{json, Value};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::decisions::DecisionOutcome;
-use crate::runs::{RunStatus, Settlement};
+use crate::runs::RunStatus;
+use crate::settlements::Settlement;
 use crate::{millis, Store, StoreError};
 use countersign_crypto::Purpose;
-
-/// A run exists for a request. Carries `request_id` and `run_id`.
-pub const RUN_ACCEPTED: &str = "run.accepted";
-/// A decision released its turn (an approval or a denial). Carries `decision_id`, `run_id`
-/// and `outcome`.
-pub const DECISION_ACCEPTED: &str = "decision.accepted";
-/// A decision was refused; the run is unchanged. Carries `decision_id`, `run_id`, `outcome`.
-pub const DECISION_REFUSED: &str = "decision.refused";
 
 /// An outbox row as the relay hands it to a publisher.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,7 +95,7 @@ pub async fn append(
            RETURNING id, run_id, kind, body, created_at, published_at"#,
         id,
         run_id.map(|r| r.as_uuid()),
-        event.name,
+        event.name.as_str(),
         body,
     )
     .fetch_one(conn)
@@ -133,7 +126,7 @@ pub(crate) struct Batch {
 impl Batch {
     pub(crate) fn of(events: &[Event]) -> Batch {
         Batch {
-            kinds: events.iter().map(|e| e.name.to_owned()).collect(),
+            kinds: events.iter().map(|e| e.name.as_str().to_owned()).collect(),
             payloads: events.iter().map(audit_payload).collect(),
             ids: events.iter().map(|_| Uuid::now_v7()).collect(),
             bodies: events.iter().map(stored_body).collect(),
@@ -181,7 +174,7 @@ pub(crate) async fn announce_locked(
            FROM audit
            RETURNING id, run_id, kind, body, created_at, published_at"#,
         run_id.as_uuid(),
-        event.name,
+        event.name.as_str(),
         payload,
         sealed,
         id,
@@ -210,7 +203,7 @@ const RELAY_CLAIM: Duration = Duration::from_secs(30);
 /// `run.accepted`: a run exists for the request.
 pub fn run_accepted(request_id: Uuid, run_id: RunId) -> Event {
     Event::new(
-        RUN_ACCEPTED,
+        EventName::RunAccepted,
         json!({"request_id": request_id, "run_id": run_id}),
     )
 }
@@ -218,9 +211,9 @@ pub fn run_accepted(request_id: Uuid, run_id: RunId) -> Event {
 /// `decision.accepted` / `decision.refused` with the gated outcome.
 pub fn decision_event(decision_id: Uuid, run_id: RunId, outcome: DecisionOutcome) -> Event {
     let name = if outcome == DecisionOutcome::Accepted {
-        DECISION_ACCEPTED
+        EventName::DecisionAccepted
     } else {
-        DECISION_REFUSED
+        EventName::DecisionRefused
     };
     Event::new(
         name,
@@ -239,14 +232,14 @@ pub(crate) fn suspension_events(
     let mut events = Vec::with_capacity(2);
     if !moved_tools.is_empty() {
         events.push(Event::new(
-            "run.preview_moved",
+            EventName::RunPreviewMoved,
             json!({"run_id": run_id, "suspension_seq": seq, "stale_call_indexes": stale,
                    "tools": moved_tools}),
         ));
     }
     let failed_previews = state.call_previews.iter().filter(|p| p.failed).count();
     events.push(Event::new(
-        "run.suspended",
+        EventName::RunSuspended,
         json!({
             "run_id": run_id,
             "suspension_seq": seq,
@@ -265,15 +258,15 @@ pub(crate) fn settlement_event(run_id: RunId, settlement: &Settlement) -> Event 
         fields["error_code"] = json!(code);
     }
     let name = if settlement.status == RunStatus::Completed {
-        "run.completed"
+        EventName::RunCompleted
     } else {
-        "run.failed"
+        EventName::RunFailed
     };
     Event::new(name, fields)
 }
 
 /// `run.failed`, `run.cancelled`: a run ended by the reaper or an operator.
-pub(crate) fn ended_event(name: &'static str, run_id: RunId, reason: TerminationReason) -> Event {
+pub(crate) fn ended_event(name: EventName, run_id: RunId, reason: TerminationReason) -> Event {
     Event::new(
         name,
         json!({"run_id": run_id, "termination_reason": reason.as_str()}),

@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use countersign_core::{Effect, LeaseEpoch, RunId, SuspensionSeq, TerminationReason};
+use countersign_core::{Effect, EventName, LeaseEpoch, RunId, SuspensionSeq, TerminationReason};
 use sqlx::{Postgres, Transaction};
 
 use crate::runs::{epoch, run_id, seq};
@@ -71,13 +71,16 @@ impl Store {
                 Ok(ExpiredLease {
                     run_id: run_id(r.id)?,
                     epoch: epoch(r.lease_epoch)?,
-                    segment: Segment::parse(&r.segment)
-                        .ok_or(StoreError::unreadable("runs.segment"))?,
+                    segment: r
+                        .segment
+                        .parse()
+                        .map_err(|_| StoreError::unreadable("runs.segment"))?,
                     requeue_count: r.requeue_count,
                     pending_effect: r
                         .pending_effect
                         .map(|e| {
-                            Effect::parse(&e).ok_or(StoreError::unreadable("runs.pending_effect"))
+                            e.parse()
+                                .map_err(|_| StoreError::unreadable("runs.pending_effect"))
                         })
                         .transpose()?,
                     sent_call: r.sent_call,
@@ -149,8 +152,14 @@ impl Store {
         )
         .execute(&mut *tx)
         .await?;
-        self.end_announced(tx, done.rows_affected(), "run.failed", run.run_id, reason)
-            .await
+        self.end_announced(
+            tx,
+            done.rows_affected(),
+            EventName::RunFailed,
+            run.run_id,
+            reason,
+        )
+        .await
     }
 
     /// Applies the reaper's order to one expired lease: exhausted retries fail it
@@ -248,7 +257,7 @@ impl Store {
         self.end_announced(
             tx,
             done.rows_affected(),
-            "run.cancelled",
+            EventName::RunCancelled,
             run_id,
             TerminationReason::ApprovalExpired,
         )
@@ -261,7 +270,7 @@ impl Store {
         &self,
         mut tx: Transaction<'_, Postgres>,
         rows: u64,
-        name: &'static str,
+        name: EventName,
         run_id: RunId,
         reason: TerminationReason,
     ) -> Result<bool, StoreError> {

@@ -12,6 +12,7 @@
 //! [`Keyring::reseal`]: countersign_crypto::Keyring::reseal
 
 use countersign_crypto::{Keyring, Purpose};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::runs::run_id;
@@ -56,6 +57,30 @@ struct Resealed<K> {
     news: Vec<Vec<u8>>,
 }
 
+/// One sealed column: how to read a page of its envelopes after a primary key, and how to write
+/// back those a batch re-sealed (a compare-and-set on the old envelope).
+trait SealedColumn {
+    type Key: Send;
+    /// `table.column`.
+    const NAME: &'static str;
+    const PURPOSE: Purpose;
+    /// Before every primary key.
+    const FIRST: Self::Key;
+
+    /// Up to `limit` rows after `after`, in key order: `(key, run id, envelope)`.
+    async fn page(
+        tx: &mut PgConnection,
+        after: &Self::Key,
+        limit: i64,
+    ) -> Result<Vec<(Self::Key, Uuid, Vec<u8>)>, sqlx::Error>;
+
+    /// Writes the new envelopes whose row still holds the old one; the number written.
+    async fn write(
+        tx: &mut PgConnection,
+        resealed: Resealed<Self::Key>,
+    ) -> Result<u64, sqlx::Error>;
+}
+
 /// Re-seals the envelopes of one batch of `(primary key, run id, envelope)` rows.
 fn reseal_batch<K>(
     keyring: &Keyring,
@@ -87,83 +112,53 @@ fn reseal_batch<K>(
     Ok(out)
 }
 
-fn column(column: &'static str) -> ColumnRotation {
-    ColumnRotation {
-        column,
-        examined: 0,
-        resealed: 0,
-        unreadable: 0,
-    }
-}
-
 impl Store {
     /// Re-seals every sealed column (`runs.state`, `runs.request`, `run_events.sealed`,
     /// `run_decisions.comment`, `run_journal.result`) under the active key, `batch_size` rows
     /// per transaction.
     pub async fn rotate_keys(&self, batch_size: i64) -> Result<RotationReport, StoreError> {
-        let batch_size = batch_size.max(1);
-        let mut report = RotationReport {
-            columns: Vec::new(),
-            batches: 0,
+        let limit = batch_size.max(1);
+        let mut batches = 0;
+        let columns = vec![
+            self.rotate_column::<RunColumn<true>>(limit, &mut batches)
+                .await?,
+            self.rotate_column::<RunColumn<false>>(limit, &mut batches)
+                .await?,
+            self.rotate_column::<EventPayloads>(limit, &mut batches)
+                .await?,
+            self.rotate_column::<Comments>(limit, &mut batches).await?,
+            self.rotate_column::<JournalResults>(limit, &mut batches)
+                .await?,
+        ];
+        Ok(RotationReport { columns, batches })
+    }
+
+    /// Walks column `C` in key order, one transaction per batch of `limit` rows.
+    async fn rotate_column<C: SealedColumn>(
+        &self,
+        limit: i64,
+        batches: &mut u64,
+    ) -> Result<ColumnRotation, StoreError>
+    where
+        C::Key: Clone,
+    {
+        let mut stats = ColumnRotation {
+            column: C::NAME,
+            examined: 0,
+            resealed: 0,
+            unreadable: 0,
         };
-        report.columns.push(
-            self.rotate_run_states(batch_size, &mut report.batches)
-                .await?,
-        );
-        report.columns.push(
-            self.rotate_run_requests(batch_size, &mut report.batches)
-                .await?,
-        );
-        report
-            .columns
-            .push(self.rotate_events(batch_size, &mut report.batches).await?);
-        report.columns.push(
-            self.rotate_comments(batch_size, &mut report.batches)
-                .await?,
-        );
-        report
-            .columns
-            .push(self.rotate_journal(batch_size, &mut report.batches).await?);
-        Ok(report)
-    }
-
-    async fn rotate_run_states(
-        &self,
-        limit: i64,
-        batches: &mut u64,
-    ) -> Result<ColumnRotation, StoreError> {
-        let mut stats = column("runs.state");
-        let mut after = Uuid::nil();
+        let mut after = C::FIRST;
         loop {
             let mut tx = self.pool.begin().await?;
-            let rows = sqlx::query!(
-                r#"SELECT id, state AS "state!" FROM runs
-                   WHERE id > $1 AND state IS NOT NULL ORDER BY id LIMIT $2"#,
-                after,
-                limit,
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-            let Some(last) = rows.last() else { break };
-            after = last.id;
+            let rows = C::page(&mut tx, &after, limit).await?;
+            let Some((last, _, _)) = rows.last() else {
+                break;
+            };
+            after = last.clone();
             let full = rows.len() as i64 == limit;
-            let rows = rows.into_iter().map(|r| (r.id, r.id, r.state)).collect();
-            let Resealed {
-                keys: ids,
-                olds,
-                news,
-            } = reseal_batch(&self.keyring, Purpose::State, rows, &mut stats)?;
-            let done = sqlx::query!(
-                r#"UPDATE runs r SET state = v.new
-                   FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
-                   WHERE r.id = v.id AND r.state = v.old"#,
-                &ids,
-                &olds,
-                &news,
-            )
-            .execute(&mut *tx)
-            .await?;
-            stats.resealed += done.rows_affected();
+            let resealed = reseal_batch(&self.keyring, C::PURPOSE, rows, &mut stats)?;
+            stats.resealed += C::write(&mut tx, resealed).await?;
             tx.commit().await?;
             *batches += 1;
             if !full {
@@ -172,217 +167,213 @@ impl Store {
         }
         Ok(stats)
     }
+}
 
-    async fn rotate_run_requests(
-        &self,
+/// `runs.state` (`STATE`) or `runs.request`, by run id: the two sealed columns of a run row,
+/// read and written by the same two statements.
+struct RunColumn<const STATE: bool>;
+
+impl<const STATE: bool> SealedColumn for RunColumn<STATE> {
+    type Key = Uuid;
+    const NAME: &'static str = if STATE { "runs.state" } else { "runs.request" };
+    const PURPOSE: Purpose = if STATE {
+        Purpose::State
+    } else {
+        Purpose::Request
+    };
+    const FIRST: Uuid = Uuid::nil();
+
+    async fn page(
+        tx: &mut PgConnection,
+        after: &Uuid,
         limit: i64,
-        batches: &mut u64,
-    ) -> Result<ColumnRotation, StoreError> {
-        let mut stats = column("runs.request");
-        let mut after = Uuid::nil();
-        loop {
-            let mut tx = self.pool.begin().await?;
-            let rows = sqlx::query!(
-                "SELECT id, request FROM runs WHERE id > $1 ORDER BY id LIMIT $2",
-                after,
-                limit,
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-            let Some(last) = rows.last() else { break };
-            after = last.id;
-            let full = rows.len() as i64 == limit;
-            let rows = rows.into_iter().map(|r| (r.id, r.id, r.request)).collect();
-            let Resealed {
-                keys: ids,
-                olds,
-                news,
-            } = reseal_batch(&self.keyring, Purpose::Request, rows, &mut stats)?;
-            let done = sqlx::query!(
-                r#"UPDATE runs r SET request = v.new
-                   FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
-                   WHERE r.id = v.id AND r.request = v.old"#,
-                &ids,
-                &olds,
-                &news,
-            )
-            .execute(&mut *tx)
-            .await?;
-            stats.resealed += done.rows_affected();
-            tx.commit().await?;
-            *batches += 1;
-            if !full {
-                break;
-            }
-        }
-        Ok(stats)
+    ) -> Result<Vec<(Uuid, Uuid, Vec<u8>)>, sqlx::Error> {
+        let rows = sqlx::query!(
+            r#"SELECT id AS "id!", sealed AS "sealed!" FROM (
+                   SELECT id, CASE WHEN $3 THEN state ELSE request END AS sealed FROM runs
+                   WHERE id > $1) AS r
+               WHERE sealed IS NOT NULL ORDER BY id LIMIT $2"#,
+            after,
+            limit,
+            STATE,
+        )
+        .fetch_all(tx)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.id, r.id, r.sealed)).collect())
     }
 
-    async fn rotate_events(
-        &self,
+    async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query!(
+            r#"UPDATE runs r SET state = CASE WHEN $4 THEN v.new ELSE r.state END,
+                                 request = CASE WHEN $4 THEN r.request ELSE v.new END
+               FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
+               WHERE r.id = v.id AND v.old = CASE WHEN $4 THEN r.state ELSE r.request END"#,
+            &r.keys,
+            &r.olds,
+            &r.news,
+            STATE,
+        )
+        .execute(tx)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// `run_events.sealed`, by run and sequence.
+struct EventPayloads;
+
+impl SealedColumn for EventPayloads {
+    type Key = (Uuid, i64);
+    const NAME: &'static str = "run_events.sealed";
+    const PURPOSE: Purpose = Purpose::Event;
+    const FIRST: (Uuid, i64) = (Uuid::nil(), 0);
+
+    async fn page(
+        tx: &mut PgConnection,
+        after: &(Uuid, i64),
         limit: i64,
-        batches: &mut u64,
-    ) -> Result<ColumnRotation, StoreError> {
-        let mut stats = column("run_events.sealed");
-        let mut after = (Uuid::nil(), 0_i64);
-        loop {
-            let mut tx = self.pool.begin().await?;
-            let rows = sqlx::query!(
-                r#"SELECT run_id, sequence, sealed AS "sealed!" FROM run_events
-                   WHERE (run_id, sequence) > ($1, $2) AND sealed IS NOT NULL
-                   ORDER BY run_id, sequence LIMIT $3"#,
-                after.0,
-                after.1,
-                limit,
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-            let Some(last) = rows.last() else { break };
-            after = (last.run_id, last.sequence);
-            let full = rows.len() as i64 == limit;
-            let rows = rows
-                .into_iter()
-                .map(|r| ((r.run_id, r.sequence), r.run_id, r.sealed))
-                .collect();
-            let Resealed { keys, olds, news } =
-                reseal_batch(&self.keyring, Purpose::Event, rows, &mut stats)?;
-            let (runs, sequences): (Vec<Uuid>, Vec<i64>) = keys.into_iter().unzip();
-            let done = sqlx::query!(
-                r#"UPDATE run_events e SET sealed = v.new
-                   FROM unnest($1::uuid[], $2::int8[], $3::bytea[], $4::bytea[])
-                        AS v(run_id, sequence, old, new)
-                   WHERE e.run_id = v.run_id AND e.sequence = v.sequence AND e.sealed = v.old"#,
-                &runs,
-                &sequences,
-                &olds,
-                &news,
-            )
-            .execute(&mut *tx)
-            .await?;
-            stats.resealed += done.rows_affected();
-            tx.commit().await?;
-            *batches += 1;
-            if !full {
-                break;
-            }
-        }
-        Ok(stats)
+    ) -> Result<Vec<((Uuid, i64), Uuid, Vec<u8>)>, sqlx::Error> {
+        let rows = sqlx::query!(
+            r#"SELECT run_id, sequence, sealed AS "sealed!" FROM run_events
+               WHERE (run_id, sequence) > ($1, $2) AND sealed IS NOT NULL
+               ORDER BY run_id, sequence LIMIT $3"#,
+            after.0,
+            after.1,
+            limit,
+        )
+        .fetch_all(tx)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| ((r.run_id, r.sequence), r.run_id, r.sealed))
+            .collect())
     }
 
-    async fn rotate_comments(
-        &self,
+    async fn write(tx: &mut PgConnection, r: Resealed<(Uuid, i64)>) -> Result<u64, sqlx::Error> {
+        let (runs, sequences): (Vec<Uuid>, Vec<i64>) = r.keys.into_iter().unzip();
+        let done = sqlx::query!(
+            r#"UPDATE run_events e SET sealed = v.new
+               FROM unnest($1::uuid[], $2::int8[], $3::bytea[], $4::bytea[])
+                    AS v(run_id, sequence, old, new)
+               WHERE e.run_id = v.run_id AND e.sequence = v.sequence AND e.sealed = v.old"#,
+            &runs,
+            &sequences,
+            &r.olds,
+            &r.news,
+        )
+        .execute(tx)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// `run_decisions.comment`, by decision id.
+struct Comments;
+
+impl SealedColumn for Comments {
+    type Key = Uuid;
+    const NAME: &'static str = "run_decisions.comment";
+    const PURPOSE: Purpose = Purpose::Comment;
+    const FIRST: Uuid = Uuid::nil();
+
+    async fn page(
+        tx: &mut PgConnection,
+        after: &Uuid,
         limit: i64,
-        batches: &mut u64,
-    ) -> Result<ColumnRotation, StoreError> {
-        let mut stats = column("run_decisions.comment");
-        let mut after = Uuid::nil();
-        loop {
-            let mut tx = self.pool.begin().await?;
-            let rows = sqlx::query!(
-                r#"SELECT decision_id, run_id, comment AS "comment!" FROM run_decisions
-                   WHERE decision_id > $1 AND comment IS NOT NULL
-                   ORDER BY decision_id LIMIT $2"#,
-                after,
-                limit,
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-            let Some(last) = rows.last() else { break };
-            after = last.decision_id;
-            let full = rows.len() as i64 == limit;
-            let rows = rows
-                .into_iter()
-                .map(|r| (r.decision_id, r.run_id, r.comment))
-                .collect();
-            let Resealed {
-                keys: ids,
-                olds,
-                news,
-            } = reseal_batch(&self.keyring, Purpose::Comment, rows, &mut stats)?;
-            let done = sqlx::query!(
-                r#"UPDATE run_decisions d SET comment = v.new
-                   FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
-                   WHERE d.decision_id = v.id AND d.comment = v.old"#,
-                &ids,
-                &olds,
-                &news,
-            )
-            .execute(&mut *tx)
-            .await?;
-            stats.resealed += done.rows_affected();
-            tx.commit().await?;
-            *batches += 1;
-            if !full {
-                break;
-            }
-        }
-        Ok(stats)
+    ) -> Result<Vec<(Uuid, Uuid, Vec<u8>)>, sqlx::Error> {
+        let rows = sqlx::query!(
+            r#"SELECT decision_id, run_id, comment AS "comment!" FROM run_decisions
+               WHERE decision_id > $1 AND comment IS NOT NULL
+               ORDER BY decision_id LIMIT $2"#,
+            after,
+            limit,
+        )
+        .fetch_all(tx)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.decision_id, r.run_id, r.comment))
+            .collect())
     }
 
-    async fn rotate_journal(
-        &self,
+    async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query!(
+            r#"UPDATE run_decisions d SET comment = v.new
+               FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
+               WHERE d.decision_id = v.id AND d.comment = v.old"#,
+            &r.keys,
+            &r.olds,
+            &r.news,
+        )
+        .execute(tx)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// `run_journal.result`, by run, suspension and call.
+struct JournalResults;
+
+impl SealedColumn for JournalResults {
+    type Key = (Uuid, i32, i32);
+    const NAME: &'static str = "run_journal.result";
+    const PURPOSE: Purpose = Purpose::Journal;
+    const FIRST: (Uuid, i32, i32) = (Uuid::nil(), 0, -1);
+
+    async fn page(
+        tx: &mut PgConnection,
+        after: &(Uuid, i32, i32),
         limit: i64,
-        batches: &mut u64,
-    ) -> Result<ColumnRotation, StoreError> {
-        let mut stats = column("run_journal.result");
-        let mut after = (Uuid::nil(), 0_i32, -1_i32);
-        loop {
-            let mut tx = self.pool.begin().await?;
-            let rows = sqlx::query!(
-                r#"SELECT run_id, suspension_seq, call_index, result FROM run_journal
-                   WHERE (run_id, suspension_seq, call_index) > ($1, $2, $3)
-                   ORDER BY run_id, suspension_seq, call_index LIMIT $4"#,
-                after.0,
-                after.1,
-                after.2,
-                limit,
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-            let Some(last) = rows.last() else { break };
-            after = (last.run_id, last.suspension_seq, last.call_index);
-            let full = rows.len() as i64 == limit;
-            let rows = rows
-                .into_iter()
-                .map(|r| {
-                    (
-                        (r.run_id, r.suspension_seq, r.call_index),
-                        r.run_id,
-                        r.result,
-                    )
-                })
-                .collect();
-            let Resealed { keys, olds, news } =
-                reseal_batch(&self.keyring, Purpose::Journal, rows, &mut stats)?;
-            let mut runs = Vec::with_capacity(keys.len());
-            let mut seqs = Vec::with_capacity(keys.len());
-            let mut indexes = Vec::with_capacity(keys.len());
-            for (run, seq, index) in keys {
-                runs.push(run);
-                seqs.push(seq);
-                indexes.push(index);
-            }
-            let done = sqlx::query!(
-                r#"UPDATE run_journal j SET result = v.new
-                   FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::bytea[], $5::bytea[])
-                        AS v(run_id, suspension_seq, call_index, old, new)
-                   WHERE j.run_id = v.run_id AND j.suspension_seq = v.suspension_seq
-                     AND j.call_index = v.call_index AND j.result = v.old"#,
-                &runs,
-                &seqs,
-                &indexes,
-                &olds,
-                &news,
-            )
-            .execute(&mut *tx)
-            .await?;
-            stats.resealed += done.rows_affected();
-            tx.commit().await?;
-            *batches += 1;
-            if !full {
-                break;
-            }
+    ) -> Result<Vec<((Uuid, i32, i32), Uuid, Vec<u8>)>, sqlx::Error> {
+        let rows = sqlx::query!(
+            r#"SELECT run_id, suspension_seq, call_index, result FROM run_journal
+               WHERE (run_id, suspension_seq, call_index) > ($1, $2, $3)
+               ORDER BY run_id, suspension_seq, call_index LIMIT $4"#,
+            after.0,
+            after.1,
+            after.2,
+            limit,
+        )
+        .fetch_all(tx)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| {
+                (
+                    (r.run_id, r.suspension_seq, r.call_index),
+                    r.run_id,
+                    r.result,
+                )
+            })
+            .collect())
+    }
+
+    async fn write(
+        tx: &mut PgConnection,
+        r: Resealed<(Uuid, i32, i32)>,
+    ) -> Result<u64, sqlx::Error> {
+        let mut runs = Vec::with_capacity(r.keys.len());
+        let mut seqs = Vec::with_capacity(r.keys.len());
+        let mut indexes = Vec::with_capacity(r.keys.len());
+        for (run, seq, index) in r.keys {
+            runs.push(run);
+            seqs.push(seq);
+            indexes.push(index);
         }
-        Ok(stats)
+        let done = sqlx::query!(
+            r#"UPDATE run_journal j SET result = v.new
+               FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::bytea[], $5::bytea[])
+                    AS v(run_id, suspension_seq, call_index, old, new)
+               WHERE j.run_id = v.run_id AND j.suspension_seq = v.suspension_seq
+                 AND j.call_index = v.call_index AND j.result = v.old"#,
+            &runs,
+            &seqs,
+            &indexes,
+            &r.olds,
+            &r.news,
+        )
+        .execute(tx)
+        .await?;
+        Ok(done.rows_affected())
     }
 }

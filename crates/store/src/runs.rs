@@ -14,30 +14,20 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use countersign_core::{
-    CallIndex, Effect, FenceToken, LeaseEpoch, RunId, SuspendedRunState, SuspensionSeq, TurnDigest,
+    CallIndex, Effect, EventName, FenceToken, LeaseEpoch, RunId, SuspendedRunState, SuspensionSeq,
+    TurnDigest,
 };
 use countersign_crypto::Purpose;
 use uuid::Uuid;
 
-use crate::agents::{AgentColumns, StoredAgent};
 use crate::{millis, outbox, Store, StoreError};
 
 /// The producer of the runs this repository's own tools create through
 /// [`Store::create_run`] (tests, benchmarks): no transport authenticated it.
 pub const LOCAL_PRODUCER: &str = "countersign:local";
 
-/// A run as requested by a producer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NewRun {
-    /// Chosen by the producer; a duplicate creates nothing.
-    pub request_id: Uuid,
-    pub agent: String,
-    pub acting_user: String,
-    /// Sealed before it is stored, together with `inputs`.
-    pub prompt: String,
-    /// Structured inputs of the run request (a JSON object), sealed with the prompt.
-    pub inputs: Option<serde_json::Map<String, serde_json::Value>>,
-}
+/// A run as requested by a producer: the run request message itself.
+pub use countersign_core::RunRequest as NewRun;
 
 /// What a run was asked to do, as its sealed `request` column holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,7 +83,8 @@ pub struct CreatedRun {
     pub created: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
 pub enum RunStatus {
     Queued,
     Running,
@@ -105,26 +96,7 @@ pub enum RunStatus {
 
 impl RunStatus {
     pub fn as_str(self) -> &'static str {
-        match self {
-            RunStatus::Queued => "queued",
-            RunStatus::Running => "running",
-            RunStatus::WaitingForApproval => "waiting_for_approval",
-            RunStatus::Completed => "completed",
-            RunStatus::Failed => "failed",
-            RunStatus::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "queued" => RunStatus::Queued,
-            "running" => RunStatus::Running,
-            "waiting_for_approval" => RunStatus::WaitingForApproval,
-            "completed" => RunStatus::Completed,
-            "failed" => RunStatus::Failed,
-            "cancelled" => RunStatus::Cancelled,
-            _ => return None,
-        })
+        self.into()
     }
 
     pub fn is_terminal(self) -> bool {
@@ -136,7 +108,8 @@ impl RunStatus {
 }
 
 /// Which stretch of a run a claim executes: from the prompt, or after a decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
 pub enum Segment {
     Start,
     Resume,
@@ -144,18 +117,7 @@ pub enum Segment {
 
 impl Segment {
     pub fn as_str(self) -> &'static str {
-        match self {
-            Segment::Start => "start",
-            Segment::Resume => "resume",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "start" => Some(Segment::Start),
-            "resume" => Some(Segment::Resume),
-            _ => None,
-        }
+        self.into()
     }
 }
 
@@ -183,16 +145,6 @@ impl Lease {
     }
 }
 
-/// What one heartbeat did with a lease still held ([`Store::renew_all`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Renewal {
-    /// Extended to `now() + ttl`.
-    Renewed,
-    /// Not extended this beat: another transaction holds the run row (most often the lease's
-    /// own turn). Neither renewed nor lost; the next beat asks again.
-    Busy,
-}
-
 /// What the gates of a run request read ([`Store::request_facts`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestFacts {
@@ -200,55 +152,6 @@ pub struct RequestFacts {
     pub producer_granted: bool,
     /// The agent configuration exists and is active.
     pub agent_active: bool,
-}
-
-/// A won claim: the lease and what the segment needs to start.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Claim {
-    pub lease: Lease,
-    /// By the database clock; renew every third of the ttl.
-    pub lease_expires_at: DateTime<Utc>,
-    pub segment: Segment,
-    pub agent: String,
-    pub acting_user: String,
-    /// The suspension a resume segment continues; `None` for a start that never suspended.
-    pub suspension_seq: Option<SuspensionSeq>,
-    pub requeue_count: i32,
-    /// For a resume: the call of this suspension's turn that an earlier attempt sent outside
-    /// the store and did not journal ([`SentCall`]). It may have landed.
-    pub sent_call: Option<CallIndex>,
-    /// What the segment starts from, read by the claim's own statement.
-    pub inputs: ClaimedInputs,
-}
-
-/// What a segment starts from, returned by the statement that won its claim rather than read
-/// by one statement each: the agent's configuration as it is now, and the sealed request (a
-/// start) or the sealed state and the accepted decision (a resume). The claim holds the run,
-/// so nothing here can change under the segment; the sealed parts are opened by
-/// [`Store::open_request`], [`Store::open_state`] and [`Store::open_decision`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClaimedInputs {
-    /// `None` when the configuration is gone.
-    pub agent: Option<StoredAgent>,
-    /// The sealed request, for a start segment.
-    pub request: Option<Vec<u8>>,
-    /// The sealed suspended state, for a resume segment.
-    pub state: Option<Vec<u8>>,
-    /// The accepted decision of the suspension a resume continues, its comment still sealed.
-    pub decision: Option<SealedDecision>,
-}
-
-/// An accepted decision as a claim reads it: the comment is opened with
-/// [`Store::open_decision`].
-#[derive(Debug, Clone, PartialEq)]
-pub struct SealedDecision {
-    pub decision_id: Uuid,
-    pub approved: bool,
-    pub approver: String,
-    pub comment: Option<Vec<u8>>,
-    /// How long before the claim it was recorded, in seconds by the database clock: where a
-    /// segment starts timing decision → write.
-    pub decided_secs_ago: Option<f64>,
 }
 
 /// The counters a run carries across segments.
@@ -260,61 +163,12 @@ pub struct RunCounters {
 }
 
 impl RunCounters {
-    fn columns(self) -> (i32, i64, i64) {
+    pub(crate) fn columns(self) -> (i32, i64, i64) {
         (
             i32::try_from(self.iterations).unwrap_or(i32::MAX),
             i64::try_from(self.prompt_tokens).unwrap_or(i64::MAX),
             i64::try_from(self.completion_tokens).unwrap_or(i64::MAX),
         )
-    }
-}
-
-/// How a segment ends its run.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settlement {
-    /// `Completed` or `Failed`; [`Store::settle`] refuses any other status (returns `false`).
-    pub status: RunStatus,
-    pub reason: TerminationReason,
-    /// A stable code such as `provider_timeout`. A `&'static str` so that a formatted message
-    /// cannot be passed by accident; the schema also rejects anything that is not a code.
-    pub error_code: Option<&'static str>,
-    /// `None` keeps the counters stored at the last suspension.
-    pub counters: Option<RunCounters>,
-    /// The run's final answer, sealed into the audit row of `run.completed`; never published.
-    pub answer: Option<String>,
-}
-
-impl Settlement {
-    pub fn completed(reason: TerminationReason, counters: RunCounters) -> Self {
-        Settlement {
-            status: RunStatus::Completed,
-            reason,
-            error_code: None,
-            counters: Some(counters),
-            answer: None,
-        }
-    }
-
-    /// The same settlement, with the final answer to seal into the run's audit trail.
-    pub fn with_answer(self, answer: impl Into<String>) -> Self {
-        Settlement {
-            answer: Some(answer.into()),
-            ..self
-        }
-    }
-
-    pub fn failed(
-        reason: TerminationReason,
-        error_code: Option<&'static str>,
-        counters: Option<RunCounters>,
-    ) -> Self {
-        Settlement {
-            status: RunStatus::Failed,
-            reason,
-            error_code,
-            counters,
-            answer: None,
-        }
     }
 }
 
@@ -356,19 +210,6 @@ pub struct SentCallRef {
     pub index: CallIndex,
 }
 
-/// A run waiting for a decision, as the inbox lists it (no content).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WaitingRun {
-    pub run_id: RunId,
-    pub agent: String,
-    pub acting_user: String,
-    pub suspension_seq: SuspensionSeq,
-    pub turn_digest: TurnDigest,
-    pub pending_tools: Vec<String>,
-    pub approval_deadline: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-}
-
 pub(crate) fn run_id(uuid: Uuid) -> Result<RunId, StoreError> {
     RunId::from_uuid(uuid).map_err(|_| StoreError::unreadable("runs.id"))
 }
@@ -381,168 +222,17 @@ pub(crate) fn seq(n: i32) -> Result<SuspensionSeq, StoreError> {
     SuspensionSeq::from_i32(n).map_err(|_| StoreError::unreadable("suspension_seq"))
 }
 
-fn opt_seq(n: Option<i32>) -> Result<Option<SuspensionSeq>, StoreError> {
+pub(crate) fn opt_seq(n: Option<i32>) -> Result<Option<SuspensionSeq>, StoreError> {
     n.map(seq).transpose()
 }
 
-fn segment(s: &str) -> Result<Segment, StoreError> {
-    Segment::parse(s).ok_or(StoreError::unreadable("runs.segment"))
+pub(crate) fn segment(s: &str) -> Result<Segment, StoreError> {
+    s.parse()
+        .map_err(|_| StoreError::unreadable("runs.segment"))
 }
 
-fn digest(s: &str) -> Result<TurnDigest, StoreError> {
+pub(crate) fn digest(s: &str) -> Result<TurnDigest, StoreError> {
     TurnDigest::parse(s).map_err(|_| StoreError::unreadable("runs.turn_digest"))
-}
-
-/// The stamp a heartbeat may leave: only writes are stamped, a read needs no warning.
-fn effect_stamp(effect: Option<Effect>) -> Option<&'static str> {
-    effect.filter(|e| e.is_write()).map(Effect::as_str)
-}
-
-/// A call about to be sent outside the store, as its stamp records it: its effect (what the
-/// reaper may do with the run if it dies now) and which call of which turn it is (what the
-/// segment that retries the turn must send again rather than compare).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SentCall {
-    pub seq: SuspensionSeq,
-    pub index: CallIndex,
-    pub effect: Effect,
-}
-
-/// What a claim's statement gives back: the claimed row, its agent and, for a resume, the
-/// accepted decision.
-struct ClaimRow {
-    id: Uuid,
-    lease_epoch: i64,
-    lease_expires_at: DateTime<Utc>,
-    segment: String,
-    agent: String,
-    acting_user: String,
-    suspension_seq: Option<i32>,
-    requeue_count: i32,
-    sent_call: Option<i32>,
-    request: Option<Vec<u8>>,
-    state: Option<Vec<u8>>,
-    agent_name: Option<String>,
-    agent_active: Option<bool>,
-    agent_model: Option<serde_json::Value>,
-    allowed_groups: Option<Vec<String>>,
-    allowed_tools: Option<Vec<String>>,
-    enabled_tools: Option<Vec<String>>,
-    max_iterations: Option<i32>,
-    max_tool_calls_per_turn: Option<i32>,
-    four_eyes: Option<bool>,
-    approval_deadline_seconds: Option<i64>,
-    agent_created_at: Option<DateTime<Utc>>,
-    agent_updated_at: Option<DateTime<Utc>>,
-    decision_id: Option<Uuid>,
-    approved: Option<bool>,
-    approver: Option<String>,
-    comment: Option<Vec<u8>>,
-    decided_secs_ago: Option<f64>,
-}
-
-impl ClaimRow {
-    fn into_claim(self, owner: &str) -> Result<Claim, StoreError> {
-        let agent = AgentColumns::optional(
-            self.agent_name,
-            self.agent_active,
-            self.agent_model,
-            self.allowed_groups,
-            self.allowed_tools,
-            self.enabled_tools,
-            self.max_iterations,
-            self.max_tool_calls_per_turn,
-            self.four_eyes,
-            self.approval_deadline_seconds,
-            self.agent_created_at,
-            self.agent_updated_at,
-        );
-        let decision = match (self.decision_id, self.approved, self.approver) {
-            (Some(decision_id), Some(approved), Some(approver)) => Some(SealedDecision {
-                decision_id,
-                approved,
-                approver,
-                comment: self.comment,
-                decided_secs_ago: self.decided_secs_ago,
-            }),
-            _ => None,
-        };
-        Ok(Claim {
-            lease: Lease {
-                run_id: run_id(self.id)?,
-                owner: owner.to_owned(),
-                epoch: epoch(self.lease_epoch)?,
-            },
-            lease_expires_at: self.lease_expires_at,
-            segment: segment(&self.segment)?,
-            agent: self.agent,
-            acting_user: self.acting_user,
-            suspension_seq: opt_seq(self.suspension_seq)?,
-            requeue_count: self.requeue_count,
-            sent_call: self
-                .sent_call
-                .map(|i| {
-                    CallIndex::from_i32(i).map_err(|_| StoreError::unreadable("runs.sent_call"))
-                })
-                .transpose()?,
-            inputs: ClaimedInputs {
-                agent,
-                request: self.request,
-                state: self.state,
-                decision,
-            },
-        })
-    }
-}
-
-/// Many settlements as the columns of [`Store::settle_many`]'s statement.
-#[derive(Default)]
-struct SettlementColumns {
-    ids: Vec<Uuid>,
-    owners: Vec<String>,
-    epochs: Vec<i64>,
-    statuses: Vec<String>,
-    reasons: Vec<String>,
-    error_codes: Vec<Option<String>>,
-    iterations: Vec<Option<i32>>,
-    prompt_tokens: Vec<Option<i64>>,
-    completion_tokens: Vec<Option<i64>>,
-    kinds: Vec<String>,
-    payloads: Vec<serde_json::Value>,
-    sealed: Vec<Option<Vec<u8>>>,
-    event_ids: Vec<Uuid>,
-    bodies: Vec<serde_json::Value>,
-}
-
-impl SettlementColumns {
-    fn push(&mut self, store: &Store, lease: &Lease, s: &Settlement) -> Result<(), StoreError> {
-        let event = outbox::settlement_event(lease.run_id, s);
-        let counters = s.counters.map(RunCounters::columns);
-        self.sealed.push(
-            s.answer
-                .as_deref()
-                .map(|a| {
-                    store
-                        .keyring
-                        .seal(Purpose::Event, lease.run_id, a.as_bytes())
-                })
-                .transpose()?,
-        );
-        self.ids.push(lease.run_id.as_uuid());
-        self.owners.push(lease.owner.clone());
-        self.epochs.push(lease.epoch.get());
-        self.statuses.push(s.status.as_str().to_owned());
-        self.reasons.push(s.reason.as_str().to_owned());
-        self.error_codes.push(s.error_code.map(str::to_owned));
-        self.iterations.push(counters.map(|c| c.0));
-        self.prompt_tokens.push(counters.map(|c| c.1));
-        self.completion_tokens.push(counters.map(|c| c.2));
-        self.kinds.push(event.name.to_string());
-        self.payloads.push(outbox::audit_payload(&event));
-        self.event_ids.push(Uuid::now_v7());
-        self.bodies.push(outbox::stored_body(&event));
-        Ok(())
-    }
 }
 
 impl Store {
@@ -602,7 +292,7 @@ impl Store {
             new.acting_user,
             request,
             Uuid::now_v7(),
-            event.name,
+            event.name.as_str(),
             outbox::stored_body(&event),
             producer,
             traceparent,
@@ -682,283 +372,6 @@ impl Store {
             producer_granted: r.granted,
             agent_active: r.active,
         })
-    }
-
-    /// `queued` → `running`: one UPDATE that sets the owner, `lease_epoch + 1` and
-    /// `lease_expires_at = now() + ttl`, only if the run is available by the database clock.
-    /// `None` when it lost (another claimer, not queued, or not yet available).
-    pub async fn claim(
-        &self,
-        run_id: RunId,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Option<Claim>, StoreError> {
-        let row = sqlx::query_as!(
-            ClaimRow,
-            r#"WITH c AS (
-                   UPDATE runs
-                   SET status = 'running', lease_owner = $2, lease_epoch = lease_epoch + 1,
-                       lease_expires_at = now() + $3 * interval '1 millisecond',
-                       pending_effect = NULL, updated_at = now()
-                   WHERE id = $1 AND status = 'queued' AND available_at <= now()
-                   RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
-                             suspension_seq, requeue_count,
-                             CASE WHEN segment = 'resume' AND sent_seq = suspension_seq
-                                  THEN sent_call END AS sent_call,
-                             CASE WHEN segment = 'start' THEN request END AS request,
-                             CASE WHEN segment = 'resume' THEN state END AS state)
-               SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
-                      c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
-                      c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
-                      c.requeue_count AS "requeue_count!", c.sent_call, c.request AS "request?",
-                      c.state,
-                      a.name AS "agent_name?", a.active AS "agent_active?",
-                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
-                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
-                      a.max_iterations AS "max_iterations?",
-                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
-                      a.four_eyes AS "four_eyes?",
-                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
-                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
-                      d.decision_id AS "decision_id?", d.approved AS "approved?",
-                      d.approver AS "approver?", d.comment AS "comment?",
-                      extract(epoch FROM now() - d.created_at)::float8 AS "decided_secs_ago?"
-               FROM c
-               LEFT JOIN agents a ON a.name = c.agent
-               LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id
-                    AND d.suspension_seq = c.suspension_seq AND d.outcome = 'accepted'"#,
-            run_id.as_uuid(),
-            owner,
-            millis(ttl) as f64,
-        )
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(|r| r.into_claim(owner)).transpose()
-    }
-
-    /// [`Store::claim`] for many wake-ups in one statement: each run is claimed as `claim`
-    /// would claim it, but a row another transaction holds is skipped rather than waited for,
-    /// so one busy row never holds up the others and two batches never wait on each other.
-    /// The answer is in the order asked: the claim won, or `None` for a run lost or skipped
-    /// (only [`Store::claim`] tells which); a run asked for twice is won once at most.
-    pub async fn claim_many(
-        &self,
-        run_ids: &[RunId],
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Vec<Option<Result<Claim, StoreError>>>, StoreError> {
-        let ids: Vec<Uuid> = run_ids.iter().map(|r| r.as_uuid()).collect();
-        let rows = sqlx::query_as!(
-            ClaimRow,
-            r#"WITH c AS (
-                   UPDATE runs
-                   SET status = 'running', lease_owner = $2, lease_epoch = lease_epoch + 1,
-                       lease_expires_at = now() + $3 * interval '1 millisecond',
-                       pending_effect = NULL, updated_at = now()
-                   WHERE id = ANY (ARRAY (SELECT id FROM runs
-                                          WHERE id = ANY ($1) AND status = 'queued'
-                                            AND available_at <= now()
-                                          FOR UPDATE SKIP LOCKED))
-                     AND status = 'queued' AND available_at <= now()
-                   RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
-                             suspension_seq, requeue_count,
-                             CASE WHEN segment = 'resume' AND sent_seq = suspension_seq
-                                  THEN sent_call END AS sent_call,
-                             CASE WHEN segment = 'start' THEN request END AS request,
-                             CASE WHEN segment = 'resume' THEN state END AS state)
-               SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
-                      c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
-                      c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
-                      c.requeue_count AS "requeue_count!", c.sent_call, c.request AS "request?",
-                      c.state,
-                      a.name AS "agent_name?", a.active AS "agent_active?",
-                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
-                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
-                      a.max_iterations AS "max_iterations?",
-                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
-                      a.four_eyes AS "four_eyes?",
-                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
-                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
-                      d.decision_id AS "decision_id?", d.approved AS "approved?",
-                      d.approver AS "approver?", d.comment AS "comment?",
-                      extract(epoch FROM now() - d.created_at)::float8 AS "decided_secs_ago?"
-               FROM c
-               LEFT JOIN agents a ON a.name = c.agent
-               LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id
-                    AND d.suspension_seq = c.suspension_seq AND d.outcome = 'accepted'"#,
-            &ids,
-            owner,
-            millis(ttl) as f64,
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let mut won: Vec<Option<ClaimRow>> = rows.into_iter().map(Some).collect();
-        Ok(ids
-            .iter()
-            .map(|id| {
-                let row = won
-                    .iter_mut()
-                    .find(|r| r.as_ref().is_some_and(|r| r.id == *id))?;
-                row.take().map(|r| r.into_claim(owner))
-            })
-            .collect())
-    }
-
-    /// Claims up to `limit` of the queued runs that have been available longest, skipping rows
-    /// another transaction holds: the polling fallback when no wake-up arrived, one statement
-    /// for as many runs as the worker has slots free. Empty when none is available.
-    pub async fn claim_next(
-        &self,
-        owner: &str,
-        ttl: Duration,
-        limit: usize,
-    ) -> Result<Vec<Result<Claim, StoreError>>, StoreError> {
-        let rows = sqlx::query_as!(
-            ClaimRow,
-            r#"WITH c AS (
-                   UPDATE runs
-                   SET status = 'running', lease_owner = $1, lease_epoch = lease_epoch + 1,
-                       lease_expires_at = now() + $2 * interval '1 millisecond',
-                       pending_effect = NULL, updated_at = now()
-                   WHERE id = ANY (ARRAY (SELECT id FROM runs
-                                          WHERE status = 'queued' AND available_at <= now()
-                                          ORDER BY available_at LIMIT $3
-                                          FOR UPDATE SKIP LOCKED))
-                     AND status = 'queued' AND available_at <= now()
-                   RETURNING id, lease_epoch, lease_expires_at, segment, agent, acting_user,
-                             suspension_seq, requeue_count,
-                             CASE WHEN segment = 'resume' AND sent_seq = suspension_seq
-                                  THEN sent_call END AS sent_call,
-                             CASE WHEN segment = 'start' THEN request END AS request,
-                             CASE WHEN segment = 'resume' THEN state END AS state)
-               SELECT c.id AS "id!", c.lease_epoch AS "lease_epoch!",
-                      c.lease_expires_at AS "lease_expires_at!", c.segment AS "segment!",
-                      c.agent AS "agent!", c.acting_user AS "acting_user!", c.suspension_seq,
-                      c.requeue_count AS "requeue_count!", c.sent_call, c.request AS "request?",
-                      c.state,
-                      a.name AS "agent_name?", a.active AS "agent_active?",
-                      a.model AS "agent_model?", a.allowed_groups AS "allowed_groups?",
-                      a.allowed_tools AS "allowed_tools?", a.enabled_tools AS "enabled_tools?",
-                      a.max_iterations AS "max_iterations?",
-                      a.max_tool_calls_per_turn AS "max_tool_calls_per_turn?",
-                      a.four_eyes AS "four_eyes?",
-                      a.approval_deadline_seconds AS "approval_deadline_seconds?",
-                      a.created_at AS "agent_created_at?", a.updated_at AS "agent_updated_at?",
-                      d.decision_id AS "decision_id?", d.approved AS "approved?",
-                      d.approver AS "approver?", d.comment AS "comment?",
-                      extract(epoch FROM now() - d.created_at)::float8 AS "decided_secs_ago?"
-               FROM c
-               LEFT JOIN agents a ON a.name = c.agent
-               LEFT JOIN run_decisions d ON c.segment = 'resume' AND d.run_id = c.id
-                    AND d.suspension_seq = c.suspension_seq AND d.outcome = 'accepted'"#,
-            owner,
-            millis(ttl) as f64,
-            i64::try_from(limit).unwrap_or(i64::MAX),
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows.into_iter().map(|r| r.into_claim(owner)).collect())
-    }
-
-    /// Heartbeat: extends the lease to `now() + ttl` if this segment still holds it. `false`
-    /// means the lease is lost: stop at the next step boundary and settle nothing.
-    pub async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<bool, StoreError> {
-        let done = sqlx::query!(
-            r#"UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
-               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
-            lease.run_id.as_uuid(),
-            lease.owner,
-            lease.epoch.get(),
-            millis(ttl) as f64,
-        )
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    /// One heartbeat for many leases: extends every lease still held (owner, epoch, `running`)
-    /// to `now() + ttl` in one statement. A lease missing from the answer is lost.
-    ///
-    /// The statement waits for no row: a run row another transaction has locked is skipped and
-    /// answered [`Renewal::Busy`]. The lock is most often the lease's own turn transaction,
-    /// which renewed the lease when it began and renews it again with its journal rows; waiting
-    /// for it would stall the renewal of every other lease of the worker behind one turn that
-    /// waits on a lock of its own (a colleague editing the same page). A transition that holds
-    /// the row (a cancel, the reaper) shows as lost at the next beat.
-    pub async fn renew_all(
-        &self,
-        leases: &[Lease],
-        ttl: Duration,
-    ) -> Result<Vec<(RunId, Renewal)>, StoreError> {
-        let ids: Vec<Uuid> = leases.iter().map(|l| l.run_id.as_uuid()).collect();
-        let owners: Vec<String> = leases.iter().map(|l| l.owner.clone()).collect();
-        let epochs: Vec<i64> = leases.iter().map(|l| l.epoch.get()).collect();
-        let rows = sqlx::query!(
-            r#"WITH leases AS (
-                   SELECT * FROM unnest($1::uuid[], $2::text[], $3::int8[]) AS h (id, owner, epoch)),
-               held AS (
-                   SELECT r.id FROM runs r JOIN leases h ON r.id = h.id
-                   WHERE r.lease_owner = h.owner AND r.lease_epoch = h.epoch
-                     AND r.status = 'running'),
-               -- The guard again: a row locked and changed meanwhile is checked against its
-               -- newest version once its lock is taken.
-               free AS (
-                   SELECT r.id FROM runs r JOIN leases h ON r.id = h.id
-                   WHERE r.lease_owner = h.owner AND r.lease_epoch = h.epoch
-                     AND r.status = 'running'
-                   FOR UPDATE OF r SKIP LOCKED),
-               renewed AS (
-                   UPDATE runs r SET lease_expires_at = now() + $4 * interval '1 millisecond'
-                   FROM free WHERE r.id = free.id
-                   RETURNING r.id)
-               -- A hashed subplan, not a join: the planner cannot size the CTEs, and the join
-               -- it chose compared every held lease with every renewed one.
-               SELECT held.id AS "id!", held.id IN (SELECT id FROM renewed) AS "renewed!"
-               FROM held"#,
-            &ids,
-            &owners,
-            &epochs,
-            millis(ttl) as f64,
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                let renewal = if r.renewed {
-                    Renewal::Renewed
-                } else {
-                    Renewal::Busy
-                };
-                Ok((run_id(r.id)?, renewal))
-            })
-            .collect()
-    }
-
-    /// A heartbeat that also stamps the call about to be sent outside the store (or clears the
-    /// stamp with `None`) in the same UPDATE, before its effect runs: the reaper never retries
-    /// a run stamped `non_idempotent_write`, because the effect may already have happened; and
-    /// the segment that retries a turn sends the stamped call again under its key.
-    pub async fn renew_stamping(
-        &self,
-        lease: &Lease,
-        ttl: Duration,
-        sent: Option<SentCall>,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query!(
-            r#"UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond',
-                               pending_effect = $5, sent_seq = $6, sent_call = $7
-               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
-            lease.run_id.as_uuid(),
-            lease.owner,
-            lease.epoch.get(),
-            millis(ttl) as f64,
-            effect_stamp(sent.map(|s| s.effect)),
-            sent.map(|s| s.seq.as_i32()),
-            sent.map(|s| s.index.as_i32()),
-        )
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
     }
 
     /// `running` → `waiting_for_approval`, guarded by owner and epoch. Seals the state, stores
@@ -1049,101 +462,6 @@ impl Store {
         Ok(true)
     }
 
-    /// `running` → `completed` | `failed`, guarded by owner and epoch; clears the lease. In the
-    /// same transaction it announces `run.completed` (the answer sealed into its audit row) or
-    /// `run.failed` (with the error code). Nothing is written when the guard loses.
-    pub async fn settle(&self, lease: &Lease, settlement: &Settlement) -> Result<bool, StoreError> {
-        let written = self.settle_many(&[(lease, settlement)]).await?;
-        Ok(written == [true])
-    }
-
-    /// [`Store::settle`] for many leases in one statement: each settlement is guarded by its
-    /// own lease, and its transition, its audit row (numbered from the run's counter) and its
-    /// outbox row are written as one; the answer says, in order, which were written. The rows
-    /// are locked in id order, so two batches never deadlock each other. If the statement
-    /// fails, none is written.
-    pub async fn settle_many(
-        &self,
-        settlements: &[(&Lease, &Settlement)],
-    ) -> Result<Vec<bool>, StoreError> {
-        let settleable =
-            |s: &Settlement| matches!(s.status, RunStatus::Completed | RunStatus::Failed);
-        let mut given = SettlementColumns::default();
-        for (lease, settlement) in settlements.iter().filter(|(_, s)| settleable(s)) {
-            given.push(self, lease, settlement)?;
-        }
-        if given.ids.is_empty() {
-            return Ok(vec![false; settlements.len()]);
-        }
-        let rows = sqlx::query_as!(
-            outbox::Row,
-            r#"WITH given AS (
-                   SELECT DISTINCT ON (id) *
-                   FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[],
-                               $6::text[], $7::int4[], $8::int8[], $9::int8[], $10::text[],
-                               $11::jsonb[], $12::bytea[], $13::uuid[], $14::jsonb[])
-                        AS g (id, owner, epoch, status, reason, error_code, iterations,
-                              prompt_tokens, completion_tokens, kind, payload, sealed,
-                              event_id, body)),
-               held AS (
-                   SELECT r.id FROM runs r JOIN given g ON r.id = g.id
-                   WHERE r.status = 'running' AND r.lease_owner = g.owner
-                     AND r.lease_epoch = g.epoch
-                   ORDER BY r.id
-                   FOR UPDATE OF r),
-               settled AS (
-                   UPDATE runs r
-                   SET status = g.status, termination_reason = g.reason,
-                       error_code = g.error_code,
-                       iterations = coalesce(g.iterations, r.iterations),
-                       prompt_tokens = coalesce(g.prompt_tokens, r.prompt_tokens),
-                       completion_tokens = coalesce(g.completion_tokens, r.completion_tokens),
-                       lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
-                       updated_at = now()
-                   FROM given g
-                   WHERE r.id = g.id AND r.id IN (SELECT id FROM held)
-                     AND r.status = 'running' AND r.lease_owner = g.owner
-                     AND r.lease_epoch = g.epoch
-                   RETURNING r.id),
-               numbered AS (
-                   INSERT INTO run_trails (run_id, last_sequence)
-                   SELECT id, 1 FROM settled
-                   ON CONFLICT (run_id) DO UPDATE SET last_sequence = run_trails.last_sequence + 1
-                   RETURNING run_id, last_sequence),
-               audit AS (
-                   INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
-                   SELECT t.run_id, t.last_sequence, g.kind, g.payload, g.sealed
-                   FROM numbered t JOIN given g ON g.id = t.run_id
-                   RETURNING sequence)
-               INSERT INTO event_outbox (id, run_id, kind, body)
-               SELECT g.event_id, s.id, g.kind, announced_body(g.body, g.event_id)
-               FROM settled s JOIN given g ON g.id = s.id
-               RETURNING id, run_id, kind, body, created_at, published_at"#,
-            &given.ids,
-            &given.owners,
-            &given.epochs,
-            &given.statuses,
-            &given.reasons,
-            &given.error_codes as &[Option<String>],
-            &given.iterations as &[Option<i32>],
-            &given.prompt_tokens as &[Option<i64>],
-            &given.completion_tokens as &[Option<i64>],
-            &given.kinds,
-            &given.payloads,
-            &given.sealed as &[Option<Vec<u8>>],
-            &given.event_ids,
-            &given.bodies,
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let written: Vec<Option<Uuid>> = rows.iter().map(|r| r.run_id).collect();
-        self.hand_off(rows.into_iter().map(Into::into).collect());
-        Ok(settlements
-            .iter()
-            .map(|(lease, s)| settleable(s) && written.contains(&Some(lease.run_id.as_uuid())))
-            .collect())
-    }
-
     /// `running` → `queued` of the same segment, guarded by owner and epoch, available again
     /// after `delay`: a segment that must stop (its process is shutting down) hands its run
     /// back instead of leaving it to the reaper. The requeue count is not charged. A call
@@ -1190,7 +508,11 @@ impl Store {
             tx.rollback().await?;
             return Ok(false);
         }
-        let event = outbox::ended_event("run.cancelled", run_id, TerminationReason::Cancelled);
+        let event = outbox::ended_event(
+            EventName::RunCancelled,
+            run_id,
+            TerminationReason::Cancelled,
+        );
         let row = outbox::announce_locked(&mut tx, &self.keyring, run_id, &event, None).await?;
         tx.commit().await?;
         self.hand_off(vec![row]);
@@ -1222,11 +544,15 @@ impl Store {
 
     /// Opens a sealed suspended state (a claim's [`ClaimedInputs::state`]); an error whose code
     /// is `state_unreadable` when it does not open.
+    ///
+    /// [`ClaimedInputs::state`]: crate::ClaimedInputs::state
     pub fn open_state(&self, run_id: RunId, sealed: &[u8]) -> Result<Vec<u8>, StoreError> {
         Ok(self.keyring.open(Purpose::State, run_id, sealed)?)
     }
 
     /// Opens a sealed request (a claim's [`ClaimedInputs::request`]).
+    ///
+    /// [`ClaimedInputs::request`]: crate::ClaimedInputs::request
     pub fn open_request(&self, run_id: RunId, sealed: &[u8]) -> Result<StoredRequest, StoreError> {
         let bytes = self.keyring.open(Purpose::Request, run_id, sealed)?;
         StoredRequest::from_bytes(&bytes)
@@ -1267,7 +593,10 @@ impl Store {
             request_id: r.request_id,
             agent: r.agent,
             acting_user: r.acting_user,
-            status: RunStatus::parse(&r.status).ok_or(StoreError::unreadable("runs.status"))?,
+            status: r
+                .status
+                .parse()
+                .map_err(|_| StoreError::unreadable("runs.status"))?,
             segment: segment(&r.segment)?,
             suspension_seq: opt_seq(r.suspension_seq)?,
             turn_digest: r.turn_digest.as_deref().map(digest).transpose()?,
@@ -1277,7 +606,10 @@ impl Store {
             lease_expires_at: r.lease_expires_at,
             pending_effect: r
                 .pending_effect
-                .map(|e| Effect::parse(&e).ok_or(StoreError::unreadable("runs.pending_effect")))
+                .map(|e| {
+                    e.parse()
+                        .map_err(|_| StoreError::unreadable("runs.pending_effect"))
+                })
                 .transpose()?,
             requeue_count: r.requeue_count,
             available_at: r.available_at,
@@ -1286,8 +618,8 @@ impl Store {
             termination_reason: r
                 .termination_reason
                 .map(|t| {
-                    TerminationReason::parse(&t)
-                        .ok_or(StoreError::unreadable("runs.termination_reason"))
+                    t.parse()
+                        .map_err(|_| StoreError::unreadable("runs.termination_reason"))
                 })
                 .transpose()?,
             error_code: r.error_code,
@@ -1309,33 +641,5 @@ impl Store {
             created_at: r.created_at,
             updated_at: r.updated_at,
         }))
-    }
-
-    /// Runs waiting for a decision, soonest deadline first.
-    pub async fn inbox(&self, limit: i64) -> Result<Vec<WaitingRun>, StoreError> {
-        let rows = sqlx::query!(
-            r#"SELECT id, agent, acting_user, suspension_seq AS "suspension_seq!",
-                      turn_digest AS "turn_digest!", pending_tools,
-                      approval_deadline AS "approval_deadline!", updated_at
-               FROM runs WHERE status = 'waiting_for_approval'
-               ORDER BY approval_deadline, id LIMIT $1"#,
-            limit,
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        rows.into_iter()
-            .map(|r| {
-                Ok(WaitingRun {
-                    run_id: run_id(r.id)?,
-                    agent: r.agent,
-                    acting_user: r.acting_user,
-                    suspension_seq: seq(r.suspension_seq)?,
-                    turn_digest: digest(&r.turn_digest)?,
-                    pending_tools: r.pending_tools,
-                    approval_deadline: r.approval_deadline,
-                    updated_at: r.updated_at,
-                })
-            })
-            .collect()
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::{SecondsFormat, Utc};
 use countersign_core::agent_loop::{
-    self, AgentConfig, Decision, Outcome, Segment, SegmentHooks, TerminationReason,
+    self, AgentConfig, Decision, Interruption, Outcome, Segment, SegmentHooks, TerminationReason,
 };
 use countersign_core::{
     DataClasses, LocalWriters, Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState,
@@ -15,7 +15,8 @@ use countersign_core::{
 use countersign_model::ModelCatalog;
 use countersign_service::tools::Tools;
 use countersign_store::{
-    Claim, FencedWrite, Lease, RunCounters, Segment as SegmentKind, Settlement, Store, StoreError,
+    Claim, DecisionOutcome, FencedWrite, Lease, RunCounters, Segment as SegmentKind, Settlement,
+    Store, StoreError,
 };
 use serde_json::Value;
 use tracing::Instrument;
@@ -24,8 +25,9 @@ use crate::heartbeat::Heartbeat;
 use crate::hooks::StoreHooks;
 use crate::settler::Settler;
 
-/// How a segment ended, for the caller's metrics and logs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How a segment ended, for the caller's metrics (the `end` label its name) and logs.
+#[derive(Debug, Clone, PartialEq, Eq, strum::IntoStaticStr, strum::VariantNames)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum SegmentEnd {
     Completed(TerminationReason),
@@ -36,9 +38,17 @@ pub enum SegmentEnd {
         moved: usize,
     },
     /// Stopped without settling (lease lost, store unreachable); the reaper takes it from here.
-    Interrupted(&'static str),
+    Interrupted(Interruption),
     /// Handed back to the queue at shutdown, its retry budget untouched.
     Released,
+}
+
+/// Why a resume segment cannot start: its run fails.
+enum Unresumable {
+    /// A sealed value of the run does not open (`state_unreadable`).
+    Unreadable(StoreError),
+    /// With this reason and code.
+    Fail(TerminationReason, &'static str),
 }
 
 /// How often a segment interrupted by the store is run again before it is left to the reaper.
@@ -147,12 +157,12 @@ impl SegmentRunner {
         let end = loop {
             let end = tokio::select! {
                 end = self.drive(claim, &hooks).instrument(span.clone()) => end,
-                () = hooks.lost() => Ok(SegmentEnd::Interrupted("lease_lost")),
+                () = hooks.lost() => Ok(SegmentEnd::Interrupted(Interruption::LeaseLost)),
                 () = &mut release => break self.release(&claim.lease).await,
             };
             match end {
-                Ok(SegmentEnd::Interrupted(code))
-                    if code != "lease_lost" && !hooks.lease_lost() =>
+                Ok(SegmentEnd::Interrupted(Interruption::Unavailable(code)))
+                    if !hooks.lease_lost() =>
                 {
                     match backoff.next() {
                         Some(pause) => {
@@ -176,7 +186,7 @@ impl SegmentRunner {
         Ok(if handed_back {
             SegmentEnd::Released
         } else {
-            SegmentEnd::Interrupted("lease_lost")
+            SegmentEnd::Interrupted(Interruption::LeaseLost)
         })
     }
 
@@ -200,7 +210,11 @@ impl SegmentRunner {
             }
             _ => {
                 return self
-                    .fail(lease, TerminationReason::NotRetryable, "configuration_gone")
+                    .fail(
+                        lease,
+                        TerminationReason::NotRetryable,
+                        DecisionOutcome::ConfigurationGone.as_str(),
+                    )
                     .await
             }
         };
@@ -213,7 +227,7 @@ impl SegmentRunner {
             }
             Err(e) => {
                 tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "user directory failed");
-                return Ok(SegmentEnd::Interrupted(e.code()));
+                return Ok(SegmentEnd::Interrupted(Interruption::Unavailable(e.code())));
             }
         };
         let captured_at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
@@ -239,60 +253,48 @@ impl SegmentRunner {
                     Err(e) => return self.unreadable(lease, &e).await,
                 }
             }
-            SegmentKind::Resume => {
-                let Some(seq) = claim.suspension_seq else {
-                    return self
-                        .fail(
-                            lease,
-                            TerminationReason::StateUnreadable,
-                            "state_unreadable",
-                        )
-                        .await;
-                };
-                let opened = match &inputs.state {
-                    Some(sealed) => self.store.open_state(run_id, sealed),
-                    None => Err(StoreError::NoState(run_id)),
-                };
-                let state = match opened {
-                    Ok(bytes) => SuspendedRunState::from_bytes(&bytes),
-                    Err(e) => return self.unreadable(lease, &e).await,
-                };
-                let state = match state {
-                    Ok(state) if state.suspension_seq == seq => state,
-                    Ok(_) => {
-                        return self
-                            .fail(
-                                lease,
-                                TerminationReason::StateUnreadable,
-                                "state_unreadable",
-                            )
-                            .await
-                    }
-                    Err(e) => {
-                        tracing::error!(run.id = %run_id, error = %e, "suspended state unreadable");
-                        return self
-                            .fail(lease, TerminationReason::StateUnreadable, e.code())
-                            .await;
-                    }
-                };
-                // A sealed comment that does not open fails the run now: no retry can open it.
-                let Some(sealed) = inputs.decision.clone() else {
-                    return self
-                        .fail(lease, TerminationReason::NotRetryable, "decision_missing")
-                        .await;
-                };
-                let decision = match self.store.open_decision(run_id, sealed) {
-                    Ok(decision) => decision,
-                    Err(e) => return self.unreadable(lease, &e).await,
-                };
-                let decision = Decision {
-                    approved: decision.approved,
-                    comment: decision.comment,
-                };
-                agent_loop::resume(seg, state, &decision).await
-            }
+            SegmentKind::Resume => match self.resume_inputs(claim) {
+                Ok((state, decision)) => agent_loop::resume(seg, state, &decision).await,
+                Err(Unresumable::Unreadable(e)) => return self.unreadable(lease, &e).await,
+                Err(Unresumable::Fail(reason, code)) => {
+                    return self.fail(lease, reason, code).await
+                }
+            },
         };
         self.settle(lease, outcome).await
+    }
+
+    /// What a resume continues from: the suspended state of the card the claim resumes, and
+    /// the decision on it. A sealed value that does not open fails the run: no retry can
+    /// open it.
+    fn resume_inputs(&self, claim: &Claim) -> Result<(SuspendedRunState, Decision), Unresumable> {
+        let run_id = claim.lease.run_id;
+        let unreadable = TerminationReason::StateUnreadable;
+        let seq = claim
+            .suspension_seq
+            .ok_or(Unresumable::Fail(unreadable, unreadable.as_str()))?;
+        let state = match &claim.inputs.state {
+            Some(sealed) => self.store.open_state(run_id, sealed),
+            None => Err(StoreError::NoState(run_id)),
+        }
+        .map_err(Unresumable::Unreadable)?;
+        let state = match SuspendedRunState::from_bytes(&state) {
+            Ok(state) if state.suspension_seq == seq => state,
+            Ok(_) => return Err(Unresumable::Fail(unreadable, unreadable.as_str())),
+            Err(e) => {
+                tracing::error!(run.id = %run_id, error = %e, "suspended state unreadable");
+                return Err(Unresumable::Fail(unreadable, e.code()));
+            }
+        };
+        let Some(sealed) = &claim.inputs.decision else {
+            let missing = Unresumable::Fail(TerminationReason::NotRetryable, "decision_missing");
+            return Err(missing);
+        };
+        let decision = self
+            .store
+            .open_decision(run_id, sealed)
+            .map_err(Unresumable::Unreadable)?;
+        Ok((state, decision))
     }
 
     async fn settle(&self, lease: &Lease, outcome: Outcome) -> Result<SegmentEnd, StoreError> {
@@ -312,7 +314,7 @@ impl SegmentRunner {
                 // `run.completed` (the answer sealed into its audit row) commits with the settle.
                 let settlement = Settlement::completed(reason, counters).with_answer(answer);
                 if !self.settler.settle(&self.store, lease, &settlement).await? {
-                    return Ok(SegmentEnd::Interrupted("lease_lost"));
+                    return Ok(SegmentEnd::Interrupted(Interruption::LeaseLost));
                 }
                 tracing::info!(run.id = %run_id, reason = reason.as_str(), "run completed");
                 metrics::counter!("countersign_runs_total", "status" => "completed", "reason" => reason.as_str()).increment(1);
@@ -327,7 +329,7 @@ impl SegmentRunner {
                 let settlement =
                     Settlement::failed(reason, Some(code), Some(counters(iterations, tokens)));
                 if !self.settler.settle(&self.store, lease, &settlement).await? {
-                    return Ok(SegmentEnd::Interrupted("lease_lost"));
+                    return Ok(SegmentEnd::Interrupted(Interruption::LeaseLost));
                 }
                 failed(run_id, reason, code);
                 Ok(SegmentEnd::Failed(reason))
@@ -338,7 +340,7 @@ impl SegmentRunner {
                 let moved_tools: Vec<&str> = moved.iter().map(|(_, t)| t.as_str()).collect();
                 match self.store.suspend(lease, &state, &moved_tools).await {
                     Ok(true) => {}
-                    Ok(false) => return Ok(SegmentEnd::Interrupted("lease_lost")),
+                    Ok(false) => return Ok(SegmentEnd::Interrupted(Interruption::LeaseLost)),
                     Err(e) => {
                         tracing::error!(run.id = %run_id, code = e.code(), error = %e, "suspend failed");
                         return self
@@ -361,24 +363,29 @@ impl SegmentRunner {
                     moved: moved.len(),
                 })
             }
-            Outcome::Interrupted { code } => {
-                if code == "lease_lost" {
+            Outcome::Interrupted(cause) => {
+                if cause == Interruption::LeaseLost {
                     metrics::counter!("countersign_leases_lost_total").increment(1);
                 }
-                tracing::warn!(run.id = %run_id, code, "segment interrupted; nothing settled");
-                Ok(SegmentEnd::Interrupted(code))
+                tracing::warn!(run.id = %run_id, code = cause.code(), "segment interrupted; nothing settled");
+                Ok(SegmentEnd::Interrupted(cause))
             }
         }
     }
 
     async fn unreadable(&self, lease: &Lease, e: &StoreError) -> Result<SegmentEnd, StoreError> {
         tracing::error!(run.id = %lease.run_id, error = %e, "sealed run data unreadable");
-        self.fail(
-            lease,
-            TerminationReason::StateUnreadable,
-            "state_unreadable",
-        )
-        .await
+        self.fail_as(lease, TerminationReason::StateUnreadable)
+            .await
+    }
+
+    /// Fails the run with `reason`, which is its error code too.
+    async fn fail_as(
+        &self,
+        lease: &Lease,
+        reason: TerminationReason,
+    ) -> Result<SegmentEnd, StoreError> {
+        self.fail(lease, reason, reason.as_str()).await
     }
 
     async fn fail(
@@ -389,7 +396,7 @@ impl SegmentRunner {
     ) -> Result<SegmentEnd, StoreError> {
         let settlement = Settlement::failed(reason, Some(code), None);
         if !self.settler.settle(&self.store, lease, &settlement).await? {
-            return Ok(SegmentEnd::Interrupted("lease_lost"));
+            return Ok(SegmentEnd::Interrupted(Interruption::LeaseLost));
         }
         failed(lease.run_id, reason, code);
         Ok(SegmentEnd::Failed(reason))

@@ -365,14 +365,6 @@ async fn run_claimed(
     }
 }
 
-/// How a segment can end, as `countersign_segment_duration_seconds` labels it.
-const SEGMENT_ENDS: [&str; 5] = [
-    "completed",
-    "failed",
-    "suspended",
-    "interrupted",
-    "released",
-];
 /// The termination reasons a worker ends a run with, by status (the reaper's are its own).
 const RUN_ENDS: [(&str, &[TerminationReason]); 2] = [
     (
@@ -400,12 +392,15 @@ const RUN_ENDS: [(&str, &[TerminationReason]); 2] = [
 /// tool with a preview.
 fn register_metrics(runner: &SegmentRunner) {
     for segment in [Segment::Start, Segment::Resume] {
-        for end in SEGMENT_ENDS {
+        for &end in <SegmentEnd as strum::VariantNames>::VARIANTS {
             let _ = metrics::histogram!("countersign_segment_duration_seconds", "segment" => segment.as_str(), "end" => end);
         }
     }
     for provider in crate::segment::PROVIDER_LABELS {
-        for outcome in std::iter::once("ok").chain(ModelError::CODES) {
+        for &outcome in ["ok"]
+            .iter()
+            .chain(<ModelError as strum::VariantNames>::VARIANTS)
+        {
             let _ = metrics::histogram!("countersign_model_call_duration_seconds", "provider" => provider, "outcome" => outcome);
         }
     }
@@ -438,13 +433,7 @@ fn register_metrics(runner: &SegmentRunner) {
 /// recorded by the segment's hooks as each commits.)
 fn observe(claim: &Claim, end: &SegmentEnd, took: Duration) {
     let segment = claim.segment.as_str();
-    let ended = match end {
-        SegmentEnd::Completed(_) => "completed",
-        SegmentEnd::Failed(_) => "failed",
-        SegmentEnd::Suspended { .. } => "suspended",
-        SegmentEnd::Interrupted(_) => "interrupted",
-        SegmentEnd::Released => "released",
-    };
+    let ended: &'static str = end.into();
     metrics::histogram!(
         "countersign_segment_duration_seconds",
         "segment" => segment,

@@ -23,7 +23,7 @@ fn assert_conflict(v: &countersign_coordinator::DecisionVerdict, d: &Value) {
     assert_refused(v, d, "idempotency_conflict");
     assert!(!v.replayed);
     assert_eq!(
-        v.unannounced().map(|e| e.name),
+        v.unannounced().map(|e| e.name.as_str()),
         Some("decision.refused"),
         "nothing recorded it, so the caller announces it"
     );

@@ -180,12 +180,7 @@ async fn a_malformed_run_request_is_dead_lettered_with_its_reason_even_from_nobo
     r["prompt"] = json!("   ");
     for producer in [Some(PORTAL), None] {
         let v = take(&h, &r, producer).await;
-        assert_eq!(
-            v.outcome,
-            RequestOutcome::Malformed {
-                reason: "invalid_field:prompt".into()
-            }
-        );
+        assert_eq!(v.outcome, RequestOutcome::Malformed);
         assert_eq!(v.dead_letter_reason(), Some("invalid_field:prompt"));
         assert_eq!(v.request_id, None);
         assert_eq!(v.event, None);

@@ -3,7 +3,7 @@
 
 use countersign_core::agent_loop::{
     self, not_offered_at_suspend_result, too_many_calls_result, unnamed_call_result, Decision,
-    Outcome, TerminationReason,
+    Interruption, Outcome, TerminationReason,
 };
 use countersign_core::state::MAX_STATE_BYTES;
 use countersign_core::{Message, Role, SuspendedRunState};
@@ -115,9 +115,7 @@ async fn a_preview_that_cannot_reach_its_store_interrupts_the_suspension_instead
     let outcome = agent_loop::start(f.segment(&model, T0), "attach", None).await;
     assert_eq!(
         outcome,
-        Outcome::Interrupted {
-            code: "database_error"
-        }
+        Outcome::Interrupted(Interruption::Unavailable("database_error"))
     );
 }
 
@@ -137,9 +135,7 @@ async fn a_re_preview_that_cannot_reach_its_store_interrupts_the_resume_and_writ
     let outcome = agent_loop::resume(f.segment(&model, T0), state, &decision).await;
     assert_eq!(
         outcome,
-        Outcome::Interrupted {
-            code: "database_error"
-        }
+        Outcome::Interrupted(Interruption::Unavailable("database_error"))
     );
     assert!(f.world.executed_tools().is_empty());
 }

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use countersign_core::agent_loop::{self, Decision, Outcome, TerminationReason};
+use countersign_core::agent_loop::{self, Decision, Interruption, Outcome, TerminationReason};
 use countersign_core::preview::{
     failed_at_resume_line, failed_at_suspend_line, EMPTY_PREVIEW_LINE, PREVIEW_VANISHED_LINE,
 };
@@ -344,7 +344,7 @@ async fn a_lost_lease_stops_the_segment_before_the_write() {
     let (state, _) = suspended(agent_loop::start(f.segment(&model, T0), "attach", None).await);
     f.hooks.lease_lost.store(true, Ordering::SeqCst);
     let outcome = agent_loop::resume(f.segment(&model, T1), state, &approve()).await;
-    assert_eq!(outcome, Outcome::Interrupted { code: "lease_lost" });
+    assert_eq!(outcome, Outcome::Interrupted(Interruption::LeaseLost));
     assert!(f.world.executed_tools().is_empty());
     assert!(f.hooks.journal.lock().unwrap().is_empty());
 }

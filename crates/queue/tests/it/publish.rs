@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use countersign_core::{Event, RunId};
+use countersign_core::{Event, EventName, RunId};
 use countersign_queue::{parse_segment, MessageProperties};
 use serde_json::json;
 
@@ -40,7 +40,7 @@ async fn an_event_is_routed_by_its_name_to_a_matching_binding_only() {
         b.bind_events(&decisions, "decision.*").await.unwrap();
         let run = RunId::new();
         let event = Event::new(
-            "run.completed",
+            EventName::RunCompleted,
             json!({"run_id": run, "termination_reason": "completed"}),
         );
         b.publish_event(&event, "2026-11-30T10:00:00Z")

@@ -1,4 +1,4 @@
-use countersign_core::{RunId, SuspendedRunState, SuspensionSeq};
+use countersign_core::{DecisionMessage, RunId, SuspendedRunState, SuspensionSeq};
 use countersign_store::{
     DecisionOutcome, DecisionRecord, NewDecision, RunEvent, RunStatus, Segment, Store,
 };
@@ -9,13 +9,15 @@ use crate::support::*;
 
 fn decision(run: RunId, st: &SuspendedRunState, outcome: DecisionOutcome) -> NewDecision {
     NewDecision {
-        decision_id: Uuid::now_v7(),
-        run_id: run,
-        suspension_seq: st.suspension_seq,
-        turn_digest: st.turn_digest(),
-        approved: false,
-        approver: "alice".into(),
-        comment: Some("Keep the old description.".into()),
+        message: DecisionMessage {
+            decision_id: Uuid::now_v7(),
+            run_id: run,
+            suspension_seq: st.suspension_seq,
+            turn_digest: st.turn_digest(),
+            approved: false,
+            approver: "alice".into(),
+            comment: Some("Keep the old description.".into()),
+        },
         outcome,
         in_trail: true,
     }
@@ -55,7 +57,10 @@ async fn an_accepted_decision_releases_the_turn_with_its_audit_event(pool: PgPoo
     let events = decision_events(&store, run).await;
     assert_eq!(events.len(), 1);
     assert_eq!(events[0].kind, "decision.accepted");
-    assert_eq!(events[0].payload["decision_id"], d.decision_id.to_string());
+    assert_eq!(
+        events[0].payload["decision_id"],
+        d.message.decision_id.to_string()
+    );
     assert_eq!(events[0].payload["outcome"], "accepted");
     assert!(
         !events[0].payload.to_string().contains("Keep the old"),
@@ -67,7 +72,7 @@ async fn an_accepted_decision_releases_the_turn_with_its_audit_event(pool: PgPoo
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(accepted.decision_id, d.decision_id);
+    assert_eq!(accepted.decision_id, d.message.decision_id);
     assert!(!accepted.approved);
     assert_eq!(accepted.approver, "alice");
     assert_eq!(
@@ -76,7 +81,7 @@ async fn an_accepted_decision_releases_the_turn_with_its_audit_event(pool: PgPoo
     );
     let raw: Vec<u8> =
         sqlx::query_scalar("SELECT comment FROM run_decisions WHERE decision_id = $1")
-            .bind(d.decision_id)
+            .bind(d.message.decision_id)
             .fetch_one(&pool)
             .await
             .unwrap();
@@ -96,11 +101,11 @@ async fn a_decision_replay_returns_the_recorded_outcome(pool: PgPool) {
         DecisionRecord::Replayed(DecisionOutcome::Accepted)
     );
     assert_eq!(
-        store.decision_outcome(d.decision_id).await.unwrap(),
+        store.decision_outcome(d.message.decision_id).await.unwrap(),
         Some(DecisionOutcome::Accepted)
     );
     assert_eq!(store.run(run).await.unwrap().unwrap(), after_first);
-    assert_eq!(decision_rows(&pool, d.decision_id).await, 1);
+    assert_eq!(decision_rows(&pool, d.message.decision_id).await, 1);
     assert_eq!(decision_events(&store, run).await.len(), 1);
 
     // A refused decision is recorded too, and its replay — whatever the gates would say now —
@@ -146,21 +151,27 @@ async fn a_decision_whose_transition_loses_leaves_no_decision_row(pool: PgPool) 
         store.record_decision(&d).await.unwrap(),
         DecisionRecord::TransitionLost
     );
-    assert_eq!(decision_rows(&pool, d.decision_id).await, 0);
+    assert_eq!(decision_rows(&pool, d.message.decision_id).await, 0);
     assert!(decision_events(&store, run).await.is_empty());
-    assert_eq!(store.decision_outcome(d.decision_id).await.unwrap(), None);
+    assert_eq!(
+        store.decision_outcome(d.message.decision_id).await.unwrap(),
+        None
+    );
 
     // The decision names an older card than the one the run now waits on.
     let (run, st) = waiting(&store).await;
     let stale = NewDecision {
-        suspension_seq: SuspensionSeq::FIRST.next(),
+        message: DecisionMessage {
+            suspension_seq: SuspensionSeq::FIRST.next(),
+            ..decision(run, &st, DecisionOutcome::Accepted).message
+        },
         ..decision(run, &st, DecisionOutcome::Accepted)
     };
     assert_eq!(
         store.record_decision(&stale).await.unwrap(),
         DecisionRecord::TransitionLost
     );
-    assert_eq!(decision_rows(&pool, stale.decision_id).await, 0);
+    assert_eq!(decision_rows(&pool, stale.message.decision_id).await, 0);
     assert_eq!(
         store.run(run).await.unwrap().unwrap().status,
         RunStatus::WaitingForApproval
@@ -180,5 +191,5 @@ async fn a_refused_decision_naming_an_unknown_run_is_recorded_for_replay(pool: P
         store.record_decision(&d).await.unwrap(),
         DecisionRecord::Replayed(DecisionOutcome::NotAwaitingApproval)
     );
-    assert_eq!(decision_rows(&pool, d.decision_id).await, 1);
+    assert_eq!(decision_rows(&pool, d.message.decision_id).await, 1);
 }

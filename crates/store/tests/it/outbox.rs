@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use countersign_core::{CallIndex, RunId, SuspensionSeq, TerminationReason};
+use countersign_core::{CallIndex, DecisionMessage, RunId, SuspensionSeq, TerminationReason};
 use countersign_store::{
     DecisionOutcome, DecisionRecord, EventPublisher, NewDecision, OutboxEvent, RelayReport,
     RunCounters, RunStatus, Settlement, Store,
@@ -401,7 +401,10 @@ async fn every_announced_transition_writes_exactly_its_event(pool: PgPool) {
     let st = state(SuspensionSeq::FIRST);
     assert!(store.suspend(&lease, &st, &[]).await.unwrap());
     let decision = NewDecision {
-        comment: Some("fine".into()),
+        message: DecisionMessage {
+            comment: Some("fine".into()),
+            ..crate::support::accept(run, &st).message
+        },
         ..crate::support::accept(run, &st)
     };
     assert_eq!(
@@ -416,7 +419,7 @@ async fn every_announced_transition_writes_exactly_its_event(pool: PgPool) {
     assert_eq!(after_decision.len(), 3);
     let (kind, body) = &after_decision[2];
     assert_eq!(kind, "decision.accepted");
-    assert_eq!(body["decision_id"], json!(decision.decision_id));
+    assert_eq!(body["decision_id"], json!(decision.message.decision_id));
     assert_eq!(body["outcome"], "accepted");
     assert!(body.get("comment").is_none() && body.get("approver").is_none());
 
@@ -469,8 +472,11 @@ async fn every_announced_transition_writes_exactly_its_event(pool: PgPool) {
     // A refused decision about a run that does not exist is announced, with no trail to join.
     let ghost = RunId::new();
     let refused = NewDecision {
-        decision_id: Uuid::now_v7(),
-        run_id: ghost,
+        message: DecisionMessage {
+            decision_id: Uuid::now_v7(),
+            run_id: ghost,
+            ..decision.message
+        },
         outcome: DecisionOutcome::NotAwaitingApproval,
         ..decision
     };

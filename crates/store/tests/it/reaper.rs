@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use countersign_core::{Effect, SuspensionSeq};
+use countersign_core::{Approves, Effect, SuspensionSeq};
 use countersign_store::{ReapOutcome, RunStatus, Segment, TerminationReason};
 use sqlx::PgPool;
 
@@ -271,5 +271,10 @@ async fn an_approval_past_its_deadline_is_cancelled_approval_expired(pool: PgPoo
         row.termination_reason,
         Some(TerminationReason::ApprovalExpired)
     );
-    assert!(store.inbox(10).await.unwrap().is_empty());
+    assert!(store
+        .inbox("", &Approves::Every, 10, None)
+        .await
+        .unwrap()
+        .runs
+        .is_empty());
 }

@@ -1,4 +1,6 @@
-use countersign_core::{CallIndex, Effect, SuspendedRunState, SuspensionSeq, ToolOutput};
+use countersign_core::{
+    CallIndex, DecisionMessage, Effect, SuspendedRunState, SuspensionSeq, ToolOutput,
+};
 use countersign_store::{
     DecisionOutcome, DecisionRecord, NewDecision, NewEvent, Store, StoreError,
 };
@@ -75,13 +77,15 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
         let st = state(SuspensionSeq::FIRST);
         assert!(before.suspend(&lease, &st, &[]).await.unwrap());
         let decision = NewDecision {
-            decision_id: Uuid::now_v7(),
-            run_id: run,
-            suspension_seq: SuspensionSeq::FIRST,
-            turn_digest: st.turn_digest(),
-            approved: true,
-            approver: "alice".into(),
-            comment: Some(format!("comment {i}")),
+            message: DecisionMessage {
+                decision_id: Uuid::now_v7(),
+                run_id: run,
+                suspension_seq: SuspensionSeq::FIRST,
+                turn_digest: st.turn_digest(),
+                approved: true,
+                approver: "alice".into(),
+                comment: Some(format!("comment {i}")),
+            },
             outcome: DecisionOutcome::Accepted,
             in_trail: true,
         };

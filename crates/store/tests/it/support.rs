@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_core::{
-    CallIndex, CallPreview, Effect, Message, PendingCall, RunId, SuspendedRunState, SuspensionSeq,
-    TokenUsage,
+    CallIndex, CallPreview, DecisionMessage, Effect, Message, PendingCall, RunId,
+    SuspendedRunState, SuspensionSeq, TokenUsage,
 };
 use countersign_crypto::{KeyId, Keyring};
 use countersign_store::{Claim, DecisionOutcome, Lease, NewDecision, NewRun, SentCall, Store};
@@ -102,13 +102,15 @@ pub fn state(seq: SuspensionSeq) -> SuspendedRunState {
 /// An approval of `st`, the card `run` waits on, by `alice`.
 pub fn accept(run: RunId, st: &SuspendedRunState) -> NewDecision {
     NewDecision {
-        decision_id: Uuid::now_v7(),
-        run_id: run,
-        suspension_seq: st.suspension_seq,
-        turn_digest: st.turn_digest(),
-        approved: true,
-        approver: "alice".into(),
-        comment: None,
+        message: DecisionMessage {
+            decision_id: Uuid::now_v7(),
+            run_id: run,
+            suspension_seq: st.suspension_seq,
+            turn_digest: st.turn_digest(),
+            approved: true,
+            approver: "alice".into(),
+            comment: None,
+        },
         outcome: DecisionOutcome::Accepted,
         in_trail: true,
     }

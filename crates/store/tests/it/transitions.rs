@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_core::RunId;
-use countersign_core::{CallIndex, SuspensionSeq, ToolOutput};
+use countersign_core::{Approves, CallIndex, SuspensionSeq, ToolOutput};
 use countersign_store::Store;
 use countersign_store::{
     DecisionOutcome, DecisionRecord, NewDecision, RunCounters, RunStatus, Segment, Settlement,
@@ -652,7 +652,11 @@ async fn suspend_stores_the_sealed_state_digest_tool_names_and_the_agent_deadlin
     let back = countersign_core::SuspendedRunState::from_bytes(&opened).unwrap();
     assert_eq!(back, st);
 
-    let inbox = store.inbox(10).await.unwrap();
+    let inbox = store
+        .inbox("", &Approves::Every, 10, None)
+        .await
+        .unwrap()
+        .runs;
     assert_eq!(inbox.len(), 1);
     assert_eq!(inbox[0].run_id, run);
     assert_eq!(inbox[0].turn_digest, st.turn_digest());
@@ -709,12 +713,14 @@ async fn every_termination_reason_and_decision_outcome_fits_the_schema(pool: PgP
         assert!(store.settle(&lease, &settlement).await.unwrap());
         let row = store.run(run).await.unwrap().unwrap();
         assert_eq!(row.termination_reason, Some(reason));
-        assert_eq!(TerminationReason::parse(reason.as_str()), Some(reason));
+        assert_eq!(reason.as_str().parse(), Ok(reason));
     }
 
     // `accepted` last: it releases the run the refusals leave waiting.
-    let outcomes = DecisionOutcome::ALL;
-    assert_eq!(outcomes.last(), Some(&DecisionOutcome::Accepted));
+    let outcomes = <DecisionOutcome as strum::VariantArray>::VARIANTS
+        .iter()
+        .copied();
+    assert_eq!(outcomes.clone().last(), Some(DecisionOutcome::Accepted));
     let (run, st) = waiting(&store).await;
     for outcome in outcomes {
         let d = NewDecision {
@@ -726,10 +732,10 @@ async fn every_termination_reason_and_decision_outcome_fits_the_schema(pool: PgP
             DecisionRecord::Recorded(outcome)
         );
         assert_eq!(
-            store.decision_outcome(d.decision_id).await.unwrap(),
+            store.decision_outcome(d.message.decision_id).await.unwrap(),
             Some(outcome)
         );
-        assert_eq!(DecisionOutcome::parse(outcome.as_str()), Some(outcome));
+        assert_eq!(outcome.as_str().parse(), Ok(outcome));
     }
 
     // A status that does not end a run is not a settlement.

@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_core::{
-    CallIndex, ExecContext, Principal, RunId, SuspendedRunState, SuspensionSeq,
+    CallIndex, ExecContext, Interruption, Principal, RunId, SuspendedRunState, SuspensionSeq,
 };
 use countersign_model::ScriptedModel;
 use countersign_store::{RunStatus, Store, TerminationReason};
@@ -146,7 +146,7 @@ async fn a_segment_whose_lease_was_taken_over_writes_nothing(pool: PgPool) {
 
     // The slow worker wakes up holding the old epoch.
     let end = h.runner.run(&zombie).await.unwrap();
-    assert_eq!(end, SegmentEnd::Interrupted("lease_lost"));
+    assert_eq!(end, SegmentEnd::Interrupted(Interruption::LeaseLost));
     assert_eq!(h.teaser_images().await, 2);
     assert_ne!(h.description().await, NEW_DESCRIPTION);
     assert_eq!(h.tool_writes(run_id).await, 0);
@@ -344,7 +344,10 @@ async fn a_conflict_that_keeps_recurring_interrupts_the_turn_leaves_it_to_the_re
     fail_reference_inserts(&h.store, 1_000).await;
 
     let end = h.claim_and_run(run_id, "w2").await;
-    assert_eq!(end, SegmentEnd::Interrupted("database_conflict"));
+    assert_eq!(
+        end,
+        SegmentEnd::Interrupted(Interruption::Unavailable("database_conflict"))
+    );
     assert_ne!(h.description().await, NEW_DESCRIPTION, "call 0 rolled back");
     assert_eq!(h.teaser_images().await, 2);
     assert_eq!(
@@ -673,5 +676,5 @@ async fn a_lost_lease_cancels_the_model_call_in_flight(pool: PgPool) {
         .expect("the segment stops instead of waiting for the model")
         .unwrap()
         .unwrap();
-    assert_eq!(end, SegmentEnd::Interrupted("lease_lost"));
+    assert_eq!(end, SegmentEnd::Interrupted(Interruption::LeaseLost));
 }

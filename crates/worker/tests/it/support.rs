@@ -1,7 +1,7 @@
 //! The seeded demo site, an agent whose script proposes one write turn, and the worker's real
 //! segment runner over them.
 
-use countersign_core::{RunId, SuspendedRunState};
+use countersign_core::{DecisionMessage, RunId, SuspendedRunState};
 use countersign_store::{DecisionOutcome, DecisionRecord, NewDecision};
 pub use countersign_testkit::site::TTL;
 use countersign_testkit::site::{agent, Site};
@@ -66,13 +66,15 @@ impl Harness {
         let record = self
             .store
             .record_decision(&NewDecision {
-                decision_id: Uuid::now_v7(),
-                run_id,
-                suspension_seq: state.suspension_seq,
-                turn_digest: state.turn_digest(),
-                approved: true,
-                approver: "admin".into(),
-                comment: None,
+                message: DecisionMessage {
+                    decision_id: Uuid::now_v7(),
+                    run_id,
+                    suspension_seq: state.suspension_seq,
+                    turn_digest: state.turn_digest(),
+                    approved: true,
+                    approver: "admin".into(),
+                    comment: None,
+                },
                 outcome: DecisionOutcome::Accepted,
                 in_trail: true,
             })

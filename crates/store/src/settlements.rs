@@ -1,0 +1,206 @@
+//! Settlements: how a segment ends its run, alone or in a batch with others.
+
+use countersign_crypto::Purpose;
+use uuid::Uuid;
+
+use crate::runs::{Lease, RunCounters, RunStatus, TerminationReason};
+use crate::{outbox, Store, StoreError};
+
+/// How a segment ends its run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settlement {
+    /// `Completed` or `Failed`; [`Store::settle`] refuses any other status (returns `false`).
+    pub status: RunStatus,
+    pub reason: TerminationReason,
+    /// A stable code such as `provider_timeout`. A `&'static str` so that a formatted message
+    /// cannot be passed by accident; the schema also rejects anything that is not a code.
+    pub error_code: Option<&'static str>,
+    /// `None` keeps the counters stored at the last suspension.
+    pub counters: Option<RunCounters>,
+    /// The run's final answer, sealed into the audit row of `run.completed`; never published.
+    pub answer: Option<String>,
+}
+
+impl Settlement {
+    /// Whether it ends the run: only `Completed` and `Failed` do.
+    fn settles(&self) -> bool {
+        matches!(self.status, RunStatus::Completed | RunStatus::Failed)
+    }
+
+    pub fn completed(reason: TerminationReason, counters: RunCounters) -> Self {
+        Settlement {
+            status: RunStatus::Completed,
+            reason,
+            error_code: None,
+            counters: Some(counters),
+            answer: None,
+        }
+    }
+
+    /// The same settlement, with the final answer to seal into the run's audit trail.
+    pub fn with_answer(self, answer: impl Into<String>) -> Self {
+        Settlement {
+            answer: Some(answer.into()),
+            ..self
+        }
+    }
+
+    pub fn failed(
+        reason: TerminationReason,
+        error_code: Option<&'static str>,
+        counters: Option<RunCounters>,
+    ) -> Self {
+        Settlement {
+            status: RunStatus::Failed,
+            reason,
+            error_code,
+            counters,
+            answer: None,
+        }
+    }
+}
+
+/// Many settlements as the columns of [`Store::settle_many`]'s statement.
+#[derive(Default)]
+struct SettlementColumns {
+    ids: Vec<Uuid>,
+    owners: Vec<String>,
+    epochs: Vec<i64>,
+    statuses: Vec<String>,
+    reasons: Vec<String>,
+    error_codes: Vec<Option<String>>,
+    iterations: Vec<Option<i32>>,
+    prompt_tokens: Vec<Option<i64>>,
+    completion_tokens: Vec<Option<i64>>,
+    kinds: Vec<String>,
+    payloads: Vec<serde_json::Value>,
+    sealed: Vec<Option<Vec<u8>>>,
+    event_ids: Vec<Uuid>,
+    bodies: Vec<serde_json::Value>,
+}
+
+impl SettlementColumns {
+    fn push(&mut self, store: &Store, lease: &Lease, s: &Settlement) -> Result<(), StoreError> {
+        let event = outbox::settlement_event(lease.run_id, s);
+        let counters = s.counters.map(RunCounters::columns);
+        self.sealed.push(
+            s.answer
+                .as_deref()
+                .map(|a| {
+                    store
+                        .keyring
+                        .seal(Purpose::Event, lease.run_id, a.as_bytes())
+                })
+                .transpose()?,
+        );
+        self.ids.push(lease.run_id.as_uuid());
+        self.owners.push(lease.owner.clone());
+        self.epochs.push(lease.epoch.get());
+        self.statuses.push(s.status.as_str().to_owned());
+        self.reasons.push(s.reason.as_str().to_owned());
+        self.error_codes.push(s.error_code.map(str::to_owned));
+        self.iterations.push(counters.map(|c| c.0));
+        self.prompt_tokens.push(counters.map(|c| c.1));
+        self.completion_tokens.push(counters.map(|c| c.2));
+        self.kinds.push(event.name.as_str().to_owned());
+        self.payloads.push(outbox::audit_payload(&event));
+        self.event_ids.push(Uuid::now_v7());
+        self.bodies.push(outbox::stored_body(&event));
+        Ok(())
+    }
+}
+
+impl Store {
+    /// `running` → `completed` | `failed`, guarded by owner and epoch; clears the lease. In the
+    /// same transaction it announces `run.completed` (the answer sealed into its audit row) or
+    /// `run.failed` (with the error code). Nothing is written when the guard loses.
+    pub async fn settle(&self, lease: &Lease, settlement: &Settlement) -> Result<bool, StoreError> {
+        let written = self.settle_many(&[(lease, settlement)]).await?;
+        Ok(written == [true])
+    }
+
+    /// [`Store::settle`] for many leases in one statement: each settlement is guarded by its
+    /// own lease, and its transition, its audit row (numbered from the run's counter) and its
+    /// outbox row are written as one; the answer says, in order, which were written. The rows
+    /// are locked in id order, so two batches never deadlock each other. If the statement
+    /// fails, none is written.
+    pub async fn settle_many(
+        &self,
+        settlements: &[(&Lease, &Settlement)],
+    ) -> Result<Vec<bool>, StoreError> {
+        let mut given = SettlementColumns::default();
+        for (lease, settlement) in settlements.iter().filter(|(_, s)| s.settles()) {
+            given.push(self, lease, settlement)?;
+        }
+        if given.ids.is_empty() {
+            return Ok(vec![false; settlements.len()]);
+        }
+        let rows = sqlx::query_as!(
+            outbox::Row,
+            r#"WITH given AS (
+                   SELECT DISTINCT ON (id) *
+                   FROM unnest($1::uuid[], $2::text[], $3::int8[], $4::text[], $5::text[],
+                               $6::text[], $7::int4[], $8::int8[], $9::int8[], $10::text[],
+                               $11::jsonb[], $12::bytea[], $13::uuid[], $14::jsonb[])
+                        AS g (id, owner, epoch, status, reason, error_code, iterations,
+                              prompt_tokens, completion_tokens, kind, payload, sealed,
+                              event_id, body)),
+               held AS (
+                   SELECT r.id FROM runs r JOIN given g ON r.id = g.id
+                   WHERE r.status = 'running' AND r.lease_owner = g.owner
+                     AND r.lease_epoch = g.epoch
+                   ORDER BY r.id
+                   FOR UPDATE OF r),
+               settled AS (
+                   UPDATE runs r
+                   SET status = g.status, termination_reason = g.reason,
+                       error_code = g.error_code,
+                       iterations = coalesce(g.iterations, r.iterations),
+                       prompt_tokens = coalesce(g.prompt_tokens, r.prompt_tokens),
+                       completion_tokens = coalesce(g.completion_tokens, r.completion_tokens),
+                       lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
+                       updated_at = now()
+                   FROM given g
+                   WHERE r.id = g.id AND r.id IN (SELECT id FROM held)
+                     AND r.status = 'running' AND r.lease_owner = g.owner
+                     AND r.lease_epoch = g.epoch
+                   RETURNING r.id),
+               numbered AS (
+                   INSERT INTO run_trails (run_id, last_sequence)
+                   SELECT id, 1 FROM settled
+                   ON CONFLICT (run_id) DO UPDATE SET last_sequence = run_trails.last_sequence + 1
+                   RETURNING run_id, last_sequence),
+               audit AS (
+                   INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
+                   SELECT t.run_id, t.last_sequence, g.kind, g.payload, g.sealed
+                   FROM numbered t JOIN given g ON g.id = t.run_id
+                   RETURNING sequence)
+               INSERT INTO event_outbox (id, run_id, kind, body)
+               SELECT g.event_id, s.id, g.kind, announced_body(g.body, g.event_id)
+               FROM settled s JOIN given g ON g.id = s.id
+               RETURNING id, run_id, kind, body, created_at, published_at"#,
+            &given.ids,
+            &given.owners,
+            &given.epochs,
+            &given.statuses,
+            &given.reasons,
+            &given.error_codes as &[Option<String>],
+            &given.iterations as &[Option<i32>],
+            &given.prompt_tokens as &[Option<i64>],
+            &given.completion_tokens as &[Option<i64>],
+            &given.kinds,
+            &given.payloads,
+            &given.sealed as &[Option<Vec<u8>>],
+            &given.event_ids,
+            &given.bodies,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let written: Vec<Option<Uuid>> = rows.iter().map(|r| r.run_id).collect();
+        self.hand_off(rows.into_iter().map(Into::into).collect());
+        Ok(settlements
+            .iter()
+            .map(|(lease, s)| s.settles() && written.contains(&Some(lease.run_id.as_uuid())))
+            .collect())
+    }
+}
