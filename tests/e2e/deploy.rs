@@ -17,6 +17,7 @@ use countersign_e2e::{binary, workspace_file};
 use yaml_rust2::yaml::Hash;
 use yaml_rust2::{Yaml, YamlLoader};
 
+mod configuration;
 mod healthcheck;
 mod manifests;
 mod rabbitmq;
@@ -62,21 +63,6 @@ pub fn help(command: &[&str]) -> Help {
         "no flags found in the help of {command:?}"
     );
     help
-}
-
-/// Variables a binary reads without a flag, which its `--help` does not list: the keyring
-/// where something is sealed or opened (never the reaper), and the log settings everywhere.
-/// `manifests::the_variables_read_without_a_flag_are_read_by_the_binaries_given_them`
-/// checks that the binaries do read them.
-pub fn read_without_a_flag(binary: &str, var: &str) -> bool {
-    match var {
-        "COUNTERSIGN_KEYS" | "COUNTERSIGN_KEY_FILE" => matches!(
-            binary,
-            "countersign" | "countersign-api" | "countersign-coordinator" | "countersign-worker"
-        ),
-        "RUST_LOG" | "RUST_LOG_FORMAT" => true,
-        _ => false,
-    }
 }
 
 /// One process a deployment file starts: which binary, with which arguments and variables.
@@ -146,7 +132,7 @@ impl Process {
             }
         }
         for var in self.env.keys() {
-            if !help.env.contains(var) && !read_without_a_flag(self.binary(), var) {
+            if !help.env.contains(var) {
                 unknown.push(format!("{}: variable {var}", self.origin));
             }
         }

@@ -1098,7 +1098,14 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
     let (ok, out, _) = countersign_with(
         &install,
         &[],
-        &["tools", "add", "unfit", &unfit_url, "--file", file_arg],
+        &[
+            "tools",
+            "add",
+            "unfit",
+            &unfit_url,
+            "--tool-servers-file",
+            file_arg,
+        ],
     );
     assert!(ok && out.contains("added to"), "{out}");
     for (name, url, code) in [
@@ -1109,7 +1116,7 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
         let (ok, _, err) = countersign_with(
             &install,
             &[],
-            &["tools", "add", name, url, "--file", file_arg],
+            &["tools", "add", name, url, "--tool-servers-file", file_arg],
         );
         assert!(!ok && err.contains(code), "{name} {url}: {err}");
     }

@@ -11,7 +11,7 @@ use clap::Parser;
 use countersign_api::{ApiConfig, AppState};
 use countersign_coordinator::Coordinator;
 use countersign_service::relay::{self, RelayConfig};
-use countersign_service::Connections;
+use countersign_service::{Connections, KeySettings, ToolSettings};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -22,12 +22,13 @@ use countersign_service::Connections;
 struct Args {
     #[command(flatten)]
     connections: Connections,
+    #[command(flatten)]
+    keys: KeySettings,
+    #[command(flatten)]
+    tools: ToolSettings,
     /// Where to serve /v1 and /inbox.
     #[arg(long, env = "COUNTERSIGN_API_ADDR", default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Where to serve /metrics, /healthz and /readyz (e.g. 0.0.0.0:9467); none when unset.
-    #[arg(long, env = "COUNTERSIGN_HTTP_ADDR")]
-    http_addr: Option<SocketAddr>,
     /// The header an authenticating proxy sets to the signed-in user (e.g. X-Forwarded-User);
     /// believed only from --trusted-proxy addresses. Off when unset.
     #[arg(
@@ -69,17 +70,24 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Before anything can report ready (see `shutdown_signal`).
-    let shutdown = countersign_service::shutdown_signal();
-    let telemetry = args
-        .connections
-        .init_telemetry("countersign-api")
-        .context("setting up traces")?;
-    let (store, broker) = args.connections.open(8, args.http_addr).await?;
+    let countersign_service::Service {
+        store,
+        broker,
+        tools,
+        shutdown,
+        telemetry,
+    } = countersign_service::start(
+        "countersign-api",
+        &args.connections,
+        &args.keys,
+        &args.tools,
+        8,
+    )
+    .await?;
     countersign_api::register_metrics();
     let countersign_service::tools::Tools {
         registry, users, ..
-    } = countersign_service::tools::tools(&store).await?;
+    } = tools;
     let coordinator = Coordinator::with_users(store.clone(), Arc::new(registry), users);
     let state = AppState::new(
         coordinator,

@@ -36,6 +36,12 @@ mod tools;
 pub struct Cli {
     #[command(flatten)]
     pub endpoints: countersign_service::Endpoints,
+    #[command(flatten)]
+    pub keys: countersign_service::KeySettings,
+    #[command(flatten)]
+    pub tools: countersign_service::ToolSettings,
+    #[command(flatten)]
+    pub logging: countersign_service::Logging,
     /// Log at debug level.
     #[arg(short, long, global = true)]
     pub verbose: bool,
@@ -236,9 +242,6 @@ pub enum KeysCommand {
         /// Envelopes re-sealed per transaction.
         #[arg(long, default_value_t = 500)]
         batch: i64,
-        /// The keyring (else COUNTERSIGN_KEY_FILE / COUNTERSIGN_KEYS).
-        #[arg(long, env = "COUNTERSIGN_KEY_FILE")]
-        key_file: Option<PathBuf>,
     },
 }
 
@@ -250,11 +253,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let users = countersign_store::TableUsers::new(connect(url).await?);
             ops::users(&users, command).await
         }
-        Command::Keys { command } => keys(url, command).await,
-        Command::Agents { command } => agents(url, command).await,
+        Command::Keys { command } => keys(url, &cli.keys, command).await,
+        Command::Agents { command } => agents(url, &cli.tools, command).await,
         Command::Producers { command } => producers(url, command).await,
         Command::Tokens { command } => tokens::run(&connect(url).await?, command).await,
-        Command::Tools { command } => tools::run(url, command).await,
+        Command::Tools { command } => tools::run(url, &cli.tools, command).await,
         Command::SeedDemoSite => seed_demo_site(url).await,
         Command::Submit {
             agent,
@@ -270,7 +273,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             ops::submit(&broker, &agent, &acting_user, &prompt, inputs, wait).await
         }
         Command::Inbox { viewer, save } => {
-            let (store, registry, users) = card_reader(url).await?;
+            let (store, registry, users) = card_reader(url, &cli.keys, &cli.tools).await?;
             ops::inbox(&store, &registry, &*users, &viewer, save.as_deref()).await
         }
         Command::Decide {
@@ -300,7 +303,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             viewer: Some(viewer),
             save,
         } => {
-            let (store, registry, users) = card_reader(url).await?;
+            let (store, registry, users) = card_reader(url, &cli.keys, &cli.tools).await?;
             ops::show_run(&store, run_id).await?;
             ops::show_card(&store, &registry, &*users, run_id, &viewer, save.as_deref()).await
         }
@@ -336,20 +339,20 @@ async fn migrate(database_url: &str, with_content: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn keys(database_url: &str, command: KeysCommand) -> anyhow::Result<()> {
-    let (batch, key_file) = match command {
+async fn keys(
+    database_url: &str,
+    settings: &countersign_service::KeySettings,
+    command: KeysCommand,
+) -> anyhow::Result<()> {
+    let batch = match command {
         KeysCommand::Generate { id } => {
             let id = KeyId::parse(&id).context("invalid key id")?;
             println!("{}", Keyring::generate_entry(&id));
             return Ok(());
         }
-        KeysCommand::Rotate { batch, key_file } => (batch, key_file),
+        KeysCommand::Rotate { batch } => batch,
     };
-    let keyring = match key_file {
-        Some(path) => Keyring::from_file(&path),
-        None => Keyring::from_env(),
-    }
-    .context("loading the keyring")?;
+    let keyring = settings.keyring().context("loading the keyring")?;
     let store = Store::new(connect(database_url).await?, Arc::new(keyring));
     let report = store.rotate_keys(batch).await.context("rotating keys")?;
     println!(
@@ -366,13 +369,17 @@ async fn keys(database_url: &str, command: KeysCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn agents(database_url: &str, command: AgentsCommand) -> anyhow::Result<()> {
+async fn agents(
+    database_url: &str,
+    settings: &countersign_service::ToolSettings,
+    command: AgentsCommand,
+) -> anyhow::Result<()> {
     let store = ops::store_without_keys(connect(database_url).await?);
     match command {
         AgentsCommand::Put { file } => ops::put_agent(&store, &file).await,
         AgentsCommand::List => ops::list_agents(&store).await,
         AgentsCommand::Check { name, acting_user } => {
-            let tools = countersign_service::tools::tools(&store).await?;
+            let tools = countersign_service::tools::tools(&store, settings).await?;
             ops::check_agent(&store, &tools, &name, acting_user.as_deref()).await
         }
     }
@@ -429,17 +436,21 @@ fn reviewed(
 /// previews are on it, and the users who may or may not read them.
 async fn card_reader(
     database_url: &str,
+    keys: &countersign_service::KeySettings,
+    tools: &countersign_service::ToolSettings,
 ) -> anyhow::Result<(
     Store,
     countersign_core::ToolRegistry,
     Arc<dyn countersign_core::UserDirectory>,
 )> {
     let pool = connect(database_url).await?;
-    let keyring = Keyring::from_env().context("loading the keyring to open the cards")?;
+    let keyring = keys
+        .keyring()
+        .context("loading the keyring to open the cards")?;
     let store = Store::new(pool, Arc::new(keyring));
     let countersign_service::tools::Tools {
         registry, users, ..
-    } = countersign_service::tools::tools(&store).await?;
+    } = countersign_service::tools::tools(&store, tools).await?;
     Ok((store, registry, users))
 }
 

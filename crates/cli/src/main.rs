@@ -5,7 +5,8 @@ use countersign_cli::Cli;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    countersign_service::init_tracing(cli.verbose);
+    let mut cli = Cli::parse();
+    cli.logging.verbose = cli.verbose;
+    countersign_service::init_tracing(&cli.logging);
     countersign_cli::run(cli).await
 }

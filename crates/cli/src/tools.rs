@@ -11,7 +11,6 @@
 //! to the bounds the suspension applies. The acting user is resolved through the content store's
 //! user directory, as the worker resolves a run's acting user.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{bail, Context};
@@ -24,6 +23,7 @@ use countersign_core::preview::{
 use countersign_core::{Principal, Tool, ToolError, UserDirectory};
 use countersign_remote::{RemoteError, ServerEntry};
 use countersign_service::tools::{Origin, Tools};
+use countersign_service::ToolSettings;
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -55,34 +55,36 @@ pub enum ToolsCommand {
         /// The server's name: letters, digits, `-` and `_`; its secret is read from
         /// COUNTERSIGN_TOOL_SECRET_<NAME>.
         name: String,
-        /// Its base URL: http:// or https://, without credentials.
+        /// Its base URL: http:// or https://, without credentials. The file it is added to is
+        /// --tool-servers-file (created when missing).
         url: String,
-        /// The tool servers file (created when missing).
-        #[arg(long, value_name = "PATH", env = countersign_remote::SERVERS_FILE_ENV)]
-        file: Option<PathBuf>,
     },
 }
 
-pub async fn run(database_url: &str, command: ToolsCommand) -> anyhow::Result<()> {
+pub async fn run(
+    database_url: &str,
+    settings: &ToolSettings,
+    command: ToolsCommand,
+) -> anyhow::Result<()> {
     match command {
-        ToolsCommand::List => list(database_url).await,
+        ToolsCommand::List => list(database_url, settings).await,
         ToolsCommand::Check {
             name,
             args,
             acting_user,
-        } => check(database_url, &name, &args, &acting_user).await,
-        ToolsCommand::Add { name, url, file } => add(&name, &url, file.as_deref()),
+        } => check(database_url, settings, &name, &args, &acting_user).await,
+        ToolsCommand::Add { name, url } => add(&name, &url, settings),
     }
 }
 
 /// Every registered tool, one a line.
-async fn list(database_url: &str) -> anyhow::Result<()> {
+async fn list(database_url: &str, settings: &ToolSettings) -> anyhow::Result<()> {
     // Listing reads no row: the pool connects only if a tool ever asks it to.
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .connect_lazy(database_url)
         .context("the database URL (DATABASE_URL) is not usable")?;
-    let tools = assemble(&pool).await?;
+    let tools = assemble(&pool, settings).await?;
     for tool in tools.registry.iter() {
         let spec = tool.spec();
         println!(
@@ -109,9 +111,9 @@ fn origin(tools: &Tools, name: &str) -> String {
 }
 
 /// The registry every binary builds, its content store's tools on `pool`.
-async fn assemble(pool: &PgPool) -> anyhow::Result<Tools> {
+async fn assemble(pool: &PgPool, settings: &ToolSettings) -> anyhow::Result<Tools> {
     let store = ops::store_without_keys(pool.clone());
-    countersign_service::tools::tools(&store).await
+    countersign_service::tools::tools(&store, settings).await
 }
 
 /// A pool of one connection: each preview of a check reads through a connection of its own.
@@ -123,7 +125,13 @@ async fn single_connection(database_url: &str) -> anyhow::Result<PgPool> {
         .context("connecting to PostgreSQL (DATABASE_URL)")
 }
 
-async fn check(database_url: &str, name: &str, args: &str, user: &str) -> anyhow::Result<()> {
+async fn check(
+    database_url: &str,
+    settings: &ToolSettings,
+    name: &str,
+    args: &str,
+    user: &str,
+) -> anyhow::Result<()> {
     let args: Value = serde_json::from_str(args).context("--args is not JSON")?;
     anyhow::ensure!(
         args.is_object(),
@@ -133,7 +141,7 @@ async fn check(database_url: &str, name: &str, args: &str, user: &str) -> anyhow
         single_connection(database_url).await?,
         single_connection(database_url).await?,
     );
-    let first = assemble(&first_pool).await?;
+    let first = assemble(&first_pool, settings).await?;
     let Some(tool) = first.registry.get(name).cloned() else {
         bail!("no tool {name} is registered; `countersign tools list` lists them");
     };
@@ -144,26 +152,7 @@ async fn check(database_url: &str, name: &str, args: &str, user: &str) -> anyhow
         .with_context(|| format!("no user {user} in the content store (unknown or disabled)"))?;
 
     let spec = tool.spec();
-    println!(
-        "tool {name} · {} · {} · group {}",
-        origin(&first, name),
-        spec.effect.as_str(),
-        spec.group
-    );
-    println!(
-        "acting as {} ({}) · arguments {args}",
-        acting_user.name,
-        if acting_user.admin {
-            "an administrator"
-        } else {
-            "not an administrator"
-        }
-    );
-    if spec.requires_admin && !acting_user.admin {
-        println!(
-            "note: {name} requires an administrator: runs acting as {user} are not offered it"
-        );
-    }
+    describe(&first, name, spec, &acting_user, &args);
     if tool.previewer().is_none() {
         bail!(
             "{name} offers no preview: {}",
@@ -174,7 +163,7 @@ async fn check(database_url: &str, name: &str, args: &str, user: &str) -> anyhow
             }
         );
     }
-    let second = assemble(&second_pool).await?;
+    let second = assemble(&second_pool, settings).await?;
     let Some(again) = second.registry.get(name).cloned() else {
         bail!("{name} was not registered again by the second registry: its server no longer offers it");
     };
@@ -205,6 +194,38 @@ async fn check(database_url: &str, name: &str, args: &str, user: &str) -> anyhow
         Ok(())
     } else {
         bail!("tools check {name}: {}", report.problems.join("; "))
+    }
+}
+
+/// The check's first lines: the tool, where it comes from, its effect and group, and who the
+/// call acts as.
+fn describe(
+    tools: &Tools,
+    name: &str,
+    spec: &countersign_core::ToolSpec,
+    acting_user: &countersign_core::Principal,
+    args: &Value,
+) {
+    let user = &acting_user.name;
+    println!(
+        "tool {name} · {} · {} · group {}",
+        origin(tools, name),
+        spec.effect.as_str(),
+        spec.group
+    );
+    println!(
+        "acting as {} ({}) · arguments {args}",
+        acting_user.name,
+        if acting_user.admin {
+            "an administrator"
+        } else {
+            "not an administrator"
+        }
+    );
+    if spec.requires_admin && !acting_user.admin {
+        println!(
+            "note: {name} requires an administrator: runs acting as {user} are not offered it"
+        );
     }
 }
 
@@ -407,19 +428,13 @@ fn bounds(report: &mut Report, n: usize, lines: &[String]) {
 }
 
 /// Appends a checked server entry to the servers file.
-fn add(name: &str, url: &str, file: Option<&Path>) -> anyhow::Result<()> {
-    let Some(path) = file else {
-        bail!(
-            "name the tool servers file: --file PATH, or {}",
-            countersign_remote::SERVERS_FILE_ENV
-        );
+fn add(name: &str, url: &str, settings: &ToolSettings) -> anyhow::Result<()> {
+    let Some(path) = settings.servers_file() else {
+        bail!("name the tool servers file: --tool-servers-file PATH, or COUNTERSIGN_TOOL_SERVERS_FILE");
     };
     let refused = |e: RemoteError| anyhow::anyhow!("tool server not added ({}): {e}", e.code());
     let entry = ServerEntry::new(name, url).map_err(refused)?;
-    let listed = std::env::var(countersign_remote::SERVERS_ENV)
-        .ok()
-        .and_then(|list| countersign_remote::parse_servers(&list).ok())
-        .unwrap_or_default();
+    let listed = countersign_remote::parse_servers(&settings.tool_servers).unwrap_or_default();
     if listed.iter().any(|s| s.name() == entry.name()) {
         return Err(refused(RemoteError::DuplicateServer(
             entry.name().to_owned(),
@@ -433,9 +448,8 @@ fn add(name: &str, url: &str, file: Option<&Path>) -> anyhow::Result<()> {
         path.display()
     );
     println!(
-        "its secret is read from {}; every countersign process started with {}={} discovers its tools",
+        "its secret is read from {}; every countersign process started with COUNTERSIGN_TOOL_SERVERS_FILE={} discovers its tools",
         countersign_remote::secret_variable(entry.name()),
-        countersign_remote::SERVERS_FILE_ENV,
         path.display()
     );
     Ok(())

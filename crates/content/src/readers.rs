@@ -323,18 +323,8 @@ impl Reader for ListContentElements {
         let Some(page) = Page::load(conn, args.page.get()).await? else {
             return Ok(Err(Refusal::NotPermitted));
         };
-        if !page.permits(user) || !user.may_use_language(language) {
-            return Ok(Err(Refusal::NotPermitted));
-        }
-        if page.workspace != 0 {
-            return refuse_args(draft_workspace("Page", page.uid, page.workspace));
-        }
-        if let Some(default) = page.l10n_parent {
-            return refuse_args(format!(
-                "Page [{}] is a translation; content elements sit on its default-language page \
-                 [{default}]: list that page with \"language\": {}.",
-                page.uid, page.language
-            ));
+        if let Some(refusal) = refuse_listing(&page, user, language) {
+            return Ok(Err(refusal));
         }
         let elements = sqlx::query!(
             r#"SELECT uid, ctype, colpos, header, bodytext, hidden, l10n_parent
@@ -394,6 +384,28 @@ impl Reader for ListContentElements {
             json!({"page": page.uid, "language": language, "elements": list}),
         ))
     }
+}
+
+/// Why `user` may not list the elements of `page` in `language`, if they may not: no access, a
+/// draft, or a translation (its elements sit on the default-language page).
+fn refuse_listing(page: &Page, user: &User, language: i32) -> Option<Refusal> {
+    if !page.permits(user) || !user.may_use_language(language) {
+        return Some(Refusal::NotPermitted);
+    }
+    if page.workspace != 0 {
+        return Some(Refusal::Invalid(draft_workspace(
+            "Page",
+            page.uid,
+            page.workspace,
+        )));
+    }
+    page.l10n_parent.map(|default| {
+        Refusal::Invalid(format!(
+            "Page [{}] is a translation; content elements sit on its default-language page \
+             [{default}]: list that page with \"language\": {}.",
+            page.uid, page.language
+        ))
+    })
 }
 
 /// `read_fal_asset_meta`: admin only.

@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use anyhow::Context;
 use clap::Parser;
 use countersign_coordinator::{service, Coordinator};
-use countersign_service::Connections;
+use countersign_service::{Connections, KeySettings, ToolSettings};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -17,28 +16,28 @@ use countersign_service::Connections;
 struct Args {
     #[command(flatten)]
     connections: Connections,
-    /// Where to serve /metrics, /healthz and /readyz (e.g. 0.0.0.0:9465); none when unset.
-    #[arg(long, env = "COUNTERSIGN_HTTP_ADDR")]
-    http_addr: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    keys: KeySettings,
+    #[command(flatten)]
+    tools: ToolSettings,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Before anything can report ready (see `shutdown_signal`).
-    let shutdown = countersign_service::shutdown_signal();
-    let telemetry = args
-        .connections
-        .init_telemetry("countersign-coordinator")
-        .context("setting up traces")?;
-    let (store, broker) = args.connections.open(8, args.http_addr).await?;
-    let countersign_service::tools::Tools {
-        registry, users, ..
-    } = countersign_service::tools::tools(&store).await?;
-    let coordinator = Coordinator::with_users(store, Arc::new(registry), users);
+    let started = countersign_service::start(
+        "countersign-coordinator",
+        &args.connections,
+        &args.keys,
+        &args.tools,
+        8,
+    )
+    .await?;
+    let tools = started.tools;
+    let coordinator = Coordinator::with_users(started.store, Arc::new(tools.registry), tools.users);
     tracing::info!("coordinator started");
-    service::run(coordinator, broker, shutdown).await;
-    telemetry.shutdown().await;
+    service::run(coordinator, started.broker, started.shutdown).await;
+    started.telemetry.shutdown().await;
     Ok(())
 }
 

@@ -141,94 +141,50 @@ impl SuspendedRunState {
     /// Tolerant read; see the module documentation for the rules.
     pub fn from_json(value: &Value) -> Result<Self, StateError> {
         let doc = value.as_object().ok_or(StateError::NotAnObject)?;
-        match doc.get("v").and_then(Value::as_u64) {
-            Some(STATE_VERSION) => {}
-            Some(v) if v > STATE_VERSION => return Err(StateError::NewerVersion(v)),
-            _ => return Err(StateError::NoVersion),
-        }
+        check_version(doc)?;
 
         let transcript: Vec<Message> = doc
             .get("transcript")
             .cloned()
             .and_then(|t| serde_json::from_value(t).ok())
             .ok_or(StateError::Malformed("transcript"))?;
-        let suspension_seq = doc
-            .get("suspension_seq")
-            .and_then(Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok())
-            .and_then(|n| SuspensionSeq::new(n).ok())
-            .ok_or(StateError::Malformed("suspension_seq"))?;
+        let suspension_seq = stored_seq(doc).ok_or(StateError::Malformed("suspension_seq"))?;
         let raw_calls = doc
             .get("pending_calls")
             .and_then(Value::as_array)
             .ok_or(StateError::Malformed("pending_calls"))?;
 
-        // Position in the stored list → position in the surviving list.
-        let mut survivors = Vec::new();
-        let mut new_index: Vec<Option<usize>> = Vec::with_capacity(raw_calls.len());
-        for raw in raw_calls {
-            match usable_call(raw) {
-                Some(call) => {
-                    new_index.push(Some(survivors.len()));
-                    survivors.push(call);
-                }
-                None => new_index.push(None),
-            }
-        }
-        let translate = |old: CallIndex| -> Option<CallIndex> {
-            new_index
-                .get(old.get())
-                .copied()
-                .flatten()
-                .map(CallIndex::new)
-        };
-
+        let survivors = Survivors::of(raw_calls);
         let mut seen = BTreeSet::new();
-        let call_previews = doc
-            .get("call_previews")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
+        let call_previews = array(doc, "call_previews")
             .iter()
             .filter_map(|raw| {
                 let p = stored_preview(raw)?;
-                let index = translate(p.index)?;
-                (survivors[index.get()].tool == p.tool && seen.insert(index))
-                    .then_some(CallPreview { index, ..p })
+                let index = survivors.renumber(p.index, &p.tool, &mut seen)?;
+                Some(CallPreview { index, ..p })
             })
             .collect();
-
-        let stale_call_indexes: Vec<CallIndex> = doc
-            .get("stale_call_indexes")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
+        let stale_call_indexes: Vec<CallIndex> = array(doc, "stale_call_indexes")
             .iter()
             .filter_map(|v| CallIndex::from_json(v).ok())
-            .filter_map(translate)
+            .filter_map(|old| survivors.translate(old))
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-
         let mut landed = BTreeSet::new();
-        let mut landed_calls: Vec<LandedCall> = doc
-            .get("landed_calls")
-            .and_then(Value::as_array)
-            .map(Vec::as_slice)
-            .unwrap_or_default()
+        let mut landed_calls: Vec<LandedCall> = array(doc, "landed_calls")
             .iter()
             .filter_map(|raw| {
                 let c = stored_landed(raw)?;
-                let index = translate(c.index)?;
-                (survivors[index.get()].tool == c.tool && landed.insert(index))
-                    .then_some(LandedCall { index, ..c })
+                let index = survivors.renumber(c.index, &c.tool, &mut landed)?;
+                Some(LandedCall { index, ..c })
             })
             .collect();
         landed_calls.sort_by_key(|c| c.index);
 
         Ok(SuspendedRunState {
             transcript,
-            pending_calls: survivors,
+            pending_calls: survivors.calls,
             iterations: doc
                 .get("iterations")
                 .and_then(Value::as_u64)
@@ -239,15 +195,10 @@ impl SuspendedRunState {
                 .cloned()
                 .and_then(|t| serde_json::from_value(t).ok())
                 .unwrap_or_default(),
-            offered_tools: doc
-                .get("offered_tools")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|v| v.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            offered_tools: array(doc, "offered_tools")
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect(),
             model_options: doc
                 .get("model_options")
                 .and_then(Value::as_object)
@@ -263,6 +214,76 @@ impl SuspendedRunState {
                 .unwrap_or_default()
                 .to_owned(),
         })
+    }
+}
+
+/// A state this build reads: version [`STATE_VERSION`], not a newer one nor none.
+fn check_version(doc: &Map<String, Value>) -> Result<(), StateError> {
+    match doc.get("v").and_then(Value::as_u64) {
+        Some(STATE_VERSION) => Ok(()),
+        Some(v) if v > STATE_VERSION => Err(StateError::NewerVersion(v)),
+        _ => Err(StateError::NoVersion),
+    }
+}
+
+/// The suspension number stored; none when absent or not one.
+fn stored_seq(doc: &Map<String, Value>) -> Option<SuspensionSeq> {
+    let n = doc.get("suspension_seq").and_then(Value::as_u64)?;
+    SuspensionSeq::new(u32::try_from(n).ok()?).ok()
+}
+
+/// The array stored under `key`; none when absent or not an array.
+fn array<'a>(doc: &'a Map<String, Value>, key: &str) -> &'a [Value] {
+    doc.get(key)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// The stored calls a read keeps, and where each stored position went.
+struct Survivors {
+    calls: Vec<PendingCall>,
+    /// Position in the stored list → position in the surviving list.
+    new_index: Vec<Option<usize>>,
+}
+
+impl Survivors {
+    fn of(raw_calls: &[Value]) -> Survivors {
+        let mut survivors = Survivors {
+            calls: Vec::new(),
+            new_index: Vec::with_capacity(raw_calls.len()),
+        };
+        for raw in raw_calls {
+            match usable_call(raw) {
+                Some(call) => {
+                    survivors.new_index.push(Some(survivors.calls.len()));
+                    survivors.calls.push(call);
+                }
+                None => survivors.new_index.push(None),
+            }
+        }
+        survivors
+    }
+
+    /// Where the stored call at `old` is now; none when it did not survive.
+    fn translate(&self, old: CallIndex) -> Option<CallIndex> {
+        self.new_index
+            .get(old.get())
+            .copied()
+            .flatten()
+            .map(CallIndex::new)
+    }
+
+    /// Where an entry about the stored call at `old`, of `tool`, now points: none when that
+    /// call did not survive, is of another tool, or an earlier entry took it (`seen`).
+    fn renumber(
+        &self,
+        old: CallIndex,
+        tool: &str,
+        seen: &mut BTreeSet<CallIndex>,
+    ) -> Option<CallIndex> {
+        let index = self.translate(old)?;
+        (self.calls[index.get()].tool == tool && seen.insert(index)).then_some(index)
     }
 }
 

@@ -8,7 +8,6 @@
 //! Why errors carry entry numbers and key ids but never the text of an entry: a misplaced
 //! separator can put key material where an id was expected, and errors end up in logs.
 
-use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -20,11 +19,6 @@ use base64::Engine;
 use secrecy::{ExposeSecret, SecretBox};
 use zeroize::Zeroizing;
 
-/// The environment variable holding a keyring spec (`id:BASE64KEY,…`).
-pub const KEYS_VAR: &str = "COUNTERSIGN_KEYS";
-/// The environment variable holding the path of a key file, read when [`KEYS_VAR`] is unset.
-pub const KEY_FILE_VAR: &str = "COUNTERSIGN_KEY_FILE";
-
 /// Length of a master key and of a data key: AES-256.
 pub(crate) const KEY_LEN: usize = 32;
 /// Longest key id; the envelope stores its length in one byte.
@@ -35,10 +29,8 @@ pub(crate) const KEY_ID_MAX_LEN: usize = 32;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyringError {
-    #[error("no keyring configured: set {KEYS_VAR} or {KEY_FILE_VAR}")]
+    #[error("no keyring configured: neither keys nor a key file given")]
     NotConfigured,
-    #[error("{var} is not valid UTF-8")]
-    NotUnicode { var: &'static str },
     #[error("could not read the key file {}", path.display())]
     FileUnreadable {
         path: PathBuf,
@@ -71,7 +63,6 @@ impl KeyringError {
     pub fn code(&self) -> &'static str {
         match self {
             KeyringError::NotConfigured => "keyring_not_configured",
-            KeyringError::NotUnicode { .. } => "keyring_not_unicode",
             KeyringError::FileUnreadable { .. } => "keyring_file_unreadable",
             KeyringError::Empty => "keyring_empty",
             KeyringError::InvalidKeyId => "invalid_key_id",
@@ -216,30 +207,17 @@ impl Keyring {
         Keyring::parse(&contents)
     }
 
-    /// Loads the keyring from `COUNTERSIGN_KEYS` (a spec) or, when that is unset or empty,
-    /// from the file named by `COUNTERSIGN_KEY_FILE`. Neither set is
+    /// The keyring a process is configured with: the spec `keys` ([`Keyring::parse`]) or,
+    /// when that is absent or empty, the key file `file`. Neither given is
     /// [`KeyringError::NotConfigured`]: countersign does not run without keys.
-    pub fn from_env() -> Result<Keyring, KeyringError> {
-        Keyring::from_vars(|name| std::env::var_os(name))
-    }
-
-    /// [`Keyring::from_env`] over any lookup, so it can be tested without touching the
-    /// process environment.
-    pub(crate) fn from_vars(
-        var: impl Fn(&str) -> Option<OsString>,
-    ) -> Result<Keyring, KeyringError> {
-        let set = |name: &str| var(name).filter(|value| !value.is_empty());
-        if let Some(spec) = set(KEYS_VAR) {
-            let spec = Zeroizing::new(
-                spec.into_string()
-                    .map_err(|_| KeyringError::NotUnicode { var: KEYS_VAR })?,
-            );
-            return Keyring::parse(&spec);
+    pub fn load(keys: Option<&str>, file: Option<&Path>) -> Result<Keyring, KeyringError> {
+        if let Some(spec) = keys.filter(|spec| !spec.is_empty()) {
+            return Keyring::parse(spec);
         }
-        if let Some(path) = set(KEY_FILE_VAR) {
-            return Keyring::from_file(Path::new(&path));
+        match file.filter(|path| !path.as_os_str().is_empty()) {
+            Some(path) => Keyring::from_file(path),
+            None => Err(KeyringError::NotConfigured),
         }
-        Err(KeyringError::NotConfigured)
     }
 
     /// A new keyring entry, `id:BASE64`, holding 32 fresh bytes from the operating system's
@@ -439,36 +417,29 @@ mod tests {
     }
 
     #[test]
-    fn keys_variable_wins_over_the_key_file() {
-        let ring = Keyring::from_vars(|name| match name {
-            KEYS_VAR => Some(format!("env:{KEY_A}").into()),
-            KEY_FILE_VAR => Some("/nonexistent/countersign-keys".into()),
-            _ => None,
-        })
+    fn keys_win_over_the_key_file() {
+        let ring = Keyring::load(
+            Some(&format!("env:{KEY_A}")),
+            Some(Path::new("/nonexistent/countersign-keys")),
+        )
         .expect("loads from the spec");
         assert_eq!(ring.active_key_id().as_str(), "env");
     }
 
     #[test]
-    fn an_empty_keys_variable_falls_back_to_the_key_file() {
+    fn empty_keys_fall_back_to_the_key_file() {
         let path =
             std::env::temp_dir().join(format!("countersign-crypto-keyfile-{}", std::process::id()));
         std::fs::write(&path, format!("# keys\nfile:{KEY_B}\n")).expect("write key file");
-        let loaded = Keyring::from_vars(|name| match name {
-            KEYS_VAR => Some(OsString::new()),
-            KEY_FILE_VAR => Some(path.clone().into_os_string()),
-            _ => None,
-        });
+        let loaded = Keyring::load(Some(""), Some(&path));
         std::fs::remove_file(&path).expect("remove key file");
         assert_eq!(loaded.expect("loads").active_key_id().as_str(), "file");
     }
 
     #[test]
     fn a_missing_key_file_is_unreadable() {
-        let err = Keyring::from_vars(|name| {
-            (name == KEY_FILE_VAR).then(|| "/nonexistent/countersign-keys".into())
-        })
-        .unwrap_err();
+        let err =
+            Keyring::load(None, Some(Path::new("/nonexistent/countersign-keys"))).unwrap_err();
         assert!(
             matches!(err, KeyringError::FileUnreadable { .. }),
             "{err:?}"
@@ -477,8 +448,8 @@ mod tests {
     }
 
     #[test]
-    fn neither_variable_set_is_not_configured() {
-        let err = Keyring::from_vars(|_| None).unwrap_err();
+    fn neither_given_is_not_configured() {
+        let err = Keyring::load(None, None).unwrap_err();
         assert!(matches!(err, KeyringError::NotConfigured), "{err:?}");
         assert_eq!(err.code(), "keyring_not_configured");
     }

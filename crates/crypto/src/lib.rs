@@ -22,4 +22,4 @@ mod envelope;
 mod keyring;
 
 pub use envelope::{CryptoError, Purpose};
-pub use keyring::{KeyId, Keyring, KeyringError, KEYS_VAR, KEY_FILE_VAR};
+pub use keyring::{KeyId, Keyring, KeyringError};

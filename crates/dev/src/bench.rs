@@ -185,7 +185,11 @@ impl Bench {
 
     /// The deployment's tools and users, assembled as every service assembles them.
     async fn tools(&self) -> anyhow::Result<Tools> {
-        countersign_service::tools::tools(&self.store).await
+        countersign_service::tools::tools(
+            &self.store,
+            &countersign_service::ToolSettings::default(),
+        )
+        .await
     }
 
     /// The coordinator and one worker, in this process, until `stop` is notified.
@@ -757,11 +761,11 @@ impl CpuTimes {
 static STATEMENTS: AtomicU64 = AtomicU64::new(0);
 
 /// Tracing for the bench: the usual log lines, and a count of every statement sqlx issues.
-pub fn init_tracing(verbose: bool) {
+pub fn init_tracing(logging: &countersign_service::Logging) {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
-    let filter = countersign_service::telemetry::log_filter(verbose);
+    let filter = countersign_service::telemetry::log_filter(logging);
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_filter(filter);

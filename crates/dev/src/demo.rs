@@ -906,12 +906,12 @@ impl Env {
             ("COUNTERSIGN_QUEUE_PREFIX", prefix.to_owned()),
             (MODEL_KEY_ENV, "demo-key-not-a-secret".to_owned()),
         ];
-        let configured = ["COUNTERSIGN_KEYS", "COUNTERSIGN_KEY_FILE"]
-            .iter()
-            .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()));
-        if configured {
+        let var = |name| countersign_service::settings::environment(name);
+        let (keys, key_file) = (var("COUNTERSIGN_KEYS"), var("COUNTERSIGN_KEY_FILE"));
+        if keys.is_some() || key_file.is_some() {
             // The caller's keyring, inherited by every process.
-            Keyring::from_env().context("loading the keyring the environment names")?;
+            Keyring::load(keys.as_deref(), key_file.as_deref().map(Path::new))
+                .context("loading the keyring the environment names")?;
         } else {
             let path = dir.join("keys");
             let entry = Keyring::generate_entry(&KeyId::parse("demo")?);

@@ -26,6 +26,8 @@ mod demo;
 pub struct Cli {
     #[command(flatten)]
     pub endpoints: countersign_service::Endpoints,
+    #[command(flatten)]
+    pub logging: countersign_service::Logging,
     /// Log at debug level.
     #[arg(short, long, global = true)]
     pub verbose: bool,

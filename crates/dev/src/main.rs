@@ -5,12 +5,13 @@ use countersign_dev::{Cli, Command};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
+    cli.logging.verbose = cli.verbose;
     if matches!(cli.command, Command::Bench { .. }) {
         // The bench counts the SQL statements it causes; the same log lines otherwise.
-        countersign_dev::bench::init_tracing(cli.verbose);
+        countersign_dev::bench::init_tracing(&cli.logging);
     } else {
-        countersign_service::init_tracing(cli.verbose);
+        countersign_service::init_tracing(&cli.logging);
     }
     countersign_dev::run(cli).await
 }

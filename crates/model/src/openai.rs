@@ -375,6 +375,37 @@ impl OpenAiCompatible {
 
     /// One exchange with the provider, judged.
     async fn attempt(&self, body: Bytes, turn: usize) -> Result<ModelResponse, Failed> {
+        let (status, retry_after, body) = self.exchange(body).await?;
+        if !status.is_success() {
+            tracing::warn!(
+                endpoint = %self.endpoint,
+                status = status.as_u16(),
+                retry_after = ?retry_after,
+                body = %self.loggable(&body),
+                "the provider answered with an error"
+            );
+            let reason = status_text(status);
+            return Err(if may_pass(status) {
+                Failed::transient(reason, retry_after)
+            } else {
+                Failed::fatal(ModelError::Unavailable(reason))
+            });
+        }
+        parse_response(&body, turn).map_err(|reason| {
+            tracing::warn!(
+                endpoint = %self.endpoint,
+                reason = %reason,
+                body = %self.loggable(&body),
+                "the provider's answer is not a usable chat completion"
+            );
+            Failed::fatal(ModelError::InvalidResponse(reason))
+        })
+    }
+
+    /// Sends `body` and reads the answer within the timeout: its status, the pause its
+    /// `Retry-After` asks for, and its body (bounded); a request that could not be sent or an
+    /// answer that could not be read is a failure of its own.
+    async fn exchange(&self, body: Bytes) -> Result<(StatusCode, Option<Duration>, Bytes), Failed> {
         let http_request = Request::builder()
             .method(Method::POST)
             .uri(self.endpoint.clone())
@@ -407,55 +438,30 @@ impl OpenAiCompatible {
                 .to_bytes();
             Ok((status, retry_after, body))
         };
-        let (status, retry_after, body) = match tokio::time::timeout(self.timeout, exchange).await {
+        match tokio::time::timeout(self.timeout, exchange).await {
             Err(_) => {
                 tracing::warn!(endpoint = %self.endpoint, timeout = ?self.timeout, "the provider did not answer in time");
-                return Err(Failed::fatal(ModelError::Unavailable(format!(
+                Err(Failed::fatal(ModelError::Unavailable(format!(
                     "no answer within {} s",
                     self.timeout.as_secs_f64()
-                ))));
+                ))))
             }
             Ok(Err(Failure::Send(e))) => {
                 tracing::warn!(endpoint = %self.endpoint, error = %error_chain(&e), "the provider could not be reached");
-                return Err(Failed::transient(
+                Err(Failed::transient(
                     "the provider could not be reached".into(),
                     None,
-                ));
+                ))
             }
             Ok(Err(Failure::Body(e))) => {
                 tracing::warn!(endpoint = %self.endpoint, error = %error_chain(&*e), "the provider's answer could not be read");
-                return Err(Failed::transient(
+                Err(Failed::transient(
                     "the answer could not be read".into(),
                     None,
-                ));
+                ))
             }
-            Ok(Ok(answer)) => answer,
-        };
-
-        if !status.is_success() {
-            tracing::warn!(
-                endpoint = %self.endpoint,
-                status = status.as_u16(),
-                retry_after = ?retry_after,
-                body = %self.loggable(&body),
-                "the provider answered with an error"
-            );
-            let reason = status_text(status);
-            return Err(if may_pass(status) {
-                Failed::transient(reason, retry_after)
-            } else {
-                Failed::fatal(ModelError::Unavailable(reason))
-            });
+            Ok(Ok(answer)) => Ok(answer),
         }
-        parse_response(&body, turn).map_err(|reason| {
-            tracing::warn!(
-                endpoint = %self.endpoint,
-                reason = %reason,
-                body = %self.loggable(&body),
-                "the provider's answer is not a usable chat completion"
-            );
-            Failed::fatal(ModelError::InvalidResponse(reason))
-        })
     }
 }
 

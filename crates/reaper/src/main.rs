@@ -42,17 +42,18 @@ struct Args {
         default_value_t = 168
     )]
     outbox_retention_hours: u64,
-    /// Run a pass every this many seconds instead of once.
+    /// Run a pass every this many seconds instead of once (needed by --http-addr).
     #[arg(long)]
     every: Option<u64>,
-    /// With --every: where to serve /metrics, /healthz and /readyz.
-    #[arg(long, env = "COUNTERSIGN_HTTP_ADDR", requires = "every")]
-    http_addr: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let args = Args::parse();
+    if args.connections.http_addr.is_some() && args.every.is_none() {
+        eprintln!("reaper: --http-addr (COUNTERSIGN_HTTP_ADDR) serves only with --every");
+        return ExitCode::from(2);
+    }
     // Before anything can report ready (see `shutdown_signal`); one for every pass.
     let shutdown = countersign_service::shutdown_signal();
     let telemetry = match args.connections.init_telemetry("countersign-reaper") {
@@ -102,7 +103,7 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
         pool,
         broker: broker.clone(),
     });
-    if let Err(e) = countersign_service::spawn_surfaces(args.http_addr, ready).await {
+    if let Err(e) = countersign_service::spawn_surfaces(args.connections.http_addr, ready).await {
         eprintln!("reaper: cannot serve the HTTP surfaces: {e}");
         return ExitCode::from(2);
     }

@@ -15,12 +15,6 @@ use hyper::Uri;
 
 use crate::RemoteError;
 
-/// The variable naming a deployment's tool servers: `name=url[,name=url…]`.
-pub const SERVERS_ENV: &str = "COUNTERSIGN_TOOL_SERVERS";
-
-/// The variable naming a file of tool servers, one `name url` a line (`#` comments).
-pub const SERVERS_FILE_ENV: &str = "COUNTERSIGN_TOOL_SERVERS_FILE";
-
 /// One configured tool server: a name (`[A-Za-z0-9_-]+`, which also names its secret's
 /// variable) and an absolute `http://` or `https://` base URL without credentials, query or
 /// fragment. Built only by [`ServerEntry::new`], so every entry is usable.
@@ -139,7 +133,7 @@ pub fn read_servers_file(path: &Path) -> Result<Vec<ServerEntry>, RemoteError> {
     parse_servers_file(&text).map_err(|e| in_file(path, e))
 }
 
-/// The servers of the list `list` (as in [`SERVERS_ENV`]) and then of the file `file`; a name
+/// The servers of the list `list` (`name=url[,name=url…]`) and then of the file `file`; a name
 /// used in both is refused.
 pub fn servers_from(list: &str, file: Option<&Path>) -> Result<Vec<ServerEntry>, RemoteError> {
     let mut servers = parse_servers(list)?;
@@ -149,14 +143,6 @@ pub fn servers_from(list: &str, file: Option<&Path>) -> Result<Vec<ServerEntry>,
         }
     }
     Ok(servers)
-}
-
-/// The servers this process is configured with: [`SERVERS_ENV`], then the file
-/// [`SERVERS_FILE_ENV`] names (which must then exist).
-pub fn configured_servers() -> Result<Vec<ServerEntry>, RemoteError> {
-    let list = std::env::var(SERVERS_ENV).unwrap_or_default();
-    let file = std::env::var_os(SERVERS_FILE_ENV).filter(|f| !f.is_empty());
-    servers_from(&list, file.as_deref().map(Path::new))
 }
 
 /// Appends `entry` to the servers file at `path`, creating the file when it does not exist.

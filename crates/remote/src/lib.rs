@@ -45,10 +45,10 @@ pub mod tls;
 pub mod write;
 
 pub use config::{
-    add_to_servers_file, configured_servers, parse_servers, parse_servers_file, read_servers_file,
-    secret_variable, servers_from, ServerEntry, SERVERS_ENV, SERVERS_FILE_ENV,
+    add_to_servers_file, parse_servers, parse_servers_file, read_servers_file, secret_variable,
+    servers_from, ServerEntry,
 };
-pub use tls::{Trust, CA_FILE_ENV};
+pub use tls::Trust;
 
 /// The newest protocol version this client speaks; it speaks every version from 1.
 pub const PROTOCOL_VERSION: u64 = 2;
@@ -224,31 +224,36 @@ impl fmt::Debug for RemoteToolServer {
     }
 }
 
-/// A tool of the registry that [`register_from_env`] added, and the server it lives on.
+/// A tool of the registry that [`register_servers`] added, and the server it lives on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registered {
     pub tool: String,
     pub server: String,
 }
 
-/// Discovers every server [`configured_servers`] names (secrets from [`secret_variable`],
-/// certificates verified as [`Trust::from_env`] says) and registers its tools. A tool named
-/// like one already registered is refused: a remote tool never silently replaces another.
-/// Returns what was registered, in order.
-pub async fn register_from_env(
+/// Discovers each of `servers` and registers its tools: a server's secret is what `secret_of`
+/// gives for its [`secret_variable`], its certificate (over `https://`) is verified against
+/// `trust`. A tool named like one already registered is refused: a remote tool never silently
+/// replaces another. Returns what was registered, in order.
+pub async fn register_servers(
     registry: &mut ToolRegistry,
+    servers: &[ServerEntry],
+    trust: &Trust,
+    secret_of: impl Fn(&str) -> Option<String>,
 ) -> Result<Vec<Registered>, RemoteError> {
-    let servers = configured_servers()?;
-    if servers.is_empty() {
-        return Ok(Vec::new());
-    }
-    let trust = Trust::from_env()?;
     let mut registered = Vec::new();
     for entry in servers {
         let name = entry.name();
-        let secret = secret_from_env(name, &secret_variable(name))?;
+        let variable = secret_variable(name);
+        let secret = secret_of(&variable)
+            .filter(|s| !s.is_empty())
+            .map(SecretString::from)
+            .ok_or_else(|| RemoteError::SecretMissing {
+                server: name.to_owned(),
+                variable,
+            })?;
         let server =
-            RemoteToolServer::with_trust(name, entry.url(), &secret, Limits::default(), &trust)?;
+            RemoteToolServer::with_trust(name, entry.url(), &secret, Limits::default(), trust)?;
         for tool in server.discover_tools().await? {
             let tool_name = tool.spec().name.clone();
             if registry.get(&tool_name).is_some() {
@@ -265,33 +270,16 @@ pub async fn register_from_env(
     Ok(registered)
 }
 
-fn secret_from_env(server: &str, variable: &str) -> Result<SecretString, RemoteError> {
-    std::env::var(variable)
-        .ok()
-        .filter(|s| !s.is_empty())
-        .map(SecretString::from)
-        .ok_or_else(|| RemoteError::SecretMissing {
-            server: server.to_owned(),
-            variable: variable.to_owned(),
-        })
-}
-
 impl RemoteToolServer {
-    /// A server called `name` at `url`, its secret read from the variable `secret_env`, its
-    /// certificate (over `https://`) verified as [`Trust::from_env`] says.
-    pub fn new(name: &str, url: &str, secret_env: &str) -> Result<Self, RemoteError> {
-        let secret = secret_from_env(name, secret_env)?;
-        Self::with_secret(name, url, &secret, Limits::default())
-    }
-
-    /// As [`new`](Self::new), with the secret and the limits given.
+    /// A server called `name` at `url` with its secret and limits, its certificate (over
+    /// `https://`) verified against the public roots only.
     pub fn with_secret(
         name: &str,
         url: &str,
         secret: &SecretString,
         limits: Limits,
     ) -> Result<Self, RemoteError> {
-        Self::with_trust(name, url, secret, limits, &Trust::from_env()?)
+        Self::with_trust(name, url, secret, limits, &Trust::new(None)?)
     }
 
     /// As [`with_secret`](Self::with_secret), verifying certificates against `trust`.
@@ -326,11 +314,6 @@ impl RemoteToolServer {
             client,
             two_phase: false,
         })
-    }
-
-    /// Connects to `url` (the server named after its address) and returns its tools.
-    pub async fn discover(url: &str, secret_env: &str) -> Result<Vec<Arc<dyn Tool>>, RemoteError> {
-        Self::new(url, url, secret_env)?.discover_tools().await
     }
 
     /// `GET /tools`: every tool the server offers, as tools that call it.

@@ -17,10 +17,6 @@ use rustls::{ClientConfig, RootCertStore};
 
 use crate::RemoteError;
 
-/// The variable naming a PEM file of certificate authorities that tool servers' certificates
-/// may also chain to, next to the Mozilla roots.
-pub const CA_FILE_ENV: &str = "COUNTERSIGN_TOOL_SERVERS_CA_FILE";
-
 /// The roots a tool server's certificate is verified against.
 #[derive(Clone)]
 pub struct Trust {
@@ -74,12 +70,6 @@ impl Trust {
             config: Arc::new(config),
             extra_roots,
         })
-    }
-
-    /// [`Trust::new`] with the file [`CA_FILE_ENV`] names, if any.
-    pub fn from_env() -> Result<Trust, RemoteError> {
-        let file = std::env::var_os(CA_FILE_ENV).filter(|f| !f.is_empty());
-        Trust::new(file.as_deref().map(Path::new))
     }
 
     /// How many roots the CA file added.

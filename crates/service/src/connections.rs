@@ -1,19 +1,18 @@
 //! The connection flags every service takes, and the readiness they give.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use countersign_crypto::Keyring;
 use countersign_queue::{Broker, Declare, QueueConfig, QueueError, Topology};
-use countersign_store::Store;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use crate::Readiness;
 
-/// `--database-url`, `--amqp-addr`, `--queue-prefix` and how the broker's topology is
-/// declared (`--no-declare`, `--queue-arguments`), with their environment fallbacks.
+/// What every service reads, with its environment fallback: `--database-url`, `--amqp-addr`,
+/// `--queue-prefix`, how the broker's topology is declared (`--no-declare`,
+/// `--queue-arguments`), where traces go, how it logs and where it serves `/metrics`,
+/// `/healthz` and `/readyz`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Connections {
     /// PostgreSQL, the source of truth.
@@ -52,6 +51,11 @@ pub struct Connections {
     /// `/v1/traces` is appended), e.g. http://otel-collector:4318. No traces when unset.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// Where to serve /metrics, /healthz and /readyz (e.g. 0.0.0.0:9464); none when unset.
+    #[arg(long, env = "COUNTERSIGN_HTTP_ADDR")]
+    pub http_addr: Option<std::net::SocketAddr>,
+    #[command(flatten)]
+    pub logging: crate::Logging,
 }
 
 /// `--database-url`, `--amqp-addr` and `--queue-prefix` of the command lines that act on an
@@ -100,7 +104,7 @@ impl Connections {
         &self,
         name: &'static str,
     ) -> Result<crate::Telemetry, crate::TelemetryError> {
-        crate::init_telemetry(name, false, self.otlp_endpoint.as_deref())
+        crate::init_telemetry(name, &self.logging, self.otlp_endpoint.as_deref())
     }
 
     /// A pool of at most `max` connections ([`pool_options`]).
@@ -122,33 +126,6 @@ impl Connections {
     /// The broker, with the topology declared as the flags say (or only checked).
     pub async fn broker(&self) -> Result<Broker, QueueError> {
         Broker::connect(self.queue_config()).await
-    }
-
-    /// What a service that seals and opens starts from: the keyring from the environment
-    /// (before anything is connected, so a missing one stops it at once), a store over a pool
-    /// of at most `pool_size` connections, the broker, and `/metrics`, `/healthz` and
-    /// `/readyz` served on `http_addr` when one is given.
-    pub async fn open(
-        &self,
-        pool_size: u32,
-        http_addr: Option<std::net::SocketAddr>,
-    ) -> anyhow::Result<(Store, Broker)> {
-        use anyhow::Context;
-        let keyring = Keyring::from_env()
-            .context("loading the keyring (COUNTERSIGN_KEYS or COUNTERSIGN_KEY_FILE)")?;
-        let pool = self
-            .pool(pool_size)
-            .await
-            .context("connecting to PostgreSQL")?;
-        let broker = self.broker().await.context("connecting to RabbitMQ")?;
-        let ready = Arc::new(Ready {
-            pool: pool.clone(),
-            broker: broker.clone(),
-        });
-        crate::spawn_surfaces(http_addr, ready)
-            .await
-            .context("serving the HTTP surfaces")?;
-        Ok((Store::new(pool, Arc::new(keyring)), broker))
     }
 }
 

@@ -3,9 +3,9 @@
 //! process answers) and `/readyz` (its dependencies answer), the shutdown signal, and the
 //! [`relay`] that publishes the events the store wrote to its outbox.
 //!
-//! Logs go to stderr, filtered by `RUST_LOG` (default `warn`, or `debug` when asked for),
-//! as JSON lines when `RUST_LOG_FORMAT=json` so that a log shipper can read `run.id` and the
-//! error codes as fields; spans go to an OpenTelemetry collector when one is configured
+//! Logs go to stderr, filtered by `--log-filter`/`RUST_LOG` (default `warn`, or `debug` when
+//! asked for), as JSON lines with `--log-format json` so that a log shipper can read `run.id`
+//! and the error codes as fields; spans go to an OpenTelemetry collector when one is configured
 //! ([`telemetry`]). The metrics recorder is installed in every process that serves or might
 //! serve `/metrics`, whether or not an address is given, with histogram buckets for every
 //! `*_seconds` histogram, `countersign_build_info{version}`, the HELP text of every family
@@ -28,17 +28,21 @@ use tracing_subscriber::util::SubscriberInitExt;
 pub mod catalogue;
 mod connections;
 pub mod relay;
+pub mod settings;
+mod start;
 pub mod telemetry;
 pub mod tools;
 
 pub use connections::{pool_options, Connections, Endpoints, QueueArguments, Ready};
-pub use telemetry::{init_telemetry, Telemetry, TelemetryError};
+pub use settings::{KeySettings, ToolSettings};
+pub use start::{start, Service};
+pub use telemetry::{init_telemetry, Logging, Telemetry, TelemetryError};
 
 /// Installs the global log subscriber, without traces. Call once, first thing in `main`;
 /// a service calls [`init_telemetry`] instead.
-pub fn init_tracing(verbose: bool) {
+pub fn init_tracing(logging: &Logging) {
     tracing_subscriber::registry()
-        .with(telemetry::log_layer(verbose))
+        .with(telemetry::log_layer(logging))
         .init();
 }
 

@@ -84,7 +84,7 @@ impl Telemetry {
 /// Call once, first thing in `main`, inside the Tokio runtime.
 pub fn init_telemetry(
     service_name: &'static str,
-    verbose: bool,
+    logging: &Logging,
     otlp_endpoint: Option<&str>,
 ) -> Result<Telemetry, TelemetryError> {
     let provider = otlp_endpoint
@@ -97,7 +97,7 @@ pub fn init_telemetry(
             .with_filter(EnvFilter::new(TRACE_FILTER))
     });
     tracing_subscriber::registry()
-        .with(log_layer(verbose))
+        .with(log_layer(logging))
         .with(traces)
         .init();
     if let Some(endpoint) = otlp_endpoint.filter(|_| provider.is_some()) {
@@ -117,13 +117,36 @@ pub fn http_parent(headers: &axum::http::HeaderMap) -> opentelemetry::Context {
     )
 }
 
-/// The log filter: `RUST_LOG` (default `warn`, `debug` when verbose), with lapin's
-/// channel-close lines off unless `RUST_LOG` names lapin. Checking whether a queue or an
+/// How a process logs: `--log-filter` (`RUST_LOG`) and `--log-format` (`RUST_LOG_FORMAT`).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Logging {
+    /// The log filter (e.g. `info,countersign_worker=debug`); `warn` when unset. lapin's
+    /// channel-close lines stay off unless it names `lapin`.
+    #[arg(long, env = "RUST_LOG", global = true)]
+    pub log_filter: Option<String>,
+    /// `json` for JSON log lines a log shipper can read fields from.
+    #[arg(long, env = "RUST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// Log at `debug` when no filter is given.
+    #[arg(skip)]
+    pub verbose: bool,
+}
+
+/// The shape of a log line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The log filter: the one `logging` asks for (default `warn`, `debug` when verbose), with
+/// lapin's channel-close lines off unless it names lapin. Checking whether a queue or an
 /// exchange exists is a passive declare, and one that finds nothing closes its channel, which
 /// lapin logs as an `ERROR` — on every first start against a fresh vhost. The closes that
 /// matter fail an operation, and countersign logs those with their code.
-pub fn log_filter(verbose: bool) -> EnvFilter {
-    filter_of(std::env::var("RUST_LOG").ok().as_deref(), verbose)
+pub fn log_filter(logging: &Logging) -> EnvFilter {
+    filter_of(logging.log_filter.as_deref(), logging.verbose)
 }
 
 fn filter_of(asked: Option<&str>, verbose: bool) -> EnvFilter {
@@ -140,14 +163,14 @@ fn filter_of(asked: Option<&str>, verbose: bool) -> EnvFilter {
     }
 }
 
-/// Log lines to stderr, filtered by [`log_filter`], JSON with `RUST_LOG_FORMAT=json`.
-pub(crate) fn log_layer<S>(verbose: bool) -> impl Layer<S> + Send + Sync
+/// Log lines to stderr, filtered by [`log_filter`], in the format `logging` names.
+pub(crate) fn log_layer<S>(logging: &Logging) -> impl Layer<S> + Send + Sync
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
-    let filter = log_filter(verbose);
+    let filter = log_filter(logging);
     let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
-    let lines = if std::env::var("RUST_LOG_FORMAT").is_ok_and(|f| f == "json") {
+    let lines = if logging.log_format == LogFormat::Json {
         lines.json().boxed()
     } else {
         lines.boxed()

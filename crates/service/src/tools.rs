@@ -1,7 +1,7 @@
 //! The tools a deployment offers, assembled in one place: the reference content store's (unless
-//! `COUNTERSIGN_CONTENT_STORE=off`) and those of the remote tool servers
-//! `COUNTERSIGN_TOOL_SERVERS` and `COUNTERSIGN_TOOL_SERVERS_FILE` name; and the users they act
-//! for: the content store's, or, without it, the table directory `countersign users` keeps.
+//! its [`ToolSettings`] turn it off) and those of the remote tool servers they name; and the
+//! users they act for: the content store's, or, without it, the table directory `countersign
+//! users` keeps.
 //!
 //! The worker that runs a call, the coordinator that gates its approval (an unknown tool is a
 //! non-idempotent write nobody may release), and the API and CLI that show its card must all
@@ -15,36 +15,7 @@ use anyhow::Context;
 use countersign_core::{LocalWriters, ToolRegistry, UserDirectory};
 use countersign_store::{FencedWrite, Store, TableUsers};
 
-/// `COUNTERSIGN_CONTENT_STORE`: whether this deployment runs the reference content store.
-pub const CONTENT_STORE_VAR: &str = "COUNTERSIGN_CONTENT_STORE";
-
-/// Whether the reference content store is part of this deployment: its tools are offered and
-/// its users are the directory. Off, the deployment's tools are its remote ones and its users
-/// are the table directory's ([`TableUsers`]); the `content` schema need not exist.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ContentStore {
-    Enabled,
-    Disabled,
-}
-
-impl ContentStore {
-    /// From [`CONTENT_STORE_VAR`]: `on` (the default when unset) or `off`.
-    pub fn from_env() -> anyhow::Result<ContentStore> {
-        match std::env::var(CONTENT_STORE_VAR) {
-            Err(std::env::VarError::NotPresent) => Ok(ContentStore::Enabled),
-            Ok(v) => ContentStore::parse(&v),
-            Err(e) => Err(e).context(CONTENT_STORE_VAR),
-        }
-    }
-
-    fn parse(value: &str) -> anyhow::Result<ContentStore> {
-        match value.trim().to_ascii_lowercase().as_str() {
-            "on" | "true" | "1" | "yes" => Ok(ContentStore::Enabled),
-            "off" | "false" | "0" | "no" => Ok(ContentStore::Disabled),
-            other => anyhow::bail!("{CONTENT_STORE_VAR} is {other:?}: expected on or off"),
-        }
-    }
-}
+pub use crate::settings::{environment, ContentStore, ToolSettings};
 
 /// Where a registered tool comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -77,35 +48,43 @@ impl Tools {
     }
 }
 
-/// This deployment's tools and users, the content store's writing to `store`, as
-/// [`ContentStore::from_env`] and the tool server settings say. With the content store on, its
-/// schema must be in `store`'s database: without it this fails at once, naming the fix, rather
-/// than at the first call of one of its tools.
-pub async fn tools(store: &Store) -> anyhow::Result<Tools> {
-    let content_store = ContentStore::from_env()?;
+/// This deployment's tools and users, the content store's writing to `store`, as `settings`
+/// say; each remote server's secret from the process [`environment`]. With the content store
+/// on, its schema must be in `store`'s database: without it this fails at once, naming the fix,
+/// rather than at the first call of one of its tools.
+pub async fn tools(store: &Store, settings: &ToolSettings) -> anyhow::Result<Tools> {
+    let content_store = settings.content_store;
     let mut registry = ToolRegistry::new();
     let mut local = LocalWriters::new();
     let users: Arc<dyn UserDirectory> = match content_store {
-        ContentStore::Enabled => {
+        ContentStore::On => {
             let installed = countersign_content::is_installed(store.pool())
                 .await
                 .context("checking for the content store's schema")?;
             anyhow::ensure!(
                 installed,
                 "the content store is on but its schema is not in the database: run \
-                 `countersign migrate --with-content`, or set {CONTENT_STORE_VAR}=off"
+                 `countersign migrate --with-content`, or set COUNTERSIGN_CONTENT_STORE=off"
             );
             countersign_content::register(&mut registry, &mut local, store.clone());
             content_users(store)
         }
-        ContentStore::Disabled => Arc::new(TableUsers::new(store.pool().clone())),
+        ContentStore::Off => Arc::new(TableUsers::new(store.pool().clone())),
     };
-    let servers = countersign_remote::register_from_env(&mut registry)
-        .await
-        .context("discovering the remote tool servers (COUNTERSIGN_TOOL_SERVERS, COUNTERSIGN_TOOL_SERVERS_FILE)")?
-        .into_iter()
-        .map(|r| (r.tool, r.server))
-        .collect();
+    let servers = settings
+        .servers()
+        .context("reading the tool server settings")?;
+    let servers = if servers.is_empty() {
+        Vec::new()
+    } else {
+        let trust = settings
+            .trust()
+            .context("loading the tool servers' CA file")?;
+        countersign_remote::register_servers(&mut registry, &servers, &trust, environment)
+            .await
+            .context("discovering the remote tool servers")?
+    };
+    let servers = servers.into_iter().map(|r| (r.tool, r.server)).collect();
     Ok(Tools {
         registry,
         local,
@@ -118,27 +97,4 @@ pub async fn tools(store: &Store) -> anyhow::Result<Tools> {
 /// The users of the reference content store, in `store`'s database.
 pub fn content_users(store: &Store) -> Arc<dyn UserDirectory> {
     Arc::new(countersign_content::ContentUsers::new(store.pool().clone()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_content_store_setting_reads_on_and_off_and_refuses_anything_else() {
-        assert_eq!(ContentStore::parse("on").unwrap(), ContentStore::Enabled);
-        assert_eq!(
-            ContentStore::parse(" OFF ").unwrap(),
-            ContentStore::Disabled
-        );
-        assert_eq!(
-            ContentStore::parse("false").unwrap(),
-            ContentStore::Disabled
-        );
-        let e = ContentStore::parse("maybe").unwrap_err().to_string();
-        assert!(
-            e.contains("COUNTERSIGN_CONTENT_STORE") && e.contains("maybe"),
-            "{e}"
-        );
-    }
 }

@@ -55,9 +55,12 @@ impl Site {
             .upsert_agent(agent)
             .await
             .expect("the agent is stored");
-        let tools = countersign_service::tools::tools(&store)
-            .await
-            .expect("the deployment's tools");
+        let tools = countersign_service::tools::tools(
+            &store,
+            &countersign_service::ToolSettings::default(),
+        )
+        .await
+        .expect("the deployment's tools");
         let model = ScriptedModel::from_json(script).expect("a model script");
         let runner = SegmentRunner::new(store.clone(), tools, Models::Fixed(Arc::new(model)), TTL);
         Site {

@@ -4,10 +4,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Parser;
 use countersign_model::ModelCatalog;
-use countersign_service::Connections;
+use countersign_service::{Connections, KeySettings, ToolSettings};
 use countersign_worker::service::{self, WorkerConfig};
 use countersign_worker::{Models, SegmentRunner};
 
@@ -20,6 +19,10 @@ use countersign_worker::{Models, SegmentRunner};
 struct Args {
     #[command(flatten)]
     connections: Connections,
+    #[command(flatten)]
+    keys: KeySettings,
+    #[command(flatten)]
+    tools: ToolSettings,
     /// The script of agents whose model settings are `{"provider": "scripted"}` without one.
     #[arg(long, env = "COUNTERSIGN_MODEL_SCRIPT")]
     model_script: Option<PathBuf>,
@@ -40,33 +43,30 @@ struct Args {
     /// The lease owner name; defaults to the host name and process id.
     #[arg(long, env = "COUNTERSIGN_WORKER_ID")]
     owner: Option<String>,
-    /// Where to serve /metrics, /healthz and /readyz (e.g. 0.0.0.0:9464); none when unset.
-    #[arg(long, env = "COUNTERSIGN_HTTP_ADDR")]
-    http_addr: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    // Before anything can report ready (see `shutdown_signal`).
-    let shutdown = countersign_service::shutdown_signal();
-    let telemetry = args
-        .connections
-        .init_telemetry("countersign-worker")
-        .context("setting up traces")?;
+    let pool_size = u32::try_from(args.concurrency.saturating_mul(2).saturating_add(2))
+        .unwrap_or(u32::MAX)
+        .min(args.pool_size.max(2));
+    let started = countersign_service::start(
+        "countersign-worker",
+        &args.connections,
+        &args.keys,
+        &args.tools,
+        pool_size,
+    )
+    .await?;
     let catalog = ModelCatalog::new();
     let catalog = match &args.model_script {
         Some(path) => catalog.with_default_script(path),
         None => catalog,
     };
-    let pool_size = u32::try_from(args.concurrency.saturating_mul(2).saturating_add(2))
-        .unwrap_or(u32::MAX)
-        .min(args.pool_size.max(2));
-    let (store, broker) = args.connections.open(pool_size, args.http_addr).await?;
-    let tools = countersign_service::tools::tools(&store).await?;
     let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));
     let models = Models::PerAgent(Arc::new(catalog));
-    let runner = SegmentRunner::new(store, tools, models, lease_ttl);
+    let runner = SegmentRunner::new(started.store, started.tools, models, lease_ttl);
     let config = WorkerConfig {
         owner: args.owner.unwrap_or_else(default_owner),
         concurrency: args.concurrency.max(1),
@@ -74,8 +74,8 @@ async fn main() -> anyhow::Result<()> {
         shutdown_grace: lease_ttl,
     };
     tracing::info!(owner = %config.owner, concurrency = config.concurrency, "worker started");
-    service::run(runner, broker, config, shutdown).await;
-    telemetry.shutdown().await;
+    service::run(runner, started.broker, config, started.shutdown).await;
+    started.telemetry.shutdown().await;
     Ok(())
 }
 

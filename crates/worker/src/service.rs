@@ -50,12 +50,17 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) {
     register_metrics(&runner);
-    let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
     let prefetch = u16::try_from(config.concurrency.max(1)).unwrap_or(u16::MAX);
     let queue = broker.topology().segments();
-    let mut running: JoinSet<()> = JoinSet::new();
     // Flipped once the grace period is over: every segment still running hands its run back.
     let (release, released) = watch::channel(false);
+    let claimer = Claimer::start(runner.store.clone(), config.owner.clone(), runner.lease_ttl);
+    let mut slots = Slots {
+        free: Arc::new(Semaphore::new(config.concurrency.max(1))),
+        running: JoinSet::new(),
+        released,
+        runner,
+    };
     let mut consumer = None;
     // The wake-up taken when the shutdown came, while it waited for a slot.
     let mut held = None;
@@ -66,22 +71,13 @@ pub async fn run(
         config.poll_interval,
     );
     tokio::pin!(shutdown);
-    let (stop_relay, relay_stopped) = oneshot::channel::<()>();
-    let claimer = Claimer::start(runner.store.clone(), config.owner.clone(), runner.lease_ttl);
-    let relay = tokio::spawn(relay::run(
-        runner.store.clone(),
-        broker.clone(),
-        RelayConfig::default(),
-        async move {
-            let _ = relay_stopped.await;
-        },
-    ));
+    let (stop_relay, relay) = spawn_relay(&slots.runner, &broker);
 
     loop {
         // A segment that ended keeps its task's memory until it is joined, and with a backlog
         // the loop spends its time waiting for a slot in the wake-up branch: reap every
         // finished one on each turn, not one per turn.
-        while running.try_join_next().is_some() {}
+        while slots.running.try_join_next().is_some() {}
         if consumer.is_none() {
             match broker.consume(&queue, prefetch).await {
                 Ok(c) => consumer = Some(c),
@@ -92,83 +88,21 @@ pub async fn run(
         }
         tokio::select! {
             () = &mut shutdown => break,
-            Some(_) = running.join_next(), if !running.is_empty() => {}
-            _ = poll.tick() => {
-                // As many claims as slots are free now, not while slots keep freeing: under a
-                // backlog that would claim one statement after another in this loop the runs
-                // whose wake-ups are on their way, starve the wake-ups (which claim in
-                // parallel), and make each of them lose a claim.
-                let mut free = slots.available_permits();
-                while free > 0 {
-                    let permits: Vec<_> = (0..free.min(POLL_BATCH))
-                        .map_while(|_| slots.clone().try_acquire_owned().ok())
-                        .collect();
-                    let asked = permits.len();
-                    let claims = match runner
-                        .store
-                        .claim_next(&config.owner, runner.lease_ttl, asked)
-                        .await
-                    {
-                        Ok(claims) => claims,
-                        Err(e) => {
-                            tracing::warn!(code = e.code(), error = %e, "poll claim failed");
-                            break;
-                        }
-                    };
-                    let taken = claims.len();
-                    // A slot each; the permits left over go back with the vector.
-                    for (claim, permit) in claims.into_iter().zip(permits) {
-                        match claim {
-                            Ok(claim) => {
-                                let untraced = tracing::Span::none();
-                                spawn(&mut running, &runner, claim, permit, &released, untraced);
-                            }
-                            Err(e) => {
-                                tracing::warn!(code = e.code(), error = %e, "a run claimed by the poll is unreadable; its lease will expire")
-                            }
-                        }
-                    }
-                    if taken < asked || asked == 0 {
-                        break;
-                    }
-                    free -= asked;
-                }
-            }
+            Some(_) = slots.running.join_next(), if !slots.running.is_empty() => {}
+            _ = poll.tick() => slots.claim_polled(&config.owner).await,
             delivery = next(&mut consumer) => match delivery {
                 Some(delivery) => {
                     // With every slot busy the wait for one may be long (a segment waits on
                     // its model): a shutdown meanwhile hands the wake-up back and stops.
                     let permit = tokio::select! {
-                        permit = slots.clone().acquire_owned() => permit,
+                        permit = slots.free.clone().acquire_owned() => permit,
                         () = &mut shutdown => {
                             held = Some(delivery);
                             break;
                         }
                     };
                     let Ok(permit) = permit else { break };
-                    // The producer's trace goes on: the wake-up's context is the parent of the
-                    // claim and of the segment it starts.
-                    let woken = tracing::info_span!(
-                        "wake_up",
-                        otel.kind = "consumer",
-                        run.id = tracing::field::Empty
-                    );
-                    let _ = woken.set_parent(delivery.trace_context());
-                    // The claim runs in the segment's task, not here: wake-ups for many runs
-                    // are claimed at once, each holding its slot.
-                    let (runner, broker, claimer) = (runner.clone(), broker.clone(), claimer.clone());
-                    let released = released.clone();
-                    running.spawn(async move {
-                        let taken = take(&claimer, &broker, delivery)
-                            .instrument(woken.clone())
-                            .await;
-                        if let Some(claim) = taken {
-                            woken.record("run.id", tracing::field::display(claim.lease.run_id));
-                            run_claimed(runner, claim, permit, released)
-                                .instrument(woken)
-                                .await;
-                        }
-                    });
+                    slots.start_woken(&claimer, &broker, delivery, permit);
                 }
                 None => {
                     consumer = None;
@@ -178,15 +112,165 @@ pub async fn run(
         }
     }
 
-    // No more wake-ups for this worker: those it holds and has not taken go back to the queue,
-    // for the other workers, now rather than when its connection closes, and as fresh messages.
-    // The consumer stops first: a fresh copy must not come back to it.
-    if let Some(consumer) = consumer.take() {
+    stop_consuming(&broker, consumer, held).await;
+    slots.drain(config.shutdown_grace, release).await;
+    let _ = stop_relay.send(());
+    if let Err(e) = relay.await {
+        tracing::warn!(error = %e, "the outbox relay stopped abnormally");
+    }
+}
+
+/// The outbox relay beside the segments, until the sender it returns is used or dropped.
+fn spawn_relay(
+    runner: &SegmentRunner,
+    broker: &Broker,
+) -> (oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let relay = tokio::spawn(relay::run(
+        runner.store.clone(),
+        broker.clone(),
+        RelayConfig::default(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (stop, relay)
+}
+
+/// The worker's segment slots: the permits free, the segments running in the others, and the
+/// signal that releases them at the end of the shutdown grace.
+struct Slots {
+    free: Arc<Semaphore>,
+    running: JoinSet<()>,
+    released: watch::Receiver<bool>,
+    runner: SegmentRunner,
+}
+
+impl Slots {
+    /// Claims the oldest available runs, as many as slots are free now, not while slots keep
+    /// freeing: under a backlog that would claim one statement after another in this loop the
+    /// runs whose wake-ups are on their way, starve the wake-ups (which claim in parallel), and
+    /// make each of them lose a claim.
+    async fn claim_polled(&mut self, owner: &str) {
+        let mut free = self.free.available_permits();
+        while free > 0 {
+            let permits: Vec<_> = (0..free.min(POLL_BATCH))
+                .map_while(|_| self.free.clone().try_acquire_owned().ok())
+                .collect();
+            let asked = permits.len();
+            let claims = match self
+                .runner
+                .store
+                .claim_next(owner, self.runner.lease_ttl, asked)
+                .await
+            {
+                Ok(claims) => claims,
+                Err(e) => {
+                    tracing::warn!(code = e.code(), error = %e, "poll claim failed");
+                    return;
+                }
+            };
+            let taken = claims.len();
+            // A slot each; the permits left over go back with the vector.
+            for (claim, permit) in claims.into_iter().zip(permits) {
+                match claim {
+                    Ok(claim) => {
+                        let segment =
+                            run_claimed(self.runner.clone(), claim, permit, self.released.clone());
+                        self.running
+                            .spawn(segment.instrument(tracing::Span::none()));
+                    }
+                    Err(e) => {
+                        tracing::warn!(code = e.code(), error = %e, "a run claimed by the poll is unreadable; its lease will expire")
+                    }
+                }
+            }
+            if taken < asked || asked == 0 {
+                return;
+            }
+            free -= asked;
+        }
+    }
+
+    /// Claims the run `delivery` wakes up in a task of its own holding `permit` (wake-ups for
+    /// many runs are claimed at once), then runs its segment there. The producer's trace goes
+    /// on: the wake-up's context is the parent of the claim and of the segment it starts.
+    fn start_woken(
+        &mut self,
+        claimer: &Claimer,
+        broker: &Broker,
+        delivery: Delivery,
+        permit: OwnedSemaphorePermit,
+    ) {
+        let woken = tracing::info_span!(
+            "wake_up",
+            otel.kind = "consumer",
+            run.id = tracing::field::Empty
+        );
+        let _ = woken.set_parent(delivery.trace_context());
+        let (runner, broker, claimer) = (self.runner.clone(), broker.clone(), claimer.clone());
+        let released = self.released.clone();
+        self.running.spawn(async move {
+            let taken = take(&claimer, &broker, delivery)
+                .instrument(woken.clone())
+                .await;
+            if let Some(claim) = taken {
+                woken.record("run.id", tracing::field::display(claim.lease.run_id));
+                run_claimed(runner, claim, permit, released)
+                    .instrument(woken)
+                    .await;
+            }
+        });
+    }
+
+    /// Waits up to `grace` for the running segments to end, then releases the rest, which
+    /// hand their runs back; abandons those that do not within [`RELEASE_TIMEOUT`].
+    async fn drain(mut self, grace: Duration, release: watch::Sender<bool>) {
+        tracing::info!(
+            running = self.running.len(),
+            "shutting down; waiting for running segments"
+        );
+        let drained = tokio::time::timeout(grace, async {
+            while self.running.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_ok() {
+            return;
+        }
+        tracing::info!(
+            running = self.running.len(),
+            "grace period over; handing the remaining runs back"
+        );
+        let _ = release.send(true);
+        let handed_back = tokio::time::timeout(RELEASE_TIMEOUT, async {
+            while self.running.join_next().await.is_some() {}
+        })
+        .await;
+        if handed_back.is_err() {
+            tracing::warn!(
+                abandoned = self.running.len(),
+                "segments abandoned at shutdown; their leases will expire"
+            );
+            self.running.abort_all();
+        }
+    }
+}
+
+/// No more wake-ups for this worker: those it holds and has not taken (and `held`, taken while
+/// it waited for a slot) go back to the queue, for the other workers, now rather than when its
+/// connection closes, and as fresh messages. The consumer stops first: a fresh copy must not
+/// come back to it.
+async fn stop_consuming(
+    broker: &Broker,
+    consumer: Option<countersign_queue::Consumer>,
+    mut held: Option<Delivery>,
+) {
+    if let Some(consumer) = consumer {
         match consumer.cancel_untaken().await {
             Ok(untaken) => {
                 let handed_back = untaken.len() + usize::from(held.is_some());
                 for delivery in held.take().into_iter().chain(untaken) {
-                    hand_back(&broker, delivery).await;
+                    hand_back(broker, delivery).await;
                 }
                 tracing::info!(handed_back, "stopped consuming wake-ups");
             }
@@ -196,38 +280,8 @@ pub async fn run(
         }
     }
     // No consumer, or it could not be cancelled: back as it is.
-    if let Some(delivery) = held.take() {
+    if let Some(delivery) = held {
         requeue(delivery).await;
-    }
-    tracing::info!(
-        running = running.len(),
-        "shutting down; waiting for running segments"
-    );
-    let drained = tokio::time::timeout(config.shutdown_grace, async {
-        while running.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::info!(
-            running = running.len(),
-            "grace period over; handing the remaining runs back"
-        );
-        let _ = release.send(true);
-        let handed_back = tokio::time::timeout(RELEASE_TIMEOUT, async {
-            while running.join_next().await.is_some() {}
-        })
-        .await;
-        if handed_back.is_err() {
-            tracing::warn!(
-                abandoned = running.len(),
-                "segments abandoned at shutdown; their leases will expire"
-            );
-            running.abort_all();
-        }
-    }
-    let _ = stop_relay.send(());
-    if let Err(e) = relay.await {
-        tracing::warn!(error = %e, "the outbox relay stopped abnormally");
     }
 }
 
@@ -319,19 +373,6 @@ async fn take(claimer: &Claimer, broker: &Broker, delivery: Delivery) -> Option<
             None
         }
     }
-}
-
-/// Runs the segment of `claim` in the background, inside `span` (the wake-up it answers, or
-/// none for a claim of the poll).
-fn spawn(
-    running: &mut JoinSet<()>,
-    runner: &SegmentRunner,
-    claim: Claim,
-    permit: OwnedSemaphorePermit,
-    released: &watch::Receiver<bool>,
-    span: tracing::Span,
-) {
-    running.spawn(run_claimed(runner.clone(), claim, permit, released.clone()).instrument(span));
 }
 
 /// Runs the segment of a won claim in its slot, until it ends or the worker releases it.

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use countersign_e2e::{binary, database_url, workspace_file};
 use yaml_rust2::{Yaml, YamlLoader};
 
-use super::{entries, port_of, process, read_without_a_flag, scalar, strings, yaml, Process};
+use super::{entries, port_of, process, scalar, strings, yaml, Process};
 
 /// How long a stopping worker may still take after its grace period (one lease time to
 /// live): the time it gives itself to hand the remaining runs back (`RELEASE_TIMEOUT` in
@@ -1024,10 +1024,10 @@ fn settings_value(settings: &[(String, String)], key: &str) -> String {
         .unwrap_or_else(|| panic!("no {key}"))
 }
 
-// ---- what --help cannot show --------------------------------------------------------------
+// ---- what --help shows is read -------------------------------------------------------------
 
 #[test]
-fn the_variables_read_without_a_flag_are_read_by_the_binaries_given_them() {
+fn the_keyring_and_the_log_settings_are_read_by_the_binaries_whose_help_lists_them() {
     // The keyring: each holder loads it before it connects to anything.
     for command in [
         &["countersign-coordinator"][..],
@@ -1035,7 +1035,7 @@ fn the_variables_read_without_a_flag_are_read_by_the_binaries_given_them() {
         &["countersign-api"],
         &["countersign", "keys", "rotate"],
     ] {
-        assert!(read_without_a_flag(command[0], "COUNTERSIGN_KEY_FILE"));
+        assert!(super::help(command).env.contains("COUNTERSIGN_KEY_FILE"));
         let out = std::process::Command::new(binary(command[0]))
             .args(&command[1..])
             .env("DATABASE_URL", database_url())
@@ -1054,10 +1054,12 @@ fn the_variables_read_without_a_flag_are_read_by_the_binaries_given_them() {
             "{command:?}: {stderr}"
         );
     }
-    assert!(!read_without_a_flag(
-        "countersign-reaper",
-        "COUNTERSIGN_KEYS"
-    ));
+    let reaper_reads = super::help(&["countersign-reaper"]).env;
+    assert!(
+        !reaper_reads.contains("COUNTERSIGN_KEYS"),
+        "{reaper_reads:?}"
+    );
+    assert!(reaper_reads.contains("RUST_LOG"), "{reaper_reads:?}");
 
     // The log settings: a role that does not exist fails at once, and is logged as asked.
     let base = database_url();

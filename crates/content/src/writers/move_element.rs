@@ -184,28 +184,8 @@ impl Writer for MoveElement {
             return Ok(Err(Refusal::NotPermitted));
         }
 
-        if element.workspace != 0 {
-            return Ok(Err(Refusal::invalid(draft_workspace(
-                "Content element",
-                element.uid,
-                element.workspace,
-            ))));
-        }
-        if let Some(parent) = element.l10n_parent {
-            return Ok(Err(Refusal::invalid(format!(
-                "Content element [{}] is a translation; it moves with its default-language \
-                 element [{parent}], so move that one instead. Nothing was written.",
-                element.uid
-            ))));
-        }
-        if let Some(refusal) = check_content_page(&target) {
-            return Ok(Err(refusal));
-        }
         let colpos = args.column.map_or(element.colpos, |c| c.get() as i32);
-        if let Some(refusal) = after
-            .as_ref()
-            .and_then(|a| check_neighbour(a, target.uid, colpos, Some(element.uid)))
-        {
+        if let Some(refusal) = refuse_move(&element, &target, after.as_ref(), colpos) {
             return Ok(Err(refusal));
         }
 
@@ -334,4 +314,31 @@ impl Writer for MoveElement {
             "the move did not land where it was planned",
         ))
     }
+}
+
+/// Why moving `element` to `target`, column `colpos`, after `after`, is refused, if it is: a
+/// draft, a translation (it moves with its default-language element), a target page that holds
+/// no content, or a neighbour that is not there.
+fn refuse_move(
+    element: &Element,
+    target: &Page,
+    after: Option<&Element>,
+    colpos: i32,
+) -> Option<Refusal> {
+    if element.workspace != 0 {
+        return Some(Refusal::invalid(draft_workspace(
+            "Content element",
+            element.uid,
+            element.workspace,
+        )));
+    }
+    if let Some(parent) = element.l10n_parent {
+        return Some(Refusal::invalid(format!(
+            "Content element [{}] is a translation; it moves with its default-language \
+             element [{parent}], so move that one instead. Nothing was written.",
+            element.uid
+        )));
+    }
+    check_content_page(target)
+        .or_else(|| after.and_then(|a| check_neighbour(a, target.uid, colpos, Some(element.uid))))
 }

@@ -132,6 +132,16 @@ pub(crate) struct TranslationPlan {
     fields: Fields,
 }
 
+impl Source {
+    /// The workspace of the record, and the default-language record it translates, if any.
+    fn origin(&self) -> (i32, Option<i64>) {
+        match self {
+            Source::Page(page) => (page.workspace, page.l10n_parent),
+            Source::Element { element, .. } => (element.workspace, element.l10n_parent),
+        }
+    }
+}
+
 impl TranslationPlan {
     fn source_uid(&self) -> i64 {
         match &self.source {
@@ -143,6 +153,181 @@ impl TranslationPlan {
     fn language_name(&self) -> String {
         format!("{} (language {})", self.language_title, self.language)
     }
+}
+
+/// The record a translation copies, if `user` may translate it.
+async fn load_source(
+    conn: &mut PgConnection,
+    user: &User,
+    args: &TranslationArgs,
+) -> Result<Planned<Source>, sqlx::Error> {
+    Ok(match args.table {
+        Table::Pages => match Page::load(conn, args.uid()).await? {
+            Some(page) if page.permits(user) => Ok(Source::Page(page)),
+            _ => Err(Refusal::NotPermitted),
+        },
+        Table::Content => match Element::load(conn, args.uid()).await? {
+            Some(element) if element.permits(user) => {
+                let references = references_per_field(conn, element.uid).await?;
+                Ok(Source::Element {
+                    element,
+                    references,
+                })
+            }
+            _ => Err(Refusal::NotPermitted),
+        },
+    })
+}
+
+/// The live translations of `source` into `language` a translation would discard, and the
+/// fields it copies; refused when an element's page has no translation into it yet.
+async fn existing_and_fields(
+    conn: &mut PgConnection,
+    source: &Source,
+    language: i32,
+    language_name: &str,
+) -> Result<Planned<(Vec<Named>, Fields)>, sqlx::Error> {
+    Ok(Ok(match source {
+        Source::Page(page) => {
+            let fields: Fields = PAGE_METADATA_FIELDS
+                .iter()
+                .map(|f| (*f, page.field(f).unwrap_or_default().to_owned()))
+                .collect();
+            (
+                existing_page_translations(conn, page.uid, language).await?,
+                fields,
+            )
+        }
+        Source::Element { element, .. } => {
+            let page_translated = sqlx::query_scalar!(
+                r#"SELECT uid FROM content.pages
+                       WHERE l10n_parent = $1 AND language = $2 AND workspace = 0 AND NOT deleted
+                       ORDER BY uid
+                       LIMIT 1"#,
+                element.pid,
+                language
+            )
+            .fetch_optional(&mut *conn)
+            .await?;
+            if page_translated.is_none() {
+                return Ok(Err(Refusal::invalid(format!(
+                    "Page [{}] has no translation in {language_name} yet; translate the page \
+                     first (table \"pages\"). Nothing was written.",
+                    element.pid
+                ))));
+            }
+            let fields = Fields::from([
+                ("header", element.header.clone()),
+                ("bodytext", element.bodytext.clone()),
+            ]);
+            (
+                existing_element_translations(conn, element.uid, language).await?,
+                fields,
+            )
+        }
+    }))
+}
+
+/// Discards the page translations `discarded`, creates the hidden translation of `page` the
+/// plan describes, and reads it back into `check`; returns its uid.
+async fn create_page(
+    conn: &mut PgConnection,
+    handler: &DataHandler<'_>,
+    plan: &TranslationPlan,
+    page: &Page,
+    discarded: &[i64],
+    check: &mut ReadBack,
+) -> Result<i64, sqlx::Error> {
+    if !discarded.is_empty() {
+        handler.delete_pages(conn, discarded).await?;
+    }
+    let uid = handler
+        .insert_hidden_page(
+            conn,
+            &NewPage {
+                pid: page.pid,
+                sorting: page.sorting,
+                language: plan.language,
+                l10n_parent: Some(page.uid),
+                doktype: page.doktype,
+                fields: &plan.fields,
+            },
+        )
+        .await?;
+    match Page::load(conn, uid).await? {
+        None => check.field("record", false),
+        Some(p) => {
+            check.field("hidden", p.hidden);
+            check.field(
+                "language",
+                p.language == plan.language && p.l10n_parent == Some(page.uid),
+            );
+            for (field, value) in &plan.fields {
+                check.field(field, p.field(field) == Some(value.as_str()));
+            }
+        }
+    }
+    let live = existing_page_translations(conn, page.uid, plan.language).await?;
+    check.field(
+        "discarded translation",
+        live.len() == 1 && live[0].uid == uid,
+    );
+    Ok(uid)
+}
+
+/// Discards the element translations `discarded`, creates the hidden translation of the
+/// element (with copies of its file `references`) the plan describes, and reads it back into
+/// `check`; returns its uid.
+async fn create_element(
+    conn: &mut PgConnection,
+    handler: &DataHandler<'_>,
+    plan: &TranslationPlan,
+    (element, references): (&Element, &[(String, i64)]),
+    discarded: &[i64],
+    check: &mut ReadBack,
+) -> Result<i64, sqlx::Error> {
+    if !discarded.is_empty() {
+        handler.delete_elements(conn, discarded).await?;
+    }
+    let uid = handler
+        .insert_hidden_element(
+            conn,
+            &NewElement {
+                pid: element.pid,
+                ctype: &element.ctype,
+                colpos: element.colpos,
+                sorting: element.sorting,
+                language: plan.language,
+                l10n_parent: Some(element.uid),
+                fields: &plan.fields,
+            },
+        )
+        .await?;
+    handler.copy_references(conn, element.uid, uid).await?;
+    match Element::load(conn, uid).await? {
+        None => check.field("record", false),
+        Some(e) => {
+            check.field("hidden", e.hidden);
+            check.field(
+                "language",
+                e.language == plan.language && e.l10n_parent == Some(element.uid),
+            );
+            check.field("type", e.ctype == element.ctype);
+            check.field("place", e.pid == element.pid && e.colpos == element.colpos);
+            check.field("header", e.header == element.header);
+            check.field("bodytext", e.bodytext == element.bodytext);
+        }
+    }
+    check.field(
+        "file references",
+        references_per_field(conn, uid).await? == references,
+    );
+    let live = existing_element_translations(conn, element.uid, plan.language).await?;
+    check.field(
+        "discarded translation",
+        live.len() == 1 && live[0].uid == uid,
+    );
+    Ok(uid)
 }
 
 async fn existing_page_translations(
@@ -279,36 +464,11 @@ impl Writer for CreateTranslationDraft {
         args: &TranslationArgs,
     ) -> Result<Planned<TranslationPlan>, sqlx::Error> {
         // The record checks first, for both tables: the source record, then the language.
-        let (source, workspace, translated_from) = match args.table {
-            Table::Pages => {
-                let Some(page) = Page::load(conn, args.uid()).await? else {
-                    return Ok(Err(Refusal::NotPermitted));
-                };
-                if !page.permits(user) {
-                    return Ok(Err(Refusal::NotPermitted));
-                }
-                let (w, p) = (page.workspace, page.l10n_parent);
-                (Source::Page(page), w, p)
-            }
-            Table::Content => {
-                let Some(element) = Element::load(conn, args.uid()).await? else {
-                    return Ok(Err(Refusal::NotPermitted));
-                };
-                if !element.permits(user) {
-                    return Ok(Err(Refusal::NotPermitted));
-                }
-                let references = references_per_field(conn, element.uid).await?;
-                let (w, p) = (element.workspace, element.l10n_parent);
-                (
-                    Source::Element {
-                        element,
-                        references,
-                    },
-                    w,
-                    p,
-                )
-            }
+        let source = match load_source(conn, user, args).await? {
+            Ok(source) => source,
+            Err(refusal) => return Ok(Err(refusal)),
         };
+        let (workspace, translated_from) = source.origin();
         if !user.may_use_language(args.language()) {
             return Ok(Err(Refusal::NotPermitted));
         }
@@ -340,45 +500,11 @@ impl Writer for CreateTranslationDraft {
         };
         let language_name = format!("{title} (language {})", args.language());
 
-        let (existing, fields) = match &source {
-            Source::Page(page) => {
-                let fields: Fields = PAGE_METADATA_FIELDS
-                    .iter()
-                    .map(|f| (*f, page.field(f).unwrap_or_default().to_owned()))
-                    .collect();
-                (
-                    existing_page_translations(conn, page.uid, args.language()).await?,
-                    fields,
-                )
-            }
-            Source::Element { element, .. } => {
-                let page_translated = sqlx::query_scalar!(
-                    r#"SELECT uid FROM content.pages
-                       WHERE l10n_parent = $1 AND language = $2 AND workspace = 0 AND NOT deleted
-                       ORDER BY uid
-                       LIMIT 1"#,
-                    element.pid,
-                    args.language()
-                )
-                .fetch_optional(&mut *conn)
-                .await?;
-                if page_translated.is_none() {
-                    return Ok(Err(Refusal::invalid(format!(
-                        "Page [{}] has no translation in {language_name} yet; translate the page \
-                         first (table \"pages\"). Nothing was written.",
-                        element.pid
-                    ))));
-                }
-                let fields = Fields::from([
-                    ("header", element.header.clone()),
-                    ("bodytext", element.bodytext.clone()),
-                ]);
-                (
-                    existing_element_translations(conn, element.uid, args.language()).await?,
-                    fields,
-                )
-            }
-        };
+        let (existing, fields) =
+            match existing_and_fields(conn, &source, args.language(), &language_name).await? {
+                Ok(found) => found,
+                Err(refusal) => return Ok(Err(refusal)),
+            };
         if !existing.is_empty() && !args.overwrite() {
             let list: Vec<String> = existing
                 .iter()
@@ -465,88 +591,14 @@ impl Writer for CreateTranslationDraft {
         let mut check = ReadBack::default();
         let created = match &plan.source {
             Source::Page(page) => {
-                if !discarded.is_empty() {
-                    handler.delete_pages(conn, &discarded).await?;
-                }
-                let uid = handler
-                    .insert_hidden_page(
-                        conn,
-                        &NewPage {
-                            pid: page.pid,
-                            sorting: page.sorting,
-                            language: plan.language,
-                            l10n_parent: Some(page.uid),
-                            doktype: page.doktype,
-                            fields: &plan.fields,
-                        },
-                    )
-                    .await?;
-                match Page::load(conn, uid).await? {
-                    None => check.field("record", false),
-                    Some(p) => {
-                        check.field("hidden", p.hidden);
-                        check.field(
-                            "language",
-                            p.language == plan.language && p.l10n_parent == Some(page.uid),
-                        );
-                        for (field, value) in &plan.fields {
-                            check.field(field, p.field(field) == Some(value.as_str()));
-                        }
-                    }
-                }
-                let live = existing_page_translations(conn, page.uid, plan.language).await?;
-                check.field(
-                    "discarded translation",
-                    live.len() == 1 && live[0].uid == uid,
-                );
-                uid
+                create_page(conn, &handler, plan, page, &discarded, &mut check).await?
             }
             Source::Element {
                 element,
                 references,
             } => {
-                if !discarded.is_empty() {
-                    handler.delete_elements(conn, &discarded).await?;
-                }
-                let uid = handler
-                    .insert_hidden_element(
-                        conn,
-                        &NewElement {
-                            pid: element.pid,
-                            ctype: &element.ctype,
-                            colpos: element.colpos,
-                            sorting: element.sorting,
-                            language: plan.language,
-                            l10n_parent: Some(element.uid),
-                            fields: &plan.fields,
-                        },
-                    )
-                    .await?;
-                handler.copy_references(conn, element.uid, uid).await?;
-                match Element::load(conn, uid).await? {
-                    None => check.field("record", false),
-                    Some(e) => {
-                        check.field("hidden", e.hidden);
-                        check.field(
-                            "language",
-                            e.language == plan.language && e.l10n_parent == Some(element.uid),
-                        );
-                        check.field("type", e.ctype == element.ctype);
-                        check.field("place", e.pid == element.pid && e.colpos == element.colpos);
-                        check.field("header", e.header == element.header);
-                        check.field("bodytext", e.bodytext == element.bodytext);
-                    }
-                }
-                check.field(
-                    "file references",
-                    references_per_field(conn, uid).await? == *references,
-                );
-                let live = existing_element_translations(conn, element.uid, plan.language).await?;
-                check.field(
-                    "discarded translation",
-                    live.len() == 1 && live[0].uid == uid,
-                );
-                uid
+                let copied = (element, references.as_slice());
+                create_element(conn, &handler, plan, copied, &discarded, &mut check).await?
             }
         };
         let kind = plan.table.kind();
