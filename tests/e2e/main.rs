@@ -13,3 +13,4 @@ mod remote_tools;
 mod schemathesis;
 mod services;
 mod shutdown;
+mod webhooks;

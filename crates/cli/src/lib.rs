@@ -26,6 +26,7 @@ mod ops;
 mod render;
 mod tokens;
 mod tools;
+mod webhooks;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -85,6 +86,11 @@ pub enum Command {
     Tools {
         #[command(subcommand)]
         command: tools::ToolsCommand,
+    },
+    /// Manages the webhook endpoints that hear of cards and runs (Standard Webhooks).
+    Webhooks {
+        #[command(subcommand)]
+        command: webhooks::WebhooksCommand,
     },
     /// Manages the user directory of a deployment without the content store
     /// (COUNTERSIGN_CONTENT_STORE=off): who may be a run's acting user, who is an
@@ -258,6 +264,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Producers { command } => producers(url, command).await,
         Command::Tokens { command } => tokens::run(&connect(url).await?, command).await,
         Command::Tools { command } => tools::run(url, &cli.tools, command).await,
+        Command::Webhooks { command } => {
+            webhooks::run(connect(url).await?, &cli.keys, command).await
+        }
         Command::SeedDemoSite => seed_demo_site(url).await,
         Command::Submit {
             agent,

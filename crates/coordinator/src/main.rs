@@ -2,9 +2,11 @@
 //! dispatches segments.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Parser;
 use countersign_coordinator::{service, Coordinator};
+use countersign_service::webhooks::{self, DeliveryConfig};
 use countersign_service::{Connections, KeySettings, ToolSettings};
 
 #[derive(Debug, Parser)]
@@ -20,6 +22,17 @@ struct Args {
     keys: KeySettings,
     #[command(flatten)]
     tools: ToolSettings,
+    /// The web inbox's address (e.g. https://countersign.example/inbox): webhook deliveries
+    /// about a run link its card there. No link when unset.
+    #[arg(long, env = "COUNTERSIGN_INBOX_URL")]
+    inbox_url: Option<String>,
+    /// Seconds before a failed webhook delivery is tried again, doubled after each further
+    /// failure (at most an hour).
+    #[arg(long, env = "COUNTERSIGN_WEBHOOK_RETRY_SECS", default_value_t = 5)]
+    webhook_retry_secs: u64,
+    /// Hours a webhook delivery is tried for before it is failed.
+    #[arg(long, env = "COUNTERSIGN_WEBHOOK_GIVE_UP_HOURS", default_value_t = 24)]
+    webhook_give_up_hours: u64,
 }
 
 #[tokio::main]
@@ -34,9 +47,25 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     let tools = started.tools;
+    let deliveries = DeliveryConfig {
+        inbox_url: args.inbox_url,
+        first_retry: Duration::from_secs(args.webhook_retry_secs.max(1)),
+        give_up_after: Duration::from_secs(args.webhook_give_up_hours.saturating_mul(3600)),
+        ..DeliveryConfig::default()
+    };
+    let (stop_webhooks, webhooks_stopped) = tokio::sync::oneshot::channel::<()>();
+    let webhooks = tokio::spawn(webhooks::run(
+        started.store.clone(),
+        deliveries,
+        async move {
+            let _ = webhooks_stopped.await;
+        },
+    ));
     let coordinator = Coordinator::with_users(started.store, Arc::new(tools.registry), tools.users);
     tracing::info!("coordinator started");
     service::run(coordinator, started.broker, started.shutdown).await;
+    let _ = stop_webhooks.send(());
+    let _ = webhooks.await;
     started.telemetry.shutdown().await;
     Ok(())
 }

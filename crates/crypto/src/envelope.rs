@@ -65,16 +65,19 @@ pub enum Purpose {
     Journal,
     /// A decision's comment.
     Comment,
+    /// The signing secret of a webhook endpoint (sealed under the endpoint's id).
+    WebhookSecret,
 }
 
 impl Purpose {
     /// Every purpose, in declaration order.
-    pub const ALL: [Purpose; 5] = [
+    pub const ALL: [Purpose; 6] = [
         Purpose::State,
         Purpose::Request,
         Purpose::Event,
         Purpose::Journal,
         Purpose::Comment,
+        Purpose::WebhookSecret,
     ];
 
     /// The name used in the associated data. Stable: changing one makes every stored value
@@ -86,6 +89,7 @@ impl Purpose {
             Purpose::Event => "event",
             Purpose::Journal => "journal",
             Purpose::Comment => "comment",
+            Purpose::WebhookSecret => "webhook_secret",
         }
     }
 }
@@ -471,7 +475,17 @@ mod tests {
     #[test]
     fn purpose_names_are_the_stored_ones() {
         let names: Vec<_> = Purpose::ALL.iter().map(Purpose::as_str).collect();
-        assert_eq!(names, ["state", "request", "event", "journal", "comment"]);
+        assert_eq!(
+            names,
+            [
+                "state",
+                "request",
+                "event",
+                "journal",
+                "comment",
+                "webhook_secret"
+            ]
+        );
     }
 
     #[test]

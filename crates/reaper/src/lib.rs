@@ -84,6 +84,9 @@ pub struct PassSummary {
     pub events_published: u64,
     /// Published events older than the retention, deleted from the outbox.
     pub events_pruned: u64,
+    /// Webhook deliveries finished (delivered or failed) longer than the retention ago, deleted
+    /// with their attempts.
+    pub webhook_deliveries_pruned: u64,
 }
 
 /// What a pass did to one run or event: the `action` label of
@@ -100,6 +103,7 @@ pub enum ReaperAction {
     EventRepublished,
     EventPublished,
     EventPruned,
+    WebhookDeliveryPruned,
 }
 
 impl ReaperAction {
@@ -110,7 +114,7 @@ impl ReaperAction {
 
 impl PassSummary {
     /// Each action with its count.
-    pub fn actions(&self) -> [(ReaperAction, u64); 9] {
+    pub fn actions(&self) -> [(ReaperAction, u64); 10] {
         [
             (ReaperAction::Requeued, self.requeued),
             (ReaperAction::RetriesExhausted, self.retries_exhausted),
@@ -121,6 +125,10 @@ impl PassSummary {
             (ReaperAction::EventRepublished, self.events_republished),
             (ReaperAction::EventPublished, self.events_published),
             (ReaperAction::EventPruned, self.events_pruned),
+            (
+                ReaperAction::WebhookDeliveryPruned,
+                self.webhook_deliveries_pruned,
+            ),
         ]
     }
 }
@@ -129,7 +137,7 @@ impl fmt::Display for PassSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reaper pass: requeued={} retries_exhausted={} outcome_unknown={} skipped={} redispatched={} approvals_expired={} events_republished={} events_published={} events_pruned={}",
+            "reaper pass: requeued={} retries_exhausted={} outcome_unknown={} skipped={} redispatched={} approvals_expired={} events_republished={} events_published={} events_pruned={} webhook_deliveries_pruned={}",
             self.requeued,
             self.retries_exhausted,
             self.outcome_unknown,
@@ -138,7 +146,8 @@ impl fmt::Display for PassSummary {
             self.approvals_expired,
             self.events_republished,
             self.events_published,
-            self.events_pruned
+            self.events_pruned,
+            self.webhook_deliveries_pruned
         )
     }
 }
@@ -217,6 +226,9 @@ pub async fn pass(
     summary.events_published = relay_round(store, broker, SWEEP_AFTER, relay, 1).await?;
     summary.events_pruned = store
         .prune_published_events(config.outbox_retention, config.batch)
+        .await?;
+    summary.webhook_deliveries_pruned = store
+        .prune_webhook_deliveries(config.outbox_retention, config.batch)
         .await?;
     for (action, n) in summary.actions() {
         metrics::counter!("countersign_reaper_actions_total", "action" => action.as_str())

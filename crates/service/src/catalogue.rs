@@ -98,6 +98,11 @@ pub const FAMILIES: &[Family] = &[
         "Messages in the dead-letter queue."),
     family("countersign_queue_messages", Gauge, &[Coordinator],
         "Messages ready in a work queue (run-requests, decisions, segments), not yet delivered."),
+    // Webhook deliveries, made by the coordinator.
+    family("countersign_webhook_deliveries_total", Counter, &[Coordinator],
+        "Webhook delivery attempts, by outcome (delivered, retried, failed)."),
+    family("countersign_webhook_backlog_age_seconds", Gauge, &[Coordinator],
+        "Age of the oldest webhook delivery not yet delivered or failed."),
     // The worker's segments.
     family("countersign_segment_duration_seconds", Histogram, &[Worker],
         "A segment, claim to end, by segment kind and how it ended."),

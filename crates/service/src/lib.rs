@@ -32,6 +32,7 @@ pub mod settings;
 mod start;
 pub mod telemetry;
 pub mod tools;
+pub mod webhooks;
 
 pub use connections::{pool_options, Connections, Endpoints, QueueArguments, Ready};
 pub use settings::{KeySettings, ToolSettings};

@@ -34,6 +34,7 @@ mod reaper;
 mod rotation;
 mod runs;
 mod settlements;
+mod webhooks;
 
 use std::fmt;
 use std::sync::Arc;
@@ -62,6 +63,7 @@ pub use runs::{
     StoredRequest, TerminationReason, LOCAL_PRODUCER,
 };
 pub use settlements::Settlement;
+pub use webhooks::{AttemptOutcome, DeliveryRecord, DueDelivery, WebhookEndpoint};
 
 /// The migrations of the engine's schema (`migrations/`), embedded at build time.
 ///

@@ -114,7 +114,8 @@ fn reseal_batch<K>(
 
 impl Store {
     /// Re-seals every sealed column (`runs.state`, `runs.request`, `run_events.sealed`,
-    /// `run_decisions.comment`, `run_journal.result`) under the active key, `batch_size` rows
+    /// `run_decisions.comment`, `run_journal.result`, `webhook_endpoints.secret`) under the
+    /// active key, `batch_size` rows
     /// per transaction.
     pub async fn rotate_keys(&self, batch_size: i64) -> Result<RotationReport, StoreError> {
         let limit = batch_size.max(1);
@@ -128,6 +129,8 @@ impl Store {
                 .await?,
             self.rotate_column::<Comments>(limit, &mut batches).await?,
             self.rotate_column::<JournalResults>(limit, &mut batches)
+                .await?,
+            self.rotate_column::<WebhookSecrets>(limit, &mut batches)
                 .await?,
         ];
         Ok(RotationReport { columns, batches })
@@ -212,6 +215,45 @@ impl<const STATE: bool> SealedColumn for RunColumn<STATE> {
             &r.olds,
             &r.news,
             STATE,
+        )
+        .execute(tx)
+        .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+/// `webhook_endpoints.secret`, by endpoint id (which it is sealed under).
+struct WebhookSecrets;
+
+impl SealedColumn for WebhookSecrets {
+    type Key = Uuid;
+    const NAME: &'static str = "webhook_endpoints.secret";
+    const PURPOSE: Purpose = Purpose::WebhookSecret;
+    const FIRST: Uuid = Uuid::nil();
+
+    async fn page(
+        tx: &mut PgConnection,
+        after: &Uuid,
+        limit: i64,
+    ) -> Result<Vec<(Uuid, Uuid, Vec<u8>)>, sqlx::Error> {
+        let rows = sqlx::query!(
+            r#"SELECT id, secret FROM webhook_endpoints WHERE id > $1 ORDER BY id LIMIT $2"#,
+            after,
+            limit,
+        )
+        .fetch_all(tx)
+        .await?;
+        Ok(rows.into_iter().map(|r| (r.id, r.id, r.secret)).collect())
+    }
+
+    async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query!(
+            r#"UPDATE webhook_endpoints e SET secret = v.new
+               FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
+               WHERE e.id = v.id AND e.secret = v.old"#,
+            &r.keys,
+            &r.olds,
+            &r.news,
         )
         .execute(tx)
         .await?;

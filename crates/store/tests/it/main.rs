@@ -17,3 +17,4 @@ mod reaper;
 mod sealing;
 mod support;
 mod transitions;
+mod webhooks;

@@ -96,6 +96,16 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
         runs.push((run, st));
     }
 
+    before
+        .add_webhook(
+            "https://hooks.example/a",
+            &["run.suspended".to_owned()],
+            None,
+            "whsec_c2VjcmV0",
+        )
+        .await
+        .unwrap();
+
     let rotating = Store::new(pool.clone(), keyring(&format!("{new_entry},{old_entry}")));
     let report = rotating.rotate_keys(2).await.unwrap();
     let by_column: Vec<(&str, u64, u64)> = report
@@ -113,6 +123,7 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
             ("run_events.sealed", 6, 6),
             ("run_decisions.comment", 3, 3),
             ("run_journal.result", 3, 3),
+            ("webhook_endpoints.secret", 1, 1),
         ]
     );
     assert_eq!(report.unreadable(), 0);
@@ -149,6 +160,26 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
             Some(ToolOutput::ok(format!("journal {i}")))
         );
     }
+    // The endpoint's secret signs its deliveries under the new key alone.
+    let event = uuid::Uuid::now_v7();
+    sqlx::query(
+        "INSERT INTO event_outbox (id, kind, body) \
+         VALUES ($1, 'run.suspended', jsonb_build_object('event_id', $1::text, 'event', 'run.suspended'))",
+    )
+    .bind(event)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let due = after
+        .claim_webhook_deliveries(10, std::time::Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].event_id, event);
+    assert_eq!(
+        secrecy::ExposeSecret::expose_secret(&due[0].secret),
+        "whsec_c2VjcmV0"
+    );
     // And the retired key alone no longer opens anything.
     let retired = Store::new(pool, keyring(&old_entry));
     let err = retired.load_state(runs[0].0).await.unwrap_err();
