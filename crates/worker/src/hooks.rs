@@ -2,7 +2,7 @@
 //! writers that share it, and the execution journal, in PostgreSQL.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -27,9 +27,11 @@ pub struct StoreHooks {
     /// For a resume: when its approval was recorded, as an instant of this process's clock
     /// (the claim's age of the decision, by the database clock, taken back from the claim).
     decided_at: Option<Instant>,
-    /// For a resume: the call of the turn an earlier attempt sent and did not journal, as the
-    /// claim read it.
-    sent: Option<(SuspensionSeq, CallIndex)>,
+    /// The call of the turn sent and not journaled: as the claim read it, then as this
+    /// segment's own stamps and journal entries leave it — so that an attempt run again in
+    /// this process after an interruption asks about the call an earlier attempt sent, rather
+    /// than previewing it again (a preview now could read its own write).
+    sent: Arc<Mutex<Option<(SuspensionSeq, CallIndex)>>>,
 }
 
 /// Whether the lease is lost, and a way to wait for it.
@@ -53,16 +55,20 @@ impl StoreHooks {
             ttl,
             lost: Arc::default(),
             decided_at: None,
-            sent: None,
+            sent: Arc::default(),
         }
     }
 
     /// The call of suspension `seq`'s turn an earlier attempt sent and did not journal
     /// ([`countersign_store::Claim::sent_call`]).
     #[must_use]
-    pub fn sent(mut self, seq: Option<SuspensionSeq>, call: Option<CallIndex>) -> Self {
-        self.sent = seq.zip(call);
+    pub fn sent(self, seq: Option<SuspensionSeq>, call: Option<CallIndex>) -> Self {
+        self.set_sent(seq.zip(call));
         self
+    }
+
+    fn set_sent(&self, sent: Option<(SuspensionSeq, CallIndex)>) {
+        *self.sent.lock().unwrap_or_else(PoisonError::into_inner) = sent;
     }
 
     /// Times `countersign_decision_to_write_seconds` from an approval recorded `secs_ago`
@@ -173,7 +179,10 @@ impl SegmentHooks for StoreHooks {
             .renew_stamping(&self.lease, self.ttl, Some(sent))
             .await
         {
-            Ok(true) => Ok(self.lease.fence_token(seq, index)),
+            Ok(true) => {
+                self.set_sent(Some((seq, index)));
+                Ok(self.lease.fence_token(seq, index))
+            }
             Ok(false) => Err(self.lost_if(HookError::LeaseLost)),
             Err(e) => Err(self.lost_if(hook_error(e))),
         }
@@ -191,8 +200,12 @@ impl SegmentHooks for StoreHooks {
             .store
             .record_effect(&self.lease, seq, index, &call.tool, effect, output)
             .await;
-        if recorded.is_ok() && effect.is_write() {
-            self.written();
+        if recorded.is_ok() {
+            // Journaling clears the stamp with the entry.
+            self.set_sent(None);
+            if effect.is_write() {
+                self.written();
+            }
         }
         recorded
             .map(|_| ())
@@ -204,7 +217,11 @@ impl SegmentHooks for StoreHooks {
     }
 
     fn sent_unjournaled(&self, seq: SuspensionSeq) -> Option<CallIndex> {
-        self.sent.filter(|(at, _)| *at == seq).map(|(_, call)| call)
+        self.sent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .filter(|(at, _)| *at == seq)
+            .map(|(_, call)| call)
     }
 
     fn lease_lost(&self) -> bool {
