@@ -6,6 +6,7 @@ mod demo;
 mod deploy;
 mod faults;
 mod inbox;
+mod mcp;
 mod observability;
 mod operator;
 mod recovery;

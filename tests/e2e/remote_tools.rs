@@ -38,12 +38,12 @@ use uuid::Uuid;
 
 use countersign_e2e::Database;
 
-const SECRET: &str = "e2e-wiki-secret";
+pub(crate) const SECRET: &str = "e2e-wiki-secret";
 
 /// The wiki server on a free loopback port with its state file in `dir`; killed on drop.
-struct WikiServer {
+pub(crate) struct WikiServer {
     child: Child,
-    url: String,
+    pub(crate) url: String,
     state: PathBuf,
     hold: PathBuf,
     hold_after: PathBuf,
@@ -52,7 +52,7 @@ struct WikiServer {
 
 impl WikiServer {
     /// The wiki with `pages`, speaking the newest protocol unless `args` say otherwise.
-    fn start(dir: &TempDir, pages: &Value, args: &[&str]) -> WikiServer {
+    pub(crate) fn start(dir: &TempDir, pages: &Value, args: &[&str]) -> WikiServer {
         let state = dir.0.join("wiki.json");
         let hold = dir.0.join("hold");
         let hold_after = dir.0.join("hold-after");
@@ -93,7 +93,7 @@ impl WikiServer {
     }
 
     /// What the wiki holds now, from its state file (rewritten atomically on every change).
-    fn state(&self) -> Value {
+    pub(crate) fn state(&self) -> Value {
         serde_json::from_str(&std::fs::read_to_string(&self.state).unwrap()).unwrap()
     }
 

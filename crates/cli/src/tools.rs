@@ -7,7 +7,8 @@
 //! the tool said. `check` finds both before any run depends on the tool: it previews the call
 //! twice, each time through a registry of its own built by `countersign_service::tools` (for the
 //! content store's tools each on its own database connection, for a remote tool each through a
-//! discovery and an HTTP client of its own), compares the two line for line, and holds the lines
+//! discovery and an HTTP client of its own, for an MCP tool each through a server process of its
+//! own), compares the two line for line, and holds the lines
 //! to the bounds the suspension applies. The acting user is resolved through the content store's
 //! user directory, as the worker resolves a run's acting user.
 
@@ -107,6 +108,7 @@ fn origin(tools: &Tools, name: &str) -> String {
     match tools.origin(name) {
         Origin::BuiltIn => "built-in".to_owned(),
         Origin::Server(server) => format!("server {server}"),
+        Origin::Mcp(server) => format!("MCP server {server}"),
     }
 }
 

@@ -12,6 +12,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use countersign_crypto::{Keyring, KeyringError};
+use countersign_mcp::{McpError, McpServerEntry};
 use countersign_remote::{RemoteError, ServerEntry, Trust};
 
 /// The master keys: `--keys` (or `COUNTERSIGN_KEYS`), else the file `--key-file` (or
@@ -75,6 +76,10 @@ pub struct ToolSettings {
     /// PEM certificates trusted for `https://` tool servers besides the public roots.
     #[arg(long, env = "COUNTERSIGN_TOOL_SERVERS_CA_FILE", global = true)]
     pub tool_servers_ca_file: Option<PathBuf>,
+    /// A JSON file of MCP servers by name (`docs/mcp-tools.md`): each a command started with
+    /// stdio as its transport, whose tools join the registry.
+    #[arg(long, env = "COUNTERSIGN_MCP_SERVERS_FILE", global = true)]
+    pub mcp_servers_file: Option<PathBuf>,
 }
 
 impl Default for ToolSettings {
@@ -84,6 +89,7 @@ impl Default for ToolSettings {
             tool_servers: String::new(),
             tool_servers_file: None,
             tool_servers_ca_file: None,
+            mcp_servers_file: None,
         }
     }
 }
@@ -99,6 +105,18 @@ impl ToolSettings {
     /// The servers of `--tool-servers`, then of the file; a name used twice is refused.
     pub fn servers(&self) -> Result<Vec<ServerEntry>, RemoteError> {
         countersign_remote::servers_from(&self.tool_servers, self.servers_file())
+    }
+
+    /// The MCP servers of `--mcp-servers-file`; none without one.
+    pub fn mcp_servers(&self) -> Result<Vec<McpServerEntry>, McpError> {
+        match self
+            .mcp_servers_file
+            .as_deref()
+            .filter(|p| !p.as_os_str().is_empty())
+        {
+            Some(path) => countersign_mcp::read_servers_file(path),
+            None => Ok(Vec::new()),
+        }
     }
 
     /// The roots a tool server's certificate is verified against.

@@ -1,7 +1,7 @@
 //! The tools a deployment offers, assembled in one place: the reference content store's (unless
-//! its [`ToolSettings`] turn it off) and those of the remote tool servers they name; and the
-//! users they act for: the content store's, or, without it, the table directory `countersign
-//! users` keeps.
+//! its [`ToolSettings`] turn it off), those of the remote tool servers and of the MCP servers
+//! they name; and the users they act for: the content store's, or, without it, the table
+//! directory `countersign users` keeps.
 //!
 //! The worker that runs a call, the coordinator that gates its approval (an unknown tool is a
 //! non-idempotent write nobody may release), and the API and CLI that show its card must all
@@ -24,6 +24,8 @@ pub enum Origin {
     BuiltIn,
     /// Discovered at the remote tool server of this name.
     Server(String),
+    /// Listed by the MCP server of this name.
+    Mcp(String),
 }
 
 /// Every tool of this deployment, with where each comes from, and the users they act for.
@@ -36,15 +38,13 @@ pub struct Tools {
     /// Who a user is and who may approve, as every binary of the deployment must agree.
     pub users: Arc<dyn UserDirectory>,
     pub content_store: ContentStore,
-    servers: BTreeMap<String, String>,
+    origins: BTreeMap<String, Origin>,
 }
 
 impl Tools {
     /// Where the tool `name` comes from; a name not registered counts as built in.
     pub fn origin(&self, name: &str) -> Origin {
-        self.servers
-            .get(name)
-            .map_or(Origin::BuiltIn, |server| Origin::Server(server.clone()))
+        self.origins.get(name).cloned().unwrap_or(Origin::BuiltIn)
     }
 }
 
@@ -84,13 +84,23 @@ pub async fn tools(store: &Store, settings: &ToolSettings) -> anyhow::Result<Too
             .await
             .context("discovering the remote tool servers")?
     };
-    let servers = servers.into_iter().map(|r| (r.tool, r.server)).collect();
+    let mcp = settings
+        .mcp_servers()
+        .context("reading the MCP servers file")?;
+    let mcp = countersign_mcp::register_servers(&mut registry, mcp, environment)
+        .await
+        .context("discovering the MCP servers' tools")?;
+    let origins = servers
+        .into_iter()
+        .map(|r| (r.tool, Origin::Server(r.server)))
+        .chain(mcp.into_iter().map(|r| (r.tool, Origin::Mcp(r.server))))
+        .collect();
     Ok(Tools {
         registry,
         local,
         users,
         content_store,
-        servers,
+        origins,
     })
 }
 
