@@ -250,7 +250,9 @@ fn documentation_files() -> Vec<String> {
         .map(|name| format!("docs/{name}"))
         .collect();
     pages.sort();
-    std::iter::once("README.md".to_owned()).chain(pages).collect()
+    std::iter::once("README.md".to_owned())
+        .chain(pages)
+        .collect()
 }
 
 /// The binaries README and the pages of docs/ start in their shell examples, with what they
