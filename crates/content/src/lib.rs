@@ -1,27 +1,4 @@
-//! The reference content store, and the tools agents use on it.
-//!
-//! A small CMS in the PostgreSQL schema `content` (its own migrations, [`MIGRATOR`], applied only
-//! where the content store is enabled: `countersign migrate --with-content`): users with
-//! page mounts, file mounts, languages and field grants; a page tree in two languages; content
-//! elements; files in storages with per-language metadata; file references. The agents read it
-//! through five readers and change it through seven writers, and the writers are why this crate
-//! exists: each makes one narrow, reviewable change to exactly one subject, offers a preview an
-//! approver can read before countersigning it, and verifies its write by reading it back.
-//!
-//! It must never:
-//! - write without a lease, or outside the store's fenced transaction that verifies the lease
-//!   and records the audit event and journal row with the write;
-//! - report a write as done that the read-back did not confirm;
-//! - check permissions against anyone but the explicit acting user (or, for a card, the
-//!   explicit viewer), or let a preview show a record that user may not read;
-//! - confirm through a refusal that a record exists: each tool refuses with its one neutral
-//!   string, shared with the other tools of the same records;
-//! - write a draft workspace, create a record the call did not ask for, publish anything (every
-//!   record it creates is hidden), or apply half of a call whose arguments it refused;
-//! - show the model a schema of a tool's arguments written apart from the struct they are
-//!   parsed into (`args.rs`: one struct, the parser and the schema both derived from it);
-//! - put a clock, a random value or an unstable order into a preview: a preview that moves by
-//!   itself would stale every approval of its tool.
+#![doc = include_str!("../README.md")]
 
 pub mod access;
 mod args;

@@ -1,33 +1,4 @@
-//! The countersign coordinator: where run requests and approval decisions from any producer
-//! are gated, recorded, and turned into what to dispatch and what to publish.
-//!
-//! It is transport-agnostic. A caller (the RabbitMQ consumer, later an HTTP API) hands it a raw
-//! message body and the producer identity its transport has authenticated — for RabbitMQ the
-//! `user_id` property, which the broker validates against the connection's user — and gets back
-//! a verdict: the outcome code, whether to dead-letter, which segment to dispatch, the event
-//! that announced the outcome (already in the store's outbox, written with the record it
-//! announces), and the reply for `reply_to` (for an authenticated producer only). The caller
-//! does the I/O the verdict names; the gates, the records, the run transitions and their
-//! events happen here, against PostgreSQL through [`countersign_store::Store`], and who a user
-//! is and whether they may approve is asked of a [`UserDirectory`] (in a deployment, the
-//! content store's or the table directory: [`countersign_service::tools::tools`]).
-//!
-//! The gates of a decision, in order (see `Coordinator::gate_decision`): schema, producer,
-//! replay (of the same run, card and body only; anything else naming the decision id is
-//! `idempotency_conflict`), a run the approver may see, run waiting, same turn and card,
-//! approver's access, configuration, four-eyes, the approver's tool permissions, and the one
-//! transaction that records and releases. A run
-//! request passes schema, producer, acting user and configuration before a run is created
-//! (see `Coordinator::gate_run_request`).
-//!
-//! It must never:
-//! - trust an identity a producer claims in a body (an `approver`, an `acting_user`) without
-//!   the transport-authenticated producer and a [`producers`] grant that lets it assert that
-//!   identity;
-//! - change a run on a refused decision: a refusal is recorded (so a replay returns it) and
-//!   audited, and the run row stays exactly as it was;
-//! - execute anything: no tool runs here. Tools run in the worker, as the run's acting user,
-//!   never as the approver — the approver's identity only decides whether the turn is released.
+#![doc = include_str!("../README.md")]
 
 mod decisions;
 pub mod producers;

@@ -1,23 +1,4 @@
-//! PostgreSQL persistence for countersign: the source of truth for runs.
-//!
-//! This crate owns the engine's side of the schema (migrations are embedded as [`MIGRATOR`]) and
-//! every statement that touches it: creating runs, the guarded transitions of the run
-//! lifecycle, leases and their renewal, the fenced write transaction that tools writing to the
-//! same database run inside, the audit events, the outbox of the public events and its relay,
-//! decisions, the execution journal, agent configurations and the re-sealing of stored
-//! envelopes on key rotation.
-//!
-//! It must never:
-//! - decide a transition by a read followed by a write: every transition is ONE conditional
-//!   `UPDATE … WHERE status = … [AND lease guard]` that reports whether it won, and a caller
-//!   that lost backs off without side effects;
-//! - store content or an error message in clear: prompts, states, tool results, event content
-//!   and comments are sealed with the keyring, bound to their purpose and run; errors reach the
-//!   database only as stable codes;
-//! - use the caller's clock for a lease, a deadline or an event's time: `now()` is the
-//!   database's;
-//! - announce a transition outside its transaction: the event's outbox row (and its audit row)
-//!   commit with the change they announce, or not at all ([`outbox`]).
+#![doc = include_str!("../README.md")]
 
 mod agents;
 mod decisions;

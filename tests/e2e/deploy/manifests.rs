@@ -238,44 +238,61 @@ fn every_countersign_service_in_compose_is_health_checked_on_its_own_readiness_p
     );
 }
 
-// ---- README ------------------------------------------------------------------------------
+// ---- README and docs/ ----------------------------------------------------------------------
 
-/// The binaries README starts in its shell examples, with what they are given (a command
-/// continued with `\` is one line; a comment or `&` ends it).
+/// The markdown files whose shell examples start services: README.md, then every page of
+/// docs/, in name order.
+fn documentation_files() -> Vec<String> {
+    let mut pages: Vec<String> = std::fs::read_dir(workspace_file("docs"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/{name}"))
+        .collect();
+    pages.sort();
+    std::iter::once("README.md".to_owned())
+        .chain(pages)
+        .collect()
+}
+
+/// The binaries README and the pages of docs/ start in their shell examples, with what they
+/// are given (a command continued with `\` is one line; a comment or `&` ends it).
 fn readme_processes() -> Vec<Process> {
-    let text = std::fs::read_to_string(workspace_file("README.md")).unwrap();
     let mut processes = Vec::new();
-    let (mut in_code, mut pending) = (false, String::new());
-    for (n, line) in text.lines().enumerate() {
-        if line.trim_start().starts_with("```") {
-            in_code = !in_code;
-            continue;
+    for file in documentation_files() {
+        let text = std::fs::read_to_string(workspace_file(&file)).unwrap();
+        let (mut in_code, mut pending) = (false, String::new());
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                in_code = !in_code;
+                continue;
+            }
+            if !in_code {
+                continue;
+            }
+            if let Some(head) = line.trim_end().strip_suffix('\\') {
+                pending.push_str(head);
+                continue;
+            }
+            let command = std::mem::take(&mut pending) + line;
+            let words: Vec<&str> = command
+                .split('#')
+                .next()
+                .unwrap()
+                .split_whitespace()
+                .take_while(|w| !matches!(*w, "&" | "&&" | "|" | ";"))
+                .collect();
+            let Some(at) = words.iter().position(|w| SERVICES.contains(w)) else {
+                continue;
+            };
+            let env = words[..at]
+                .iter()
+                .filter_map(|w| w.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect();
+            let argv = words[at..].iter().map(|w| (*w).to_owned()).collect();
+            processes.push(process(format!("{file}:{}", n + 1), argv, env));
         }
-        if !in_code {
-            continue;
-        }
-        if let Some(head) = line.trim_end().strip_suffix('\\') {
-            pending.push_str(head);
-            continue;
-        }
-        let command = std::mem::take(&mut pending) + line;
-        let words: Vec<&str> = command
-            .split('#')
-            .next()
-            .unwrap()
-            .split_whitespace()
-            .take_while(|w| !matches!(*w, "&" | "&&" | "|" | ";"))
-            .collect();
-        let Some(at) = words.iter().position(|w| SERVICES.contains(w)) else {
-            continue;
-        };
-        let env = words[..at]
-            .iter()
-            .filter_map(|w| w.split_once('='))
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        let argv = words[at..].iter().map(|w| (*w).to_owned()).collect();
-        processes.push(process(format!("README.md:{}", n + 1), argv, env));
     }
     processes
 }
@@ -291,7 +308,11 @@ const SERVICES: [&str; 4] = [
 #[test]
 fn every_flag_readme_gives_a_service_is_read_by_it() {
     let processes = readme_processes();
-    let binaries: BTreeSet<&str> = processes.iter().map(Process::binary).collect();
+    let binaries: BTreeSet<&str> = processes
+        .iter()
+        .filter(|p| p.origin.starts_with("README.md"))
+        .map(Process::binary)
+        .collect();
     assert_eq!(
         binaries,
         BTreeSet::from(SERVICES),

@@ -26,7 +26,7 @@ use countersign_e2e::Database;
 const GUARD: Duration = Duration::from_secs(60);
 
 /// The producer's password in the definitions: the development one, like those compose uses
-/// for the services (README, Deployment).
+/// for the services (docs/deployment.md).
 const PRODUCER_PASSWORD: &str = "producer-dev";
 
 fn definitions() -> Value {
