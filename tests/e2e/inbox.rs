@@ -7,7 +7,11 @@
 //! them withheld and keeps that tab open; a colleague's edit moves a preview, so the admin's
 //! approval bounces and the run comes back on a new card; the approver's stale tab approves and
 //! is refused `stale_turn` with the advice to reload; the admin approves the current card and
-//! the writes land. Screenshots go to `target/e2e-artefacts/`.
+//! the writes land. The card after the bounce shows the description change as a word diff and
+//! the image field as its list with the new reference marked; the inbox marks the card as back;
+//! the history reads as sentences. A second approver decides a queue of three cards with the
+//! keyboard alone, and axe-core checks each kind of page. Screenshots go to
+//! `target/e2e-artefacts/`.
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -377,7 +381,7 @@ async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_
     );
     assert!(
         admin_browser
-            .find_all(Locator::Css("script"))
+            .find_all(Locator::Css("#card script"))
             .await
             .unwrap()
             .is_empty(),
@@ -449,6 +453,20 @@ async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_
         .unwrap();
     assert_eq!(text_of(&approver_browser, "#suspension-seq").await, "2");
 
+    // The inbox says the card is back, and how long is left to decide.
+    admin_browser.goto(&format!("{base}/inbox")).await.unwrap();
+    let row = text_of(&admin_browser, &format!("tr[data-run-id='{run_id}']")).await;
+    assert!(row.contains("↺ back 1×"), "{row}");
+    assert!(
+        text_of(
+            &admin_browser,
+            &format!("tr[data-run-id='{run_id}'] td.deadline")
+        )
+        .await
+        .ends_with(" left"),
+        "{row}"
+    );
+
     // The admin's current card: the moved call marked, the notice, the new preview.
     open_run_from_inbox(&admin_browser, &base, &run_id).await;
     assert!(text_of(&admin_browser, "#moved-notice")
@@ -468,6 +486,38 @@ async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_
         .await
         .unwrap()
         .contains("3 reference(s) → 4, appended last"));
+    // The description change reads as a word diff, marked by element and not by colour alone;
+    // the image field as its list of references with the new one marked.
+    let inserted = all_texts(&admin_browser, "#card article[data-index='0'] p.diff ins").await;
+    assert!(
+        inserted.iter().any(|t| t.contains("Bicycles")),
+        "{inserted:?}"
+    );
+    assert!(
+        !all_texts(&admin_browser, "#card article[data-index='0'] p.diff del")
+            .await
+            .is_empty()
+    );
+    let items = all_texts(
+        &admin_browser,
+        "#card article[data-index='1'] ol.preview-list li",
+    )
+    .await;
+    assert_eq!(
+        items.len(),
+        4,
+        "three references and the new one: {items:?}"
+    );
+    let added = text_of(
+        &admin_browser,
+        "#card article[data-index='1'] ol.preview-list li.added",
+    )
+    .await;
+    assert!(
+        added.starts_with("[13] ") && added.ends_with("new"),
+        "{added}"
+    );
+    assert_eq!(items[3], added, "appended last");
     screenshot(&admin_browser, "card-moved.png").await;
 
     click(&admin_browser, "#approve").await;
@@ -485,7 +535,7 @@ async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_
             .unwrap();
     assert_eq!(description, DESCRIPTION);
 
-    // The run's history, on its page: codes only.
+    // The run's history, on its page, in words: no codes, no content.
     click(&admin_browser, "#back-to-run").await;
     admin_browser
         .wait()
@@ -494,15 +544,20 @@ async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_
         .unwrap();
     assert_eq!(text_of(&admin_browser, "#status").await, "completed");
     let history = text_of(&admin_browser, "#history").await;
-    for kind in [
-        "run.suspended",
-        "run.preview_moved",
-        "decision.accepted",
-        "run.completed",
+    for sentence in [
+        "Suspended for approval — card 1",
+        "The preview of call 1 moved; nothing written — card 2",
+        "Approved by admin — card 2",
+        "Written: update_page_metadata — card 2, call 0",
+        "Written: attach_file_to_content_element — card 2, call 1",
+        "the card it was made on was out of date",
+        "Completed",
     ] {
-        assert!(history.contains(kind), "{kind} in {history}");
+        assert!(history.contains(sentence), "{sentence} in {history}");
     }
-    assert!(history.contains("stale_turn"), "{history}");
+    for code in ["run.suspended", "stale_turn", "turn_digest"] {
+        assert!(!history.contains(code), "{code} in {history}");
+    }
     assert!(
         !history.contains("pwned"),
         "no content in the history: {history}"
@@ -537,6 +592,222 @@ async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_
 
     admin_browser.close().await.unwrap();
     approver_browser.close().await.unwrap();
+    drop(conn);
+    let _ = std::fs::remove_dir_all(&scratch);
+    countersign_e2e::delete_topology(&install.queue_prefix).await;
+    db.remove().await.unwrap();
+}
+
+/// axe-core's source (scripts/axe-core.sh installs it, pinned, under target/).
+fn axe_source() -> String {
+    let file = workspace_file("target/axe-core/node_modules/axe-core/axe.min.js");
+    if !file.exists() {
+        let installed = Command::new(workspace_file("scripts/axe-core.sh"))
+            .status()
+            .expect("scripts/axe-core.sh runs");
+        assert!(installed.success(), "axe-core could not be installed");
+    }
+    std::fs::read_to_string(file).expect("axe-core's source")
+}
+
+/// Runs axe-core's WCAG 2.1 A/AA and best-practice rules on the page `browser` shows and fails
+/// the test, naming each, on any serious or critical violation.
+async fn assert_accessible(browser: &Client, page: &str) {
+    browser
+        .execute(&axe_source(), vec![])
+        .await
+        .expect("axe-core loads");
+    let result = browser
+        .execute_async(
+            r#"const done = arguments[arguments.length - 1];
+               axe.run(document, {runOnly: {type: "tag",
+                   values: ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa", "best-practice"]}})
+                  .then(r => done(r.violations.map(v => ({id: v.id, impact: v.impact,
+                      nodes: v.nodes.map(n => n.target.join(" "))}))),
+                        e => done({error: String(e)}));"#,
+            vec![],
+        )
+        .await
+        .expect("axe-core runs");
+    let violations = result
+        .as_array()
+        .unwrap_or_else(|| panic!("axe-core on {page}: {result}"));
+    let serious: Vec<&Value> = violations
+        .iter()
+        .filter(|v| matches!(v["impact"].as_str(), Some("serious" | "critical")))
+        .collect();
+    assert!(serious.is_empty(), "axe-core on {page}: {serious:#?}");
+}
+
+/// Presses `key` on the page, as a person would with nothing focused.
+async fn press(browser: &Client, key: &str) {
+    browser
+        .find(Locator::Css("body"))
+        .await
+        .unwrap()
+        .send_keys(key)
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approver_decides_a_queue_of_three_cards_with_the_keyboard_alone() {
+    let db = Database::create("inbox_keys").await;
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+    };
+    let scratch = std::env::temp_dir().join(format!("countersign-e2e-keys-{}", Uuid::now_v7()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    // Three agents, each proposing a description for a page of its own, so that one card's
+    // write does not move another's preview.
+    let agents: Vec<PathBuf> = [12, 13, 14]
+        .into_iter()
+        .map(|uid| {
+            let script = scratch.join(format!("script-{uid}.json"));
+            std::fs::write(
+                &script,
+                json!({"turns": [
+                    {"content": "A shorter description.", "tool_calls": [
+                        {"name": "update_page_metadata",
+                         "arguments": {"uid": uid, "description": "Bicycles for every road."}}]},
+                    {"content": "Done."}
+                ]})
+                .to_string(),
+            )
+            .unwrap();
+            let agent = scratch.join(format!("agent-{uid}.json"));
+            std::fs::write(
+                &agent,
+                json!({
+                    "name": format!("seo-{uid}"), "active": true,
+                    "model": {"provider": "scripted", "script": script},
+                    "policy": {"allowed_groups": ["content", "editing"],
+                               "enabled_tools": ["update_page_metadata"]},
+                    "max_iterations": 4, "four_eyes": true, "approval_deadline_secs": 86400
+                })
+                .to_string(),
+            )
+            .unwrap();
+            agent
+        })
+        .collect();
+    install.configure(agents[0].to_str().unwrap());
+    for agent in &agents[1..] {
+        install.countersign_ok(&["agents", "put", agent.to_str().unwrap()]);
+    }
+    let admin = install
+        .countersign_ok(&["tokens", "create", "--for", "admin", "--label", "e2e"])
+        .trim()
+        .to_owned();
+    let api_port = free_port();
+    let ready_port = free_port();
+    let _coordinator = install.spawn("countersign-coordinator", &[]);
+    let _worker = install.spawn("countersign-worker", &["--poll-interval-secs", "1"]);
+    let _api = install.spawn(
+        "countersign-api",
+        &[
+            "--listen",
+            &format!("127.0.0.1:{api_port}"),
+            "--http-addr",
+            &format!("127.0.0.1:{ready_port}"),
+        ],
+    );
+    let mut conn = PgConnection::connect(&db.url()).await.unwrap();
+    let runs: Vec<String> = [12, 13, 14]
+        .into_iter()
+        .map(|uid| install.submit(&format!("seo-{uid}"), "editor", "Tighten the page."))
+        .collect();
+    for run_id in &runs {
+        wait_for(&mut conn, run_id, "waiting_for_approval", Some(1)).await;
+    }
+    for _ in 0..100 {
+        if http_get(ready_port, "/readyz").is_some_and(|(s, _)| s.contains("200")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let base = format!("http://127.0.0.1:{api_port}");
+    let driver = Chromedriver::start().await;
+    let browser = driver.browser(&scratch.join("profile-keys")).await;
+    browser
+        .goto(&format!("{base}/inbox/sign-in"))
+        .await
+        .unwrap();
+    assert_accessible(&browser, "the sign-in page").await;
+    sign_in(&browser, &base, &admin).await;
+    assert_accessible(&browser, "the inbox").await;
+
+    // The inbox lists the three soonest deadline first; the agent filter narrows it to one.
+    assert_eq!(
+        all_texts(&browser, "#inbox-runs tr.inbox-run").await.len(),
+        3
+    );
+    browser
+        .goto(&format!("{base}/inbox?agent=seo-13"))
+        .await
+        .unwrap();
+    let rows = all_texts(&browser, "#inbox-runs tr.inbox-run").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0].contains("seo-13"), "{rows:?}");
+    click(&browser, "#all-agents").await;
+    browser
+        .wait()
+        .for_element(Locator::Css("#agent-filter"))
+        .await
+        .unwrap();
+
+    // `?` opens the list of keys; `j` opens the first card; on each card `a` approves and, on
+    // the outcome page, `j` goes on to the next waiting card.
+    press(&browser, "?").await;
+    assert_eq!(
+        browser
+            .find(Locator::Css("#shortcuts"))
+            .await
+            .unwrap()
+            .attr("open")
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("true"),
+        "`?` shows the shortcuts"
+    );
+    press(&browser, "j").await;
+    let mut decided = Vec::new();
+    for n in 0..3 {
+        browser
+            .wait()
+            .at_most(Duration::from_secs(30))
+            .for_element(Locator::Css("#card"))
+            .await
+            .unwrap_or_else(|e| panic!("card {n}: {e}"));
+        if n == 0 {
+            assert_accessible(&browser, "a card").await;
+        }
+        let path = browser.current_url().await.unwrap().path().to_owned();
+        decided.push(path.rsplit('/').next().unwrap().to_owned());
+        press(&browser, "a").await;
+        assert_eq!(text_of(&browser, "#outcome-code").await, "accepted");
+        if n == 0 {
+            assert_accessible(&browser, "a decision's outcome").await;
+        }
+        if n < 2 {
+            press(&browser, "j").await;
+        }
+    }
+    decided.sort();
+    let mut expected = runs.clone();
+    expected.sort();
+    assert_eq!(decided, expected, "each waiting card was decided once");
+    for run_id in &runs {
+        wait_for(&mut conn, run_id, "completed", None).await;
+    }
+    assert!(
+        browser.find(Locator::Css("#next-card")).await.is_err(),
+        "no card is left waiting"
+    );
+
+    browser.close().await.unwrap();
     drop(conn);
     let _ = std::fs::remove_dir_all(&scratch);
     countersign_e2e::delete_topology(&install.queue_prefix).await;

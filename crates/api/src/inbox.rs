@@ -142,6 +142,17 @@ pub async fn stylesheet() -> Response {
         .into_response()
 }
 
+pub async fn script() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=300"),
+        ],
+        pages::SCRIPT,
+    )
+        .into_response()
+}
+
 /// The sign-in page, with the form's token of the browser's sign-in cookie (set now when the
 /// browser has none).
 fn sign_in_form(
@@ -286,6 +297,8 @@ pub async fn sign_out(
 #[derive(Debug, Deserialize)]
 pub struct InboxParams {
     cursor: Option<String>,
+    /// Only this agent's runs; empty is every agent.
+    agent: Option<String>,
 }
 
 pub async fn list(
@@ -298,19 +311,30 @@ pub async fn list(
         Ok(web) => web,
         Err(response) => return response,
     };
+    let agent = params
+        .agent
+        .as_deref()
+        .map(str::trim)
+        .filter(|a| !a.is_empty());
     let result = async {
         let cursor = match params.cursor.as_deref() {
             None => None,
             Some(c) => Some(decode_cursor(c).ok_or(Problem::new(ProblemCode::InvalidQuery))?),
         };
         let access = Access::of(state.coordinator.users.as_ref(), &web.caller).await?;
-        inbox_page(&state.coordinator.store, &access, PAGE, cursor).await
+        inbox_page(&state.coordinator.store, &access, agent, PAGE, cursor).await
     }
     .await;
     match result {
         Ok(inbox) => {
             let next = inbox.next.as_ref().map(encode_cursor);
-            let markup = pages::inbox(viewer(&web), &inbox.runs, next.as_deref(), Utc::now());
+            let markup = pages::inbox(
+                viewer(&web),
+                &inbox.runs,
+                agent,
+                next.as_deref(),
+                Utc::now(),
+            );
             page(StatusCode::OK, Some(&web), markup)
         }
         Err(problem) => problem_page(Some(&web), &problem),
@@ -349,13 +373,21 @@ pub async fn run(
             .events(run_id)
             .await
             .map_err(|e| unavailable("events", e.code(), &e))?;
-        Ok((run, card, events))
+        let queue = neighbours(&state, &access, run_id).await?;
+        Ok((run, card, events, queue))
     }
     .await;
     match result {
-        Ok((run, card, events)) => {
+        Ok((run, card, events, queue)) => {
             let decision_id = Uuid::now_v7().to_string();
-            let markup = pages::run_page(viewer(&web), &run, card.as_ref(), &decision_id, &events);
+            let markup = pages::run_page(
+                viewer(&web),
+                &run,
+                card.as_ref(),
+                &decision_id,
+                &events,
+                queue,
+            );
             page(StatusCode::OK, Some(&web), markup)
         }
         Err(problem) => problem_page(Some(&web), &problem),
@@ -402,16 +434,24 @@ pub async fn decide(
         });
         let outcome =
             take_decision(&state, &web.caller, DecisionMessage::from_json(message)).await?;
-        Ok((run_id, outcome, approved))
+        let access = Access::of(state.coordinator.users.as_ref(), &web.caller).await?;
+        let queue = neighbours(&state, &access, run_id).await?;
+        Ok((run_id, outcome, approved, queue))
     }
     .await;
     match result {
-        Ok((run_id, outcome, approved)) => {
+        Ok((run_id, outcome, approved, queue)) => {
             let status = match &outcome {
                 Ok(_) => StatusCode::OK,
                 Err(problem) => problem.status(),
             };
-            let markup = pages::outcome(viewer(&web), &run_id.to_string(), &outcome, approved);
+            let markup = pages::outcome(
+                viewer(&web),
+                &run_id.to_string(),
+                &outcome,
+                approved,
+                queue.next,
+            );
             let mut response = page(status, Some(&web), markup);
             if let Err(problem) = &outcome {
                 if let Some(secs) = problem.retry_after {
@@ -424,6 +464,28 @@ pub async fn decide(
         }
         Err(problem) => problem_page(Some(&web), &problem),
     }
+}
+
+/// The waiting cards just before and after `run_id` in the viewer's inbox (its first page),
+/// for the keys that move through the queue; when `run_id` is not waiting there, the next is
+/// the first waiting card.
+async fn neighbours(
+    state: &AppState,
+    access: &Access,
+    run_id: RunId,
+) -> Result<pages::Queue, Problem> {
+    let waiting = inbox_page(&state.coordinator.store, access, None, PAGE, None).await?;
+    let ids: Vec<RunId> = waiting.runs.iter().map(|r| r.run_id).collect();
+    Ok(match ids.iter().position(|id| *id == run_id) {
+        Some(at) => pages::Queue {
+            prev: at.checked_sub(1).map(|i| ids[i]),
+            next: ids.get(at + 1).copied(),
+        },
+        None => pages::Queue {
+            prev: None,
+            next: ids.first().copied(),
+        },
+    })
 }
 
 /// An unknown path under `/inbox`.

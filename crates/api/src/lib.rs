@@ -4,6 +4,7 @@ mod auth;
 mod cards;
 mod conn;
 mod effects;
+mod history;
 mod inbox;
 mod limits;
 pub mod observe;
@@ -115,6 +116,7 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{run_id}", get(inbox::run))
         .route("/runs/{run_id}/decide", post(inbox::decide))
         .route("/static/inbox.css", get(inbox::stylesheet))
+        .route("/static/inbox.js", get(inbox::script))
         .fallback(inbox::not_found);
     Router::new()
         .route("/", get(inbox::root))

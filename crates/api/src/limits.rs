@@ -18,11 +18,13 @@ use http_body::{Frame, SizeHint};
 use crate::problem::{Problem, ProblemCode};
 use crate::AppState;
 
-/// The Content-Security-Policy of every response: nothing but this origin's stylesheet, no
-/// script at all, forms only to this origin, no framing. A preview that smuggled markup past
-/// the escaping still could not run or load anything.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; style-src 'self'; img-src 'self'; \
-     form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+/// The Content-Security-Policy of every response: nothing but this origin's stylesheet and its
+/// one script file (the keyboard shortcuts, served from the binary), no inline script, forms
+/// only to this origin, no framing. A preview that smuggled markup past the escaping still
+/// could not run or load anything.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; \
+     style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; \
+     base-uri 'none'";
 
 /// A token bucket per credential: `burst` requests at once, refilled at `per_minute`.
 #[derive(Debug)]

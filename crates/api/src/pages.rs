@@ -3,12 +3,20 @@
 //! Every string that comes from a model, a tool, the content store or a user — previews,
 //! arguments, names, comments, event payloads — is spliced with maud's `(…)`, which escapes
 //! it; nothing here uses `PreEscaped`. A preview is untrusted text: `<script>` in one is shown
-//! as those characters. The pages carry no script; the Content-Security-Policy forbids any.
+//! as those characters. The pages carry no inline script, and the Content-Security-Policy
+//! forbids any: the one script is the keyboard shortcuts' file, which only clicks or focuses
+//! the page's own links and buttons.
+//!
+//! A preview line a tool gave a structured form is shown in that form — a word diff of a
+//! field's before and after, marked with `<del>` and `<ins>` rather than colour alone, or a
+//! list with the new item marked — above the line's text, which the approval binds to.
 
 use chrono::{DateTime, Utc};
 use countersign_core::card::{ApprovalCard, CardPreview};
+use countersign_core::{LineForm, RunId};
 use countersign_store::{DecisionOutcome, RunEvent, RunRecord, RunStatus, WaitingRun};
 use maud::{html, Markup, DOCTYPE};
+use similar::{ChangeTag, TextDiff};
 
 use crate::problem::{Problem, ProblemCode};
 use crate::v1::DecisionAccepted;
@@ -16,6 +24,10 @@ use crate::v1::DecisionAccepted;
 /// The stylesheet, served at [`STYLESHEET_PATH`].
 pub const STYLESHEET: &str = include_str!("../static/inbox.css");
 pub const STYLESHEET_PATH: &str = "/inbox/static/inbox.css";
+/// The keyboard shortcuts, served at [`SCRIPT_PATH`]: they only click or focus what the page
+/// has, so every page works the same without them.
+pub const SCRIPT: &str = include_str!("../static/inbox.js");
+pub const SCRIPT_PATH: &str = "/inbox/static/inbox.js";
 
 /// Who is looking, for the header.
 #[derive(Debug, Clone, Copy)]
@@ -36,6 +48,7 @@ fn layout(title: &str, viewer: Option<Viewer<'_>>, body: Markup) -> Markup {
                 meta name="referrer" content="no-referrer";
                 title { (title) " · countersign" }
                 link rel="stylesheet" href=(STYLESHEET_PATH);
+                script src=(SCRIPT_PATH) defer {}
             }
             body {
                 header.top {
@@ -105,14 +118,24 @@ pub fn age(since: DateTime<Utc>, now: DateTime<Utc>) -> String {
     }
 }
 
+/// How long is left before `deadline`: `3 h left`, or `overdue`.
+fn left(deadline: DateTime<Utc>, now: DateTime<Utc>) -> String {
+    if deadline <= now {
+        "overdue".to_owned()
+    } else {
+        format!("{} left", age(now, deadline))
+    }
+}
+
 fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
 
-/// The list of waiting runs.
+/// The list of waiting runs, soonest deadline first; of `agent` only, when given.
 pub fn inbox(
     viewer: Viewer<'_>,
     entries: &[WaitingRun],
+    agent: Option<&str>,
     next: Option<&str>,
     now: DateTime<Utc>,
 ) -> Markup {
@@ -121,39 +144,106 @@ pub fn inbox(
         Some(viewer),
         html! {
             h1 { "Waiting for your decision" }
+            (queue_nav(Queue { prev: None, next: entries.first().map(|e| e.run_id) }))
+            form.filter #agent-filter method="get" action="/inbox" {
+                label for="agent" { "Agent" }
+                input #agent type="text" name="agent" value=[agent] maxlength="200"
+                    placeholder="every agent";
+                button type="submit" { "Filter" }
+                @if agent.is_some() {
+                    " " a #all-agents href="/inbox" { "Show every agent" }
+                }
+            }
             @if entries.is_empty() {
                 p #inbox-empty { "No run is waiting for a decision you may make." }
             } @else {
                 table #inbox-runs {
                     thead { tr {
                         th { "Run" } th { "Agent" } th { "Acting as" } th { "Waiting" }
-                        th { "Decide by" } th { "Proposed calls" }
+                        th { "Time left" } th { "Proposed calls" }
                     } }
                     tbody {
                         @for e in entries {
-                            tr.inbox-run data-run-id=(e.run_id) {
-                                td { a.run-link href={ "/inbox/runs/" (e.run_id) } {
-                                    code { (short(&e.run_id.to_string())) }
-                                } }
-                                td.agent { (e.agent) }
+                            tr.inbox-run.bounced[e.bounces > 0] data-run-id=(e.run_id) {
+                                td {
+                                    a.run-link href={ "/inbox/runs/" (e.run_id) } {
+                                        code { (short(&e.run_id.to_string())) }
+                                    }
+                                    @if e.bounces > 0 {
+                                        " " span.bounce-mark title="An approval found a preview moved and nothing was written; the card came back" {
+                                            "↺ back " (e.bounces) "×"
+                                        }
+                                    }
+                                }
+                                td.agent { a href={ "/inbox?agent=" (e.agent) } { (e.agent) } }
                                 td { (e.acting_user) }
                                 td.age title=(when(e.waiting_since)) { (age(e.waiting_since, now)) }
-                                td { (when(e.approval_deadline)) }
+                                td.deadline.overdue[e.approval_deadline <= now] title=(when(e.approval_deadline)) {
+                                    (left(e.approval_deadline, now))
+                                }
                                 td { (e.pending_tools.join(", ")) }
                             }
                         }
                     }
                 }
                 @if let Some(cursor) = next {
-                    p { a #next-page href={ "/inbox?cursor=" (cursor) } { "Next page →" } }
+                    p { a #next-page href={ "/inbox?cursor=" (cursor) @if let Some(a) = agent { "&agent=" (query_value(a)) } } { "Next page →" } }
                 }
             }
         },
     )
 }
 
+/// `value` percent-encoded for a query string: what an agent's name may hold passes as it is.
+fn query_value(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'_' | b'.' | b'-' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 fn short(id: &str) -> &str {
     id.get(..13).unwrap_or(id)
+}
+
+/// The waiting cards next to the one shown, in inbox order.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Queue {
+    pub prev: Option<RunId>,
+    pub next: Option<RunId>,
+}
+
+/// Links to the previous and next waiting cards (the `k` and `j` keys), and the list of keys.
+fn queue_nav(queue: Queue) -> Markup {
+    html! {
+        nav.queue aria-label="Waiting cards" {
+            @if let Some(prev) = queue.prev {
+                a #prev-card rel="prev" href={ "/inbox/runs/" (prev) } { "← Previous card" }
+            }
+            @if let Some(next) = queue.next {
+                a #next-card rel="next" href={ "/inbox/runs/" (next) } { "Next card →" }
+            }
+            (shortcuts())
+        }
+    }
+}
+
+fn shortcuts() -> Markup {
+    html! {
+        details #shortcuts.shortcuts {
+            summary { "Keyboard shortcuts" }
+            dl {
+                dt { kbd { "a" } } dd { "approve this card" }
+                dt { kbd { "d" } } dd { "deny: write a comment if you like, then Enter" }
+                dt { kbd { "j" } } dd { "next waiting card" }
+                dt { kbd { "k" } } dd { "previous waiting card" }
+                dt { kbd { "?" } } dd { "show or hide this list" }
+            }
+        }
+    }
 }
 
 /// A run: its card and the decision form when it waits, and its history.
@@ -163,12 +253,14 @@ pub fn run_page(
     card: Option<&ApprovalCard>,
     decision_id: &str,
     events: &[RunEvent],
+    queue: Queue,
 ) -> Markup {
     layout(
         "Run",
         Some(viewer),
         html! {
             p.back { a href="/inbox" { "← Inbox" } }
+            (queue_nav(queue))
             h1 { "Run " code { (run.id) } }
             dl.facts {
                 dt { "Agent" } dd #agent { (run.agent) }
@@ -220,8 +312,17 @@ fn card_section(card: &ApprovalCard) -> Markup {
                         p.notice.landed { (countersign_core::card::LANDED_NOTICE) }
                     }
                     @match &call.preview {
-                        CardPreview::Shown { lines } => {
-                            ul.preview-lines { @for line in lines { li { (line) } } }
+                        CardPreview::Shown { lines, forms } => {
+                            ul.preview-lines {
+                                @for (i, line) in lines.iter().enumerate() {
+                                    li {
+                                        @match forms.get(i).and_then(Option::as_ref) {
+                                            Some(form) => (shown_form(line, form)),
+                                            None => (line),
+                                        }
+                                    }
+                                }
+                            }
                         }
                         CardPreview::Failed { notice, lines } => {
                             p.notice.failed { (notice) }
@@ -247,6 +348,51 @@ fn card_section(card: &ApprovalCard) -> Markup {
     }
 }
 
+/// A preview line with its structured form: the form as the card shows it, then the line's
+/// text, which is what the approval binds to.
+fn shown_form(line: &str, form: &LineForm) -> Markup {
+    html! {
+        @match form {
+            LineForm::Change { before, after } => {
+                p.diff aria-label="Changes, word by word: deletions struck through, insertions underlined" {
+                    @for (tag, words) in word_diff(before, after) {
+                        @match tag {
+                            ChangeTag::Equal => span { (words) },
+                            ChangeTag::Delete => del title="removed" { (words) },
+                            ChangeTag::Insert => ins title="added" { (words) },
+                        }
+                    }
+                }
+            }
+            LineForm::List { items, added } => {
+                ol.preview-list {
+                    @for (i, item) in items.iter().enumerate() {
+                        @if i == *added {
+                            li.added { ins { (item) } " " span.new-mark { "new" } }
+                        } @else {
+                            li { (item) }
+                        }
+                    }
+                }
+            }
+        }
+        span.as-text { (line) }
+    }
+}
+
+/// The word-level difference of `before` and `after`, runs of one kind merged.
+fn word_diff(before: &str, after: &str) -> Vec<(ChangeTag, String)> {
+    let diff = TextDiff::from_words(before, after);
+    let mut runs: Vec<(ChangeTag, String)> = Vec::new();
+    for change in diff.iter_all_changes() {
+        match runs.last_mut() {
+            Some((tag, text)) if *tag == change.tag() => text.push_str(change.value()),
+            _ => runs.push((change.tag(), change.value().to_owned())),
+        }
+    }
+    runs
+}
+
 fn decision_form(
     viewer: Viewer<'_>,
     run: &RunRecord,
@@ -261,6 +407,7 @@ fn decision_form(
             input type="hidden" name="turn_digest" value=(card.turn_digest);
             label for="comment" { "Comment (optional; shown to the agent on a denial)" }
             textarea #comment name="comment" maxlength="4096" rows="3" {}
+            p.hint #deny-hint hidden { "Enter denies this card with the comment; Shift+Enter starts a new line; Escape leaves the comment." }
             div.buttons {
                 button.approve #approve type="submit" name="approved" value="true" {
                     "Approve suspension " (card.suspension_seq)
@@ -279,16 +426,12 @@ fn history(events: &[RunEvent]) -> Markup {
     html! {
         section #history {
             h2 { "History" }
-            table {
-                thead { tr { th { "#" } th { "When" } th { "Event" } th { "Details (codes only)" } } }
-                tbody {
-                    @for e in events {
-                        tr.event data-kind=(e.kind) {
-                            td { (e.sequence) }
-                            td { (when(e.created_at)) }
-                            td { code { (e.kind) } }
-                            td.payload { (e.payload.to_string()) }
-                        }
+            ol.history {
+                @for e in events {
+                    li.event data-kind=(e.kind) data-sequence=(e.sequence) {
+                        time datetime=(e.created_at.to_rfc3339()) { (when(e.created_at)) }
+                        " "
+                        span.sentence { (crate::history::tell(e)) }
                     }
                 }
             }
@@ -302,6 +445,7 @@ pub fn outcome(
     run_id: &str,
     result: &Result<DecisionAccepted, Problem>,
     approved: bool,
+    next: Option<RunId>,
 ) -> Markup {
     let (heading, code, explanation): (&str, &str, String) = match result {
         Ok(accepted) => (
@@ -341,6 +485,7 @@ pub fn outcome(
                     p { a #back-to-run href={ "/inbox/runs/" (run_id) } { "Back to the run" } }
                 }
             }
+            (queue_nav(Queue { prev: None, next }))
         },
     )
 }

@@ -91,11 +91,13 @@ pub fn decode_cursor(s: &str) -> Option<InboxCursor> {
     })
 }
 
-/// One page of the runs waiting for a decision that `access` may see, soonest deadline first,
+/// One page of the runs waiting for a decision that `access` may see (of `agent` only, when
+/// given), soonest deadline first,
 /// and the cursor of the next page when there is one.
 pub async fn inbox_page(
     store: &Store,
     access: &Access,
+    agent: Option<&str>,
     limit: u32,
     after: Option<InboxCursor>,
 ) -> Result<InboxPage, Problem> {
@@ -106,7 +108,7 @@ pub async fn inbox_page(
         });
     }
     store
-        .inbox(&access.user, &access.approves, limit, after)
+        .inbox(&access.user, &access.approves, agent, limit, after)
         .await
         .map_err(|e| unavailable("inbox", e.code(), &e))
 }

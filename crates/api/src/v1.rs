@@ -305,7 +305,7 @@ impl Card {
                     moved: c.moved,
                     landed: c.landed,
                     preview: match c.preview {
-                        CardPreview::Shown { lines } => Preview::Shown { lines },
+                        CardPreview::Shown { lines, .. } => Preview::Shown { lines },
                         CardPreview::Failed { notice, lines } => Preview::Failed { notice, lines },
                         CardPreview::Withheld { notice } => Preview::Withheld { notice },
                         CardPreview::None => Preview::None,
@@ -690,7 +690,7 @@ pub async fn inbox(
         return Err(Problem::new(ProblemCode::InvalidQuery));
     }
     let access = Access::of(state.coordinator.users.as_ref(), &caller).await?;
-    let page = inbox_page(&state.coordinator.store, &access, limit, cursor).await?;
+    let page = inbox_page(&state.coordinator.store, &access, None, limit, cursor).await?;
     Ok(Json(InboxPage {
         runs: page.runs.into_iter().map(InboxRun::from).collect(),
         next_cursor: page.next.as_ref().map(encode_cursor),

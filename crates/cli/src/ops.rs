@@ -469,7 +469,7 @@ pub async fn inbox(
 ) -> anyhow::Result<()> {
     let viewer: Option<Principal> = users.principal(viewer_name).await?;
     let waiting = store
-        .inbox(viewer_name, &Approves::Every, 100, None)
+        .inbox(viewer_name, &Approves::Every, None, 100, None)
         .await?
         .runs;
     if waiting.is_empty() {
@@ -692,6 +692,7 @@ mod tests {
                 arguments: json!({"uid": 12}),
                 preview: CardPreview::Shown {
                     lines: vec!["field description: \"old\" → \"new\"".into()],
+                    forms: vec![],
                 },
                 moved: false,
                 landed: false,

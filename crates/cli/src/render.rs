@@ -27,7 +27,7 @@ pub fn card(card: &ApprovalCard) -> String {
         }
         let _ = writeln!(out, "  │     arguments: {}", call.arguments);
         match &call.preview {
-            CardPreview::Shown { lines } => {
+            CardPreview::Shown { lines, .. } => {
                 for line in lines {
                     let _ = writeln!(out, "  │     {line}");
                 }

@@ -260,20 +260,22 @@ pub(crate) async fn language_title(
     .await
 }
 
-/// The number of live references in one field of one element.
-pub(crate) async fn reference_count(
+/// The files `element`'s reference field `field` refers to, in the order they are shown
+/// (sorting, then uid), each as `[uid] name`.
+pub(crate) async fn referenced_files(
     conn: &mut PgConnection,
     element: i64,
     field: &str,
-) -> Result<i64, sqlx::Error> {
+) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query_scalar!(
-        r#"SELECT count(*) AS "count!"
-           FROM content.file_references
-           WHERE element = $1 AND field = $2 AND NOT deleted"#,
+        r#"SELECT '[' || f.uid || '] ' || f.name AS "file!"
+           FROM content.file_references r JOIN content.files f ON f.uid = r.file
+           WHERE r.element = $1 AND r.field = $2 AND NOT r.deleted
+           ORDER BY r.sorting, r.uid"#,
         element,
         field
     )
-    .fetch_one(&mut *conn)
+    .fetch_all(&mut *conn)
     .await
 }
 

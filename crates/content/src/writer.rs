@@ -20,8 +20,8 @@ use std::fmt;
 
 use async_trait::async_trait;
 use countersign_core::{
-    Effect, ExecContext, LocalWriter, LockSubject, PlannedWrite, Principal, Tool, ToolError,
-    ToolOutput, ToolPreview, ToolSpec,
+    Effect, ExecContext, LocalWriter, LockSubject, PlannedWrite, PreviewLine, Principal, Tool,
+    ToolError, ToolOutput, ToolPreview, ToolSpec,
 };
 use countersign_store::{classify, FencedWrite, Store, StoreError};
 use serde_json::Value;
@@ -178,8 +178,9 @@ pub(crate) trait Writer: Clone + Send + Sync + 'static {
         args: &Self::Args,
     ) -> Result<Planned<Self::Plan>, sqlx::Error>;
 
-    /// The preview lines of a plan: only what the call would write, values excerpted.
-    fn preview(&self, plan: &Self::Plan) -> Vec<String>;
+    /// The preview lines of a plan: only what the call would write, values excerpted; a line
+    /// may carry its structured form ([`countersign_core::LineForm`]) for the card.
+    fn preview(&self, plan: &Self::Plan) -> Vec<PreviewLine>;
 
     /// Writes through the [`crate::datahandler::DataHandler`], reads the rows back, and
     /// reports any value that did not take as an error output.
@@ -267,13 +268,13 @@ impl<W: Writer> WriterTool<W> {
         &self,
         user: &Principal,
         args: &W::Args,
-    ) -> Result<Vec<String>, sqlx::Error> {
+    ) -> Result<Vec<PreviewLine>, sqlx::Error> {
         let mut tx = read_only_snapshot(self.store.pool()).await?;
         let lines = match User::of(&mut tx, user).await? {
-            None => vec![self.writer.not_permitted(args).to_owned()],
+            None => vec![PreviewLine::from(self.writer.not_permitted(args))],
             Some(user) => match self.writer.plan(&mut tx, &user, args).await? {
                 Ok(plan) => self.writer.preview(&plan),
-                Err(refusal) => vec![self.refusal_text(args, refusal)],
+                Err(refusal) => vec![PreviewLine::from(self.refusal_text(args, refusal))],
             },
         };
         tx.rollback().await?;
@@ -406,7 +407,7 @@ struct WriterPlan<W: Writer> {
 
 #[async_trait]
 impl<W: Writer> PlannedWrite<FencedWrite> for WriterPlan<W> {
-    fn preview(&self) -> Vec<String> {
+    fn preview(&self) -> Vec<PreviewLine> {
         self.writer.preview(&self.plan)
     }
 
@@ -423,8 +424,8 @@ struct Refused(String);
 
 #[async_trait]
 impl PlannedWrite<FencedWrite> for Refused {
-    fn preview(&self) -> Vec<String> {
-        vec![self.0.clone()]
+    fn preview(&self) -> Vec<PreviewLine> {
+        vec![PreviewLine::from(self.0.as_str())]
     }
 
     async fn apply(self: Box<Self>, _tx: &mut FencedWrite) -> Result<ToolOutput, ToolError> {
@@ -439,8 +440,17 @@ impl<W: Writer> ToolPreview for WriterTool<W> {
         acting_user: &Principal,
         args: &Value,
     ) -> Result<Vec<String>, ToolError> {
+        let lines = self.preview_with_forms(acting_user, args).await?;
+        Ok(countersign_core::preview::texts(&lines))
+    }
+
+    async fn preview_with_forms(
+        &self,
+        acting_user: &Principal,
+        args: &Value,
+    ) -> Result<Vec<PreviewLine>, ToolError> {
         match args::parse::<W::Args>(args) {
-            Err(message) => Ok(vec![message]),
+            Err(message) => Ok(vec![PreviewLine::from(message)]),
             Ok(args) => self
                 .preview_lines(acting_user, &args)
                 .await

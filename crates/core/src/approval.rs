@@ -422,7 +422,7 @@ impl<H: SegmentHooks> Turn<'_, H> {
                 return Ok(Some(match (tool.previewer(), &call.plan) {
                     (None, _) => Current::Vanished,
                     (Some(_), Some(Ok(plan))) => {
-                        Current::Attempt(Attempt::of_lines(&plan.preview()))
+                        Current::Attempt(Attempt::of_lines(plan.preview()))
                     }
                     (Some(_), Some(Err(e))) => Current::Attempt(Attempt::failed(e)),
                     (Some(_), None) => fresh(self.seg, tool, call).await?,

@@ -56,6 +56,9 @@ pub struct CardCall {
 pub enum CardPreview {
     Shown {
         lines: Vec<String>,
+        /// For each line, the structured form its tool gave with it, if any (empty: none).
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        forms: Vec<Option<crate::LineForm>>,
     },
     Failed {
         notice: &'static str,
@@ -96,6 +99,7 @@ pub async fn build_card(
                 if may_read {
                     CardPreview::Shown {
                         lines: p.lines.clone(),
+                        forms: p.forms.clone(),
                     }
                 } else {
                     CardPreview::Withheld {

@@ -44,7 +44,7 @@ pub(crate) fn bind<'a>(
     let mut moved = Vec::new();
     for (stored, now) in current {
         let now = judge(stored, now);
-        if now != *stored {
+        if !now.reads_as(stored) {
             moved.push(stored.index);
         }
         previews.push(now);
@@ -63,8 +63,9 @@ fn judge(stored: &CallPreview, now: Option<Current>) -> CallPreview {
     match now {
         None => stored.clone(),
         Some(Current::Vanished) => failed(stored, PREVIEW_VANISHED_LINE.to_owned()),
-        Some(Current::Attempt(Attempt::Lines(lines))) => CallPreview {
+        Some(Current::Attempt(Attempt::Lines(lines, forms))) => CallPreview {
             lines,
+            forms,
             ..stored.clone()
         },
         Some(Current::Attempt(other)) => {
@@ -83,6 +84,7 @@ fn failed(stored: &CallPreview, line: String) -> CallPreview {
     CallPreview {
         lines: vec![line],
         failed: true,
+        forms: vec![],
         ..stored.clone()
     }
 }

@@ -40,7 +40,7 @@ pub use model::{
     Message, Model, ModelError, ModelOptions, ModelRequest, ModelResponse, Role, TokenUsage,
     ToolCall,
 };
-pub use preview::CallPreview;
+pub use preview::{CallPreview, LineForm, PreviewLine};
 pub use state::{LandedCall, PendingCall, StateError, SuspendedRunState};
 pub use tool::{
     CallStatus, DataClass, DataClasses, Effect, ExecContext, ExternalWrite, Fault, FenceToken,

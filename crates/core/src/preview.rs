@@ -27,12 +27,102 @@ pub const MAX_LINE_CHARS: usize = 500;
 pub const EXCERPT_CHARS: usize = 120;
 
 /// The stored preview of one pending call.
+///
+/// `lines` are what an approval binds to and what the comparator compares; `forms` are only
+/// another way of showing some of them (see [`LineForm`]), never compared.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallPreview {
     pub index: CallIndex,
     pub tool: String,
     pub lines: Vec<String>,
     pub failed: bool,
+    /// For each line, the structured form the tool gave with it, if any; empty when it gave
+    /// none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forms: Vec<Option<LineForm>>,
+}
+
+impl CallPreview {
+    /// Whether `other` reads as this one: the same lines, failed or not. Forms do not count.
+    pub fn reads_as(&self, other: &CallPreview) -> bool {
+        self.lines == other.lines && self.failed == other.failed
+    }
+
+    /// The form of line `i`, if the tool gave one.
+    pub fn form(&self, i: usize) -> Option<&LineForm> {
+        self.forms.get(i).and_then(Option::as_ref)
+    }
+}
+
+/// What a line of a preview says, structured, for a card to render in its place — made from
+/// the same plan as the line's text, so the two cannot drift. Bounded as the lines are.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LineForm {
+    /// A value replaced by another: a card may show their word diff.
+    Change { before: String, after: String },
+    /// An ordered list into which the call adds the item at `added`.
+    List { items: Vec<String>, added: usize },
+}
+
+impl LineForm {
+    /// The form with each value cut to [`MAX_LINE_CHARS`] and a list to [`MAX_LINES`] items
+    /// around the added one; `None` when a list's `added` is not one of its items.
+    fn bounded(self) -> Option<LineForm> {
+        let cut = |s: String| cut_chars(&s, MAX_LINE_CHARS);
+        match self {
+            LineForm::Change { before, after } => Some(LineForm::Change {
+                before: cut(before),
+                after: cut(after),
+            }),
+            LineForm::List { items, added } if added < items.len() => {
+                let skip = (added + 1).saturating_sub(MAX_LINES);
+                Some(LineForm::List {
+                    items: items
+                        .into_iter()
+                        .skip(skip)
+                        .take(MAX_LINES)
+                        .map(cut)
+                        .collect(),
+                    added: added - skip,
+                })
+            }
+            LineForm::List { .. } => None,
+        }
+    }
+}
+
+/// One line of a preview as a tool makes it: its text and, optionally, its structured form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreviewLine {
+    pub text: String,
+    pub form: Option<LineForm>,
+}
+
+impl PreviewLine {
+    pub fn with_form(text: impl Into<String>, form: LineForm) -> PreviewLine {
+        PreviewLine {
+            text: text.into(),
+            form: Some(form),
+        }
+    }
+}
+
+impl From<String> for PreviewLine {
+    fn from(text: String) -> PreviewLine {
+        PreviewLine { text, form: None }
+    }
+}
+
+impl From<&str> for PreviewLine {
+    fn from(text: &str) -> PreviewLine {
+        PreviewLine::from(text.to_owned())
+    }
+}
+
+/// The texts of `lines`.
+pub fn texts(lines: &[PreviewLine]) -> Vec<String> {
+    lines.iter().map(|l| l.text.clone()).collect()
 }
 
 /// The line stored when a preview fails at suspend.
@@ -72,6 +162,27 @@ pub fn bound_lines<S: AsRef<str>>(lines: &[S]) -> Vec<String> {
     out
 }
 
+/// [`bound_lines`] of a tool's lines, each line's form kept with it (and bounded) through the
+/// dropping of empty lines; the forms are empty when the tool gave none.
+pub fn bound_preview(lines: Vec<PreviewLine>) -> (Vec<String>, Vec<Option<LineForm>>) {
+    let kept: Vec<PreviewLine> = lines
+        .into_iter()
+        .filter(|l| !collapse_whitespace(&l.text).is_empty())
+        .collect();
+    let bounded = bound_lines(&texts(&kept));
+    let forms: Vec<Option<LineForm>> = kept
+        .into_iter()
+        .take(MAX_LINES)
+        .map(|l| l.form.and_then(LineForm::bounded))
+        .collect();
+    if forms.iter().all(Option::is_none) {
+        return (bounded, vec![]);
+    }
+    let mut forms = forms;
+    forms.resize(bounded.len(), None);
+    (bounded, forms)
+}
+
 /// One space for every run of whitespace, none at either end.
 pub fn collapse_whitespace(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -101,7 +212,8 @@ pub fn quote_excerpt(value: &str) -> String {
 /// What became of one attempt to preview a call.
 #[derive(Debug)]
 pub(crate) enum Attempt {
-    Lines(Vec<String>),
+    /// The bounded lines, and their forms (empty when the tool gave none).
+    Lines(Vec<String>, Vec<Option<LineForm>>),
     Empty,
     Error(ToolError),
     Panic,
@@ -109,12 +221,12 @@ pub(crate) enum Attempt {
 
 impl Attempt {
     /// The attempt of a plan's raw lines: bounded, and `Empty` when nothing is left.
-    pub(crate) fn of_lines<S: AsRef<str>>(lines: &[S]) -> Attempt {
-        let bounded = bound_lines(lines);
+    pub(crate) fn of_lines(lines: Vec<PreviewLine>) -> Attempt {
+        let (bounded, forms) = bound_preview(lines);
         if bounded.is_empty() {
             Attempt::Empty
         } else {
-            Attempt::Lines(bounded)
+            Attempt::Lines(bounded, forms)
         }
     }
 
@@ -134,7 +246,7 @@ impl Attempt {
 
     pub(crate) fn code(&self) -> &'static str {
         match self {
-            Attempt::Lines(_) => "ok",
+            Attempt::Lines(..) => "ok",
             Attempt::Empty => "empty_preview",
             Attempt::Error(e) => e.code(),
             Attempt::Panic => "panic",
@@ -148,8 +260,8 @@ pub(crate) async fn attempt(
     user: &Principal,
     args: &Value,
 ) -> Attempt {
-    match catch_unwind(previewer.preview(user, args)).await {
-        Ok(Ok(lines)) => Attempt::of_lines(&lines),
+    match catch_unwind(previewer.preview_with_forms(user, args)).await {
+        Ok(Ok(lines)) => Attempt::of_lines(lines),
         Ok(Err(e)) => Attempt::Error(e),
         Err(_) => Attempt::Panic,
     }
@@ -157,19 +269,19 @@ pub(crate) async fn attempt(
 
 /// The preview stored at suspend for one call.
 pub(crate) fn at_suspend(index: CallIndex, tool: &str, attempt: Attempt) -> CallPreview {
-    let (lines, failed) = match attempt {
-        Attempt::Lines(lines) => (lines, false),
+    let (lines, failed, forms) = match attempt {
+        Attempt::Lines(lines, forms) => (lines, false, forms),
         Attempt::Empty => {
             tracing::warn!(tool, %index, "preview returned no lines");
-            (vec![EMPTY_PREVIEW_LINE.to_owned()], true)
+            (vec![EMPTY_PREVIEW_LINE.to_owned()], true, vec![])
         }
         Attempt::Error(e) => {
             tracing::warn!(tool, %index, code = e.code(), error = %e, "preview failed at suspend");
-            (vec![failed_at_suspend_line(e.code())], true)
+            (vec![failed_at_suspend_line(e.code())], true, vec![])
         }
         Attempt::Panic => {
             tracing::error!(tool, %index, "preview panicked at suspend");
-            (vec![failed_at_suspend_line("panic")], true)
+            (vec![failed_at_suspend_line("panic")], true, vec![])
         }
     };
     CallPreview {
@@ -177,6 +289,7 @@ pub(crate) fn at_suspend(index: CallIndex, tool: &str, attempt: Attempt) -> Call
         tool: tool.to_owned(),
         lines,
         failed,
+        forms,
     }
 }
 
@@ -282,5 +395,71 @@ mod tests {
             quote_excerpt(&"x".repeat(120)),
             format!("\"{}\"", "x".repeat(120))
         );
+    }
+
+    fn change(before: &str, after: &str) -> LineForm {
+        LineForm::Change {
+            before: before.into(),
+            after: after.into(),
+        }
+    }
+
+    #[test]
+    fn a_lines_form_stays_with_it_when_empty_lines_are_dropped_and_is_bounded() {
+        let lines = vec![
+            PreviewLine::from("   "),
+            PreviewLine::from("Page [12]"),
+            PreviewLine::with_form("description: a → b", change(&"é".repeat(700), "b")),
+        ];
+        let (texts, forms) = bound_preview(lines);
+        assert_eq!(texts, vec!["Page [12]", "description: a → b"]);
+        assert_eq!(forms.len(), 2);
+        assert_eq!(forms[0], None);
+        let Some(LineForm::Change { before, .. }) = &forms[1] else {
+            panic!("{forms:?}")
+        };
+        assert_eq!(before.chars().count(), MAX_LINE_CHARS);
+    }
+
+    #[test]
+    fn lines_without_forms_store_no_forms_and_a_list_keeps_its_added_item_in_bounds() {
+        let (_, forms) = bound_preview(vec![PreviewLine::from("a"), PreviewLine::from("b")]);
+        assert!(forms.is_empty());
+        let items: Vec<String> = (0..30).map(|i| format!("[{i}] f{i}.jpg")).collect();
+        let (_, forms) = bound_preview(vec![PreviewLine::with_form(
+            "field image: 29 reference(s) → 30, appended last",
+            LineForm::List { items, added: 29 },
+        )]);
+        let Some(LineForm::List { items, added }) = &forms[0] else {
+            panic!("{forms:?}")
+        };
+        assert_eq!(items.len(), MAX_LINES);
+        assert_eq!(items[*added], "[29] f29.jpg");
+        let (_, forms) = bound_preview(vec![PreviewLine::with_form(
+            "x",
+            LineForm::List {
+                items: vec!["a".into()],
+                added: 3,
+            },
+        )]);
+        assert!(
+            forms.is_empty(),
+            "a list whose added item is missing is no form"
+        );
+    }
+
+    #[test]
+    fn two_previews_read_alike_whatever_their_forms() {
+        let preview = |forms| CallPreview {
+            index: CallIndex::new(0),
+            tool: "t".into(),
+            lines: vec!["a → b".into()],
+            failed: false,
+            forms,
+        };
+        assert!(preview(vec![]).reads_as(&preview(vec![Some(change("a", "b"))])));
+        let mut other = preview(vec![]);
+        other.lines[0] = "a → c".into();
+        assert!(!preview(vec![]).reads_as(&other));
     }
 }

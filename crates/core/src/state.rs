@@ -23,7 +23,7 @@ use serde_json::{json, Map, Value};
 use crate::digest::turn_digest;
 use crate::ids::{CallIndex, SuspensionSeq, TurnDigest};
 use crate::model::{Message, ModelOptions, TokenUsage};
-use crate::preview::CallPreview;
+use crate::preview::{CallPreview, LineForm};
 use crate::tool::ToolOutput;
 
 /// The largest suspended state, in bytes of its JSON, that a run may store: a turn whose state
@@ -324,10 +324,18 @@ fn stored_preview(raw: &Value) -> Option<CallPreview> {
         None => false,
         Some(v) => v.as_bool()?,
     };
+    // Forms only show lines: malformed ones, or ones that do not match the lines, degrade to
+    // none rather than lose the preview.
+    let forms = obj
+        .get("forms")
+        .and_then(|f| serde_json::from_value::<Vec<Option<LineForm>>>(f.clone()).ok())
+        .filter(|f| f.len() == lines.len())
+        .unwrap_or_default();
     Some(CallPreview {
         index,
         tool: tool.to_owned(),
         lines,
         failed,
+        forms,
     })
 }

@@ -423,6 +423,19 @@ pub trait ToolPreview: Send + Sync {
         args: &Value,
     ) -> Result<Vec<String>, ToolError>;
 
+    /// The preview's lines with, for some, a structured form a card may render in their place
+    /// ([`crate::LineForm`]: a before/after pair, a list with the new item marked). The texts
+    /// must be [`preview`](Self::preview)'s lines: they are what an approval binds to. The
+    /// default gives the lines without forms.
+    async fn preview_with_forms(
+        &self,
+        acting_user: &Principal,
+        args: &Value,
+    ) -> Result<Vec<crate::PreviewLine>, ToolError> {
+        let lines = self.preview(acting_user, args).await?;
+        Ok(lines.into_iter().map(crate::PreviewLine::from).collect())
+    }
+
     /// Whether `viewer` may be shown this call's preview: the same record check as the
     /// preview, applied to the person looking at the card.
     async fn may_viewer_read_preview(&self, args: &Value, viewer: &Principal) -> bool;

@@ -84,7 +84,7 @@ pub trait LocalWriter<Tx: Send>: Send + Sync {
 #[async_trait]
 pub trait PlannedWrite<Tx: Send>: Send + Sync {
     /// The preview lines of the plan, before bounding: what the approver would be shown now.
-    fn preview(&self) -> Vec<String>;
+    fn preview(&self) -> Vec<crate::preview::PreviewLine>;
 
     /// Writes the plan and reads it back; a refusal is an `Ok` output with `is_error`.
     async fn apply(self: Box<Self>, tx: &mut Tx) -> Result<ToolOutput, ToolError>;

@@ -228,6 +228,7 @@ fn suspended_state() -> SuspendedRunState {
             tool: "update_page_metadata".into(),
             lines: vec!["field description: \"Old\" → \"A tighter description.\"".into()],
             failed: false,
+            forms: vec![],
         }],
         stale_call_indexes: vec![],
         landed_calls: vec![],

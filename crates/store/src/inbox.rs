@@ -24,6 +24,8 @@ pub struct WaitingRun {
     pub approval_deadline: DateTime<Utc>,
     /// When the run paused on this card.
     pub waiting_since: DateTime<Utc>,
+    /// How often an approval of the run found a preview moved and brought it back.
+    pub bounces: i64,
 }
 
 /// Where a page of the inbox starts: after this run, in inbox order.
@@ -43,12 +45,13 @@ pub struct InboxPage {
 
 impl Store {
     /// One page of at most `limit` (1 to 100) runs waiting for a decision that `viewer` may
-    /// see — those of the agents `approves` covers, and those acting as `viewer` — soonest
-    /// deadline first, starting after `after`.
+    /// see — those of the agents `approves` covers, and those acting as `viewer`; of `agent`
+    /// only, when given — soonest deadline first, starting after `after`.
     pub async fn inbox(
         &self,
         viewer: &str,
         approves: &Approves,
+        agent: Option<&str>,
         limit: u32,
         after: Option<InboxCursor>,
     ) -> Result<InboxPage, StoreError> {
@@ -61,10 +64,13 @@ impl Store {
         let rows = sqlx::query!(
             r#"SELECT id, agent, acting_user, suspension_seq AS "suspension_seq!",
                       turn_digest AS "turn_digest!", pending_tools,
-                      approval_deadline AS "approval_deadline!", updated_at
+                      approval_deadline AS "approval_deadline!", updated_at,
+                      (SELECT count(*) FROM run_events e
+                       WHERE e.run_id = runs.id AND e.kind = 'run.preview_moved') AS "bounces!"
                FROM runs
                WHERE status = 'waiting_for_approval'
                  AND ($1 OR agent = ANY($6) OR acting_user = $2)
+                 AND ($7::text IS NULL OR agent = $7)
                  AND ($3::timestamptz IS NULL OR (approval_deadline, id) > ($3, $4))
                ORDER BY approval_deadline, id
                LIMIT $5"#,
@@ -74,6 +80,7 @@ impl Store {
             after.map(|c| c.run_id),
             limit + 1,
             &agents[..],
+            agent,
         )
         .fetch_all(&self.pool)
         .await?;
@@ -89,6 +96,7 @@ impl Store {
                     pending_tools: r.pending_tools,
                     approval_deadline: r.approval_deadline,
                     waiting_since: r.updated_at,
+                    bounces: r.bounces,
                 })
             })
             .collect::<Result<Vec<_>, StoreError>>()?;

@@ -6,7 +6,7 @@
 
 use async_trait::async_trait;
 use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput};
+use countersign_core::{Effect, LineForm, PreviewLine, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use sqlx::PgConnection;
@@ -14,7 +14,7 @@ use sqlx::PgConnection;
 use crate::access::User;
 use crate::args::{choice, Arguments, Choice, Text, Uid};
 use crate::datahandler::{DataHandler, Fields, NewReference};
-use crate::records::{allowed_extensions, reference_count, Element, File};
+use crate::records::{allowed_extensions, referenced_files, Element, File};
 use crate::refusals::{draft_workspace, named, ELEMENT_OR_FILE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::ReadBack;
@@ -78,7 +78,8 @@ pub(crate) struct AttachPlan {
     file: File,
     field: &'static str,
     texts: Fields,
-    count: i64,
+    /// The files the field refers to now, in order.
+    referenced: Vec<String>,
 }
 
 #[async_trait]
@@ -159,38 +160,50 @@ impl Writer for AttachFile {
                 allowed.join(", ")
             ))));
         }
-        let count = reference_count(conn, element.uid, field).await?;
+        let referenced = referenced_files(conn, element.uid, field).await?;
         Ok(Ok(AttachPlan {
             element,
             file,
             field,
             texts: args.texts(),
-            count,
+            referenced,
         }))
     }
 
-    fn preview(&self, plan: &AttachPlan) -> Vec<String> {
+    fn preview(&self, plan: &AttachPlan) -> Vec<PreviewLine> {
+        let count = plan.referenced.len();
+        let new = format!("[{}] {}", plan.file.uid, plan.file.name);
+        let mut items = plan.referenced.clone();
+        items.push(new);
         let mut lines = vec![
-            format!(
+            PreviewLine::from(format!(
                 "{} on page [{}]",
                 named("Content element", plan.element.uid, &plan.element.header),
                 plan.element.pid
+            )),
+            PreviewLine::with_form(
+                format!(
+                    "field {}: {count} reference(s) → {}, appended last",
+                    plan.field,
+                    count + 1
+                ),
+                LineForm::List {
+                    items,
+                    added: count,
+                },
             ),
-            format!(
-                "field {}: {} reference(s) → {}, appended last",
-                plan.field,
-                plan.count,
-                plan.count + 1
-            ),
-            format!(
+            PreviewLine::from(format!(
                 "{} ({})",
                 named("file", plan.file.uid, &plan.file.name),
                 plan.file.identifier
-            ),
+            )),
         ];
         for name in TEXTS {
             if let Some(value) = plan.texts.get(name) {
-                lines.push(format!("{name}: {}", quote_excerpt(value)));
+                lines.push(PreviewLine::from(format!(
+                    "{name}: {}",
+                    quote_excerpt(value)
+                )));
             }
         }
         lines

@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput};
+use countersign_core::{Effect, PreviewLine, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use sqlx::PgConnection;
@@ -176,28 +176,31 @@ impl Writer for CreateElementDraft {
         }))
     }
 
-    fn preview(&self, plan: &ElementDraftPlan) -> Vec<String> {
-        let text = |f: &str| quote_excerpt(plan.fields.get(f).map_or("", String::as_str));
-        vec![
-            format!(
-                "New content element on {}",
-                named("page", plan.page.uid, &plan.page.label)
-            ),
-            format!("type: {}", plan.ctype),
-            format!("header: {}", text("header")),
-            format!("bodytext: {}", text("bodytext")),
-            format!(
-                "position: column {}, {}",
-                plan.column,
-                place(
-                    plan.index,
-                    plan.existing.len() + 1,
-                    plan.after.as_ref(),
-                    "content element"
-                )
-            ),
-            HIDDEN_LINE.to_owned(),
-        ]
+    fn preview(&self, plan: &ElementDraftPlan) -> Vec<PreviewLine> {
+        let lines: Vec<String> = {
+            let text = |f: &str| quote_excerpt(plan.fields.get(f).map_or("", String::as_str));
+            vec![
+                format!(
+                    "New content element on {}",
+                    named("page", plan.page.uid, &plan.page.label)
+                ),
+                format!("type: {}", plan.ctype),
+                format!("header: {}", text("header")),
+                format!("bodytext: {}", text("bodytext")),
+                format!(
+                    "position: column {}, {}",
+                    plan.column,
+                    place(
+                        plan.index,
+                        plan.existing.len() + 1,
+                        plan.after.as_ref(),
+                        "content element"
+                    )
+                ),
+                HIDDEN_LINE.to_owned(),
+            ]
+        };
+        lines.into_iter().map(PreviewLine::from).collect()
     }
 
     async fn apply(

@@ -7,8 +7,7 @@
 //! record nobody reviewed is not an edit.
 
 use async_trait::async_trait;
-use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput};
+use countersign_core::{Effect, PreviewLine, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use sqlx::PgConnection;
@@ -19,7 +18,8 @@ use crate::datahandler::{DataHandler, Fields};
 use crate::records::{File, Metadata};
 use crate::refusals::{named, ASSET_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
-use crate::writers::ReadBack;
+use crate::writers::{change_line, ReadBack};
+use countersign_core::preview::quote_excerpt;
 
 pub(crate) const NAME: &str = "set_file_alternative_text";
 
@@ -117,31 +117,18 @@ impl Writer for SetFileAlternativeText {
         }))
     }
 
-    fn preview(&self, plan: &AlternativePlan) -> Vec<String> {
-        let old = &plan.metadata.alternative;
-        let new = &plan.alternative;
-        let change = if old == new {
-            format!("alternative: unchanged ({})", quote_excerpt(old))
-        } else if !plan.granted {
-            format!(
-                "alternative: {} → {} — will not be stored: the acting user holds no grant for \
-                 this field",
-                quote_excerpt(old),
-                quote_excerpt(new)
-            )
-        } else {
-            format!(
-                "alternative: {} → {}",
-                quote_excerpt(old),
-                quote_excerpt(new)
-            )
-        };
+    fn preview(&self, plan: &AlternativePlan) -> Vec<PreviewLine> {
         vec![
-            format!(
+            PreviewLine::from(format!(
                 "{} — alternative text (default language):",
                 named("File", plan.file.uid, &plan.file.name)
+            )),
+            change_line(
+                "alternative",
+                &plan.metadata.alternative,
+                &plan.alternative,
+                !plan.granted,
             ),
-            change,
         ]
     }
 

@@ -9,10 +9,32 @@ pub(crate) mod page_draft;
 pub(crate) mod page_metadata;
 pub(crate) mod translation;
 
-use countersign_core::ToolOutput;
+use countersign_core::preview::quote_excerpt;
+use countersign_core::{LineForm, PreviewLine, ToolOutput};
 
 use crate::records::Named;
 use crate::refusals::named;
+
+/// The preview line of a field set from `old` to `new` (`field: "old" → "new"`), with the pair
+/// as its form for a card's word diff; `ungranted` when the acting user may not write it.
+pub(crate) fn change_line(field: &str, old: &str, new: &str, ungranted: bool) -> PreviewLine {
+    if old == new {
+        return PreviewLine::from(format!("{field}: unchanged ({})", quote_excerpt(old)));
+    }
+    let text = format!("{field}: {} → {}", quote_excerpt(old), quote_excerpt(new));
+    let text = if ungranted {
+        format!("{text} — will not be stored: the acting user holds no grant for this field")
+    } else {
+        text
+    };
+    PreviewLine::with_form(
+        text,
+        LineForm::Change {
+            before: old.to_owned(),
+            after: new.to_owned(),
+        },
+    )
+}
 
 /// What a read-back found: which written values hold what was requested, and which do not.
 #[derive(Debug, Default)]

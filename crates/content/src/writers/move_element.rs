@@ -6,7 +6,7 @@
 //! default-language element sits and moves with it; it is never moved on its own.
 
 use async_trait::async_trait;
-use countersign_core::{Effect, ToolOutput};
+use countersign_core::{Effect, PreviewLine, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use sqlx::PgConnection;
@@ -231,32 +231,35 @@ impl Writer for MoveElement {
         }))
     }
 
-    fn preview(&self, plan: &MovePlan) -> Vec<String> {
-        let mut lines = vec![
-            named("Content element", plan.element.uid, &plan.element.header),
-            format!(
-                "from: {}, column {}, position {} of {}",
-                named("page", plan.from_page.uid, &plan.from_page.label),
-                plan.element.colpos,
-                plan.from_index + 1,
-                plan.from_total
-            ),
-            format!(
-                "to: {}, column {}, position {}",
-                named("page", plan.to_page.uid, &plan.to_page.label),
-                plan.column,
-                place(
-                    plan.to_index,
-                    plan.order.len(),
-                    plan.after.as_ref(),
-                    "content element"
-                )
-            ),
-        ];
-        if plan.translations > 0 {
-            lines.push(format!("translations: {} move with it", plan.translations));
-        }
-        lines
+    fn preview(&self, plan: &MovePlan) -> Vec<PreviewLine> {
+        let lines: Vec<String> = {
+            let mut lines = vec![
+                named("Content element", plan.element.uid, &plan.element.header),
+                format!(
+                    "from: {}, column {}, position {} of {}",
+                    named("page", plan.from_page.uid, &plan.from_page.label),
+                    plan.element.colpos,
+                    plan.from_index + 1,
+                    plan.from_total
+                ),
+                format!(
+                    "to: {}, column {}, position {}",
+                    named("page", plan.to_page.uid, &plan.to_page.label),
+                    plan.column,
+                    place(
+                        plan.to_index,
+                        plan.order.len(),
+                        plan.after.as_ref(),
+                        "content element"
+                    )
+                ),
+            ];
+            if plan.translations > 0 {
+                lines.push(format!("translations: {} move with it", plan.translations));
+            }
+            lines
+        };
+        lines.into_iter().map(PreviewLine::from).collect()
     }
 
     async fn apply(

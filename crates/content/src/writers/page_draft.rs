@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput};
+use countersign_core::{Effect, PreviewLine, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use sqlx::PgConnection;
@@ -159,26 +159,29 @@ impl Writer for CreatePageDraft {
         }))
     }
 
-    fn preview(&self, plan: &PageDraftPlan) -> Vec<String> {
-        let text = |f: &str| quote_excerpt(plan.fields.get(f).map_or("", String::as_str));
-        vec![
-            format!(
-                "New standard page in the default language under {}",
-                named("page", plan.parent.uid, &plan.parent.label)
-            ),
-            format!("title: {}", text("title")),
-            format!("navigation title: {}", text("nav_title")),
-            format!(
-                "position: {}",
-                place(
-                    plan.index,
-                    plan.existing.len() + 1,
-                    plan.after.as_ref(),
-                    "page"
-                )
-            ),
-            HIDDEN_LINE.to_owned(),
-        ]
+    fn preview(&self, plan: &PageDraftPlan) -> Vec<PreviewLine> {
+        let lines: Vec<String> = {
+            let text = |f: &str| quote_excerpt(plan.fields.get(f).map_or("", String::as_str));
+            vec![
+                format!(
+                    "New standard page in the default language under {}",
+                    named("page", plan.parent.uid, &plan.parent.label)
+                ),
+                format!("title: {}", text("title")),
+                format!("navigation title: {}", text("nav_title")),
+                format!(
+                    "position: {}",
+                    place(
+                        plan.index,
+                        plan.existing.len() + 1,
+                        plan.after.as_ref(),
+                        "page"
+                    )
+                ),
+                HIDDEN_LINE.to_owned(),
+            ]
+        };
+        lines.into_iter().map(PreviewLine::from).collect()
     }
 
     async fn apply(

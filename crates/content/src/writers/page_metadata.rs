@@ -1,8 +1,7 @@
 //! `update_page_metadata`: set descriptive fields of exactly one page.
 
 use async_trait::async_trait;
-use countersign_core::preview::quote_excerpt;
-use countersign_core::{Effect, ToolOutput};
+use countersign_core::{Effect, PreviewLine, ToolOutput};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use sqlx::PgConnection;
@@ -13,7 +12,7 @@ use crate::datahandler::{DataHandler, Fields};
 use crate::records::{Page, PAGE_METADATA_FIELDS};
 use crate::refusals::{draft_workspace, named, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
-use crate::writers::ReadBack;
+use crate::writers::{change_line, ReadBack};
 
 pub(crate) const NAME: &str = "update_page_metadata";
 
@@ -162,30 +161,15 @@ impl Writer for UpdatePageMetadata {
         }))
     }
 
-    fn preview(&self, plan: &PageMetadataPlan) -> Vec<String> {
-        let mut lines = vec![format!(
+    fn preview(&self, plan: &PageMetadataPlan) -> Vec<PreviewLine> {
+        let mut lines = vec![PreviewLine::from(format!(
             "{} — {} field(s):",
             named("Page", plan.page.uid, &plan.page.title),
             plan.fields.len()
-        )];
+        ))];
         for (field, new) in &plan.fields {
             let old = plan.page.field(field).unwrap_or_default();
-            if old == new {
-                lines.push(format!("{field}: unchanged ({})", quote_excerpt(old)));
-            } else if plan.ungranted.contains(field) {
-                lines.push(format!(
-                    "{field}: {} → {} — will not be stored: the acting user holds no grant for \
-                     this field",
-                    quote_excerpt(old),
-                    quote_excerpt(new)
-                ));
-            } else {
-                lines.push(format!(
-                    "{field}: {} → {}",
-                    quote_excerpt(old),
-                    quote_excerpt(new)
-                ));
-            }
+            lines.push(change_line(field, old, new, plan.ungranted.contains(field)));
         }
         lines
     }

@@ -272,7 +272,7 @@ async fn an_approval_past_its_deadline_is_cancelled_approval_expired(pool: PgPoo
         Some(TerminationReason::ApprovalExpired)
     );
     assert!(store
-        .inbox("", &Approves::Every, 10, None)
+        .inbox("", &Approves::Every, None, 10, None)
         .await
         .unwrap()
         .runs

@@ -91,6 +91,7 @@ pub fn state(seq: SuspensionSeq) -> SuspendedRunState {
             tool: "update_page_metadata".into(),
             lines: vec!["field description: \"Old\" → \"New words\"".into()],
             failed: false,
+            forms: vec![],
         }],
         stale_call_indexes: vec![],
         landed_calls: vec![],

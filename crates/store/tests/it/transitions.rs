@@ -653,7 +653,7 @@ async fn suspend_stores_the_sealed_state_digest_tool_names_and_the_agent_deadlin
     assert_eq!(back, st);
 
     let inbox = store
-        .inbox("", &Approves::Every, 10, None)
+        .inbox("", &Approves::Every, None, 10, None)
         .await
         .unwrap()
         .runs;
