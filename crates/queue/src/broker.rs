@@ -95,6 +95,10 @@ struct Inner {
     link: RwLock<Option<Link>>,
     /// Held while a link is being replaced, so concurrent callers reconnect once.
     replacing: tokio::sync::Mutex<()>,
+    /// Which of the configured addresses the last connection went to: a new connection tries
+    /// that one first and then the others in turn, so losing a node moves the process to the
+    /// next node of the cluster instead of waiting for the lost one.
+    node: std::sync::atomic::AtomicUsize,
 }
 
 #[derive(Clone, Debug)]
@@ -119,6 +123,7 @@ impl Broker {
                 config,
                 link: RwLock::new(None),
                 replacing: tokio::sync::Mutex::new(()),
+                node: std::sync::atomic::AtomicUsize::new(0),
             }),
         };
         broker.link().await?;
@@ -463,15 +468,44 @@ impl Broker {
             .with_max_delay(Duration::from_secs(5))
             .with_max_times(config.reconnect_attempts)
             .with_jitter();
-        let link = (|| connect_once(config))
+        let link = (|| self.connect_any())
             .retry(backoff)
             .when(|e| matches!(e, QueueError::BrokerUnavailable(_)))
             .notify(|e, wait| {
                 tracing::warn!(error = %e, cause = ?std::error::Error::source(e), ?wait, "broker unreachable; retrying");
             })
             .await?;
-        tracing::info!(prefix = %config.topology.prefix, "connected to the broker; topology declared");
+        tracing::info!(prefix = %config.topology.prefix, node = self.inner.node.load(std::sync::atomic::Ordering::Relaxed), "connected to the broker; topology declared");
         Ok(link)
+    }
+
+    /// One connection attempt to each configured node in turn, from the one the last
+    /// connection went to; the first that connects is remembered. The last node's error when
+    /// none does.
+    async fn connect_any(&self) -> Result<Link, QueueError> {
+        use std::sync::atomic::Ordering;
+        let config = &self.inner.config;
+        let addrs = config.addrs();
+        let first = self.inner.node.load(Ordering::Relaxed);
+        let mut last = QueueError::BrokerUnavailable(lapin::Error::from(
+            lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
+        ));
+        for step in 0..addrs.len().max(1) {
+            let node = (first + step) % addrs.len().max(1);
+            let addr = addrs.get(node).copied().unwrap_or(config.addr.as_str());
+            match connect_once(config, addr).await {
+                Ok(link) => {
+                    self.inner.node.store(node, Ordering::Relaxed);
+                    return Ok(link);
+                }
+                Err(e @ QueueError::BrokerUnavailable(_)) => {
+                    tracing::warn!(node, nodes = addrs.len(), error = %e, cause = ?std::error::Error::source(&e), "broker node unreachable; trying the next");
+                    last = e;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last)
     }
 
     /// A short-lived channel for declarations, so a refused declaration closes it and not
@@ -485,11 +519,11 @@ impl Broker {
     }
 }
 
-async fn connect_once(config: &QueueConfig) -> Result<Link, QueueError> {
+async fn connect_once(config: &QueueConfig, addr: &str) -> Result<Link, QueueError> {
     let properties = ConnectionProperties::default().with_connection_name(LongString::from(
         format!("countersign ({})", config.topology.prefix),
     ));
-    let connection = Connection::connect(&config.addr, properties)
+    let connection = Connection::connect(addr, properties)
         .await
         .map_err(QueueError::BrokerUnavailable)?;
     topology::declare(&connection, config).await?;

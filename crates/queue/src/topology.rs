@@ -171,7 +171,8 @@ pub enum Declare {
 /// Where the broker is and how the topology is declared.
 #[derive(Clone)]
 pub struct QueueConfig {
-    /// `amqp://user:password@host:port/vhost`. Never logged: it may carry a password.
+    /// `amqp://user:password@host:port/vhost`, or several such addresses separated by commas:
+    /// the nodes of one cluster, tried in turn. Never logged: it may carry a password.
     pub addr: String,
     pub topology: Topology,
     /// Deliveries a work queue attempts before dead-lettering a message (default 5), when
@@ -191,6 +192,15 @@ pub struct QueueConfig {
 }
 
 impl QueueConfig {
+    /// The addresses of [`addr`](Self::addr), in order; blank entries are skipped.
+    pub fn addrs(&self) -> Vec<&str> {
+        self.addr
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .collect()
+    }
+
     /// A production configuration: durable everything, the default delivery limit.
     pub fn new(addr: impl Into<String>, topology: Topology) -> Self {
         QueueConfig {
@@ -219,6 +229,13 @@ impl fmt::Debug for QueueConfig {
 
 /// The address with any password replaced, for logs.
 pub fn redact(addr: &str) -> String {
+    addr.split(',')
+        .map(redact_one)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+fn redact_one(addr: &str) -> String {
     let Some((scheme, rest)) = addr.split_once("://") else {
         return addr.to_owned();
     };
@@ -492,6 +509,24 @@ pub(crate) async fn delete(channel: &Channel, topology: &Topology) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_address_lists_its_nodes_and_redacts_every_password() {
+        let config = QueueConfig::new(
+            "amqp://u:p1@h1:5672/%2f, amqp://u:p2@h2:5673/%2f,",
+            Topology::new("t"),
+        );
+        assert_eq!(
+            config.addrs(),
+            vec!["amqp://u:p1@h1:5672/%2f", "amqp://u:p2@h2:5673/%2f"]
+        );
+        let shown = redact(&config.addr);
+        assert!(!shown.contains("p1") && !shown.contains("p2"), "{shown}");
+        assert!(
+            shown.contains("u:***@h1:5672") && shown.contains("u:***@h2:5673"),
+            "{shown}"
+        );
+    }
 
     #[test]
     fn every_name_derives_from_the_prefix() {

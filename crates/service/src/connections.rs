@@ -18,7 +18,8 @@ pub struct Connections {
     /// PostgreSQL, the source of truth.
     #[arg(long, env = "DATABASE_URL")]
     pub database_url: String,
-    /// RabbitMQ.
+    /// RabbitMQ: an `amqp://` address, or the addresses of a cluster's nodes separated by
+    /// commas, tried in turn when a connection is lost.
     #[arg(
         long,
         env = "AMQP_ADDR",
@@ -71,7 +72,8 @@ pub struct Endpoints {
         global = true
     )]
     pub database_url: String,
-    /// RabbitMQ, for the commands that talk to the queues.
+    /// RabbitMQ, for the commands that talk to the queues: an `amqp://` address, or a
+    /// cluster's, separated by commas.
     #[arg(
         long,
         env = "AMQP_ADDR",

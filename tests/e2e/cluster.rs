@@ -1,0 +1,434 @@
+//! A RabbitMQ cluster the services fail over within: three nodes of the test's own
+//! (`cs<pid>n<i>@localhost`, their own data directories, cookie and loopback ports; the
+//! machine's broker untouched), the coordinator and a worker given all three in `AMQP_ADDR`.
+//!
+//! Runs are requested and approved through the cluster while the node the services are
+//! connected to is stopped, and then — that node back — while the node holding the quorum
+//! queues' leaders is stopped. Every run completes with its one write landed once, after its
+//! approval; every event is published; both services are ready again within seconds of each
+//! stop, not when the node returns. The test prints the recovery times.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use countersign_e2e::{
+    count, free_port, http_get, run_row, secs, wait_for_card, wait_for_status, Database,
+    Installation, Process, TempDir,
+};
+use serde_json::json;
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+const SBIN: &str = "/usr/lib/rabbitmq/bin";
+
+/// One node of the test's cluster.
+struct Node {
+    name: String,
+    port: u16,
+}
+
+/// Three RabbitMQ nodes clustered on loopback, stopped and removed on drop.
+struct Cluster {
+    home: PathBuf,
+    nodes: Vec<Node>,
+    _dir: TempDir,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = TempDir::new();
+        let home = dir.0.clone();
+        std::fs::write(
+            home.join(".erlang.cookie"),
+            format!("cs{}", Uuid::now_v7().simple()),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            home.join(".erlang.cookie"),
+            std::os::unix::fs::PermissionsExt::from_mode(0o400),
+        )
+        .unwrap();
+        std::fs::write(home.join("enabled_plugins"), "[].").unwrap();
+        let tag = std::process::id();
+        let nodes: Vec<Node> = (1..=3)
+            .map(|i| Node {
+                name: format!("cs{tag}n{i}@localhost"),
+                port: free_port(),
+            })
+            .collect();
+        for node in &nodes {
+            start_node(&home, node);
+        }
+        let cluster = Cluster {
+            home,
+            nodes,
+            _dir: dir,
+        };
+        for node in &cluster.nodes {
+            cluster.await_startup(node);
+        }
+        let first = cluster.nodes[0].name.clone();
+        for node in &cluster.nodes[1..] {
+            cluster.ctl(node, &["stop_app"]);
+            cluster.ctl(node, &["join_cluster", &first]);
+            cluster.ctl(node, &["start_app"]);
+        }
+        cluster
+    }
+
+    /// Waits until `node` runs: a node started detached is not known to epmd at once, and
+    /// `await_startup` gives up on a node it cannot find.
+    fn await_startup(&self, node: &Node) {
+        let deadline = Instant::now() + secs(120);
+        loop {
+            let out = self.ctl_output(node, &["await_startup", "--timeout", "60"]);
+            if out.status.success() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} did not start: {}",
+                node.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// `rabbitmqctl -n NODE ARGS`, which must succeed.
+    fn ctl(&self, node: &Node, args: &[&str]) -> String {
+        let out = self.ctl_output(node, args);
+        assert!(
+            out.status.success(),
+            "rabbitmqctl {args:?} on {}: {}",
+            node.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn ctl_output(&self, node: &Node, args: &[&str]) -> Output {
+        Command::new(format!("{SBIN}/rabbitmqctl"))
+            .args(["-q", "-n", &node.name])
+            .args(args)
+            .env("HOME", &self.home)
+            .output()
+            .expect("rabbitmqctl runs")
+    }
+
+    /// `AMQP_ADDR` naming every node, first to last.
+    fn addr(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| format!("amqp://guest:guest@127.0.0.1:{}/%2f", n.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The node holding the leader of `queue`, by a running node's view.
+    fn leader_of(&self, asked: &Node, queue: &str) -> usize {
+        let listed = self.ctl(
+            asked,
+            &["list_queues", "name", "leader", "--formatter", "json"],
+        );
+        let queues: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap();
+        let leader = queues
+            .iter()
+            .find(|q| q["name"] == queue)
+            .and_then(|q| q["leader"].as_str())
+            .unwrap_or_else(|| panic!("no leader of {queue} in {listed}"))
+            .to_owned();
+        self.nodes.iter().position(|n| n.name == leader).unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &self.nodes {
+            let _ = self.ctl_output(node, &["stop"]);
+        }
+    }
+}
+
+fn start_node(home: &Path, node: &Node) {
+    let base = home.join(node.name.split('@').next().unwrap());
+    for sub in ["mnesia", "log", "plugins"] {
+        std::fs::create_dir_all(base.join(sub)).unwrap();
+    }
+    let config = base.join("rabbitmq.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "listeners.tcp.local = 127.0.0.1:{}\nloopback_users = none\n",
+            node.port
+        ),
+    )
+    .unwrap();
+    let status = Command::new(format!("{SBIN}/rabbitmq-server"))
+        .arg("-detached")
+        .env("HOME", home)
+        .env("RABBITMQ_NODENAME", &node.name)
+        .env("RABBITMQ_CONFIG_FILE", &config)
+        .env("RABBITMQ_CONF_ENV_FILE", "/dev/null")
+        .env("RABBITMQ_DIST_PORT", free_port().to_string())
+        .env("RABBITMQ_MNESIA_BASE", base.join("mnesia"))
+        .env("RABBITMQ_LOG_BASE", base.join("log"))
+        .env(
+            "RABBITMQ_ENABLED_PLUGINS_FILE",
+            home.join("enabled_plugins"),
+        )
+        .env("RABBITMQ_PLUGINS_EXPAND_DIR", base.join("plugins"))
+        .env("ERL_EPMD_ADDRESS", "127.0.0.1")
+        .status()
+        .expect("rabbitmq-server starts");
+    assert!(
+        status.success(),
+        "rabbitmq-server -detached for {}",
+        node.name
+    );
+}
+
+/// One installation on the cluster: an agent per page, the coordinator and a worker.
+struct Site {
+    db: Database,
+    install: Installation,
+    conn: PgConnection,
+    addr: String,
+    ready: Vec<u16>,
+    services: Vec<Process>,
+    _dir: TempDir,
+}
+
+/// The pages the runs propose a description for, one agent each.
+const PAGES: [i64; 6] = [12, 13, 14, 15, 17, 21];
+
+impl Site {
+    async fn new(cluster: &Cluster) -> Site {
+        let dir = TempDir::new();
+        let db = Database::create("cluster").await;
+        let install = Installation {
+            database_url: db.url(),
+            queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+        };
+        let mut site = Site {
+            conn: PgConnection::connect(&db.url()).await.unwrap(),
+            db,
+            install,
+            addr: cluster.addr(),
+            ready: vec![],
+            services: vec![],
+            _dir: dir,
+        };
+        site.countersign(&["migrate", "--with-content"]);
+        site.countersign(&["seed-demo-site"]);
+        for uid in PAGES {
+            let script = site._dir.json(
+                &format!("script-{uid}.json"),
+                &json!({"turns": [
+                    {"content": "A description.", "tool_calls": [
+                        {"name": "update_page_metadata",
+                         "arguments": {"uid": uid, "description": "Bicycles for every road."}}]},
+                    {"content": "Done."}]}),
+            );
+            let agent = site._dir.json(
+                &format!("agent-{uid}.json"),
+                &json!({
+                    "name": format!("page-{uid}"),
+                    "model": {"provider": "scripted", "script": script},
+                    "policy": {"allowed_groups": ["content", "editing"],
+                               "enabled_tools": ["update_page_metadata"]},
+                    "max_iterations": 4, "four_eyes": true, "approval_deadline_secs": 3600
+                }),
+            );
+            site.countersign(&["agents", "put", &agent]);
+        }
+        site.countersign(&["producers", "allow", "guest", "acting-user", "*"]);
+        site.countersign(&["producers", "allow", "guest", "approver", "*"]);
+        for binary in ["countersign-coordinator", "countersign-worker"] {
+            let port = free_port();
+            let http = format!("127.0.0.1:{port}");
+            let mut args = vec!["--http-addr", http.as_str()];
+            if binary == "countersign-worker" {
+                args.extend(["--poll-interval-secs", "1"]);
+            }
+            site.services.push(
+                site.install
+                    .spawn_env(binary, &args, &[("AMQP_ADDR", &site.addr)]),
+            );
+            site.ready.push(port);
+        }
+        site
+    }
+
+    /// `countersign ARGS` on the cluster, which must succeed; its stdout.
+    fn countersign(&self, args: &[&str]) -> String {
+        let out = self
+            .install
+            .command("countersign")
+            .env("AMQP_ADDR", &self.addr)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "countersign {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn submit(&self, uid: i64) -> String {
+        let out = self.countersign(&[
+            "submit",
+            "--agent",
+            &format!("page-{uid}"),
+            "--as",
+            "editor",
+            "Describe the page.",
+        ]);
+        out.split_whitespace().nth(1).unwrap().to_owned()
+    }
+
+    async fn approve(&mut self, run_id: &str) {
+        wait_for_card(&mut self.conn, run_id, 1, secs(90)).await;
+        let digest = run_row(&mut self.conn, run_id).await["turn_digest"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let out = self.countersign(&[
+            "decide",
+            run_id,
+            "--seq",
+            "1",
+            "--digest",
+            &digest,
+            "--as",
+            "admin",
+            "--approve",
+        ]);
+        assert!(out.contains("decision accepted"), "{out}");
+    }
+
+    /// How long until both services answer `/readyz` 200 again.
+    async fn time_to_ready(&self, since: Instant) -> Duration {
+        let deadline = since + secs(60);
+        for port in &self.ready {
+            while !http_get(*port, "/readyz").is_some_and(|(s, _)| s.contains("200")) {
+                assert!(
+                    Instant::now() < deadline,
+                    "not ready on :{port} within 60 s"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        since.elapsed()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_the_leaders_node_stop(
+) {
+    if !Path::new(SBIN).join("rabbitmq-server").exists() {
+        eprintln!("skipped: no rabbitmq-server at {SBIN} to start a cluster with");
+        return;
+    }
+    let cluster = Cluster::start();
+    let mut site = Site::new(&cluster).await;
+    site.time_to_ready(Instant::now()).await;
+
+    // Two runs before any fault, waiting for approval.
+    let mut runs: Vec<String> = PAGES[..2].iter().map(|uid| site.submit(*uid)).collect();
+    for run_id in &runs {
+        wait_for_card(&mut site.conn, run_id, 1, secs(90)).await;
+    }
+
+    // The services connect to node 1 first: stop it. Approvals and new runs go on through
+    // nodes 2 and 3.
+    let stopped = Instant::now();
+    cluster.ctl(&cluster.nodes[0], &["stop_app"]);
+    let first = site.time_to_ready(stopped).await;
+    println!("node 1 stopped: both services ready again after {first:?}");
+    for run_id in &runs {
+        site.approve(run_id).await;
+    }
+    runs.extend(PAGES[2..4].iter().map(|uid| site.submit(*uid)));
+    for run_id in &runs[2..4] {
+        site.approve(run_id).await;
+    }
+
+    // Node 1 back; then the node leading the decisions queue stops, mid-run.
+    cluster.ctl(&cluster.nodes[0], &["start_app"]);
+    cluster.await_startup(&cluster.nodes[0]);
+    let decisions = format!("{}.decisions", site.install.queue_prefix);
+    let leader = cluster.leader_of(&cluster.nodes[1], &decisions);
+    runs.extend(PAGES[4..].iter().map(|uid| site.submit(*uid)));
+    for run_id in &runs[4..] {
+        wait_for_card(&mut site.conn, run_id, 1, secs(90)).await;
+    }
+    let stopped = Instant::now();
+    cluster.ctl(&cluster.nodes[leader], &["stop_app"]);
+    let second = site.time_to_ready(stopped).await;
+    println!(
+        "node {} (the decisions queue's leader) stopped: both services ready again after {second:?}",
+        leader + 1
+    );
+    for run_id in &runs[4..] {
+        site.approve(run_id).await;
+    }
+
+    // Every run completed with its one write, after its approval; nothing is left unpublished.
+    for run_id in &runs {
+        wait_for_status(&mut site.conn, run_id, "completed", secs(90)).await;
+    }
+    let writes = count(
+        &mut site.conn,
+        "SELECT count(*) FROM run_events WHERE kind = 'tool_write'",
+    )
+    .await;
+    let journaled = count(&mut site.conn, "SELECT count(*) FROM run_journal").await;
+    let unapproved = count(
+        &mut site.conn,
+        "SELECT count(*) FROM run_events w WHERE w.kind = 'tool_write' AND NOT EXISTS (
+             SELECT 1 FROM run_events d WHERE d.run_id = w.run_id
+             AND d.kind = 'decision.accepted' AND d.sequence < w.sequence)",
+    )
+    .await;
+    let described = count(
+        &mut site.conn,
+        "SELECT count(*) FROM content.pages WHERE description = 'Bicycles for every road.'",
+    )
+    .await;
+    println!(
+        "runs {} · writes {writes} (journaled {journaled}, lost {}, duplicated {}) · unapproved {unapproved} · pages described {described}",
+        runs.len(),
+        (runs.len() as i64 - journaled).max(0),
+        (writes - runs.len() as i64).max(0),
+    );
+    let expected = runs.len() as i64;
+    assert_eq!(
+        (writes, journaled, unapproved),
+        (expected, expected, 0),
+        "one write per run, none lost, none duplicated, none unapproved"
+    );
+    let outbox = &mut site.conn;
+    countersign_e2e::wait_until("every event published", secs(30), async || {
+        (count(
+            outbox,
+            "SELECT count(*) FROM event_outbox WHERE published_at IS NULL",
+        )
+        .await
+            == 0)
+            .then_some(())
+    })
+    .await;
+    println!("events lost 0: every outbox row published");
+    assert!(
+        first < secs(30) && second < secs(30),
+        "{first:?} {second:?}"
+    );
+
+    drop(site.services);
+    drop(site.conn);
+    site.db.remove().await.unwrap();
+}
