@@ -9,14 +9,22 @@
 //!     "pass_env": ["NOTES_TOKEN"],
 //!     "data_class": "editor_content",
 //!     "effects": { "append_line": "non_idempotent_write" }
+//!   },
+//!   "tickets": {
+//!     "url": "https://tickets.internal/mcp",
+//!     "data_class": "personal_data"
 //!   }
 //! }
 //! ```
 //!
-//! Every binary reads the same file, because the worker that runs a call and the coordinator
-//! that gates its approval must know the same tools. A server's process gets only the
-//! variables its entry names (`env`, and `pass_env` copied from countersign's own environment)
-//! besides `PATH`, `HOME`, `LANG` and `TZ`: never the keyring or a database URL.
+//! An entry names exactly one transport: `command`, a process countersign starts and speaks
+//! to over stdio, or `url`, a streamable HTTP endpoint someone else runs. Every binary reads
+//! the same file, because the worker that runs a call and the coordinator that gates its
+//! approval must know the same tools. A server's process gets only the variables its entry
+//! names (`env`, and `pass_env` copied from countersign's own environment) besides `PATH`,
+//! `HOME`, `LANG` and `TZ`: never the keyring or a database URL. A `url` server is sent a
+//! bearer secret of its own, from `COUNTERSIGN_TOOL_SECRET_<NAME>` as a remote tool server is,
+//! and never a process environment, so `env`, `pass_env` and `cwd` are refused beside `url`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,8 +41,13 @@ use crate::McpError;
 pub struct McpServerEntry {
     #[serde(skip)]
     name: String,
-    /// The program and its arguments, started with stdio as the transport.
+    /// The program and its arguments, started with stdio as the transport; empty for a `url`
+    /// server.
+    #[serde(default)]
     pub command: Vec<String>,
+    /// The streamable HTTP endpoint of a server countersign does not start.
+    #[serde(default)]
+    pub url: Option<String>,
     /// Variables set for the server's process.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -59,9 +72,26 @@ pub struct McpServerEntry {
     pub admin_only: bool,
 }
 
+/// How countersign reaches a server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport<'a> {
+    /// A process started with this program and arguments, spoken to over stdio.
+    Stdio(&'a [String]),
+    /// A streamable HTTP endpoint.
+    Http(&'a str),
+}
+
 impl McpServerEntry {
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// How the server is reached: an entry read from a servers file names exactly one way.
+    pub fn transport(&self) -> Transport<'_> {
+        match &self.url {
+            Some(url) => Transport::Http(url),
+            None => Transport::Stdio(&self.command),
+        }
     }
 
     /// The group its tools sit in.
@@ -85,8 +115,13 @@ impl McpServerEntry {
         if !usable {
             return Err(McpError::InvalidServerName(self.name.clone()));
         }
-        if self.command.first().is_none_or(|c| c.trim().is_empty()) {
-            return Err(bad("`command` names no program"));
+        match (&self.url, self.command.is_empty()) {
+            (Some(_), false) => return Err(bad("both `command` and `url` are given")),
+            (Some(url), true) => self.check_url(url)?,
+            (None, _) if self.command.first().is_none_or(|c| c.trim().is_empty()) => {
+                return Err(bad("`command` names no program (or give a `url`)"));
+            }
+            (None, _) => {}
         }
         if self.group.as_deref().is_some_and(str::is_empty) {
             return Err(bad("`group` is empty"));
@@ -98,6 +133,26 @@ impl McpServerEntry {
             .find(|v| !valid_variable(v))
         {
             return Err(bad(&format!("`{v}` is not a variable name")));
+        }
+        Ok(())
+    }
+
+    /// A `url` is checked as a remote tool server's base URL is, and no process setting may
+    /// come with it: there is no process to apply it to.
+    fn check_url(&self, url: &str) -> Result<(), McpError> {
+        let bad = |reason: &str| McpError::BadConfiguration(format!("{}: {reason}", self.name));
+        countersign_remote::ServerEntry::new(&self.name, url)
+            .map_err(|e| bad(&format!("`url`: {e}")))?;
+        for (given, field) in [
+            (!self.env.is_empty(), "env"),
+            (!self.pass_env.is_empty(), "pass_env"),
+            (self.cwd.is_some(), "cwd"),
+        ] {
+            if given {
+                return Err(bad(&format!(
+                    "`{field}` is for a `command` server; a `url` server runs elsewhere"
+                )));
+            }
         }
         Ok(())
     }
@@ -117,6 +172,7 @@ pub fn parse_servers(text: &str) -> Result<Vec<McpServerEntry>, McpError> {
         .into_iter()
         .map(|(name, mut entry)| {
             entry.name = name;
+            entry.url = entry.url.map(|url| url.trim().to_owned());
             entry.check().map(|()| entry)
         })
         .collect()
@@ -150,6 +206,23 @@ mod tests {
         assert_eq!(servers[0].group(), "mcp_notes");
         assert_eq!(servers[0].data_class(), DataClass::SecretAdjacent);
         assert_eq!(servers[0].effects["a"], Effect::ReadOnly);
+        assert_eq!(
+            servers[0].transport(),
+            Transport::Stdio(&["python3".to_owned(), "n.py".to_owned()])
+        );
+    }
+
+    #[test]
+    fn a_url_entry_is_a_streamable_http_server() {
+        let servers = parse_servers(
+            r#"{"tickets": {"url": " https://tickets.internal:8443/mcp ", "group": "t"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            servers[0].transport(),
+            Transport::Http("https://tickets.internal:8443/mcp")
+        );
+        assert_eq!(servers[0].group(), "t");
     }
 
     #[test]
@@ -170,6 +243,37 @@ mod tests {
                 "bad_configuration",
             ),
             (r#"["notes"]"#, "bad_configuration"),
+            (r#"{"notes": {}}"#, "bad_configuration"),
+            (
+                r#"{"notes": {"command": ["x"], "url": "http://h/mcp"}}"#,
+                "bad_configuration",
+            ),
+            (r#"{"notes": {"url": "ftp://h/mcp"}}"#, "bad_configuration"),
+            (r#"{"notes": {"url": "/mcp"}}"#, "bad_configuration"),
+            (
+                r#"{"notes": {"url": "https://u:p@h/mcp"}}"#,
+                "bad_configuration",
+            ),
+            (
+                r#"{"notes": {"url": "https://h/mcp?a=1"}}"#,
+                "bad_configuration",
+            ),
+            (
+                r#"{"notes": {"url": "https://h/mcp#a"}}"#,
+                "bad_configuration",
+            ),
+            (
+                r#"{"notes": {"url": "https://h/mcp", "env": {"A": "1"}}}"#,
+                "bad_configuration",
+            ),
+            (
+                r#"{"notes": {"url": "https://h/mcp", "pass_env": ["A"]}}"#,
+                "bad_configuration",
+            ),
+            (
+                r#"{"notes": {"url": "https://h/mcp", "cwd": "/tmp"}}"#,
+                "bad_configuration",
+            ),
         ] {
             assert_eq!(parse_servers(text).unwrap_err().code(), code, "{text}");
         }

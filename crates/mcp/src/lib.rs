@@ -1,9 +1,10 @@
 //! Tools from MCP servers behind the countersign (`docs/mcp-tools.md`).
 //!
-//! Each configured server ([`config`]) is a process countersign starts and supervises
-//! ([`server`]), spoken to over stdio with the official client, `rmcp`. Discovery is
-//! `tools/list`, once at start-up; each listed tool becomes a [`Tool`] of the registry, in the
-//! server's own group, and the loop, the comparator and the card treat it like any other:
+//! Each configured server ([`config`]) is spoken to with the official client, `rmcp`, over
+//! stdio — a process countersign starts — or over streamable HTTP ([`http`]), and its session
+//! is supervised and renewed ([`server`]). Discovery is `tools/list`, once at start-up; each
+//! listed tool becomes a [`Tool`] of the registry, in the server's own group, and the loop,
+//! the comparator and the card treat it like any other:
 //!
 //! - its **effect** comes from its annotations: `readOnlyHint: true` is a read; otherwise it is
 //!   a write, idempotent with `idempotentHint: true`, and non-idempotent without — a tool with
@@ -33,13 +34,15 @@ use countersign_core::{
     DataClass, Effect, ExecContext, Principal, Tool, ToolError, ToolOutput, ToolPreview,
     ToolRegistry, ToolSpec,
 };
+use countersign_remote::Trust;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject};
 use serde_json::{json, Value};
 
 pub mod config;
+pub mod http;
 pub mod server;
 
-pub use config::{parse_servers, read_servers_file, McpServerEntry};
+pub use config::{parse_servers, read_servers_file, McpServerEntry, Transport};
 pub use server::{CallError, McpServer};
 
 /// The `_meta` key of a writing tool naming its preview tool.
@@ -63,6 +66,8 @@ pub enum McpError {
     InvalidServerName(String),
     #[error("the MCP servers file {path} cannot be read: {reason}")]
     ServersFile { path: String, reason: String },
+    #[error("the secret of MCP server {server} is not set (variable {variable})")]
+    SecretMissing { server: String, variable: String },
     #[error("discovery at MCP server {server} failed ({code})")]
     Discovery { server: String, code: &'static str },
     #[error("tool {0} is offered twice")]
@@ -75,6 +80,7 @@ impl McpError {
             McpError::BadConfiguration(_) => "bad_configuration",
             McpError::InvalidServerName(_) => "invalid_server_name",
             McpError::ServersFile { .. } => "servers_file_unreadable",
+            McpError::SecretMissing { .. } => "secret_missing",
             McpError::Discovery { code, .. } => code,
             McpError::DuplicateTool(_) => "duplicate_tool",
         }
@@ -88,17 +94,20 @@ pub struct Registered {
     pub server: String,
 }
 
-/// Starts each of `servers`, lists its tools and registers them; a server's `pass_env`
-/// variables are read with `variable`. A tool named like one already registered is refused: an
-/// MCP tool never silently replaces another. Returns what was registered, in order.
+/// Opens a session with each of `servers`, lists its tools and registers them. A `command`
+/// server's `pass_env` variables and a `url` server's secret are read with `variable`; a `url`
+/// server's certificate (over `https://`) is verified against `trust`. A tool named like one
+/// already registered is refused: an MCP tool never silently replaces another. Returns what
+/// was registered, in order.
 pub async fn register_servers(
     registry: &mut ToolRegistry,
     servers: Vec<McpServerEntry>,
+    trust: &Trust,
     variable: impl Fn(&str) -> Option<String>,
 ) -> Result<Vec<Registered>, McpError> {
     let mut registered = Vec::new();
     for entry in servers {
-        let server = Arc::new(McpServer::new(entry, &variable));
+        let server = Arc::new(McpServer::new(entry, trust, &variable)?);
         for tool in discover(&server).await? {
             let name = tool.spec.name.clone();
             if registry.get(&name).is_some() {
@@ -217,7 +226,7 @@ impl McpTool {
     /// What a call's failure to get an answer leaves it as.
     fn failure(&self, e: &CallError) -> ToolError {
         match e {
-            CallError::NotSent => ToolError::unavailable(e.code(), e),
+            CallError::NotSent | CallError::Unauthorized => ToolError::unavailable(e.code(), e),
             CallError::Lost if self.spec.effect == Effect::NonIdempotentWrite => {
                 ToolError::outcome_unknown(e.code(), e)
             }
@@ -452,7 +461,8 @@ mod tests {
 
     #[test]
     fn a_lost_answer_is_unknown_only_for_a_non_idempotent_write() {
-        let server = Arc::new(McpServer::new(entry("{}"), |_| None));
+        let server =
+            Arc::new(McpServer::new(entry("{}"), &Trust::new(None).unwrap(), |_| None).unwrap());
         let tool = |effect| McpTool {
             spec: ToolSpec {
                 name: "t".into(),
@@ -479,10 +489,12 @@ mod tests {
             ));
         }
         for effect in [Effect::NonIdempotentWrite, Effect::ReadOnly] {
-            assert!(matches!(
-                tool(effect).failure(&CallError::NotSent),
-                ToolError::Unavailable { .. }
-            ));
+            for not_sent in [CallError::NotSent, CallError::Unauthorized] {
+                assert!(matches!(
+                    tool(effect).failure(&not_sent),
+                    ToolError::Unavailable { .. }
+                ));
+            }
             assert!(matches!(
                 tool(effect).failure(&CallError::Protocol("x".into())),
                 ToolError::Broken { .. }

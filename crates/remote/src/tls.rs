@@ -77,7 +77,8 @@ impl Trust {
         self.extra_roots
     }
 
-    pub(crate) fn client_config(&self) -> ClientConfig {
+    /// The rustls configuration that verifies against these roots, for a client of its own.
+    pub fn client_config(&self) -> ClientConfig {
         ClientConfig::clone(&self.config)
     }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use countersign_core::{LocalWriters, ToolRegistry, UserDirectory};
+use countersign_remote::Trust;
 use countersign_store::{FencedWrite, Store, TableUsers};
 
 pub use crate::settings::{environment, ContentStore, ToolSettings};
@@ -49,9 +50,10 @@ impl Tools {
 }
 
 /// This deployment's tools and users, the content store's writing to `store`, as `settings`
-/// say; each remote server's secret from the process [`environment`]. With the content store
-/// on, its schema must be in `store`'s database: without it this fails at once, naming the fix,
-/// rather than at the first call of one of its tools.
+/// say; the secret of each remote server and MCP `url` server from the process
+/// [`environment`], and one [`Trust`] for every certificate. With the content store on, its
+/// schema must be in `store`'s database: without it this fails at once, naming the fix, rather
+/// than at the first call of one of its tools.
 pub async fn tools(store: &Store, settings: &ToolSettings) -> anyhow::Result<Tools> {
     let content_store = settings.content_store;
     let mut registry = ToolRegistry::new();
@@ -74,20 +76,27 @@ pub async fn tools(store: &Store, settings: &ToolSettings) -> anyhow::Result<Too
     let servers = settings
         .servers()
         .context("reading the tool server settings")?;
+    let mcp = settings
+        .mcp_servers()
+        .context("reading the MCP servers file")?;
+    // One set of roots for every server reached over https://, remote or MCP. A deployment
+    // with neither never reads the CA file, so a stale setting of it breaks nothing there.
+    let reaches_servers = !servers.is_empty() || mcp.iter().any(|m| m.url.is_some());
+    let trust = if reaches_servers {
+        settings
+            .trust()
+            .context("loading the tool servers' CA file")?
+    } else {
+        Trust::new(None)?
+    };
     let servers = if servers.is_empty() {
         Vec::new()
     } else {
-        let trust = settings
-            .trust()
-            .context("loading the tool servers' CA file")?;
         countersign_remote::register_servers(&mut registry, &servers, &trust, environment)
             .await
             .context("discovering the remote tool servers")?
     };
-    let mcp = settings
-        .mcp_servers()
-        .context("reading the MCP servers file")?;
-    let mcp = countersign_mcp::register_servers(&mut registry, mcp, environment)
+    let mcp = countersign_mcp::register_servers(&mut registry, mcp, &trust, environment)
         .await
         .context("discovering the MCP servers' tools")?;
     let origins = servers
