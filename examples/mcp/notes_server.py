@@ -1,8 +1,11 @@
 """An MCP tool server behind countersign's countersign: notes, kept in one JSON file.
 
 Run over stdio (countersign starts it: `python notes_server.py`) or streamable HTTP
-(`python notes_server.py --http 127.0.0.1:8765`). NOTES_FILE names the file (default
-notes.json beside this script). Tools:
+(`python notes_server.py --http 127.0.0.1:8765`, the endpoint `/mcp`; port 0 picks a free
+one). Over HTTP it prints `listening on http://HOST:PORT` once it listens, and when NOTES_TOKEN
+is set it answers 401 to every request without `Authorization: Bearer $NOTES_TOKEN` (the
+secret countersign sends from COUNTERSIGN_TOOL_SECRET_<NAME>). NOTES_FILE names the file
+(default notes.json beside this script). Tools:
 
 - read_note: a read (readOnlyHint), never gated;
 - set_note: an idempotent write (idempotentHint) whose preview is preview_set_note; it
@@ -20,8 +23,10 @@ for writes `countersign/run_id`, `countersign/idempotency_key`, `countersign/lea
 when it can be compared, `countersign/shown_preview` (the lines the approver saw).
 """
 
+import hmac
 import json
 import os
+import socket
 import sys
 import time
 
@@ -151,9 +156,48 @@ def count_visit(name: str) -> str:
     return finish(data, None, f"Note {name} has {visits[name]} visit(s).")
 
 
+def require_bearer(app, token: str):
+    """The ASGI app `app`, refusing every HTTP request that does not carry the bearer token."""
+    expected = f"Bearer {token}".encode()
+
+    async def guarded(scope, receive, send):
+        if scope["type"] == "http":
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, expected):
+                await send({
+                    "type": "http.response.start",
+                    "status": 401,
+                    "headers": [(b"content-type", b"text/plain"), (b"www-authenticate", b"Bearer")],
+                })
+                await send({"type": "http.response.body", "body": b"a bearer token is required\n"})
+                return
+        await app(scope, receive, send)
+
+    return guarded
+
+
+def serve_http(address: str) -> None:
+    """Streamable HTTP on HOST:PORT. The socket is bound here, with SO_REUSEADDR so that a server
+    started again takes the same port at once, and the port it got is printed before serving."""
+    import uvicorn
+
+    host, port = address.rsplit(":", 1)
+    app = server.streamable_http_app(host=host)
+    token = os.environ.get("NOTES_TOKEN")
+    if token:
+        app = require_bearer(app, token)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, int(port)))
+    sock.listen(128)
+    print(f"listening on http://{host}:{sock.getsockname()[1]}", flush=True)
+    # Nothing more on stdout (no access log): whoever read the line may have stopped reading.
+    config = uvicorn.Config(app, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[sock])
+
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
-        host, port = sys.argv[2].rsplit(":", 1)
-        server.run("streamable-http", host=host, port=int(port))
+        serve_http(sys.argv[2])
     else:
         server.run()

@@ -1,7 +1,7 @@
 //! Tools from MCP servers end to end: the example notes server (`examples/mcp/notes_server.py`,
 //! the official `mcp` SDK for Python, pinned by `scripts/mcp-example.sh`), started over stdio
-//! by each binary from the file `COUNTERSIGN_MCP_SERVERS_FILE` names, with the real
-//! coordinator, worker and reaper.
+//! by each binary from the file `COUNTERSIGN_MCP_SERVERS_FILE` names — or run by the test over
+//! streamable HTTP, behind a bearer secret — with the real coordinator, worker and reaper.
 //!
 //! - One turn of a built-in write, a remote wiki write and two MCP writes suspends with every
 //!   preview; a colleague's change of the notes file bounces the approval with the MCP call
@@ -15,9 +15,15 @@
 //!   decided without a preview.
 //! - `countersign tools list` and `tools check` see the MCP tools; `check` passes the example's
 //!   previews and fails a server whose preview reads the clock.
+//! - Over streamable HTTP: the same turn suspends, bounces on a colleague's change and writes
+//!   once; the server restarted while the run waits and again after it applied a write (every
+//!   session is gone with it): new sessions are opened and the idempotent write lands once; a
+//!   wrong or missing secret keeps the binaries from starting, naming the server, and the
+//!   secret is never printed.
 
-use std::path::PathBuf;
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 
 use countersign_core::RunId;
@@ -45,37 +51,123 @@ fn mcp_python() -> PathBuf {
     python
 }
 
-/// The notes the example server keeps, in a file of the test's own, and the MCP servers file
-/// that starts it.
+/// The bearer secret the notes server over HTTP requires.
+const NOTES_TOKEN: &str = "notes-bearer-4f1c9a";
+
+/// How the binaries reach the notes server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Over {
+    /// Each binary starts it as a child process.
+    Stdio,
+    /// The test runs it, and the binaries reach it over streamable HTTP with the secret.
+    Http,
+}
+
+/// The notes server run by the test over streamable HTTP, on a port that stays its own across
+/// restarts.
+struct HttpNotes {
+    child: Child,
+    port: u16,
+    file: PathBuf,
+    slow: PathBuf,
+}
+
+impl HttpNotes {
+    /// The server on `port` (0: one it picks), once it listens.
+    fn start(file: &Path, slow: &Path, port: u16) -> HttpNotes {
+        let mut child = Command::new(mcp_python())
+            .arg(workspace_file("examples/mcp/notes_server.py"))
+            .args(["--http", &format!("127.0.0.1:{port}")])
+            .env("NOTES_FILE", file)
+            .env("NOTES_SLOW_FILE", slow)
+            .env("NOTES_TOKEN", NOTES_TOKEN)
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the example's python runs the notes server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening on http://127.0.0.1:")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the notes server says where it listens: {line:?}"));
+        HttpNotes {
+            child,
+            port,
+            file: file.to_owned(),
+            slow: slow.to_owned(),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// Kills the server, as a crash does, and starts it again on the same port: every session
+    /// it knew is gone.
+    fn restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        *self = HttpNotes::start(&self.file, &self.slow, self.port);
+    }
+}
+
+impl Drop for HttpNotes {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The notes the example server keeps, in a file of the test's own, the server when the test
+/// runs it, and the MCP servers file that names it.
 struct Notes {
     file: PathBuf,
     slow: PathBuf,
     servers_file: PathBuf,
+    http: Option<HttpNotes>,
 }
 
 impl Notes {
-    fn new(dir: &TempDir, notes: &Value) -> Notes {
+    fn new(dir: &TempDir, notes: &Value, over: Over) -> Notes {
         let file = dir.0.join("notes.json");
         let slow = dir.0.join("slow");
         std::fs::write(&file, json!({ "notes": notes, "applied": {} }).to_string()).unwrap();
         let python = mcp_python();
-        let servers = json!({
-            "notes": {
-                "command": [python, workspace_file("examples/mcp/notes_server.py")],
-                "env": { "NOTES_FILE": file, "NOTES_SLOW_FILE": slow },
-                "data_class": "editor_content"
-            },
-            "unfit": {
-                "command": [python, workspace_file("tests/e2e/mcp_unfit_server.py")],
-                "data_class": "public"
-            }
-        });
+        let http = (over == Over::Http).then(|| HttpNotes::start(&file, &slow, 0));
+        let servers = match &http {
+            Some(http) => json!({
+                "notes": { "url": http.url(), "data_class": "editor_content" }
+            }),
+            None => json!({
+                "notes": {
+                    "command": [python, workspace_file("examples/mcp/notes_server.py")],
+                    "env": { "NOTES_FILE": file, "NOTES_SLOW_FILE": slow },
+                    "data_class": "editor_content"
+                },
+                "unfit": {
+                    "command": [python, workspace_file("tests/e2e/mcp_unfit_server.py")],
+                    "data_class": "public"
+                }
+            }),
+        };
         let servers_file = PathBuf::from(dir.json("mcp-servers.json", &servers));
         Notes {
             file,
             slow,
             servers_file,
+            http,
         }
+    }
+
+    /// The server the test runs over HTTP, killed and started again on its port.
+    fn restart(&mut self) {
+        self.http
+            .as_mut()
+            .expect("the test runs the server")
+            .restart();
     }
 
     /// What the server holds now (its file is replaced atomically on every change).
@@ -117,8 +209,18 @@ struct Site {
 
 impl Site {
     async fn new(tag: &str, notes: Value, turns: Vec<Value>, wiki: bool) -> Site {
+        Site::build(tag, notes, turns, wiki, Over::Stdio).await
+    }
+
+    /// A site whose notes server the test runs over streamable HTTP, the binaries given its
+    /// secret.
+    async fn over_http(tag: &str, notes: Value, turns: Vec<Value>) -> Site {
+        Site::build(tag, notes, turns, false, Over::Http).await
+    }
+
+    async fn build(tag: &str, notes: Value, turns: Vec<Value>, wiki: bool, over: Over) -> Site {
         let dir = TempDir::new();
-        let notes = Notes::new(&dir, &notes);
+        let notes = Notes::new(&dir, &notes, over);
         let wiki = wiki.then(|| WikiServer::start(&dir, &json!({ "home": ["Welcome."] }), &[]));
         let mut script: Vec<Value> = turns
             .into_iter()
@@ -148,6 +250,9 @@ impl Site {
             "COUNTERSIGN_MCP_SERVERS_FILE",
             notes.servers_file.to_string_lossy().into_owned(),
         )];
+        if over == Over::Http {
+            env.push(("COUNTERSIGN_TOOL_SECRET_NOTES", NOTES_TOKEN.to_owned()));
+        }
         if let Some(wiki) = &wiki {
             env.push(("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url)));
             env.push(("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()));
@@ -375,12 +480,13 @@ async fn an_mcp_turn_with_built_in_and_remote_writes_suspends_bounces_on_a_colle
 }
 
 /// A site whose run proposes `call`, waiting on card 1 with its digest, and the worker.
-async fn waiting_on(tag: &str, call: Value) -> (Site, Vec<Process>, String, String) {
-    let mut site = Site::new(
+async fn waiting_on(tag: &str, call: Value, over: Over) -> (Site, Vec<Process>, String, String) {
+    let mut site = Site::build(
         tag,
         json!({ "hours": "9-18", "log": "Started." }),
         vec![json!([call])],
         false,
+        over,
     )
     .await;
     let services = vec![
@@ -426,7 +532,8 @@ async fn kill_the_server_after_it_applied(
 
 #[tokio::test]
 async fn an_mcp_server_killed_mid_write_is_started_again_and_the_idempotent_write_lands_once() {
-    let (mut site, services, run_id, digest) = waiting_on("mcp_kill_idem", set_hours()).await;
+    let (mut site, services, run_id, digest) =
+        waiting_on("mcp_kill_idem", set_hours(), Over::Stdio).await;
     let key = format!("{run_id}:1:0");
     kill_the_server_after_it_applied(&site, &services[1], &run_id, &digest, |notes| {
         notes["applied"].get(&key).is_some()
@@ -455,7 +562,8 @@ async fn an_mcp_server_killed_mid_write_is_started_again_and_the_idempotent_writ
 #[tokio::test]
 async fn an_append_whose_answer_was_lost_with_its_mcp_server_is_an_unknown_outcome_never_sent_again(
 ) {
-    let (mut site, services, run_id, digest) = waiting_on("mcp_kill_append", append_log()).await;
+    let (mut site, services, run_id, digest) =
+        waiting_on("mcp_kill_append", append_log(), Over::Stdio).await;
     kill_the_server_after_it_applied(&site, &services[1], &run_id, &digest, |notes| {
         notes["notes"]["log"] == "Started.\nOpened."
     })
@@ -568,5 +676,143 @@ async fn tools_list_and_check_see_mcp_tools_and_check_fails_a_preview_that_reads
     ]);
     assert!(!ok, "{out}");
     assert!(err.contains("tools check stamp"), "{err}");
+    site.finish(vec![]).await;
+}
+
+#[tokio::test]
+async fn an_mcp_turn_over_streamable_http_suspends_bounces_on_a_colleagues_change_and_writes_once()
+{
+    let mut site = Site::over_http(
+        "mcp_http_turn",
+        json!({ "hours": "9-18", "log": "Started." }),
+        vec![json!([set_hours(), append_log()])],
+    )
+    .await;
+    let services = vec![
+        site.spawn("countersign-coordinator", &[]),
+        site.spawn("countersign-worker", &[]),
+    ];
+
+    // The run suspends on card 1 with the server's own previews, asked for over HTTP.
+    let run_id = site.submit();
+    wait_for_card(&mut site.conn, &run_id, 1, secs(90)).await;
+    let (previews, stale) = site.card(&run_id).await;
+    assert_eq!(lines(&previews, 0), vec![r#"note hours: "9-18" → "9-17""#]);
+    assert_eq!(
+        lines(&previews, 1),
+        vec![r#"note log: 1 line(s) → 2, appended last: "Opened.""#]
+    );
+    assert_eq!(stale, json!([]));
+    let digest = site.digest(&run_id).await;
+
+    // A colleague's change of the hours bounces the approval: nothing is written, and card 2
+    // marks set_note moved.
+    site.notes.colleague_sets("hours", "8-18");
+    site.approve(&run_id, 1, &digest);
+    wait_for_card(&mut site.conn, &run_id, 2, secs(60)).await;
+    let (previews, stale) = site.card(&run_id).await;
+    assert_eq!(stale, json!([0]));
+    assert_eq!(lines(&previews, 0), vec![r#"note hours: "8-18" → "9-17""#]);
+    let notes = site.notes.state();
+    assert_eq!(notes["applied"], json!({}), "{notes}");
+    assert_eq!(notes["notes"]["log"], "Started.", "{notes}");
+    assert_eq!(site.tool_writes(&run_id).await, 0);
+
+    // The re-approval writes each call once, set_note under the key of its call.
+    site.approve(&run_id, 2, &digest);
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(90)).await;
+    let notes = site.notes.state();
+    assert_eq!(notes["notes"]["hours"], "9-17", "{notes}");
+    assert_eq!(notes["notes"]["log"], "Started.\nOpened.", "{notes}");
+    assert_eq!(
+        notes["applied"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect::<Vec<_>>(),
+        vec![&format!("{run_id}:2:0")],
+        "{notes}"
+    );
+    assert_eq!(site.tool_writes(&run_id).await, 2, "every write is audited");
+    site.finish(services).await;
+}
+
+#[tokio::test]
+async fn an_http_mcp_server_restarted_while_the_run_waits_and_mid_write_gets_new_sessions_and_the_write_lands_once(
+) {
+    let (mut site, services, run_id, digest) =
+        waiting_on("mcp_http_restart", set_hours(), Over::Http).await;
+
+    // Restarted while the run waits: the sessions of the worker and the coordinator are gone
+    // with it, and the approval's previews go through new ones.
+    site.notes.restart();
+    let key = format!("{run_id}:1:0");
+    site.notes.slow_writes();
+    site.approve(&run_id, 1, &digest);
+    let notes = &site.notes;
+    wait_until("the server applied the write", secs(60), async || {
+        notes.state()["applied"].get(&key).map(|_| ())
+    })
+    .await;
+
+    // Killed after it applied the write and before it answered, and started again: the lost
+    // answer interrupts the segment, whose retry sends the call again under its key in a new
+    // session, and the server answers from its record.
+    site.notes.fast_writes();
+    site.notes.restart();
+    wait_for_status(&mut site.conn, &run_id, "completed", secs(90)).await;
+    let notes = site.notes.state();
+    assert_eq!(notes["notes"]["hours"], "9-17");
+    assert_eq!(
+        notes["applied"].as_object().unwrap().len(),
+        1,
+        "applied once: {notes}"
+    );
+    assert_eq!(site.tool_writes(&run_id).await, 1);
+    site.finish(services).await;
+}
+
+#[tokio::test]
+async fn a_wrong_or_missing_secret_of_an_http_mcp_server_keeps_the_binaries_from_starting_and_is_never_shown(
+) {
+    const WRONG: &str = "not-the-notes-secret-77d2";
+    let mut site = Site::over_http("mcp_http_secret", json!({ "hours": "9-18" }), vec![]).await;
+    assert!(site.countersign_ok(&["tools", "list"]).contains("set_note"));
+
+    for (value, says) in [
+        (
+            Some(WRONG),
+            "discovery at MCP server notes failed (mcp_unauthorized)",
+        ),
+        (
+            None,
+            "the secret of MCP server notes is not set (variable COUNTERSIGN_TOOL_SECRET_NOTES)",
+        ),
+    ] {
+        site.env
+            .retain(|(k, _)| *k != "COUNTERSIGN_TOOL_SECRET_NOTES");
+        if let Some(value) = value {
+            site.env
+                .push(("COUNTERSIGN_TOOL_SECRET_NOTES", value.to_owned()));
+        }
+        let (ok, out, err) = site.countersign(&["tools", "list"]);
+        assert!(!ok, "{out}");
+        assert!(err.contains(says), "{err}");
+        let worker = site
+            .install
+            .command("countersign-worker")
+            .envs(site.env.iter().map(|(k, v)| (*k, v.as_str())))
+            .output()
+            .unwrap();
+        let worker_err = String::from_utf8_lossy(&worker.stderr);
+        assert!(!worker.status.success(), "{worker_err}");
+        assert!(worker_err.contains(says), "{worker_err}");
+        for shown in [&out, &err, &worker_err.to_string()] {
+            assert!(
+                !shown.contains(WRONG) && !shown.contains(NOTES_TOKEN),
+                "{shown}"
+            );
+        }
+    }
     site.finish(vec![]).await;
 }
