@@ -257,6 +257,33 @@ async fn click(browser: &Client, css: &str) {
         .unwrap();
 }
 
+/// The coordinator, a worker and `countersign-api` of `install`, once the API is ready: its
+/// port, and the processes (stopped when dropped).
+async fn start_services(install: &Installation) -> (u16, Vec<countersign_e2e::Process>) {
+    let api_port = free_port();
+    let ready_port = free_port();
+    let services = vec![
+        install.spawn("countersign-coordinator", &[]),
+        install.spawn("countersign-worker", &["--poll-interval-secs", "1"]),
+        install.spawn(
+            "countersign-api",
+            &[
+                "--listen",
+                &format!("127.0.0.1:{api_port}"),
+                "--http-addr",
+                &format!("127.0.0.1:{ready_port}"),
+            ],
+        ),
+    ];
+    for _ in 0..100 {
+        if http_get(ready_port, "/readyz").is_some_and(|(s, _)| s.contains("200")) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (api_port, services)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_reloads() {
     let db = Database::create("inbox").await;
@@ -313,25 +340,7 @@ async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_
         "the list shows no secret: {listed}"
     );
 
-    let api_port = free_port();
-    let ready_port = free_port();
-    let _coordinator = install.spawn("countersign-coordinator", &[]);
-    let _worker = install.spawn("countersign-worker", &["--poll-interval-secs", "1"]);
-    let _api = install.spawn(
-        "countersign-api",
-        &[
-            "--listen",
-            &format!("127.0.0.1:{api_port}"),
-            "--http-addr",
-            &format!("127.0.0.1:{ready_port}"),
-        ],
-    );
-    for _ in 0..100 {
-        if http_get(ready_port, "/readyz").is_some_and(|(s, _)| s.contains("200")) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let (api_port, _services) = start_services(&install).await;
     let base = format!("http://127.0.0.1:{api_port}");
 
     // The editor's run request, through the API.
@@ -700,19 +709,7 @@ async fn an_approver_decides_a_queue_of_three_cards_with_the_keyboard_alone() {
         .countersign_ok(&["tokens", "create", "--for", "admin", "--label", "e2e"])
         .trim()
         .to_owned();
-    let api_port = free_port();
-    let ready_port = free_port();
-    let _coordinator = install.spawn("countersign-coordinator", &[]);
-    let _worker = install.spawn("countersign-worker", &["--poll-interval-secs", "1"]);
-    let _api = install.spawn(
-        "countersign-api",
-        &[
-            "--listen",
-            &format!("127.0.0.1:{api_port}"),
-            "--http-addr",
-            &format!("127.0.0.1:{ready_port}"),
-        ],
-    );
+    let (api_port, _services) = start_services(&install).await;
     let mut conn = PgConnection::connect(&db.url()).await.unwrap();
     let runs: Vec<String> = [12, 13, 14]
         .into_iter()
@@ -720,12 +717,6 @@ async fn an_approver_decides_a_queue_of_three_cards_with_the_keyboard_alone() {
         .collect();
     for run_id in &runs {
         wait_for(&mut conn, run_id, "waiting_for_approval", Some(1)).await;
-    }
-    for _ in 0..100 {
-        if http_get(ready_port, "/readyz").is_some_and(|(s, _)| s.contains("200")) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let base = format!("http://127.0.0.1:{api_port}");
     let driver = Chromedriver::start().await;
