@@ -16,10 +16,10 @@
 //! - `countersign tools list` and `tools check` see the MCP tools; `check` passes the example's
 //!   previews and fails a server whose preview reads the clock.
 //! - Over streamable HTTP: the same turn suspends, bounces on a colleague's change and writes
-//!   once; the server restarted while the run waits and again after it applied a write (every
-//!   session is gone with it): new sessions are opened and the idempotent write lands once; a
-//!   wrong or missing secret keeps the binaries from starting, naming the server, and the
-//!   secret is never printed.
+//!   once; the server restarted while the run waits and again after it applied a write, down
+//!   for a while (every session is gone with it): new sessions are opened, the reaper requeues
+//!   the segment that gave up, and the idempotent write lands once; a wrong or missing secret
+//!   keeps the binaries from starting, naming the server, and the secret is never printed.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -105,11 +105,12 @@ impl HttpNotes {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
-    /// Kills the server, as a crash does, and starts it again on the same port: every session
-    /// it knew is gone.
-    fn restart(&mut self) {
+    /// Kills the server, as a crash does, and starts it again on the same port after `down`:
+    /// every session it knew is gone.
+    fn restart(&mut self, down: std::time::Duration) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
+        std::thread::sleep(down);
         *self = HttpNotes::start(&self.file, &self.slow, self.port);
     }
 }
@@ -162,12 +163,12 @@ impl Notes {
         }
     }
 
-    /// The server the test runs over HTTP, killed and started again on its port.
-    fn restart(&mut self) {
+    /// The server the test runs over HTTP, killed and started again on its port after `down`.
+    fn restart(&mut self, down: std::time::Duration) {
         self.http
             .as_mut()
             .expect("the test runs the server")
-            .restart();
+            .restart(down);
     }
 
     /// What the server holds now (its file is replaced atomically on every change).
@@ -479,7 +480,8 @@ async fn an_mcp_turn_with_built_in_and_remote_writes_suspends_bounces_on_a_colle
     site.finish(services).await;
 }
 
-/// A site whose run proposes `call`, waiting on card 1 with its digest, and the worker.
+/// A site whose run proposes `call`, waiting on card 1 with its digest, and its services (the
+/// worker second).
 async fn waiting_on(tag: &str, call: Value, over: Over) -> (Site, Vec<Process>, String, String) {
     let mut site = Site::build(
         tag,
@@ -489,10 +491,29 @@ async fn waiting_on(tag: &str, call: Value, over: Over) -> (Site, Vec<Process>, 
         over,
     )
     .await;
-    let services = vec![
-        site.spawn("countersign-coordinator", &[]),
-        site.spawn("countersign-worker", &["--poll-interval-secs", "1"]),
-    ];
+    let mut services = vec![site.spawn("countersign-coordinator", &[])];
+    if over == Over::Stdio {
+        services.push(site.spawn("countersign-worker", &["--poll-interval-secs", "1"]));
+    } else {
+        // A server the test runs may be down for longer than a segment retries in process:
+        // then the segment is left to the reaper, which requeues the run once its (short)
+        // lease has expired.
+        services.push(site.spawn(
+            "countersign-worker",
+            &["--poll-interval-secs", "1", "--lease-ttl-secs", "6"],
+        ));
+        services.push(site.spawn(
+            "countersign-reaper",
+            &[
+                "--every",
+                "1",
+                "--backoff-secs",
+                "0",
+                "--dispatch-grace-secs",
+                "0",
+            ],
+        ));
+    }
     let run_id = site.submit();
     wait_for_card(&mut site.conn, &run_id, 1, secs(90)).await;
     let digest = site.digest(&run_id).await;
@@ -745,7 +766,7 @@ async fn an_http_mcp_server_restarted_while_the_run_waits_and_mid_write_gets_new
 
     // Restarted while the run waits: the sessions of the worker and the coordinator are gone
     // with it, and the approval's previews go through new ones.
-    site.notes.restart();
+    site.notes.restart(secs(0));
     let key = format!("{run_id}:1:0");
     site.notes.slow_writes();
     site.approve(&run_id, 1, &digest);
@@ -755,11 +776,12 @@ async fn an_http_mcp_server_restarted_while_the_run_waits_and_mid_write_gets_new
     })
     .await;
 
-    // Killed after it applied the write and before it answered, and started again: the lost
-    // answer interrupts the segment, whose retry sends the call again under its key in a new
-    // session, and the server answers from its record.
+    // Killed after it applied the write and before it answered, and down for longer than the
+    // segment retries in process: the lost answer, then the refused connections, leave the
+    // segment to the reaper, whose requeue sends the call again under its key in a new session,
+    // and the server answers from its record.
     site.notes.fast_writes();
-    site.notes.restart();
+    site.notes.restart(secs(4));
     wait_for_status(&mut site.conn, &run_id, "completed", secs(90)).await;
     let notes = site.notes.state();
     assert_eq!(notes["notes"]["hours"], "9-17");
