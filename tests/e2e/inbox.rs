@@ -275,12 +275,13 @@ async fn start_services(install: &Installation) -> (u16, Vec<countersign_e2e::Pr
             ],
         ),
     ];
-    for _ in 0..100 {
-        if http_get(ready_port, "/readyz").is_some_and(|(s, _)| s.contains("200")) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The whole suite shares two cores: the API may take a while to be ready.
+    countersign_e2e::wait_until("the API is ready", Duration::from_secs(90), async || {
+        http_get(ready_port, "/readyz")
+            .is_some_and(|(s, _)| s.contains("200"))
+            .then_some(())
+    })
+    .await;
     (api_port, services)
 }
 
