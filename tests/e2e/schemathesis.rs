@@ -67,12 +67,13 @@ async fn the_api_answers_generated_requests_only_as_its_openapi_document_says() 
             "1000000",
         ],
     );
-    for _ in 0..100 {
-        if http_get(ready_port, "/readyz").is_some_and(|(s, _)| s.contains("200")) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The whole suite shares two cores: the API may take a while to be ready.
+    countersign_e2e::wait_until("the API is ready", Duration::from_secs(90), async || {
+        http_get(ready_port, "/readyz")
+            .is_some_and(|(s, _)| s.contains("200"))
+            .then_some(())
+    })
+    .await;
 
     // Its example database in a directory of its own, not the working tree.
     let scratch = std::env::temp_dir().join(format!("countersign-schemathesis-{}", Uuid::now_v7()));

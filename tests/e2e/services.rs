@@ -31,14 +31,15 @@ async fn next_event(events: &mut Consumer, name: &str, run_id: &str) -> Value {
     }
 }
 
+/// The first answer on `port`; within a minute, as the whole suite shares two cores.
 async fn wait_http(port: u16, path: &str) -> (String, String) {
-    for _ in 0..100 {
+    for _ in 0..600 {
         if let Some(answer) = http_get(port, path) {
             return answer;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("nothing answered on port {port}");
+    panic!("nothing answered on port {port} within 60 s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
