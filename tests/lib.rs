@@ -815,3 +815,41 @@ pub async fn approve_through_queue(
     );
     wait_for_sql(conn, "the approval is accepted", secs(30), &accepted).await;
 }
+
+/// The run's suspended state, opened with the tests' keyring.
+pub async fn sealed_state(database_url: &str, run_id: &str) -> serde_json::Value {
+    let pool = sqlx::PgPool::connect(database_url).await.unwrap();
+    let keys = countersign_crypto::Keyring::parse(KEYS).unwrap();
+    let store = countersign_store::Store::new(pool.clone(), std::sync::Arc::new(keys));
+    let bytes = store
+        .load_state(countersign_core::RunId::parse(run_id).unwrap())
+        .await
+        .unwrap();
+    pool.close().await;
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// How many `tool_write` audit events the run has: one for every write that landed.
+pub async fn tool_writes(conn: &mut sqlx::PgConnection, run_id: &str) -> i64 {
+    count(
+        conn,
+        &format!("SELECT count(*) FROM run_events WHERE run_id = '{run_id}'::uuid AND kind = 'tool_write'"),
+    )
+    .await
+}
+
+/// The lines of call `index`'s preview among a sealed state's `call_previews`; the preview
+/// must not have failed.
+pub fn preview_lines(previews: &[serde_json::Value], index: usize) -> Vec<String> {
+    let preview = previews
+        .iter()
+        .find(|p| p["index"] == index)
+        .unwrap_or_else(|| panic!("no preview of call {index}: {previews:?}"));
+    assert_eq!(preview["failed"], false, "{preview}");
+    preview["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap().to_owned())
+        .collect()
+}

@@ -24,15 +24,12 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 
-use countersign_core::RunId;
-use countersign_crypto::Keyring;
+use countersign_e2e::preview_lines as lines;
 use countersign_e2e::{
-    count, run_row, secs, wait_for_card, wait_for_status, wait_until, workspace_file, Database,
-    Installation, Process, TempDir, KEYS,
+    run_row, secs, wait_for_card, wait_for_status, wait_until, workspace_file, Database,
+    Installation, Process, TempDir,
 };
-use countersign_store::Store;
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
@@ -339,14 +336,7 @@ impl Site {
 
     /// The call previews and stale indexes of the run's current card, from its sealed state.
     async fn card(&self, run_id: &str) -> (Vec<Value>, Value) {
-        let pool = sqlx::PgPool::connect(&self.db.url()).await.unwrap();
-        let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
-        let bytes = store
-            .load_state(RunId::parse(run_id).unwrap())
-            .await
-            .unwrap();
-        pool.close().await;
-        let state: Value = serde_json::from_slice(&bytes).unwrap();
+        let state = countersign_e2e::sealed_state(&self.db.url(), run_id).await;
         let previews = state["call_previews"]
             .as_array()
             .cloned()
@@ -355,11 +345,7 @@ impl Site {
     }
 
     async fn tool_writes(&mut self, run_id: &str) -> i64 {
-        count(
-            &mut self.conn,
-            &format!("SELECT count(*) FROM run_events WHERE run_id = '{run_id}'::uuid AND kind = 'tool_write'"),
-        )
-        .await
+        countersign_e2e::tool_writes(&mut self.conn, run_id).await
     }
 
     async fn finish(self, services: Vec<Process>) {
@@ -369,20 +355,6 @@ impl Site {
         countersign_e2e::delete_topology(&self.install.queue_prefix).await;
         self.db.remove().await.unwrap();
     }
-}
-
-fn lines(previews: &[Value], index: usize) -> Vec<String> {
-    let preview = previews
-        .iter()
-        .find(|p| p["index"] == index)
-        .unwrap_or_else(|| panic!("no preview of call {index}: {previews:?}"));
-    assert_eq!(preview["failed"], false, "{preview}");
-    preview["lines"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap().to_owned())
-        .collect()
 }
 
 fn set_hours() -> Value {

@@ -23,15 +23,12 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 
-use countersign_core::RunId;
-use countersign_crypto::Keyring;
+use countersign_e2e::preview_lines as lines;
 use countersign_e2e::{
     count, run_row, secs, wait_for_card, wait_for_sql, wait_for_status, wait_until, workspace_file,
-    Installation, Process, TempDir, KEYS,
+    Installation, Process, TempDir,
 };
-use countersign_store::Store;
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
@@ -289,23 +286,12 @@ impl Site {
 
     /// The run's suspended state, opened.
     async fn sealed_state(&self, run_id: &str) -> Value {
-        let pool = sqlx::PgPool::connect(&self.db.url()).await.unwrap();
-        let store = Store::new(pool.clone(), Arc::new(Keyring::parse(KEYS).unwrap()));
-        let bytes = store
-            .load_state(RunId::parse(run_id).unwrap())
-            .await
-            .unwrap();
-        pool.close().await;
-        serde_json::from_slice(&bytes).unwrap()
+        countersign_e2e::sealed_state(&self.db.url(), run_id).await
     }
 
     /// How many `tool_write` audit events the run has: one for every write that landed.
     async fn tool_writes(&mut self, run_id: &str) -> i64 {
-        count(
-            &mut self.conn,
-            &format!("SELECT count(*) FROM run_events WHERE run_id = '{run_id}'::uuid AND kind = 'tool_write'"),
-        )
-        .await
+        countersign_e2e::tool_writes(&mut self.conn, run_id).await
     }
 
     /// A colleague's edit of the content store in plain SQL, on a connection of its own.
@@ -379,20 +365,6 @@ impl Site {
 /// One absolute write: the page `about`, which does not exist yet, set to one line.
 fn set_about() -> Value {
     json!([{ "name": "set_page", "arguments": { "page": "about", "text": "We repair bicycles." } }])
-}
-
-fn lines(previews: &[Value], index: usize) -> Vec<String> {
-    let preview = previews
-        .iter()
-        .find(|p| p["index"] == index)
-        .unwrap_or_else(|| panic!("no preview of call {index}: {previews:?}"));
-    assert_eq!(preview["failed"], false, "{preview}");
-    preview["lines"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|l| l.as_str().unwrap().to_owned())
-        .collect()
 }
 
 async fn wait_for_held_executes(wiki: &WikiServer, n: usize) {

@@ -29,7 +29,6 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::common::http_header::{
     EVENT_STREAM_MIME_TYPE, HEADER_LAST_EVENT_ID, HEADER_SESSION_ID, JSON_MIME_TYPE,
@@ -130,23 +129,9 @@ impl HttpClient {
     /// A client sending `secret` as its bearer token, verifying certificates against `trust`;
     /// `None` when the secret cannot be sent in a header.
     pub fn new(secret: &str, trust: &Trust) -> Option<HttpClient> {
-        let mut authorization = HeaderValue::from_str(&format!("Bearer {secret}")).ok()?;
-        authorization.set_sensitive(true);
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(trust.client_config())
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-            .build(connector);
         Some(HttpClient {
-            client,
-            authorization,
+            client: trust.https_client(Some(CONNECT_TIMEOUT), POOL_IDLE_TIMEOUT),
+            authorization: countersign_remote::tls::bearer(secret)?,
         })
     }
 

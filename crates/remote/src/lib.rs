@@ -35,7 +35,6 @@ use hyper::{Method, Request, StatusCode, Uri};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -291,21 +290,9 @@ impl RemoteToolServer {
         trust: &Trust,
     ) -> Result<Self, RemoteError> {
         let base = config::base_url(name, url)?;
-        let mut authorization =
-            HeaderValue::from_str(&format!("Bearer {}", secret.expose_secret()))
-                .map_err(|_| RemoteError::BadConfiguration(format!("secret of {name}")))?;
-        authorization.set_sensitive(true);
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(trust.client_config())
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .build(connector);
+        let authorization = tls::bearer(secret.expose_secret())
+            .ok_or_else(|| RemoteError::BadConfiguration(format!("secret of {name}")))?;
+        let client = trust.https_client(None, Duration::from_secs(30));
         Ok(RemoteToolServer {
             name: name.to_owned(),
             base,

@@ -10,6 +10,15 @@
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::header::HeaderValue;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
@@ -77,10 +86,40 @@ impl Trust {
         self.extra_roots
     }
 
-    /// The rustls configuration that verifies against these roots, for a client of its own.
-    pub fn client_config(&self) -> ClientConfig {
+    /// The rustls configuration that verifies against these roots.
+    pub(crate) fn client_config(&self) -> ClientConfig {
         ClientConfig::clone(&self.config)
     }
+
+    /// A pooled HTTP/1 client for a tool server, `http://` or `https://` with its certificate
+    /// verified against these roots: the one client the remote tools and the MCP servers
+    /// reached over the network use.
+    pub fn https_client(
+        &self,
+        connect_timeout: Option<Duration>,
+        pool_idle_timeout: Duration,
+    ) -> Client<HttpsConnector<HttpConnector>, Full<Bytes>> {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_connect_timeout(connect_timeout);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(self.client_config())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(pool_idle_timeout)
+            .build(connector)
+    }
+}
+
+/// The `Authorization: Bearer` header of `secret`, marked sensitive so that it is never
+/// printed; `None` when the secret cannot be sent in a header.
+pub fn bearer(secret: &str) -> Option<HeaderValue> {
+    let mut value = HeaderValue::from_str(&format!("Bearer {secret}")).ok()?;
+    value.set_sensitive(true);
+    Some(value)
 }
 
 /// Whether `error`, or an error it was caused by, is a TLS failure (the handshake, the

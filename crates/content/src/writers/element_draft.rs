@@ -17,7 +17,7 @@ use crate::records::{column, Element, Named, Page};
 use crate::refusals::{named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::move_element::{check_content_page, check_neighbour, Column};
-use crate::writers::{place, ReadBack};
+use crate::writers::{place, text_lines, ReadBack};
 
 pub(crate) const NAME: &str = "create_content_element_draft";
 
@@ -177,30 +177,27 @@ impl Writer for CreateElementDraft {
     }
 
     fn preview(&self, plan: &ElementDraftPlan) -> Vec<PreviewLine> {
-        let lines: Vec<String> = {
-            let text = |f: &str| quote_excerpt(plan.fields.get(f).map_or("", String::as_str));
-            vec![
-                format!(
-                    "New content element on {}",
-                    named("page", plan.page.uid, &plan.page.label)
-                ),
-                format!("type: {}", plan.ctype),
-                format!("header: {}", text("header")),
-                format!("bodytext: {}", text("bodytext")),
-                format!(
-                    "position: column {}, {}",
-                    plan.column,
-                    place(
-                        plan.index,
-                        plan.existing.len() + 1,
-                        plan.after.as_ref(),
-                        "content element"
-                    )
-                ),
-                HIDDEN_LINE.to_owned(),
-            ]
-        };
-        lines.into_iter().map(PreviewLine::from).collect()
+        let text = |f: &str| quote_excerpt(plan.fields.get(f).map_or("", String::as_str));
+        text_lines(vec![
+            format!(
+                "New content element on {}",
+                named("page", plan.page.uid, &plan.page.label)
+            ),
+            format!("type: {}", plan.ctype),
+            format!("header: {}", text("header")),
+            format!("bodytext: {}", text("bodytext")),
+            format!(
+                "position: column {}, {}",
+                plan.column,
+                place(
+                    plan.index,
+                    plan.existing.len() + 1,
+                    plan.after.as_ref(),
+                    "content element"
+                )
+            ),
+            HIDDEN_LINE.to_owned(),
+        ])
     }
 
     async fn apply(

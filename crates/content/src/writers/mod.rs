@@ -15,6 +15,11 @@ use countersign_core::{LineForm, PreviewLine, ToolOutput};
 use crate::records::Named;
 use crate::refusals::named;
 
+/// Preview lines that are text only.
+pub(crate) fn text_lines(lines: Vec<String>) -> Vec<PreviewLine> {
+    lines.into_iter().map(PreviewLine::from).collect()
+}
+
 /// The preview line of a field set from `old` to `new` (`field: "old" → "new"`), with the pair
 /// as its form for a card's word diff; `ungranted` when the acting user may not write it.
 pub(crate) fn change_line(field: &str, old: &str, new: &str, ungranted: bool) -> PreviewLine {

@@ -17,7 +17,7 @@ use crate::datahandler::DataHandler;
 use crate::records::{column, Element, Named, Page};
 use crate::refusals::{draft_workspace, named, ELEMENT_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
-use crate::writers::{place, ReadBack};
+use crate::writers::{place, text_lines, ReadBack};
 
 pub(crate) const NAME: &str = "move_content_element";
 /// Columns are numbered from 0; no layout has anywhere near this many.
@@ -232,34 +232,31 @@ impl Writer for MoveElement {
     }
 
     fn preview(&self, plan: &MovePlan) -> Vec<PreviewLine> {
-        let lines: Vec<String> = {
-            let mut lines = vec![
-                named("Content element", plan.element.uid, &plan.element.header),
-                format!(
-                    "from: {}, column {}, position {} of {}",
-                    named("page", plan.from_page.uid, &plan.from_page.label),
-                    plan.element.colpos,
-                    plan.from_index + 1,
-                    plan.from_total
-                ),
-                format!(
-                    "to: {}, column {}, position {}",
-                    named("page", plan.to_page.uid, &plan.to_page.label),
-                    plan.column,
-                    place(
-                        plan.to_index,
-                        plan.order.len(),
-                        plan.after.as_ref(),
-                        "content element"
-                    )
-                ),
-            ];
-            if plan.translations > 0 {
-                lines.push(format!("translations: {} move with it", plan.translations));
-            }
-            lines
-        };
-        lines.into_iter().map(PreviewLine::from).collect()
+        let mut lines = vec![
+            named("Content element", plan.element.uid, &plan.element.header),
+            format!(
+                "from: {}, column {}, position {} of {}",
+                named("page", plan.from_page.uid, &plan.from_page.label),
+                plan.element.colpos,
+                plan.from_index + 1,
+                plan.from_total
+            ),
+            format!(
+                "to: {}, column {}, position {}",
+                named("page", plan.to_page.uid, &plan.to_page.label),
+                plan.column,
+                place(
+                    plan.to_index,
+                    plan.order.len(),
+                    plan.after.as_ref(),
+                    "content element"
+                )
+            ),
+        ];
+        if plan.translations > 0 {
+            lines.push(format!("translations: {} move with it", plan.translations));
+        }
+        text_lines(lines)
     }
 
     async fn apply(

@@ -16,7 +16,7 @@ use crate::datahandler::{DataHandler, Fields, NewPage};
 use crate::records::{subpages, Named, Page};
 use crate::refusals::{draft_workspace, named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
-use crate::writers::{place, ReadBack};
+use crate::writers::{place, text_lines, ReadBack};
 
 pub(crate) const NAME: &str = "create_page_draft";
 /// The standard page type.
@@ -160,28 +160,25 @@ impl Writer for CreatePageDraft {
     }
 
     fn preview(&self, plan: &PageDraftPlan) -> Vec<PreviewLine> {
-        let lines: Vec<String> = {
-            let text = |f: &str| quote_excerpt(plan.fields.get(f).map_or("", String::as_str));
-            vec![
-                format!(
-                    "New standard page in the default language under {}",
-                    named("page", plan.parent.uid, &plan.parent.label)
-                ),
-                format!("title: {}", text("title")),
-                format!("navigation title: {}", text("nav_title")),
-                format!(
-                    "position: {}",
-                    place(
-                        plan.index,
-                        plan.existing.len() + 1,
-                        plan.after.as_ref(),
-                        "page"
-                    )
-                ),
-                HIDDEN_LINE.to_owned(),
-            ]
-        };
-        lines.into_iter().map(PreviewLine::from).collect()
+        let text = |f: &str| quote_excerpt(plan.fields.get(f).map_or("", String::as_str));
+        text_lines(vec![
+            format!(
+                "New standard page in the default language under {}",
+                named("page", plan.parent.uid, &plan.parent.label)
+            ),
+            format!("title: {}", text("title")),
+            format!("navigation title: {}", text("nav_title")),
+            format!(
+                "position: {}",
+                place(
+                    plan.index,
+                    plan.existing.len() + 1,
+                    plan.after.as_ref(),
+                    "page"
+                )
+            ),
+            HIDDEN_LINE.to_owned(),
+        ])
     }
 
     async fn apply(

@@ -25,7 +25,7 @@ use crate::refusals::{
     draft_workspace, named, ELEMENT_NOT_PERMITTED, HIDDEN_LINE, PAGE_NOT_PERMITTED,
 };
 use crate::writer::{Planned, Refusal, Subject, Writer};
-use crate::writers::ReadBack;
+use crate::writers::{text_lines, ReadBack};
 
 pub(crate) const NAME: &str = "create_translation_draft";
 const MAX_LANGUAGE: i64 = 9999;
@@ -530,56 +530,53 @@ impl Writer for CreateTranslationDraft {
     }
 
     fn preview(&self, plan: &TranslationPlan) -> Vec<PreviewLine> {
-        let lines: Vec<String> = {
-            let kind = plan.table.kind();
-            let mut lines = Vec::new();
-            match &plan.source {
-                Source::Page(page) => {
-                    lines.push(format!(
-                        "New translation of {} into {}, copied from the default language:",
-                        named("page", page.uid, &page.title),
-                        plan.language_name()
-                    ));
-                    for field in PAGE_METADATA_FIELDS {
-                        let value = plan.fields.get(field).map_or("", String::as_str);
-                        if field == "title" || !value.trim().is_empty() {
-                            lines.push(format!("{field}: {}", quote_excerpt(value)));
-                        }
-                    }
-                }
-                Source::Element {
-                    element,
-                    references,
-                } => {
-                    lines.push(format!(
-                        "New translation of {} on page [{}] into {}, copied from the default language:",
-                        named("content element", element.uid, &element.header),
-                        element.pid,
-                        plan.language_name()
-                    ));
-                    lines.push(format!("type: {}", element.ctype));
-                    lines.push(format!("header: {}", quote_excerpt(&element.header)));
-                    lines.push(format!("bodytext: {}", quote_excerpt(&element.bodytext)));
-                    if !references.is_empty() {
-                        let per_field: Vec<String> = references
-                            .iter()
-                            .map(|(field, n)| format!("{n} in {field}"))
-                            .collect();
-                        lines.push(format!("file references copied: {}", per_field.join(", ")));
-                    }
-                }
-            }
-            for old in &plan.discarded {
+        let kind = plan.table.kind();
+        let mut lines = Vec::new();
+        match &plan.source {
+            Source::Page(page) => {
                 lines.push(format!(
-                    "DISCARDS the existing translation {}: it is marked deleted and replaced by this \
-                     copy",
-                    named(kind, old.uid, &old.label)
+                    "New translation of {} into {}, copied from the default language:",
+                    named("page", page.uid, &page.title),
+                    plan.language_name()
                 ));
+                for field in PAGE_METADATA_FIELDS {
+                    let value = plan.fields.get(field).map_or("", String::as_str);
+                    if field == "title" || !value.trim().is_empty() {
+                        lines.push(format!("{field}: {}", quote_excerpt(value)));
+                    }
+                }
             }
-            lines.push(HIDDEN_LINE.to_owned());
-            lines
-        };
-        lines.into_iter().map(PreviewLine::from).collect()
+            Source::Element {
+                element,
+                references,
+            } => {
+                lines.push(format!(
+                    "New translation of {} on page [{}] into {}, copied from the default language:",
+                    named("content element", element.uid, &element.header),
+                    element.pid,
+                    plan.language_name()
+                ));
+                lines.push(format!("type: {}", element.ctype));
+                lines.push(format!("header: {}", quote_excerpt(&element.header)));
+                lines.push(format!("bodytext: {}", quote_excerpt(&element.bodytext)));
+                if !references.is_empty() {
+                    let per_field: Vec<String> = references
+                        .iter()
+                        .map(|(field, n)| format!("{n} in {field}"))
+                        .collect();
+                    lines.push(format!("file references copied: {}", per_field.join(", ")));
+                }
+            }
+        }
+        for old in &plan.discarded {
+            lines.push(format!(
+                "DISCARDS the existing translation {}: it is marked deleted and replaced by this \
+                 copy",
+                named(kind, old.uid, &old.label)
+            ));
+        }
+        lines.push(HIDDEN_LINE.to_owned());
+        text_lines(lines)
     }
 
     async fn apply(
