@@ -257,15 +257,19 @@ async fn click(browser: &Client, css: &str) {
         .unwrap();
 }
 
-/// The coordinator, a worker and `countersign-api` of `install`, once the API is ready: its
-/// port, and the processes (stopped when dropped).
+/// The coordinator, a worker and `countersign-api` of `install`, once the API answers on its
+/// own port: that port, and the processes (stopped when dropped). A free port can be taken by
+/// another test between its choice and the API's bind, so an API that exits is started again
+/// on other ports.
 async fn start_services(install: &Installation) -> (u16, Vec<countersign_e2e::Process>) {
-    let api_port = free_port();
-    let ready_port = free_port();
-    let services = vec![
+    let mut services = vec![
         install.spawn("countersign-coordinator", &[]),
         install.spawn("countersign-worker", &["--poll-interval-secs", "1"]),
-        install.spawn(
+    ];
+    for _ in 0..3 {
+        let api_port = free_port();
+        let ready_port = free_port();
+        let mut api = install.spawn(
             "countersign-api",
             &[
                 "--listen",
@@ -273,16 +277,22 @@ async fn start_services(install: &Installation) -> (u16, Vec<countersign_e2e::Pr
                 "--http-addr",
                 &format!("127.0.0.1:{ready_port}"),
             ],
-        ),
-    ];
-    // The whole suite shares two cores: the API may take a while to be ready.
-    countersign_e2e::wait_until("the API is ready", Duration::from_secs(90), async || {
-        http_get(ready_port, "/readyz")
-            .is_some_and(|(s, _)| s.contains("200"))
-            .then_some(())
-    })
-    .await;
-    (api_port, services)
+        );
+        // The whole suite shares two cores: the API may take a while to answer.
+        let answered =
+            countersign_e2e::wait_until("the API answers", Duration::from_secs(90), async || {
+                if api.exited().is_some() {
+                    return Some(false);
+                }
+                http_get(api_port, "/inbox/sign-in").map(|_| true)
+            })
+            .await;
+        if answered {
+            services.push(api);
+            return (api_port, services);
+        }
+    }
+    panic!("countersign-api did not start on three pairs of free ports");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
