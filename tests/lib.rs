@@ -788,6 +788,71 @@ pub fn fault_page_model(request: &serde_json::Value) -> Option<serde_json::Value
     })
 }
 
+/// Six live pages of the demo site that `editor` may write, one [`page_agent`] each. The first
+/// three are leaves, none on another's rootline: writes to them do not wait for each other.
+pub const WRITABLE_PAGES: [i64; 6] = [12, 13, 15, 10, 14, 40];
+
+/// The description the [`page_agent`]s propose.
+pub const PAGE_DESCRIPTION: &str = "Bicycles for every road.";
+
+/// Writes to `dir` the agent `page-UID`, whose scripted model proposes [`PAGE_DESCRIPTION`] for
+/// page `uid` (one write, four-eyes) and then finishes; the agent file's path.
+pub fn page_agent(dir: &TempDir, uid: i64) -> String {
+    let script = dir.json(
+        &format!("script-{uid}.json"),
+        &serde_json::json!({"turns": [
+            {"content": "A description.", "tool_calls": [
+                {"name": "update_page_metadata",
+                 "arguments": {"uid": uid, "description": PAGE_DESCRIPTION}}]},
+            {"content": "Done."}]}),
+    );
+    dir.json(
+        &format!("agent-{uid}.json"),
+        &serde_json::json!({
+            "name": format!("page-{uid}"),
+            "model": {"provider": "scripted", "script": script},
+            "policy": {"allowed_groups": ["content", "editing"],
+                       "enabled_tools": ["update_page_metadata"]},
+            "max_iterations": 4, "four_eyes": true, "approval_deadline_secs": 3600
+        }),
+    )
+}
+
+/// Asserts that each of the `runs` [`page_agent`] runs in the database wrote its page once,
+/// after its approval: one `tool_write` event and one journal row per run, none before a
+/// `decision.accepted`, and every page described. Prints the tally.
+pub async fn assert_written_once(conn: &mut sqlx::PgConnection, runs: usize) {
+    let writes = count(
+        conn,
+        "SELECT count(*) FROM run_events WHERE kind = 'tool_write'",
+    )
+    .await;
+    let journaled = count(conn, "SELECT count(*) FROM run_journal").await;
+    let unapproved = count(
+        conn,
+        "SELECT count(*) FROM run_events w WHERE w.kind = 'tool_write' AND NOT EXISTS (
+             SELECT 1 FROM run_events d WHERE d.run_id = w.run_id
+             AND d.kind = 'decision.accepted' AND d.sequence < w.sequence)",
+    )
+    .await;
+    let described = count(
+        conn,
+        &format!("SELECT count(*) FROM content.pages WHERE description = '{PAGE_DESCRIPTION}'"),
+    )
+    .await;
+    let expected = runs as i64;
+    println!(
+        "runs {runs} · writes {writes} (journaled {journaled}, lost {}, duplicated {}) · unapproved {unapproved} · pages described {described}",
+        (expected - journaled).max(0),
+        (writes - expected).max(0),
+    );
+    assert_eq!(
+        (writes, journaled, unapproved, described),
+        (expected, expected, 0, expected),
+        "one write per run, none lost, none duplicated, none unapproved"
+    );
+}
+
 /// The turn digest of the run's current card.
 pub async fn turn_digest(conn: &mut sqlx::PgConnection, run_id: &str) -> String {
     run_row(conn, run_id).await["turn_digest"]

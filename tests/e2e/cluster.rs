@@ -13,10 +13,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use countersign_e2e::{
-    count, free_port, http_get, run_row, secs, wait_for_card, wait_for_status, Database,
-    Installation, Process, TempDir,
+    assert_written_once, count, free_port, http_get, page_agent, run_row, secs, wait_for_card,
+    wait_for_status, Database, Installation, Process, TempDir, WRITABLE_PAGES,
 };
-use serde_json::json;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
@@ -200,9 +199,6 @@ struct Site {
     _dir: TempDir,
 }
 
-/// The pages the runs propose a description for, one agent each.
-const PAGES: [i64; 6] = [12, 13, 14, 15, 17, 21];
-
 impl Site {
     async fn new(cluster: &Cluster) -> Site {
         let dir = TempDir::new();
@@ -222,25 +218,8 @@ impl Site {
         };
         site.countersign(&["migrate", "--with-content"]);
         site.countersign(&["seed-demo-site"]);
-        for uid in PAGES {
-            let script = site._dir.json(
-                &format!("script-{uid}.json"),
-                &json!({"turns": [
-                    {"content": "A description.", "tool_calls": [
-                        {"name": "update_page_metadata",
-                         "arguments": {"uid": uid, "description": "Bicycles for every road."}}]},
-                    {"content": "Done."}]}),
-            );
-            let agent = site._dir.json(
-                &format!("agent-{uid}.json"),
-                &json!({
-                    "name": format!("page-{uid}"),
-                    "model": {"provider": "scripted", "script": script},
-                    "policy": {"allowed_groups": ["content", "editing"],
-                               "enabled_tools": ["update_page_metadata"]},
-                    "max_iterations": 4, "four_eyes": true, "approval_deadline_secs": 3600
-                }),
-            );
+        for uid in WRITABLE_PAGES {
+            let agent = page_agent(&site._dir, uid);
             site.countersign(&["agents", "put", &agent]);
         }
         site.countersign(&["producers", "allow", "guest", "acting-user", "*"]);
@@ -338,7 +317,10 @@ async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_th
     site.time_to_ready(Instant::now()).await;
 
     // Two runs before any fault, waiting for approval.
-    let mut runs: Vec<String> = PAGES[..2].iter().map(|uid| site.submit(*uid)).collect();
+    let mut runs: Vec<String> = WRITABLE_PAGES[..2]
+        .iter()
+        .map(|uid| site.submit(*uid))
+        .collect();
     for run_id in &runs {
         wait_for_card(&mut site.conn, run_id, 1, secs(90)).await;
     }
@@ -352,7 +334,7 @@ async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_th
     for run_id in &runs {
         site.approve(run_id).await;
     }
-    runs.extend(PAGES[2..4].iter().map(|uid| site.submit(*uid)));
+    runs.extend(WRITABLE_PAGES[2..4].iter().map(|uid| site.submit(*uid)));
     for run_id in &runs[2..4] {
         site.approve(run_id).await;
     }
@@ -362,7 +344,7 @@ async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_th
     cluster.await_startup(&cluster.nodes[0]);
     let decisions = format!("{}.decisions", site.install.queue_prefix);
     let leader = cluster.leader_of(&cluster.nodes[1], &decisions);
-    runs.extend(PAGES[4..].iter().map(|uid| site.submit(*uid)));
+    runs.extend(WRITABLE_PAGES[4..].iter().map(|uid| site.submit(*uid)));
     for run_id in &runs[4..] {
         wait_for_card(&mut site.conn, run_id, 1, secs(90)).await;
     }
@@ -381,36 +363,7 @@ async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_th
     for run_id in &runs {
         wait_for_status(&mut site.conn, run_id, "completed", secs(90)).await;
     }
-    let writes = count(
-        &mut site.conn,
-        "SELECT count(*) FROM run_events WHERE kind = 'tool_write'",
-    )
-    .await;
-    let journaled = count(&mut site.conn, "SELECT count(*) FROM run_journal").await;
-    let unapproved = count(
-        &mut site.conn,
-        "SELECT count(*) FROM run_events w WHERE w.kind = 'tool_write' AND NOT EXISTS (
-             SELECT 1 FROM run_events d WHERE d.run_id = w.run_id
-             AND d.kind = 'decision.accepted' AND d.sequence < w.sequence)",
-    )
-    .await;
-    let described = count(
-        &mut site.conn,
-        "SELECT count(*) FROM content.pages WHERE description = 'Bicycles for every road.'",
-    )
-    .await;
-    println!(
-        "runs {} · writes {writes} (journaled {journaled}, lost {}, duplicated {}) · unapproved {unapproved} · pages described {described}",
-        runs.len(),
-        (runs.len() as i64 - journaled).max(0),
-        (writes - runs.len() as i64).max(0),
-    );
-    let expected = runs.len() as i64;
-    assert_eq!(
-        (writes, journaled, unapproved),
-        (expected, expected, 0),
-        "one write per run, none lost, none duplicated, none unapproved"
-    );
+    assert_written_once(&mut site.conn, runs.len()).await;
     let outbox = &mut site.conn;
     countersign_e2e::wait_until("every event published", secs(30), async || {
         (count(

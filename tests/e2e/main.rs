@@ -5,6 +5,7 @@ mod cluster;
 mod data_classes;
 mod demo;
 mod deploy;
+mod failover;
 mod faults;
 mod inbox;
 mod mcp;
