@@ -87,7 +87,8 @@ impl<'u> DataHandler<'u> {
         fields: &Fields,
     ) -> Result<(), sqlx::Error> {
         let set = self.writable("pages", fields);
-        sqlx::query!(
+        execute!(
+            conn,
             r#"UPDATE content.pages SET
                    title = coalesce($2::jsonb ->> 'title', title),
                    subtitle = coalesce($2::jsonb ->> 'subtitle', subtitle),
@@ -105,9 +106,6 @@ impl<'u> DataHandler<'u> {
             uid,
             set
         )
-        .execute(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     /// Sets descriptive fields of one file metadata record.
@@ -118,7 +116,8 @@ impl<'u> DataHandler<'u> {
         fields: &Fields,
     ) -> Result<(), sqlx::Error> {
         let set = self.writable("file_metadata", fields);
-        sqlx::query!(
+        execute!(
+            conn,
             r#"UPDATE content.file_metadata SET
                    title = coalesce($2::jsonb ->> 'title', title),
                    description = coalesce($2::jsonb ->> 'description', description),
@@ -127,9 +126,6 @@ impl<'u> DataHandler<'u> {
             uid,
             set
         )
-        .execute(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     /// Creates a hidden page in the live workspace and returns its uid.
@@ -232,7 +228,8 @@ impl<'u> DataHandler<'u> {
             .collect();
         let set = self.writable("file_references", &texts);
         let keep = |f: &str| set.get(f).is_some();
-        sqlx::query!(
+        execute!(
+            conn,
             r#"INSERT INTO content.file_references
                    (element, field, file, sorting, title, alternative, description, deleted)
                SELECT $2, field, file, sorting,
@@ -249,9 +246,6 @@ impl<'u> DataHandler<'u> {
             keep("alternative"),
             keep("description")
         )
-        .execute(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     /// Puts a content element onto another page and column (its position is set by
@@ -263,15 +257,13 @@ impl<'u> DataHandler<'u> {
         pid: i64,
         colpos: i32,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query!(
+        execute!(
+            conn,
             r#"UPDATE content.elements SET pid = $2, colpos = $3 WHERE uid = $1"#,
             uid,
             pid,
             colpos
         )
-        .execute(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     /// Gives the elements of one column the sortings of `order` (top to bottom), and moves
@@ -281,15 +273,15 @@ impl<'u> DataHandler<'u> {
         conn: &mut PgConnection,
         order: &[i64],
     ) -> Result<(), sqlx::Error> {
-        sqlx::query!(
+        execute!(
+            conn,
             r#"UPDATE content.elements e SET sorting = (o.ord * 256)::integer
                FROM unnest($1::bigint[]) WITH ORDINALITY AS o (uid, ord)
                WHERE e.uid = o.uid AND e.sorting <> (o.ord * 256)::integer"#,
             order
-        )
-        .execute(&mut *conn)
-        .await?;
-        sqlx::query!(
+        )?;
+        execute!(
+            conn,
             r#"UPDATE content.elements t
                SET pid = p.pid, colpos = p.colpos, sorting = p.sorting
                FROM content.elements p
@@ -297,9 +289,6 @@ impl<'u> DataHandler<'u> {
                  AND (t.pid, t.colpos, t.sorting) IS DISTINCT FROM (p.pid, p.colpos, p.sorting)"#,
             order
         )
-        .execute(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     /// Gives the subpages of one page the sortings of `order` (menu order), and their
@@ -309,24 +298,21 @@ impl<'u> DataHandler<'u> {
         conn: &mut PgConnection,
         order: &[i64],
     ) -> Result<(), sqlx::Error> {
-        sqlx::query!(
+        execute!(
+            conn,
             r#"UPDATE content.pages p SET sorting = (o.ord * 256)::integer
                FROM unnest($1::bigint[]) WITH ORDINALITY AS o (uid, ord)
                WHERE p.uid = o.uid AND p.sorting <> (o.ord * 256)::integer"#,
             order
-        )
-        .execute(&mut *conn)
-        .await?;
-        sqlx::query!(
+        )?;
+        execute!(
+            conn,
             r#"UPDATE content.pages t SET sorting = p.sorting
                FROM content.pages p
                WHERE t.l10n_parent = p.uid AND p.uid = ANY($1) AND NOT t.deleted
                  AND t.sorting <> p.sorting"#,
             order
         )
-        .execute(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     /// Marks pages deleted (a discarded translation).
@@ -335,13 +321,11 @@ impl<'u> DataHandler<'u> {
         conn: &mut PgConnection,
         uids: &[i64],
     ) -> Result<(), sqlx::Error> {
-        sqlx::query!(
+        execute!(
+            conn,
             r#"UPDATE content.pages SET deleted = true WHERE uid = ANY($1)"#,
             uids
         )
-        .execute(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     /// Marks content elements deleted, with their file references (a discarded translation).
@@ -350,18 +334,15 @@ impl<'u> DataHandler<'u> {
         conn: &mut PgConnection,
         uids: &[i64],
     ) -> Result<(), sqlx::Error> {
-        sqlx::query!(
+        execute!(
+            conn,
             r#"UPDATE content.elements SET deleted = true WHERE uid = ANY($1)"#,
             uids
-        )
-        .execute(&mut *conn)
-        .await?;
-        sqlx::query!(
+        )?;
+        execute!(
+            conn,
             r#"UPDATE content.file_references SET deleted = true WHERE element = ANY($1)"#,
             uids
         )
-        .execute(&mut *conn)
-        .await?;
-        Ok(())
     }
 }

@@ -1,5 +1,17 @@
 #![doc = include_str!("../README.md")]
 
+/// Runs one statement, checked at compile time, for its effect only (a write, or the row locks
+/// a `SELECT` takes), its rows dropped: `Ok(())` once it is done. Declared before the modules,
+/// which all use it.
+macro_rules! execute {
+    ($conn:expr, $sql:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query!($sql $(, $arg)*)
+            .fetch_all(&mut *$conn)
+            .await
+            .map(drop)
+    };
+}
+
 pub mod access;
 mod args;
 mod datahandler;

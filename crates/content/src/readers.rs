@@ -39,10 +39,10 @@ pub(crate) trait Reader: Send + Sync + 'static {
     const NAME: &'static str;
     /// What the model is told the tool does.
     const DESCRIPTION: &'static str;
-    const GROUP: &'static str;
-    const REQUIRES_ADMIN: bool;
-
-    fn not_permitted(&self) -> &'static str;
+    const GROUP: &'static str = "content";
+    const REQUIRES_ADMIN: bool = false;
+    /// The neutral refusal string, shared with the writers of the same records.
+    const NOT_PERMITTED: &'static str;
 
     async fn read(
         &self,
@@ -119,7 +119,7 @@ impl<R: Reader> Tool for ReaderTool<R> {
                 serde_json::to_string_pretty(&value)
                     .map_err(|e| ToolError::failed("serialization_error", e))?,
             ),
-            Err(Refusal::NotPermitted) => ToolOutput::error(self.reader.not_permitted()),
+            Err(Refusal::NotPermitted) => ToolOutput::error(R::NOT_PERMITTED),
             Err(Refusal::Invalid(message)) => ToolOutput::error(message),
         })
     }
@@ -137,6 +137,15 @@ fn like_pattern(query: &str) -> String {
     }
     p.push('%');
     p
+}
+
+/// The first `limit` (by default 20) of the `visible` results, under `key`, and whether there
+/// were more.
+fn first_of(key: &str, visible: Vec<Value>, limit: Option<Limit>) -> Value {
+    let limit = limit.map_or(DEFAULT_LIMIT, Int::get) as usize;
+    let truncated = visible.len() > limit;
+    let first: Vec<Value> = visible.into_iter().take(limit).collect();
+    json!({key: first, "truncated": truncated})
 }
 
 fn refuse_args<T>(message: String) -> Result<Planned<T>, sqlx::Error> {
@@ -163,12 +172,7 @@ impl Reader for ReadPageMetadata {
     const NAME: &'static str = "read_page_metadata";
     const DESCRIPTION: &'static str =
         "Read the descriptive metadata fields of one live page, and which translations it has.";
-    const GROUP: &'static str = "content";
-    const REQUIRES_ADMIN: bool = false;
-
-    fn not_permitted(&self) -> &'static str {
-        PAGE_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
 
     async fn read(
         &self,
@@ -237,12 +241,7 @@ impl Reader for SearchPages {
     const DESCRIPTION: &'static str =
         "Find live pages whose title, navigation title, subtitle, description or keywords \
          contain a text. Only pages the acting user may edit are listed.";
-    const GROUP: &'static str = "content";
-    const REQUIRES_ADMIN: bool = false;
-
-    fn not_permitted(&self) -> &'static str {
-        PAGE_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
 
     async fn read(
         &self,
@@ -250,7 +249,6 @@ impl Reader for SearchPages {
         user: &User,
         args: &SearchPagesArgs,
     ) -> Result<Planned<Value>, sqlx::Error> {
-        let limit = args.limit.map_or(DEFAULT_LIMIT, Int::get);
         let rows = sqlx::query!(
             r#"SELECT uid, pid, language, hidden, title, nav_title,
                       content.rootline(uid) AS rootline
@@ -277,9 +275,7 @@ impl Reader for SearchPages {
                 })
             })
             .collect();
-        let truncated = visible.len() as i64 > limit;
-        let pages: Vec<Value> = visible.into_iter().take(limit as usize).collect();
-        Ok(Ok(json!({"pages": pages, "truncated": truncated})))
+        Ok(Ok(first_of("pages", visible, args.limit)))
     }
 }
 
@@ -306,12 +302,7 @@ impl Reader for ListContentElements {
     const DESCRIPTION: &'static str =
         "List the content elements of one live page in one language (default 0), column by \
          column from top to bottom, with their file references.";
-    const GROUP: &'static str = "content";
-    const REQUIRES_ADMIN: bool = false;
-
-    fn not_permitted(&self) -> &'static str {
-        ELEMENT_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = ELEMENT_NOT_PERMITTED;
 
     async fn read(
         &self,
@@ -431,10 +422,7 @@ impl Reader for ReadFalAssetMeta {
          (title, description, alternative text) and how many references use it. Admins only.";
     const GROUP: &'static str = "structure";
     const REQUIRES_ADMIN: bool = true;
-
-    fn not_permitted(&self) -> &'static str {
-        ASSET_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = ASSET_NOT_PERMITTED;
 
     async fn read(
         &self,
@@ -506,12 +494,7 @@ impl Reader for SearchFalFiles {
         "Find files by a text in their name, path, title or alternative text (default \
          language) and/or by extension. Only files inside the acting user's file mounts are \
          listed.";
-    const GROUP: &'static str = "content";
-    const REQUIRES_ADMIN: bool = false;
-
-    fn not_permitted(&self) -> &'static str {
-        ASSET_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = ASSET_NOT_PERMITTED;
 
     async fn read(
         &self,
@@ -519,7 +502,6 @@ impl Reader for SearchFalFiles {
         user: &User,
         args: &SearchFalFilesArgs,
     ) -> Result<Planned<Value>, sqlx::Error> {
-        let limit = args.limit.map_or(DEFAULT_LIMIT, Int::get);
         let rows = sqlx::query!(
             r#"SELECT f.uid, f.storage, s.name AS storage_name, f.identifier, f.name, f.extension,
                       m.title AS "title?", m.alternative AS "alternative?"
@@ -555,9 +537,7 @@ impl Reader for SearchFalFiles {
                 })
             })
             .collect();
-        let truncated = visible.len() as i64 > limit;
-        let files: Vec<Value> = visible.into_iter().take(limit as usize).collect();
-        Ok(Ok(json!({"files": files, "truncated": truncated})))
+        Ok(Ok(first_of("files", visible, args.limit)))
     }
 }
 

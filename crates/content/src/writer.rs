@@ -103,28 +103,25 @@ async fn lock_all(conn: &mut PgConnection, mut subjects: Vec<Subject>) -> Result
         }
     }
     if !pages.is_empty() {
-        sqlx::query!(
+        execute!(
+            conn,
             "SELECT uid FROM content.pages WHERE uid = ANY($1) ORDER BY uid FOR UPDATE",
             &pages
-        )
-        .fetch_all(&mut *conn)
-        .await?;
+        )?;
     }
     if !elements.is_empty() {
-        sqlx::query!(
+        execute!(
+            conn,
             "SELECT uid FROM content.elements WHERE uid = ANY($1) ORDER BY uid FOR UPDATE",
             &elements
-        )
-        .fetch_all(&mut *conn)
-        .await?;
+        )?;
     }
     if !files.is_empty() {
-        sqlx::query!(
+        execute!(
+            conn,
             "SELECT uid FROM content.files WHERE uid = ANY($1) ORDER BY uid FOR UPDATE",
             &files
-        )
-        .fetch_all(&mut *conn)
-        .await?;
+        )?;
     }
     Ok(())
 }

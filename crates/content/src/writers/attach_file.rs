@@ -114,7 +114,8 @@ impl Writer for AttachFile {
         user_name: &str,
         args: &AttachArgs,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query_scalar!(
+        execute!(
+            conn,
             r#"SELECT content.lock_reads_attach_file_to_content_element($1, $2, $3, $4)
                    AS "locked!""#,
             user_name,
@@ -122,9 +123,6 @@ impl Writer for AttachFile {
             args.file.get(),
             args.field()
         )
-        .fetch_one(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     async fn plan(

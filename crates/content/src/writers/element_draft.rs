@@ -17,7 +17,7 @@ use crate::records::{column, Element, Named, Page};
 use crate::refusals::{named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::move_element::{check_content_page, check_neighbour, Column};
-use crate::writers::{place, text_lines, ReadBack};
+use crate::writers::{text_lines, uids, ReadBack, Slot};
 
 pub(crate) const NAME: &str = "create_content_element_draft";
 
@@ -67,10 +67,7 @@ pub(crate) struct ElementDraftPlan {
     page: Named,
     ctype: &'static str,
     column: i32,
-    after: Option<Named>,
-    index: usize,
-    /// The column as it is now, top to bottom.
-    existing: Vec<i64>,
+    slot: Slot,
     fields: Fields,
 }
 
@@ -106,15 +103,13 @@ impl Writer for CreateElementDraft {
         user_name: &str,
         args: &ElementDraftArgs,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query_scalar!(
+        execute!(
+            conn,
             r#"SELECT content.lock_reads_create_content_element_draft($1, $2, $3) AS "locked!""#,
             user_name,
             args.page.get(),
             args.after_content_uid.map(Uid::get)
         )
-        .fetch_one(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     async fn plan(
@@ -149,12 +144,8 @@ impl Writer for CreateElementDraft {
             return Ok(Err(refusal));
         }
         let existing = column(conn, page.uid, args.column()).await?;
-        let index = match &after {
-            None => 0,
-            Some(a) => match existing.iter().position(|e| e.uid == a.uid) {
-                Some(i) => i + 1,
-                None => return Ok(Err(Refusal::NotPermitted)),
-            },
+        let Some(slot) = Slot::after(existing, after.map(|a| a.uid)) else {
+            return Ok(Err(Refusal::NotPermitted));
         };
         Ok(Ok(ElementDraftPlan {
             page: Named {
@@ -163,9 +154,7 @@ impl Writer for CreateElementDraft {
             },
             ctype: args.ctype.unwrap_or(DEFAULT_TYPE).as_str(),
             column: args.column(),
-            after: index.checked_sub(1).map(|i| existing[i].clone()),
-            index,
-            existing: existing.iter().map(|e| e.uid).collect(),
+            slot,
             fields: Fields::from([
                 ("header", args.header.as_str().to_owned()),
                 (
@@ -189,12 +178,7 @@ impl Writer for CreateElementDraft {
             format!(
                 "position: column {}, {}",
                 plan.column,
-                place(
-                    plan.index,
-                    plan.existing.len() + 1,
-                    plan.after.as_ref(),
-                    "content element"
-                )
+                plan.slot.place("content element")
             ),
             HIDDEN_LINE.to_owned(),
         ])
@@ -221,8 +205,7 @@ impl Writer for CreateElementDraft {
                 },
             )
             .await?;
-        let mut order = plan.existing.clone();
-        order.insert(plan.index, uid);
+        let order = plan.slot.order(uid);
         handler.order_column(conn, &order).await?;
 
         let mut check = ReadBack::default();
@@ -239,18 +222,14 @@ impl Writer for CreateElementDraft {
                 check.field("bodytext", Some(&e.bodytext) == plan.fields.get("bodytext"));
             }
         }
-        let now: Vec<i64> = column(conn, plan.page.uid, plan.column)
-            .await?
-            .into_iter()
-            .map(|e| e.uid)
-            .collect();
-        check.field("position", now == order);
+        let now = column(conn, plan.page.uid, plan.column).await?;
+        check.field("position", uids(&now) == order);
         let success = format!(
             "Created content element [{uid}] on page [{}], column {}, position {} — hidden: a human must \
              unhide it before anyone sees it. The read-back confirms it.",
             plan.page.uid,
             plan.column,
-            place(plan.index, order.len(), plan.after.as_ref(), "content element")
+            plan.slot.place("content element")
         );
         Ok(check.output(
             success,

@@ -77,14 +77,12 @@ impl Writer for SetFileAlternativeText {
         user_name: &str,
         args: &AlternativeArgs,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query_scalar!(
+        execute!(
+            conn,
             r#"SELECT content.lock_reads_set_file_alternative_text($1, $2) AS "locked!""#,
             user_name,
             args.uid.get()
         )
-        .fetch_one(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     async fn plan(

@@ -82,15 +82,53 @@ impl ReadBack {
     }
 }
 
-/// Where a record lands in an ordered list, as a preview or an output says it:
-/// `1 of 3, at the top` or `3 of 3, after content element [5] "Teaser"`.
-pub(crate) fn place(index: usize, total: usize, after: Option<&Named>, kind: &str) -> String {
-    match after {
-        None => format!("{} of {total}, at the top", index + 1),
-        Some(a) => format!(
-            "{} of {total}, after {}",
-            index + 1,
-            named(kind, a.uid, &a.label)
-        ),
+/// Where a new or moved record lands in an ordered list (a column, a page's subpages).
+#[derive(Debug, Clone)]
+pub(crate) struct Slot {
+    /// The list as it is now, without the record, in order.
+    existing: Vec<i64>,
+    /// The record it lands after; `None` at the top.
+    after: Option<Named>,
+    index: usize,
+}
+
+impl Slot {
+    /// The slot after the record `after` of `list`, or at the top; `None` when `after` is not
+    /// in the list.
+    pub(crate) fn after(list: Vec<Named>, after: Option<i64>) -> Option<Slot> {
+        let index = match after {
+            None => 0,
+            Some(uid) => list.iter().position(|e| e.uid == uid)? + 1,
+        };
+        Some(Slot {
+            existing: uids(&list),
+            after: index.checked_sub(1).map(|i| list[i].clone()),
+            index,
+        })
     }
+
+    /// The list with `uid` in this slot.
+    pub(crate) fn order(&self, uid: i64) -> Vec<i64> {
+        let mut order = self.existing.clone();
+        order.insert(self.index, uid);
+        order
+    }
+
+    /// Where the record lands, as a preview or an output says it: `1 of 3, at the top` or
+    /// `3 of 3, after content element [5] "Teaser"`, for records of `kind`.
+    pub(crate) fn place(&self, kind: &str) -> String {
+        let (position, total) = (self.index + 1, self.existing.len() + 1);
+        match &self.after {
+            None => format!("{position} of {total}, at the top"),
+            Some(a) => format!(
+                "{position} of {total}, after {}",
+                named(kind, a.uid, &a.label)
+            ),
+        }
+    }
+}
+
+/// The uids of a list of records, in its order.
+pub(crate) fn uids(list: &[Named]) -> Vec<i64> {
+    list.iter().map(|r| r.uid).collect()
 }

@@ -17,7 +17,7 @@ use crate::datahandler::DataHandler;
 use crate::records::{column, Element, Named, Page};
 use crate::refusals::{draft_workspace, named, ELEMENT_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
-use crate::writers::{place, text_lines, ReadBack};
+use crate::writers::{text_lines, uids, ReadBack, Slot};
 
 pub(crate) const NAME: &str = "move_content_element";
 /// Columns are numbered from 0; no layout has anywhere near this many.
@@ -51,10 +51,8 @@ pub(crate) struct MovePlan {
     from_total: usize,
     to_page: Named,
     column: i32,
-    after: Option<Named>,
-    to_index: usize,
-    /// The target column, top to bottom, with the element in its new place.
-    order: Vec<i64>,
+    /// The element's place in the target column.
+    slot: Slot,
     translations: i64,
 }
 
@@ -143,16 +141,14 @@ impl Writer for MoveElement {
         user_name: &str,
         args: &MoveArgs,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query_scalar!(
+        execute!(
+            conn,
             r#"SELECT content.lock_reads_move_content_element($1, $2, $3, $4) AS "locked!""#,
             user_name,
             args.uid.get(),
             args.target_page.get(),
             args.after_content_uid.map(Uid::get)
         )
-        .fetch_one(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     async fn plan(
@@ -193,16 +189,9 @@ impl Writer for MoveElement {
         let from_index = from.iter().position(|e| e.uid == element.uid).unwrap_or(0);
         let mut to = column(conn, target.uid, colpos).await?;
         to.retain(|e| e.uid != element.uid);
-        let to_index = match &after {
-            None => 0,
-            Some(a) => match to.iter().position(|e| e.uid == a.uid) {
-                Some(i) => i + 1,
-                None => return Ok(Err(Refusal::NotPermitted)),
-            },
+        let Some(slot) = Slot::after(to, after.map(|a| a.uid)) else {
+            return Ok(Err(Refusal::NotPermitted));
         };
-        let after_named = to_index.checked_sub(1).map(|i| to[i].clone());
-        let mut order: Vec<i64> = to.iter().map(|e| e.uid).collect();
-        order.insert(to_index, element.uid);
         let translations = sqlx::query_scalar!(
             r#"SELECT count(*) AS "count!" FROM content.elements
                WHERE l10n_parent = $1 AND NOT deleted"#,
@@ -223,9 +212,7 @@ impl Writer for MoveElement {
                 label: target.title,
             },
             column: colpos,
-            after: after_named,
-            to_index,
-            order,
+            slot,
             translations,
             element,
         }))
@@ -245,12 +232,7 @@ impl Writer for MoveElement {
                 "to: {}, column {}, position {}",
                 named("page", plan.to_page.uid, &plan.to_page.label),
                 plan.column,
-                place(
-                    plan.to_index,
-                    plan.order.len(),
-                    plan.after.as_ref(),
-                    "content element"
-                )
+                plan.slot.place("content element")
             ),
         ];
         if plan.translations > 0 {
@@ -266,11 +248,12 @@ impl Writer for MoveElement {
         plan: &MovePlan,
     ) -> Result<ToolOutput, sqlx::Error> {
         let uid = plan.element.uid;
+        let order = plan.slot.order(uid);
         let handler = DataHandler::new(user);
         handler
             .place_element(conn, uid, plan.to_page.uid, plan.column)
             .await?;
-        handler.order_column(conn, &plan.order).await?;
+        handler.order_column(conn, &order).await?;
 
         let mut check = ReadBack::default();
         let stored = Element::load(conn, uid).await?;
@@ -280,12 +263,8 @@ impl Writer for MoveElement {
                 .as_ref()
                 .is_some_and(|e| e.pid == plan.to_page.uid && e.colpos == plan.column),
         );
-        let now: Vec<i64> = column(conn, plan.to_page.uid, plan.column)
-            .await?
-            .into_iter()
-            .map(|e| e.uid)
-            .collect();
-        check.field("position", now == plan.order);
+        let now = column(conn, plan.to_page.uid, plan.column).await?;
+        check.field("position", uids(&now) == order);
         let strays = sqlx::query_scalar!(
             r#"SELECT count(*) AS "count!" FROM content.elements
                WHERE l10n_parent = $1 AND NOT deleted AND (pid, colpos) <> ($2, $3)"#,
@@ -301,12 +280,7 @@ impl Writer for MoveElement {
              confirms it.",
             plan.to_page.uid,
             plan.column,
-            place(
-                plan.to_index,
-                plan.order.len(),
-                plan.after.as_ref(),
-                "content element"
-            )
+            plan.slot.place("content element")
         );
         Ok(check.output(
             success,

@@ -16,7 +16,7 @@ use crate::datahandler::{DataHandler, Fields, NewPage};
 use crate::records::{subpages, Named, Page};
 use crate::refusals::{draft_workspace, named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
-use crate::writers::{place, text_lines, ReadBack};
+use crate::writers::{text_lines, uids, ReadBack, Slot};
 
 pub(crate) const NAME: &str = "create_page_draft";
 /// The standard page type.
@@ -41,10 +41,7 @@ impl Arguments for PageDraftArgs {}
 #[derive(Debug, Clone)]
 pub(crate) struct PageDraftPlan {
     parent: Named,
-    after: Option<Named>,
-    index: usize,
-    /// The subpages as they are now, in menu order.
-    existing: Vec<i64>,
+    slot: Slot,
     fields: Fields,
 }
 
@@ -80,15 +77,13 @@ impl Writer for CreatePageDraft {
         user_name: &str,
         args: &PageDraftArgs,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query_scalar!(
+        execute!(
+            conn,
             r#"SELECT content.lock_reads_create_page_draft($1, $2, $3) AS "locked!""#,
             user_name,
             args.parent.get(),
             args.after_page_uid.map(Uid::get)
         )
-        .fetch_one(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     async fn plan(
@@ -128,27 +123,21 @@ impl Writer for CreatePageDraft {
             ))));
         }
         let existing = subpages(conn, parent.uid).await?;
-        let index = match &after {
-            None => 0,
-            Some(a) => match existing.iter().position(|p| p.uid == a.uid) {
-                Some(i) => i + 1,
-                None => {
-                    return Ok(Err(Refusal::invalid(format!(
-                        "Page [{}] is not a live subpage of page [{}] in the default language, \
-                         so nothing can be placed after it; nothing was written.",
-                        a.uid, parent.uid
-                    ))))
-                }
-            },
+        let after = after.map(|a| a.uid);
+        let Some(slot) = Slot::after(existing, after) else {
+            return Ok(Err(Refusal::invalid(format!(
+                "Page [{}] is not a live subpage of page [{}] in the default language, so \
+                 nothing can be placed after it; nothing was written.",
+                after.unwrap_or_default(),
+                parent.uid
+            ))));
         };
         Ok(Ok(PageDraftPlan {
             parent: Named {
                 uid: parent.uid,
                 label: parent.title,
             },
-            after: index.checked_sub(1).map(|i| existing[i].clone()),
-            index,
-            existing: existing.iter().map(|p| p.uid).collect(),
+            slot,
             fields: Fields::from([
                 ("title", args.title.as_str().to_owned()),
                 (
@@ -168,15 +157,7 @@ impl Writer for CreatePageDraft {
             ),
             format!("title: {}", text("title")),
             format!("navigation title: {}", text("nav_title")),
-            format!(
-                "position: {}",
-                place(
-                    plan.index,
-                    plan.existing.len() + 1,
-                    plan.after.as_ref(),
-                    "page"
-                )
-            ),
+            format!("position: {}", plan.slot.place("page")),
             HIDDEN_LINE.to_owned(),
         ])
     }
@@ -201,8 +182,7 @@ impl Writer for CreatePageDraft {
                 },
             )
             .await?;
-        let mut order = plan.existing.clone();
-        order.insert(plan.index, uid);
+        let order = plan.slot.order(uid);
         handler.order_subpages(conn, &order).await?;
 
         let mut check = ReadBack::default();
@@ -219,17 +199,13 @@ impl Writer for CreatePageDraft {
                 }
             }
         }
-        let now: Vec<i64> = subpages(conn, plan.parent.uid)
-            .await?
-            .into_iter()
-            .map(|p| p.uid)
-            .collect();
-        check.field("position", now == order);
+        let now = subpages(conn, plan.parent.uid).await?;
+        check.field("position", uids(&now) == order);
         let success = format!(
             "Created page [{uid}] under page [{}], position {} — hidden: a human must unhide it \
              before anyone sees it. The read-back confirms it.",
             plan.parent.uid,
-            place(plan.index, order.len(), plan.after.as_ref(), "page")
+            plan.slot.place("page")
         );
         Ok(check.output(
             success,

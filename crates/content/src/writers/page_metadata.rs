@@ -123,14 +123,12 @@ impl Writer for UpdatePageMetadata {
         user_name: &str,
         args: &PageMetadataArgs,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query_scalar!(
+        execute!(
+            conn,
             r#"SELECT content.lock_reads_update_page_metadata($1, $2) AS "locked!""#,
             user_name,
             args.uid.get()
         )
-        .fetch_one(&mut *conn)
-        .await?;
-        Ok(())
     }
 
     async fn plan(

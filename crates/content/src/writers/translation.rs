@@ -433,28 +433,21 @@ impl Writer for CreateTranslationDraft {
         args: &TranslationArgs,
     ) -> Result<(), sqlx::Error> {
         match args.table {
-            Table::Pages => {
-                sqlx::query_scalar!(
-                    r#"SELECT content.lock_reads_translate_page($1, $2, $3) AS "locked!""#,
-                    user_name,
-                    args.uid(),
-                    args.language()
-                )
-                .fetch_one(&mut *conn)
-                .await?
-            }
-            Table::Content => {
-                sqlx::query_scalar!(
-                    r#"SELECT content.lock_reads_translate_element($1, $2, $3) AS "locked!""#,
-                    user_name,
-                    args.uid(),
-                    args.language()
-                )
-                .fetch_one(&mut *conn)
-                .await?
-            }
-        };
-        Ok(())
+            Table::Pages => execute!(
+                conn,
+                r#"SELECT content.lock_reads_translate_page($1, $2, $3) AS "locked!""#,
+                user_name,
+                args.uid(),
+                args.language()
+            ),
+            Table::Content => execute!(
+                conn,
+                r#"SELECT content.lock_reads_translate_element($1, $2, $3) AS "locked!""#,
+                user_name,
+                args.uid(),
+                args.language()
+            ),
+        }
     }
 
     async fn plan(
