@@ -206,7 +206,7 @@ impl<const STATE: bool> SealedColumn for RunColumn<STATE> {
     }
 
     async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query!(
+        sqlx::query!(
             r#"UPDATE runs r SET state = CASE WHEN $4 THEN v.new ELSE r.state END,
                                  request = CASE WHEN $4 THEN r.request ELSE v.new END
                FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
@@ -217,8 +217,8 @@ impl<const STATE: bool> SealedColumn for RunColumn<STATE> {
             STATE,
         )
         .execute(tx)
-        .await?;
-        Ok(done.rows_affected())
+        .await
+        .map(|done| done.rows_affected())
     }
 }
 
@@ -247,7 +247,7 @@ impl SealedColumn for WebhookSecrets {
     }
 
     async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query!(
+        sqlx::query!(
             r#"UPDATE webhook_endpoints e SET secret = v.new
                FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
                WHERE e.id = v.id AND e.secret = v.old"#,
@@ -256,8 +256,8 @@ impl SealedColumn for WebhookSecrets {
             &r.news,
         )
         .execute(tx)
-        .await?;
-        Ok(done.rows_affected())
+        .await
+        .map(|done| done.rows_affected())
     }
 }
 
@@ -293,7 +293,7 @@ impl SealedColumn for EventPayloads {
 
     async fn write(tx: &mut PgConnection, r: Resealed<(Uuid, i64)>) -> Result<u64, sqlx::Error> {
         let (runs, sequences): (Vec<Uuid>, Vec<i64>) = r.keys.into_iter().unzip();
-        let done = sqlx::query!(
+        sqlx::query!(
             r#"UPDATE run_events e SET sealed = v.new
                FROM unnest($1::uuid[], $2::int8[], $3::bytea[], $4::bytea[])
                     AS v(run_id, sequence, old, new)
@@ -304,8 +304,8 @@ impl SealedColumn for EventPayloads {
             &r.news,
         )
         .execute(tx)
-        .await?;
-        Ok(done.rows_affected())
+        .await
+        .map(|done| done.rows_affected())
     }
 }
 
@@ -339,7 +339,7 @@ impl SealedColumn for Comments {
     }
 
     async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query!(
+        sqlx::query!(
             r#"UPDATE run_decisions d SET comment = v.new
                FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
                WHERE d.decision_id = v.id AND d.comment = v.old"#,
@@ -348,8 +348,8 @@ impl SealedColumn for Comments {
             &r.news,
         )
         .execute(tx)
-        .await?;
-        Ok(done.rows_affected())
+        .await
+        .map(|done| done.rows_affected())
     }
 }
 
@@ -394,15 +394,12 @@ impl SealedColumn for JournalResults {
         tx: &mut PgConnection,
         r: Resealed<(Uuid, i32, i32)>,
     ) -> Result<u64, sqlx::Error> {
-        let mut runs = Vec::with_capacity(r.keys.len());
-        let mut seqs = Vec::with_capacity(r.keys.len());
-        let mut indexes = Vec::with_capacity(r.keys.len());
-        for (run, seq, index) in r.keys {
-            runs.push(run);
-            seqs.push(seq);
-            indexes.push(index);
-        }
-        let done = sqlx::query!(
+        let (runs, (seqs, indexes)): (Vec<Uuid>, (Vec<i32>, Vec<i32>)) = r
+            .keys
+            .into_iter()
+            .map(|(run, seq, index)| (run, (seq, index)))
+            .unzip();
+        sqlx::query!(
             r#"UPDATE run_journal j SET result = v.new
                FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::bytea[], $5::bytea[])
                     AS v(run_id, suspension_seq, call_index, old, new)
@@ -415,7 +412,7 @@ impl SealedColumn for JournalResults {
             &r.news,
         )
         .execute(tx)
-        .await?;
-        Ok(done.rows_affected())
+        .await
+        .map(|done| done.rows_affected())
     }
 }
