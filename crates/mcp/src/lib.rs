@@ -43,6 +43,7 @@ pub mod http;
 pub mod server;
 
 pub use config::{parse_servers, read_servers_file, McpServerEntry, Transport};
+pub use countersign_remote::Registered;
 pub use server::{CallError, McpServer};
 
 /// The `_meta` key of a writing tool naming its preview tool.
@@ -85,13 +86,6 @@ impl McpError {
             McpError::DuplicateTool(_) => "duplicate_tool",
         }
     }
-}
-
-/// A tool of the registry that [`register_servers`] added, and the server it lives on.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Registered {
-    pub tool: String,
-    pub server: String,
 }
 
 /// Opens a session with each of `servers`, lists its tools and registers them. A `command`
