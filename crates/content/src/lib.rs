@@ -70,7 +70,7 @@ use readers::{
     ListContentElements, ReadFalAssetMeta, ReadPageMetadata, Reader, ReaderTool, SearchFalFiles,
     SearchPages,
 };
-use writer::WriterTool;
+use writer::{Writer, WriterTool};
 use writers::attach_file::AttachFile;
 use writers::element_draft::CreateElementDraft;
 use writers::file_alternative::SetFileAlternativeText;
@@ -101,13 +101,13 @@ pub const READER_NAMES: [&str; 5] = [
 
 /// The names of the writers, in name order.
 pub const WRITER_NAMES: [&str; 7] = [
-    writers::attach_file::NAME,
-    writers::element_draft::NAME,
-    writers::page_draft::NAME,
-    writers::translation::NAME,
-    writers::move_element::NAME,
-    writers::file_alternative::NAME,
-    writers::page_metadata::NAME,
+    AttachFile::NAME,
+    CreateElementDraft::NAME,
+    CreatePageDraft::NAME,
+    CreateTranslationDraft::NAME,
+    MoveElement::NAME,
+    SetFileAlternativeText::NAME,
+    UpdatePageMetadata::NAME,
 ];
 
 /// A writer as a tool and as the local writer an approved turn plans and writes it with.
@@ -115,7 +115,7 @@ type Both = (Arc<dyn Tool>, Arc<dyn LocalWriter<FencedWrite>>);
 
 /// The seven writers of the content store, in name order.
 fn writers(store: &Store) -> Vec<Both> {
-    fn both<W: writer::Writer>(writer: W, store: &Store) -> Both {
+    fn both<W: Writer>(writer: W, store: &Store) -> Both {
         let tool = Arc::new(WriterTool::new(writer, store.clone()));
         (tool.clone(), tool)
     }

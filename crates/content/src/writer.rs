@@ -261,21 +261,32 @@ impl<W: Writer> WriterTool<W> {
         })
     }
 
+    /// The plan of a call as `principal` in a read-only snapshot; `None` when `principal` is no
+    /// user of the content store.
+    async fn plan_in_snapshot(
+        &self,
+        principal: &Principal,
+        args: &W::Args,
+    ) -> Result<Option<Planned<W::Plan>>, sqlx::Error> {
+        let mut tx = read_only_snapshot(self.store.pool()).await?;
+        let planned = match User::of(&mut tx, principal).await? {
+            None => None,
+            Some(user) => Some(self.writer.plan(&mut tx, &user, args).await?),
+        };
+        tx.rollback().await?;
+        Ok(planned)
+    }
+
     async fn preview_lines(
         &self,
         user: &Principal,
         args: &W::Args,
     ) -> Result<Vec<PreviewLine>, sqlx::Error> {
-        let mut tx = read_only_snapshot(self.store.pool()).await?;
-        let lines = match User::of(&mut tx, user).await? {
+        Ok(match self.plan_in_snapshot(user, args).await? {
             None => vec![PreviewLine::from(self.writer.not_permitted(args))],
-            Some(user) => match self.writer.plan(&mut tx, &user, args).await? {
-                Ok(plan) => self.writer.preview(&plan),
-                Err(refusal) => vec![PreviewLine::from(self.refusal_text(args, refusal))],
-            },
-        };
-        tx.rollback().await?;
-        Ok(lines)
+            Some(Ok(plan)) => self.writer.preview(&plan),
+            Some(Err(refusal)) => vec![PreviewLine::from(self.refusal_text(args, refusal))],
+        })
     }
 
     async fn viewer_may_read(
@@ -283,16 +294,8 @@ impl<W: Writer> WriterTool<W> {
         viewer: &Principal,
         args: &W::Args,
     ) -> Result<bool, sqlx::Error> {
-        let mut tx = read_only_snapshot(self.store.pool()).await?;
-        let permitted = match User::of(&mut tx, viewer).await? {
-            None => false,
-            Some(user) => !matches!(
-                self.writer.plan(&mut tx, &user, args).await?,
-                Err(Refusal::NotPermitted)
-            ),
-        };
-        tx.rollback().await?;
-        Ok(permitted)
+        let planned = self.plan_in_snapshot(viewer, args).await?;
+        Ok(!matches!(planned, None | Some(Err(Refusal::NotPermitted))))
     }
 }
 

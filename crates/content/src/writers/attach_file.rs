@@ -19,8 +19,6 @@ use crate::refusals::{draft_workspace, named, ELEMENT_OR_FILE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::ReadBack;
 
-pub(crate) const NAME: &str = "attach_file_to_content_element";
-
 choice! {
     /// The reference fields of a content element, as [`crate::REFERENCE_FIELDS`] lists them.
     pub(crate) enum ReferenceField {
@@ -87,7 +85,7 @@ impl Writer for AttachFile {
     type Args = AttachArgs;
     type Plan = AttachPlan;
 
-    const NAME: &'static str = NAME;
+    const NAME: &'static str = "attach_file_to_content_element";
     const DESCRIPTION: &'static str =
         "Append a reference to one file at the end of a content element's image, assets or \
          media field (default image), with optional title, alternative text and description. \

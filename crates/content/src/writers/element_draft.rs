@@ -19,8 +19,6 @@ use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::move_element::{check_content_page, check_neighbour, Column};
 use crate::writers::{text_lines, uids, ReadBack, Slot};
 
-pub(crate) const NAME: &str = "create_content_element_draft";
-
 choice! {
     /// The content types an agent may create: text and media, nothing that embeds code or forms.
     pub(crate) enum ContentType {
@@ -76,7 +74,7 @@ impl Writer for CreateElementDraft {
     type Args = ElementDraftArgs;
     type Plan = ElementDraftPlan;
 
-    const NAME: &'static str = NAME;
+    const NAME: &'static str = "create_content_element_draft";
     const DESCRIPTION: &'static str =
         "Create one content element, HIDDEN, on a page in the default language: a type, a \
          header, an optional body text, a column (default 0) and a position (after \

@@ -21,8 +21,6 @@ use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::{change_line, ReadBack};
 use countersign_core::preview::quote_excerpt;
 
-pub(crate) const NAME: &str = "set_file_alternative_text";
-
 #[derive(Debug, Clone)]
 pub(crate) struct SetFileAlternativeText;
 
@@ -51,7 +49,7 @@ impl Writer for SetFileAlternativeText {
     type Args = AlternativeArgs;
     type Plan = AlternativePlan;
 
-    const NAME: &'static str = NAME;
+    const NAME: &'static str = "set_file_alternative_text";
     const DESCRIPTION: &'static str =
         "Set the alternative text of one file's metadata in the default language. An empty \
          string clears it. Files without a metadata record are refused. Every call is shown \

@@ -19,7 +19,6 @@ use crate::refusals::{draft_workspace, named, ELEMENT_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::{text_lines, uids, ReadBack, Slot};
 
-pub(crate) const NAME: &str = "move_content_element";
 /// Columns are numbered from 0; no layout has anywhere near this many.
 pub(crate) const MAX_COLUMN: i64 = 99;
 /// A column of a page.
@@ -104,7 +103,7 @@ impl Writer for MoveElement {
     type Args = MoveArgs;
     type Plan = MovePlan;
 
-    const NAME: &'static str = NAME;
+    const NAME: &'static str = "move_content_element";
     const DESCRIPTION: &'static str =
         "Move one content element (default language; its translations follow it) to a page, \
          a column (default: its current column) and a position: after the element \

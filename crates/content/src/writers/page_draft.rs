@@ -18,7 +18,6 @@ use crate::refusals::{draft_workspace, named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::{text_lines, uids, ReadBack, Slot};
 
-pub(crate) const NAME: &str = "create_page_draft";
 /// The standard page type.
 const STANDARD_PAGE: i32 = 1;
 
@@ -50,7 +49,7 @@ impl Writer for CreatePageDraft {
     type Args = PageDraftArgs;
     type Plan = PageDraftPlan;
 
-    const NAME: &'static str = NAME;
+    const NAME: &'static str = "create_page_draft";
     const DESCRIPTION: &'static str =
         "Create one standard page, HIDDEN, in the default language below a parent page, with \
          a title, an optional navigation title and a position among the parent's subpages \

@@ -14,8 +14,6 @@ use crate::refusals::{draft_workspace, named, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::{change_line, ReadBack};
 
-pub(crate) const NAME: &str = "update_page_metadata";
-
 #[derive(Debug, Clone)]
 pub(crate) struct UpdatePageMetadata;
 
@@ -98,7 +96,7 @@ impl Writer for UpdatePageMetadata {
     type Args = PageMetadataArgs;
     type Plan = PageMetadataPlan;
 
-    const NAME: &'static str = NAME;
+    const NAME: &'static str = "update_page_metadata";
     const DESCRIPTION: &'static str =
         "Set descriptive metadata fields (title, subtitle, nav_title, abstract, description, \
          keywords and the SEO/social titles and descriptions) of exactly one live page. Every \

@@ -27,7 +27,6 @@ use crate::refusals::{
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::{text_lines, ReadBack};
 
-pub(crate) const NAME: &str = "create_translation_draft";
 const MAX_LANGUAGE: i64 = 9999;
 
 #[derive(Debug, Clone)]
@@ -385,7 +384,7 @@ impl Writer for CreateTranslationDraft {
     type Args = TranslationArgs;
     type Plan = TranslationPlan;
 
-    const NAME: &'static str = NAME;
+    const NAME: &'static str = "create_translation_draft";
     const DESCRIPTION: &'static str =
         "Create a HIDDEN translation of one default-language page (table \"pages\") or content \
          element (table \"content\") in another language, copied from the default language \
