@@ -172,8 +172,9 @@ impl HttpClient {
     }
 }
 
-/// The refusal of the credentials a 401 or 403 is.
-fn refusal(response: &Response<Incoming>) -> Option<Failure> {
+/// The refusal of the credentials a 401 or 403 is, or the end of the session a 404 to a request
+/// `in_session` is.
+fn refusal(response: &Response<Incoming>, in_session: bool) -> Option<Failure> {
     let challenge = || {
         response
             .headers()
@@ -189,6 +190,7 @@ fn refusal(response: &Response<Incoming>) -> Option<Failure> {
         StatusCode::FORBIDDEN => Some(StreamableHttpError::InsufficientScope(
             InsufficientScopeError::new(challenge(), None),
         )),
+        StatusCode::NOT_FOUND if in_session => Some(StreamableHttpError::SessionExpired),
         _ => None,
     }
 }
@@ -411,15 +413,12 @@ impl StreamableHttpClient for HttpClient {
             )
             .body(Full::new(Bytes::from(body)));
         let response = self.send(request).await?;
-        if let Some(refused) = refusal(&response) {
+        if let Some(refused) = refusal(&response, session_id.is_some()) {
             return Err(refused);
         }
         let status = response.status();
         if matches!(status, StatusCode::ACCEPTED | StatusCode::NO_CONTENT) {
             return Ok(StreamableHttpPostResponse::Accepted);
-        }
-        if status == StatusCode::NOT_FOUND && session_id.is_some() {
-            return Err(StreamableHttpError::SessionExpired);
         }
         let new_session = response
             .headers()
@@ -489,15 +488,12 @@ impl StreamableHttpClient for HttpClient {
             request = request.header(HEADER_LAST_EVENT_ID, id);
         }
         let response = self.send(request.body(Full::default())).await?;
-        if let Some(refused) = refusal(&response) {
+        if let Some(refused) = refusal(&response, session_id.is_some()) {
             return Err(refused);
         }
         let status = response.status();
         if status == StatusCode::METHOD_NOT_ALLOWED {
             return Err(StreamableHttpError::ServerDoesNotSupportSse);
-        }
-        if status == StatusCode::NOT_FOUND && session_id.is_some() {
-            return Err(StreamableHttpError::SessionExpired);
         }
         if !status.is_success() {
             return Err(StreamableHttpError::Client(HttpError::Status(
@@ -598,6 +594,14 @@ mod tests {
         (result, served.await.unwrap())
     }
 
+    /// What a ping answered with `response` comes to, under the default limits.
+    async fn pinged(
+        response: String,
+        session: Option<&str>,
+    ) -> Result<StreamableHttpPostResponse, Failure> {
+        post(response, ping(), session, Default::default()).await.0
+    }
+
     #[tokio::test]
     async fn a_json_answer_carries_its_session_and_the_request_its_secret_and_session() {
         let body = r#"{"jsonrpc": "2.0", "id": 1, "result": {}}"#;
@@ -630,7 +634,7 @@ mod tests {
             &["content-type: text/event-stream"],
             "event: message\ndata: {\"jsonrpc\": \"2.0\", \"id\": 1, \"result\": {}}\n\n",
         );
-        let (result, _) = post(response, ping(), None, Default::default()).await;
+        let result = pinged(response, None).await;
         let Ok(StreamableHttpPostResponse::Sse(mut events, None)) = result else {
             panic!("{result:?}");
         };
@@ -671,41 +675,21 @@ mod tests {
             matches!(result, Ok(StreamableHttpPostResponse::Accepted)),
             "{result:?}"
         );
-        let (result, _) = post(
-            answer("404 Not Found", &[], ""),
-            ping(),
-            Some("s"),
-            Default::default(),
-        )
-        .await;
+        let result = pinged(answer("404 Not Found", &[], ""), Some("s")).await;
         assert!(
             matches!(result, Err(StreamableHttpError::SessionExpired)),
             "{result:?}"
         );
-        let (result, _) = post(
+        let result = pinged(
             answer("401 Unauthorized", &["www-authenticate: Bearer"], ""),
-            ping(),
             None,
-            Default::default(),
         )
         .await;
         assert_eq!(fate(&result.unwrap_err()), Fate::Unauthorized);
-        let (result, _) = post(
-            answer("500 Internal Server Error", &[], "oops"),
-            ping(),
-            None,
-            Default::default(),
-        )
-        .await;
+        let result = pinged(answer("500 Internal Server Error", &[], "oops"), None).await;
         assert_eq!(fate(&result.unwrap_err()), Fate::Lost);
         let error = r#"{"jsonrpc": "2.0", "id": 1, "error": {"code": -32602, "message": "bad"}}"#;
-        let (result, _) = post(
-            answer("400 Bad Request", &[json], error),
-            ping(),
-            None,
-            Default::default(),
-        )
-        .await;
+        let result = pinged(answer("400 Bad Request", &[json], error), None).await;
         assert!(
             matches!(
                 result,
