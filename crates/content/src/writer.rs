@@ -142,9 +142,14 @@ pub(crate) trait Writer: Clone + Send + Sync + 'static {
     /// What the model is told the tool does.
     const DESCRIPTION: &'static str;
     const EFFECT: Effect;
+    /// The neutral refusal string for the records the writer writes.
+    const NOT_PERMITTED: &'static str;
 
-    /// The neutral refusal string for the records these arguments name.
-    fn not_permitted(&self, args: &Self::Args) -> &'static str;
+    /// The neutral refusal string for the records these arguments name: a writer of records of
+    /// two kinds tells them apart here.
+    fn not_permitted(&self, _args: &Self::Args) -> &'static str {
+        Self::NOT_PERMITTED
+    }
 
     /// The rows whose state the write depends on, which the write transaction locks before
     /// `plan` reads them (a relative write must not plan against a list another write is about

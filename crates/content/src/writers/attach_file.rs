@@ -92,10 +92,7 @@ impl Writer for AttachFile {
          The file's extension must be one the field accepts. Every call is shown to a human \
          for approval before it runs.";
     const EFFECT: Effect = Effect::NonIdempotentWrite;
-
-    fn not_permitted(&self, _args: &AttachArgs) -> &'static str {
-        ELEMENT_OR_FILE_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = ELEMENT_OR_FILE_NOT_PERMITTED;
 
     async fn subjects(
         &self,

@@ -81,10 +81,7 @@ impl Writer for CreateElementDraft {
          `after_content_uid`, or at the top of the column). A human must unhide it before \
          anyone sees it. Every call is shown to a human for approval before it runs.";
     const EFFECT: Effect = Effect::NonIdempotentWrite;
-
-    fn not_permitted(&self, _args: &ElementDraftArgs) -> &'static str {
-        PAGE_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
 
     async fn subjects(
         &self,

@@ -55,10 +55,7 @@ impl Writer for SetFileAlternativeText {
          string clears it. Files without a metadata record are refused. Every call is shown \
          to a human for approval before it runs.";
     const EFFECT: Effect = Effect::IdempotentWrite;
-
-    fn not_permitted(&self, _args: &AlternativeArgs) -> &'static str {
-        ASSET_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = ASSET_NOT_PERMITTED;
 
     async fn subjects(
         &self,

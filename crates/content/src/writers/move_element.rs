@@ -110,10 +110,7 @@ impl Writer for MoveElement {
          `after_content_uid`, or at the top of the column when it is not given. Every call \
          is shown to a human for approval before it runs.";
     const EFFECT: Effect = Effect::IdempotentWrite;
-
-    fn not_permitted(&self, _args: &MoveArgs) -> &'static str {
-        ELEMENT_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = ELEMENT_NOT_PERMITTED;
 
     async fn subjects(
         &self,

@@ -56,10 +56,7 @@ impl Writer for CreatePageDraft {
          (after `after_page_uid`, or first when it is not given). A human must unhide it \
          before anyone sees it. Every call is shown to a human for approval before it runs.";
     const EFFECT: Effect = Effect::NonIdempotentWrite;
-
-    fn not_permitted(&self, _args: &PageDraftArgs) -> &'static str {
-        PAGE_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
 
     async fn subjects(
         &self,

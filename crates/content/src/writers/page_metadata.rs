@@ -102,10 +102,7 @@ impl Writer for UpdatePageMetadata {
          keywords and the SEO/social titles and descriptions) of exactly one live page. Every \
          call is shown to a human for approval before it runs.";
     const EFFECT: Effect = Effect::IdempotentWrite;
-
-    fn not_permitted(&self, _args: &PageMetadataArgs) -> &'static str {
-        PAGE_NOT_PERMITTED
-    }
+    const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
 
     async fn subjects(
         &self,

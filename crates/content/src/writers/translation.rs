@@ -392,6 +392,7 @@ impl Writer for CreateTranslationDraft {
          first). An existing translation in that language is refused unless `overwrite` is \
          true, which DISCARDS it. Every call is shown to a human for approval before it runs.";
     const EFFECT: Effect = Effect::NonIdempotentWrite;
+    const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
 
     fn not_permitted(&self, args: &TranslationArgs) -> &'static str {
         match args.table {
