@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::agents::{AgentColumns, StoredAgent};
 use crate::leases::SealedDecision;
-use crate::runs::RunStatus;
+use crate::runs::{self, RunStatus};
 use crate::{outbox, Store, StoreError};
 
 /// The outcome of a decision, as recorded and published.
@@ -416,17 +416,9 @@ impl Store {
         let run = match (r.status, r.acting_user, r.run_agent, r.pending_tools) {
             (Some(status), Some(acting_user), Some(agent), Some(pending_tools)) => {
                 Some(DecidedRun {
-                    status: status
-                        .parse()
-                        .map_err(|_| StoreError::unreadable("runs.status"))?,
-                    suspension_seq: r.suspension_seq.map(crate::runs::seq).transpose()?,
-                    turn_digest: r
-                        .turn_digest
-                        .map(|d| {
-                            TurnDigest::parse(&d)
-                                .map_err(|_| StoreError::unreadable("runs.turn_digest"))
-                        })
-                        .transpose()?,
+                    status: runs::status(&status)?,
+                    suspension_seq: runs::opt_seq(r.suspension_seq)?,
+                    turn_digest: r.turn_digest.as_deref().map(runs::digest).transpose()?,
                     acting_user,
                     agent,
                     pending_tools,

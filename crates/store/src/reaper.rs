@@ -17,7 +17,7 @@ use chrono::{DateTime, Utc};
 use countersign_core::{Effect, EventName, LeaseEpoch, RunId, SuspensionSeq, TerminationReason};
 use sqlx::{Postgres, Transaction};
 
-use crate::runs::{epoch, run_id, seq};
+use crate::runs::{epoch, pending_effect, run_id, segment, seq};
 use crate::{millis, outbox, Segment, Store, StoreError};
 
 /// A running run whose lease expired, as the scan saw it.
@@ -71,18 +71,9 @@ impl Store {
                 Ok(ExpiredLease {
                     run_id: run_id(r.id)?,
                     epoch: epoch(r.lease_epoch)?,
-                    segment: r
-                        .segment
-                        .parse()
-                        .map_err(|_| StoreError::unreadable("runs.segment"))?,
+                    segment: segment(&r.segment)?,
                     requeue_count: r.requeue_count,
-                    pending_effect: r
-                        .pending_effect
-                        .map(|e| {
-                            e.parse()
-                                .map_err(|_| StoreError::unreadable("runs.pending_effect"))
-                        })
-                        .transpose()?,
+                    pending_effect: pending_effect(r.pending_effect)?,
                     sent_call: r.sent_call,
                 })
             })

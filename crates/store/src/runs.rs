@@ -231,6 +231,18 @@ pub(crate) fn segment(s: &str) -> Result<Segment, StoreError> {
         .map_err(|_| StoreError::unreadable("runs.segment"))
 }
 
+pub(crate) fn status(s: &str) -> Result<RunStatus, StoreError> {
+    s.parse().map_err(|_| StoreError::unreadable("runs.status"))
+}
+
+pub(crate) fn pending_effect(s: Option<String>) -> Result<Option<Effect>, StoreError> {
+    s.map(|e| {
+        e.parse()
+            .map_err(|_| StoreError::unreadable("runs.pending_effect"))
+    })
+    .transpose()
+}
+
 pub(crate) fn digest(s: &str) -> Result<TurnDigest, StoreError> {
     TurnDigest::parse(s).map_err(|_| StoreError::unreadable("runs.turn_digest"))
 }
@@ -593,10 +605,7 @@ impl Store {
             request_id: r.request_id,
             agent: r.agent,
             acting_user: r.acting_user,
-            status: r
-                .status
-                .parse()
-                .map_err(|_| StoreError::unreadable("runs.status"))?,
+            status: status(&r.status)?,
             segment: segment(&r.segment)?,
             suspension_seq: opt_seq(r.suspension_seq)?,
             turn_digest: r.turn_digest.as_deref().map(digest).transpose()?,
@@ -604,13 +613,7 @@ impl Store {
             lease_owner: r.lease_owner,
             lease_epoch: epoch(r.lease_epoch)?,
             lease_expires_at: r.lease_expires_at,
-            pending_effect: r
-                .pending_effect
-                .map(|e| {
-                    e.parse()
-                        .map_err(|_| StoreError::unreadable("runs.pending_effect"))
-                })
-                .transpose()?,
+            pending_effect: pending_effect(r.pending_effect)?,
             requeue_count: r.requeue_count,
             available_at: r.available_at,
             dispatched_at: r.dispatched_at,
