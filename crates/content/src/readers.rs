@@ -15,9 +15,7 @@ use sqlx::PgConnection;
 use crate::access::User;
 use crate::args::{self, ArgResult, Arguments, Int, NonBlank, Uid};
 use crate::records::{File, Metadata, Page, PAGE_METADATA_FIELDS};
-use crate::refusals::{
-    draft_workspace, ASSET_NOT_PERMITTED, ELEMENT_NOT_PERMITTED, PAGE_NOT_PERMITTED,
-};
+use crate::refusals::{ASSET_NOT_PERMITTED, ELEMENT_NOT_PERMITTED, PAGE_NOT_PERMITTED};
 use crate::writer::{database_error, read_only_snapshot, Planned, Refusal};
 
 /// At most this many rows are considered by a search before the permission filter.
@@ -148,10 +146,6 @@ fn first_of(key: &str, visible: Vec<Value>, limit: Option<Limit>) -> Value {
     json!({key: first, "truncated": truncated})
 }
 
-fn refuse_args<T>(message: String) -> Result<Planned<T>, sqlx::Error> {
-    Ok(Err(Refusal::Invalid(message)))
-}
-
 /// `read_page_metadata`.
 #[derive(Debug, Clone)]
 pub(crate) struct ReadPageMetadata;
@@ -187,7 +181,7 @@ impl Reader for ReadPageMetadata {
             return Ok(Err(Refusal::NotPermitted));
         }
         if page.workspace != 0 {
-            return refuse_args(draft_workspace("Page", page.uid, page.workspace));
+            return Ok(Err(Refusal::draft("Page", page.uid, page.workspace)));
         }
         let translations = sqlx::query!(
             r#"SELECT uid, language FROM content.pages
@@ -384,11 +378,7 @@ fn refuse_listing(page: &Page, user: &User, language: i32) -> Option<Refusal> {
         return Some(Refusal::NotPermitted);
     }
     if page.workspace != 0 {
-        return Some(Refusal::Invalid(draft_workspace(
-            "Page",
-            page.uid,
-            page.workspace,
-        )));
+        return Some(Refusal::draft("Page", page.uid, page.workspace));
     }
     page.l10n_parent.map(|default| {
         Refusal::Invalid(format!(

@@ -29,7 +29,7 @@ use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::access::User;
 use crate::args::{self, Arguments};
-use crate::refusals::NO_LEASE;
+use crate::refusals::{draft_workspace, NO_LEASE};
 
 /// Why a call will not be carried out.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +43,11 @@ pub(crate) enum Refusal {
 impl Refusal {
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Refusal::Invalid(message.into())
+    }
+
+    /// The refusal of a record of `kind` that is a draft version in `workspace`, not live.
+    pub(crate) fn draft(kind: &str, uid: i64, workspace: i32) -> Self {
+        Refusal::Invalid(draft_workspace(kind, uid, workspace))
     }
 }
 

@@ -15,7 +15,7 @@ use crate::access::User;
 use crate::args::{choice, Arguments, Choice, Text, Uid};
 use crate::datahandler::{DataHandler, Fields, NewReference};
 use crate::records::{allowed_extensions, referenced_files, Element, File};
-use crate::refusals::{draft_workspace, named, ELEMENT_OR_FILE_NOT_PERMITTED};
+use crate::refusals::{named, ELEMENT_OR_FILE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::ReadBack;
 
@@ -135,11 +135,11 @@ impl Writer for AttachFile {
             return Ok(Err(Refusal::NotPermitted));
         }
         if element.workspace != 0 {
-            return Ok(Err(Refusal::invalid(draft_workspace(
+            return Ok(Err(Refusal::draft(
                 "Content element",
                 element.uid,
                 element.workspace,
-            ))));
+            )));
         }
         let field = args.field();
         let allowed = allowed_extensions(conn, field).await?;

@@ -15,7 +15,7 @@ use crate::access::User;
 use crate::args::{Arguments, Int, Uid};
 use crate::datahandler::DataHandler;
 use crate::records::{column, Element, Named, Page};
-use crate::refusals::{draft_workspace, named, ELEMENT_NOT_PERMITTED};
+use crate::refusals::{named, ELEMENT_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::{text_lines, uids, ReadBack, Slot};
 
@@ -83,11 +83,7 @@ pub(crate) fn check_neighbour(
 /// Refuses a page that content cannot be placed on: a draft version or a translation.
 pub(crate) fn check_content_page(page: &Page) -> Option<Refusal> {
     if page.workspace != 0 {
-        return Some(Refusal::invalid(draft_workspace(
-            "Page",
-            page.uid,
-            page.workspace,
-        )));
+        return Some(Refusal::draft("Page", page.uid, page.workspace));
     }
     page.l10n_parent.map(|parent| {
         Refusal::invalid(format!(
@@ -296,11 +292,11 @@ fn refuse_move(
     colpos: i32,
 ) -> Option<Refusal> {
     if element.workspace != 0 {
-        return Some(Refusal::invalid(draft_workspace(
+        return Some(Refusal::draft(
             "Content element",
             element.uid,
             element.workspace,
-        )));
+        ));
     }
     if let Some(parent) = element.l10n_parent {
         return Some(Refusal::invalid(format!(

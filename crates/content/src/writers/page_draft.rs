@@ -14,7 +14,7 @@ use crate::access::User;
 use crate::args::{Arguments, NonBlank, Text, Uid};
 use crate::datahandler::{DataHandler, Fields, NewPage};
 use crate::records::{subpages, Named, Page};
-use crate::refusals::{draft_workspace, named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
+use crate::refusals::{named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::{text_lines, uids, ReadBack, Slot};
 
@@ -105,11 +105,7 @@ impl Writer for CreatePageDraft {
             return Ok(Err(Refusal::NotPermitted));
         }
         if parent.workspace != 0 {
-            return Ok(Err(Refusal::invalid(draft_workspace(
-                "Page",
-                parent.uid,
-                parent.workspace,
-            ))));
+            return Ok(Err(Refusal::draft("Page", parent.uid, parent.workspace)));
         }
         if let Some(default) = parent.l10n_parent {
             return Ok(Err(Refusal::invalid(format!(

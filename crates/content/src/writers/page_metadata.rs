@@ -10,7 +10,7 @@ use crate::access::User;
 use crate::args::{ArgResult, Arguments, NonBlank, Text, Uid};
 use crate::datahandler::{DataHandler, Fields};
 use crate::records::{Page, PAGE_METADATA_FIELDS};
-use crate::refusals::{draft_workspace, named, PAGE_NOT_PERMITTED};
+use crate::refusals::{named, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::{change_line, ReadBack};
 
@@ -139,11 +139,7 @@ impl Writer for UpdatePageMetadata {
             return Ok(Err(Refusal::NotPermitted));
         }
         if page.workspace != 0 {
-            return Ok(Err(Refusal::invalid(draft_workspace(
-                "Page",
-                page.uid,
-                page.workspace,
-            ))));
+            return Ok(Err(Refusal::draft("Page", page.uid, page.workspace)));
         }
         let fields = args.fields();
         let ungranted = user.ungranted_fields("pages", fields.keys().copied());

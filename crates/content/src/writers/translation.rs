@@ -21,9 +21,7 @@ use crate::access::User;
 use crate::args::{choice, integer, Arguments, Flag, Int, Uid};
 use crate::datahandler::{DataHandler, Fields, NewElement, NewPage};
 use crate::records::{language_title, Element, Named, Page, PAGE_METADATA_FIELDS};
-use crate::refusals::{
-    draft_workspace, named, ELEMENT_NOT_PERMITTED, HIDDEN_LINE, PAGE_NOT_PERMITTED,
-};
+use crate::refusals::{named, ELEMENT_NOT_PERMITTED, HIDDEN_LINE, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Subject, Writer};
 use crate::writers::{text_lines, ReadBack};
 
@@ -472,11 +470,7 @@ impl Writer for CreateTranslationDraft {
             Table::Content => "Content element",
         };
         if workspace != 0 {
-            return Ok(Err(Refusal::invalid(draft_workspace(
-                capitalised,
-                args.uid(),
-                workspace,
-            ))));
+            return Ok(Err(Refusal::draft(capitalised, args.uid(), workspace)));
         }
         if let Some(default) = translated_from {
             return Ok(Err(Refusal::invalid(format!(
