@@ -232,3 +232,40 @@ fn the_reaper_exits_non_zero_when_postgres_cannot_be_reached() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("PostgreSQL unreachable"));
 }
+
+/// The API binds its listener before anything reports ready: with its address taken it exits
+/// non-zero, and its `/readyz` address never took a connection — an orchestrator never routes to an API that
+/// cannot serve.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_is_never_ready_when_its_address_is_taken() {
+    let db = Database::create("api_taken").await;
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+    };
+    install.countersign_ok(&["migrate", "--with-content"]);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listen = taken.local_addr().unwrap().to_string();
+    let http = free_port();
+    let mut api = install.spawn(
+        "countersign-api",
+        &[
+            "--listen",
+            &listen,
+            "--http-addr",
+            &format!("127.0.0.1:{http}"),
+        ],
+    );
+    // Asked as often as a connection allows: the window to catch is the start-up's.
+    let mut answered = false;
+    let status = loop {
+        answered |= std::net::TcpStream::connect(("127.0.0.1", http)).is_ok();
+        if let Some(status) = api.exited() {
+            break status;
+        }
+    };
+    assert!(!status.success(), "{status:?}");
+    assert!(!answered, "/readyz answered before the API could listen");
+    drop(taken);
+    db.remove().await.unwrap();
+}

@@ -70,6 +70,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Bound before the service starts, so that `/readyz` never answers before the API does.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
     let countersign_service::Service {
         store,
         broker,
@@ -116,9 +120,6 @@ async fn main() -> anyhow::Result<()> {
         },
     ));
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
     tracing::info!(addr = %args.listen, "serving /v1 and /inbox");
     countersign_api::serve(listener, state, shutdown)
         .await

@@ -36,7 +36,8 @@ impl std::fmt::Debug for Service {
 /// answering and the first wait stops it rather than kills it), then logs and traces, the
 /// keyring (before anything is connected, so a missing one stops it at once), PostgreSQL over a
 /// pool of at most `pool_size` connections, the broker with its topology declared or checked,
-/// `/metrics`, `/healthz` and `/readyz` when `--http-addr` is given, and the tools.
+/// the tools, and last `/metrics`, `/healthz` and `/readyz` when `--http-addr` is given: a
+/// service is not reported ready before it has everything it serves with.
 pub async fn start(
     name: &'static str,
     connections: &Connections,
@@ -59,15 +60,15 @@ pub async fn start(
         .broker()
         .await
         .context("connecting to RabbitMQ")?;
+    let store = Store::new(pool.clone(), Arc::new(keyring));
+    let tools = crate::tools::tools(&store, tools).await?;
     let ready = Arc::new(Ready {
-        pool: pool.clone(),
+        pool,
         broker: broker.clone(),
     });
     crate::spawn_surfaces(connections.http_addr, ready)
         .await
         .context("serving the HTTP surfaces")?;
-    let store = Store::new(pool, Arc::new(keyring));
-    let tools = crate::tools::tools(&store, tools).await?;
     Ok(Service {
         store,
         broker,
