@@ -1,5 +1,5 @@
 //! A RabbitMQ cluster the services fail over within: three nodes of the test's own
-//! (`cs<pid>n<i>@localhost`, their own data directories, cookie and loopback ports; the
+//! (`cs<pid><name>n<i>@localhost`, their own data directories, cookie and loopback ports; the
 //! machine's broker untouched), the coordinator and a worker given all three in `AMQP_ADDR`.
 //!
 //! Runs are requested and approved through the cluster while the node the services are
@@ -7,6 +7,9 @@
 //! queues' leaders is stopped. Every run completes with its one write landed once, after its
 //! approval; every event is published; both services are ready again within seconds of each
 //! stop, not when the node returns. The test prints the recovery times.
+//!
+//! A second test runs the chaos suite (`make chaos`: approvals, killed workers, a colleague's
+//! edits, the reaper) on its own cluster while the same two nodes stop in turn.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -35,7 +38,8 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start() -> Cluster {
+    /// Starts the cluster `name` (unique among the tests running at once).
+    fn start(name: &str) -> Cluster {
         let dir = TempDir::new();
         let home = dir.0.clone();
         std::fs::write(
@@ -52,7 +56,7 @@ impl Cluster {
         let tag = std::process::id();
         let nodes: Vec<Node> = (1..=3)
             .map(|i| Node {
-                name: format!("cs{tag}n{i}@localhost"),
+                name: format!("cs{tag}{name}n{i}@localhost"),
                 port: free_port(),
             })
             .collect();
@@ -125,7 +129,8 @@ impl Cluster {
             .join(",")
     }
 
-    /// The node holding the leader of `queue`, by a running node's view.
+    /// The node holding the leader of the queue whose name ends with `queue`, by a running
+    /// node's view.
     fn leader_of(&self, asked: &Node, queue: &str) -> usize {
         let listed = self.ctl(
             asked,
@@ -134,7 +139,7 @@ impl Cluster {
         let queues: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap();
         let leader = queues
             .iter()
-            .find(|q| q["name"] == queue)
+            .find(|q| q["name"].as_str().is_some_and(|name| name.ends_with(queue)))
             .and_then(|q| q["leader"].as_str())
             .unwrap_or_else(|| panic!("no leader of {queue} in {listed}"))
             .to_owned();
@@ -312,7 +317,7 @@ async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_th
         eprintln!("skipped: no rabbitmq-server at {SBIN} to start a cluster with");
         return;
     }
-    let cluster = Cluster::start();
+    let cluster = Cluster::start("runs");
     let mut site = Site::new(&cluster).await;
     site.time_to_ready(Instant::now()).await;
 
@@ -384,4 +389,68 @@ async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_th
     drop(site.services);
     drop(site.conn);
     site.db.remove().await.unwrap();
+}
+
+/// `make chaos` on the cluster: its approvals, killed workers, colleague's edits and reaper,
+/// with the services given all three nodes, while the node they connect to first (which also
+/// leads the queues they declared) stops and comes back, and then the node leading the
+/// decisions queue stops. The chaos run checks every write against the card it was approved
+/// on and exits non-zero on any write lost, duplicated, unapproved or landed against unseen
+/// state, or a run not completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chaos_suite_finds_nothing_lost_or_doubled_while_the_connected_node_and_then_the_leaders_node_stop(
+) {
+    if !Path::new(SBIN).join("rabbitmq-server").exists() {
+        eprintln!("skipped: no rabbitmq-server at {SBIN} to start a cluster with");
+        return;
+    }
+    let cluster = Cluster::start("chaos");
+    let dir = TempDir::new();
+    let log = dir.0.join("chaos.log");
+    let mut chaos = std::process::Command::new(countersign_e2e::binary("countersign-chaos"))
+        .env("AMQP_ADDR", cluster.addr())
+        .env("CHAOS_RUNS", "300")
+        .env("CHAOS_DEADLINE_SECS", "400")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("countersign-chaos starts");
+    let running = |chaos: &mut std::process::Child, when: &str| {
+        assert!(
+            chaos.try_wait().unwrap().is_none(),
+            "the chaos run ended before {when}: {}",
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
+    };
+
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    running(&mut chaos, "node 1 stopped");
+    cluster.ctl(&cluster.nodes[0], &["stop_app"]);
+    println!("node 1 stopped");
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    cluster.ctl(&cluster.nodes[0], &["start_app"]);
+    cluster.await_startup(&cluster.nodes[0]);
+    let leader = cluster.leader_of(&cluster.nodes[2], ".decisions");
+    running(&mut chaos, "the leader's node stopped");
+    cluster.ctl(&cluster.nodes[leader], &["stop_app"]);
+    println!("node {} (the decisions queue's leader) stopped", leader + 1);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    cluster.ctl(&cluster.nodes[leader], &["start_app"]);
+
+    let out = tokio::task::spawn_blocking(move || chaos.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    print!("{report}");
+    assert!(
+        out.status.success(),
+        "the chaos run failed: {report}{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(
+        report.contains("lost 0 duplicated 0 landed-against-unseen-state 0 unapproved 0"),
+        "{report}"
+    );
 }
