@@ -36,7 +36,7 @@ chaos: services
 ## Prints the benchmark figures: the store and crypto, then runs through the services.
 bench: services
 	cargo run --release -p countersign-store --example bench
-	cargo build --release --quiet -p countersign-dev -p countersign-worker --bins
+	cargo build --release --quiet -p countersign-dev -p countersign-worker -p countersign-coordinator --bins
 	cargo run --release --quiet -p countersign-dev -- bench --runs 500
 
 services:

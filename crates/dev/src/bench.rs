@@ -21,8 +21,12 @@
 //! throughput against the ideal N / latency — in the steady state of a backlog queued before
 //! the worker starts, for its first wave, and with the runs requested at once — the
 //! coordinator's intake, RSS, heartbeat statements per second and PostgreSQL connections.
+//!
+//! The scale part (`scale.rs`) drives the same cycle through worker and coordinator processes,
+//! 1 to 4 of them, to show what a cycle costs as the services spread out.
 
 use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -44,17 +48,20 @@ use countersign_testkit::{
 use countersign_worker::service::WorkerConfig;
 use countersign_worker::{Models, SegmentRunner};
 use serde_json::{json, Value};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use uuid::Uuid;
 
-const SCRIPT: &str = include_str!("../bench-agent.json");
+use crate::scale;
+
+pub(crate) const SCRIPT: &str = include_str!("../bench-agent.json");
 const AGENT: &str = "bench-agent";
 /// The page every bench page is created under (inside the editor's page mount).
 const PARENT_PAGE: i64 = 10;
 /// Segments the worker runs at once in the cycle part.
-const WORKER_CONCURRENCY: usize = 512;
+pub(crate) const WORKER_CONCURRENCY: usize = 512;
 /// The concurrencies of the closed-loop phases.
 const PHASES: [usize; 3] = [1, 16, 256];
 
@@ -67,6 +74,8 @@ pub struct BenchConfig {
     pub long_segments: usize,
     /// How long the stub model takes per answer in the long-segment part.
     pub model_latency: Duration,
+    /// Run the scale part only.
+    pub only_scale: bool,
 }
 
 pub async fn run(database_url: &str, amqp_addr: &str, config: BenchConfig) -> anyhow::Result<()> {
@@ -79,22 +88,40 @@ pub async fn run(database_url: &str, amqp_addr: &str, config: BenchConfig) -> an
 
 async fn bench(db: &Database, amqp_addr: &str, config: &BenchConfig) -> anyhow::Result<()> {
     let bench = Bench::prepare(db, amqp_addr).await?;
-    // Checked first, so a missing worker binary stops the bench before its first figure.
-    let worker = match config.long_segments {
-        0 => None,
-        _ => Some(WorkerEnv::new(
-            db,
-            amqp_addr,
-            &bench.queue_prefix,
-            &bench.keys,
-        )?),
+    // Checked first, so a missing binary stops the bench before its first figure.
+    let services = ServiceEnv::new(db, amqp_addr, &bench.queue_prefix, &bench.keys)?;
+    let cycle_pages = match config.only_scale {
+        true => 0,
+        false => {
+            PHASES
+                .iter()
+                .map(|&c| phase_cycles(c, config.cycles))
+                .sum::<usize>()
+                + config.cycles
+        }
     };
-    let total: usize = PHASES
-        .iter()
-        .map(|&c| phase_cycles(c, config.cycles))
-        .sum::<usize>()
-        + config.cycles;
-    let pages = seed_pages(&bench.pool, total).await?;
+    let mut pages = seed_pages(&bench.pool, cycle_pages + scale::pages(config.cycles)).await?;
+    let scale_pages = pages.split_off(cycle_pages);
+    let mut done = Vec::new();
+    if !config.only_scale {
+        done = cycle_part(&bench, pages, config).await?;
+        if config.long_segments > 0 {
+            long_segments(&bench, &services, config).await?;
+        }
+    }
+    scale::run(&bench, &services, scale_pages, config.cycles, done).await?;
+    bench.broker.delete_topology().await?;
+    bench.pool.close().await;
+    Ok(())
+}
+
+/// The cycle part: baselines, the closed and open loops through the coordinator and a worker
+/// in this process, the ceilings, and the verification; the cycles it completed.
+async fn cycle_part(
+    bench: &Bench,
+    pages: Vec<i64>,
+    config: &BenchConfig,
+) -> anyhow::Result<Vec<Cycle>> {
     println!(
         "countersign bench: the full approval cycle (request → suspend → approve → re-preview → write → completed),\n\
          coordinator and one worker ({WORKER_CONCURRENCY} segments at once) in this process, over RabbitMQ and PostgreSQL"
@@ -116,7 +143,7 @@ async fn bench(db: &Database, amqp_addr: &str, config: &BenchConfig) -> anyhow::
     let peak = closed_loop_phases(&bench.pool, &mut driver, config).await?;
     half_the_peak(&bench.pool, &mut driver, config, &peak).await?;
     let floor = amqp.percentile(50) + pg.percentile(50);
-    print_ceilings(&bench, floor).await?;
+    print_ceilings(bench, floor).await?;
     verify(&bench.pool, &driver.done).await?;
     println!(
         "verified  {} approved writes landed once each, on their own page; nothing else changed",
@@ -124,19 +151,13 @@ async fn bench(db: &Database, amqp_addr: &str, config: &BenchConfig) -> anyhow::
     );
     stop.notify_waiters();
     while services.join_next().await.is_some() {}
-
-    if let Some(worker) = &worker {
-        long_segments(&bench, worker, config).await?;
-    }
-    bench.broker.delete_topology().await?;
-    bench.pool.close().await;
-    Ok(())
+    driver.finish().await
 }
 
 /// What every part of the bench works on: its database, keys, queues and producer identity.
-struct Bench {
+pub(crate) struct Bench {
     /// The services' pool, as the binaries configure it.
-    pool: PgPool,
+    pub(crate) pool: PgPool,
     /// Sealed with a key of this run's own, which the long-segment part's worker is given too.
     store: Store,
     keys: String,
@@ -216,7 +237,7 @@ impl Bench {
     }
 
     /// The producer's side of the cycles, on every event of the bench's queues.
-    async fn driver(&self, pages: Vec<i64>) -> anyhow::Result<Driver<'_>> {
+    pub(crate) async fn driver(&self, pages: Vec<i64>) -> anyhow::Result<Driver<'_>> {
         let watch = self.broker.declare_private_queue().await?;
         self.broker.bind_events(&watch, "#").await?;
         let events = self.broker.consume(&watch, 1000).await?;
@@ -410,14 +431,14 @@ fn description(page: i64) -> String {
 
 /// One cycle as the producer sees it.
 #[derive(Debug, Clone)]
-struct Cycle {
+pub(crate) struct Cycle {
     page: i64,
     run_id: Option<String>,
     decided_at: Option<DateTime<Utc>>,
 }
 
 /// The producer's side: requests and decisions out, events in.
-struct Driver<'a> {
+pub(crate) struct Driver<'a> {
     broker: &'a Broker,
     events: Consumer,
     as_producer: MessageProperties,
@@ -429,7 +450,7 @@ struct Driver<'a> {
     /// Events about runs whose `run.accepted` was not read yet.
     early: Vec<Value>,
     /// Every completed cycle of the bench.
-    done: Vec<Cycle>,
+    pub(crate) done: Vec<Cycle>,
 }
 
 impl Driver<'_> {
@@ -524,7 +545,11 @@ impl Driver<'_> {
     }
 
     /// `n` cycles, keeping `in_flight` of them going.
-    async fn closed_loop(&mut self, n: usize, in_flight: usize) -> anyhow::Result<Vec<Cycle>> {
+    pub(crate) async fn closed_loop(
+        &mut self,
+        n: usize,
+        in_flight: usize,
+    ) -> anyhow::Result<Vec<Cycle>> {
         let mut started = 0;
         let mut finished = Vec::with_capacity(n);
         while started < n.min(in_flight) {
@@ -542,6 +567,13 @@ impl Driver<'_> {
             }
         }
         Ok(finished)
+    }
+
+    /// Stops watching the events (a queue bound to them all would go on costing the broker a
+    /// copy of every event); the cycles it completed.
+    pub(crate) async fn finish(self) -> anyhow::Result<Vec<Cycle>> {
+        self.events.cancel().await?;
+        Ok(self.done)
     }
 
     /// `n` cycles, requested at `rate` per second whatever is in flight.
@@ -612,7 +644,7 @@ async fn write_latencies(pool: &PgPool, cycles: &[Cycle]) -> anyhow::Result<Late
 }
 
 /// Every cycle's page holds what its approval wrote, and every other page is untouched.
-async fn verify(pool: &PgPool, done: &[Cycle]) -> anyhow::Result<()> {
+pub(crate) async fn verify(pool: &PgPool, done: &[Cycle]) -> anyhow::Result<()> {
     let written: HashSet<i64> = done.iter().map(|c| c.page).collect();
     let pages: Vec<(i64, String)> = sqlx::query_as(
         "SELECT uid, description FROM content.pages WHERE pid = $1 AND sorting > 10000",
@@ -726,34 +758,37 @@ impl Counters {
             writes,
             wal_bytes,
             publishes: countersign_queue::published_total(),
-            cpu: CpuTimes::now(None),
+            cpu: CpuTimes::now(&[]),
         })
     }
 }
 
-/// CPU seconds so far of this process, a worker process, PostgreSQL's and RabbitMQ's.
+/// CPU seconds so far of this process, of the service processes the bench started,
+/// PostgreSQL's and RabbitMQ's.
 #[derive(Debug, Clone, Copy)]
-struct CpuTimes {
-    this: f64,
-    /// 0 without a worker process.
-    worker: f64,
-    postgres: f64,
-    rabbitmq: f64,
+pub(crate) struct CpuTimes {
+    pub(crate) this: f64,
+    /// The service processes together; 0 without any.
+    pub(crate) services: f64,
+    pub(crate) postgres: f64,
+    pub(crate) rabbitmq: f64,
 }
 
 impl CpuTimes {
-    fn now(worker: Option<u32>) -> CpuTimes {
+    /// Read while `services` run: an exited process's time is gone from `/proc`, and so is that
+    /// of its PostgreSQL server processes.
+    pub(crate) fn now(services: &[u32]) -> CpuTimes {
         CpuTimes {
             this: cpu_seconds(|pid, _| pid == std::process::id()),
-            worker: worker.map_or(0.0, |worker| cpu_seconds(|pid, _| pid == worker)),
+            services: cpu_seconds(|pid, _| services.contains(&pid)),
             postgres: cpu_seconds(|_, comm| comm == "postgres"),
             rabbitmq: cpu_seconds(|_, comm| comm == "beam.smp"),
         }
     }
 
     /// The CPU seconds of all of them together.
-    fn total(&self) -> f64 {
-        self.this + self.worker + self.postgres + self.rabbitmq
+    pub(crate) fn total(&self) -> f64 {
+        self.this + self.services + self.postgres + self.rabbitmq
     }
 }
 
@@ -1030,7 +1065,7 @@ impl Latencies {
 
 const LONG_AGENT: &str = "bench-long";
 /// The `application_name` of the worker's connections, to count them.
-const WORKER_APPLICATION: &str = "countersign-bench-worker";
+pub(crate) const WORKER_APPLICATION: &str = "countersign-bench-worker";
 /// The variable the long agent's model settings name for their (stand-in) API key.
 const STUB_KEY_ENV: &str = "COUNTERSIGN_BENCH_STUB_KEY";
 const LONG_LEASE_TTL_SECS: u64 = 6;
@@ -1039,7 +1074,7 @@ const LONG_LEASE_TTL_SECS: u64 = 6;
 /// model.
 async fn long_segments(
     bench: &Bench,
-    worker: &WorkerEnv,
+    processes: &ServiceEnv,
     config: &BenchConfig,
 ) -> anyhow::Result<()> {
     let n = config.long_segments;
@@ -1067,7 +1102,7 @@ async fn long_segments(
     bench.broker.bind_events(&watch, "run.*").await?;
     let mut long = Long {
         bench,
-        worker,
+        processes,
         stub,
         events: bench.broker.consume(&watch, 1000).await?,
         latency: config.model_latency,
@@ -1088,6 +1123,8 @@ async fn long_segments(
         let smaller = long.backlog(n / 4).await?;
         long.print_quarter(&smaller, n / 4);
     }
+    // Its watch would go on costing the broker a copy of every later event.
+    long.events.cancel().await?;
     stop.notify_waiters();
     while services.join_next().await.is_some() {}
     Ok(())
@@ -1096,7 +1133,8 @@ async fn long_segments(
 /// What the long-segment part works with.
 struct Long<'a> {
     bench: &'a Bench,
-    worker: &'a WorkerEnv,
+    /// How it starts its worker processes.
+    processes: &'a ServiceEnv,
     stub: StubProcess,
     /// Every `run.*` event of the bench's queues.
     events: Consumer,
@@ -1104,6 +1142,22 @@ struct Long<'a> {
 }
 
 impl Long<'_> {
+    /// A worker running `concurrency` segments at once, on short leases.
+    async fn start_worker(&self, concurrency: usize) -> anyhow::Result<ServiceProcess> {
+        let args = [
+            "--concurrency".to_owned(),
+            concurrency.to_string(),
+            "--lease-ttl-secs".to_owned(),
+            LONG_LEASE_TTL_SECS.to_string(),
+            "--poll-interval-secs".to_owned(),
+            "1".to_owned(),
+        ];
+        let worker = &self.processes.worker;
+        self.processes
+            .start(worker, WORKER_APPLICATION, &args)
+            .await
+    }
+
     /// The ideal rate with `n` in flight: N / latency.
     fn ideal(&self, n: usize) -> f64 {
         n as f64 / self.latency.as_secs_f64()
@@ -1135,7 +1189,7 @@ impl Long<'_> {
              (the stub's and the bench's own processes not counted); {} runs in {:.1} s",
             per_run(before.commits as f64, after.commits as f64),
             per_run(before.writes as f64, after.writes as f64),
-            per_run(before.cpu.worker, after.cpu.worker) * 1000.0,
+            per_run(before.cpu.services, after.cpu.services) * 1000.0,
             per_run(before.cpu.postgres, after.cpu.postgres) * 1000.0,
             per_run(before.cpu.rabbitmq, after.cpu.rabbitmq) * 1000.0,
             backlog.queued,
@@ -1160,7 +1214,7 @@ impl Long<'_> {
     /// End to end: the runs are requested at once, so the coordinator's gates (in this
     /// process) and the claims run while the first segments wait on the model.
     async fn requested_at_once(&mut self, n: usize) -> anyhow::Result<()> {
-        let process = self.worker.start(n).await?;
+        let process = self.start_worker(n).await?;
         let started = Instant::now();
         request_long_runs(&self.bench.broker, &self.bench.as_producer, n).await?;
         let seen = self.await_long_runs(&process, n).await?;
@@ -1189,7 +1243,7 @@ impl Long<'_> {
             smaller.steady,
             100.0 * smaller.steady / ideal,
             2 * quarter,
-            per_run(smaller.before.cpu.worker, smaller.after.cpu.worker),
+            per_run(smaller.before.cpu.services, smaller.after.cpu.services),
             per_run(smaller.before.cpu.postgres, smaller.after.cpu.postgres),
             per_run(smaller.before.cpu.rabbitmq, smaller.after.cpu.rabbitmq),
             smaller.seen.rss as f64 / 1e6
@@ -1213,14 +1267,14 @@ impl Long<'_> {
         let before = Counters::read(pool).await?;
         // The worker's start-up (its connections, its topology check) is in its first wave.
         let started = Instant::now();
-        let process = self.worker.start(n).await?;
+        let process = self.start_worker(n).await?;
         let seen = self.await_long_runs(&process, queued).await?;
         let elapsed = started.elapsed();
         let heartbeats = process.metric("countersign_heartbeat_statements_total")?;
         // CPU times now, while the worker and its server processes run (an exited process's
         // time is gone from /proc); the statistics once it stopped, as its server processes
         // report theirs when they exit (an idle one may wait ten seconds).
-        let cpu = CpuTimes::now(Some(process.pid()));
+        let cpu = CpuTimes::now(&[process.pid()]);
         process.stop().await?;
         let after = Counters {
             cpu,
@@ -1245,7 +1299,7 @@ impl Long<'_> {
     /// and the database connections it holds every hundred completions.
     async fn await_long_runs(
         &mut self,
-        worker: &WorkerProcess,
+        worker: &ServiceProcess,
         n: usize,
     ) -> anyhow::Result<LongRuns> {
         let mut seen = LongRuns {
@@ -1347,49 +1401,53 @@ struct LongRuns {
     completed: Vec<Instant>,
 }
 
-/// How the long-segment part starts `countersign-worker`: as an installation does, against the
-/// bench's database, queues and keys.
-struct WorkerEnv {
-    binary: std::path::PathBuf,
-    /// The bench database, with the worker's connections named [`WORKER_APPLICATION`].
-    database_url: String,
+/// How the bench starts `countersign-worker` and `countersign-coordinator` (built beside this
+/// binary): as an installation does, against the bench's database, queues and keys.
+pub(crate) struct ServiceEnv {
+    pub(crate) worker: PathBuf,
+    pub(crate) coordinator: PathBuf,
+    database: PgConnectOptions,
     amqp_addr: String,
     queue_prefix: String,
     keys: String,
 }
 
-impl WorkerEnv {
+impl ServiceEnv {
     fn new(
         db: &Database,
         amqp_addr: &str,
         queue_prefix: &str,
         keys: &str,
-    ) -> anyhow::Result<WorkerEnv> {
-        use sqlx::ConnectOptions;
-        let binary = binary("countersign-worker")?;
-        let mut url = db.options()?.to_url_lossy();
-        url.query_pairs_mut()
-            .append_pair("application_name", WORKER_APPLICATION);
-        Ok(WorkerEnv {
-            binary,
-            database_url: url.to_string(),
+    ) -> anyhow::Result<ServiceEnv> {
+        Ok(ServiceEnv {
+            worker: binary("countersign-worker")?,
+            coordinator: binary("countersign-coordinator")?,
+            database: db.options()?,
             amqp_addr: amqp_addr.into(),
             queue_prefix: queue_prefix.into(),
             keys: keys.into(),
         })
     }
 
-    /// A worker running `concurrency` segments at once, serving its metrics; returns once it
-    /// answers on them.
-    async fn start(&self, concurrency: usize) -> anyhow::Result<WorkerProcess> {
+    /// `binary` with `args`, its connections named `application`, serving its metrics; returns
+    /// once it answers on them.
+    pub(crate) async fn start(
+        &self,
+        binary: &Path,
+        application: &str,
+        args: &[String],
+    ) -> anyhow::Result<ServiceProcess> {
+        use sqlx::ConnectOptions;
+        let name = binary.file_name().unwrap_or_default().to_string_lossy();
+        let mut url = self.database.to_url_lossy();
+        url.query_pairs_mut()
+            .append_pair("application_name", application);
         let port = free_port();
-        let mut command = Command::new(&self.binary);
+        let mut command = Command::new(binary);
         command
-            .args(["--concurrency", &concurrency.to_string()])
-            .args(["--lease-ttl-secs", &LONG_LEASE_TTL_SECS.to_string()])
-            .args(["--poll-interval-secs", "1"])
+            .args(args)
             .args(["--http-addr", &format!("127.0.0.1:{port}")])
-            .env("DATABASE_URL", &self.database_url)
+            .env("DATABASE_URL", url.as_str())
             .env("AMQP_ADDR", &self.amqp_addr)
             .env("COUNTERSIGN_QUEUE_PREFIX", &self.queue_prefix)
             .env("COUNTERSIGN_KEYS", &self.keys)
@@ -1398,40 +1456,46 @@ impl WorkerEnv {
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null());
-        let mut process = Process::spawn("countersign-worker", &mut command)?;
+        let mut process = Process::spawn(&name, &mut command)?;
         process
             .wait_for_http(port, "/healthz", Duration::from_secs(30))
             .await?;
-        Ok(WorkerProcess { process, port })
+        Ok(ServiceProcess {
+            name: name.into_owned(),
+            process,
+            port,
+        })
     }
 }
 
-/// A running `countersign-worker`; killed if dropped before [`WorkerProcess::stop`].
-struct WorkerProcess {
+/// A running service binary; killed if dropped before [`ServiceProcess::stop`].
+pub(crate) struct ServiceProcess {
+    name: String,
     process: Process,
     /// Where it serves its metrics.
     port: u16,
 }
 
-impl WorkerProcess {
-    fn pid(&self) -> u32 {
+impl ServiceProcess {
+    pub(crate) fn pid(&self) -> u32 {
         self.process.pid()
     }
 
-    /// The value of an unlabelled metric the worker serves.
+    /// The value of an unlabelled metric the process serves.
     fn metric(&self, name: &str) -> anyhow::Result<f64> {
-        let (_, body) = http_get(self.port, "/metrics").context("the worker's /metrics")?;
+        let (_, body) = http_get(self.port, "/metrics")
+            .with_context(|| format!("the {} /metrics", self.name))?;
         let served = body
             .lines()
             .any(|line| line.starts_with(&format!("{name} ")));
-        anyhow::ensure!(served, "the worker serves no {name}");
+        anyhow::ensure!(served, "{} serves no {name}", self.name);
         Ok(counter_total(&body, name))
     }
 
     /// SIGTERM, as an installation stops it; waits for it to exit 0.
-    async fn stop(mut self) -> anyhow::Result<()> {
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
         let status = self.process.terminate(Duration::from_secs(30)).await?;
-        anyhow::ensure!(status.success(), "countersign-worker exited {status}");
+        anyhow::ensure!(status.success(), "{} exited {status}", self.name);
         Ok(())
     }
 }

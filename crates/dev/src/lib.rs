@@ -16,6 +16,7 @@ use countersign_queue::{Broker, QueueConfig, Topology};
 
 pub mod bench;
 mod demo;
+mod scale;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -51,8 +52,9 @@ pub enum Command {
         keep: bool,
     },
     /// Times runs through an in-process coordinator and worker against baselines, then long
-    /// segments in a `countersign-worker` process beside this one, in a throwaway database,
-    /// and prints the figures.
+    /// segments in a `countersign-worker` process beside this one, then the same cycle through
+    /// 1, 2 and 4 worker and 1 and 2 coordinator processes (the scale part), in a throwaway
+    /// database, and prints the figures.
     Bench {
         /// Full approval cycles per measured phase.
         #[arg(long, default_value_t = 500)]
@@ -63,6 +65,9 @@ pub enum Command {
         /// How long the stub model of the long-segment part takes to answer, in milliseconds.
         #[arg(long, default_value_t = 2000)]
         model_latency_ms: u64,
+        /// Run the scale part only (its cycles per configuration still follow --runs).
+        #[arg(long)]
+        only_scale: bool,
     },
     /// The bench's model stub, in a process of its own (started by `bench`): an
     /// OpenAI-compatible endpoint that answers after the latency; exits when its stdin closes.
@@ -89,11 +94,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             runs,
             long,
             model_latency_ms,
+            only_scale,
         } => {
             let config = bench::BenchConfig {
                 cycles: runs,
                 long_segments: long,
                 model_latency: Duration::from_millis(model_latency_ms),
+                only_scale,
             };
             bench::run(
                 &cli.endpoints.database_url,
