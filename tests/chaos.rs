@@ -170,9 +170,7 @@ async fn drive(
             "request_id": request_id, "agent": format!("chaos-{i}"),
             "acting_user": "editor", "prompt": format!("Attach the bicycle, run {i}."),
         }))?;
-        broker
-            .publish_to_queue(&broker.topology().run_requests(), &body, Some("guest"))
-            .await?;
+        publish(&broker, &broker.topology().run_requests(), &body).await?;
         run_ids.insert(request_id, i);
     }
 
@@ -224,9 +222,7 @@ async fn drive(
                 "decision_id": Uuid::now_v7(), "run_id": run_id, "suspension_seq": seq,
                 "turn_digest": digest, "approved": true, "approver": "admin",
             }))?;
-            broker
-                .publish_to_queue(&broker.topology().decisions(), &body, Some("guest"))
-                .await?;
+            publish(&broker, &broker.topology().decisions(), &body).await?;
             approved.insert(run_id, Approved { seq, lands_at });
             approvals += 1;
         }
@@ -280,6 +276,23 @@ async fn drive(
         eprintln!("chaos: not every run completed before the deadline");
     }
     Ok(clean && finished && completed == runs as i64)
+}
+
+/// Publishes `body` to `queue` as `guest`, as a producer does: a publish whose broker node went
+/// away is sent again (run requests and decisions carry their ids, so a repeat is a replay),
+/// for up to a minute.
+async fn publish(broker: &Broker, queue: &str, body: &[u8]) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match broker.publish_to_queue(queue, body, Some("guest")).await {
+            Ok(()) => return Ok(()),
+            Err(e) if Instant::now() < deadline => {
+                eprintln!("chaos: publishing failed, sending again: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// The position the card's attach preview says the new reference takes.

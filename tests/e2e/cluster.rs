@@ -130,20 +130,28 @@ impl Cluster {
     }
 
     /// The node holding the leader of the queue whose name ends with `queue`, by a running
-    /// node's view.
+    /// node's view; waits up to two minutes for the queue to be declared and to have a leader.
     fn leader_of(&self, asked: &Node, queue: &str) -> usize {
-        let listed = self.ctl(
-            asked,
-            &["list_queues", "name", "leader", "--formatter", "json"],
-        );
-        let queues: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap();
-        let leader = queues
-            .iter()
-            .find(|q| q["name"].as_str().is_some_and(|name| name.ends_with(queue)))
-            .and_then(|q| q["leader"].as_str())
-            .unwrap_or_else(|| panic!("no leader of {queue} in {listed}"))
-            .to_owned();
-        self.nodes.iter().position(|n| n.name == leader).unwrap()
+        let deadline = Instant::now() + secs(120);
+        loop {
+            let listed = self.ctl(
+                asked,
+                &["list_queues", "name", "leader", "--formatter", "json"],
+            );
+            let queues: Vec<serde_json::Value> = serde_json::from_str(&listed).unwrap();
+            let leader = queues
+                .iter()
+                .find(|q| q["name"].as_str().is_some_and(|name| name.ends_with(queue)))
+                .and_then(|q| q["leader"].as_str());
+            if let Some(at) = leader.and_then(|l| self.nodes.iter().position(|n| n.name == l)) {
+                return at;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no leader of {queue} in {listed}"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
 }
 
@@ -424,7 +432,9 @@ async fn the_chaos_suite_finds_nothing_lost_or_doubled_while_the_connected_node_
         );
     };
 
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Once the chaos run's services have declared their queues, and its runs are under way.
+    cluster.leader_of(&cluster.nodes[1], ".decisions");
+    tokio::time::sleep(Duration::from_secs(3)).await;
     running(&mut chaos, "node 1 stopped");
     cluster.ctl(&cluster.nodes[0], &["stop_app"]);
     println!("node 1 stopped");
