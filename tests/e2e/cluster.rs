@@ -24,6 +24,10 @@ use uuid::Uuid;
 
 const SBIN: &str = "/usr/lib/rabbitmq/bin";
 
+/// One cluster at a time: two starting at once, among the rest of the suite, can take each
+/// other's free ports and starve each other's nodes of the start-up time they need.
+static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// One node of the test's cluster.
 struct Node {
     name: String,
@@ -325,6 +329,7 @@ async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_th
         eprintln!("skipped: no rabbitmq-server at {SBIN} to start a cluster with");
         return;
     }
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = Cluster::start("runs");
     let mut site = Site::new(&cluster).await;
     site.time_to_ready(Instant::now()).await;
@@ -412,6 +417,7 @@ async fn the_chaos_suite_finds_nothing_lost_or_doubled_while_the_connected_node_
         eprintln!("skipped: no rabbitmq-server at {SBIN} to start a cluster with");
         return;
     }
+    let _one = ONE_CLUSTER.lock().await;
     let cluster = Cluster::start("chaos");
     let dir = TempDir::new();
     let log = dir.0.join("chaos.log");
