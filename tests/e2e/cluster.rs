@@ -39,11 +39,19 @@ struct Cluster {
     home: PathBuf,
     nodes: Vec<Node>,
     _dir: TempDir,
+    /// Released after the nodes have stopped (fields drop after `Drop::drop`).
+    _one: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl Cluster {
-    /// Starts the cluster `name` (unique among the tests running at once).
-    fn start(name: &str) -> Cluster {
+    /// Starts the cluster `name` once no other test's cluster runs; `None` (the test skipped)
+    /// where the machine has no `rabbitmq-server`.
+    async fn start(name: &str) -> Option<Cluster> {
+        if !Path::new(SBIN).join("rabbitmq-server").exists() {
+            eprintln!("skipped: no rabbitmq-server at {SBIN} to start a cluster with");
+            return None;
+        }
+        let one = ONE_CLUSTER.lock().await;
         let dir = TempDir::new();
         let home = dir.0.clone();
         std::fs::write(
@@ -71,6 +79,7 @@ impl Cluster {
             home,
             nodes,
             _dir: dir,
+            _one: one,
         };
         for node in &cluster.nodes {
             cluster.await_startup(node);
@@ -81,7 +90,7 @@ impl Cluster {
             cluster.ctl(node, &["join_cluster", &first]);
             cluster.ctl(node, &["start_app"]);
         }
-        cluster
+        Some(cluster)
     }
 
     /// Waits until `node` runs: a node started detached is not known to epmd at once, and
@@ -325,12 +334,9 @@ impl Site {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_the_leaders_node_stop(
 ) {
-    if !Path::new(SBIN).join("rabbitmq-server").exists() {
-        eprintln!("skipped: no rabbitmq-server at {SBIN} to start a cluster with");
+    let Some(cluster) = Cluster::start("runs").await else {
         return;
-    }
-    let _one = ONE_CLUSTER.lock().await;
-    let cluster = Cluster::start("runs");
+    };
     let mut site = Site::new(&cluster).await;
     site.time_to_ready(Instant::now()).await;
 
@@ -413,12 +419,9 @@ async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chaos_suite_finds_nothing_lost_or_doubled_while_the_connected_node_and_then_the_leaders_node_stop(
 ) {
-    if !Path::new(SBIN).join("rabbitmq-server").exists() {
-        eprintln!("skipped: no rabbitmq-server at {SBIN} to start a cluster with");
+    let Some(cluster) = Cluster::start("chaos").await else {
         return;
-    }
-    let _one = ONE_CLUSTER.lock().await;
-    let cluster = Cluster::start("chaos");
+    };
     let dir = TempDir::new();
     let log = dir.0.join("chaos.log");
     let mut chaos = std::process::Command::new(countersign_e2e::binary("countersign-chaos"))
