@@ -1,7 +1,6 @@
 //! End-to-end: the real binaries against the real PostgreSQL and RabbitMQ.
 
 mod cards;
-mod cluster;
 mod data_classes;
 mod demo;
 mod deploy;

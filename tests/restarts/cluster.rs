@@ -24,10 +24,6 @@ use uuid::Uuid;
 
 const SBIN: &str = "/usr/lib/rabbitmq/bin";
 
-/// One cluster at a time: two starting at once, among the rest of the suite, can take each
-/// other's free ports and starve each other's nodes of the start-up time they need.
-static ONE_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// One node of the test's cluster.
 struct Node {
     name: String,
@@ -39,19 +35,21 @@ struct Cluster {
     home: PathBuf,
     nodes: Vec<Node>,
     _dir: TempDir,
-    /// Released after the nodes have stopped (fields drop after `Drop::drop`).
+    /// This binary's one-test-at-a-time lock, released after the nodes have stopped (fields
+    /// drop after `Drop::drop`): two clusters starting at once, or a cluster beside the
+    /// machine's broker restarting, take each other's ports and start-up time.
     _one: tokio::sync::MutexGuard<'static, ()>,
 }
 
 impl Cluster {
-    /// Starts the cluster `name` once no other test's cluster runs; `None` (the test skipped)
+    /// Starts the cluster `name` once no other test of this binary runs; `None` (the test skipped)
     /// where the machine has no `rabbitmq-server`.
     async fn start(name: &str) -> Option<Cluster> {
         if !Path::new(SBIN).join("rabbitmq-server").exists() {
             eprintln!("skipped: no rabbitmq-server at {SBIN} to start a cluster with");
             return None;
         }
-        let one = ONE_CLUSTER.lock().await;
+        let one = crate::support::exclusive().await;
         let dir = TempDir::new();
         let home = dir.0.clone();
         std::fs::write(
@@ -463,11 +461,15 @@ async fn the_chaos_suite_finds_nothing_lost_or_doubled_while_the_connected_node_
         .unwrap();
     let report = String::from_utf8_lossy(&out.stdout);
     print!("{report}");
-    assert!(
-        out.status.success(),
-        "the chaos run failed: {report}{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    if !out.status.success() {
+        let logged = std::fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = logged.lines().rev().take(40).collect();
+        eprintln!(
+            "the chaos run's last log lines, newest first:\n{}",
+            tail.join("\n")
+        );
+        panic!("the chaos run failed ({}): {report}", out.status);
+    }
     assert!(
         report.contains("lost 0 duplicated 0 landed-against-unseen-state 0 unapproved 0"),
         "{report}"
