@@ -5,18 +5,21 @@ PyPI) and the endpoint's secret, answers 500 to the first delivery of each messa
 sender must retry) and 204 to later ones, and appends one JSON line per request to LOG:
 the message id, whether it verified, the status answered and the body.
 
-    python webhook_receiver.py SECRET PORT LOG
+    python webhook_receiver.py SECRET PORT LOG [CERT KEY]
 
-It writes LOG.ready once it listens.
+With CERT and KEY (PEM files) it serves HTTPS with that certificate. It writes LOG.ready once
+it listens.
 """
 
 import json
+import ssl
 import sys
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 secret, port, log = sys.argv[1:4]
+tls = sys.argv[4:6]
 webhook = Webhook(secret)
 answered = set()
 
@@ -50,5 +53,9 @@ class Receiver(BaseHTTPRequestHandler):
 
 
 server = HTTPServer(("127.0.0.1", int(port)), Receiver)
+if tls:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(*tls)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
 open(log + ".ready", "w").close()
 server.serve_forever()

@@ -1,12 +1,13 @@
 //! `countersign-coordinator`: takes run requests and decisions from RabbitMQ, gates them, and
 //! dispatches segments.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
 use countersign_coordinator::{service, Coordinator};
-use countersign_service::webhooks::{self, DeliveryConfig};
+use countersign_service::webhooks::{self, DeliveryConfig, Trust};
 use countersign_service::{Connections, KeySettings, ToolSettings};
 
 #[derive(Debug, Parser)]
@@ -33,11 +34,18 @@ struct Args {
     /// Hours a webhook delivery is tried for before it is failed.
     #[arg(long, env = "COUNTERSIGN_WEBHOOK_GIVE_UP_HOURS", default_value_t = 24)]
     webhook_give_up_hours: u64,
+    /// A PEM file of certificate authorities that `https://` webhook endpoints' certificates
+    /// may chain to, besides the public roots (receivers under an internal CA).
+    #[arg(long, env = "COUNTERSIGN_WEBHOOKS_CA_FILE")]
+    webhooks_ca_file: Option<PathBuf>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Checked before anything starts: an unusable CA file stops the process.
+    let webhook_trust = Trust::new(args.webhooks_ca_file.as_deref())
+        .map_err(|e| anyhow::anyhow!("--webhooks-ca-file: {e} ({})", e.code()))?;
     let started = countersign_service::start(
         "countersign-coordinator",
         &args.connections,
@@ -54,13 +62,13 @@ async fn main() -> anyhow::Result<()> {
         ..DeliveryConfig::default()
     };
     let (stop_webhooks, webhooks_stopped) = tokio::sync::oneshot::channel::<()>();
-    let webhooks = tokio::spawn(webhooks::run(
-        started.store.clone(),
-        deliveries,
-        async move {
+    let store = started.store.clone();
+    let webhooks = tokio::spawn(async move {
+        webhooks::run(store, deliveries, &webhook_trust, async move {
             let _ = webhooks_stopped.await;
-        },
-    ));
+        })
+        .await
+    });
     let coordinator = Coordinator::with_users(started.store, Arc::new(tools.registry), tools.users);
     tracing::info!("coordinator started");
     service::run(coordinator, started.broker, started.shutdown).await;

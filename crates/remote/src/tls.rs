@@ -124,7 +124,7 @@ pub fn bearer(secret: &str) -> Option<HeaderValue> {
 
 /// Whether `error`, or an error it was caused by, is a TLS failure (the handshake, the
 /// certificate, a peer that does not speak TLS).
-pub(crate) fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
+pub fn is_tls_failure(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut next = Some(error);
     while let Some(e) = next {
         if e.is::<rustls::Error>() {

@@ -12,12 +12,18 @@
 //! failed and counted. The body is the event's public body — ids, codes, counts — with the
 //! run's inbox link when the inbox address is configured: never a prompt, an argument or a
 //! preview.
+//!
+//! An `https://` endpoint's certificate is verified against the Mozilla roots and the
+//! certificate authorities of `--webhooks-ca-file` (a receiver on an internal network under an
+//! internal CA), never switched off; a handshake that fails is recorded `tls_failed` and tried
+//! again like any other failed attempt.
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+pub use countersign_remote::Trust;
 use countersign_store::{AttemptOutcome, DueDelivery, Store};
 use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full};
@@ -25,7 +31,6 @@ use hyper::body::Bytes;
 use hyper::Request;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use secrecy::ExposeSecret;
 use serde_json::Value;
 use sha2::Sha256;
@@ -104,18 +109,22 @@ const CLAIM_FOR: Duration = Duration::from_secs(60);
 
 type HttpClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// Delivers due webhooks every poll interval until `shutdown` resolves.
-pub async fn run(store: Store, config: DeliveryConfig, shutdown: impl Future<Output = ()>) {
+/// How long an endpoint's idle connection is kept for the next delivery.
+const IDLE_CONNECTION: Duration = Duration::from_secs(60);
+
+/// Delivers due webhooks every poll interval until `shutdown` resolves, verifying `https://`
+/// endpoints against `trust`.
+pub async fn run(
+    store: Store,
+    config: DeliveryConfig,
+    trust: &Trust,
+    shutdown: impl Future<Output = ()>,
+) {
     for outcome in ["delivered", "retried", "failed"] {
         let _ = metrics::counter!("countersign_webhook_deliveries_total", "outcome" => outcome);
     }
     metrics::gauge!("countersign_webhook_backlog_age_seconds").set(0.0);
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_webpki_roots()
-        .https_or_http()
-        .enable_http1()
-        .build();
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+    let client: HttpClient = trust.https_client(Some(config.timeout), IDLE_CONNECTION);
     let mut tick = tokio::time::interval(config.poll_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
@@ -239,6 +248,10 @@ async fn post(
     .await;
     match sent {
         Err(_) => (None, "timeout"),
+        Ok(Err(e)) if countersign_remote::tls::is_tls_failure(&e) => {
+            tracing::warn!(url = %due.url, error = %e, "a webhook endpoint's TLS handshake failed");
+            (None, "tls_failed")
+        }
         Ok(Err(e)) => {
             tracing::info!(url = %due.url, error = %e, "a webhook endpoint could not be reached");
             (None, "unreachable")
