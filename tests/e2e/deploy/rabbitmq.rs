@@ -417,7 +417,8 @@ async fn wait_ready(port: u16) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_goes_from_request_to_write_under_the_least_privilege_users_declaring_nothing() {
+async fn a_run_goes_from_request_to_write_under_the_least_privilege_users_declaring_nothing_past_a_node_that_is_down(
+) {
     let mq = Imported::new("cycle");
     let db = Database::create("deploy").await;
     let install = Installation {
@@ -434,9 +435,20 @@ async fn a_run_goes_from_request_to_write_under_the_least_privilege_users_declar
     watcher.bind_events(&watch, "#").await.unwrap();
     let mut events = watcher.consume(&watch, 50).await.unwrap();
 
+    // Each service is given a node list whose first node does not answer (a port nothing
+    // listens on), as a cluster with a node down is: it connects to the next, and checks the
+    // topology there with its least privileges.
+    let down = free_port();
     let as_user = |binary: &str, user: &str| {
+        let addr = mq.addr(user, &compose_password(user));
+        let (scheme, rest) = addr.split_once("://").unwrap();
+        let (userinfo, rest) = rest.rsplit_once('@').unwrap();
+        let vhost = rest.split_once('/').map_or("", |(_, v)| v);
         let mut cmd = install.command(binary);
-        cmd.env("AMQP_ADDR", mq.addr(user, &compose_password(user)));
+        cmd.env(
+            "AMQP_ADDR",
+            format!("{scheme}://{userinfo}@127.0.0.1:{down}/{vhost},{addr}"),
+        );
         cmd
     };
     let (coordinator_port, worker_port) = (free_port(), free_port());
@@ -538,6 +550,10 @@ async fn a_run_goes_from_request_to_write_under_the_least_privilege_users_declar
     for name in ["coordinator", "worker"] {
         let logged = std::fs::read_to_string(log(name)).unwrap();
         let _ = std::fs::remove_file(log(name));
+        assert!(
+            logged.contains("broker node unreachable; trying the next"),
+            "the {name} did not pass the node that is down:\n{logged}"
+        );
         for code in [
             "ACCESS_REFUSED",
             "publish_refused",
