@@ -376,20 +376,17 @@ impl Broker {
         trace_context::stamp(&mut headers);
         let properties = properties.with_headers(headers);
         let mut retried = false;
-        let confirm = loop {
+        let (link, confirm) = loop {
             let link = self.link().await?;
-            match link
-                .publisher
-                .basic_publish(
-                    exchange_name.clone(),
-                    key.clone(),
-                    options,
-                    body,
-                    properties.clone(),
-                )
-                .await
-            {
-                Ok(confirm) => break confirm,
+            let sent = link.publisher.basic_publish(
+                exchange_name.clone(),
+                key.clone(),
+                options,
+                body,
+                properties.clone(),
+            );
+            match self.within_publish_timeout(&link, sent).await? {
+                Ok(confirm) => break (link, confirm),
                 Err(e) if !retried && never_sent(&e) => {
                     tracing::debug!(error = %e, "publishing channel closed; retrying on a new one");
                     retried = true;
@@ -397,7 +394,8 @@ impl Broker {
                 Err(e) => return Err(QueueError::publish(e)),
             }
         };
-        match confirm.await.map_err(QueueError::publish)? {
+        let confirmed = self.within_publish_timeout(&link, confirm).await?;
+        match confirmed.map_err(QueueError::publish)? {
             Confirmation::Ack(None) => {
                 PUBLISHED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 Ok(())
@@ -410,6 +408,54 @@ impl Broker {
             // message is treated as not taken.
             Confirmation::Nack(_) | Confirmation::NotRequested => Err(QueueError::PublishNacked),
         }
+    }
+
+    /// `step` of a publish on `link`, or `publish_timeout` when the broker does not answer
+    /// within the configured time; the link is then dropped and its connection closed, so that
+    /// the next operation reconnects and the consumers on it end and consume again.
+    async fn within_publish_timeout<T>(
+        &self,
+        link: &Link,
+        step: impl std::future::Future<Output = T>,
+    ) -> Result<T, QueueError> {
+        let timeout = self.inner.config.publish_timeout;
+        match tokio::time::timeout(timeout, step).await {
+            Ok(answered) => Ok(answered),
+            Err(_) => {
+                tracing::warn!(
+                    ?timeout,
+                    "the broker did not answer a publish in time; reconnecting"
+                );
+                self.abandon(link);
+                Err(QueueError::PublishTimeout)
+            }
+        }
+    }
+
+    /// Drops `link` if it is still the current one, and closes its connection in the
+    /// background (a connection that stopped answering may not answer the close either).
+    fn abandon(&self, link: &Link) {
+        {
+            let mut current = self
+                .inner
+                .link
+                .write()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if current
+                .as_ref()
+                .is_some_and(|c| Arc::ptr_eq(&c.connection, &link.connection))
+            {
+                *current = None;
+            }
+        }
+        let connection = link.connection.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(
+                Duration::from_secs(5),
+                connection.close(320, "publish timed out".into()),
+            )
+            .await;
+        });
     }
 
     fn current(&self) -> Option<Link> {
@@ -519,21 +565,35 @@ impl Broker {
     }
 }
 
+/// One connection to `addr` with the topology declared or checked and the publishing channel
+/// open, within the publish timeout: a node that accepts the connection and then answers
+/// nothing is unavailable, and the next node is tried.
 async fn connect_once(config: &QueueConfig, addr: &str) -> Result<Link, QueueError> {
     let properties = ConnectionProperties::default().with_connection_name(LongString::from(
         format!("countersign ({})", config.topology.prefix),
     ));
-    let connection = Connection::connect(addr, properties)
-        .await
-        .map_err(QueueError::BrokerUnavailable)?;
-    topology::declare(&connection, config).await?;
-    let publisher = open_publisher(&connection)
-        .await
-        .map_err(QueueError::BrokerUnavailable)?;
-    Ok(Link {
-        connection: Arc::new(connection),
-        publisher,
-    })
+    let connecting = async {
+        let connection = Connection::connect(addr, properties)
+            .await
+            .map_err(QueueError::BrokerUnavailable)?;
+        topology::declare(&connection, config).await?;
+        let publisher = open_publisher(&connection)
+            .await
+            .map_err(QueueError::BrokerUnavailable)?;
+        Ok(Link {
+            connection: Arc::new(connection),
+            publisher,
+        })
+    };
+    match tokio::time::timeout(config.publish_timeout, connecting).await {
+        Ok(linked) => linked,
+        Err(_) => Err(QueueError::BrokerUnavailable(lapin::Error::from(
+            lapin::ErrorKind::IOError(Arc::new(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the broker node did not answer in time",
+            ))),
+        ))),
+    }
 }
 
 async fn open_publisher(connection: &Connection) -> Result<Channel, lapin::Error> {

@@ -31,6 +31,11 @@ pub enum QueueError {
     /// message.
     #[error("the broker did not confirm the message")]
     PublishNacked,
+    /// The broker neither confirmed nor refused the message within the publish timeout; the
+    /// connection is replaced, and whether the broker stored the message is unknown, so the
+    /// caller must treat it as not sent.
+    #[error("the broker did not answer the publish in time")]
+    PublishTimeout,
     /// The message was published as mandatory and no queue was bound to take it.
     #[error("no queue takes messages routed to {exchange:?} with key {routing_key:?}")]
     Unroutable {
@@ -65,6 +70,7 @@ impl QueueError {
             QueueError::PublishRefused(_) => "publish_refused",
             QueueError::PublishFailed(_) => "publish_failed",
             QueueError::PublishNacked => "publish_nacked",
+            QueueError::PublishTimeout => "publish_timeout",
             QueueError::Unroutable { .. } => "unroutable",
             QueueError::Consume(_) => "consume_failed",
             QueueError::Settle(_) => "settle_failed",
@@ -93,6 +99,7 @@ mod tests {
     fn codes_are_distinct() {
         let errors = [
             QueueError::PublishNacked,
+            QueueError::PublishTimeout,
             QueueError::Unroutable {
                 exchange: String::new(),
                 routing_key: "q".into(),

@@ -67,6 +67,9 @@ pub const DEAD_LETTER_MAX_BYTES: u64 = 64 * 1024 * 1024;
 pub const DEAD_LETTER_OVERFLOW: &str = "drop-head";
 /// How many times a lost connection is retried before an operation gives up.
 pub const DEFAULT_RECONNECT_ATTEMPTS: usize = 8;
+/// How long a publish waits for its confirm before it fails (see
+/// [`QueueConfig::publish_timeout`]).
+pub const DEFAULT_PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Names of every queue and exchange, from one prefix (`countersign` in production;
 /// tests use a unique prefix).
@@ -189,6 +192,13 @@ pub struct QueueConfig {
     /// Connection attempts, with exponential backoff from 100 ms to 5 s, before an
     /// operation gives up with `broker_unavailable` (default 8, about 16 s).
     pub reconnect_attempts: usize,
+    /// How long a publish may wait for the broker to take it and confirm it before it fails
+    /// with `publish_timeout` and the connection is replaced, and how long connecting to one
+    /// node may take before the next is tried (default [`DEFAULT_PUBLISH_TIMEOUT`]). A
+    /// connection that stops answering without closing (a node going away, a network
+    /// partition) would otherwise hold the publish, and whatever awaits it, until the
+    /// heartbeat notices.
+    pub publish_timeout: std::time::Duration,
 }
 
 impl QueueConfig {
@@ -210,6 +220,7 @@ impl QueueConfig {
             declare: Declare::default(),
             auto_delete: false,
             reconnect_attempts: DEFAULT_RECONNECT_ATTEMPTS,
+            publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
         }
     }
 }

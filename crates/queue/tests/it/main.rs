@@ -5,5 +5,6 @@ mod support;
 
 mod delivery;
 mod publish;
+mod silent;
 mod topology;
 mod trace;
