@@ -98,7 +98,9 @@ fn checked_model(name: &str, model: Value) -> anyhow::Result<(Value, Vec<String>
     } else {
         model
     };
-    match countersign_model::ModelCatalog::new().check(&model) {
+    match countersign_model::ModelCatalog::new(countersign_service::settings::environment)
+        .check(&model)
+    {
         Ok(check) => Ok((model, check.notes)),
         Err(e) => bail!(
             "agent {name} not stored: its model settings are not usable ({}): {e}",
@@ -135,7 +137,7 @@ pub async fn check_agent(
         .await?
         .with_context(|| format!("no agent configuration {name:?}"))?
         .config;
-    let classes = countersign_model::ModelCatalog::new()
+    let classes = countersign_model::ModelCatalog::new(countersign_service::settings::environment)
         .data_classes(&agent.model)
         .context("the agent's model settings")?;
     let provider = agent

@@ -9,9 +9,10 @@
 //! settings (`system_prompt`, `options`, …) belongs to the loop and is ignored here, so agents
 //! that differ only in their prompt share one client.
 //!
-//! The API key is read from the environment variable the settings name when the provider is
-//! first built; the settings never hold a key, and a settings object that tries to is refused.
-//! A rotated key is picked up by a new process (or a new catalog).
+//! The API key is the value of the variable the settings name in `api_key_env`, asked of the
+//! catalog's lookup (a binary passes its process environment) when the provider is first
+//! built; the settings never hold a key, and a settings object that tries to is refused. A
+//! rotated key is picked up by a new process (or a new catalog).
 //!
 //! [`ModelCatalog::check`] reads settings with the same parser, without building anything, so
 //! that `countersign agents put` refuses what a worker would refuse before any run meets it,
@@ -99,12 +100,16 @@ pub struct SettingsCheck {
     pub notes: Vec<String>,
 }
 
+/// The value of a variable that settings name (`api_key_env`); unset is `None`.
+type Variables = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 /// Builds and keeps the providers agent configurations name.
 ///
 /// ```no_run
 /// use countersign_model::ModelCatalog;
 ///
-/// let catalog = ModelCatalog::new().with_default_script("/etc/countersign/script.json");
+/// let environment = |name: &str| std::env::var(name).ok();
+/// let catalog = ModelCatalog::new(environment).with_default_script("/etc/countersign/script.json");
 /// let settings = serde_json::json!({
 ///     "provider": "openai",
 ///     "base_url": "https://api.openai.com/v1",
@@ -114,15 +119,34 @@ pub struct SettingsCheck {
 /// let model = catalog.model_for(&settings)?; // Arc<dyn Model>, shared with equal settings
 /// # Ok::<(), countersign_model::ModelConfigError>(())
 /// ```
-#[derive(Debug, Default)]
 pub struct ModelCatalog {
     default_script: Option<PathBuf>,
+    variable: Variables,
     built: Mutex<HashMap<ProviderSettings, Arc<dyn Model>>>,
 }
 
+impl std::fmt::Debug for ModelCatalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelCatalog")
+            .field("default_script", &self.default_script)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ModelCatalog {
-    pub fn new() -> Self {
-        Self::default()
+    /// A catalog whose providers take their API keys from `variable`, asked for the name the
+    /// settings give in `api_key_env`.
+    pub fn new(variable: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        ModelCatalog {
+            default_script: None,
+            variable: Box::new(variable),
+            built: Mutex::default(),
+        }
+    }
+
+    /// The key in the variable `name`, when it holds one.
+    fn key(&self, name: &str) -> Option<String> {
+        (self.variable)(name).filter(|key| !key.trim().is_empty())
     }
 
     /// The script a `{"provider": "scripted"}` without a `script` path plays.
@@ -139,7 +163,7 @@ impl ModelCatalog {
         if let Some(model) = built.get(&key) {
             return Ok(Arc::clone(model));
         }
-        let model = key.build()?;
+        let model = key.build(|name| self.key(name))?;
         built.insert(key, Arc::clone(&model));
         Ok(model)
     }
@@ -208,7 +232,7 @@ impl ModelCatalog {
                 "scripted"
             }
             ProviderSettings::OpenAi { api_key_env, .. } => {
-                if !key_is_set(&api_key_env) {
+                if self.key(&api_key_env).is_none() {
                     notes.push(format!(
                         "the environment variable {api_key_env} is not set here: the workers \
                          read the API key from it, and one without it fails the agent's runs \
@@ -220,10 +244,6 @@ impl ModelCatalog {
         };
         Ok(SettingsCheck { provider, notes })
     }
-}
-
-fn key_is_set(variable: &str) -> bool {
-    std::env::var(variable).is_ok_and(|key| !key.trim().is_empty())
 }
 
 impl ProviderSettings {
@@ -277,7 +297,10 @@ impl ProviderSettings {
         }
     }
 
-    fn build(&self) -> Result<Arc<dyn Model>, ModelConfigError> {
+    fn build(
+        &self,
+        key_of: impl Fn(&str) -> Option<String>,
+    ) -> Result<Arc<dyn Model>, ModelConfigError> {
         match self {
             ProviderSettings::Scripted { script: None } => {
                 Err(invalid("script is missing and there is no default"))
@@ -300,9 +323,7 @@ impl ProviderSettings {
                 timeout,
                 retry,
             } => {
-                let key = std::env::var(api_key_env)
-                    .ok()
-                    .filter(|key| !key.trim().is_empty())
+                let key = key_of(api_key_env)
                     .ok_or_else(|| ModelConfigError::MissingApiKey(api_key_env.clone()))?;
                 let provider =
                     OpenAiCompatible::new(base_url, model.clone(), SecretString::from(key))?

@@ -6,7 +6,8 @@
 //! Two kinds of value cannot be flags, because their names are data: the secret of a remote
 //! tool server (`COUNTERSIGN_TOOL_SECRET_<NAME>`, for each server the settings name) and the API
 //! key an agent's model settings name in `api_key_env`. Both are read from the process
-//! environment at the moment they are needed, the first through [`environment`].
+//! environment through [`environment`], which the binaries hand to the libraries that need
+//! them (the tool registry, the model catalog) at the moment they are needed.
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -59,7 +59,7 @@ async fn main() -> anyhow::Result<()> {
         pool_size,
     )
     .await?;
-    let catalog = ModelCatalog::new();
+    let catalog = ModelCatalog::new(countersign_service::settings::environment);
     let catalog = match &args.model_script {
         Some(path) => catalog.with_default_script(path),
         None => catalog,

@@ -2,10 +2,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use countersign_core::Message;
-use countersign_model::{ModelCatalog, ModelConfigError};
+use countersign_model::ModelConfigError;
 use serde_json::json;
 
-use crate::support::{answering, ask, completion};
+use crate::support::{answering, ask, catalog_with, completion};
 
 const SCRIPT: &str = r#"{"turns": [{"content": "Scripted hello."}]}"#;
 
@@ -40,7 +40,7 @@ fn code(result: Result<Arc<dyn countersign_core::Model>, ModelConfigError>) -> &
 #[tokio::test]
 async fn a_scripted_provider_plays_the_script_its_settings_name() {
     let script = ScriptFile::new("named", SCRIPT);
-    let model = ModelCatalog::new()
+    let model = catalog_with(&[])
         .model_for(&json!({"provider": "scripted", "script": script.path()}))
         .unwrap();
     let answer = ask(&*model, &[Message::user("go")]).await.unwrap();
@@ -50,13 +50,13 @@ async fn a_scripted_provider_plays_the_script_its_settings_name() {
 #[tokio::test]
 async fn a_scripted_provider_without_a_script_plays_the_default_one() {
     let script = ScriptFile::new("default", SCRIPT);
-    let catalog = ModelCatalog::new().with_default_script(script.path());
+    let catalog = catalog_with(&[]).with_default_script(script.path());
     let model = catalog.model_for(&json!({"provider": "scripted"})).unwrap();
     let answer = ask(&*model, &[Message::user("go")]).await.unwrap();
     assert_eq!(answer.content, "Scripted hello.");
 
     assert_eq!(
-        code(ModelCatalog::new().model_for(&json!({"provider": "scripted"}))),
+        code(catalog_with(&[]).model_for(&json!({"provider": "scripted"}))),
         "invalid_settings"
     );
 }
@@ -65,14 +65,13 @@ async fn a_scripted_provider_without_a_script_plays_the_default_one() {
 fn a_missing_or_invalid_script_is_script_unreadable() {
     let missing = std::env::temp_dir().join("countersign-model-no-such-script.json");
     assert_eq!(
-        code(ModelCatalog::new().model_for(&json!({"provider": "scripted", "script": missing}))),
+        code(catalog_with(&[]).model_for(&json!({"provider": "scripted", "script": missing}))),
         "script_unreadable"
     );
     let broken = ScriptFile::new("broken", r#"{"turns": "#);
     assert_eq!(
         code(
-            ModelCatalog::new()
-                .model_for(&json!({"provider": "scripted", "script": broken.path()}))
+            catalog_with(&[]).model_for(&json!({"provider": "scripted", "script": broken.path()}))
         ),
         "script_unreadable"
     );
@@ -80,9 +79,8 @@ fn a_missing_or_invalid_script_is_script_unreadable() {
 
 #[tokio::test]
 async fn an_openai_provider_sends_the_key_from_the_variable_its_settings_name() {
-    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_SET", "sk-from-the-environment");
     let endpoint = answering(&completion(json!({"content": "Hello."})));
-    let model = ModelCatalog::new()
+    let model = catalog_with(&[("COUNTERSIGN_MODEL_IT_KEY_SET", "sk-from-the-environment")])
         .model_for(&json!({
             "provider": "openai",
             "base_url": endpoint.base_url,
@@ -105,13 +103,11 @@ async fn an_openai_provider_sends_the_key_from_the_variable_its_settings_name() 
 
 #[test]
 fn an_openai_provider_whose_variable_is_unset_or_empty_is_missing_api_key() {
-    std::env::remove_var("COUNTERSIGN_MODEL_IT_KEY_UNSET");
-    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_EMPTY", "  ");
     for variable in [
         "COUNTERSIGN_MODEL_IT_KEY_UNSET",
         "COUNTERSIGN_MODEL_IT_KEY_EMPTY",
     ] {
-        let err = ModelCatalog::new()
+        let err = catalog_with(&[("COUNTERSIGN_MODEL_IT_KEY_EMPTY", "  ")])
             .model_for(&json!({
                 "provider": "openai",
                 "base_url": "http://127.0.0.1:9/v1",
@@ -126,7 +122,7 @@ fn an_openai_provider_whose_variable_is_unset_or_empty_is_missing_api_key() {
 
 #[test]
 fn a_missing_or_unknown_provider_is_unknown_provider() {
-    let catalog = ModelCatalog::new();
+    let catalog = catalog_with(&[]);
     assert_eq!(
         code(catalog.model_for(&json!({"model": "x"}))),
         "unknown_provider"
@@ -139,7 +135,6 @@ fn a_missing_or_unknown_provider_is_unknown_provider() {
 
 #[test]
 fn malformed_openai_settings_are_invalid_settings() {
-    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_INVALID", "sk-x");
     let base = json!({
         "provider": "openai",
         "base_url": "http://127.0.0.1:9/v1",
@@ -156,7 +151,7 @@ fn malformed_openai_settings_are_invalid_settings() {
         settings.as_object_mut().unwrap().remove(field);
         settings
     };
-    let catalog = ModelCatalog::new();
+    let catalog = catalog_with(&[("COUNTERSIGN_MODEL_IT_KEY_INVALID", "sk-x")]);
     for settings in [
         json!("openai"),
         json!({"provider": 7}),
@@ -177,7 +172,6 @@ fn malformed_openai_settings_are_invalid_settings() {
 
 #[test]
 fn equal_provider_settings_share_one_provider() {
-    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_CACHE", "sk-cache");
     let settings = |model: &str, prompt: &str| {
         json!({
             "provider": "openai",
@@ -188,7 +182,7 @@ fn equal_provider_settings_share_one_provider() {
             "options": {"temperature": 0.1},
         })
     };
-    let catalog = ModelCatalog::new();
+    let catalog = catalog_with(&[("COUNTERSIGN_MODEL_IT_KEY_CACHE", "sk-cache")]);
 
     let first = catalog
         .model_for(&settings("small", "You edit pages."))
@@ -213,8 +207,7 @@ fn equal_provider_settings_share_one_provider() {
 
 #[test]
 fn retry_settings_out_of_bounds_or_unknown_are_invalid_settings() {
-    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_RETRY_BAD", "sk-x");
-    let catalog = ModelCatalog::new();
+    let catalog = catalog_with(&[("COUNTERSIGN_MODEL_IT_KEY_RETRY_BAD", "sk-x")]);
     for retry in [
         json!(5),
         json!({"max_attempts": 0}),
@@ -245,7 +238,7 @@ fn retry_settings_out_of_bounds_or_unknown_are_invalid_settings() {
 
 #[test]
 fn a_check_refuses_what_a_worker_would_refuse_with_a_message_that_says_what_to_fix() {
-    let catalog = ModelCatalog::new();
+    let catalog = catalog_with(&[]);
     let refused = |settings: serde_json::Value| catalog.check(&settings).unwrap_err();
 
     let err = refused(json!({"provider": "oracle"}));
@@ -280,8 +273,7 @@ fn a_check_refuses_what_a_worker_would_refuse_with_a_message_that_says_what_to_f
 
 #[test]
 fn a_check_notes_what_only_the_workers_environment_can_settle() {
-    std::env::remove_var("COUNTERSIGN_MODEL_IT_KEY_CHECK_UNSET");
-    let catalog = ModelCatalog::new();
+    let catalog = catalog_with(&[("COUNTERSIGN_MODEL_IT_KEY_CHECK_SET", "sk-set")]);
 
     let check = catalog
         .check(&json!({
@@ -297,7 +289,6 @@ fn a_check_notes_what_only_the_workers_environment_can_settle() {
         check.notes
     );
 
-    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_CHECK_SET", "sk-set");
     let check = catalog
         .check(&json!({
             "provider": "openai_compatible", "base_url": "http://127.0.0.1:9/v1", "model": "m",
@@ -329,7 +320,7 @@ fn a_check_notes_what_only_the_workers_environment_can_settle() {
         .check(&json!({"provider": "scripted", "script": script.path()}))
         .unwrap();
     assert!(check.notes.is_empty(), "{:?}", check.notes);
-    let check = ModelCatalog::new()
+    let check = catalog_with(&[])
         .with_default_script(script.path())
         .check(&json!({"provider": "scripted"}))
         .unwrap();
@@ -358,7 +349,7 @@ fn openai(extra: serde_json::Value) -> serde_json::Value {
 fn a_provider_outside_the_installation_is_sent_public_data_and_editor_content_unless_its_settings_say_more(
 ) {
     use countersign_core::{DataClass, DataClasses};
-    let catalog = ModelCatalog::new();
+    let catalog = catalog_with(&[]);
     assert_eq!(
         catalog.data_classes(&openai(json!({}))).unwrap(),
         DataClasses::external_default()
@@ -382,7 +373,7 @@ fn a_provider_outside_the_installation_is_sent_public_data_and_editor_content_un
 
 #[test]
 fn a_data_class_the_settings_name_that_is_not_one_is_refused_before_any_run_meets_it() {
-    let catalog = ModelCatalog::new();
+    let catalog = catalog_with(&[]);
     for bad in [
         json!(["EDITOR_CONTENT"]),
         json!("editor_content"),

@@ -4,13 +4,13 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use countersign_core::Message;
-use countersign_model::{ModelCatalog, OpenAiCompatible, RetryPolicy};
+use countersign_model::{OpenAiCompatible, RetryPolicy};
 use countersign_testkit::{ModelStub, Reply};
 use secrecy::SecretString;
 use serde_json::json;
 
 use crate::openai::quick_retries;
-use crate::support::{ask, completion};
+use crate::support::{ask, catalog_with, completion};
 
 const BUSY: &str = r#"{"error": {"message": "overloaded"}}"#;
 
@@ -181,9 +181,8 @@ async fn a_refusal_that_will_not_pass_is_not_tried_again() {
 
 #[tokio::test]
 async fn the_retry_settings_of_an_agent_bound_its_calls() {
-    std::env::set_var("COUNTERSIGN_MODEL_IT_KEY_RETRY", "sk-retry");
     let endpoint = ModelStub::replying(vec![Reply::new(502, BUSY)]);
-    let model = ModelCatalog::new()
+    let model = catalog_with(&[("COUNTERSIGN_MODEL_IT_KEY_RETRY", "sk-retry")])
         .model_for(&json!({
             "provider": "openai",
             "base_url": endpoint.base_url,

@@ -42,3 +42,12 @@ pub fn completion(message: Value) -> String {
     })
     .to_string()
 }
+
+/// A catalog whose variables are exactly `variables`: what a worker's environment would hold.
+pub fn catalog_with(variables: &[(&str, &str)]) -> countersign_model::ModelCatalog {
+    let variables: std::collections::HashMap<String, String> = variables
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
+    countersign_model::ModelCatalog::new(move |name| variables.get(name).cloned())
+}

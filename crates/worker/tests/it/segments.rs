@@ -196,8 +196,9 @@ async fn a_deactivated_configuration_fails_the_run_without_running_it(pool: PgPo
 #[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_agent_whose_model_settings_name_no_usable_model_fails_provider_failed(pool: PgPool) {
     let mut h = harness(pool).await;
-    h.runner.models =
-        countersign_worker::Models::PerAgent(Arc::new(countersign_model::ModelCatalog::new()));
+    h.runner.models = countersign_worker::Models::PerAgent(Arc::new(
+        countersign_model::ModelCatalog::new(|_| None),
+    ));
     let mut agent = h.store.agent("seo").await.unwrap().unwrap().config;
     agent.model = json!({
         "provider": "openai",
