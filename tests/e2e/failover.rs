@@ -623,6 +623,11 @@ async fn an_asynchronous_replica_loses_an_approval_with_its_write_and_the_run_ap
     site.pair.cut_replica_off();
     site.approve(&lost, &digest);
     wait_for_status(&mut conn, &lost, "completed", secs(90)).await;
+    let lost_epoch = count(
+        &mut conn,
+        &format!("SELECT lease_epoch FROM run_journal WHERE run_id = '{lost}'::uuid"),
+    )
+    .await;
     drop(conn);
     site.fail_over(Duration::ZERO).await;
 
@@ -663,5 +668,17 @@ async fn an_asynchronous_replica_loses_an_approval_with_its_write_and_the_run_ap
         wait_for_status(&mut conn, run_id, "completed", secs(120)).await;
     }
     assert_written_once(&mut conn, runs.len()).await;
+    // The write of the lost timeline went out under its epoch; the promoted server's claims
+    // hand out epochs past it, so a tool server that fences by the highest epoch it saw takes
+    // the run's calls again.
+    let epoch = count(
+        &mut conn,
+        &format!("SELECT lease_epoch FROM run_journal WHERE run_id = '{lost}'::uuid"),
+    )
+    .await;
+    assert!(
+        epoch > lost_epoch,
+        "the write after the failover carries epoch {epoch}, not past the lost timeline's {lost_epoch}"
+    );
     site.finish(conn).await;
 }

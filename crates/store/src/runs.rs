@@ -6,9 +6,10 @@
 //! worker could have moved the run, and the write would undo their work. A caller that lost
 //! must back off without side effects — the row already says what happened instead.
 //!
-//! The lease is `(lease_owner, lease_epoch, lease_expires_at)`. The epoch grows by one on every
-//! claim and is never reset, so a [`Lease`] taken before a requeue can never match again: that
-//! is what keeps a zombie segment from suspending, settling, renewing or writing.
+//! The lease is `(lease_owner, lease_epoch, lease_expires_at)`. The epoch grows on every claim
+//! (by one, and past the old timeline's after a promotion) and is never reset, so a [`Lease`]
+//! taken before a requeue can never match again: that is what keeps a zombie segment from
+//! suspending, settling, renewing or writing.
 
 use std::time::Duration;
 
