@@ -9,10 +9,13 @@
 //! active key anyway and is left as it is. Once a rotation reports nothing unreadable, the old
 //! key can be retired from the keyring.
 //!
+//! The columns differ only in their table, key and run, so their statements are the branches of
+//! two SQL functions (migration 0022: `sealed_page`, `sealed_write`) and the walk is one loop
+//! over their names.
+//!
 //! [`Keyring::reseal`]: countersign_crypto::Keyring::reseal
 
 use countersign_crypto::{Keyring, Purpose};
-use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::runs::run_id;
@@ -49,55 +52,49 @@ impl RotationReport {
     }
 }
 
-/// The rows of a batch whose envelope changed: primary keys, old and new envelopes, as the
-/// parallel arrays an `unnest` UPDATE takes.
-struct Resealed<K> {
-    keys: Vec<K>,
+/// The sealed columns, in the order a rotation walks them: `table.column`, as the migrations'
+/// `sealed_page` and `sealed_write` name it, and what its envelopes are sealed for.
+const SEALED_COLUMNS: [(&str, Purpose); 6] = [
+    ("runs.state", Purpose::State),
+    ("runs.request", Purpose::Request),
+    ("run_events.sealed", Purpose::Event),
+    ("run_decisions.comment", Purpose::Comment),
+    ("run_journal.result", Purpose::Journal),
+    ("webhook_endpoints.secret", Purpose::WebhookSecret),
+];
+
+/// A row's key in its column: a column keyed by one uuid leaves the other two at 0.
+type Key = (Uuid, i64, i64);
+
+/// Before every key.
+const FIRST: Key = (Uuid::nil(), -1, -1);
+
+/// The rows of a batch whose envelope changed: their keys, old and new envelopes, as the
+/// parallel arrays `sealed_write` takes.
+#[derive(Default)]
+struct Resealed {
+    ids: Vec<Uuid>,
+    seqs: Vec<i64>,
+    indexes: Vec<i64>,
     olds: Vec<Vec<u8>>,
     news: Vec<Vec<u8>>,
 }
 
-/// One sealed column: how to read a page of its envelopes after a primary key, and how to write
-/// back those a batch re-sealed (a compare-and-set on the old envelope).
-trait SealedColumn {
-    type Key: Send;
-    /// `table.column`.
-    const NAME: &'static str;
-    const PURPOSE: Purpose;
-    /// Before every primary key.
-    const FIRST: Self::Key;
-
-    /// Up to `limit` rows after `after`, in key order: `(key, run id, envelope)`.
-    async fn page(
-        tx: &mut PgConnection,
-        after: &Self::Key,
-        limit: i64,
-    ) -> Result<Vec<(Self::Key, Uuid, Vec<u8>)>, sqlx::Error>;
-
-    /// Writes the new envelopes whose row still holds the old one; the number written.
-    async fn write(
-        tx: &mut PgConnection,
-        resealed: Resealed<Self::Key>,
-    ) -> Result<u64, sqlx::Error>;
-}
-
-/// Re-seals the envelopes of one batch of `(primary key, run id, envelope)` rows.
-fn reseal_batch<K>(
+/// Re-seals the envelopes of one batch of `(key, sealed under, envelope)` rows.
+fn reseal_batch(
     keyring: &Keyring,
     purpose: Purpose,
-    rows: Vec<(K, Uuid, Vec<u8>)>,
+    rows: Vec<(Key, Uuid, Vec<u8>)>,
     stats: &mut ColumnRotation,
-) -> Result<Resealed<K>, StoreError> {
-    let mut out = Resealed {
-        keys: Vec::new(),
-        olds: Vec::new(),
-        news: Vec::new(),
-    };
-    for (key, run, old) in rows {
+) -> Result<Resealed, StoreError> {
+    let mut out = Resealed::default();
+    for ((id, seq, index), run, old) in rows {
         stats.examined += 1;
         match keyring.reseal(purpose, run_id(run)?, &old) {
             Ok(Some(new)) => {
-                out.keys.push(key);
+                out.ids.push(id);
+                out.seqs.push(seq);
+                out.indexes.push(index);
                 out.olds.push(old);
                 out.news.push(new);
             }
@@ -115,53 +112,79 @@ fn reseal_batch<K>(
 impl Store {
     /// Re-seals every sealed column (`runs.state`, `runs.request`, `run_events.sealed`,
     /// `run_decisions.comment`, `run_journal.result`, `webhook_endpoints.secret`) under the
-    /// active key, `batch_size` rows
-    /// per transaction.
+    /// active key, `batch_size` rows per transaction.
     pub async fn rotate_keys(&self, batch_size: i64) -> Result<RotationReport, StoreError> {
         let limit = batch_size.max(1);
-        let mut batches = 0;
-        let columns = vec![
-            self.rotate_column::<RunColumn<true>>(limit, &mut batches)
-                .await?,
-            self.rotate_column::<RunColumn<false>>(limit, &mut batches)
-                .await?,
-            self.rotate_column::<EventPayloads>(limit, &mut batches)
-                .await?,
-            self.rotate_column::<Comments>(limit, &mut batches).await?,
-            self.rotate_column::<JournalResults>(limit, &mut batches)
-                .await?,
-            self.rotate_column::<WebhookSecrets>(limit, &mut batches)
-                .await?,
-        ];
-        Ok(RotationReport { columns, batches })
+        let mut report = RotationReport {
+            columns: Vec::new(),
+            batches: 0,
+        };
+        for (column, purpose) in SEALED_COLUMNS {
+            let stats = self
+                .rotate_column(column, purpose, limit, &mut report.batches)
+                .await?;
+            report.columns.push(stats);
+        }
+        Ok(report)
     }
 
-    /// Walks column `C` in key order, one transaction per batch of `limit` rows.
-    async fn rotate_column<C: SealedColumn>(
+    /// Walks `column` in key order, one transaction per batch of `limit` rows.
+    async fn rotate_column(
         &self,
+        column: &'static str,
+        purpose: Purpose,
         limit: i64,
         batches: &mut u64,
-    ) -> Result<ColumnRotation, StoreError>
-    where
-        C::Key: Clone,
-    {
+    ) -> Result<ColumnRotation, StoreError> {
         let mut stats = ColumnRotation {
-            column: C::NAME,
+            column,
             examined: 0,
             resealed: 0,
             unreadable: 0,
         };
-        let mut after = C::FIRST;
+        let mut after = FIRST;
         loop {
             let mut tx = self.pool.begin().await?;
-            let rows = C::page(&mut tx, &after, limit).await?;
-            let Some((last, _, _)) = rows.last() else {
+            let rows = sqlx::query!(
+                r#"SELECT key_id AS "key_id!", key_seq AS "key_seq!", key_index AS "key_index!",
+                          sealed_under AS "sealed_under!", envelope AS "envelope!"
+                   FROM sealed_page($1, $2, $3, $4, $5)"#,
+                column,
+                after.0,
+                after.1,
+                after.2,
+                limit,
+            )
+            .fetch_all(&mut *tx)
+            .await?;
+            let Some(last) = rows.last() else {
                 break;
             };
-            after = last.clone();
+            after = (last.key_id, last.key_seq, last.key_index);
             let full = rows.len() as i64 == limit;
-            let resealed = reseal_batch(&self.keyring, C::PURPOSE, rows, &mut stats)?;
-            stats.resealed += C::write(&mut tx, resealed).await?;
+            let rows = rows
+                .into_iter()
+                .map(|r| {
+                    (
+                        (r.key_id, r.key_seq, r.key_index),
+                        r.sealed_under,
+                        r.envelope,
+                    )
+                })
+                .collect();
+            let r = reseal_batch(&self.keyring, purpose, rows, &mut stats)?;
+            let written = sqlx::query_scalar!(
+                r#"SELECT sealed_write($1, $2, $3, $4, $5, $6) AS "written!""#,
+                column,
+                &r.ids,
+                &r.seqs,
+                &r.indexes,
+                &r.olds,
+                &r.news,
+            )
+            .fetch_one(&mut *tx)
+            .await?;
+            stats.resealed += written.unsigned_abs();
             tx.commit().await?;
             *batches += 1;
             if !full {
@@ -169,250 +192,5 @@ impl Store {
             }
         }
         Ok(stats)
-    }
-}
-
-/// `runs.state` (`STATE`) or `runs.request`, by run id: the two sealed columns of a run row,
-/// read and written by the same two statements.
-struct RunColumn<const STATE: bool>;
-
-impl<const STATE: bool> SealedColumn for RunColumn<STATE> {
-    type Key = Uuid;
-    const NAME: &'static str = if STATE { "runs.state" } else { "runs.request" };
-    const PURPOSE: Purpose = if STATE {
-        Purpose::State
-    } else {
-        Purpose::Request
-    };
-    const FIRST: Uuid = Uuid::nil();
-
-    async fn page(
-        tx: &mut PgConnection,
-        after: &Uuid,
-        limit: i64,
-    ) -> Result<Vec<(Uuid, Uuid, Vec<u8>)>, sqlx::Error> {
-        let rows = sqlx::query!(
-            r#"SELECT id AS "id!", sealed AS "sealed!" FROM (
-                   SELECT id, CASE WHEN $3 THEN state ELSE request END AS sealed FROM runs
-                   WHERE id > $1) AS r
-               WHERE sealed IS NOT NULL ORDER BY id LIMIT $2"#,
-            after,
-            limit,
-            STATE,
-        )
-        .fetch_all(tx)
-        .await?;
-        Ok(rows.into_iter().map(|r| (r.id, r.id, r.sealed)).collect())
-    }
-
-    async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
-        sqlx::query!(
-            r#"UPDATE runs r SET state = CASE WHEN $4 THEN v.new ELSE r.state END,
-                                 request = CASE WHEN $4 THEN r.request ELSE v.new END
-               FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
-               WHERE r.id = v.id AND v.old = CASE WHEN $4 THEN r.state ELSE r.request END"#,
-            &r.keys,
-            &r.olds,
-            &r.news,
-            STATE,
-        )
-        .execute(tx)
-        .await
-        .map(|done| done.rows_affected())
-    }
-}
-
-/// `webhook_endpoints.secret`, by endpoint id (which it is sealed under).
-struct WebhookSecrets;
-
-impl SealedColumn for WebhookSecrets {
-    type Key = Uuid;
-    const NAME: &'static str = "webhook_endpoints.secret";
-    const PURPOSE: Purpose = Purpose::WebhookSecret;
-    const FIRST: Uuid = Uuid::nil();
-
-    async fn page(
-        tx: &mut PgConnection,
-        after: &Uuid,
-        limit: i64,
-    ) -> Result<Vec<(Uuid, Uuid, Vec<u8>)>, sqlx::Error> {
-        let rows = sqlx::query!(
-            r#"SELECT id, secret FROM webhook_endpoints WHERE id > $1 ORDER BY id LIMIT $2"#,
-            after,
-            limit,
-        )
-        .fetch_all(tx)
-        .await?;
-        Ok(rows.into_iter().map(|r| (r.id, r.id, r.secret)).collect())
-    }
-
-    async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
-        sqlx::query!(
-            r#"UPDATE webhook_endpoints e SET secret = v.new
-               FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
-               WHERE e.id = v.id AND e.secret = v.old"#,
-            &r.keys,
-            &r.olds,
-            &r.news,
-        )
-        .execute(tx)
-        .await
-        .map(|done| done.rows_affected())
-    }
-}
-
-/// `run_events.sealed`, by run and sequence.
-struct EventPayloads;
-
-impl SealedColumn for EventPayloads {
-    type Key = (Uuid, i64);
-    const NAME: &'static str = "run_events.sealed";
-    const PURPOSE: Purpose = Purpose::Event;
-    const FIRST: (Uuid, i64) = (Uuid::nil(), 0);
-
-    async fn page(
-        tx: &mut PgConnection,
-        after: &(Uuid, i64),
-        limit: i64,
-    ) -> Result<Vec<((Uuid, i64), Uuid, Vec<u8>)>, sqlx::Error> {
-        let rows = sqlx::query!(
-            r#"SELECT run_id, sequence, sealed AS "sealed!" FROM run_events
-               WHERE (run_id, sequence) > ($1, $2) AND sealed IS NOT NULL
-               ORDER BY run_id, sequence LIMIT $3"#,
-            after.0,
-            after.1,
-            limit,
-        )
-        .fetch_all(tx)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| ((r.run_id, r.sequence), r.run_id, r.sealed))
-            .collect())
-    }
-
-    async fn write(tx: &mut PgConnection, r: Resealed<(Uuid, i64)>) -> Result<u64, sqlx::Error> {
-        let (runs, sequences): (Vec<Uuid>, Vec<i64>) = r.keys.into_iter().unzip();
-        sqlx::query!(
-            r#"UPDATE run_events e SET sealed = v.new
-               FROM unnest($1::uuid[], $2::int8[], $3::bytea[], $4::bytea[])
-                    AS v(run_id, sequence, old, new)
-               WHERE e.run_id = v.run_id AND e.sequence = v.sequence AND e.sealed = v.old"#,
-            &runs,
-            &sequences,
-            &r.olds,
-            &r.news,
-        )
-        .execute(tx)
-        .await
-        .map(|done| done.rows_affected())
-    }
-}
-
-/// `run_decisions.comment`, by decision id.
-struct Comments;
-
-impl SealedColumn for Comments {
-    type Key = Uuid;
-    const NAME: &'static str = "run_decisions.comment";
-    const PURPOSE: Purpose = Purpose::Comment;
-    const FIRST: Uuid = Uuid::nil();
-
-    async fn page(
-        tx: &mut PgConnection,
-        after: &Uuid,
-        limit: i64,
-    ) -> Result<Vec<(Uuid, Uuid, Vec<u8>)>, sqlx::Error> {
-        let rows = sqlx::query!(
-            r#"SELECT decision_id, run_id, comment AS "comment!" FROM run_decisions
-               WHERE decision_id > $1 AND comment IS NOT NULL
-               ORDER BY decision_id LIMIT $2"#,
-            after,
-            limit,
-        )
-        .fetch_all(tx)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| (r.decision_id, r.run_id, r.comment))
-            .collect())
-    }
-
-    async fn write(tx: &mut PgConnection, r: Resealed<Uuid>) -> Result<u64, sqlx::Error> {
-        sqlx::query!(
-            r#"UPDATE run_decisions d SET comment = v.new
-               FROM unnest($1::uuid[], $2::bytea[], $3::bytea[]) AS v(id, old, new)
-               WHERE d.decision_id = v.id AND d.comment = v.old"#,
-            &r.keys,
-            &r.olds,
-            &r.news,
-        )
-        .execute(tx)
-        .await
-        .map(|done| done.rows_affected())
-    }
-}
-
-/// `run_journal.result`, by run, suspension and call.
-struct JournalResults;
-
-impl SealedColumn for JournalResults {
-    type Key = (Uuid, i32, i32);
-    const NAME: &'static str = "run_journal.result";
-    const PURPOSE: Purpose = Purpose::Journal;
-    const FIRST: (Uuid, i32, i32) = (Uuid::nil(), 0, -1);
-
-    async fn page(
-        tx: &mut PgConnection,
-        after: &(Uuid, i32, i32),
-        limit: i64,
-    ) -> Result<Vec<((Uuid, i32, i32), Uuid, Vec<u8>)>, sqlx::Error> {
-        let rows = sqlx::query!(
-            r#"SELECT run_id, suspension_seq, call_index, result FROM run_journal
-               WHERE (run_id, suspension_seq, call_index) > ($1, $2, $3)
-               ORDER BY run_id, suspension_seq, call_index LIMIT $4"#,
-            after.0,
-            after.1,
-            after.2,
-            limit,
-        )
-        .fetch_all(tx)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .map(|r| {
-                (
-                    (r.run_id, r.suspension_seq, r.call_index),
-                    r.run_id,
-                    r.result,
-                )
-            })
-            .collect())
-    }
-
-    async fn write(
-        tx: &mut PgConnection,
-        r: Resealed<(Uuid, i32, i32)>,
-    ) -> Result<u64, sqlx::Error> {
-        let (runs, (seqs, indexes)): (Vec<Uuid>, (Vec<i32>, Vec<i32>)) = r
-            .keys
-            .into_iter()
-            .map(|(run, seq, index)| (run, (seq, index)))
-            .unzip();
-        sqlx::query!(
-            r#"UPDATE run_journal j SET result = v.new
-               FROM unnest($1::uuid[], $2::int4[], $3::int4[], $4::bytea[], $5::bytea[])
-                    AS v(run_id, suspension_seq, call_index, old, new)
-               WHERE j.run_id = v.run_id AND j.suspension_seq = v.suspension_seq
-                 AND j.call_index = v.call_index AND j.result = v.old"#,
-            &runs,
-            &seqs,
-            &indexes,
-            &r.olds,
-            &r.news,
-        )
-        .execute(tx)
-        .await
-        .map(|done| done.rows_affected())
     }
 }
