@@ -4,18 +4,28 @@
 -- claims among them: a run's `lease_epoch` there is lower than the one its lost claim sent to a
 -- tool server, and a server that fences by the highest epoch it has seen would refuse the
 -- run's new calls until enough claims passed it. Every promotion starts a new timeline, so a
--- claim's epoch is at least `(timeline - 1) * 2^32`: 0 on a server that was never promoted
--- (epochs 1, 2, 3 … as before), and past every epoch of the timelines before after each
--- promotion (no run is claimed 2^32 times).
+-- claim's epoch is at least `(timelines since this migration) * 2^32`: 0 until a promotion
+-- (epochs 1, 2, 3 … as before), and past every epoch of the timelines before after each one
+-- (no run is claimed 2^32 times).
 
--- The least epoch a claim hands out on this server's timeline. The timeline is the first eight
--- hex digits of the name of the WAL file being written, which changes the moment a standby is
--- promoted (the checkpoint's timeline changes only at the next checkpoint).
-create function lease_epoch_floor() returns bigint
+-- The timeline this server writes WAL on now: the first eight hex digits of the name of the WAL
+-- file being written, which changes the moment a standby is promoted (the checkpoint's
+-- timeline changes only at the next checkpoint).
+create function wal_timeline() returns bigint
 language sql volatile
 as $$
-    select ((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint) - 1)
-           << 32
+    select ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint
+$$;
+
+-- The least epoch a claim hands out: 2^32 for every promotion since this migration ran, whose
+-- timeline is baked in as the base, so that a database installed on a server that had been
+-- promoted before (a managed one, say) still starts at epoch 1.
+do $$
+begin
+    execute format(
+        'create function lease_epoch_floor() returns bigint language sql volatile as %L',
+        format('select greatest(wal_timeline() - %s, 0) << 32', wal_timeline()));
+end
 $$;
 
 -- `claim_runs` as in 0019, its epoch `greatest(lease_epoch + 1, lease_epoch_floor())`.

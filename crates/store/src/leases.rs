@@ -2,8 +2,8 @@
 //!
 //! A claim is one statement (the function `claim_runs` of the migrations) that moves the run to
 //! `running`, sets the owner and `lease_epoch + 1`, and returns what the segment starts from.
-//! The epoch is never lower than the database timeline's floor (`lease_epoch_floor()`, 0 on a
-//! server never promoted): after a failover to a standby that lost the last claims, the next
+//! The epoch is never lower than the database timeline's floor (`lease_epoch_floor()`, 0 until
+//! the server is promoted): after a failover to a standby that lost the last claims, the next
 //! claim still hands out an epoch past every one a tool server may have seen.
 //! A heartbeat extends the lease only while owner, epoch and status still match; a lease that
 //! no longer does is lost, and its segment must stop and settle nothing.
