@@ -16,7 +16,7 @@ use crate::access::User;
 use crate::args::{self, ArgResult, Arguments, Int, NonBlank, Uid};
 use crate::records::{File, Metadata, Page, PAGE_METADATA_FIELDS};
 use crate::refusals::{ASSET_NOT_PERMITTED, ELEMENT_NOT_PERMITTED, PAGE_NOT_PERMITTED};
-use crate::writer::{database_error, read_only_snapshot, Planned, Refusal};
+use crate::writer::{database_error, Planned, ReadScope, Refusal};
 
 /// At most this many rows are considered by a search before the permission filter.
 const SEARCH_SCAN: i64 = 1000;
@@ -41,6 +41,10 @@ pub(crate) trait Reader: Send + Sync + 'static {
     const REQUIRES_ADMIN: bool = false;
     /// The neutral refusal string, shared with the writers of the same records.
     const NOT_PERMITTED: &'static str;
+    /// Whether `read` reads with exactly one statement, whatever the arguments and the records:
+    /// it then needs no snapshot transaction around it ([`ReadScope`]). A reader that may take a
+    /// second statement leaves this `false`.
+    const ONE_STATEMENT: bool = false;
 
     async fn read(
         &self,
@@ -97,21 +101,21 @@ impl<R: Reader> Tool for ReaderTool<R> {
             Ok(args) => args,
             Err(message) => return Ok(ToolOutput::error(message)),
         };
-        let mut tx = read_only_snapshot(self.store.pool())
+        let mut scope = ReadScope::open(self.store.pool(), R::ONE_STATEMENT)
             .await
             .map_err(database_error)?;
-        let outcome = match User::of(&mut tx, &ctx.acting_user)
+        let outcome = match User::of(scope.conn(), &ctx.acting_user)
             .await
             .map_err(database_error)?
         {
             None => Err(Refusal::NotPermitted),
             Some(user) => self
                 .reader
-                .read(&mut tx, &user, &args)
+                .read(scope.conn(), &user, &args)
                 .await
                 .map_err(database_error)?,
         };
-        tx.rollback().await.map_err(database_error)?;
+        scope.close().await.map_err(database_error)?;
         Ok(match outcome {
             Ok(value) => ToolOutput::ok(
                 serde_json::to_string_pretty(&value)
@@ -167,6 +171,7 @@ impl Reader for ReadPageMetadata {
     const DESCRIPTION: &'static str =
         "Read the descriptive metadata fields of one live page, and which translations it has.";
     const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
+    const ONE_STATEMENT: bool = true;
 
     async fn read(
         &self,
@@ -174,7 +179,8 @@ impl Reader for ReadPageMetadata {
         user: &User,
         args: &ReadPageMetadataArgs,
     ) -> Result<Planned<Value>, sqlx::Error> {
-        let Some(page) = Page::load(conn, args.uid.get()).await? else {
+        let Some((page, translations)) = Page::load_with_translations(conn, args.uid.get()).await?
+        else {
             return Ok(Err(Refusal::NotPermitted));
         };
         if !page.permits(user) {
@@ -183,14 +189,6 @@ impl Reader for ReadPageMetadata {
         if page.workspace != 0 {
             return Ok(Err(Refusal::draft("Page", page.uid, page.workspace)));
         }
-        let translations = sqlx::query!(
-            r#"SELECT uid, language FROM content.pages
-               WHERE l10n_parent = $1 AND workspace = 0 AND NOT deleted
-               ORDER BY language, uid"#,
-            page.uid
-        )
-        .fetch_all(&mut *conn)
-        .await?;
         let mut out = serde_json::Map::new();
         out.insert("uid".into(), json!(page.uid));
         out.insert("parent".into(), json!(page.pid));
@@ -205,8 +203,8 @@ impl Reader for ReadPageMetadata {
             "translations".into(),
             translations
                 .iter()
-                .filter(|t| user.may_use_language(t.language))
-                .map(|t| json!({"uid": t.uid, "language": t.language}))
+                .filter(|(_, language)| user.may_use_language(*language))
+                .map(|(uid, language)| json!({"uid": uid, "language": language}))
                 .collect(),
         );
         Ok(Ok(Value::Object(out)))
@@ -236,6 +234,7 @@ impl Reader for SearchPages {
         "Find live pages whose title, navigation title, subtitle, description or keywords \
          contain a text. Only pages the acting user may edit are listed.";
     const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
+    const ONE_STATEMENT: bool = true;
 
     async fn read(
         &self,

@@ -60,19 +60,75 @@ impl Page {
         conn: &mut PgConnection,
         uid: i64,
     ) -> Result<Option<Page>, sqlx::Error> {
-        sqlx::query_as!(
-            Page,
+        Ok(Self::read(conn, uid, false).await?.map(|(page, _)| page))
+    }
+
+    /// The page and its live translations (uid and language, by language then uid), read by one
+    /// statement.
+    pub(crate) async fn load_with_translations(
+        conn: &mut PgConnection,
+        uid: i64,
+    ) -> Result<Option<(Page, Vec<(i64, i32)>)>, sqlx::Error> {
+        Self::read(conn, uid, true).await
+    }
+
+    async fn read(
+        conn: &mut PgConnection,
+        uid: i64,
+        translations: bool,
+    ) -> Result<Option<(Page, Vec<(i64, i32)>)>, sqlx::Error> {
+        let row = sqlx::query!(
             r#"SELECT uid, pid, sorting, language, l10n_parent, workspace, hidden, doktype,
                       title, subtitle, nav_title, abstract AS abstract_text, description, keywords,
                       seo_title, og_title, og_description, twitter_title, twitter_description,
-                      content.rootline(uid) AS rootline
-               FROM content.pages
+                      content.rootline(uid) AS rootline,
+                      CASE WHEN $2 THEN ARRAY(
+                          SELECT t.uid FROM content.pages t
+                          WHERE t.l10n_parent = p.uid AND t.workspace = 0 AND NOT t.deleted
+                          ORDER BY t.language, t.uid) END AS "translation_uids: Vec<i64>",
+                      CASE WHEN $2 THEN ARRAY(
+                          SELECT t.language FROM content.pages t
+                          WHERE t.l10n_parent = p.uid AND t.workspace = 0 AND NOT t.deleted
+                          ORDER BY t.language, t.uid) END AS "translation_languages: Vec<i32>"
+               FROM content.pages p
                WHERE uid = $1 AND NOT deleted"#,
-            uid
+            uid,
+            translations
         )
         .fetch_optional(&mut *conn)
-        .await
-        .map(|page| page.filter(|p| p.rootline.is_some()))
+        .await?;
+        let Some(row) = row.filter(|r| r.rootline.is_some()) else {
+            return Ok(None);
+        };
+        let translations = row
+            .translation_uids
+            .unwrap_or_default()
+            .into_iter()
+            .zip(row.translation_languages.unwrap_or_default())
+            .collect();
+        let page = Page {
+            uid: row.uid,
+            pid: row.pid,
+            sorting: row.sorting,
+            language: row.language,
+            l10n_parent: row.l10n_parent,
+            workspace: row.workspace,
+            hidden: row.hidden,
+            doktype: row.doktype,
+            title: row.title,
+            subtitle: row.subtitle,
+            nav_title: row.nav_title,
+            abstract_text: row.abstract_text,
+            description: row.description,
+            keywords: row.keywords,
+            seo_title: row.seo_title,
+            og_title: row.og_title,
+            og_description: row.og_description,
+            twitter_title: row.twitter_title,
+            twitter_description: row.twitter_description,
+            rootline: row.rootline,
+        };
+        Ok(Some((page, translations)))
     }
 
     /// The record check: the page is editable for `user` and in a language `user` may use.

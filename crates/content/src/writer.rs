@@ -25,6 +25,7 @@ use countersign_core::{
 };
 use countersign_store::{classify, FencedWrite, Store, StoreError};
 use serde_json::Value;
+use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::access::User;
@@ -149,6 +150,10 @@ pub(crate) trait Writer: Clone + Send + Sync + 'static {
     const EFFECT: Effect;
     /// The neutral refusal string for the records the writer writes.
     const NOT_PERMITTED: &'static str;
+    /// Whether `plan` reads with exactly one statement, whatever the arguments and the records:
+    /// a preview then needs no snapshot transaction around it ([`ReadScope`]). A plan that may
+    /// take a second statement leaves this `false`.
+    const PLAN_IS_ONE_STATEMENT: bool = false;
 
     /// The neutral refusal string for the records these arguments name: a writer of records of
     /// two kinds tells them apart here.
@@ -271,19 +276,20 @@ impl<W: Writer> WriterTool<W> {
         })
     }
 
-    /// The plan of a call as `principal` in a read-only snapshot; `None` when `principal` is no
-    /// user of the content store.
+    /// The plan of a call as `principal` in a read-only snapshot ([`ReadScope`]); `None` when
+    /// `principal` is no user of the content store. A principal its directory attached no
+    /// profile to is read first, apart from the records, as a segment reads its acting user.
     async fn plan_in_snapshot(
         &self,
         principal: &Principal,
         args: &W::Args,
     ) -> Result<Option<Planned<W::Plan>>, sqlx::Error> {
-        let mut tx = read_only_snapshot(self.store.pool()).await?;
-        let planned = match User::of(&mut tx, principal).await? {
+        let mut scope = ReadScope::open(self.store.pool(), W::PLAN_IS_ONE_STATEMENT).await?;
+        let planned = match User::of(scope.conn(), principal).await? {
             None => None,
-            Some(user) => Some(self.writer.plan(&mut tx, &user, args).await?),
+            Some(user) => Some(self.writer.plan(scope.conn(), &user, args).await?),
         };
-        tx.rollback().await?;
+        scope.close().await?;
         Ok(planned)
     }
 
@@ -485,12 +491,43 @@ impl<W: Writer> ToolPreview for WriterTool<W> {
 
 /// A transaction that sees one snapshot and cannot write: a preview reads several rows and
 /// must describe one state of them.
-pub(crate) async fn read_only_snapshot(
-    pool: &PgPool,
-) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-    // One round trip: the snapshot's mode is part of its BEGIN.
-    pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        .await
+/// Where a read-only plan or read runs. Several statements must see one state of the store, so
+/// they run in a `REPEATABLE READ, READ ONLY` transaction; one statement sees one snapshot by
+/// itself, so a plan or read of exactly one statement runs on a pooled connection, without the
+/// transaction's two round trips (its `BEGIN` and its `ROLLBACK`).
+pub(crate) enum ReadScope {
+    Statement(PoolConnection<Postgres>),
+    Snapshot(Transaction<'static, Postgres>),
+}
+
+impl ReadScope {
+    /// A pooled connection when the reads are `one_statement`, a read-only snapshot otherwise.
+    pub(crate) async fn open(pool: &PgPool, one_statement: bool) -> Result<Self, sqlx::Error> {
+        Ok(if one_statement {
+            ReadScope::Statement(pool.acquire().await?)
+        } else {
+            // One round trip: the snapshot's mode is part of its BEGIN.
+            ReadScope::Snapshot(
+                pool.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                    .await?,
+            )
+        })
+    }
+
+    pub(crate) fn conn(&mut self) -> &mut PgConnection {
+        match self {
+            ReadScope::Statement(conn) => conn,
+            ReadScope::Snapshot(tx) => tx,
+        }
+    }
+
+    /// Ends the snapshot (nothing was written); a pooled connection goes back to the pool.
+    pub(crate) async fn close(self) -> Result<(), sqlx::Error> {
+        match self {
+            ReadScope::Statement(_) => Ok(()),
+            ReadScope::Snapshot(tx) => tx.rollback().await,
+        }
+    }
 }
 
 /// A database error of a writer: an infrastructure failure, transient or persistent as

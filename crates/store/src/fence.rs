@@ -6,16 +6,16 @@
 //! check happens inside the same transaction as the write. [`Store::begin_turn`] opens the
 //! transaction of an approved turn and checks the lease; the turn's local writers then lock
 //! their subjects and what they read, re-plan, compare and write on [`FencedWrite::conn`];
-//! [`FencedWrite::commit_turn`] renews the lease with one guarded `UPDATE` of the run row —
+//! [`FencedWrite::commit_turn`] renews the lease with a guarded `UPDATE` of the run row —
 //! which locks the row until the commit, so no claim, requeue, cancel or settle can move the
-//! run in between — appends the `tool_write` audit events and the journal rows, and commits
-//! once: the writes, their audit and their journal entries are kept together or lost together.
-//! A zombie's guard matches no row, and its writes roll back unseen. Dropping a `FencedWrite`
+//! run in between — and appends the `tool_write` audit events and the journal rows in the same
+//! statement, and commits once: the writes, their audit and their journal entries are kept
+//! together or lost together. A zombie's guard matches no row, and its writes roll back unseen. Dropping a `FencedWrite`
 //! rolls everything back.
 //!
 //! The run row is not locked while the turn runs, so the heartbeat keeps renewing the lease
 //! however long the turn waits on a colleague's lock, and the turn's calls outside the store
-//! are stamped and journaled in transactions of their own.
+//! are stamped and journaled in statements of their own.
 //!
 //! Lock order, for every transaction that writes content on behalf of a run: the turn's
 //! subjects in [`countersign_core::LockSubject`] order, then what each call reads, then the run
@@ -32,8 +32,8 @@ use countersign_crypto::Keyring;
 use sqlx::{PgConnection, Postgres, Transaction};
 
 use crate::error::classify;
-use crate::journal::{self, JournalKey};
-use crate::{millis, Lease, Store, StoreError};
+use crate::journal::{self, Journaled};
+use crate::{Lease, Store, StoreError};
 
 /// An open transaction in which the run's lease has been verified and the run row is locked.
 pub struct FencedWrite {
@@ -141,36 +141,29 @@ impl FencedWrite {
         &mut self.tx
     }
 
-    /// Appends the `tool_write` audit event of a write ([`journal::audit_event`]) and the
-    /// journal row of the call (its result sealed).
-    async fn journal(&mut self, entry: &JournalEntry<'_>) -> Result<(), StoreError> {
-        let key = JournalKey {
-            run_id: self.lease.run_id,
-            seq: self.seq,
-            index: entry.index,
-            epoch: self.lease.epoch,
-        };
-        let audit = entry
-            .effect
-            .is_write()
-            .then(|| {
-                journal::audit_event(&self.keyring, &key, entry.tool, entry.effect, entry.output)
-            })
-            .transpose()?;
-        let inserted = journal::insert_audited(
-            &mut self.tx,
+    /// Journals `entries` with their audit events under the lease's guard, in one statement
+    /// ([`journal::journal_guarded`]). Every entry must be new: a call journaled already is
+    /// [`StoreError::AlreadyJournaled`], a lease no longer held [`StoreError::FenceLost`]; the
+    /// caller rolls back either way.
+    async fn journal(
+        &mut self,
+        guard: journal::Guard,
+        entries: &[JournalEntry<'_>],
+    ) -> Result<(), StoreError> {
+        let journaled = journal::journal_guarded(
+            &mut *self.tx,
             &self.keyring,
-            &key,
-            entry.tool,
-            entry.effect,
-            entry.output,
-            audit,
+            &self.lease,
+            self.seq,
+            guard,
+            entries,
         )
         .await?;
-        if !inserted {
-            return Err(StoreError::AlreadyJournaled);
+        match journaled {
+            Journaled::FenceLost => Err(StoreError::FenceLost),
+            Journaled::Inserted(n) if n == entries.len() => Ok(()),
+            Journaled::Inserted(_) => Err(StoreError::AlreadyJournaled),
         }
-        Ok(())
     }
 
     /// Journals a single-call write ([`Store::fenced_write`]) with its audit event and commits.
@@ -189,7 +182,13 @@ impl FencedWrite {
             effect,
             output,
         };
-        if let Err(e) = self.journal(&entry).await {
+        // The run row is locked and its lease checked already (`fenced_write`): the guard
+        // proves it again and changes nothing.
+        let guard = journal::Guard {
+            renew: None,
+            clear_stamp: false,
+        };
+        if let Err(e) = self.journal(guard, &[entry]).await {
             self.tx.rollback().await?;
             return Err(e);
         }
@@ -236,9 +235,10 @@ impl FencedWrite {
         }
     }
 
-    /// The fence of an approved turn, then its commit: renews the lease to `now() + ttl` in one
-    /// `UPDATE` guarded by owner, epoch and `running` (which locks the run row until the
-    /// commit), appends the audit event and journal row of every entry, and commits. A lease no
+    /// The fence of an approved turn, then its commit: one statement renews the lease to
+    /// `now() + ttl` with an `UPDATE` guarded by owner, epoch and `running` (which locks the run
+    /// row until the commit) and appends the audit event and journal row of every entry; then
+    /// the commit. A lease no
     /// longer held is [`StoreError::FenceLost`] and nothing of the turn is kept. A turn with no
     /// entry wrote nothing: it is rolled back.
     pub async fn commit_turn(
@@ -249,22 +249,13 @@ impl FencedWrite {
         if entries.is_empty() {
             return self.rollback().await;
         }
-        let held = sqlx::query!(
-            r#"UPDATE runs SET lease_expires_at = now() + $4 * interval '1 millisecond'
-               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
-            self.lease.run_id.as_uuid(),
-            self.lease.owner,
-            self.lease.epoch.get(),
-            millis(ttl) as f64,
-        )
-        .execute(&mut *self.tx)
-        .await?;
-        if held.rows_affected() != 1 {
+        let guard = journal::Guard {
+            renew: Some(ttl),
+            clear_stamp: false,
+        };
+        if let Err(e) = self.journal(guard, entries).await {
             self.tx.rollback().await?;
-            return Err(StoreError::FenceLost);
-        }
-        for entry in entries {
-            self.journal(entry).await?;
+            return Err(e);
         }
         self.tx.commit().await?;
         Ok(())

@@ -9,11 +9,15 @@
 //! audit event, in the transaction that also clears the run's `pending_effect` stamp
 //! ([`Store::record_effect`]).
 
-use countersign_core::{CallIndex, Effect, LeaseEpoch, RunId, SuspensionSeq, ToolOutput};
-use countersign_crypto::{Keyring, Purpose};
-use sqlx::PgConnection;
+use std::time::Duration;
 
-use crate::{Lease, Store, StoreError};
+use countersign_core::{
+    CallIndex, Effect, JournalEntry, LeaseEpoch, RunId, SuspensionSeq, ToolOutput,
+};
+use countersign_crypto::{Keyring, Purpose};
+use sqlx::{PgConnection, PgExecutor};
+
+use crate::{millis, Lease, Store, StoreError};
 
 /// Which call a journal row is for, and the epoch of the lease it ran under.
 #[derive(Debug, Clone, Copy)]
@@ -24,60 +28,153 @@ pub(crate) struct JournalKey {
     pub epoch: LeaseEpoch,
 }
 
-/// Inserts the journal row of a call and, with `audit` (the payload in clear, the sealed
-/// content), its `tool_write` audit event numbered from the run's trail counter — in one
-/// statement. `false`, and nothing inserted, when the call was journaled already.
-pub(crate) async fn insert_audited(
-    conn: &mut PgConnection,
+/// What the guarded `UPDATE` of the run row that journals calls does besides proving the lease
+/// is held (owner, epoch, `running`): renew the lease for a time to live, clear the stamp of a
+/// call sent outside the store (`pending_effect` and the sent call), both, or neither.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Guard {
+    pub renew: Option<Duration>,
+    pub clear_stamp: bool,
+}
+
+/// What [`journal_guarded`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Journaled {
+    /// The lease was no longer held: nothing was written.
+    FenceLost,
+    /// The guard held; this many of the entries were new (the rest had been journaled already
+    /// and were kept as they were, without an audit event).
+    Inserted(usize),
+}
+
+/// In ONE statement: the lease's guarded `UPDATE` of the run row ([`Guard`]), which locks the
+/// row until the transaction ends; the journal row of every entry (its result sealed), unless
+/// the call was journaled already; and the `tool_write` audit event of every write among the
+/// new rows, numbered from the run's trail counter. Nothing is written when the guard loses.
+pub(crate) async fn journal_guarded<'e, E: PgExecutor<'e>>(
+    executor: E,
     keyring: &Keyring,
-    key: &JournalKey,
-    tool: &str,
-    effect: Effect,
-    output: &ToolOutput,
-    audit: Option<(serde_json::Value, Vec<u8>)>,
-) -> Result<bool, StoreError> {
-    let plain =
-        serde_json::to_vec(output).map_err(|_| StoreError::unreadable("run_journal.result"))?;
-    let sealed = keyring.seal(Purpose::Journal, key.run_id, &plain)?;
-    let audited = audit.is_some();
-    let (payload, content) = audit.unzip();
-    let inserted = sqlx::query_scalar!(
-        r#"WITH journaled AS (
+    lease: &Lease,
+    seq: SuspensionSeq,
+    guard: Guard,
+    entries: &[JournalEntry<'_>],
+) -> Result<Journaled, StoreError> {
+    let mut rows = JournalRows::default();
+    for entry in entries {
+        rows.push(keyring, lease, seq, entry)?;
+    }
+    let done = sqlx::query!(
+        r#"WITH fenced AS (
+               UPDATE runs
+               SET lease_expires_at =
+                       coalesce(now() + $5 * interval '1 millisecond', lease_expires_at),
+                   pending_effect = CASE WHEN $6 THEN NULL ELSE pending_effect END,
+                   sent_seq = CASE WHEN $6 THEN NULL ELSE sent_seq END,
+                   sent_call = CASE WHEN $6 THEN NULL ELSE sent_call END
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3
+               RETURNING id),
+           journaled AS (
                INSERT INTO run_journal (run_id, suspension_seq, call_index, tool, effect, result,
                                         lease_epoch, created_at)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, clock_timestamp())
+               SELECT f.id, $4, e.call_index, e.tool, e.effect, e.result, $3, clock_timestamp()
+               FROM fenced f,
+                    unnest($7::int[], $8::text[], $9::text[], $10::bytea[])
+                        AS e (call_index, tool, effect, result)
+               ORDER BY e.call_index
                ON CONFLICT (run_id, suspension_seq, call_index) DO NOTHING
                RETURNING call_index),
-           next AS (
+           audited AS (
+               SELECT a.payload, a.sealed, row_number() OVER (ORDER BY a.call_index) AS n
+               FROM unnest($7::int[], $11::jsonb[], $12::bytea[]) AS a (call_index, payload, sealed)
+               JOIN journaled j ON j.call_index = a.call_index
+               WHERE a.payload IS NOT NULL),
+           tally AS (SELECT count(*) AS k FROM audited),
+           numbered AS (
                INSERT INTO run_trails (run_id, last_sequence)
-               SELECT $1, 1 FROM journaled WHERE $8
-               ON CONFLICT (run_id) DO UPDATE SET last_sequence = run_trails.last_sequence + 1
+               SELECT $1, t.k FROM tally t WHERE t.k > 0
+               ON CONFLICT (run_id) DO UPDATE
+                   SET last_sequence = run_trails.last_sequence + excluded.last_sequence
                RETURNING last_sequence),
            audit AS (
                INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
-               SELECT $1, next.last_sequence, 'tool_write', $9::jsonb, $10::bytea FROM next
+               SELECT $1, n.last_sequence - t.k + a.n, 'tool_write', a.payload, a.sealed
+               FROM numbered n, tally t, audited a
                RETURNING sequence)
-           SELECT EXISTS (SELECT 1 FROM journaled) AS "inserted!""#,
-        key.run_id.as_uuid(),
-        key.seq.as_i32(),
-        key.index.as_i32(),
-        tool,
-        effect.as_str(),
-        sealed,
-        key.epoch.get(),
-        audited,
-        payload,
-        content,
+           SELECT (SELECT count(*) FROM fenced) AS "fenced!",
+                  (SELECT count(*) FROM journaled) AS "inserted!""#,
+        lease.run_id.as_uuid(),
+        lease.owner,
+        lease.epoch.get(),
+        seq.as_i32(),
+        guard.renew.map(|ttl| millis(ttl) as f64),
+        guard.clear_stamp,
+        &rows.indexes,
+        &rows.tools,
+        &rows.effects,
+        &rows.results,
+        &rows.payloads as &[Option<serde_json::Value>],
+        &rows.sealed as &[Option<Vec<u8>>],
     )
-    .fetch_one(conn)
+    .fetch_one(executor)
     .await?;
-    Ok(inserted)
+    if done.fenced == 0 {
+        return Ok(Journaled::FenceLost);
+    }
+    Ok(Journaled::Inserted(
+        usize::try_from(done.inserted).unwrap_or_default(),
+    ))
+}
+
+/// The columns of [`journal_guarded`]'s entries, one array each.
+#[derive(Default)]
+struct JournalRows {
+    indexes: Vec<i32>,
+    tools: Vec<String>,
+    effects: Vec<String>,
+    results: Vec<Vec<u8>>,
+    /// A write's audit payload in clear, `None` for a call that is no write.
+    payloads: Vec<Option<serde_json::Value>>,
+    /// A write's output sealed for its audit event.
+    sealed: Vec<Option<Vec<u8>>>,
+}
+
+impl JournalRows {
+    fn push(
+        &mut self,
+        keyring: &Keyring,
+        lease: &Lease,
+        seq: SuspensionSeq,
+        entry: &JournalEntry<'_>,
+    ) -> Result<(), StoreError> {
+        let key = JournalKey {
+            run_id: lease.run_id,
+            seq,
+            index: entry.index,
+            epoch: lease.epoch,
+        };
+        let plain = serde_json::to_vec(entry.output)
+            .map_err(|_| StoreError::unreadable("run_journal.result"))?;
+        let (payload, sealed) = entry
+            .effect
+            .is_write()
+            .then(|| audit_event(keyring, &key, entry.tool, entry.effect, entry.output))
+            .transpose()?
+            .unzip();
+        self.indexes.push(entry.index.as_i32());
+        self.tools.push(entry.tool.to_owned());
+        self.effects.push(entry.effect.as_str().to_owned());
+        self.results
+            .push(keyring.seal(Purpose::Journal, lease.run_id, &plain)?);
+        self.payloads.push(payload);
+        self.sealed.push(sealed);
+        Ok(())
+    }
 }
 
 /// The `tool_write` audit event of a write: in clear the tool, effect, call index, suspension
 /// number, lease epoch and whether the output is an error — never content; the output itself
 /// sealed.
-pub(crate) fn audit_event(
+fn audit_event(
     keyring: &Keyring,
     key: &JournalKey,
     tool: &str,
@@ -160,7 +257,7 @@ impl Store {
 
     /// Records the result of a call executed outside this database (an external effect, whose
     /// idempotency key the resource enforces) with, for a write, its `tool_write` audit event,
-    /// and clears the run's stamp (`pending_effect` and the sent call), in one transaction
+    /// and clears the run's stamp (`pending_effect` and the sent call), in one statement
     /// guarded by the lease: an audit event that cannot be stored keeps the result from being
     /// recorded too. Idempotent: a second record of the same call keeps the first and returns
     /// `false`. [`StoreError::FenceLost`] when the lease is gone: the result is not recorded,
@@ -174,34 +271,20 @@ impl Store {
         effect: Effect,
         output: &ToolOutput,
     ) -> Result<bool, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let held = sqlx::query!(
-            r#"UPDATE runs SET pending_effect = NULL, sent_seq = NULL, sent_call = NULL
-               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
-            lease.run_id.as_uuid(),
-            lease.owner,
-            lease.epoch.get(),
-        )
-        .execute(&mut *tx)
-        .await?;
-        if held.rows_affected() != 1 {
-            tx.rollback().await?;
-            return Err(StoreError::FenceLost);
-        }
-        let key = JournalKey {
-            run_id: lease.run_id,
-            seq,
-            index,
-            epoch: lease.epoch,
+        let guard = Guard {
+            renew: None,
+            clear_stamp: true,
         };
-        let audit = effect
-            .is_write()
-            .then(|| audit_event(&self.keyring, &key, tool, effect, output))
-            .transpose()?;
-        let inserted =
-            insert_audited(&mut tx, &self.keyring, &key, tool, effect, output, audit).await?;
-        tx.commit().await?;
-        Ok(inserted)
+        let entry = JournalEntry {
+            index,
+            tool,
+            effect,
+            output,
+        };
+        match journal_guarded(&self.pool, &self.keyring, lease, seq, guard, &[entry]).await? {
+            Journaled::FenceLost => Err(StoreError::FenceLost),
+            Journaled::Inserted(n) => Ok(n == 1),
+        }
     }
 
     /// Whether any call of the suspension has been journaled.

@@ -103,6 +103,7 @@ impl Writer for UpdatePageMetadata {
          call is shown to a human for approval before it runs.";
     const EFFECT: Effect = Effect::IdempotentWrite;
     const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
+    const PLAN_IS_ONE_STATEMENT: bool = true;
 
     async fn subjects(
         &self,

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
-use countersign_core::{CallIndex, Effect, SuspensionSeq, ToolOutput};
-use countersign_store::{ReapOutcome, SentCall};
+use countersign_core::{CallIndex, Effect, JournalEntry, SuspensionSeq, ToolOutput};
+use countersign_store::{ReapOutcome, SentCall, StoreError};
 use sqlx::PgPool;
 
 use crate::support::*;
@@ -207,4 +207,104 @@ async fn a_call_sent_for_another_suspension_is_not_the_retrying_claims_sent_call
         .unwrap());
     requeue(&store, &pool, run).await;
     assert_eq!(claim(&store, run, "worker-b").await.sent_call, None);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_turn_of_three_calls_commits_every_journal_row_and_an_audit_event_per_write_numbered_in_order(
+    pool: PgPool,
+) {
+    let store = store(pool.clone());
+    let (run, lease) = running(&store).await;
+    let seq = SuspensionSeq::FIRST;
+    let before = store.events(run).await.unwrap();
+    let last = before.last().map_or(0, |e| e.sequence);
+    // The lease runs nearly out before the commit, which renews it.
+    sqlx::query("UPDATE runs SET lease_expires_at = now() + interval '1 second' WHERE id = $1")
+        .bind(run.as_uuid())
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let outputs = [
+        ToolOutput::ok("first written"),
+        ToolOutput::ok("read"),
+        ToolOutput::error("third refused"),
+    ];
+    let effects = [
+        Effect::IdempotentWrite,
+        Effect::ReadOnly,
+        Effect::NonIdempotentWrite,
+    ];
+    let tools = [
+        "update_page_metadata",
+        "read_page_metadata",
+        "move_content_element",
+    ];
+    let entries: Vec<JournalEntry<'_>> = (0..3)
+        .map(|i| JournalEntry {
+            index: CallIndex::new(i),
+            tool: tools[i],
+            effect: effects[i],
+            output: &outputs[i],
+        })
+        .collect();
+    let turn = store.begin_turn(&lease, seq).await.unwrap();
+    turn.commit_turn(TTL, &entries).await.unwrap();
+
+    for (i, output) in outputs.iter().enumerate() {
+        assert_eq!(
+            store.journaled(run, seq, CallIndex::new(i)).await.unwrap(),
+            Some(output.clone()),
+            "call {i}"
+        );
+    }
+    let writes: Vec<_> = store
+        .events(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.kind == "tool_write")
+        .collect();
+    let numbered: Vec<(i64, &str, i64)> = writes
+        .iter()
+        .map(|e| {
+            (
+                e.sequence,
+                e.payload["tool"].as_str().unwrap(),
+                e.payload["call_index"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        numbered,
+        vec![
+            (last + 1, "update_page_metadata", 0),
+            (last + 2, "move_content_element", 2)
+        ]
+    );
+    assert_eq!(writes[1].payload["is_error"], true);
+    let left: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM lease_expires_at - now())::float8 FROM runs WHERE id = $1",
+    )
+    .bind(run.as_uuid())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(left > 20.0, "the commit renewed the lease: {left} s left");
+
+    // The same turn committed again keeps nothing of the second commit.
+    let again = store.begin_turn(&lease, seq).await.unwrap();
+    let e = again.commit_turn(TTL, &entries[2..]).await.unwrap_err();
+    assert!(matches!(e, StoreError::AlreadyJournaled), "{e:?}");
+    assert_eq!(journal_count(&pool, run).await, 3);
+    assert_eq!(
+        store
+            .events(run)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|e| e.kind == "tool_write")
+            .count(),
+        2
+    );
 }
