@@ -11,7 +11,8 @@ use crate::producers::ProducerKind;
 use crate::{Coordinator, CoordinatorError, RequestOutcome, RequestVerdict};
 
 impl Coordinator {
-    /// Gates a run request and creates its run, in this order:
+    /// Gates a run request and creates its run; a refusal is the first refusing gate's, in this
+    /// order:
     ///
     /// 1. the body is a version-1 run request → else `malformed` (dead-letter it);
     /// 2. `producer` (the transport-authenticated user) is present and allowed to assert the
@@ -19,15 +20,18 @@ impl Coordinator {
     /// 3. the acting user is a user the directory knows and has not disabled → else
     ///    `unknown_acting_user`;
     /// 4. the agent configuration exists and is active → else `configuration_gone`;
-    /// 5. the run is created `queued`/`start`, and `run.accepted` announced, in one
-    ///    transaction; a duplicate `request_id` of the same producer with the same request
+    /// 5. the run is created `queued`/`start`, and `run.accepted` announced, by the statement
+    ///    that reads the facts of gates 2 and 4; a duplicate `request_id` of the same producer with the same request
     ///    returns the run created for it before (`created == false`), creates, announces and
     ///    dispatches nothing; the same id with another request is `idempotency_conflict`. A
     ///    request id is the producer's own: another producer's same id is another request.
     ///
-    /// A refused request creates nothing; its `run.refused` is written to the outbox before the
-    /// verdict is returned (unless the producer was not authenticated: then nothing is). A duplicate is gated like its first copy, so one
-    /// arriving after its configuration was deactivated is refused although its run exists.
+    /// The directory is asked before the facts are read, so gate 3's read happens first: a
+    /// request the directory refuses reads the facts on its own to tell gate 2's refusal from
+    /// gate 3's. A refused request creates nothing; its `run.refused` is written to the outbox
+    /// before the verdict is returned (unless the producer was not authenticated: then nothing
+    /// is). A duplicate is gated like its first copy, so one arriving after its configuration
+    /// was deactivated is refused although its run exists.
     pub(crate) async fn gate_run_request(
         &self,
         message: Result<RunRequest, MessageError>,
@@ -54,36 +58,40 @@ impl Coordinator {
             Ok(verdict)
         };
 
-        // The producer's grant and the agent's state, by one statement; consulted in order.
-        let producer = producer.filter(|p| !p.is_empty());
-        let facts = self
-            .store
-            .request_facts(
-                producer.unwrap_or_default(),
-                ProducerKind::ActingUser.as_str(),
-                &request.acting_user,
-                &request.agent,
-            )
-            .await?;
-        if producer.is_none() || !facts.producer_granted {
+        let Some(producer) = producer.filter(|p| !p.is_empty()) else {
             return refuse(RequestOutcome::UnauthenticatedProducer).await;
-        }
+        };
+        // The directory is asked first; the producer's grant and the agent's state are read by
+        // the statement that creates the run. When a gate refuses, the verdict is the first
+        // refusing gate's, in the order above.
+        let kind = ProducerKind::ActingUser.as_str();
         if self.users.principal(&request.acting_user).await?.is_none() {
-            return refuse(RequestOutcome::UnknownActingUser).await;
+            let facts = self
+                .store
+                .request_facts(producer, kind, &request.acting_user, &request.agent)
+                .await?;
+            return refuse(if facts.producer_granted {
+                RequestOutcome::UnknownActingUser
+            } else {
+                RequestOutcome::UnauthenticatedProducer
+            })
+            .await;
         }
-        if !facts.agent_active {
-            return refuse(RequestOutcome::ConfigurationGone).await;
-        }
-
-        // Gate 2 passed, so `producer` is present.
-        let producer = producer.unwrap_or_default();
         let traceparent = crate::spans::current_traceparent();
-        let run = match self
+        let created = self
             .store
-            .create_run_for(producer, &request, traceparent.as_deref())
-            .await
-        {
-            Ok(run) => run,
+            .create_gated_run(producer, kind, &request, traceparent.as_deref())
+            .await;
+        let run = match created {
+            Ok(Ok(run)) => run,
+            Ok(Err(facts)) => {
+                return refuse(if facts.producer_granted {
+                    RequestOutcome::ConfigurationGone
+                } else {
+                    RequestOutcome::UnauthenticatedProducer
+                })
+                .await;
+            }
             Err(StoreError::IdempotencyConflict) => {
                 return refuse(RequestOutcome::IdempotencyConflict).await;
             }

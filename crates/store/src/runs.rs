@@ -273,6 +273,34 @@ impl Store {
         new: &NewRun,
         traceparent: Option<&str>,
     ) -> Result<CreatedRun, StoreError> {
+        // With no gate, every fact holds: the run is created, or it is a duplicate.
+        let created = self.insert_run(producer, None, new, traceparent).await?;
+        created.map_err(|_| StoreError::unreadable("runs.request"))
+    }
+
+    /// [`Store::create_run_for`] behind the facts of the run request's gates, read by the same
+    /// statement: the run is created only when `producer` holds a grant of `kind` for the
+    /// acting user and the agent configuration exists and is active. Otherwise nothing is
+    /// written, and the facts say which gate refuses (`Ok(Err(facts))`). A duplicate is gated
+    /// like its first copy.
+    pub async fn create_gated_run(
+        &self,
+        producer: &str,
+        kind: &str,
+        new: &NewRun,
+        traceparent: Option<&str>,
+    ) -> Result<Result<CreatedRun, RequestFacts>, StoreError> {
+        self.insert_run(producer, Some(kind), new, traceparent)
+            .await
+    }
+
+    async fn insert_run(
+        &self,
+        producer: &str,
+        gate: Option<&str>,
+        new: &NewRun,
+        traceparent: Option<&str>,
+    ) -> Result<Result<CreatedRun, RequestFacts>, StoreError> {
         let id = RunId::new();
         let stored = StoredRequest {
             prompt: new.prompt.clone(),
@@ -281,24 +309,35 @@ impl Store {
         let request = self
             .keyring
             .seal(Purpose::Request, id, &stored.to_bytes())?;
-        // One statement, one commit: the run and its `run.accepted` outbox row, or, on a
-        // duplicate request id, neither.
+        // One statement, one commit: the gates' facts, then the run and its `run.accepted`
+        // outbox row — or, when a fact refuses or the request id is a duplicate, neither.
         let event = outbox::run_accepted(new.request_id, id);
-        let announced = sqlx::query_as!(
-            outbox::Row,
-            r#"WITH created AS (
+        let row = sqlx::query!(
+            r#"WITH facts AS (
+                   SELECT $11::text IS NULL OR producer_may_assert($9, $11, $4) AS granted,
+                          $11::text IS NULL
+                              OR EXISTS (SELECT 1 FROM agents WHERE name = $3 AND active)
+                              AS active),
+               created AS (
                    INSERT INTO runs (id, request_id, producer, agent, acting_user, status, segment,
                                      request, request_traceparent)
                    SELECT $1, $2, $9, $3, $4, 'queued', 'start', $5, $10
-                   WHERE NOT EXISTS (SELECT 1 FROM runs
+                   FROM facts
+                   WHERE facts.granted AND facts.active
+                     AND NOT EXISTS (SELECT 1 FROM runs
                                      WHERE request_id = $2 AND producer IS NULL)
                    ON CONFLICT (producer, request_id) DO NOTHING
-                   RETURNING id)
-               INSERT INTO event_outbox (id, run_id, kind, body)
-               SELECT $6, created.id, $7,
-                      announced_body($8::jsonb, $6::uuid)
-               FROM created
-               RETURNING id, run_id, kind, body, created_at, published_at"#,
+                   RETURNING id),
+               announced AS (
+                   INSERT INTO event_outbox (id, run_id, kind, body)
+                   SELECT $6, created.id, $7,
+                          announced_body($8::jsonb, $6::uuid)
+                   FROM created
+                   RETURNING id, run_id, kind, body, created_at, published_at)
+               SELECT f.granted AS "granted!", f.active AS "active!",
+                      a.id AS "id?", a.run_id, a.kind AS "kind?", a.body AS "body?",
+                      a.created_at AS "created_at?", a.published_at
+               FROM facts f LEFT JOIN announced a ON true"#,
             id.as_uuid(),
             new.request_id,
             new.agent,
@@ -309,17 +348,34 @@ impl Store {
             outbox::stored_body(&event),
             producer,
             traceparent,
+            gate,
         )
-        .fetch_optional(&self.pool)
+        .fetch_one(&self.pool)
         .await?;
-        if let Some(row) = announced {
-            self.hand_off(vec![row.into()]);
-            return Ok(CreatedRun {
+        if !(row.granted && row.active) {
+            return Ok(Err(RequestFacts {
+                producer_granted: row.granted,
+                agent_active: row.active,
+            }));
+        }
+        if let (Some(event_id), Some(kind), Some(body), Some(created_at)) =
+            (row.id, row.kind, row.body, row.created_at)
+        {
+            self.hand_off(vec![outbox::Row {
+                id: event_id,
+                run_id: row.run_id,
+                kind,
+                body,
+                created_at,
+                published_at: row.published_at,
+            }
+            .into()]);
+            return Ok(Ok(CreatedRun {
                 run_id: id,
                 created: true,
-            });
+            }));
         }
-        self.duplicate_run(producer, new).await
+        self.duplicate_run(producer, new).await.map(Ok)
     }
 
     /// The run an earlier copy of `new` created, or [`StoreError::IdempotencyConflict`] when

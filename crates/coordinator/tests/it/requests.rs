@@ -1,5 +1,6 @@
 //! Run requests: created once, refused with nothing created.
 
+use countersign_coordinator::producers::{self, ProducerKind};
 use countersign_coordinator::{Dispatch, RequestOutcome, RequestVerdict, Segment};
 use countersign_store::RunStatus;
 use serde_json::json;
@@ -208,4 +209,38 @@ async fn a_request_for_an_unknown_user_from_a_producer_not_allowed_to_name_it_is
         "the producer learns nothing about which users exist"
     );
     assert_eq!(h.runs().await, 0);
+}
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn a_request_refused_by_two_gates_gets_the_first_gates_verdict(pool: PgPool) {
+    let h = harness(pool).await;
+    h.store.set_agent_active(AGENT, false).await.unwrap();
+    // The portal may not name `approver`, and the agent is inactive: the grant comes first.
+    let v = take(&h, &request("approver", AGENT), Some(PORTAL)).await;
+    assert_eq!(v.outcome, RequestOutcome::UnauthenticatedProducer);
+    assert_eq!(v.event, None);
+    // A user the directory does not know, for an inactive agent: the directory comes first.
+    let v = take(&h, &request("nobody-at-all", AGENT), Some(PORTAL)).await;
+    assert_eq!(v.outcome, RequestOutcome::UnauthenticatedProducer);
+    producers::allow(&h.pool, PORTAL, ProducerKind::ActingUser, "nobody-at-all")
+        .await
+        .unwrap();
+    let v = take(&h, &request("nobody-at-all", AGENT), Some(PORTAL)).await;
+    assert_eq!(v.outcome, RequestOutcome::UnknownActingUser);
+    assert_eq!(h.runs().await, 0);
+}
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn a_duplicate_request_after_its_agent_was_deactivated_is_refused_and_its_run_kept(
+    pool: PgPool,
+) {
+    let h = harness(pool).await;
+    let r = request("editor", AGENT);
+    let first = take(&h, &r, Some(PORTAL)).await;
+    assert_eq!(first.outcome, RequestOutcome::Accepted);
+    h.store.set_agent_active(AGENT, false).await.unwrap();
+    let again = take(&h, &r, Some(PORTAL)).await;
+    assert_eq!(again.outcome, RequestOutcome::ConfigurationGone);
+    assert_eq!(again.run_id, None);
+    assert_eq!(h.runs().await, 1);
 }
