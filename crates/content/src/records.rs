@@ -60,40 +60,45 @@ impl Page {
         conn: &mut PgConnection,
         uid: i64,
     ) -> Result<Option<Page>, sqlx::Error> {
-        Ok(Self::read(conn, uid, false).await?.map(|(page, _)| page))
+        sqlx::query_as!(
+            Page,
+            r#"SELECT uid, pid, sorting, language, l10n_parent, workspace, hidden, doktype,
+                      title, subtitle, nav_title, abstract AS abstract_text, description, keywords,
+                      seo_title, og_title, og_description, twitter_title, twitter_description,
+                      content.rootline(uid) AS rootline
+               FROM content.pages
+               WHERE uid = $1 AND NOT deleted"#,
+            uid
+        )
+        .fetch_optional(&mut *conn)
+        .await
+        .map(|page| page.filter(|p| p.rootline.is_some()))
     }
 
-    /// The page and its live translations (uid and language, by language then uid), read by one
-    /// statement.
+    /// The page as [`Page::load`] reads it, and its live translations (uid and language, by
+    /// language then uid), by one statement. A statement of its own rather than a switch in
+    /// `load`'s: a parameter that decides whether a subquery runs makes PostgreSQL plan every
+    /// execution of a prepared statement anew.
     pub(crate) async fn load_with_translations(
         conn: &mut PgConnection,
         uid: i64,
     ) -> Result<Option<(Page, Vec<(i64, i32)>)>, sqlx::Error> {
-        Self::read(conn, uid, true).await
-    }
-
-    async fn read(
-        conn: &mut PgConnection,
-        uid: i64,
-        translations: bool,
-    ) -> Result<Option<(Page, Vec<(i64, i32)>)>, sqlx::Error> {
         let row = sqlx::query!(
-            r#"SELECT uid, pid, sorting, language, l10n_parent, workspace, hidden, doktype,
-                      title, subtitle, nav_title, abstract AS abstract_text, description, keywords,
-                      seo_title, og_title, og_description, twitter_title, twitter_description,
-                      content.rootline(uid) AS rootline,
-                      CASE WHEN $2 THEN ARRAY(
-                          SELECT t.uid FROM content.pages t
-                          WHERE t.l10n_parent = p.uid AND t.workspace = 0 AND NOT t.deleted
-                          ORDER BY t.language, t.uid) END AS "translation_uids: Vec<i64>",
-                      CASE WHEN $2 THEN ARRAY(
-                          SELECT t.language FROM content.pages t
-                          WHERE t.l10n_parent = p.uid AND t.workspace = 0 AND NOT t.deleted
-                          ORDER BY t.language, t.uid) END AS "translation_languages: Vec<i32>"
-               FROM content.pages p
-               WHERE uid = $1 AND NOT deleted"#,
-            uid,
-            translations
+            r#"SELECT p.uid, p.pid, p.sorting, p.language, p.l10n_parent, p.workspace, p.hidden,
+                      p.doktype, p.title, p.subtitle, p.nav_title, p.abstract AS abstract_text,
+                      p.description, p.keywords, p.seo_title, p.og_title, p.og_description,
+                      p.twitter_title, p.twitter_description,
+                      content.rootline(p.uid) AS rootline,
+                      t.uids AS "translation_uids: Vec<i64>",
+                      t.languages AS "translation_languages: Vec<i32>"
+               FROM content.pages p,
+                    LATERAL (SELECT array_agg(t.uid ORDER BY t.language, t.uid) AS uids,
+                                    array_agg(t.language ORDER BY t.language, t.uid) AS languages
+                             FROM content.pages t
+                             WHERE t.l10n_parent = p.uid AND t.workspace = 0
+                               AND NOT t.deleted) t
+               WHERE p.uid = $1 AND NOT p.deleted"#,
+            uid
         )
         .fetch_optional(&mut *conn)
         .await?;
