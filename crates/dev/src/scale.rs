@@ -34,9 +34,20 @@ fn cycles(runs: usize) -> usize {
     (runs * 3 / 5).max(2 * IN_FLIGHT)
 }
 
+/// Cycles run before a configuration is measured: enough for every connection of every worker
+/// to have run each of a cycle's statements past PostgreSQL's five custom plans of a prepared
+/// statement, after which it plans it once for the connection's life. Measured without it, a
+/// row would charge that start-up, which grows with the connections, to its cycles.
+fn warm_up(workers: usize) -> usize {
+    (8 * WORKER_POOL * workers).max(IN_FLIGHT)
+}
+
 /// The pages the scale part writes, one per cycle, the warm-ups included.
 pub(crate) fn pages(runs: usize) -> usize {
-    CONFIGURATIONS.len() * (cycles(runs) + IN_FLIGHT)
+    CONFIGURATIONS
+        .iter()
+        .map(|&(workers, _)| cycles(runs) + warm_up(workers))
+        .sum()
 }
 
 /// Runs every configuration and prints its row; then verifies the cycles of the scale part with
@@ -55,7 +66,8 @@ pub(crate) async fn run(
     println!(
         "scale: the same cycle through countersign-worker ({WORKER_CONCURRENCY} segments at once, {WORKER_POOL} connections) \
          and countersign-coordinator processes,\n\
-         {IN_FLIGHT} in flight (fixed), {n} cycles per row after {IN_FLIGHT} to warm up; CPU per cycle"
+         {IN_FLIGHT} in flight (fixed), {n} cycles per row after {} a worker to warm up; CPU per cycle",
+        warm_up(1)
     );
     println!(
         "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
@@ -63,7 +75,7 @@ pub(crate) async fn run(
     );
     for (workers, coordinators) in CONFIGURATIONS {
         let started = start(services, &script, workers, coordinators).await?;
-        let row = measure(&mut driver, &started, n).await;
+        let row = measure(&mut driver, &started, warm_up(workers), n).await;
         for process in started {
             process.stop().await?;
         }
@@ -114,14 +126,15 @@ async fn start(
     Ok(started)
 }
 
-/// One configuration: a warm-up (the processes' connections and prepared statements), then `n`
-/// cycles measured.
+/// One configuration: `warm_up` cycles (the processes' connections and prepared statements,
+/// [`warm_up`]), then `n` cycles measured.
 async fn measure(
     driver: &mut Driver<'_>,
     processes: &[ServiceProcess],
+    warm_up: usize,
     n: usize,
 ) -> anyhow::Result<Row> {
-    driver.closed_loop(IN_FLIGHT, IN_FLIGHT).await?;
+    driver.closed_loop(warm_up, IN_FLIGHT).await?;
     let pids: Vec<u32> = processes.iter().map(ServiceProcess::pid).collect();
     let before = CpuTimes::now(&pids);
     let started = Instant::now();
