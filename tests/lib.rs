@@ -723,13 +723,14 @@ pub async fn metrics(port: u16) -> String {
     .await
 }
 
-/// The `WHEN` of a gate on the turn transaction of a resume: the lease renewal that opens it,
-/// `UPDATE runs … WHERE … status = 'running' …` on a resumed run (the heartbeat's renewal
-/// matches too).
+/// The `WHEN` of a gate on the turn transaction of a resume: the turn's fence, the lease
+/// renewal `UPDATE runs … WHERE … status = 'running' …` of a resumed run that journals the turn
+/// in the same statement (the heartbeat's renewal matches too).
 pub const TURN_GATE_WHEN: &str =
     "OLD.status = 'running' AND NEW.status = 'running' AND OLD.segment = 'resume'";
-/// How the lease renewal statement begins.
-pub const LEASE_RENEWAL: &str = "UPDATE runs SET lease_expires_at";
+/// How the turn's fence statement begins (`journal_guarded`: the guarded lease renewal, then the
+/// journal rows and audit events), its whitespace collapsed.
+pub const LEASE_RENEWAL: &str = "WITH fenced AS ( UPDATE runs SET lease_expires_at";
 
 /// A fault page: page `9000 + n` with the teaser element `9100 + n`, which has no images.
 pub fn fault_page(n: i64) -> i64 {
