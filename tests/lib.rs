@@ -730,7 +730,7 @@ pub const TURN_GATE_WHEN: &str =
     "OLD.status = 'running' AND NEW.status = 'running' AND OLD.segment = 'resume'";
 /// How the turn's fence statement begins (`journal_guarded`: the guarded lease renewal, then the
 /// journal rows and audit events), its whitespace collapsed.
-pub const LEASE_RENEWAL: &str = "WITH fenced AS ( UPDATE runs SET lease_expires_at";
+pub const TURN_FENCE: &str = "WITH fenced AS ( UPDATE runs SET lease_expires_at";
 
 /// A fault page: page `9000 + n` with the teaser element `9100 + n`, which has no images.
 pub fn fault_page(n: i64) -> i64 {

@@ -18,7 +18,7 @@ use countersign_e2e::{
     referenced_files, release_gate, remove_gate, run_row, secs, seed_fault_pages, turn_digest,
     wait_for_card, wait_for_sql, wait_for_status, wait_until, waiting_at_gate,
     waiting_in_transaction, waiting_on_lock, Installation, ModelStub, Process, TempDir,
-    LEASE_RENEWAL, MODEL_KEY_ENV, TURN_GATE_WHEN,
+    MODEL_KEY_ENV, TURN_FENCE, TURN_GATE_WHEN,
 };
 use countersign_queue::parse_segment;
 use serde_json::{json, Value};
@@ -422,7 +422,7 @@ async fn a_worker_killed_inside_its_turn_transaction_writes_nothing_and_the_resc
         "the turn transaction waits at the gate",
         secs(30),
         async || {
-            (waiting_in_transaction(&mut site.conn, LEASE_RENEWAL).await == 1
+            (waiting_in_transaction(&mut site.conn, TURN_FENCE).await == 1
                 && waiting_at_gate(&mut site.conn, TURN_GATE).await >= 1)
                 .then_some(())
         },

@@ -10,7 +10,7 @@ use countersign_e2e::{
 use uuid::Uuid;
 
 use crate::support::{
-    assert_turn_written_once, exclusive, fault_page, Site, LEASE_RENEWAL, TURN_GATE, TURN_GATE_WHEN,
+    assert_turn_written_once, exclusive, fault_page, Site, TURN_FENCE, TURN_GATE, TURN_GATE_WHEN,
 };
 
 const SCENARIO: &str = "broker restarted mid-run";
@@ -45,7 +45,7 @@ async fn rabbitmq_restarted_while_an_approved_turn_is_in_flight_the_run_complete
         &format!("{SCENARIO}: the turn transaction waits at the gate"),
         secs(30),
         async || {
-            (waiting_in_transaction(&mut site.conn, LEASE_RENEWAL).await == 1
+            (waiting_in_transaction(&mut site.conn, TURN_FENCE).await == 1
                 && waiting_at_gate(&mut site.conn, TURN_GATE).await >= 1)
                 .then_some(())
         },

@@ -6,7 +6,7 @@ use countersign_e2e::{
     model_settings, referenced_files, run_row, seed_fault_pages, turn_digest, Database,
     Installation, ModelStub, Process, TempDir, MODEL_KEY_ENV,
 };
-pub use countersign_e2e::{fault_page, LEASE_RENEWAL, TURN_GATE_WHEN};
+pub use countersign_e2e::{fault_page, TURN_FENCE, TURN_GATE_WHEN};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;

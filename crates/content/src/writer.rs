@@ -489,8 +489,6 @@ impl<W: Writer> ToolPreview for WriterTool<W> {
     }
 }
 
-/// A transaction that sees one snapshot and cannot write: a preview reads several rows and
-/// must describe one state of them.
 /// Where a read-only plan or read runs. Several statements must see one state of the store, so
 /// they run in a `REPEATABLE READ, READ ONLY` transaction; one statement sees one snapshot by
 /// itself, so a plan or read of exactly one statement runs on a pooled connection, without the

@@ -21,9 +21,9 @@ impl Coordinator {
     ///    `unknown_acting_user`;
     /// 4. the agent configuration exists and is active → else `configuration_gone`;
     /// 5. the run is created `queued`/`start`, and `run.accepted` announced, by the statement
-    ///    that reads the facts of gates 2 and 4; a duplicate `request_id` of the same producer with the same request
-    ///    returns the run created for it before (`created == false`), creates, announces and
-    ///    dispatches nothing; the same id with another request is `idempotency_conflict`. A
+    ///    that reads the facts of gates 2 and 4; a duplicate `request_id` of the same producer
+    ///    with the same request returns the run created for it before (`created == false`),
+    ///    creates, announces and dispatches nothing; the same id with another request is `idempotency_conflict`. A
     ///    request id is the producer's own: another producer's same id is another request.
     ///
     /// The directory is asked before the facts are read, so gate 3's read happens first: a

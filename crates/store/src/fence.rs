@@ -10,8 +10,8 @@
 //! which locks the row until the commit, so no claim, requeue, cancel or settle can move the
 //! run in between — and appends the `tool_write` audit events and the journal rows in the same
 //! statement, and commits once: the writes, their audit and their journal entries are kept
-//! together or lost together. A zombie's guard matches no row, and its writes roll back unseen. Dropping a `FencedWrite`
-//! rolls everything back.
+//! together or lost together. A zombie's guard matches no row, and its writes roll back unseen.
+//! Dropping a `FencedWrite` rolls everything back.
 //!
 //! The run row is not locked while the turn runs, so the heartbeat keeps renewing the lease
 //! however long the turn waits on a colleague's lock, and the turn's calls outside the store
@@ -238,9 +238,8 @@ impl FencedWrite {
     /// The fence of an approved turn, then its commit: one statement renews the lease to
     /// `now() + ttl` with an `UPDATE` guarded by owner, epoch and `running` (which locks the run
     /// row until the commit) and appends the audit event and journal row of every entry; then
-    /// the commit. A lease no
-    /// longer held is [`StoreError::FenceLost`] and nothing of the turn is kept. A turn with no
-    /// entry wrote nothing: it is rolled back.
+    /// the commit. A lease no longer held is [`StoreError::FenceLost`] and nothing of the turn is
+    /// kept. A turn with no entry wrote nothing: it is rolled back.
     pub async fn commit_turn(
         mut self,
         ttl: Duration,

@@ -6,7 +6,7 @@
 //! of every call are inserted in the turn's one transaction, together with the writes, so the
 //! journal of such a turn is all or nothing: a retry finds every result or none, and compares
 //! again. A call that acts outside the store is journaled on its own, with its `tool_write`
-//! audit event, in the transaction that also clears the run's `pending_effect` stamp
+//! audit event, by the statement that also clears the run's `pending_effect` stamp
 //! ([`Store::record_effect`]).
 
 use std::time::Duration;
