@@ -10,6 +10,7 @@ mod inbox;
 mod mcp;
 mod observability;
 mod operator;
+mod pool;
 mod recovery;
 mod remote_tools;
 mod schemathesis;
