@@ -63,8 +63,9 @@ pub(crate) async fn journal_guarded<'e, E: PgExecutor<'e>>(
     for entry in entries {
         rows.push(keyring, lease, seq, entry)?;
     }
+    // The comment names the statement in `pg_stat_activity`, where the fault tests find it.
     let done = sqlx::query!(
-        r#"WITH fenced AS (
+        r#"/* journal_guarded */ WITH fenced AS (
                UPDATE runs
                SET lease_expires_at =
                        coalesce(now() + $5 * interval '1 millisecond', lease_expires_at),
