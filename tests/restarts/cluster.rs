@@ -9,7 +9,8 @@
 //! stop, not when the node returns. The test prints the recovery times.
 //!
 //! A second test runs the chaos suite (`make chaos`: approvals, killed workers, a colleague's
-//! edits, the reaper) on its own cluster while the same two nodes stop in turn.
+//! edits, the reaper) on its own cluster while the same two nodes stop in turn. A third stops
+//! a node of its own (`SIGSTOP`) while a consumer starts on it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -19,6 +20,7 @@ use countersign_e2e::{
     assert_written_once, count, free_port, http_get, page_agent, run_row, secs, wait_for_card,
     wait_for_status, Database, Installation, Process, TempDir, WRITABLE_PAGES,
 };
+use countersign_queue::{Broker, QueueConfig, Topology};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
@@ -42,9 +44,9 @@ struct Cluster {
 }
 
 impl Cluster {
-    /// Starts the cluster `name` once no other test of this binary runs; `None` (the test skipped)
-    /// where the machine has no `rabbitmq-server`.
-    async fn start(name: &str) -> Option<Cluster> {
+    /// Starts the cluster `name` of `size` nodes once no other test of this binary runs; `None`
+    /// (the test skipped) where the machine has no `rabbitmq-server`.
+    async fn start(name: &str, size: usize) -> Option<Cluster> {
         if !Path::new(SBIN).join("rabbitmq-server").exists() {
             eprintln!("skipped: no rabbitmq-server at {SBIN} to start a cluster with");
             return None;
@@ -64,7 +66,7 @@ impl Cluster {
         .unwrap();
         std::fs::write(home.join("enabled_plugins"), "[].").unwrap();
         let tag = std::process::id();
-        let nodes: Vec<Node> = (1..=3)
+        let nodes: Vec<Node> = (1..=size)
             .map(|i| Node {
                 name: format!("cs{tag}{name}n{i}@localhost"),
                 port: free_port(),
@@ -129,6 +131,18 @@ impl Cluster {
             .env("HOME", &self.home)
             .output()
             .expect("rabbitmqctl runs")
+    }
+
+    /// The operating-system process of `node`'s Erlang VM.
+    fn pid(&self, node: &Node) -> String {
+        let printed = self.ctl(node, &["eval", "os:getpid()."]);
+        let pid = printed.trim().trim_matches('"').to_owned();
+        assert!(
+            !pid.is_empty() && pid.chars().all(|c| c.is_ascii_digit()),
+            "{} printed no pid: {printed:?}",
+            node.name
+        );
+        pid
     }
 
     /// `AMQP_ADDR` naming every node, first to last.
@@ -332,7 +346,7 @@ impl Site {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_the_leaders_node_stop(
 ) {
-    let Some(cluster) = Cluster::start("runs").await else {
+    let Some(cluster) = Cluster::start("runs", 3).await else {
         return;
     };
     let mut site = Site::new(&cluster).await;
@@ -417,7 +431,7 @@ async fn runs_are_approved_and_written_once_while_the_connected_node_and_then_th
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chaos_suite_finds_nothing_lost_or_doubled_while_the_connected_node_and_then_the_leaders_node_stop(
 ) {
-    let Some(cluster) = Cluster::start("chaos").await else {
+    let Some(cluster) = Cluster::start("chaos", 3).await else {
         return;
     };
     let dir = TempDir::new();
@@ -474,4 +488,79 @@ async fn the_chaos_suite_finds_nothing_lost_or_doubled_while_the_connected_node_
         report.contains("lost 0 duplicated 0 landed-against-unseen-state 0 unapproved 0"),
         "{report}"
     );
+}
+
+/// A node's process held stopped (`SIGSTOP`): its connections stay open and nothing on them is
+/// answered, as when a node stalls or a partition swallows its answers. Continued on drop.
+struct Mute(String);
+
+impl Mute {
+    fn new(pid: String) -> Mute {
+        signal("-STOP", &pid);
+        Mute(pid)
+    }
+}
+
+impl Drop for Mute {
+    fn drop(&mut self) {
+        signal("-CONT", &self.0);
+    }
+}
+
+fn signal(which: &str, pid: &str) {
+    let status = Command::new("kill")
+        .args([which, pid])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {which} {pid}");
+}
+
+/// A consumer started on a connection the broker stops answering fails within the publish
+/// timeout (`consume_failed`) instead of waiting for the answer forever, which held a
+/// coordinator's decisions unconsumed after a node went away mid-start; once the node answers
+/// again, consuming again reconnects and gets the queue's messages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_start_the_broker_does_not_answer_fails_within_the_publish_timeout_and_consuming_again_works_once_it_does(
+) {
+    let Some(cluster) = Cluster::start("mute", 1).await else {
+        return;
+    };
+    let mut config = QueueConfig::new(
+        cluster.addr(),
+        Topology::new(format!("mute-{}", Uuid::now_v7())),
+    );
+    config.publish_timeout = Duration::from_secs(2);
+    let broker = Broker::connect(config).await.expect("the node answers");
+    let queue = broker.topology().decisions();
+
+    {
+        let _mute = Mute::new(cluster.pid(&cluster.nodes[0]));
+        let started = Instant::now();
+        let attempt = tokio::time::timeout(secs(60), broker.consume(&queue, 1))
+            .await
+            .expect("the consume waited on the stopped node for over 60 s");
+        let error = attempt.expect_err("a consume nobody answers fails");
+        assert_eq!(error.code(), "consume_failed");
+        println!(
+            "consume on a stopped node failed after {:.1} s (publish timeout 2 s)",
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    let mut consumer = tokio::time::timeout(secs(60), broker.consume(&queue, 1))
+        .await
+        .expect("the consume returned")
+        .expect("consuming again works once the node answers");
+    broker
+        .publish_to_queue(&queue, br#"{"after":"the stall"}"#, None)
+        .await
+        .expect("the node takes a message again");
+    let delivery = tokio::time::timeout(secs(30), consumer.next())
+        .await
+        .expect("a delivery within 30 s")
+        .expect("the consumer is open")
+        .expect("a delivery");
+    assert_eq!(delivery.body, br#"{"after":"the stall"}"#);
+    delivery.ack().await.unwrap();
+    broker.delete_topology().await.unwrap();
 }

@@ -257,26 +257,36 @@ impl Broker {
     /// Consumes `queue` on a channel of its own with manual acks and at most `prefetch`
     /// unacknowledged deliveries (at least 1: 0 would mean unlimited). The consumer ends
     /// when its channel or the connection closes; consume again to go on.
+    ///
+    /// Opening the channel, setting its prefetch and starting the consumer are each a round
+    /// trip to the broker; all three must be answered within the publish timeout, or the link
+    /// is abandoned (as for a publish) and `consume_failed` returned. A consumer whose start a
+    /// node going away left unanswered would otherwise wait forever, and the loop that consumes
+    /// again with it.
     pub async fn consume(&self, queue: &str, prefetch: u16) -> Result<Consumer, QueueError> {
         let queue_name = short(queue)?;
         let link = self.link().await?;
-        let channel = link
-            .connection
-            .create_channel()
+        let opening = async {
+            let channel = link.connection.create_channel().await?;
+            channel
+                .basic_qos(prefetch.max(1), BasicQosOptions::default())
+                .await?;
+            let stream = channel
+                .basic_consume(
+                    queue_name,
+                    CONSUMER_TAG.into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            Ok((channel, stream))
+        };
+        let (channel, stream) = self
+            .answered(&link, "consume", opening)
             .await
-            .map_err(QueueError::Consume)?;
-        channel
-            .basic_qos(prefetch.max(1), BasicQosOptions::default())
-            .await
-            .map_err(QueueError::Consume)?;
-        let stream = channel
-            .basic_consume(
-                queue_name,
-                CONSUMER_TAG.into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await
+            .ok_or_else(|| {
+                QueueError::Consume(timed_out("the broker did not start the consumer in time"))
+            })?
             .map_err(QueueError::Consume)?;
         Ok(Consumer::new(channel, stream, queue.to_owned())
             .with_wait_label(self.topology().queue_label(queue)))
@@ -284,21 +294,31 @@ impl Broker {
 
     /// How many messages `queue` holds ready for delivery, by a passive declare (which needs
     /// no configure permission), on a short-lived channel of its own.
+    /// Answered within the publish timeout, or the link is abandoned, as for a consume.
     pub async fn message_count(&self, queue: &str) -> Result<u32, QueueError> {
-        let channel = self.admin_channel().await?;
-        let answer = channel
-            .queue_declare(
-                short(queue)?,
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
+        let queue_name = short(queue)?;
+        let link = self.link().await?;
+        let asking = async {
+            let channel = link.connection.create_channel().await?;
+            let answer = channel
+                .queue_declare(
+                    queue_name,
+                    QueueDeclareOptions {
+                        passive: true,
+                        ..QueueDeclareOptions::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            let _ = channel.close(200, "done".into()).await;
+            Ok(answer.message_count())
+        };
+        self.answered(&link, "message count", asking)
             .await
-            .map_err(QueueError::Topology)?;
-        let _ = channel.close(200, "done".into()).await;
-        Ok(answer.message_count())
+            .ok_or_else(|| {
+                QueueError::Topology(timed_out("the broker did not count the queue in time"))
+            })?
+            .map_err(QueueError::Topology)
     }
 
     /// Declares a server-named, exclusive, auto-delete queue on this connection, for
@@ -411,23 +431,38 @@ impl Broker {
     }
 
     /// `step` of a publish on `link`, or `publish_timeout` when the broker does not answer
-    /// within the configured time; the link is then dropped and its connection closed, so that
-    /// the next operation reconnects and the consumers on it end and consume again.
+    /// within the configured time (see [`answered`](Self::answered)).
     async fn within_publish_timeout<T>(
         &self,
         link: &Link,
         step: impl std::future::Future<Output = T>,
     ) -> Result<T, QueueError> {
+        self.answered(link, "publish", step)
+            .await
+            .ok_or(QueueError::PublishTimeout)
+    }
+
+    /// `step`, a round trip to the broker on `link` (`what` names it in the log), or `None`
+    /// when the broker does not answer it within the publish timeout; the link is then dropped
+    /// and its connection closed, so that the next operation reconnects and the consumers on
+    /// it end and consume again.
+    async fn answered<T>(
+        &self,
+        link: &Link,
+        what: &'static str,
+        step: impl std::future::Future<Output = T>,
+    ) -> Option<T> {
         let timeout = self.inner.config.publish_timeout;
         match tokio::time::timeout(timeout, step).await {
-            Ok(answered) => Ok(answered),
+            Ok(answered) => Some(answered),
             Err(_) => {
                 tracing::warn!(
                     ?timeout,
-                    "the broker did not answer a publish in time; reconnecting"
+                    what,
+                    "the broker did not answer in time; reconnecting"
                 );
                 self.abandon(link);
-                Err(QueueError::PublishTimeout)
+                None
             }
         }
     }
@@ -452,7 +487,7 @@ impl Broker {
         tokio::spawn(async move {
             let _ = tokio::time::timeout(
                 Duration::from_secs(5),
-                connection.close(320, "publish timed out".into()),
+                connection.close(320, "the broker did not answer in time".into()),
             )
             .await;
         });
@@ -587,13 +622,18 @@ async fn connect_once(config: &QueueConfig, addr: &str) -> Result<Link, QueueErr
     };
     match tokio::time::timeout(config.publish_timeout, connecting).await {
         Ok(linked) => linked,
-        Err(_) => Err(QueueError::BrokerUnavailable(lapin::Error::from(
-            lapin::ErrorKind::IOError(Arc::new(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "the broker node did not answer in time",
-            ))),
+        Err(_) => Err(QueueError::BrokerUnavailable(timed_out(
+            "the broker node did not answer in time",
         ))),
     }
+}
+
+/// The error of a round trip the broker did not answer in time.
+fn timed_out(what: &'static str) -> lapin::Error {
+    lapin::Error::from(lapin::ErrorKind::IOError(Arc::new(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        what,
+    ))))
 }
 
 async fn open_publisher(connection: &Connection) -> Result<Channel, lapin::Error> {

@@ -193,11 +193,13 @@ pub struct QueueConfig {
     /// operation gives up with `broker_unavailable` (default 8, about 16 s).
     pub reconnect_attempts: usize,
     /// How long a publish may wait for the broker to take it and confirm it before it fails
-    /// with `publish_timeout` and the connection is replaced, and how long connecting to one
-    /// node may take before the next is tried (default [`DEFAULT_PUBLISH_TIMEOUT`]). A
-    /// connection that stops answering without closing (a node going away, a network
-    /// partition) would otherwise hold the publish, and whatever awaits it, until the
-    /// heartbeat notices.
+    /// with `publish_timeout` and the connection is replaced, how long starting a consumer or
+    /// counting a queue's messages may wait for the broker's answers before it fails the same
+    /// way (`consume_failed`, `topology_failed`), and how long connecting to one node may take
+    /// before the next is tried (default [`DEFAULT_PUBLISH_TIMEOUT`]). A connection that stops
+    /// answering without closing (a node going away, a network partition) would otherwise
+    /// hold the publish or the consumer's start, and whatever awaits it, until the heartbeat
+    /// notices — or forever, for a start whose answer the node took with it.
     pub publish_timeout: std::time::Duration,
 }
 
