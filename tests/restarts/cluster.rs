@@ -518,7 +518,8 @@ fn signal(which: &str, pid: &str) {
 /// A consumer started on a connection the broker stops answering fails within the publish
 /// timeout (`consume_failed`) instead of waiting for the answer forever, which held a
 /// coordinator's decisions unconsumed after a node went away mid-start; once the node answers
-/// again, consuming again reconnects and gets the queue's messages.
+/// again, consuming again reconnects and gets the queue's messages. Cancelling a consumer on a
+/// stopped node fails within the timeout too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_start_the_broker_does_not_answer_fails_within_the_publish_timeout_and_consuming_again_works_once_it_does(
 ) {
@@ -562,5 +563,15 @@ async fn a_consumer_start_the_broker_does_not_answer_fails_within_the_publish_ti
         .expect("a delivery");
     assert_eq!(delivery.body, br#"{"after":"the stall"}"#);
     delivery.ack().await.unwrap();
+
+    // Stopping the consumer (a worker's shutdown) is bounded the same way.
+    {
+        let _mute = Mute::new(cluster.pid(&cluster.nodes[0]));
+        let cancelled = tokio::time::timeout(secs(60), consumer.cancel_untaken())
+            .await
+            .expect("the cancel waited on the stopped node for over 60 s");
+        let error = cancelled.expect_err("a cancel nobody answers fails");
+        assert_eq!(error.code(), "consume_failed");
+    }
     broker.delete_topology().await.unwrap();
 }

@@ -288,8 +288,13 @@ impl Broker {
                 QueueError::Consume(timed_out("the broker did not start the consumer in time"))
             })?
             .map_err(QueueError::Consume)?;
-        Ok(Consumer::new(channel, stream, queue.to_owned())
-            .with_wait_label(self.topology().queue_label(queue)))
+        Ok(Consumer::new(
+            channel,
+            stream,
+            queue.to_owned(),
+            self.inner.config.publish_timeout,
+        )
+        .with_wait_label(self.topology().queue_label(queue)))
     }
 
     /// How many messages `queue` holds ready for delivery, by a passive declare (which needs
@@ -629,7 +634,7 @@ async fn connect_once(config: &QueueConfig, addr: &str) -> Result<Link, QueueErr
 }
 
 /// The error of a round trip the broker did not answer in time.
-fn timed_out(what: &'static str) -> lapin::Error {
+pub(crate) fn timed_out(what: &'static str) -> lapin::Error {
     lapin::Error::from(lapin::ErrorKind::IOError(Arc::new(std::io::Error::new(
         std::io::ErrorKind::TimedOut,
         what,

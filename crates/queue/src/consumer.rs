@@ -34,15 +34,23 @@ pub struct Consumer {
     queue: String,
     /// The label its deliveries' queue wait is recorded under; none for a private queue.
     wait_label: Option<&'static str>,
+    /// How long the broker may take to answer the cancel (the publish timeout).
+    answer_within: std::time::Duration,
 }
 
 impl Consumer {
-    pub(crate) fn new(channel: Channel, stream: lapin::Consumer, queue: String) -> Self {
+    pub(crate) fn new(
+        channel: Channel,
+        stream: lapin::Consumer,
+        queue: String,
+        answer_within: std::time::Duration,
+    ) -> Self {
         Consumer {
             channel,
             stream,
             queue,
             wait_label: None,
+            answer_within,
         }
     }
 
@@ -71,12 +79,21 @@ impl Consumer {
     }
 
     /// [`cancel`](Self::cancel), but the deliveries nobody took are returned unsettled, for
-    /// the caller to hand back its own way.
+    /// the caller to hand back its own way. A cancel the broker does not answer within the
+    /// publish timeout fails `consume_failed`; the deliveries then return when the connection
+    /// closes.
     pub async fn cancel_untaken(mut self) -> Result<Vec<Delivery>, QueueError> {
         let tag = self.stream.tag().to_string();
-        self.channel
-            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+        let cancel = self
+            .channel
+            .basic_cancel(tag.as_str().into(), BasicCancelOptions::default());
+        tokio::time::timeout(self.answer_within, cancel)
             .await
+            .map_err(|_| {
+                QueueError::Consume(crate::broker::timed_out(
+                    "the broker did not answer the cancel in time",
+                ))
+            })?
             .map_err(QueueError::Consume)?;
         let mut untaken = Vec::new();
         let drain = std::time::Duration::from_millis(200);
