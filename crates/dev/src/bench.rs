@@ -143,7 +143,7 @@ async fn cycle_part(
     let peak = closed_loop_phases(&bench.pool, &mut driver, config).await?;
     half_the_peak(&bench.pool, &mut driver, config, &peak).await?;
     let floor = amqp.percentile(50) + pg.percentile(50);
-    print_ceilings(bench, floor).await?;
+    print_ceilings(bench, floor, peak.cpu).await?;
     verify(&bench.pool, &driver.done).await?;
     println!(
         "verified  {} approved writes landed once each, on their own page; nothing else changed",
@@ -344,13 +344,21 @@ async fn half_the_peak(
     Ok(())
 }
 
-/// The commit and publish ceilings of this machine, and the floor of one cycle's latency.
-async fn print_ceilings(bench: &Bench, floor: Duration) -> anyhow::Result<()> {
+/// The commit and publish ceilings of this machine, the floor of one cycle's latency, and a
+/// cycle's CPU at the peak (`peak_cpu`, seconds) in bare commits' CPU: a figure of the code
+/// rather than of the machine's speed that day, which moves both alike.
+async fn print_ceilings(bench: &Bench, floor: Duration, peak_cpu: f64) -> anyhow::Result<()> {
     let ceilings_at = 16;
-    let commits = commit_ceiling(&bench.pool, ceilings_at, Duration::from_secs(3)).await?;
+    let (commits, commit_cpu) =
+        commit_ceiling(&bench.pool, ceilings_at, Duration::from_secs(3)).await?;
     let publishes = publish_ceiling(&bench.broker, 5000, 256).await?;
     println!(
-        "ceiling   single-row commits/s with {ceilings_at} connections: {commits:.0}; confirmed publishes/s, 256 confirms in flight: {publishes:.0}"
+        "ceiling   single-row commits/s with {ceilings_at} connections: {commits:.0} ({:.3} ms of CPU each, this process and PostgreSQL); confirmed publishes/s, 256 confirms in flight: {publishes:.0}",
+        commit_cpu * 1000.0
+    );
+    println!(
+        "relative  a cycle at the peak cost the CPU of {:.0} of those commits",
+        peak_cpu / commit_cpu
     );
     println!(
         "floor     one broker round trip plus one commit: {:.2} ms",
@@ -960,12 +968,14 @@ async fn update_commits(pool: &PgPool, n: usize) -> anyhow::Result<Latencies> {
     Ok(Latencies::new(samples))
 }
 
-/// Single-row commits per second from `connections` connections at once, each on its own row.
+/// Single-row commits per second from `connections` connections at once, each on its own row,
+/// and the CPU seconds one cost this process and PostgreSQL.
 async fn commit_ceiling(
     pool: &PgPool,
     connections: usize,
     period: Duration,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<(f64, f64)> {
+    let before = CpuTimes::now(&[]);
     let until = Instant::now() + period;
     let mut tasks = tokio::task::JoinSet::new();
     for id in 1..=connections.min(64) as i32 {
@@ -986,7 +996,10 @@ async fn commit_ceiling(
     while let Some(done) = tasks.join_next().await {
         total += done??;
     }
-    Ok(total as f64 / period.as_secs_f64())
+    let after = CpuTimes::now(&[]);
+    let spent = (after.this - before.this) + (after.postgres - before.postgres);
+    let total = total.max(1) as f64;
+    Ok((total / period.as_secs_f64(), spent / total))
 }
 
 /// Confirmed publishes per second with `in_flight` confirms outstanding at once.
