@@ -10,7 +10,6 @@ mod inbox;
 mod mcp;
 mod observability;
 mod operator;
-mod pool;
 mod recovery;
 mod remote_tools;
 mod schemathesis;

@@ -542,9 +542,14 @@ async fn a_consumer_start_the_broker_does_not_answer_fails_within_the_publish_ti
             .expect("the consume waited on the stopped node for over 60 s");
         let error = attempt.expect_err("a consume nobody answers fails");
         assert_eq!(error.code(), "consume_failed");
+        let took = started.elapsed();
         println!(
             "consume on a stopped node failed after {:.1} s (publish timeout 2 s)",
-            started.elapsed().as_secs_f64()
+            took.as_secs_f64()
+        );
+        assert!(
+            took < secs(10),
+            "the consume failed after {took:?}, not within the 2 s timeout"
         );
     }
 
@@ -567,11 +572,17 @@ async fn a_consumer_start_the_broker_does_not_answer_fails_within_the_publish_ti
     // Stopping the consumer (a worker's shutdown) is bounded the same way.
     {
         let _mute = Mute::new(cluster.pid(&cluster.nodes[0]));
+        let started = Instant::now();
         let cancelled = tokio::time::timeout(secs(60), consumer.cancel_untaken())
             .await
             .expect("the cancel waited on the stopped node for over 60 s");
         let error = cancelled.expect_err("a cancel nobody answers fails");
         assert_eq!(error.code(), "consume_failed");
+        assert!(
+            started.elapsed() < secs(10),
+            "the cancel failed after {:?}, not within the 2 s timeout",
+            started.elapsed()
+        );
     }
     broker.delete_topology().await.unwrap();
 }

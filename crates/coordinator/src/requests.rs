@@ -23,8 +23,9 @@ impl Coordinator {
     /// 5. the run is created `queued`/`start`, and `run.accepted` announced, by the statement
     ///    that reads the facts of gates 2 and 4; a duplicate `request_id` of the same producer
     ///    with the same request returns the run created for it before (`created == false`),
-    ///    creates, announces and dispatches nothing; the same id with another request is `idempotency_conflict`. A
-    ///    request id is the producer's own: another producer's same id is another request.
+    ///    creates, announces and dispatches nothing; the same id with another request is
+    ///    `idempotency_conflict`. A request id is the producer's own: another producer's same
+    ///    id is another request.
     ///
     /// The directory is asked before the facts are read, so gate 3's read happens first: a
     /// request the directory refuses reads the facts on its own to tell gate 2's refusal from

@@ -298,8 +298,8 @@ impl Broker {
     }
 
     /// How many messages `queue` holds ready for delivery, by a passive declare (which needs
-    /// no configure permission), on a short-lived channel of its own.
-    /// Answered within the publish timeout, or the link is abandoned, as for a consume.
+    /// no configure permission), on a short-lived channel of its own; answered within the
+    /// publish timeout, or the link is abandoned, as for a consume.
     pub async fn message_count(&self, queue: &str) -> Result<u32, QueueError> {
         let queue_name = short(queue)?;
         let link = self.link().await?;

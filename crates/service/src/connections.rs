@@ -254,4 +254,74 @@ mod tests {
             .expect("a fresh connection");
         assert_ne!(next, cut);
     }
+
+    /// The server process behind the pool's one connection.
+    async fn backend(pool: &PgPool) -> i32 {
+        sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(pool)
+            .await
+            .expect("the pooled connection answers")
+    }
+
+    #[tokio::test]
+    async fn a_connection_released_with_a_dropped_transaction_comes_back_rolled_back() {
+        let pool = pool_options(1).connect(&database_url()).await.unwrap();
+        // A table of this connection's session: it is there only if the connection is reused.
+        sqlx::query("CREATE TEMP TABLE notes (body text)")
+            .execute(&pool)
+            .await
+            .unwrap();
+        let before = backend(&pool).await;
+
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query("INSERT INTO notes VALUES ('never committed')")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        drop(tx);
+
+        let (notes, in_transaction): (i64, bool) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM notes), pg_current_xact_id_if_assigned() IS NOT NULL",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(notes, 0, "the dropped transaction's insert was rolled back");
+        assert!(
+            !in_transaction,
+            "the connection came back outside any transaction"
+        );
+        assert_eq!(
+            backend(&pool).await,
+            before,
+            "the same connection was reused"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_connection_released_mid_statement_answers_its_next_statement_and_not_the_old_one() {
+        let pool = pool_options(1).connect(&database_url()).await.unwrap();
+        let before = backend(&pool).await;
+
+        let abandoned = tokio::time::timeout(
+            Duration::from_millis(100),
+            sqlx::query_scalar::<_, i32>("SELECT 41 FROM pg_sleep(0.5)").fetch_one(&pool),
+        )
+        .await;
+        assert!(abandoned.is_err(), "the slow statement was abandoned");
+
+        let answer: i32 = sqlx::query_scalar("SELECT 42")
+            .fetch_one(&pool)
+            .await
+            .expect("the next statement answers");
+        assert_eq!(
+            answer, 42,
+            "the next statement got its own row, not the abandoned one's"
+        );
+        assert_eq!(
+            backend(&pool).await,
+            before,
+            "the drained connection was reused"
+        );
+    }
 }
