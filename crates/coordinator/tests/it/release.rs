@@ -11,7 +11,10 @@ use tokio::sync::Barrier;
 
 use crate::support::{bytes, harness, Card, Harness, INBOX};
 
-const COMMENT: &str = "Fine by me, but mind the ticket 4711 secret.";
+/// The comment's marker word holds letters no id, digest or timestamp can contain, so
+/// finding it in a reply means the comment leaked, never that an id happened to match.
+const MARKER: &str = "quokka";
+const COMMENT: &str = "Fine by me, but mind the quokka ticket.";
 
 #[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn an_accepted_approval_moves_the_run_to_its_resume_segment_with_one_decision_and_one_audit_event(
@@ -41,7 +44,7 @@ async fn an_accepted_approval_moves_the_run_to_its_resume_segment_with_one_decis
         json!({"decision_id": d["decision_id"], "run_id": d["run_id"], "outcome": "accepted"})
     );
     let reply = String::from_utf8(v.reply_body("2026-11-30T10:00:00Z").unwrap()).unwrap();
-    assert!(!reply.contains("4711"), "the comment never leaves: {reply}");
+    assert!(!reply.contains(MARKER), "the comment never leaves: {reply}");
     assert!(reply.contains("\"event\":\"decision.accepted\""));
 
     let after = h.row(card.run_id).await;
