@@ -32,8 +32,13 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::{Coordinator, DecisionCode, DecisionVerdict, Dispatch, RequestOutcome, RequestVerdict};
 
-/// Deliveries each consumer may hold unacknowledged.
+/// Deliveries each consumer may hold unacknowledged beyond those it is gating, so that it has
+/// credit to spare whenever it waits for the next one.
 const PREFETCH: u16 = 8;
+/// How long a consumer with credit to spare may get nothing while its queue holds messages
+/// ready before it consumes again (`Consumer::watch_ready`): requests and decisions have no
+/// other way in, so a consumer the broker or the client lost must not stay lost.
+const DEAF_AFTER: Duration = Duration::from_secs(10);
 /// Run requests gated at once: each waits on the database, not the CPU, and no two of them
 /// touch the same run. Decisions are gated one at a time per coordinator.
 const REQUESTS_AT_ONCE: u16 = 64;
@@ -82,8 +87,8 @@ async fn consume(coordinator: Coordinator, broker: Broker, inbox: Inbox) {
             Inbox::RunRequests => REQUESTS_AT_ONCE,
             Inbox::Decisions => 1,
         };
-        let mut consumer = match broker.consume(&queue, PREFETCH.max(at_once)).await {
-            Ok(consumer) => consumer,
+        let mut consumer = match broker.consume(&queue, at_once + PREFETCH).await {
+            Ok(consumer) => consumer.watch_ready(DEAF_AFTER),
             Err(e) => {
                 tracing::warn!(queue, code = e.code(), error = %e, "cannot consume; retrying");
                 tokio::time::sleep(Duration::from_secs(2)).await;

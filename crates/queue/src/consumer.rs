@@ -10,8 +10,8 @@
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions};
-use lapin::types::{AMQPValue, LongString, ShortString};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::Acker;
 use lapin::{BasicProperties, Channel};
 
@@ -34,8 +34,13 @@ pub struct Consumer {
     queue: String,
     /// The label its deliveries' queue wait is recorded under; none for a private queue.
     wait_label: Option<&'static str>,
-    /// How long the broker may take to answer the cancel (the publish timeout).
+    /// How long the broker may take to answer the cancel, a settle or a count (the publish
+    /// timeout).
     answer_within: std::time::Duration,
+    /// See [`watch_ready`](Self::watch_ready).
+    ready_watch: Option<std::time::Duration>,
+    /// The watch found this consumer deaf: [`next`](Self::next) returns `None` from now on.
+    ended: bool,
 }
 
 impl Consumer {
@@ -51,7 +56,19 @@ impl Consumer {
             queue,
             wait_label: None,
             answer_within,
+            ready_watch: None,
+            ended: false,
         }
+    }
+
+    /// Ends the stream with `consume_failed` when it has delivered nothing for `idle` while its
+    /// queue holds messages ready: the broker or the client lost this consumer without closing
+    /// its channel (a node stopping while the consumer started, a leader moving), and it would
+    /// otherwise wait forever while the queue fills. For a consumer whose caller only waits on
+    /// it with prefetch to spare; the caller consumes again, as after any failure.
+    pub fn watch_ready(mut self, idle: std::time::Duration) -> Self {
+        self.ready_watch = Some(idle);
+        self
     }
 
     /// Records the queue wait of every delivery (`countersign_queue_wait_seconds{queue}`).
@@ -106,7 +123,33 @@ impl Consumer {
     /// The next delivery; `None` once the channel or connection has closed (after an
     /// `Err` describing why, when there is one). The caller then consumes again.
     pub async fn next(&mut self) -> Option<Result<Delivery, QueueError>> {
-        let delivery = match self.stream.next().await? {
+        if self.ended {
+            return None;
+        }
+        let next = match self.ready_watch {
+            None => self.stream.next().await,
+            Some(idle) => loop {
+                // `next` of a stream holds nothing when it is dropped: cancel-safe.
+                if let Ok(next) = tokio::time::timeout(idle, self.stream.next()).await {
+                    break next;
+                }
+                match self.ready().await {
+                    Ok(0) => continue,
+                    Ok(ready) => {
+                        tracing::warn!(queue = self.queue, ready, ?idle, "the consumer got nothing while its queue held messages ready; consuming again");
+                        self.ended = true;
+                        return Some(Err(QueueError::Consume(crate::broker::timed_out(
+                            "nothing was delivered while the queue held messages ready",
+                        ))));
+                    }
+                    Err(e) => {
+                        self.ended = true;
+                        return Some(Err(e));
+                    }
+                }
+            },
+        };
+        let delivery = match next? {
             Ok(delivery) => delivery,
             Err(e) => return Some(Err(QueueError::Consume(e))),
         };
@@ -123,6 +166,25 @@ impl Consumer {
         Some(Ok(self.wrap(delivery)))
     }
 
+    /// How many messages the queue holds ready, asked on this consumer's channel (a passive
+    /// declare), answered within the publish timeout.
+    async fn ready(&self) -> Result<u32, QueueError> {
+        let asking = self.channel.queue_declare(
+            self.queue.as_str().into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        );
+        match tokio::time::timeout(self.answer_within, asking).await {
+            Ok(answer) => Ok(answer.map_err(QueueError::Consume)?.message_count()),
+            Err(_) => Err(QueueError::Consume(crate::broker::timed_out(
+                "the broker did not count the queue in time",
+            ))),
+        }
+    }
+
     fn wrap(&self, delivery: lapin::message::Delivery) -> Delivery {
         let properties = delivery.properties;
         let text = |v: &Option<ShortString>| v.as_ref().map(|s| s.as_str().to_owned());
@@ -136,6 +198,7 @@ impl Consumer {
             acker: delivery.acker,
             properties,
             queue: self.queue.clone(),
+            answer_within: self.answer_within,
             _channel: self.channel.clone(),
         }
     }
@@ -157,6 +220,8 @@ pub struct Delivery {
     acker: Acker,
     properties: BasicProperties,
     queue: String,
+    /// How long the broker may take to take a settle (the publish timeout).
+    answer_within: std::time::Duration,
     /// Keeps the channel open until the delivery is settled, even if the consumer is
     /// dropped first.
     _channel: Channel,
@@ -205,13 +270,14 @@ impl Delivery {
 
     /// Done: the outcome is durable elsewhere.
     pub async fn ack(self) -> Result<(), QueueError> {
-        settled(self.acker.ack(BasicAckOptions::default()).await)
+        let acking = self.acker.ack(BasicAckOptions::default());
+        settled(within(self.answer_within, acking).await)
     }
 
     /// Try again later: nack with requeue. The quorum queue counts the attempt and
     /// dead-letters the message once the delivery limit is reached.
     pub async fn requeue(self) -> Result<(), QueueError> {
-        requeue(&self.acker).await
+        requeue(&self.acker, self.answer_within).await
     }
 
     /// Poison: publishes a copy (body, properties, and the headers
@@ -226,6 +292,19 @@ impl Delivery {
             .await?;
         self.ack().await
     }
+}
+
+/// `settling`, or a timeout error when the client does not report it sent within `limit`. A
+/// settle the client lost (its channel ended as it was queued) would otherwise hold the task
+/// that waits for it, and the consumer loop behind it, forever; the unsettled message comes
+/// back when its channel closes, and its redelivery is replayed.
+async fn within<T>(
+    limit: std::time::Duration,
+    settling: impl std::future::Future<Output = Result<T, lapin::Error>>,
+) -> Result<T, lapin::Error> {
+    tokio::time::timeout(limit, settling)
+        .await
+        .unwrap_or_else(|_| Err(crate::broker::timed_out("the settle was not sent in time")))
 }
 
 fn settled(result: Result<bool, lapin::Error>) -> Result<(), QueueError> {
@@ -306,15 +385,12 @@ fn header_int(value: &AMQPValue) -> Option<u64> {
 }
 
 /// Nack with requeue: the message goes back to its queue, for any consumer.
-async fn requeue(acker: &Acker) -> Result<(), QueueError> {
-    settled(
-        acker
-            .nack(BasicNackOptions {
-                multiple: false,
-                requeue: true,
-            })
-            .await,
-    )
+async fn requeue(acker: &Acker, limit: std::time::Duration) -> Result<(), QueueError> {
+    let nacking = acker.nack(BasicNackOptions {
+        multiple: false,
+        requeue: true,
+    });
+    settled(within(limit, nacking).await)
 }
 
 #[cfg(test)]

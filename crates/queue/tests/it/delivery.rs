@@ -145,3 +145,55 @@ async fn a_cancelled_consumer_hands_back_at_once_what_it_had_received_and_not_ta
     })
     .await;
 }
+
+/// A consumer that gets nothing while its queue holds messages ready is lost: here it holds its
+/// one delivery of credit unsettled, which deafens it as surely as a consumer the broker
+/// forgot. Watched, it ends with `consume_failed` and then `None`, and consuming again gets
+/// the message.
+#[tokio::test]
+async fn a_watched_consumer_that_gets_nothing_while_its_queue_holds_messages_ready_ends() {
+    let broker = broker().await;
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        let runs = publish_wake_ups(&b, 2).await;
+        let segments = b.topology().segments();
+        let idle = Duration::from_millis(500);
+        let mut deaf = b.consume(&segments, 1).await.unwrap().watch_ready(idle);
+        let held = next(&mut deaf).await;
+        let ended = tokio::time::timeout(crate::support::ARRIVES_WITHIN, deaf.next())
+            .await
+            .expect("the watch ends the consumer within the guard")
+            .expect("an error first, saying why");
+        assert_eq!(ended.unwrap_err().code(), "consume_failed");
+        assert!(deaf.next().await.is_none(), "then the stream is over");
+
+        let mut again = b.consume(&segments, 1).await.unwrap();
+        let second = next(&mut again).await;
+        assert_eq!(parse_segment(&second.body), Ok(runs[1]));
+        second.ack().await.unwrap();
+        held.ack().await.unwrap();
+    })
+    .await;
+}
+
+/// The watch asks the broker only when the consumer was idle, and an empty queue is no fault:
+/// a watched consumer on an empty queue waits past many idle windows and takes the next message.
+#[tokio::test]
+async fn a_watched_consumer_on_an_empty_queue_waits_and_takes_the_next_message() {
+    let broker = broker().await;
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        let idle = Duration::from_millis(100);
+        let mut watched = b
+            .consume(&b.topology().segments(), 1)
+            .await
+            .unwrap()
+            .watch_ready(idle);
+        assert!(arrives_within(&mut watched, idle * 10).await.is_none());
+        let runs = publish_wake_ups(&b, 1).await;
+        let woken = next(&mut watched).await;
+        assert_eq!(parse_segment(&woken.body), Ok(runs[0]));
+        woken.ack().await.unwrap();
+    })
+    .await;
+}
