@@ -39,6 +39,9 @@ pub struct Consumer {
     answer_within: std::time::Duration,
     /// See [`watch_ready`](Self::watch_ready).
     ready_watch: Option<std::time::Duration>,
+    /// Since when [`next`](Self::next) has been waited on without a delivery, across calls
+    /// whose futures were dropped (a `select!` that another branch won).
+    quiet_since: Option<tokio::time::Instant>,
     /// The watch found this consumer deaf: [`next`](Self::next) returns `None` from now on.
     ended: bool,
 }
@@ -57,6 +60,7 @@ impl Consumer {
             wait_label: None,
             answer_within,
             ready_watch: None,
+            quiet_since: None,
             ended: false,
         }
     }
@@ -65,7 +69,9 @@ impl Consumer {
     /// queue holds messages ready: the broker or the client lost this consumer without closing
     /// its channel (a node stopping while the consumer started, a leader moving), and it would
     /// otherwise wait forever while the queue fills. For a consumer whose caller only waits on
-    /// it with prefetch to spare; the caller consumes again, as after any failure.
+    /// it with prefetch to spare; the caller consumes again, as after any failure. The wait is
+    /// counted from the first call of `next` after the last delivery, so a caller that drops
+    /// the `next` future in a `select!` (another branch won) does not restart it.
     pub fn watch_ready(mut self, idle: std::time::Duration) -> Self {
         self.ready_watch = Some(idle);
         self
@@ -129,12 +135,19 @@ impl Consumer {
         let next = match self.ready_watch {
             None => self.stream.next().await,
             Some(idle) => loop {
+                let since = *self
+                    .quiet_since
+                    .get_or_insert_with(tokio::time::Instant::now);
                 // `next` of a stream holds nothing when it is dropped: cancel-safe.
-                if let Ok(next) = tokio::time::timeout(idle, self.stream.next()).await {
+                if let Ok(next) = tokio::time::timeout_at(since + idle, self.stream.next()).await {
+                    self.quiet_since = None;
                     break next;
                 }
                 match self.ready().await {
-                    Ok(0) => continue,
+                    Ok(0) => {
+                        self.quiet_since = Some(tokio::time::Instant::now());
+                        continue;
+                    }
                     Ok(ready) => {
                         tracing::warn!(queue = self.queue, ready, ?idle, "the consumer got nothing while its queue held messages ready; consuming again");
                         self.ended = true;

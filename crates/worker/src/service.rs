@@ -80,7 +80,7 @@ pub async fn run(
         while slots.running.try_join_next().is_some() {}
         if consumer.is_none() {
             match broker.consume(&queue, prefetch).await {
-                Ok(c) => consumer = Some(c),
+                Ok(c) => consumer = Some(c.watch_ready(DEAF_AFTER)),
                 Err(e) => {
                     tracing::warn!(code = e.code(), error = %e, "cannot consume segments; polling only")
                 }
@@ -287,6 +287,14 @@ async fn stop_consuming(
 
 /// The most runs one statement of the poll claims.
 const POLL_BATCH: usize = 64;
+
+/// How long the wake-up consumer may get nothing while the queue holds wake-ups ready before it
+/// consumes again (`Consumer::watch_ready`): the poll would find the runs, but every one of them
+/// up to a poll interval late for as long as the lost consumer lasted. Its prefetch is the
+/// worker's concurrency and a wake-up is settled once its claim is, so a waiting consumer has
+/// credit to spare unless every slot's claim is still waiting on the database; then consuming
+/// again costs a channel and a log line.
+const DEAF_AFTER: Duration = Duration::from_secs(10);
 
 /// How long handing the remaining runs back at shutdown may take.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);

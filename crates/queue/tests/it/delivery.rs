@@ -197,3 +197,35 @@ async fn a_watched_consumer_on_an_empty_queue_waits_and_takes_the_next_message()
     })
     .await;
 }
+
+/// A caller that waits on the consumer in a `select!` drops the `next` future whenever another
+/// branch wins (a worker's poll tick): the watch counts the quiet from the first wait, so it
+/// still ends a deaf consumer whose every wait is shorter than its window.
+#[tokio::test]
+async fn the_watch_counts_the_quiet_across_waits_a_select_dropped() {
+    let broker = broker().await;
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        publish_wake_ups(&b, 2).await;
+        let idle = Duration::from_millis(600);
+        let mut deaf = b
+            .consume(&b.topology().segments(), 1)
+            .await
+            .unwrap()
+            .watch_ready(idle);
+        let held = next(&mut deaf).await;
+        let deadline = tokio::time::Instant::now() + crate::support::ARRIVES_WITHIN;
+        let ended = loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the watch ended nothing"
+            );
+            if let Ok(ended) = tokio::time::timeout(idle / 4, deaf.next()).await {
+                break ended.expect("an error first, saying why");
+            }
+        };
+        assert_eq!(ended.unwrap_err().code(), "consume_failed");
+        held.ack().await.unwrap();
+    })
+    .await;
+}
