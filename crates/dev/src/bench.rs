@@ -236,7 +236,7 @@ impl Bench {
         Ok(services)
     }
 
-    /// The producer's side of the cycles, on every event of the bench's queues.
+    /// The producer's side of the cycles, on the events of the bench's runs it acts on.
     pub(crate) async fn driver(&self, pages: Vec<i64>) -> anyhow::Result<Driver<'_>> {
         let watch = self.broker.declare_private_queue().await?;
         // Only what `Driver::handle` reads, as a producer binds what it waits for: every other

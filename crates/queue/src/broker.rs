@@ -25,7 +25,7 @@ use lapin::options::{
     BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
     QueueBindOptions, QueueDeclareOptions,
 };
-use lapin::types::{FieldTable, LongString};
+use lapin::types::{FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties};
 
 use crate::consumer::Consumer;
@@ -305,18 +305,9 @@ impl Broker {
         let link = self.link().await?;
         let asking = async {
             let channel = link.connection.create_channel().await?;
-            let answer = channel
-                .queue_declare(
-                    queue_name,
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..QueueDeclareOptions::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await?;
+            let ready = ready_count(&channel, queue_name).await?;
             let _ = channel.close(200, "done".into()).await;
-            Ok(answer.message_count())
+            Ok(ready)
         };
         self.answered(&link, "message count", asking)
             .await
@@ -634,6 +625,25 @@ async fn connect_once(config: &QueueConfig, addr: &str) -> Result<Link, QueueErr
 }
 
 /// The error of a round trip the broker did not answer in time.
+/// How many messages `queue` holds ready for delivery, asked on `channel` by a passive declare
+/// (which needs no configure permission).
+pub(crate) async fn ready_count(
+    channel: &Channel,
+    queue: ShortString,
+) -> Result<u32, lapin::Error> {
+    let answer = channel
+        .queue_declare(
+            queue,
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(answer.message_count())
+}
+
 pub(crate) fn timed_out(what: &'static str) -> lapin::Error {
     lapin::Error::from(lapin::ErrorKind::IOError(Arc::new(std::io::Error::new(
         std::io::ErrorKind::TimedOut,

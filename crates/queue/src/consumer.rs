@@ -10,8 +10,8 @@
 use std::time::SystemTime;
 
 use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions};
+use lapin::types::{AMQPValue, LongString, ShortString};
 use lapin::Acker;
 use lapin::{BasicProperties, Channel};
 
@@ -110,14 +110,13 @@ impl Consumer {
         let cancel = self
             .channel
             .basic_cancel(tag.as_str().into(), BasicCancelOptions::default());
-        tokio::time::timeout(self.answer_within, cancel)
-            .await
-            .map_err(|_| {
-                QueueError::Consume(crate::broker::timed_out(
-                    "the broker did not answer the cancel in time",
-                ))
-            })?
-            .map_err(QueueError::Consume)?;
+        within(
+            self.answer_within,
+            "the broker did not answer the cancel in time",
+            cancel,
+        )
+        .await
+        .map_err(QueueError::Consume)?;
         let mut untaken = Vec::new();
         let drain = std::time::Duration::from_millis(200);
         while let Ok(Some(Ok(delivery))) = tokio::time::timeout(drain, self.stream.next()).await {
@@ -179,23 +178,17 @@ impl Consumer {
         Some(Ok(self.wrap(delivery)))
     }
 
-    /// How many messages the queue holds ready, asked on this consumer's channel (a passive
-    /// declare), answered within the publish timeout.
+    /// How many messages the queue holds ready, asked on this consumer's channel, answered
+    /// within the publish timeout.
     async fn ready(&self) -> Result<u32, QueueError> {
-        let asking = self.channel.queue_declare(
-            self.queue.as_str().into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        );
-        match tokio::time::timeout(self.answer_within, asking).await {
-            Ok(answer) => Ok(answer.map_err(QueueError::Consume)?.message_count()),
-            Err(_) => Err(QueueError::Consume(crate::broker::timed_out(
-                "the broker did not count the queue in time",
-            ))),
-        }
+        let asking = crate::broker::ready_count(&self.channel, self.queue.as_str().into());
+        within(
+            self.answer_within,
+            "the broker did not count the queue in time",
+            asking,
+        )
+        .await
+        .map_err(QueueError::Consume)
     }
 
     fn wrap(&self, delivery: lapin::message::Delivery) -> Delivery {
@@ -284,7 +277,7 @@ impl Delivery {
     /// Done: the outcome is durable elsewhere.
     pub async fn ack(self) -> Result<(), QueueError> {
         let acking = self.acker.ack(BasicAckOptions::default());
-        settled(within(self.answer_within, acking).await)
+        settled(within(self.answer_within, SETTLE_LATE, acking).await)
     }
 
     /// Try again later: nack with requeue. The quorum queue counts the attempt and
@@ -307,18 +300,23 @@ impl Delivery {
     }
 }
 
-/// `settling`, or a timeout error when the client does not report it sent within `limit`. A
-/// settle the client lost (its channel ended as it was queued) would otherwise hold the task
-/// that waits for it, and the consumer loop behind it, forever; the unsettled message comes
-/// back when its channel closes, and its redelivery is replayed.
+/// `step`, or a timeout error naming `what` when it is not answered within `limit`. A step the
+/// client lost (a settle queued as its channel ended, a cancel or a count a stopping node took
+/// with it) would otherwise hold the task that waits for it, and the consumer loop behind it,
+/// forever; an unsettled message comes back when its channel closes, and its redelivery is
+/// replayed.
 async fn within<T>(
     limit: std::time::Duration,
-    settling: impl std::future::Future<Output = Result<T, lapin::Error>>,
+    what: &'static str,
+    step: impl std::future::Future<Output = Result<T, lapin::Error>>,
 ) -> Result<T, lapin::Error> {
-    tokio::time::timeout(limit, settling)
+    tokio::time::timeout(limit, step)
         .await
-        .unwrap_or_else(|_| Err(crate::broker::timed_out("the settle was not sent in time")))
+        .unwrap_or_else(|_| Err(crate::broker::timed_out(what)))
 }
+
+/// What a settle that is not sent in time fails with.
+const SETTLE_LATE: &str = "the settle was not sent in time";
 
 fn settled(result: Result<bool, lapin::Error>) -> Result<(), QueueError> {
     match result {
@@ -403,7 +401,7 @@ async fn requeue(acker: &Acker, limit: std::time::Duration) -> Result<(), QueueE
         multiple: false,
         requeue: true,
     });
-    settled(within(limit, nacking).await)
+    settled(within(limit, SETTLE_LATE, nacking).await)
 }
 
 #[cfg(test)]

@@ -227,16 +227,21 @@ mod tests {
         pid
     }
 
+    /// The server process behind the pool's one connection.
+    async fn backend(pool: &PgPool) -> i32 {
+        sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(pool)
+            .await
+            .expect("the pooled connection answers")
+    }
+
     #[tokio::test]
     async fn a_connection_idle_past_the_window_is_pinged_and_replaced_when_the_server_dropped_it() {
         let pool = pool_options(1).connect(&database_url()).await.unwrap();
         let cut = cut_the_connection(&pool).await;
         tokio::time::sleep(RECENTLY_USED + Duration::from_millis(200)).await;
-        let now: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&pool)
-            .await
-            .expect("the dead connection was pinged, dropped and replaced");
-        assert_ne!(now, cut);
+        // The dead connection was pinged, dropped and replaced.
+        assert_ne!(backend(&pool).await, cut);
     }
 
     #[tokio::test]
@@ -248,19 +253,7 @@ mod tests {
             .fetch_one(&pool)
             .await;
         assert!(first.is_err(), "went out unpinged: {first:?}");
-        let next: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(&pool)
-            .await
-            .expect("a fresh connection");
-        assert_ne!(next, cut);
-    }
-
-    /// The server process behind the pool's one connection.
-    async fn backend(pool: &PgPool) -> i32 {
-        sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(pool)
-            .await
-            .expect("the pooled connection answers")
+        assert_ne!(backend(&pool).await, cut, "a fresh connection");
     }
 
     #[tokio::test]

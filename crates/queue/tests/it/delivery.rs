@@ -146,6 +146,26 @@ async fn a_cancelled_consumer_hands_back_at_once_what_it_had_received_and_not_ta
     .await;
 }
 
+/// Two wake-ups queued and a consumer watched over `idle` with one delivery of credit, which
+/// it holds unsettled: deaf while the second waits ready, as a consumer the broker forgot.
+async fn deafened(
+    b: &countersign_queue::Broker,
+    idle: Duration,
+) -> (
+    Vec<RunId>,
+    countersign_queue::Consumer,
+    countersign_queue::Delivery,
+) {
+    let runs = publish_wake_ups(b, 2).await;
+    let mut deaf = b
+        .consume(&b.topology().segments(), 1)
+        .await
+        .unwrap()
+        .watch_ready(idle);
+    let held = next(&mut deaf).await;
+    (runs, deaf, held)
+}
+
 /// A consumer that gets nothing while its queue holds messages ready is lost: here it holds its
 /// one delivery of credit unsettled, which deafens it as surely as a consumer the broker
 /// forgot. Watched, it ends with `consume_failed` and then `None`, and consuming again gets
@@ -155,11 +175,7 @@ async fn a_watched_consumer_that_gets_nothing_while_its_queue_holds_messages_rea
     let broker = broker().await;
     let b = broker.clone();
     cleaning_up(&broker, async move {
-        let runs = publish_wake_ups(&b, 2).await;
-        let segments = b.topology().segments();
-        let idle = Duration::from_millis(500);
-        let mut deaf = b.consume(&segments, 1).await.unwrap().watch_ready(idle);
-        let held = next(&mut deaf).await;
+        let (runs, mut deaf, held) = deafened(&b, Duration::from_millis(500)).await;
         let ended = tokio::time::timeout(crate::support::ARRIVES_WITHIN, deaf.next())
             .await
             .expect("the watch ends the consumer within the guard")
@@ -167,7 +183,7 @@ async fn a_watched_consumer_that_gets_nothing_while_its_queue_holds_messages_rea
         assert_eq!(ended.unwrap_err().code(), "consume_failed");
         assert!(deaf.next().await.is_none(), "then the stream is over");
 
-        let mut again = b.consume(&segments, 1).await.unwrap();
+        let mut again = b.consume(&b.topology().segments(), 1).await.unwrap();
         let second = next(&mut again).await;
         assert_eq!(parse_segment(&second.body), Ok(runs[1]));
         second.ack().await.unwrap();
@@ -206,14 +222,8 @@ async fn the_watch_counts_the_quiet_across_waits_a_select_dropped() {
     let broker = broker().await;
     let b = broker.clone();
     cleaning_up(&broker, async move {
-        publish_wake_ups(&b, 2).await;
         let idle = Duration::from_millis(600);
-        let mut deaf = b
-            .consume(&b.topology().segments(), 1)
-            .await
-            .unwrap()
-            .watch_ready(idle);
-        let held = next(&mut deaf).await;
+        let (_, mut deaf, held) = deafened(&b, idle).await;
         let deadline = tokio::time::Instant::now() + crate::support::ARRIVES_WITHIN;
         let ended = loop {
             assert!(
