@@ -75,9 +75,11 @@ async fn rabbitmq_restarted_while_an_approved_turn_is_in_flight_the_run_complete
     stop_broker();
     release_gate(&mut site.conn, TURN_GATE).await;
     wait_for_status(&mut site.conn, &run, "completed", secs(30)).await;
-    let meanwhile: Vec<(Uuid, String, bool)> = sqlx::query_as(
-        "SELECT id, kind, published_at IS NOT NULL FROM event_outbox
-         WHERE run_id = $1::uuid AND NOT id = ANY($2) ORDER BY created_at, id",
+    // A relay deletes a row once the broker confirmed it: the rows left are the unsent ones.
+    let meanwhile: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, kind FROM event_outbox
+         WHERE run_id = $1::uuid AND published_at IS NULL AND NOT id = ANY($2)
+         ORDER BY created_at, id",
     )
     .bind(&run)
     .bind(&before)
@@ -88,12 +90,9 @@ async fn rabbitmq_restarted_while_an_approved_turn_is_in_flight_the_run_complete
     let outage = outage.elapsed();
     eprintln!("{SCENARIO}: the broker was down for {outage:?}");
     assert!(
-        meanwhile.iter().any(|(_, kind, _)| kind == "run.completed"),
-        "{SCENARIO}: run.completed was committed while the broker was down: {meanwhile:?}"
-    );
-    assert!(
-        meanwhile.iter().all(|(_, _, published)| !published),
-        "{SCENARIO}: nothing can have been published with the broker down: {meanwhile:?}"
+        meanwhile.iter().any(|(_, kind)| kind == "run.completed"),
+        "{SCENARIO}: run.completed was committed, and not sent, while the broker was down: \
+         {meanwhile:?}"
     );
 
     // The outbox publishes them once the broker is back.

@@ -79,16 +79,16 @@ impl<'u> DataHandler<'u> {
         Value::Object(kept)
     }
 
-    /// Sets descriptive fields of one page.
+    /// Sets descriptive fields of one page and reads them back: the page's metadata fields as
+    /// the row now stores them, by name (`None`: no such row), from the same statement.
     pub(crate) async fn update_page(
         &self,
         conn: &mut PgConnection,
         uid: i64,
         fields: &Fields,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<Option<Value>, sqlx::Error> {
         let set = self.writable("pages", fields);
-        execute!(
-            conn,
+        sqlx::query_scalar!(
             r#"UPDATE content.pages SET
                    title = coalesce($2::jsonb ->> 'title', title),
                    subtitle = coalesce($2::jsonb ->> 'subtitle', subtitle),
@@ -102,10 +102,18 @@ impl<'u> DataHandler<'u> {
                    twitter_title = coalesce($2::jsonb ->> 'twitter_title', twitter_title),
                    twitter_description =
                        coalesce($2::jsonb ->> 'twitter_description', twitter_description)
-               WHERE uid = $1"#,
+               WHERE uid = $1
+               RETURNING jsonb_build_object(
+                   'title', title, 'subtitle', subtitle, 'nav_title', nav_title,
+                   'abstract', abstract, 'description', description, 'keywords', keywords,
+                   'seo_title', seo_title, 'og_title', og_title,
+                   'og_description', og_description, 'twitter_title', twitter_title,
+                   'twitter_description', twitter_description) AS "stored!""#,
             uid,
             set
         )
+        .fetch_optional(conn)
+        .await
     }
 
     /// Sets descriptive fields of one file metadata record.

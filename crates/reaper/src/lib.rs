@@ -20,11 +20,12 @@
 //!    `run.cancelled` in the outbox), and the pass publishes what is unpublished — first the
 //!    rows left unpublished longer than [`ReaperConfig::republish_after`], whose process relay
 //!    failed or died (`events_republished`), then its own and the rest older than the
-//!    relays' sweep age (`events_published`). Publishing is confirmed; a row is marked only once the broker took
-//!    it, so a failure leaves it for the next pass.
-//! 5. The outbox is a handoff, not the record: rows published longer ago than
-//!    [`ReaperConfig::outbox_retention`] are deleted (`events_pruned`), never one unpublished.
-//!    What happened to every run stays in its audit trail.
+//!    relays' sweep age (`events_published`). Publishing is confirmed; a row is deleted only
+//!    once the broker took it, so a failure leaves it for the next pass.
+//! 5. The outbox is a handoff, not the record: a relay deletes what it sent, and rows a relay
+//!    before migration 0023 kept marked published are deleted once older than
+//!    [`ReaperConfig::outbox_retention`] (`events_pruned`), never one unpublished. What
+//!    happened to every run stays in its audit trail.
 //!
 //! It must never run a segment, never touch a run that moved since its scan, and never clear
 //! the stamp of a call in doubt.
@@ -50,7 +51,8 @@ pub struct ReaperConfig {
     /// How long an event may stay unpublished before the pass republishes it: longer than a
     /// process relay's polling interval, so a healthy relay is not raced.
     pub republish_after: Duration,
-    /// How long a published event stays in the outbox before a pass deletes it.
+    /// How long a delivered webhook delivery, and an outbox row a relay before migration 0023
+    /// marked published, stay before a pass deletes them.
     pub outbox_retention: Duration,
 }
 

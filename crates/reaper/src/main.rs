@@ -34,8 +34,9 @@ struct Args {
     /// Seconds an event may stay unpublished in the outbox before it is published again.
     #[arg(long, default_value_t = 10)]
     republish_after_secs: u64,
-    /// Hours a published event stays in the outbox before a pass deletes it (the audit trail
-    /// keeps every run's history).
+    /// Hours a delivered webhook delivery, and an outbox row a relay before migration 0023
+    /// marked published, stay before a pass deletes them (relays delete what the broker
+    /// confirmed; the audit trail keeps every run's history).
     #[arg(
         long,
         env = "COUNTERSIGN_OUTBOX_RETENTION_HOURS",

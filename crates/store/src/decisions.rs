@@ -234,7 +234,7 @@ impl Store {
                SELECT $11, $2, $9,
                       announced_body($12::jsonb, $11::uuid)
                FROM decided
-               RETURNING id, run_id, kind, body, created_at, published_at,
+               RETURNING id, run_id, kind, body, created_at,
                          (SELECT waited FROM released) AS waited"#,
             m.decision_id,
             m.run_id.as_uuid(),
@@ -260,7 +260,6 @@ impl Store {
                 kind: row.kind,
                 body: row.body,
                 created_at: row.created_at,
-                published_at: row.published_at,
             };
             (row, waited)
         }))

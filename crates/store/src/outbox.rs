@@ -6,17 +6,20 @@
 //! its transition: the announcement exists exactly when the change does. A relay
 //! ([`Store::relay_batch`]) then claims a batch of unpublished rows with one `UPDATE` that
 //! sets a short claim (`claimed_until`), hands each to a publisher that waits for the broker's
-//! confirm, and marks the sent ones `published_at = now()` with a second. No transaction is
-//! held open while the broker is waited on. A crash after the confirm and before the mark
-//! sends the row again once its claim ran out, so delivery is at least once, and the body
+//! confirm, and deletes the sent ones with a second: the outbox holds what is still to be sent,
+//! and the audit trail (`run_events`) is the record of what happened. No transaction is held
+//! open while the broker is waited on. A crash after the confirm and before the delete sends
+//! the row again once its claim ran out, so delivery is at least once, and the body
 //! carries `event_id` (the row's id) for consumers to deduplicate by. Two relays never claim
 //! the same row at once: the claim's subquery skips rows another claim is updating, and a row
 //! claimed by another relay is not claimable until that claim runs out.
 //!
 //! The rows a process commits itself need no claim: the transition returns them and hands
 //! them to the process's relay ([`Store::take_handed_off`]), which publishes them at once and
-//! notes the confirmed ones; the marks of many rows (and the `dispatched_at` of the runs whose
-//! wake-ups were confirmed) are written together by [`Store::flush_marks`]. A claiming sweep
+//! notes the confirmed ones; many rows are deleted (and the `dispatched_at` of the runs whose
+//! wake-ups were confirmed written) together by [`Store::flush_marks`]. A delete rather than a
+//! `published_at` mark: an `UPDATE` of a column the unpublished index names writes a new copy
+//! of the row, body and index entries included, for a row nobody reads again. A claiming sweep
 //! (`relay_batch` with an age) is what publishes the rows no relay was handed: those of a
 //! process that died, or whose publish failed.
 //!
@@ -53,7 +56,6 @@ pub struct OutboxEvent {
     /// The full public body.
     pub body: Value,
     pub created_at: DateTime<Utc>,
-    pub published_at: Option<DateTime<Utc>>,
 }
 
 /// Where the relay sends events: the broker's events exchange, with confirms.
@@ -68,7 +70,7 @@ pub trait EventPublisher: Send + Sync {
 /// What one [`Store::relay_batch`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RelayReport<E> {
-    /// Rows published and marked.
+    /// Rows published (and deleted from the outbox).
     pub published: u64,
     /// Rows the batch claimed (published, failed, or not tried after a failure).
     pub claimed: u64,
@@ -92,7 +94,7 @@ pub async fn append(
         r#"INSERT INTO event_outbox (id, run_id, kind, body)
            VALUES ($1, $2, $3,
                    announced_body($4::jsonb, $1::uuid))
-           RETURNING id, run_id, kind, body, created_at, published_at"#,
+           RETURNING id, run_id, kind, body, created_at"#,
         id,
         run_id.map(|r| r.as_uuid()),
         event.name.as_str(),
@@ -172,7 +174,7 @@ pub(crate) async fn announce_locked(
            SELECT $5, $1, $2,
                   announced_body($6::jsonb, $5::uuid)
            FROM audit
-           RETURNING id, run_id, kind, body, created_at, published_at"#,
+           RETURNING id, run_id, kind, body, created_at"#,
         run_id.as_uuid(),
         event.name.as_str(),
         payload,
@@ -280,7 +282,6 @@ pub(crate) struct Row {
     pub(crate) kind: String,
     pub(crate) body: Value,
     pub(crate) created_at: DateTime<Utc>,
-    pub(crate) published_at: Option<DateTime<Utc>>,
 }
 
 impl From<Row> for OutboxEvent {
@@ -291,7 +292,6 @@ impl From<Row> for OutboxEvent {
             kind: r.kind,
             body: r.body,
             created_at: r.created_at,
-            published_at: r.published_at,
         }
     }
 }
@@ -331,7 +331,7 @@ impl Store {
         std::mem::take(&mut self.handoff.lock().unwrap_or_else(|p| p.into_inner()).fresh)
     }
 
-    /// Notes outbox rows the broker confirmed; [`Store::flush_marks`] marks them published.
+    /// Notes outbox rows the broker confirmed; [`Store::flush_marks`] deletes them.
     pub fn note_published(&self, ids: impl IntoIterator<Item = Uuid>) {
         self.handoff
             .lock()
@@ -359,9 +359,9 @@ impl Store {
     }
 
     /// Records what was noted since the last flush, with at most two statements whatever the
-    /// number: the confirmed rows marked `published_at = now()`, the dispatched runs that are
-    /// still queued `dispatched_at = now()`. On an error the notes are kept for the next flush.
-    /// A crash before the flush loses only marks: the rows are published again by a sweep
+    /// number: the confirmed rows deleted from the outbox, the dispatched runs that are still
+    /// queued marked `dispatched_at = now()`. On an error the notes are kept for the next flush.
+    /// A crash before the flush loses only notes: the rows are published again by a sweep
     /// (consumers deduplicate by `event_id`) and the runs woken again by the reaper.
     pub async fn flush_marks(&self) -> Result<(), StoreError> {
         let (published, dispatched) = {
@@ -373,11 +373,7 @@ impl Store {
         };
         let result = async {
             if !published.is_empty() {
-                sqlx::query!(
-                    "UPDATE event_outbox SET published_at = now(), claimed_until = NULL
-                     WHERE id = ANY($1) AND published_at IS NULL",
-                    &published,
-                )
+                sqlx::query!("DELETE FROM event_outbox WHERE id = ANY($1)", &published)
                 .execute(&self.pool)
                 .await?;
             }
@@ -408,9 +404,9 @@ impl Store {
 
     /// One relay step: claims up to `limit` unpublished rows created at least `older_than`
     /// ago (by the database clock), oldest first, that no other relay has claimed, for
-    /// thirty seconds; hands them to `publisher` one by one; marks the confirmed ones
-    /// published. The first publish failure stops the batch: it and the rows after it are
-    /// released for the next attempt.
+    /// thirty seconds; hands them to `publisher` one by one; deletes the confirmed ones. The
+    /// first publish failure stops the batch: it and the rows after it are released for the
+    /// next attempt.
     pub async fn relay_batch<P: EventPublisher>(
         &self,
         older_than: Duration,
@@ -418,7 +414,7 @@ impl Store {
         publisher: &P,
     ) -> Result<RelayReport<P::Error>, StoreError> {
         // One statement claims the batch (a lease on the rows, not locks held while the broker
-        // is waited on), one marks what was confirmed.
+        // is waited on), one deletes what was confirmed.
         let mut rows = sqlx::query_as!(
             Row,
             r#"UPDATE event_outbox SET claimed_until = now() + $3 * interval '1 millisecond'
@@ -429,7 +425,7 @@ impl Store {
                      AND created_at <= now() - $1 * interval '1 millisecond'
                    ORDER BY created_at, id LIMIT $2
                    FOR UPDATE SKIP LOCKED)
-               RETURNING id, run_id, kind, body, created_at, published_at"#,
+               RETURNING id, run_id, kind, body, created_at"#,
             millis(older_than) as f64,
             limit,
             millis(RELAY_CLAIM) as f64,
@@ -452,12 +448,9 @@ impl Store {
             }
         }
         if !sent.is_empty() {
-            sqlx::query!(
-                "UPDATE event_outbox SET published_at = now(), claimed_until = NULL WHERE id = ANY($1)",
-                &sent,
-            )
-            .execute(&self.pool)
-            .await?;
+            sqlx::query!("DELETE FROM event_outbox WHERE id = ANY($1)", &sent)
+                .execute(&self.pool)
+                .await?;
         }
         if sent.len() < claimed_ids.len() {
             // What was not sent is claimable again at once, not only once the claim runs out.
@@ -479,9 +472,10 @@ impl Store {
         })
     }
 
-    /// Deletes up to `limit` outbox rows published more than `retention` ago; returns how many.
-    /// A row not yet published is never deleted. The outbox is a handoff, not the record:
-    /// the audit trail (`run_events`) keeps what happened to every run.
+    /// Deletes up to `limit` outbox rows marked published more than `retention` ago; returns how
+    /// many. A relay deletes what the broker confirmed; marked rows are those a relay of an
+    /// earlier version kept after sending them (it set `published_at`). A row not yet published is never deleted. The outbox is a handoff, not the
+    /// record: the audit trail (`run_events`) keeps what happened to every run.
     pub async fn prune_published_events(
         &self,
         retention: Duration,
@@ -507,12 +501,13 @@ impl Store {
         Ok(done.rows_affected())
     }
 
-    /// The outbox rows about a run, oldest first: what was announced, and whether it went out.
+    /// The outbox rows about a run, oldest first: what it announced that has not gone out yet
+    /// (a relay deletes what the broker confirmed).
     pub async fn outbox(&self, run_id: RunId) -> Result<Vec<OutboxEvent>, StoreError> {
         let rows = sqlx::query_as!(
             Row,
-            r#"SELECT id, run_id, kind, body, created_at, published_at FROM event_outbox
-               WHERE run_id = $1 ORDER BY created_at, id"#,
+            r#"SELECT id, run_id, kind, body, created_at FROM event_outbox
+               WHERE run_id = $1 AND published_at IS NULL ORDER BY created_at, id"#,
             run_id.as_uuid(),
         )
         .fetch_all(&self.pool)

@@ -333,10 +333,10 @@ impl Store {
                    SELECT $6, created.id, $7,
                           announced_body($8::jsonb, $6::uuid)
                    FROM created
-                   RETURNING id, run_id, kind, body, created_at, published_at)
+                   RETURNING id, run_id, kind, body, created_at)
                SELECT f.granted AS "granted!", f.active AS "active!",
                       a.id AS "id?", a.run_id, a.kind AS "kind?", a.body AS "body?",
-                      a.created_at AS "created_at?", a.published_at
+                      a.created_at AS "created_at?"
                FROM facts f LEFT JOIN announced a ON true"#,
             id.as_uuid(),
             new.request_id,
@@ -367,7 +367,6 @@ impl Store {
                 kind,
                 body,
                 created_at,
-                published_at: row.published_at,
             }
             .into()]);
             return Ok(Ok(CreatedRun {
@@ -506,7 +505,7 @@ impl Store {
                       announced_body(a.body, a.id)
                FROM suspended s, announced a
                ORDER BY a.n
-               RETURNING id, run_id, kind, body, created_at, published_at"#,
+               RETURNING id, run_id, kind, body, created_at"#,
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),

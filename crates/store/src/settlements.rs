@@ -178,7 +178,7 @@ impl Store {
                INSERT INTO event_outbox (id, run_id, kind, body)
                SELECT g.event_id, s.id, g.kind, announced_body(g.body, g.event_id)
                FROM settled s JOIN given g ON g.id = s.id
-               RETURNING id, run_id, kind, body, created_at, published_at"#,
+               RETURNING id, run_id, kind, body, created_at"#,
             &given.ids,
             &given.owners,
             &given.epochs,

@@ -171,17 +171,19 @@ impl Writer for UpdatePageMetadata {
         plan: &PageMetadataPlan,
     ) -> Result<ToolOutput, sqlx::Error> {
         let uid = plan.page.uid;
-        DataHandler::new(user)
+        let Some(stored) = DataHandler::new(user)
             .update_page(conn, uid, &plan.fields)
-            .await?;
-        let Some(stored) = Page::load(conn, uid).await? else {
+            .await?
+        else {
             return Ok(ToolOutput::error(format!(
                 "Page [{uid}] could not be read back after the write; treat the write as failed."
             )));
         };
         let mut check = ReadBack::default();
         for (field, value) in &plan.fields {
-            check.field(field, stored.field(field) == Some(value.as_str()));
+            let took =
+                stored.get(*field).and_then(serde_json::Value::as_str) == Some(value.as_str());
+            check.field(field, took);
         }
         let success = format!(
             "Page [{uid}] updated; the read-back confirms {}.",

@@ -115,21 +115,25 @@ async fn only_an_authenticated_producer_is_answered_and_the_relay_announces_its_
     let event = json(&announced);
     assert_eq!(event["event"], "decision.accepted");
     assert_eq!(event["decision_id"], decision["decision_id"]);
-    let outbox = h.store.outbox(card.run_id).await.unwrap();
-    let row = outbox
+    let trail = h.store.events(card.run_id).await.unwrap();
+    let recorded = trail
         .iter()
         .find(|e| e.kind == "decision.accepted")
-        .expect("in the outbox");
-    assert_eq!(event, row.body);
-    assert_eq!(announced.message_id, Some(row.id.to_string()));
+        .expect("in the audit trail");
+    assert_eq!(event["decision_id"], recorded.payload["decision_id"]);
+    assert_eq!(
+        announced.message_id.as_deref(),
+        event["event_id"].as_str(),
+        "the event id as message id"
+    );
     announced.ack().await.unwrap();
 
     stop.send(()).unwrap();
     running.await.unwrap();
-    let published = h.store.outbox(card.run_id).await.unwrap();
+    let left = h.store.outbox(card.run_id).await.unwrap();
     assert!(
-        published.iter().all(|e| e.published_at.is_some()),
-        "everything the run announced went out: {published:?}"
+        left.is_empty(),
+        "everything the run announced went out and left the outbox: {left:?}"
     );
     broker.delete_topology().await.unwrap();
 }

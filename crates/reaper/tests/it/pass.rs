@@ -86,10 +86,10 @@ impl Harness {
         run.run_id
     }
 
-    /// Marks every outbox row published, as the relay of the process that wrote it would have:
-    /// what a pass publishes is then only what it is being tested for.
+    /// Takes every outbox row out, as the relay of the process that wrote it would have once
+    /// the broker confirmed it: what a pass publishes is then only what it is being tested for.
     async fn outbox_relayed(&self) {
-        sqlx::query("UPDATE event_outbox SET published_at = now() WHERE published_at IS NULL")
+        sqlx::query("DELETE FROM event_outbox WHERE published_at IS NULL")
             .execute(self.store.pool())
             .await
             .unwrap();
@@ -374,10 +374,7 @@ async fn the_reaper_republishes_an_event_its_relay_left_unpublished(pool: PgPool
     // An operator's cancel commits its event; the process that would have relayed it is gone.
     assert!(h.store.cancel(run_id).await.unwrap());
     let row = h.store.outbox(run_id).await.unwrap().pop().unwrap();
-    assert_eq!(
-        (row.kind.as_str(), row.published_at),
-        ("run.cancelled", None)
-    );
+    assert_eq!(row.kind, "run.cancelled");
 
     // Older than a relay's sweep age but younger than the grace: published by the pass, not
     // counted as republished.
@@ -390,10 +387,17 @@ async fn the_reaper_republishes_an_event_its_relay_left_unpublished(pool: PgPool
     assert_eq!(summary.events_published, 1, "its own pass publishes it");
     let (_, event) = Harness::next_json(&mut h.events).await;
     assert_eq!(event["event_id"], json!(row.id));
+    assert!(
+        h.store.outbox(run_id).await.unwrap().is_empty(),
+        "deleted once the broker confirmed it"
+    );
 
-    // Once more, unsent and older than the grace: republished.
-    sqlx::query("UPDATE event_outbox SET published_at = NULL WHERE id = $1")
+    // Once more, as if that send had never been confirmed: unsent and older than the grace.
+    sqlx::query("INSERT INTO event_outbox (id, run_id, kind, body) VALUES ($1, $2, $3, $4)")
         .bind(row.id)
+        .bind(row.run_id)
+        .bind(&row.kind)
+        .bind(&row.body)
         .execute(h.store.pool())
         .await
         .unwrap();
@@ -424,10 +428,9 @@ async fn the_reaper_republishes_an_event_its_relay_left_unpublished(pool: PgPool
         "the event id as message id"
     );
 
-    let after = h.store.outbox(run_id).await.unwrap().pop().unwrap();
     assert!(
-        after.published_at.is_some(),
-        "marked once the broker confirmed"
+        h.store.outbox(run_id).await.unwrap().is_empty(),
+        "deleted once the broker confirmed it"
     );
     assert_eq!(
         h.pass().await,
@@ -502,8 +505,12 @@ async fn published_events_past_the_retention_are_pruned_and_an_unpublished_one_n
     let old = h.running_run().await;
     let recent = h.running_run().await;
     let unsent = h.running_run().await;
-    assert!(h.store.cancel(unsent).await.unwrap());
+    for run in [old, recent, unsent] {
+        assert!(h.store.cancel(run).await.unwrap());
+    }
+    // A relay deletes what it sent; one of the version before kept the row, marked.
     age_outbox(&h, old, RETENTION * 2, true).await;
+    age_outbox(&h, recent, Duration::ZERO, true).await;
     // As old, but its cancel was never published (its relay died): the pass publishes it.
     age_outbox(&h, unsent, RETENTION * 2, false).await;
     let (old_rows, old_audit) = (outbox_rows(&h, old).await, audit_rows(&h, old).await);
@@ -526,8 +533,8 @@ async fn published_events_past_the_retention_are_pruned_and_an_unpublished_one_n
     );
     assert_eq!(
         outbox_rows(&h, unsent).await,
-        unsent_rows,
-        "published now, kept"
+        0,
+        "published now, and deleted once confirmed"
     );
     assert_eq!(h.pass().await.events_pruned, 0, "nothing left to prune");
     h.cleanup().await;

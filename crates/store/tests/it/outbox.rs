@@ -64,14 +64,14 @@ async fn relay(store: &Store, publisher: &Recorder) -> RelayReport<&'static str>
         .expect("relay")
 }
 
-/// `(kind, published)` of the run's outbox rows, oldest first.
-async fn outbox(store: &Store, run: RunId) -> Vec<(String, bool)> {
+/// The kinds of the run's outbox rows still to be sent, oldest first.
+async fn outbox(store: &Store, run: RunId) -> Vec<String> {
     store
         .outbox(run)
         .await
         .unwrap()
         .into_iter()
-        .map(|e| (e.kind, e.published_at.is_some()))
+        .map(|e| e.kind)
         .collect()
 }
 
@@ -125,10 +125,7 @@ async fn a_rolled_back_transition_leaves_no_outbox_row(pool: PgPool) {
         .suspend(&lease, &st, &["update_page_metadata"])
         .await
         .is_err());
-    assert_eq!(
-        outbox(&store, run).await,
-        vec![("run.accepted".into(), false)]
-    );
+    assert_eq!(outbox(&store, run).await, ["run.accepted"]);
     assert_eq!(
         unpublished(&pool).await,
         before,
@@ -148,11 +145,7 @@ async fn a_rolled_back_transition_leaves_no_outbox_row(pool: PgPool) {
         .unwrap());
     assert_eq!(
         outbox(&store, run).await,
-        vec![
-            ("run.accepted".into(), false),
-            ("run.preview_moved".into(), false),
-            ("run.suspended".into(), false),
-        ]
+        ["run.accepted", "run.preview_moved", "run.suspended"]
     );
 }
 
@@ -168,7 +161,6 @@ async fn a_committed_suspend_has_its_run_suspended_row_with_the_database_time(po
     assert_eq!(kinds, ["run.accepted", "run.suspended"]);
     let suspended = &rows[1];
     assert_eq!(suspended.run_id, Some(run.as_uuid()));
-    assert_eq!(suspended.published_at, None);
     let mut body = suspended.body.clone();
     let at_text = body.as_object_mut().unwrap().remove("at").unwrap();
     assert_eq!(
@@ -201,7 +193,7 @@ async fn a_committed_suspend_has_its_run_suspended_row_with_the_database_time(po
 }
 
 #[sqlx::test(migrator = "countersign_store::MIGRATOR")]
-async fn relay_marks_rows_published_and_a_second_relay_publishes_nothing(pool: PgPool) {
+async fn relay_deletes_the_rows_it_sent_and_a_second_relay_publishes_nothing(pool: PgPool) {
     let store = store(pool.clone());
     let (run, st) = waiting(&store).await;
     assert!(store.cancel(run).await.unwrap());
@@ -224,10 +216,22 @@ async fn relay_marks_rows_published_and_a_second_relay_publishes_nothing(pool: P
     let sent = first.sent.lock().unwrap().clone();
     assert_eq!(sent[1].body["turn_digest"], st.turn_digest().as_str());
     assert!(sent.iter().all(|e| e.body["event_id"] == json!(e.id)));
-    assert!(outbox(&store, run)
+    assert_eq!(
+        outbox(&store, run).await,
+        Vec::<String>::new(),
+        "sent, so gone"
+    );
+    let trail: Vec<String> = store
+        .events(run)
         .await
-        .iter()
-        .all(|(_, published)| *published));
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert!(
+        trail.ends_with(&["run.suspended".into(), "run.cancelled".into()]),
+        "the audit trail keeps the record: {trail:?}"
+    );
 
     let second = Recorder::default();
     assert_eq!(relay(&store, &second).await.published, 0);
@@ -248,16 +252,92 @@ async fn a_failed_publish_leaves_its_row_and_the_rest_for_the_next_relay(pool: P
     );
     assert_eq!(
         outbox(&store, run).await,
-        vec![
-            ("run.accepted".into(), true),
-            ("run.suspended".into(), false),
-            ("run.cancelled".into(), false),
-        ]
+        ["run.suspended", "run.cancelled"],
+        "the sent row is gone, the failed one and the rest wait"
     );
 
     let next = Recorder::default();
     assert_eq!(relay(&store, &next).await.published, 2);
     assert_eq!(next.kinds(), ["run.suspended", "run.cancelled"]);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn handed_off_rows_the_broker_confirmed_leave_the_outbox_at_the_flush(pool: PgPool) {
+    let store = store(pool.clone());
+    let (run, _) = waiting(&store).await;
+    let handed = store.take_handed_off();
+    let ours: Vec<&OutboxEvent> = handed
+        .iter()
+        .filter(|e| e.run_id == Some(run.as_uuid()))
+        .collect();
+    assert_eq!(
+        ours.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
+        ["run.accepted", "run.suspended"]
+    );
+
+    // Only the confirmed one is noted: the other stays for a sweep.
+    store.note_published([ours[0].id]);
+    assert_eq!(store.pending_marks(), 1);
+    store.flush_marks().await.unwrap();
+    assert_eq!(store.pending_marks(), 0);
+    assert_eq!(outbox(&store, run).await, ["run.suspended"]);
+
+    let sweep = Recorder::default();
+    assert_eq!(relay(&store, &sweep).await.published, 1);
+    assert_eq!(
+        sweep.kinds(),
+        ["run.suspended"],
+        "nothing confirmed is sent again"
+    );
+    assert_eq!(unpublished(&pool).await, 0);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn rows_an_earlier_relay_marked_published_are_neither_sent_nor_kept_past_retention(
+    pool: PgPool,
+) {
+    let store = store(pool.clone());
+    let (run, _) = waiting(&store).await;
+    // A relay of the version before deletes-on-confirm marked what it sent.
+    sqlx::query(
+        "UPDATE event_outbox SET published_at = now() WHERE run_id = $1 AND kind = 'run.accepted'",
+    )
+    .bind(run.as_uuid())
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(outbox(&store, run).await, ["run.suspended"]);
+    let sweep = Recorder::default();
+    relay(&store, &sweep).await;
+    assert_eq!(
+        sweep.kinds(),
+        ["run.suspended"],
+        "a marked row is not sent again"
+    );
+
+    let marked = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM event_outbox WHERE run_id = $1")
+            .bind(run.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(marked().await, 1, "kept within its retention");
+    let pruned = store
+        .prune_published_events(Duration::from_secs(3600), 100)
+        .await
+        .unwrap();
+    assert_eq!((pruned, marked().await), (0, 1));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let pruned = store
+        .prune_published_events(Duration::from_millis(5), 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        (pruned, marked().await),
+        (1, 0),
+        "deleted past its retention"
+    );
 }
 
 /// Holds its first publish until released, so a second relay runs while the first holds rows.
@@ -505,8 +585,5 @@ async fn rows_claimed_by_a_relay_that_died_are_sent_once_its_claim_runs_out(pool
     let next = Recorder::default();
     assert_eq!(relay(&store, &next).await.published, 2);
     assert_eq!(next.kinds(), ["run.accepted", "run.suspended"]);
-    assert!(outbox(&store, run)
-        .await
-        .iter()
-        .all(|(_, published)| *published));
+    assert_eq!(outbox(&store, run).await, Vec::<String>::new());
 }
