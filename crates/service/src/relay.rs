@@ -1,10 +1,10 @@
 //! The outbox relay every process that writes events runs: it publishes the rows of
-//! `event_outbox` on the events exchange, with confirms, and marks them sent.
+//! `event_outbox` on the events exchange, with confirms, and deletes the confirmed ones.
 //!
 //! A transition that wrote outbox rows hands them to this process's relay and wakes it
 //! ([`Store::take_handed_off`]), so an event leaves right after its transition, its confirm in
 //! flight with those of the other rows handed off meanwhile, with no statement to claim it;
-//! the marks of many confirmed rows are written by one statement ([`MARK_LINGER`]). A sweep
+//! many confirmed rows are deleted by one statement ([`MARK_LINGER`]). A sweep
 //! every [`RelayConfig::poll_interval`] claims what stayed unpublished for [`SWEEP_AFTER`]
 //! (the broker was down, the process that wrote the row died), and the reaper republishes
 //! what stayed unsent for long. The row is the truth; the relay only carries it, at least
@@ -165,7 +165,7 @@ pub async fn relay_now(store: &Store, broker: &Broker) -> u64 {
             0
         }
         (Ok(_), Err(e)) => {
-            tracing::warn!(code = e.code(), error = %e, "published events not marked; a sweep sends them again");
+            tracing::warn!(code = e.code(), error = %e, "published events not recorded as sent; a sweep sends them again");
             0
         }
     }
@@ -196,7 +196,7 @@ pub async fn run(
         let pending = store.pending_marks();
         if pending > 0 && (pending >= batch || last_flush.elapsed() >= MARK_LINGER) {
             if let Err(e) = store.flush_marks().await {
-                tracing::warn!(code = e.code(), error = %e, "published events not marked; retrying");
+                tracing::warn!(code = e.code(), error = %e, "published events not recorded as sent; retrying");
             }
             last_flush = tokio::time::Instant::now();
         }
