@@ -8,13 +8,15 @@
 //! With synchronous replication, approvals accepted and writes held inside their transactions
 //! when the primary dies, and one more approval sent while there is no primary: every run
 //! completes with its one write landed once, after its approval, and every event the broker
-//! carried (each published only after its transaction committed) is in the promoted database.
+//! carried (each published only after its transaction committed) announces a change the
+//! promoted database holds.
 //!
 //! With asynchronous replication and the replica cut off first: what committed on the primary
 //! after the replica's last byte is lost — an accepted approval, the write it led to, its
 //! journal row and the events already published about them, all together. The run waits on
 //! the same card again, and approved again it writes once.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -367,8 +369,8 @@ struct Site {
     proxy: Proxy,
     install: Installation,
     broker: Broker,
-    /// The id of every event the broker carried.
-    carried: Arc<Mutex<Vec<String>>>,
+    /// Every event the broker carried, by its id.
+    carried: Arc<Mutex<BTreeMap<String, serde_json::Value>>>,
     ready: Vec<u16>,
     services: Vec<Process>,
     _files: TempDir,
@@ -475,17 +477,34 @@ impl Site {
         );
     }
 
-    /// How many distinct events the broker carried, and how many of them the database now
-    /// has no record of.
+    /// How many distinct events the broker carried, and how many of them announce a change
+    /// the database now has no record of. An event is the record of its transition, so each is
+    /// looked up by what that transition wrote in the same transaction: the run for
+    /// `run.accepted`, the decision row for a decision event, and otherwise the run's audit row
+    /// of the event's kind stamped with the event's `at` (one instant for a transaction's rows).
+    /// The outbox row itself is gone once the broker confirmed it.
     async fn events_missing(&self, conn: &mut PgConnection) -> (i64, i64) {
-        let carried: std::collections::HashSet<String> =
-            self.carried.lock().unwrap().iter().cloned().collect();
-        let ids = carried.iter().cloned().collect::<Vec<_>>().join(",");
-        let kept = count(
-            conn,
-            &format!("SELECT count(*) FROM event_outbox WHERE id::text = ANY('{{{ids}}}')"),
+        let carried: Vec<serde_json::Value> =
+            self.carried.lock().unwrap().values().cloned().collect();
+        let kept: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM jsonb_array_elements($1::jsonb) AS e(body)
+             WHERE CASE
+                 WHEN e.body ->> 'event' = 'run.accepted' THEN
+                     EXISTS (SELECT 1 FROM runs r WHERE r.id = (e.body ->> 'run_id')::uuid)
+                 WHEN e.body ->> 'event' LIKE 'decision.%' THEN
+                     EXISTS (SELECT 1 FROM run_decisions d
+                             WHERE d.decision_id = (e.body ->> 'decision_id')::uuid)
+                 ELSE
+                     EXISTS (SELECT 1 FROM run_events a
+                             WHERE a.run_id = (e.body ->> 'run_id')::uuid
+                               AND a.kind = e.body ->> 'event'
+                               AND a.created_at = (e.body ->> 'at')::timestamptz)
+             END",
         )
-        .await;
+        .bind(serde_json::Value::Array(carried.clone()))
+        .fetch_one(conn)
+        .await
+        .unwrap();
         let carried = carried.len() as i64;
         println!(
             "events carried by the broker {carried} · missing from the promoted primary {}",
@@ -501,18 +520,18 @@ impl Site {
     }
 }
 
-/// Every event id the broker carries on `broker`'s topology, collected as they come.
-async fn watch_events(broker: &Broker) -> Arc<Mutex<Vec<String>>> {
+/// Every event the broker carries on `broker`'s topology, by its id, collected as they come.
+async fn watch_events(broker: &Broker) -> Arc<Mutex<BTreeMap<String, serde_json::Value>>> {
     let watch = broker.declare_private_queue().await.unwrap();
     broker.bind_events(&watch, "#").await.unwrap();
     let mut events = broker.consume(&watch, 100).await.unwrap();
-    let carried = Arc::new(Mutex::new(Vec::new()));
+    let carried = Arc::new(Mutex::new(BTreeMap::new()));
     let seen = carried.clone();
     tokio::spawn(async move {
         while let Some(Ok(delivery)) = events.next().await {
             let event: serde_json::Value = serde_json::from_slice(&delivery.body).unwrap();
             if let Some(id) = event["event_id"].as_str() {
-                seen.lock().unwrap().push(id.to_owned());
+                seen.lock().unwrap().insert(id.to_owned(), event.clone());
             }
             let _ = delivery.ack().await;
         }

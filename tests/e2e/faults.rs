@@ -246,11 +246,12 @@ async fn assert_demo_site(conn: &mut PgConnection, written: bool, teaser: &[&str
     assert_eq!(referenced_files(conn, 5, "image").await, teaser);
 }
 
-/// Events the outbox holds for the run, of kind `kind`, oldest first.
-async fn outbox(conn: &mut PgConnection, run_id: &str, kind: &str) -> Vec<Value> {
+/// The events of kind `kind` announced about the run, oldest first, as its audit trail records
+/// them: each payload is the public event's fields but the run id. (The outbox keeps a row only
+/// until the broker confirmed it; the audit row is written by the same statement.)
+async fn announced(conn: &mut PgConnection, run_id: &str, kind: &str) -> Vec<Value> {
     sqlx::query_scalar(
-        "SELECT body FROM event_outbox WHERE run_id = $1::uuid AND kind = $2
-         ORDER BY created_at, id",
+        "SELECT payload FROM run_events WHERE run_id = $1::uuid AND kind = $2 ORDER BY sequence",
     )
     .bind(run_id)
     .bind(kind)
@@ -299,12 +300,12 @@ async fn an_edit_committed_while_the_approved_turn_waits_for_its_locks_re_suspen
     wait_for_card(&mut site.conn, &run, 2, secs(30)).await;
     assert_demo_site(&mut site.conn, false, &["hero.jpg", "team.jpg", "logo.svg"]).await;
     assert_nothing_journaled(&mut site.conn, &run).await;
-    let moved = outbox(&mut site.conn, &run, "run.preview_moved").await;
+    let moved = announced(&mut site.conn, &run, "run.preview_moved").await;
     assert_eq!(moved.len(), 1, "{moved:?}");
     assert_eq!(moved[0]["suspension_seq"], 2);
     assert_eq!(moved[0]["stale_call_indexes"], json!([1]));
     assert_eq!(moved[0]["tools"], json!(["attach_file_to_content_element"]));
-    let suspended = outbox(&mut site.conn, &run, "run.suspended").await;
+    let suspended = announced(&mut site.conn, &run, "run.suspended").await;
     assert_eq!(suspended.len(), 2, "{suspended:?}");
     assert_eq!(suspended[1]["suspension_seq"], 2);
     assert_eq!(suspended[1]["stale_call_indexes"], json!([1]));
@@ -1057,7 +1058,7 @@ async fn settlements_queued_behind_one_in_flight_are_written_together_and_a_leas
         count(
             &mut site.conn,
             &format!(
-                "SELECT count(*) FROM event_outbox WHERE run_id = '{taken}' AND kind = 'run.completed'"
+                "SELECT count(*) FROM run_events WHERE run_id = '{taken}' AND kind = 'run.completed'"
             ),
         )
         .await,
@@ -1311,7 +1312,10 @@ async fn an_approval_left_past_its_deadline_is_cancelled_approval_expired_by_the
         (&json!("cancelled"), &json!("approval_expired")),
         "{row}"
     );
-    assert_eq!(outbox(&mut site.conn, &run, "run.cancelled").await.len(), 1);
+    assert_eq!(
+        announced(&mut site.conn, &run, "run.cancelled").await.len(),
+        1
+    );
 
     // The approver who comes back to card 1 finds it expired; nothing is written.
     let late = site.install.countersign(&[

@@ -20,6 +20,8 @@ const RUNS: i64 = 20;
 /// likely taken by different coordinators at the same time.
 const DUPLICATED_REQUESTS: [i64; 5] = [3, 7, 11, 15, 19];
 const DUPLICATED_DECISIONS: [i64; 6] = [2, 5, 8, 13, 17, 20];
+/// The events each run must be announced by once, whichever coordinator took its messages.
+const ANNOUNCED_ONCE: [&str; 2] = ["run.accepted", "decision.accepted"];
 
 /// Publishes `body` to `queue` as `guest`, the reply to go to `reply_to` under `correlation`.
 async fn send(broker: &Broker, queue: &str, body: &Value, reply_to: &str, correlation: String) {
@@ -99,6 +101,12 @@ async fn two_coordinators_on_the_same_queues_create_each_run_once_record_each_de
     .await;
     let reply_to = broker.declare_private_queue().await.unwrap();
     let mut consumer = broker.consume(&reply_to, 50).await.unwrap();
+    // What the coordinators announce, as a consumer of the events sees it.
+    let watch = broker.declare_private_queue().await.unwrap();
+    for kind in ANNOUNCED_ONCE {
+        broker.bind_events(&watch, kind).await.unwrap();
+    }
+    let mut events = broker.consume(&watch, 200).await.unwrap();
 
     // Twenty run requests, five of them twice.
     let requests: Vec<Uuid> = (1..=RUNS).map(|_| Uuid::now_v7()).collect();
@@ -263,13 +271,29 @@ async fn two_coordinators_on_the_same_queues_create_each_run_once_record_each_de
         recorded, expected,
         "{SCENARIO}: each decision is recorded once, accepted"
     );
-    for kind in ["run.accepted", "decision.accepted"] {
-        let announced = count(
-            &mut site.conn,
-            &format!("SELECT count(*) FROM event_outbox WHERE kind = '{kind}'"),
-        )
-        .await;
-        assert_eq!(announced, RUNS, "{SCENARIO}: {kind} announced once per run");
+    wait_for_sql(
+        &mut site.conn,
+        &format!("{SCENARIO}: every event sent"),
+        secs(30),
+        "SELECT count(*) = 0 FROM event_outbox WHERE published_at IS NULL",
+    )
+    .await;
+    // Delivery is at least once: a copy carries the event id of the one it copies.
+    let mut announced: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    while let Ok(Some(Ok(delivery))) = tokio::time::timeout(secs(2), events.next()).await {
+        let event: Value = serde_json::from_slice(&delivery.body).unwrap();
+        announced
+            .entry(event["event"].as_str().unwrap_or_default().to_owned())
+            .or_default()
+            .insert(event["event_id"].as_str().unwrap_or_default().to_owned());
+        delivery.ack().await.unwrap();
+    }
+    for kind in ANNOUNCED_ONCE {
+        let distinct = announced.get(kind).map_or(0, |ids| ids.len());
+        assert_eq!(
+            distinct as i64, RUNS,
+            "{SCENARIO}: {kind} announced once per run"
+        );
     }
     let audited = count(
         &mut site.conn,
@@ -289,6 +313,6 @@ async fn two_coordinators_on_the_same_queues_create_each_run_once_record_each_de
             "{SCENARIO}: run {n} was claimed once for its start and once for its resume: {row}"
         );
     }
-    drop((consumer, broker));
+    drop((consumer, events, broker));
     site.finish().await;
 }
