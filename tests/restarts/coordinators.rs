@@ -1,6 +1,6 @@
 //! Two coordinators consuming the same queues, with duplicated run requests and decisions.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use countersign_e2e::{
@@ -279,7 +279,7 @@ async fn two_coordinators_on_the_same_queues_create_each_run_once_record_each_de
     )
     .await;
     // Delivery is at least once: a copy carries the event id of the one it copies.
-    let mut announced: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    let mut announced: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     while let Ok(Some(Ok(delivery))) = tokio::time::timeout(secs(2), events.next()).await {
         let event: Value = serde_json::from_slice(&delivery.body).unwrap();
         announced

@@ -79,8 +79,9 @@ impl<'u> DataHandler<'u> {
         Value::Object(kept)
     }
 
-    /// Sets descriptive fields of one page and reads them back: the page's metadata fields as
-    /// the row now stores them, by name (`None`: no such row), from the same statement.
+    /// Sets descriptive fields of one page and reads them back: the row as it now stores them,
+    /// its columns by name (the fields are named as their columns; `None`: no such row), from
+    /// the same statement.
     pub(crate) async fn update_page(
         &self,
         conn: &mut PgConnection,
@@ -89,7 +90,7 @@ impl<'u> DataHandler<'u> {
     ) -> Result<Option<Value>, sqlx::Error> {
         let set = self.writable("pages", fields);
         sqlx::query_scalar!(
-            r#"UPDATE content.pages SET
+            r#"UPDATE content.pages p SET
                    title = coalesce($2::jsonb ->> 'title', title),
                    subtitle = coalesce($2::jsonb ->> 'subtitle', subtitle),
                    nav_title = coalesce($2::jsonb ->> 'nav_title', nav_title),
@@ -103,12 +104,7 @@ impl<'u> DataHandler<'u> {
                    twitter_description =
                        coalesce($2::jsonb ->> 'twitter_description', twitter_description)
                WHERE uid = $1
-               RETURNING jsonb_build_object(
-                   'title', title, 'subtitle', subtitle, 'nav_title', nav_title,
-                   'abstract', abstract, 'description', description, 'keywords', keywords,
-                   'seo_title', seo_title, 'og_title', og_title,
-                   'og_description', og_description, 'twitter_title', twitter_title,
-                   'twitter_description', twitter_description) AS "stored!""#,
+               RETURNING to_jsonb(p) AS "stored!""#,
             uid,
             set
         )

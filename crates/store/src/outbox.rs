@@ -474,8 +474,9 @@ impl Store {
 
     /// Deletes up to `limit` outbox rows marked published more than `retention` ago; returns how
     /// many. A relay deletes what the broker confirmed; marked rows are those a relay of an
-    /// earlier version kept after sending them (it set `published_at`). A row not yet published is never deleted. The outbox is a handoff, not the
-    /// record: the audit trail (`run_events`) keeps what happened to every run.
+    /// earlier version kept after sending them (it set `published_at`). A row not yet published
+    /// is never deleted. The outbox is a handoff, not the record: the audit trail (`run_events`)
+    /// keeps what happened to every run.
     pub async fn prune_published_events(
         &self,
         retention: Duration,
