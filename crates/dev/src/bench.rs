@@ -142,6 +142,10 @@ async fn cycle_part(
     let mut driver = bench.driver(pages).await?;
     let peak = closed_loop_phases(&bench.pool, &mut driver, config).await?;
     half_the_peak(&bench.pool, &mut driver, config, &peak).await?;
+    // The services stop first: the ceilings and the hops below have the machine to
+    // themselves, and the public queues the hops pass through have no other consumer.
+    stop.notify_waiters();
+    while services.join_next().await.is_some() {}
     let floor = amqp.percentile(50) + pg.percentile(50);
     print_ceilings(bench, floor, peak.cpu).await?;
     verify(&bench.pool, &driver.done).await?;
@@ -149,8 +153,6 @@ async fn cycle_part(
         "verified  {} approved writes landed once each, on their own page; nothing else changed",
         driver.done.len()
     );
-    stop.notify_waiters();
-    while services.join_next().await.is_some() {}
     driver.finish().await
 }
 
@@ -368,7 +370,150 @@ async fn print_ceilings(bench: &Bench, floor: Duration, peak_cpu: f64) -> anyhow
         "floor     one broker round trip plus one commit: {:.2} ms",
         floor.as_secs_f64() * 1000.0
     );
+    let hops = cycle_hops(bench, ceilings_at, Duration::from_secs(3)).await?;
+    println!(
+        "hops      a cycle's hops with no work in them ({HOP_MESSAGES} confirmed publishes, {} of them delivered and acked; {HOP_STATEMENTS} single-row statements, {HOP_WRITES} of them commits that write), {ceilings_at} in flight: {:.0}/s, {:.1} ms of CPU each (this process {:.1}, PostgreSQL {:.1}, RabbitMQ {:.1}); the cycle at the peak cost {:.1} times that",
+        HOP_MESSAGES - HOP_UNROUTED,
+        hops.rate,
+        hops.cpu.total() * 1000.0,
+        hops.cpu.this * 1000.0,
+        hops.cpu.postgres * 1000.0,
+        hops.cpu.rabbitmq * 1000.0,
+        peak_cpu / hops.cpu.total(),
+    );
     Ok(())
+}
+
+/// Messages a full cycle publishes (confirmed): the run request, two wake-ups, the decision
+/// and four events.
+const HOP_MESSAGES: usize = 8;
+/// Of those, published to the events exchange under a key nothing is bound to: confirmed,
+/// never delivered, as the cycle's `decision.accepted` is (the driver binds the other three
+/// events it publishes).
+const HOP_UNROUTED: usize = 1;
+/// Of those, through quorum queues: the run request, the decision and the two wake-ups.
+const HOP_QUORUM: usize = 4;
+/// Statements a full cycle issues (the `stmts` column at 16 in flight, rounded down).
+const HOP_STATEMENTS: usize = 21;
+/// Of those, transactions that write (the `writes` column, rounded down).
+const HOP_WRITES: usize = 7;
+
+/// What [`cycle_hops`] measured: skeleton cycles a second, and the CPU one cost.
+struct Hops {
+    rate: f64,
+    /// Per skeleton cycle, seconds; `services` is 0.
+    cpu: CpuTimes,
+}
+
+/// A cycle's hops with nothing in them, `in_flight` at once for `period`: each skeleton cycle
+/// passes a message through the broker as the full cycle does — confirmed, four through the
+/// public quorum queues, three through a classic queue, one to the events exchange unrouted —
+/// each consumed (where delivered) and acked by this process, which hands it back to the
+/// cycle's task; and issues the full cycle's number of statements, each a single-row read or
+/// a single-row `UPDATE` commit on the cycle's own row. What a cycle costs beyond this is the
+/// work done in its hops; this is what the design's hops cost on this machine with none.
+/// Runs with the services stopped: it consumes the public queues itself.
+async fn cycle_hops(bench: &Bench, in_flight: usize, period: Duration) -> anyhow::Result<Hops> {
+    let topology = bench.broker.topology();
+    let quorum = [topology.run_requests(), topology.decisions()];
+    let classic = bench.broker.declare_private_queue().await?;
+    // Each skeleton cycle's task is woken by the consumer that took its message.
+    let mut wakers = Vec::new();
+    let mut woken = Vec::new();
+    for _ in 0..in_flight {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+        wakers.push(tx);
+        woken.push(rx);
+    }
+    let wakers = Arc::new(wakers);
+    let mut consumers = JoinSet::new();
+    for queue in quorum.iter().chain([&classic]) {
+        let mut consumer = bench.broker.consume(queue, 64).await?;
+        let wakers = wakers.clone();
+        consumers.spawn(async move {
+            while let Some(delivery) = consumer.next().await {
+                let delivery = delivery?;
+                let task: Option<usize> = serde_json::from_slice::<Value>(&delivery.body)
+                    .ok()
+                    .and_then(|body| body["hop_task"].as_u64())
+                    .map(|t| t as usize);
+                delivery.ack().await?;
+                if let Some(waker) = task.and_then(|t| wakers.get(t)) {
+                    let _ = waker.send(());
+                }
+            }
+            Ok::<(), anyhow::Error>(())
+        });
+    }
+    let before = CpuTimes::now(&[]);
+    let started = Instant::now();
+    let until = started + period;
+    let mut tasks = JoinSet::new();
+    for (task, mut woken) in woken.into_iter().enumerate() {
+        let (pool, broker) = (bench.pool.clone(), bench.broker.clone());
+        let (quorum, classic) = (quorum.clone(), classic.clone());
+        let as_producer = bench.as_producer.clone();
+        let row = (task % 64 + 1) as i32;
+        tasks.spawn(async move {
+            let mut cycles = 0u64;
+            while Instant::now() < until {
+                let body = serde_json::to_vec(&json!({"hop_task": task}))?;
+                for hop in 0..HOP_MESSAGES {
+                    if hop < HOP_QUORUM {
+                        broker
+                            .publish_public(&quorum[hop % 2], &body, &as_producer)
+                            .await?;
+                    } else if hop < HOP_MESSAGES - HOP_UNROUTED {
+                        broker
+                            .publish_message(&classic, &body, &MessageProperties::default())
+                            .await?;
+                    } else {
+                        let id = Uuid::now_v7().to_string();
+                        broker
+                            .publish_event_body("bench.hop", &id, &json!({"hop_task": task}))
+                            .await?;
+                    }
+                    if hop < HOP_MESSAGES - HOP_UNROUTED {
+                        woken.recv().await.context("a hop's consumer stopped")?;
+                    }
+                    // The statements spread over the hops, a write in each of the first seven.
+                    let reads = (HOP_STATEMENTS - HOP_WRITES) / HOP_MESSAGES
+                        + usize::from(hop < (HOP_STATEMENTS - HOP_WRITES) % HOP_MESSAGES);
+                    for _ in 0..reads {
+                        sqlx::query("SELECT n FROM bench_baseline WHERE id = $1")
+                            .bind(row)
+                            .fetch_one(&pool)
+                            .await?;
+                    }
+                    if hop < HOP_WRITES {
+                        sqlx::query("UPDATE bench_baseline SET n = n + 1 WHERE id = $1")
+                            .bind(row)
+                            .execute(&pool)
+                            .await?;
+                    }
+                }
+                cycles += 1;
+            }
+            Ok::<u64, anyhow::Error>(cycles)
+        });
+    }
+    let mut cycles = 0;
+    while let Some(done) = tasks.join_next().await {
+        cycles += done??;
+    }
+    let elapsed = started.elapsed();
+    let after = CpuTimes::now(&[]);
+    consumers.abort_all();
+    let n = cycles.max(1) as f64;
+    Ok(Hops {
+        rate: n / elapsed.as_secs_f64(),
+        cpu: CpuTimes {
+            this: (after.this - before.this) / n,
+            services: 0.0,
+            postgres: (after.postgres - before.postgres) / n,
+            rabbitmq: (after.rabbitmq - before.rabbitmq) / n,
+        },
+    })
 }
 
 fn spawn_coordinator(
