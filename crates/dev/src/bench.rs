@@ -50,6 +50,7 @@ use countersign_worker::{Models, SegmentRunner};
 use serde_json::{json, Value};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use uuid::Uuid;
@@ -415,82 +416,27 @@ struct Hops {
 /// Runs with the services stopped: it consumes the public queues itself.
 async fn cycle_hops(bench: &Bench, in_flight: usize, period: Duration) -> anyhow::Result<Hops> {
     let topology = bench.broker.topology();
-    let quorum = [topology.run_requests(), topology.decisions()];
-    let classic = bench.broker.declare_private_queue().await?;
-    // Each skeleton cycle's task is woken by the consumer that took its message.
-    let mut wakers = Vec::new();
-    let mut woken = Vec::new();
-    for _ in 0..in_flight {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-        wakers.push(tx);
-        woken.push(rx);
-    }
-    let wakers = Arc::new(wakers);
-    let mut consumers = JoinSet::new();
-    for queue in quorum.iter().chain([&classic]) {
-        let mut consumer = bench.broker.consume(queue, 64).await?;
-        let wakers = wakers.clone();
-        consumers.spawn(async move {
-            while let Some(delivery) = consumer.next().await {
-                let delivery = delivery?;
-                let task: Option<usize> = serde_json::from_slice::<Value>(&delivery.body)
-                    .ok()
-                    .and_then(|body| body["hop_task"].as_u64())
-                    .map(|t| t as usize);
-                delivery.ack().await?;
-                if let Some(waker) = task.and_then(|t| wakers.get(t)) {
-                    let _ = waker.send(());
-                }
-            }
-            Ok::<(), anyhow::Error>(())
-        });
-    }
+    let queues = HopQueues {
+        quorum: [topology.run_requests(), topology.decisions()],
+        classic: bench.broker.declare_private_queue().await?,
+    };
+    let (consumers, woken) = hop_consumers(&bench.broker, &queues, in_flight).await?;
     let before = CpuTimes::now(&[]);
     let started = Instant::now();
     let until = started + period;
     let mut tasks = JoinSet::new();
     for (task, mut woken) in woken.into_iter().enumerate() {
         let (pool, broker) = (bench.pool.clone(), bench.broker.clone());
-        let (quorum, classic) = (quorum.clone(), classic.clone());
-        let as_producer = bench.as_producer.clone();
-        let row = (task % 64 + 1) as i32;
+        let (queues, as_producer) = (queues.clone(), bench.as_producer.clone());
         tasks.spawn(async move {
             let mut cycles = 0u64;
             while Instant::now() < until {
-                let body = serde_json::to_vec(&json!({"hop_task": task}))?;
                 for hop in 0..HOP_MESSAGES {
-                    if hop < HOP_QUORUM {
-                        broker
-                            .publish_public(&quorum[hop % 2], &body, &as_producer)
-                            .await?;
-                    } else if hop < HOP_MESSAGES - HOP_UNROUTED {
-                        broker
-                            .publish_message(&classic, &body, &MessageProperties::default())
-                            .await?;
-                    } else {
-                        let id = Uuid::now_v7().to_string();
-                        broker
-                            .publish_event_body("bench.hop", &id, &json!({"hop_task": task}))
-                            .await?;
-                    }
-                    if hop < HOP_MESSAGES - HOP_UNROUTED {
+                    let delivered = queues.pass(&broker, &as_producer, hop, task).await?;
+                    if delivered {
                         woken.recv().await.context("a hop's consumer stopped")?;
                     }
-                    // The statements spread over the hops, a write in each of the first seven.
-                    let reads = (HOP_STATEMENTS - HOP_WRITES) / HOP_MESSAGES
-                        + usize::from(hop < (HOP_STATEMENTS - HOP_WRITES) % HOP_MESSAGES);
-                    for _ in 0..reads {
-                        sqlx::query("SELECT n FROM bench_baseline WHERE id = $1")
-                            .bind(row)
-                            .fetch_one(&pool)
-                            .await?;
-                    }
-                    if hop < HOP_WRITES {
-                        sqlx::query("UPDATE bench_baseline SET n = n + 1 WHERE id = $1")
-                            .bind(row)
-                            .execute(&pool)
-                            .await?;
-                    }
+                    hop_statements(&pool, hop, (task % 64 + 1) as i32).await?;
                 }
                 cycles += 1;
             }
@@ -503,7 +449,7 @@ async fn cycle_hops(bench: &Bench, in_flight: usize, period: Duration) -> anyhow
     }
     let elapsed = started.elapsed();
     let after = CpuTimes::now(&[]);
-    consumers.abort_all();
+    drop(consumers);
     let n = cycles.max(1) as f64;
     Ok(Hops {
         rate: n / elapsed.as_secs_f64(),
@@ -514,6 +460,98 @@ async fn cycle_hops(bench: &Bench, in_flight: usize, period: Duration) -> anyhow
             rabbitmq: (after.rabbitmq - before.rabbitmq) / n,
         },
     })
+}
+
+/// Where a skeleton cycle's messages go.
+#[derive(Clone)]
+struct HopQueues {
+    /// The public quorum queues (their consumers, the services, stopped).
+    quorum: [String; 2],
+    /// A classic queue of the bench's own, as the driver's events queue is.
+    classic: String,
+}
+
+impl HopQueues {
+    /// Publishes skeleton cycle `task`'s message of `hop`, confirmed; whether it is delivered
+    /// (to a consumer of [`hop_consumers`], which wakes the task).
+    async fn pass(
+        &self,
+        broker: &Broker,
+        as_producer: &MessageProperties,
+        hop: usize,
+        task: usize,
+    ) -> anyhow::Result<bool> {
+        let body = json!({ "hop_task": task });
+        if hop < HOP_QUORUM {
+            let bytes = serde_json::to_vec(&body)?;
+            broker
+                .publish_public(&self.quorum[hop % 2], &bytes, as_producer)
+                .await?;
+        } else if hop < HOP_MESSAGES - HOP_UNROUTED {
+            let bytes = serde_json::to_vec(&body)?;
+            broker
+                .publish_message(&self.classic, &bytes, &MessageProperties::default())
+                .await?;
+        } else {
+            let id = Uuid::now_v7().to_string();
+            broker.publish_event_body("bench.hop", &id, &body).await?;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
+/// A consumer of each of the hops' queues, acking every delivery and waking the skeleton cycle
+/// its body names; the receiver each of `in_flight` cycles is woken on. The consumers stop
+/// when the returned set is dropped.
+async fn hop_consumers(
+    broker: &Broker,
+    queues: &HopQueues,
+    in_flight: usize,
+) -> anyhow::Result<(JoinSet<anyhow::Result<()>>, Vec<UnboundedReceiver<()>>)> {
+    let (wakers, woken): (Vec<_>, Vec<_>) = (0..in_flight)
+        .map(|_| tokio::sync::mpsc::unbounded_channel::<()>())
+        .unzip();
+    let wakers = Arc::new(wakers);
+    let mut consumers = JoinSet::new();
+    for queue in queues.quorum.iter().chain([&queues.classic]) {
+        let mut consumer = broker.consume(queue, 64).await?;
+        let wakers = wakers.clone();
+        consumers.spawn(async move {
+            while let Some(delivery) = consumer.next().await {
+                let delivery = delivery?;
+                let task = serde_json::from_slice::<Value>(&delivery.body)
+                    .ok()
+                    .and_then(|body| body["hop_task"].as_u64());
+                delivery.ack().await?;
+                if let Some(waker) = task.and_then(|t| wakers.get(t as usize)) {
+                    let _ = waker.send(());
+                }
+            }
+            Ok(())
+        });
+    }
+    Ok((consumers, woken))
+}
+
+/// The statements of a skeleton cycle's `hop`, on its own `row`: the cycle's reads spread over
+/// its hops, and a single-row `UPDATE` commit in each of the first seven.
+async fn hop_statements(pool: &PgPool, hop: usize, row: i32) -> anyhow::Result<()> {
+    let reads = (HOP_STATEMENTS - HOP_WRITES) / HOP_MESSAGES
+        + usize::from(hop < (HOP_STATEMENTS - HOP_WRITES) % HOP_MESSAGES);
+    for _ in 0..reads {
+        sqlx::query("SELECT n FROM bench_baseline WHERE id = $1")
+            .bind(row)
+            .fetch_one(pool)
+            .await?;
+    }
+    if hop < HOP_WRITES {
+        sqlx::query("UPDATE bench_baseline SET n = n + 1 WHERE id = $1")
+            .bind(row)
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
 }
 
 fn spawn_coordinator(
