@@ -18,7 +18,10 @@
 //! the provider APIs). `tests/it/schemas.rs` holds every registered tool's schema and parser to
 //! the same examples.
 
+use std::any::TypeId;
 use std::borrow::Cow;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use countersign_core::fields::field_names;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
@@ -74,11 +77,9 @@ pub(crate) fn parse<A: Arguments>(value: &Value) -> ArgResult<A> {
         .collect();
     // Required is what the schema says is required: serde's own word for a missing field is
     // not one to show the model.
-    let schema = parameters::<A>();
-    let required = schema["required"].as_array().into_iter().flatten();
-    if let Some(missing) = required
-        .filter_map(Value::as_str)
-        .find(|name| !given.contains_key(*name))
+    if let Some(missing) = required::<A>()
+        .iter()
+        .find(|name| !given.contains_key(name.as_str()))
     {
         return Err(format!("The argument \"{missing}\" is required."));
     }
@@ -93,6 +94,32 @@ pub(crate) fn parse<A: Arguments>(value: &Value) -> ArgResult<A> {
     })?;
     args.check()?;
     Ok(args)
+}
+
+/// The arguments [`parameters`] marks required for `A`, derived once per type: deriving the
+/// schema allocates it whole, and every call's arguments are parsed more than once a turn.
+fn required<A: Arguments>() -> Arc<[String]> {
+    type Cache = RwLock<HashMap<TypeId, Arc<[String]>>>;
+    static REQUIRED: OnceLock<Cache> = OnceLock::new();
+    let cache = REQUIRED.get_or_init(Cache::default);
+    let key = TypeId::of::<A>();
+    if let Some(names) = cache.read().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return names.clone();
+    }
+    let schema = parameters::<A>();
+    let names: Arc<[String]> = schema["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .map(str::to_owned)
+        .collect();
+    cache
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(key)
+        .or_insert(names)
+        .clone()
 }
 
 /// An integer-valued JSON number (`12` or `12.0`, as JSON Schema's `integer` has it) that fits
