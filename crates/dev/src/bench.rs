@@ -50,7 +50,7 @@ use countersign_worker::{Models, SegmentRunner};
 use serde_json::{json, Value};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use uuid::Uuid;
@@ -148,7 +148,7 @@ async fn cycle_part(
     stop.notify_waiters();
     while services.join_next().await.is_some() {}
     let floor = amqp.percentile(50) + pg.percentile(50);
-    print_ceilings(bench, floor, peak.cpu).await?;
+    print_ceilings(bench, floor, &peak).await?;
     verify(&bench.pool, &driver.done).await?;
     println!(
         "verified  {} approved writes landed once each, on their own page; nothing else changed",
@@ -351,10 +351,11 @@ async fn half_the_peak(
     Ok(())
 }
 
-/// The commit and publish ceilings of this machine, the floor of one cycle's latency, and a
-/// cycle's CPU at the peak (`peak_cpu`, seconds) in bare commits' CPU: a figure of the code
-/// rather than of the machine's speed that day, which moves both alike.
-async fn print_ceilings(bench: &Bench, floor: Duration, peak_cpu: f64) -> anyhow::Result<()> {
+/// The commit and publish ceilings of this machine, the floor of one cycle's latency, a
+/// cycle's CPU at the `peak` in bare commits' CPU (a figure of the code rather than of the
+/// machine's speed that day, which moves both alike), and the CPU of the cycle's hops alone,
+/// 16 in flight and at the peak's rate.
+async fn print_ceilings(bench: &Bench, floor: Duration, peak: &Peak) -> anyhow::Result<()> {
     let ceilings_at = 16;
     let (commits, commit_cpu) =
         commit_ceiling(&bench.pool, ceilings_at, Duration::from_secs(3)).await?;
@@ -365,23 +366,37 @@ async fn print_ceilings(bench: &Bench, floor: Duration, peak_cpu: f64) -> anyhow
     );
     println!(
         "relative  a cycle at the peak cost the CPU of {:.0} of those commits",
-        peak_cpu / commit_cpu
+        peak.cpu / commit_cpu
     );
     println!(
         "floor     one broker round trip plus one commit: {:.2} ms",
         floor.as_secs_f64() * 1000.0
     );
-    let hops = cycle_hops(bench, ceilings_at, Duration::from_secs(3)).await?;
     println!(
-        "hops      a cycle's hops with no work in them ({HOP_MESSAGES} confirmed publishes, {} of them delivered and acked; {HOP_STATEMENTS} single-row statements, {HOP_WRITES} of them commits that write), {ceilings_at} in flight: {:.0}/s, {:.1} ms of CPU each (this process {:.1}, PostgreSQL {:.1}, RabbitMQ {:.1}); the cycle at the peak cost {:.1} times that",
+        "hops      a cycle's hops with no work in them: {HOP_MESSAGES} confirmed publishes, {} of them delivered and acked; {HOP_STATEMENTS} single-row statements, {HOP_WRITES} of them commits that write",
         HOP_MESSAGES - HOP_UNROUTED,
-        hops.rate,
-        hops.cpu.total() * 1000.0,
-        hops.cpu.this * 1000.0,
-        hops.cpu.postgres * 1000.0,
-        hops.cpu.rabbitmq * 1000.0,
-        peak_cpu / hops.cpu.total(),
     );
+    for (pace, name) in [
+        (
+            Pace::InFlight(ceilings_at),
+            format!("{ceilings_at} in flight"),
+        ),
+        (
+            Pace::Offered(peak.rate),
+            format!("at the peak's rate, {:.0}/s offered", peak.rate),
+        ),
+    ] {
+        let hops = cycle_hops(bench, pace, Duration::from_secs(3)).await?;
+        println!(
+            "          {name:<32} {:>5.0}/s: {:.1} ms of CPU each (this process {:.1}, PostgreSQL {:.1}, RabbitMQ {:.1}); the cycle at the peak cost {:.1} times that",
+            hops.rate,
+            hops.cpu.total() * 1000.0,
+            hops.cpu.this * 1000.0,
+            hops.cpu.postgres * 1000.0,
+            hops.cpu.rabbitmq * 1000.0,
+            peak.cpu / hops.cpu.total(),
+        );
+    }
     Ok(())
 }
 
@@ -406,51 +421,76 @@ struct Hops {
     cpu: CpuTimes,
 }
 
-/// A cycle's hops with nothing in them, `in_flight` at once for `period`: each skeleton cycle
+/// How [`cycle_hops`] paces its skeleton cycles.
+#[derive(Debug, Clone, Copy)]
+enum Pace {
+    /// This many at once, each followed at once by the next.
+    InFlight(usize),
+    /// One started every `1 / rate` seconds, however many are in flight.
+    Offered(f64),
+}
+
+/// Skeleton cycles in flight, by id: each is woken by the consumer that took its message.
+type Wakers = Arc<std::sync::Mutex<HashMap<u64, UnboundedSender<()>>>>;
+
+/// A cycle's hops with nothing in them, paced by `pace` for `period`: each skeleton cycle
 /// passes a message through the broker as the full cycle does — confirmed, four through the
 /// public quorum queues, three through a classic queue, one to the events exchange unrouted —
 /// each consumed (where delivered) and acked by this process, which hands it back to the
 /// cycle's task; and issues the full cycle's number of statements, each a single-row read or
-/// a single-row `UPDATE` commit on the cycle's own row. What a cycle costs beyond this is the
-/// work done in its hops; this is what the design's hops cost on this machine with none.
+/// a single-row `UPDATE` commit. What a cycle costs beyond this is the work done in its hops;
+/// this is what the design's hops cost on this machine with none — at a given pace, since a
+/// hop that wakes an idle process costs more than one that finds it busy.
 /// Runs with the services stopped: it consumes the public queues itself.
-async fn cycle_hops(bench: &Bench, in_flight: usize, period: Duration) -> anyhow::Result<Hops> {
+async fn cycle_hops(bench: &Bench, pace: Pace, period: Duration) -> anyhow::Result<Hops> {
     let topology = bench.broker.topology();
     let queues = HopQueues {
         quorum: [topology.run_requests(), topology.decisions()],
         classic: bench.broker.declare_private_queue().await?,
     };
-    let (consumers, woken) = hop_consumers(&bench.broker, &queues, in_flight).await?;
+    let wakers: Wakers = Arc::default();
+    let consumers = hop_consumers(&bench.broker, &queues, &wakers).await?;
+    let skeleton = Skeleton {
+        pool: bench.pool.clone(),
+        broker: bench.broker.clone(),
+        as_producer: bench.as_producer.clone(),
+        queues,
+        wakers,
+    };
     let before = CpuTimes::now(&[]);
     let started = Instant::now();
     let until = started + period;
+    let ids = Arc::new(AtomicU64::new(0));
     let mut tasks = JoinSet::new();
-    for (task, mut woken) in woken.into_iter().enumerate() {
-        let (pool, broker) = (bench.pool.clone(), bench.broker.clone());
-        let (queues, as_producer) = (queues.clone(), bench.as_producer.clone());
-        tasks.spawn(async move {
-            let mut cycles = 0u64;
-            while Instant::now() < until {
-                for hop in 0..HOP_MESSAGES {
-                    let delivered = queues.pass(&broker, &as_producer, hop, task).await?;
-                    if delivered {
-                        woken.recv().await.context("a hop's consumer stopped")?;
+    match pace {
+        Pace::InFlight(n) => {
+            for _ in 0..n {
+                let (skeleton, ids) = (skeleton.clone(), ids.clone());
+                tasks.spawn(async move {
+                    while Instant::now() < until {
+                        skeleton.cycle(ids.fetch_add(1, Ordering::Relaxed)).await?;
                     }
-                    hop_statements(&pool, hop, (task % 64 + 1) as i32).await?;
-                }
-                cycles += 1;
+                    Ok::<(), anyhow::Error>(())
+                });
             }
-            Ok::<u64, anyhow::Error>(cycles)
-        });
+        }
+        Pace::Offered(rate) => {
+            let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1.0)));
+            while Instant::now() < until {
+                ticks.tick().await;
+                let skeleton = skeleton.clone();
+                let id = ids.fetch_add(1, Ordering::Relaxed);
+                tasks.spawn(async move { skeleton.cycle(id).await });
+            }
+        }
     }
-    let mut cycles = 0;
     while let Some(done) = tasks.join_next().await {
-        cycles += done??;
+        done??;
     }
     let elapsed = started.elapsed();
     let after = CpuTimes::now(&[]);
     drop(consumers);
-    let n = cycles.max(1) as f64;
+    let n = ids.load(Ordering::Relaxed).max(1) as f64;
     Ok(Hops {
         rate: n / elapsed.as_secs_f64(),
         cpu: CpuTimes {
@@ -460,6 +500,45 @@ async fn cycle_hops(bench: &Bench, in_flight: usize, period: Duration) -> anyhow
             rabbitmq: (after.rabbitmq - before.rabbitmq) / n,
         },
     })
+}
+
+/// What a skeleton cycle needs.
+#[derive(Clone)]
+struct Skeleton {
+    pool: PgPool,
+    broker: Broker,
+    as_producer: MessageProperties,
+    queues: HopQueues,
+    wakers: Wakers,
+}
+
+impl Skeleton {
+    /// Skeleton cycle `id`: its eight hops, each with its statements, on a row of its own
+    /// among 64.
+    async fn cycle(&self, id: u64) -> anyhow::Result<()> {
+        let (waker, mut woken) = tokio::sync::mpsc::unbounded_channel();
+        self.lock_wakers().insert(id, waker);
+        let passed = async {
+            for hop in 0..HOP_MESSAGES {
+                let delivered = self
+                    .queues
+                    .pass(&self.broker, &self.as_producer, hop, id)
+                    .await?;
+                if delivered {
+                    woken.recv().await.context("a hop's consumer stopped")?;
+                }
+                hop_statements(&self.pool, hop, (id % 64 + 1) as i32).await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.lock_wakers().remove(&id);
+        passed
+    }
+
+    fn lock_wakers(&self) -> std::sync::MutexGuard<'_, HashMap<u64, UnboundedSender<()>>> {
+        self.wakers.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Where a skeleton cycle's messages go.
@@ -472,16 +551,16 @@ struct HopQueues {
 }
 
 impl HopQueues {
-    /// Publishes skeleton cycle `task`'s message of `hop`, confirmed; whether it is delivered
-    /// (to a consumer of [`hop_consumers`], which wakes the task).
+    /// Publishes skeleton cycle `id`'s message of `hop`, confirmed; whether it is delivered
+    /// (to a consumer of [`hop_consumers`], which wakes the cycle).
     async fn pass(
         &self,
         broker: &Broker,
         as_producer: &MessageProperties,
         hop: usize,
-        task: usize,
+        id: u64,
     ) -> anyhow::Result<bool> {
-        let body = json!({ "hop_task": task });
+        let body = json!({ "hop_cycle": id });
         if hop < HOP_QUORUM {
             let bytes = serde_json::to_vec(&body)?;
             broker
@@ -493,8 +572,10 @@ impl HopQueues {
                 .publish_message(&self.classic, &bytes, &MessageProperties::default())
                 .await?;
         } else {
-            let id = Uuid::now_v7().to_string();
-            broker.publish_event_body("bench.hop", &id, &body).await?;
+            let event_id = Uuid::now_v7().to_string();
+            broker
+                .publish_event_body("bench.hop", &event_id, &body)
+                .await?;
             return Ok(false);
         }
         Ok(true)
@@ -502,17 +583,12 @@ impl HopQueues {
 }
 
 /// A consumer of each of the hops' queues, acking every delivery and waking the skeleton cycle
-/// its body names; the receiver each of `in_flight` cycles is woken on. The consumers stop
-/// when the returned set is dropped.
+/// its body names. The consumers stop when the returned set is dropped.
 async fn hop_consumers(
     broker: &Broker,
     queues: &HopQueues,
-    in_flight: usize,
-) -> anyhow::Result<(JoinSet<anyhow::Result<()>>, Vec<UnboundedReceiver<()>>)> {
-    let (wakers, woken): (Vec<_>, Vec<_>) = (0..in_flight)
-        .map(|_| tokio::sync::mpsc::unbounded_channel::<()>())
-        .unzip();
-    let wakers = Arc::new(wakers);
+    wakers: &Wakers,
+) -> anyhow::Result<JoinSet<anyhow::Result<()>>> {
     let mut consumers = JoinSet::new();
     for queue in queues.quorum.iter().chain([&queues.classic]) {
         let mut consumer = broker.consume(queue, 64).await?;
@@ -520,18 +596,22 @@ async fn hop_consumers(
         consumers.spawn(async move {
             while let Some(delivery) = consumer.next().await {
                 let delivery = delivery?;
-                let task = serde_json::from_slice::<Value>(&delivery.body)
+                let id = serde_json::from_slice::<Value>(&delivery.body)
                     .ok()
-                    .and_then(|body| body["hop_task"].as_u64());
+                    .and_then(|body| body["hop_cycle"].as_u64());
                 delivery.ack().await?;
-                if let Some(waker) = task.and_then(|t| wakers.get(t as usize)) {
+                let waker = id.and_then(|id| {
+                    let wakers = wakers.lock().unwrap_or_else(|p| p.into_inner());
+                    wakers.get(&id).cloned()
+                });
+                if let Some(waker) = waker {
                     let _ = waker.send(());
                 }
             }
             Ok(())
         });
     }
-    Ok((consumers, woken))
+    Ok(consumers)
 }
 
 /// The statements of a skeleton cycle's `hop`, on its own `row`: the cycle's reads spread over
