@@ -13,6 +13,10 @@
 //! `pg_stat_database` and `pg_stat_wal`, writing transactions from the transaction ids
 //! assigned; statements are counted as sqlx issues them.
 //!
+//! The cycle part ends with the cycle's hops alone — its messages and statements with no work in
+//! them — packed 16 in flight and spaced at the peak's rate, to tell what a cycle spends waking
+//! processes from what it spends working.
+//!
 //! At the end every cycle is verified from the content store: each approved write landed once,
 //! on its page, and nothing else changed; otherwise the bench exits non-zero.
 //!
