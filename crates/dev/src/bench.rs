@@ -153,6 +153,7 @@ async fn cycle_part(
     while services.join_next().await.is_some() {}
     let floor = amqp.percentile(50) + pg.percentile(50);
     print_ceilings(bench, floor, &peak).await?;
+    print_hops(bench, &peak).await?;
     verify(&bench.pool, &driver.done).await?;
     println!(
         "verified  {} approved writes landed once each, on their own page; nothing else changed",
@@ -355,10 +356,9 @@ async fn half_the_peak(
     Ok(())
 }
 
-/// The commit and publish ceilings of this machine, the floor of one cycle's latency, a
-/// cycle's CPU at the `peak` in bare commits' CPU (a figure of the code rather than of the
-/// machine's speed that day, which moves both alike), and the CPU of the cycle's hops alone,
-/// 16 in flight and at the peak's rate.
+/// The commit and publish ceilings of this machine, the floor of one cycle's latency, and a
+/// cycle's CPU at the `peak` in bare commits' CPU: a figure of the code rather than of the
+/// machine's speed that day, which moves both alike.
 async fn print_ceilings(bench: &Bench, floor: Duration, peak: &Peak) -> anyhow::Result<()> {
     let ceilings_at = 16;
     let (commits, commit_cpu) =
@@ -376,15 +376,19 @@ async fn print_ceilings(bench: &Bench, floor: Duration, peak: &Peak) -> anyhow::
         "floor     one broker round trip plus one commit: {:.2} ms",
         floor.as_secs_f64() * 1000.0
     );
+    Ok(())
+}
+
+/// The CPU of the cycle's hops alone, 16 in flight and at the `peak`'s rate, against the
+/// cycle's at the peak.
+async fn print_hops(bench: &Bench, peak: &Peak) -> anyhow::Result<()> {
+    let in_flight = 16;
     println!(
         "hops      a cycle's hops with no work in them: {HOP_MESSAGES} confirmed publishes, {} of them delivered and acked; {HOP_STATEMENTS} single-row statements, {HOP_WRITES} of them commits that write",
         HOP_MESSAGES - HOP_UNROUTED,
     );
     for (pace, name) in [
-        (
-            Pace::InFlight(ceilings_at),
-            format!("{ceilings_at} in flight"),
-        ),
+        (Pace::InFlight(in_flight), format!("{in_flight} in flight")),
         (
             Pace::Offered(peak.rate),
             format!("at the peak's rate, {:.0}/s offered", peak.rate),
@@ -565,13 +569,12 @@ impl HopQueues {
         id: u64,
     ) -> anyhow::Result<bool> {
         let body = json!({ "hop_cycle": id });
+        let bytes = serde_json::to_vec(&body)?;
         if hop < HOP_QUORUM {
-            let bytes = serde_json::to_vec(&body)?;
             broker
                 .publish_public(&self.quorum[hop % 2], &bytes, as_producer)
                 .await?;
         } else if hop < HOP_MESSAGES - HOP_UNROUTED {
-            let bytes = serde_json::to_vec(&body)?;
             broker
                 .publish_message(&self.classic, &bytes, &MessageProperties::default())
                 .await?;
