@@ -40,8 +40,12 @@ const PREFETCH: u16 = 8;
 /// other way in, so a consumer the broker or the client lost must not stay lost.
 const DEAF_AFTER: Duration = Duration::from_secs(10);
 /// Run requests gated at once: each waits on the database, not the CPU, and no two of them
-/// touch the same run. Decisions are gated one at a time per coordinator.
+/// touch the same run.
 const REQUESTS_AT_ONCE: u16 = 64;
+/// Decisions gated at once. Two decisions on one run may race, as they do across several
+/// coordinators: the release is one guarded transaction, so one wins and the other is recorded
+/// `not_awaiting_approval`; a replay racing its original is settled by the decision id.
+const DECISIONS_AT_ONCE: u16 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Inbox {
@@ -85,7 +89,7 @@ async fn consume(coordinator: Coordinator, broker: Broker, inbox: Inbox) {
     loop {
         let at_once = match inbox {
             Inbox::RunRequests => REQUESTS_AT_ONCE,
-            Inbox::Decisions => 1,
+            Inbox::Decisions => DECISIONS_AT_ONCE,
         };
         let mut consumer = match broker.consume(&queue, at_once + PREFETCH).await {
             Ok(consumer) => consumer.watch_ready(DEAF_AFTER),
@@ -98,9 +102,6 @@ async fn consume(coordinator: Coordinator, broker: Broker, inbox: Inbox) {
         let mut in_flight = tokio::task::JoinSet::new();
         while let Some(next) = consumer.next().await {
             match next {
-                Ok(delivery) if at_once == 1 => {
-                    handle(&coordinator, &broker, inbox, delivery).await
-                }
                 Ok(delivery) => {
                     while in_flight.len() >= usize::from(at_once) {
                         in_flight.join_next().await;

@@ -137,3 +137,69 @@ async fn only_an_authenticated_producer_is_answered_and_the_relay_announces_its_
     );
     broker.delete_topology().await.unwrap();
 }
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn a_decision_waiting_on_its_run_does_not_hold_up_another_runs_decision(pool: PgPool) {
+    let h = harness(pool).await;
+    let broker = broker().await;
+    let user = broker.user().expect("connected");
+    producers::allow(&h.pool, &user, ProducerKind::Approver, ANY)
+        .await
+        .unwrap();
+    let held = h.suspended_run("editor").await;
+    let free = h.suspended_run("editor").await;
+    let replies = broker.declare_private_queue().await.unwrap();
+    let mut answers = broker.consume(&replies, 10).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(service::run(
+        h.coordinator.clone(),
+        broker.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    // A colleague holds the first run's row: its release waits at its guarded UPDATE.
+    let mut colleague = h.pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(held.run_id.as_uuid())
+        .execute(&mut *colleague)
+        .await
+        .unwrap();
+    let ask = |correlation: &str| MessageProperties {
+        user_id: Some(user.clone()),
+        reply_to: Some(replies.clone()),
+        correlation_id: Some(correlation.into()),
+    };
+    let queue = broker.topology().decisions();
+    for (card, correlation) in [(&held, "held"), (&free, "free")] {
+        let decision = bytes(&card.decision(true, "approver"));
+        broker
+            .publish_message(&queue, &decision, &ask(correlation))
+            .await
+            .unwrap();
+    }
+
+    // The second run's decision is answered while the first still waits.
+    let first = next(&mut answers).await;
+    assert_eq!(first.correlation_id.as_deref(), Some("free"));
+    assert_eq!(json(&first)["event"], "decision.accepted");
+    first.ack().await.unwrap();
+    let waiting: String = sqlx::query_scalar("SELECT status::text FROM runs WHERE id = $1")
+        .bind(held.run_id.as_uuid())
+        .fetch_one(&h.pool)
+        .await
+        .unwrap();
+    assert_eq!(waiting, "waiting_for_approval");
+
+    // Once the colleague commits, the first is released too.
+    colleague.commit().await.unwrap();
+    let second = next(&mut answers).await;
+    assert_eq!(second.correlation_id.as_deref(), Some("held"));
+    assert_eq!(json(&second)["event"], "decision.accepted");
+    second.ack().await.unwrap();
+
+    stop.send(()).unwrap();
+    running.await.unwrap();
+    broker.delete_topology().await.unwrap();
+}
