@@ -645,8 +645,9 @@ async fn cutting_every_database_connection_while_ten_approvals_are_in_flight_los
     for ((_, run), digest) in runs.iter().zip(&digests).skip(half) {
         publish_decision(&broker, run, 1, digest, true, "admin").await;
     }
-    wait_until("a release waits at the gate", secs(30), async || {
-        (waiting_at_gate(&mut site.conn, RELEASE_GATE).await == 1).then_some(())
+    // The coordinator gates decisions at once: each of the five is held in its own release.
+    wait_until("five releases wait at the gate", secs(30), async || {
+        (waiting_at_gate(&mut site.conn, RELEASE_GATE).await == half as i64).then_some(())
     })
     .await;
 
@@ -654,14 +655,14 @@ async fn cutting_every_database_connection_while_ten_approvals_are_in_flight_los
     let cut = cut_connections(&mut site.conn).await;
     assert!(cut > half as i64, "only {cut} connections were cut");
 
-    // The interrupted segments are run again under their leases and the interrupted decision
+    // The interrupted segments are run again under their leases and the interrupted decisions
     // gated again: they come back to the gates, not to the reaper or to a refusal.
     wait_until(
         "the interrupted work comes back to the gates",
         secs(20),
         async || {
             (waiting_at_gate(&mut site.conn, TURN_GATE).await == half as i64
-                && waiting_at_gate(&mut site.conn, RELEASE_GATE).await == 1)
+                && waiting_at_gate(&mut site.conn, RELEASE_GATE).await == half as i64)
                 .then_some(())
         },
     )
