@@ -65,6 +65,9 @@ struct Args {
     /// Do not mark the session cookie Secure: for a plain-HTTP development setup only.
     #[arg(long, env = "COUNTERSIGN_API_INSECURE_COOKIES")]
     insecure_cookies: bool,
+    /// PostgreSQL connections at most, shared by the requests being served and the relay.
+    #[arg(long, env = "COUNTERSIGN_API_POOL_SIZE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
+    pool_size: u32,
 }
 
 #[tokio::main]
@@ -85,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
         &args.connections,
         &args.keys,
         &args.tools,
-        8,
+        args.pool_size,
     )
     .await?;
     countersign_api::register_metrics();

@@ -38,6 +38,10 @@ struct Args {
     /// may chain to, besides the public roots (receivers under an internal CA).
     #[arg(long, env = "COUNTERSIGN_WEBHOOKS_CA_FILE")]
     webhooks_ca_file: Option<PathBuf>,
+    /// PostgreSQL connections at most, shared by the gates, the relay and the webhook
+    /// deliveries.
+    #[arg(long, env = "COUNTERSIGN_COORDINATOR_POOL_SIZE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
+    pool_size: u32,
 }
 
 #[tokio::main]
@@ -51,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
         &args.connections,
         &args.keys,
         &args.tools,
-        8,
+        args.pool_size,
     )
     .await?;
     let tools = started.tools;
