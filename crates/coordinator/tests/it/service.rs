@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use countersign_coordinator::producers::{self, ANY};
-use countersign_coordinator::{service, ProducerKind};
+use countersign_coordinator::{service, Coordinator, ProducerKind};
 use countersign_queue::{
     Broker, Consumer, Delivery, MessageProperties, QueueConfig, Topology, REASON_HEADER,
 };
@@ -12,7 +12,7 @@ use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
 
-use crate::support::{bytes, harness};
+use crate::support::{bytes, harness, Harness};
 
 /// A guard for what must arrive; never an assertion about timing.
 const ARRIVES_WITHIN: Duration = Duration::from_secs(10);
@@ -42,16 +42,41 @@ fn json(delivery: &Delivery) -> Value {
     serde_json::from_slice(&delivery.body).expect("a JSON body")
 }
 
-#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
-async fn only_an_authenticated_producer_is_answered_and_the_relay_announces_its_outcome(
-    pool: PgPool,
-) {
+/// The harness and a broker whose user may send decisions for any approver; that user.
+async fn with_approver_producer(pool: PgPool) -> (Harness, Broker, String) {
     let h = harness(pool).await;
     let broker = broker().await;
     let user = broker.user().expect("connected");
     producers::allow(&h.pool, &user, ProducerKind::Approver, ANY)
         .await
         .unwrap();
+    (h, broker, user)
+}
+
+/// The coordinator's service over `broker`, until the sender is used; its task.
+fn serve(
+    coordinator: &Coordinator,
+    broker: &Broker,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<()>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(service::run(
+        coordinator.clone(),
+        broker.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    (stop, running)
+}
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn only_an_authenticated_producer_is_answered_and_the_relay_announces_its_outcome(
+    pool: PgPool,
+) {
+    let (h, broker, user) = with_approver_producer(pool).await;
     let card = h.suspended_run("editor").await;
 
     let watch = broker.declare_private_queue().await.unwrap();
@@ -59,14 +84,7 @@ async fn only_an_authenticated_producer_is_answered_and_the_relay_announces_its_
     let mut events = broker.consume(&watch, 10).await.unwrap();
     let replies = broker.declare_private_queue().await.unwrap();
     let mut answers = broker.consume(&replies, 10).await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(service::run(
-        h.coordinator.clone(),
-        broker.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (stop, running) = serve(&h.coordinator, &broker);
 
     // The same decision, first without a broker-validated user, then as the allowed user.
     let decision = card.decision(true, "approver");
@@ -140,24 +158,12 @@ async fn only_an_authenticated_producer_is_answered_and_the_relay_announces_its_
 
 #[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
 async fn a_decision_waiting_on_its_run_does_not_hold_up_another_runs_decision(pool: PgPool) {
-    let h = harness(pool).await;
-    let broker = broker().await;
-    let user = broker.user().expect("connected");
-    producers::allow(&h.pool, &user, ProducerKind::Approver, ANY)
-        .await
-        .unwrap();
+    let (h, broker, user) = with_approver_producer(pool).await;
     let held = h.suspended_run("editor").await;
     let free = h.suspended_run("editor").await;
     let replies = broker.declare_private_queue().await.unwrap();
     let mut answers = broker.consume(&replies, 10).await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running = tokio::spawn(service::run(
-        h.coordinator.clone(),
-        broker.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let (stop, running) = serve(&h.coordinator, &broker);
 
     // A colleague holds the first run's row: its release waits at its guarded UPDATE.
     let mut colleague = h.pool.begin().await.unwrap();
