@@ -66,11 +66,11 @@ async fn a_run_requested_through_the_queue_is_approved_through_the_queue_and_wri
     let coordinator_port = free_port();
     let worker_port = free_port();
     let script = demo_script();
-    let _coordinator = install.spawn(
+    let coordinator = install.spawn(
         "countersign-coordinator",
         &["--http-addr", &format!("127.0.0.1:{coordinator_port}")],
     );
-    let _worker = install.spawn(
+    let worker = install.spawn(
         "countersign-worker",
         &[
             "--model-script",
@@ -218,6 +218,8 @@ async fn a_run_requested_through_the_queue_is_approved_through_the_queue_and_wri
     assert!(String::from_utf8_lossy(&reaper.stdout).starts_with("reaper pass: requeued=0"));
 
     drop(conn);
+    // The services stop first: one still running would declare the topology again.
+    drop((coordinator, worker));
     broker.delete_topology().await.unwrap();
     db.remove().await.unwrap();
 }
