@@ -8,6 +8,7 @@ use countersign_coordinator::{service, Coordinator, ProducerKind};
 use countersign_queue::{
     Broker, Consumer, Delivery, MessageProperties, QueueConfig, Topology, REASON_HEADER,
 };
+use countersign_store::RunStatus;
 use serde_json::Value;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -191,12 +192,8 @@ async fn a_decision_waiting_on_its_run_does_not_hold_up_another_runs_decision(po
     assert_eq!(first.correlation_id.as_deref(), Some("free"));
     assert_eq!(json(&first)["event"], "decision.accepted");
     first.ack().await.unwrap();
-    let waiting: String = sqlx::query_scalar("SELECT status::text FROM runs WHERE id = $1")
-        .bind(held.run_id.as_uuid())
-        .fetch_one(&h.pool)
-        .await
-        .unwrap();
-    assert_eq!(waiting, "waiting_for_approval");
+    let waiting = h.store.run(held.run_id).await.unwrap().unwrap();
+    assert_eq!(waiting.status, RunStatus::WaitingForApproval);
 
     // Once the colleague commits, the first is released too.
     colleague.commit().await.unwrap();
