@@ -17,7 +17,10 @@
 //! exits non-zero unless the last four are 0 and every run completed.
 //!
 //! Environment: `CHAOS_RUNS` (default 200), `CHAOS_WORKERS` (default 3), `CHAOS_DEADLINE_SECS`
-//! (default 600), plus `DATABASE_URL` and `AMQP_ADDR` as for the tests.
+//! (default 600), `CHAOS_SPREAD_SECS` (default 0: every run requested at the start; otherwise
+//! the requests are spread evenly over that many seconds, so runs are still arriving and in
+//! flight for at least that long, whatever the machine's speed), plus `DATABASE_URL` and
+//! `AMQP_ADDR` as for the tests.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::ExitCode;
@@ -62,7 +65,8 @@ async fn main() -> ExitCode {
     let runs = env_number("CHAOS_RUNS", 200) as usize;
     let workers = env_number("CHAOS_WORKERS", 3).max(2) as usize;
     let deadline = Duration::from_secs(env_number("CHAOS_DEADLINE_SECS", 600));
-    match chaos(runs, workers, deadline).await {
+    let spread = Duration::from_secs(env_number("CHAOS_SPREAD_SECS", 0));
+    match chaos(runs, workers, deadline, spread).await {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -72,13 +76,18 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn chaos(runs: usize, workers: usize, deadline: Duration) -> anyhow::Result<bool> {
+async fn chaos(
+    runs: usize,
+    workers: usize,
+    deadline: Duration,
+    spread: Duration,
+) -> anyhow::Result<bool> {
     let db = Database::create("chaos").await;
     let install = Installation {
         database_url: db.url(),
         queue_prefix: format!("chaos-{}", Uuid::now_v7()),
     };
-    let outcome = drive(&install, runs, workers, deadline).await;
+    let outcome = drive(&install, runs, workers, deadline, spread).await;
     countersign_e2e::delete_topology(&install.queue_prefix).await;
     db.remove().await.unwrap();
     outcome
@@ -89,6 +98,7 @@ async fn drive(
     runs: usize,
     workers: usize,
     deadline: Duration,
+    spread: Duration,
 ) -> anyhow::Result<bool> {
     let scripts = tempdir()?;
     install.countersign_ok(&["migrate", "--with-content"]);
@@ -163,16 +173,17 @@ async fn drive(
     ))
     .await?;
     let mut run_ids = BTreeMap::new();
+    let mut requests = Vec::with_capacity(runs);
     for i in 0..runs {
         let request_id = Uuid::now_v7();
-        let body = serde_json::to_vec(&json!({
+        requests.push(serde_json::to_vec(&json!({
             "type": "countersign.run_request", "version": 1,
             "request_id": request_id, "agent": format!("chaos-{i}"),
             "acting_user": "editor", "prompt": format!("Attach the bicycle, run {i}."),
-        }))?;
-        publish(&broker, &broker.topology().run_requests(), &body).await?;
+        }))?);
         run_ids.insert(request_id, i);
     }
+    let mut requested = 0;
 
     let colleague = tokio::spawn(colleague(pool.clone(), teasers.clone()));
     let started = Instant::now();
@@ -184,6 +195,16 @@ async fn drive(
         if started.elapsed() > deadline {
             break false;
         }
+        let due = if spread.is_zero() {
+            runs
+        } else {
+            let share = started.elapsed().as_secs_f64() / spread.as_secs_f64();
+            ((share * runs as f64).ceil() as usize).clamp(1, runs)
+        };
+        for body in &requests[requested..due] {
+            publish(&broker, &broker.topology().run_requests(), body).await?;
+        }
+        requested = due;
         // Learn the run ids the coordinator created.
         if index.len() < runs {
             let rows: Vec<(Uuid, Uuid)> = sqlx::query_as("SELECT id, request_id FROM runs")

@@ -439,6 +439,9 @@ async fn the_chaos_suite_finds_nothing_lost_or_doubled_while_the_connected_node_
     let mut chaos = std::process::Command::new(countersign_e2e::binary("countersign-chaos"))
         .env("AMQP_ADDR", cluster.addr())
         .env("CHAOS_RUNS", "300")
+        // Runs keep arriving for a minute, so both stops below land while runs are in flight,
+        // however fast this machine finishes them.
+        .env("CHAOS_SPREAD_SECS", "60")
         .env("CHAOS_DEADLINE_SECS", "400")
         .env("RUST_LOG", "warn")
         .stdout(std::process::Stdio::piped())
@@ -462,6 +465,7 @@ async fn the_chaos_suite_finds_nothing_lost_or_doubled_while_the_connected_node_
     tokio::time::sleep(Duration::from_secs(8)).await;
     cluster.ctl(&cluster.nodes[0], &["start_app"]);
     cluster.await_startup(&cluster.nodes[0]);
+    running(&mut chaos, "the decisions queue's leader was looked up");
     let leader = cluster.leader_of(&cluster.nodes[2], ".decisions");
     running(&mut chaos, "the leader's node stopped");
     cluster.ctl(&cluster.nodes[leader], &["stop_app"]);
