@@ -155,10 +155,13 @@ impl SegmentRunner {
             .build();
         tokio::pin!(release);
         let end = loop {
+            // A shutdown already under way wins: the segment is not started only to be dropped
+            // mid-statement.
             let end = tokio::select! {
-                end = self.drive(claim, &hooks).instrument(span.clone()) => end,
-                () = hooks.lost() => Ok(SegmentEnd::Interrupted(Interruption::LeaseLost)),
+                biased;
                 () = &mut release => break self.release(&claim.lease).await,
+                () = hooks.lost() => Ok(SegmentEnd::Interrupted(Interruption::LeaseLost)),
+                end = self.drive(claim, &hooks).instrument(span.clone()) => end,
             };
             match end {
                 Ok(SegmentEnd::Interrupted(Interruption::Unavailable(code)))
