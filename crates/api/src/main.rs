@@ -88,7 +88,7 @@ async fn main() -> anyhow::Result<()> {
         &args.connections,
         &args.keys,
         &args.tools,
-        args.pool_size,
+        countersign_service::Pools::of(args.pool_size),
     )
     .await?;
     countersign_api::register_metrics();

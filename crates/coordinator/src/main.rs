@@ -55,7 +55,7 @@ async fn main() -> anyhow::Result<()> {
         &args.connections,
         &args.keys,
         &args.tools,
-        args.pool_size,
+        countersign_service::Pools::of(args.pool_size),
     )
     .await?;
     let tools = started.tools;

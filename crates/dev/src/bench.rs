@@ -129,7 +129,10 @@ async fn cycle_part(
 ) -> anyhow::Result<Vec<Cycle>> {
     println!(
         "countersign bench: the full approval cycle (request → suspend → approve → re-preview → write → completed),\n\
-         coordinator and one worker ({WORKER_CONCURRENCY} segments at once) in this process, over RabbitMQ and PostgreSQL"
+         coordinator and one worker ({WORKER_CONCURRENCY} segments at once) in this process, over RabbitMQ and PostgreSQL;\n\
+         the two share {} connections (twice this machine's cores, as deployment.md sizes every service's pools together), \
+         approved turns half of them at most",
+        service_connections()
     );
     let amqp = amqp_round_trips(&bench.broker, 200).await?;
     let pg = update_commits(&bench.pool, 200).await?;
@@ -145,8 +148,9 @@ async fn cycle_part(
     let stop = Arc::new(Notify::new());
     let mut services = bench.start_services(&stop).await?;
     let mut driver = bench.driver(pages).await?;
-    let peak = closed_loop_phases(&bench.pool, &mut driver, config).await?;
-    half_the_peak(&bench.pool, &mut driver, config, &peak).await?;
+    let pools = bench.pools();
+    let peak = closed_loop_phases(&pools, &mut driver, config).await?;
+    half_the_peak(&pools, &mut driver, config, &peak).await?;
     // The services stop first: the ceilings and the hops below have the machine to
     // themselves, and the public queues the hops pass through have no other consumer.
     stop.notify_waiters();
@@ -164,8 +168,11 @@ async fn cycle_part(
 
 /// What every part of the bench works on: its database, keys, queues and producer identity.
 pub(crate) struct Bench {
-    /// The services' pool, as the binaries configure it.
+    /// The bench's own pool: its setup, its ceilings and its verification.
     pub(crate) pool: PgPool,
+    /// The pool the cycle part's coordinator and worker share, sized as `deployment.md` sizes
+    /// every service's pools together: twice PostgreSQL's cores ([`service_connections`]).
+    services: PgPool,
     /// Sealed with a key of this run's own, which the long-segment part's worker is given too.
     store: Store,
     keys: String,
@@ -180,6 +187,9 @@ impl Bench {
     /// its queues declared.
     async fn prepare(db: &Database, amqp_addr: &str) -> anyhow::Result<Bench> {
         let pool = countersign_service::pool_options(16)
+            .connect_with(db.options()?)
+            .await?;
+        let services = countersign_service::pool_options(service_connections())
             .connect_with(db.options()?)
             .await?;
         countersign_content::WITH_ENGINE.run(&pool).await?;
@@ -204,12 +214,19 @@ impl Bench {
         };
         Ok(Bench {
             pool,
+            services,
             store,
             keys,
             queue_prefix,
             broker,
             as_producer,
         })
+    }
+
+    /// The bench's pool, then the services': every connection whose statistics the cycle
+    /// part's counters read.
+    fn pools(&self) -> [&PgPool; 2] {
+        [&self.pool, &self.services]
     }
 
     /// The deployment's tools and users, assembled as every service assembles them.
@@ -225,12 +242,19 @@ impl Bench {
     async fn start_services(&self, stop: &Arc<Notify>) -> anyhow::Result<JoinSet<()>> {
         let mut services = JoinSet::new();
         // Each service gets a store of its own, as in its own process: its relay wakes for its
-        // own commits only. They share the connection pool.
+        // own commits only. They share the connection pool, of which the worker's approved
+        // turns hold half at most, as in `countersign-worker`.
         let keyring = Arc::new(Keyring::ephemeral());
-        let service_store = || Store::new(self.pool.clone(), keyring.clone());
+        let service_store = || Store::new(self.services.clone(), keyring.clone());
+        let worker_store = service_store().with_turn_limit(service_connections() / 2);
+        let tools = countersign_service::tools::tools(
+            &worker_store,
+            &countersign_service::ToolSettings::default(),
+        )
+        .await?;
         let models = Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?));
         let ttl = Duration::from_secs(30);
-        let runner = SegmentRunner::new(service_store(), self.tools().await?, models, ttl);
+        let runner = SegmentRunner::new(worker_store, tools, models, ttl);
         let (registry, users) = (runner.registry.clone(), runner.users.clone());
         let coordinator = Coordinator::with_users(service_store(), registry, users);
         spawn_coordinator(&mut services, coordinator, &self.broker, stop);
@@ -266,6 +290,13 @@ impl Bench {
     }
 }
 
+/// The connections the cycle part's services share: twice the cores of this machine, where
+/// PostgreSQL runs too.
+fn service_connections() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    u32::try_from(cores * 2).unwrap_or(u32::MAX)
+}
+
 /// The peak phase: its concurrency, its rate and the CPU a cycle cost in it.
 struct Peak {
     in_flight: usize,
@@ -275,7 +306,7 @@ struct Peak {
 
 /// The closed-loop phases, one row each under the table's head; the peak among them.
 async fn closed_loop_phases(
-    pool: &PgPool,
+    pools: &[&PgPool],
     driver: &mut Driver<'_>,
     config: &BenchConfig,
 ) -> anyhow::Result<Peak> {
@@ -297,14 +328,14 @@ async fn closed_loop_phases(
     let mut peak: Option<Peak> = None;
     for in_flight in PHASES {
         let n = phase_cycles(in_flight, config.cycles);
-        let before = Counters::read(pool).await?;
+        let before = Counters::read(pools).await?;
         reset_profile();
         let started = Instant::now();
         let cycles = driver.closed_loop(n, in_flight).await?;
         let elapsed = started.elapsed();
-        let after = Counters::read(pool).await?;
+        let after = Counters::read(pools).await?;
         let rate = n as f64 / elapsed.as_secs_f64();
-        let latency = write_latencies(pool, &cycles).await?;
+        let latency = write_latencies(pools[0], &cycles).await?;
         let name = format!("{in_flight} in flight, {n} cycles");
         let cpu = print_phase(&name, rate, &latency, &before, &after, n);
         print_profile(n);
@@ -321,18 +352,18 @@ async fn closed_loop_phases(
 
 /// The open-loop phase at half the peak's rate, and what the peak says of the CPU.
 async fn half_the_peak(
-    pool: &PgPool,
+    pools: &[&PgPool],
     driver: &mut Driver<'_>,
     config: &BenchConfig,
     peak: &Peak,
 ) -> anyhow::Result<()> {
     let half = peak.rate / 2.0;
-    let before = Counters::read(pool).await?;
+    let before = Counters::read(pools).await?;
     let started = Instant::now();
     let cycles = driver.open_loop(config.cycles, half).await?;
     let elapsed = started.elapsed();
-    let after = Counters::read(pool).await?;
-    let latency = write_latencies(pool, &cycles).await?;
+    let after = Counters::read(pools).await?;
+    let latency = write_latencies(pools[0], &cycles).await?;
     let _ = print_phase(
         &format!("half the peak, {half:.0}/s offered"),
         config.cycles as f64 / elapsed.as_secs_f64(),
@@ -1019,17 +1050,23 @@ struct Counters {
 }
 
 impl Counters {
-    async fn read(pool: &PgPool) -> anyhow::Result<Counters> {
+    /// The counters now, read through the first of `pools`, every connection of each of which
+    /// has reported its statistics.
+    async fn read(pools: &[&PgPool]) -> anyhow::Result<Counters> {
         // A backend reports its statistics when it goes idle, at most once a second: wait, then
-        // have every connection of the pool run a statement so each one reports.
+        // have every connection of the pools run a statement so each one reports.
         tokio::time::sleep(Duration::from_millis(1100)).await;
         let mut conns = Vec::new();
-        while let Ok(Some(conn)) = tokio::time::timeout(Duration::from_millis(50), pool.acquire())
-            .await
-            .map(Result::ok)
-        {
-            conns.push(conn);
+        for pool in pools {
+            while let Ok(Some(conn)) =
+                tokio::time::timeout(Duration::from_millis(50), pool.acquire())
+                    .await
+                    .map(Result::ok)
+            {
+                conns.push(conn);
+            }
         }
+        let pool = pools[0];
         for conn in &mut conns {
             sqlx::query("SELECT 1").execute(&mut **conn).await?;
         }
@@ -1561,7 +1598,7 @@ impl Long<'_> {
             }
         }
         let intake = requested.elapsed();
-        let before = Counters::read(pool).await?;
+        let before = Counters::read(&[pool]).await?;
         // The worker's start-up (its connections, its topology check) is in its first wave.
         let started = Instant::now();
         let process = self.start_worker(n).await?;
@@ -1575,7 +1612,7 @@ impl Long<'_> {
         process.stop().await?;
         let after = Counters {
             cpu,
-            ..Counters::read(pool).await?
+            ..Counters::read(&[pool]).await?
         };
         let window = seen.completed[2 * n - 1] - seen.completed[n - 1];
         Ok(Backlog {

@@ -36,7 +36,7 @@ pub mod webhooks;
 
 pub use connections::{pool_options, Connections, Endpoints, QueueArguments, Ready};
 pub use settings::{KeySettings, ToolSettings};
-pub use start::{start, Service};
+pub use start::{start, Pools, Service};
 pub use telemetry::{init_telemetry, Logging, Telemetry, TelemetryError};
 
 /// Installs the global log subscriber, without traces. Call once, first thing in `main`;

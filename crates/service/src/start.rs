@@ -32,10 +32,30 @@ impl std::fmt::Debug for Service {
     }
 }
 
+/// The PostgreSQL connections a service holds at most.
+#[derive(Debug, Clone, Copy)]
+pub struct Pools {
+    /// The pool's size.
+    pub connections: u32,
+    /// For a service that runs approved turns, how many of the connections their transactions
+    /// hold at most at once (see [`Store::with_turn_limit`]).
+    pub turns: Option<u32>,
+}
+
+impl Pools {
+    /// A pool of at most `connections`, with no turns to limit.
+    pub fn of(connections: u32) -> Pools {
+        Pools {
+            connections,
+            turns: None,
+        }
+    }
+}
+
 /// Starts the service `name`: the shutdown signal first (so a SIGTERM between `/readyz`
 /// answering and the first wait stops it rather than kills it), then logs and traces, the
-/// keyring (before anything is connected, so a missing one stops it at once), PostgreSQL over a
-/// pool of at most `pool_size` connections, the broker with its topology declared or checked,
+/// keyring (before anything is connected, so a missing one stops it at once), PostgreSQL over
+/// the `pools` asked for, the broker with its topology declared or checked,
 /// the tools, and last `/metrics`, `/healthz` and `/readyz` when `--http-addr` is given: a
 /// service is not reported ready before it has everything it serves with.
 pub async fn start(
@@ -43,7 +63,7 @@ pub async fn start(
     connections: &Connections,
     keys: &KeySettings,
     tools: &ToolSettings,
-    pool_size: u32,
+    pools: Pools,
 ) -> anyhow::Result<Service> {
     let shutdown = Box::pin(crate::shutdown_signal());
     let telemetry = connections
@@ -53,14 +73,17 @@ pub async fn start(
         .keyring()
         .context("loading the keyring (--keys or --key-file)")?;
     let pool = connections
-        .pool(pool_size)
+        .pool(pools.connections)
         .await
         .context("connecting to PostgreSQL")?;
+    let mut store = Store::new(pool.clone(), Arc::new(keyring));
+    if let Some(turns) = pools.turns {
+        store = store.with_turn_limit(turns);
+    }
     let broker = connections
         .broker()
         .await
         .context("connecting to RabbitMQ")?;
-    let store = Store::new(pool.clone(), Arc::new(keyring));
     let tools = crate::tools::tools(&store, tools).await?;
     let ready = Arc::new(Ready {
         pool,

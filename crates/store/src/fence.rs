@@ -30,6 +30,7 @@ use countersign_core::{
 };
 use countersign_crypto::Keyring;
 use sqlx::{PgConnection, Postgres, Transaction};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::error::classify;
 use crate::journal::{self, Journaled};
@@ -46,6 +47,8 @@ pub struct FencedWrite {
     /// The turn's journal rows (call index, sealed result) as the statement that opened a turn
     /// transaction read them; `None` for a single-call write.
     journal: Option<Vec<(i32, Vec<u8>)>>,
+    /// The turn's share of the pool, given back when the transaction ends.
+    _permit: Option<OwnedSemaphorePermit>,
 }
 
 impl fmt::Debug for FencedWrite {
@@ -67,6 +70,7 @@ impl Store {
         lease: &Lease,
         seq: SuspensionSeq,
     ) -> Result<FencedWrite, StoreError> {
+        let permit = self.turn_permit().await;
         let mut tx = self.pool.begin().await?;
         let held = sqlx::query!(
             r#"SELECT
@@ -96,6 +100,7 @@ impl Store {
             call: None,
             keyring: Arc::clone(&self.keyring),
             journal: Some(held.indexes.into_iter().zip(held.results).collect()),
+            _permit: permit,
         })
     }
 
@@ -103,6 +108,7 @@ impl Store {
     /// that `token`'s owner and epoch still hold it and the run is `running`. Otherwise
     /// [`StoreError::FenceLost`], with nothing written.
     pub async fn fenced_write(&self, token: &FenceToken) -> Result<FencedWrite, StoreError> {
+        let permit = self.turn_permit().await;
         let mut tx = self.pool.begin().await?;
         // The guard is in the WHERE clause: a row locked by a concurrent transition is
         // re-checked against its newest version once that transaction ends.
@@ -131,6 +137,7 @@ impl Store {
             call: Some(token.call_index),
             keyring: Arc::clone(&self.keyring),
             journal: None,
+            _permit: permit,
         })
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use countersign_crypto::Keyring;
 use sqlx::PgPool;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 pub use agents::{AgentConfig, StoredAgent};
 pub use decisions::{
@@ -62,6 +62,11 @@ pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate::Migrator {
 #[derive(Clone)]
 pub struct Store {
     pool: PgPool,
+    /// When set, how many of the pool's connections approved turns' transactions
+    /// ([`Store::begin_turn`], [`Store::fenced_write`]) hold at most at once: such a
+    /// transaction can wait on a colleague's lock on the content for as long as the colleague
+    /// holds it, and must never hold every connection the other statements need.
+    turns: Option<Arc<Semaphore>>,
     keyring: Arc<Keyring>,
     /// Woken after a commit that wrote outbox rows; shared by every clone, so the relay of
     /// this process hears every transition made through it.
@@ -74,6 +79,7 @@ impl Store {
     pub fn new(pool: PgPool, keyring: Arc<Keyring>) -> Store {
         Store {
             pool,
+            turns: None,
             keyring,
             relay_kick: Arc::new(Notify::new()),
             handoff: Arc::default(),
@@ -82,6 +88,22 @@ impl Store {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// This store with approved turns' transactions holding at most `connections` of the
+    /// pool's at once (at least one); the others wait for one of them to end.
+    #[must_use]
+    pub fn with_turn_limit(mut self, connections: u32) -> Store {
+        let permits = usize::try_from(connections.max(1)).unwrap_or(usize::MAX);
+        self.turns = Some(Arc::new(Semaphore::new(permits)));
+        self
+    }
+
+    /// A turn's right to a connection, when turns are limited: held for the transaction's life.
+    async fn turn_permit(&self) -> Option<OwnedSemaphorePermit> {
+        let turns = self.turns.clone()?;
+        // The semaphore is never closed.
+        turns.acquire_owned().await.ok()
     }
 
     pub fn keyring(&self) -> &Keyring {
@@ -94,6 +116,10 @@ impl fmt::Debug for Store {
         // The keyring is left out on purpose: it holds key material.
         f.debug_struct("Store")
             .field("pool_size", &self.pool.size())
+            .field(
+                "turn_permits_free",
+                &self.turns.as_ref().map(|t| t.available_permits()),
+            )
             .finish_non_exhaustive()
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use countersign_model::ModelCatalog;
-use countersign_service::{Connections, KeySettings, ToolSettings};
+use countersign_service::{Connections, KeySettings, Pools, ToolSettings};
 use countersign_worker::service::{self, WorkerConfig};
 use countersign_worker::{Models, SegmentRunner};
 
@@ -31,7 +31,8 @@ struct Args {
     concurrency: usize,
     /// PostgreSQL connections at most, shared by the segments (a segment holds one only while
     /// it talks to the database, never while it waits on a model or a tool server). Never more
-    /// than twice the concurrency plus two.
+    /// than twice the concurrency plus two. Approved turns' transactions, which wait on a
+    /// colleague's lock on the content for as long as it is held, take half of them at most.
     #[arg(long, env = "COUNTERSIGN_WORKER_POOL_SIZE", default_value_t = 32)]
     pool_size: u32,
     /// Lease time to live, in seconds; renewed every third of it.
@@ -56,7 +57,10 @@ async fn main() -> anyhow::Result<()> {
         &args.connections,
         &args.keys,
         &args.tools,
-        pool_size,
+        Pools {
+            connections: pool_size,
+            turns: Some(pool_size / 2),
+        },
     )
     .await?;
     let catalog = ModelCatalog::new(countersign_service::settings::environment);

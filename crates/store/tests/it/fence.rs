@@ -239,3 +239,83 @@ async fn a_fenced_write_of_a_journaled_call_is_rolled_back_whole(pool: PgPool) {
         Some(ToolOutput::ok("first"))
     );
 }
+
+/// An approved turn whose write waits on a colleague's lock on the content holds its connection
+/// for as long as the colleague holds the lock. With turns limited to one connection of a pool
+/// of two, a second turn waits for the first to end instead of taking the other connection, and
+/// the other statements go on: here, reading a run.
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn turns_waiting_on_a_colleagues_lock_leave_the_rest_of_the_pool_to_every_other_statement(
+    pool: PgPool,
+) {
+    create_probe(&pool).await;
+    sqlx::query("INSERT INTO probe (run_id, value) VALUES (gen_random_uuid(), 'Old words')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut colleague = pool.begin().await.unwrap();
+    sqlx::query("SELECT value FROM probe FOR UPDATE")
+        .execute(&mut *colleague)
+        .await
+        .unwrap();
+
+    let small = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(3))
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let store = store(small).with_turn_limit(1);
+    let (first_run, first) = running(&store).await;
+    let (_, second) = running(&store).await;
+    let turn = |lease: countersign_store::Lease| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut turn = store.begin_turn(&lease, SuspensionSeq::FIRST).await?;
+            sqlx::query("UPDATE probe SET value = 'New words'")
+                .execute(turn.conn())
+                .await?;
+            Ok::<_, StoreError>(())
+        })
+    };
+    let first_turn = turn(first);
+    // The first turn holds its connection, waiting on the colleague's lock.
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while colleague_waiters(&pool).await == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the first turn waits on the colleague's lock");
+    let second_turn = turn(second);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let read = store.run(first_run).await;
+    assert!(read.is_ok(), "a run read while turns wait: {read:?}");
+    assert!(!second_turn.is_finished());
+    assert_eq!(
+        colleague_waiters(&pool).await,
+        1,
+        "one turn waits on the lock"
+    );
+
+    colleague.commit().await.unwrap();
+    for turn in [first_turn, second_turn] {
+        tokio::time::timeout(Duration::from_secs(10), turn)
+            .await
+            .expect("each turn ends once the colleague committed")
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// Sessions waiting on a row lock.
+async fn colleague_waiters(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
