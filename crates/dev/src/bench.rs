@@ -292,7 +292,7 @@ impl Bench {
 
 /// The connections the cycle part's services share: twice the cores of this machine, where
 /// PostgreSQL runs too.
-fn service_connections() -> u32 {
+pub(crate) fn service_connections() -> u32 {
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     u32::try_from(cores * 2).unwrap_or(u32::MAX)
 }

@@ -24,9 +24,13 @@ use crate::bench::{
 const IN_FLIGHT: usize = 64;
 /// The configurations, as (workers, coordinators).
 const CONFIGURATIONS: [(usize, usize); 5] = [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2)];
-/// The connections each worker process may hold; the bench's database is shared by up to six
-/// processes, within PostgreSQL's default `max_connections` of 100.
-const WORKER_POOL: usize = 16;
+/// The connections each service process of a row may hold (`--pool-size`): the row's share of
+/// twice this machine's cores, as `deployment.md` sizes every service's pools together, and at
+/// least the two a pool has.
+fn pool_size(workers: usize, coordinators: usize) -> usize {
+    let together = crate::bench::service_connections() as usize;
+    (together / (workers + coordinators)).max(2)
+}
 const COORDINATOR_APPLICATION: &str = "countersign-bench-coordinator";
 
 /// Measured cycles per configuration: three fifths of `--runs`, at least twice the in-flight.
@@ -38,15 +42,15 @@ fn cycles(runs: usize) -> usize {
 /// to have run each of a cycle's statements past PostgreSQL's five custom plans of a prepared
 /// statement, after which it plans it once for the connection's life. Measured without it, a
 /// row would charge that start-up, which grows with the connections, to its cycles.
-fn warm_up(workers: usize) -> usize {
-    (8 * WORKER_POOL * workers).max(IN_FLIGHT)
+fn warm_up(workers: usize, coordinators: usize) -> usize {
+    (8 * pool_size(workers, coordinators) * (workers + coordinators)).max(IN_FLIGHT)
 }
 
 /// The pages the scale part writes, one per cycle, the warm-ups included.
 pub(crate) fn pages(runs: usize) -> usize {
     CONFIGURATIONS
         .iter()
-        .map(|&(workers, _)| cycles(runs) + warm_up(workers))
+        .map(|&(workers, coordinators)| cycles(runs) + warm_up(workers, coordinators))
         .sum()
 }
 
@@ -64,10 +68,11 @@ pub(crate) async fn run(
     let n = cycles(runs);
     println!();
     println!(
-        "scale: the same cycle through countersign-worker ({WORKER_CONCURRENCY} segments at once, {WORKER_POOL} connections) \
+        "scale: the same cycle through countersign-worker ({WORKER_CONCURRENCY} segments at once) \
          and countersign-coordinator processes,\n\
-         {IN_FLIGHT} in flight (fixed), {n} cycles per row after {} a worker to warm up; CPU per cycle",
-        warm_up(1)
+         their pools together twice this machine's cores ({} connections, at least 2 a process), \
+         {IN_FLIGHT} in flight (fixed), {n} cycles per row after a warm-up; CPU per cycle",
+        crate::bench::service_connections()
     );
     println!(
         "{:<28} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}",
@@ -75,7 +80,7 @@ pub(crate) async fn run(
     );
     for (workers, coordinators) in CONFIGURATIONS {
         let started = start(services, &script, workers, coordinators).await?;
-        let row = measure(&mut driver, &started, warm_up(workers), n).await;
+        let row = measure(&mut driver, &started, warm_up(workers, coordinators), n).await;
         for process in started {
             process.stop().await?;
         }
@@ -101,11 +106,16 @@ async fn start(
     coordinators: usize,
 ) -> anyhow::Result<Vec<ServiceProcess>> {
     let mut started = Vec::new();
+    let pool = pool_size(workers, coordinators).to_string();
     for _ in 0..coordinators {
         let coordinator = &services.coordinator;
         started.push(
             services
-                .start(coordinator, COORDINATOR_APPLICATION, &[])
+                .start(
+                    coordinator,
+                    COORDINATOR_APPLICATION,
+                    &["--pool-size".to_owned(), pool.clone()],
+                )
                 .await?,
         );
     }
@@ -113,7 +123,7 @@ async fn start(
         "--concurrency".to_owned(),
         WORKER_CONCURRENCY.to_string(),
         "--pool-size".to_owned(),
-        WORKER_POOL.to_string(),
+        pool,
         "--poll-interval-secs".to_owned(),
         "1".to_owned(),
         "--model-script".to_owned(),
