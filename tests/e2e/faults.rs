@@ -572,6 +572,79 @@ async fn an_approved_turn_waiting_on_a_colleagues_lock_keeps_its_lease_and_every
     site.finish().await;
 }
 
+/// A worker with a pool of two connections, whose approved turns hold one at most. Two approved
+/// turns wait on a colleague's locks: the first inside its transaction, the second for the
+/// turns' connection. Meanwhile a third run is claimed, runs its model and suspends on its card
+/// through the other connection; once the colleague commits, both turns write once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approved_turns_waiting_on_a_colleagues_locks_leave_a_small_pool_to_the_other_runs() {
+    let model = ModelStub::responding(fault_page_model);
+    let mut site = Site::new("faults_small_pool", &agent(model_settings(&model), 3600)).await;
+    seed_fault_pages(&mut site.conn, 3).await;
+    site.start_coordinator();
+    site.start_worker(&["--poll-interval-secs", "1", "--pool-size", "2"]);
+    let held: Vec<String> = (1..=2)
+        .map(|n| {
+            let prompt = fault_page_prompt(fault_page(n));
+            site.install.submit("seo-assistant", "editor", &prompt)
+        })
+        .collect();
+    for run in &held {
+        wait_for_card(&mut site.conn, run, 1, secs(30)).await;
+    }
+
+    // A colleague's transaction holds both pages the approved turns write.
+    let mut colleague = site.connect().await;
+    sqlx::query("BEGIN").execute(&mut colleague).await.unwrap();
+    sqlx::query("SELECT uid FROM content.pages WHERE uid IN (9001, 9002) FOR UPDATE")
+        .fetch_all(&mut colleague)
+        .await
+        .unwrap();
+    for run in &held {
+        let digest = site.digest(run).await;
+        site.approve_through_queue(run, 1, &digest).await;
+    }
+    wait_for_sql(
+        &mut site.conn,
+        "both approvals released their runs to the worker",
+        secs(30),
+        "SELECT count(*) = 2 FROM runs WHERE status = 'running' AND segment = 'resume'",
+    )
+    .await;
+    wait_until(
+        "one approved turn waits on the colleague's lock inside its transaction",
+        secs(30),
+        async || (waiting_in_transaction(&mut site.conn, "").await == 1).then_some(()),
+    )
+    .await;
+
+    // The third run gets the pool's other connection for its claim, its reads and its
+    // suspension, while both turns still wait.
+    let third = site
+        .install
+        .submit("seo-assistant", "editor", &fault_page_prompt(fault_page(3)));
+    wait_for_card(&mut site.conn, &third, 1, secs(30)).await;
+    assert_eq!(
+        waiting_in_transaction(&mut site.conn, "").await,
+        1,
+        "the second turn waits for the turns' connection, not inside a transaction"
+    );
+    for run in &held {
+        assert_eq!(run_row(&mut site.conn, run).await["status"], "running");
+    }
+
+    sqlx::query("COMMIT").execute(&mut colleague).await.unwrap();
+    for run in &held {
+        wait_for_status(&mut site.conn, run, "completed", secs(30)).await;
+        assert_written_once(&mut site.conn, run, 1, 2).await;
+    }
+    let digest = site.digest(&third).await;
+    site.approve_through_queue(&third, 1, &digest).await;
+    wait_for_status(&mut site.conn, &third, "completed", secs(30)).await;
+    assert_written_once(&mut site.conn, &third, 1, 2).await;
+    site.finish().await;
+}
+
 /// The fault pages: page 9000+n with teaser element 9100+n (no images), n = 1..=RUNS.
 const RUNS: i64 = 10;
 
