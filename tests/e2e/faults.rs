@@ -85,6 +85,19 @@ impl Site {
         PgConnection::connect(&self.db.url()).await.unwrap()
     }
 
+    /// A colleague's open transaction holding `pages` `FOR UPDATE`, as an edit in plain SQL
+    /// does; `COMMIT` on it lets them go.
+    async fn colleague_holding(&self, pages: &[i64]) -> PgConnection {
+        let mut colleague = self.connect().await;
+        sqlx::query("BEGIN").execute(&mut colleague).await.unwrap();
+        sqlx::query("SELECT uid FROM content.pages WHERE uid = ANY($1) FOR UPDATE")
+            .bind(pages)
+            .execute(&mut colleague)
+            .await
+            .unwrap();
+        colleague
+    }
+
     fn start_coordinator(&mut self) {
         let coordinator = self.install.spawn("countersign-coordinator", &[]);
         self.services.push(coordinator);
@@ -505,12 +518,7 @@ async fn an_approved_turn_waiting_on_a_colleagues_lock_keeps_its_lease_and_every
     wait_for_status(&mut site.conn, &other, "running", secs(30)).await;
 
     // A colleague's transaction holds page 12, which the approved turn writes.
-    let mut colleague = site.connect().await;
-    sqlx::query("BEGIN").execute(&mut colleague).await.unwrap();
-    sqlx::query("SELECT uid FROM content.pages WHERE uid = 12 FOR UPDATE")
-        .fetch_one(&mut colleague)
-        .await
-        .unwrap();
+    let mut colleague = site.colleague_holding(&[12]).await;
     site.approve_through_queue(&run, 1, &digest).await;
     wait_until(
         "the approved turn waits on the colleague's lock inside its transaction",
@@ -594,12 +602,9 @@ async fn approved_turns_waiting_on_a_colleagues_locks_leave_a_small_pool_to_the_
     }
 
     // A colleague's transaction holds both pages the approved turns write.
-    let mut colleague = site.connect().await;
-    sqlx::query("BEGIN").execute(&mut colleague).await.unwrap();
-    sqlx::query("SELECT uid FROM content.pages WHERE uid IN (9001, 9002) FOR UPDATE")
-        .fetch_all(&mut colleague)
-        .await
-        .unwrap();
+    let mut colleague = site
+        .colleague_holding(&[fault_page(1), fault_page(2)])
+        .await;
     for run in &held {
         let digest = site.digest(run).await;
         site.approve_through_queue(run, 1, &digest).await;

@@ -229,15 +229,6 @@ impl Bench {
         [&self.pool, &self.services]
     }
 
-    /// The deployment's tools and users, assembled as every service assembles them.
-    async fn tools(&self) -> anyhow::Result<Tools> {
-        countersign_service::tools::tools(
-            &self.store,
-            &countersign_service::ToolSettings::default(),
-        )
-        .await
-    }
-
     /// The coordinator and one worker, in this process, until `stop` is notified.
     async fn start_services(&self, stop: &Arc<Notify>) -> anyhow::Result<JoinSet<()>> {
         let mut services = JoinSet::new();
@@ -247,11 +238,7 @@ impl Bench {
         let keyring = Arc::new(Keyring::ephemeral());
         let service_store = || Store::new(self.services.clone(), keyring.clone());
         let worker_store = service_store().with_turn_limit(service_connections() / 2);
-        let tools = countersign_service::tools::tools(
-            &worker_store,
-            &countersign_service::ToolSettings::default(),
-        )
-        .await?;
+        let tools = tools(&worker_store).await?;
         let models = Models::Fixed(Arc::new(ScriptedModel::from_json(SCRIPT)?));
         let ttl = Duration::from_secs(30);
         let runner = SegmentRunner::new(worker_store, tools, models, ttl);
@@ -288,6 +275,11 @@ impl Bench {
             done: Vec::new(),
         })
     }
+}
+
+/// The deployment's tools and users over `store`, assembled as every service assembles them.
+async fn tools(store: &Store) -> anyhow::Result<Tools> {
+    countersign_service::tools::tools(store, &countersign_service::ToolSettings::default()).await
 }
 
 /// The connections the cycle part's services share: twice the cores of this machine, where
@@ -1428,7 +1420,7 @@ async fn long_segments(
     bench.store.upsert_agent(&long_agent).await?;
     let stop = Arc::new(Notify::new());
     let mut services = JoinSet::new();
-    let tools = bench.tools().await?;
+    let tools = tools(&bench.store).await?;
     let coordinator =
         Coordinator::with_users(bench.store.clone(), Arc::new(tools.registry), tools.users);
     spawn_coordinator(&mut services, coordinator, &bench.broker, &stop);

@@ -151,18 +151,7 @@ async fn a_fenced_write_holds_off_the_reaper_until_it_commits(pool: PgPool) {
     let requeue =
         tokio::spawn(async move { reaper.reaper_requeue(&seen, 3, Duration::ZERO).await });
     // Wait, by the database's own view, until the reaper is blocked on the row lock.
-    loop {
-        let waiting: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-                            WHERE datname = current_database() AND wait_event_type = 'Lock'
-                              AND query LIKE 'UPDATE runs%')",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        if waiting {
-            break;
-        }
+    while lock_waiters(&pool, "UPDATE runs%").await == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert!(!requeue.is_finished());
@@ -281,7 +270,7 @@ async fn turns_waiting_on_a_colleagues_lock_leave_the_rest_of_the_pool_to_every_
     let first_turn = turn(first);
     // The first turn holds its connection, waiting on the colleague's lock.
     tokio::time::timeout(Duration::from_secs(10), async {
-        while colleague_waiters(&pool).await == 0 {
+        while lock_waiters(&pool, "%").await == 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -294,7 +283,7 @@ async fn turns_waiting_on_a_colleagues_lock_leave_the_rest_of_the_pool_to_every_
     assert!(read.is_ok(), "a run read while turns wait: {read:?}");
     assert!(!second_turn.is_finished());
     assert_eq!(
-        colleague_waiters(&pool).await,
+        lock_waiters(&pool, "%").await,
         1,
         "one turn waits on the lock"
     );
@@ -309,12 +298,14 @@ async fn turns_waiting_on_a_colleagues_lock_leave_the_rest_of_the_pool_to_every_
     }
 }
 
-/// Sessions waiting on a row lock.
-async fn colleague_waiters(pool: &PgPool) -> i64 {
+/// Statements of this database blocked on a lock whose text is `LIKE` `query`, by the
+/// database's own view.
+async fn lock_waiters(pool: &PgPool, query: &str) -> i64 {
     sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity
-         WHERE datname = current_database() AND wait_event_type = 'Lock'",
+         WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE $1",
     )
+    .bind(query)
     .fetch_one(pool)
     .await
     .unwrap()
