@@ -444,8 +444,9 @@ async fn an_approved_run_shows_in_the_latency_histograms_and_continues_its_produ
         [(TRACE.to_owned(), request_gates.span_id.clone())],
         "{decision_gates:#?}"
     );
-    for (gate, segment_kind) in [(&gated, "start"), (&decided, "resume")] {
-        assert_segment_under(&spans, &gate.span_id, segment_kind);
+    // The event the gates committed is the wake-up: the relay publishes it inside their span.
+    for (gates, segment_kind) in [(&request_gates, "start"), (&decision_gates, "resume")] {
+        assert_segment_under(&spans, &gates.span_id, segment_kind);
     }
     for name in ["preview", "tool_call"] {
         assert!(
@@ -632,7 +633,8 @@ async fn a_run_submitted_and_approved_over_http_is_one_trace_linked_to_its_appro
     );
     let request_gates = one(&requested, API, "run_request_gates", &submitted.span_id);
     assert_eq!(request_gates.attributes.get("run.id"), Some(&run_id));
-    assert_segment_under(&requested, &submitted.span_id, "start");
+    // The gates' event is the wake-up, published by the relay inside their span.
+    assert_segment_under(&requested, &request_gates.span_id, "start");
 
     // The approval's trace: its own, from the approver's client, linked to the request's.
     let approved = in_trace(HTTP_APPROVAL_TRACE);
@@ -654,7 +656,7 @@ async fn a_run_submitted_and_approved_over_http_is_one_trace_linked_to_its_appro
         [(HTTP_REQUEST_TRACE.to_owned(), request_gates.span_id.clone())],
         "the approval links to the request's trace: {decision_gates:#?}"
     );
-    assert_segment_under(&approved, &decided.span_id, "resume");
+    assert_segment_under(&approved, &decision_gates.span_id, "resume");
 
     drop(conn);
     countersign_e2e::delete_topology(&install.queue_prefix).await;

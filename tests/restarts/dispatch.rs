@@ -1,13 +1,15 @@
 //! A coordinator killed between recording an approval and dispatching it.
 //!
-//! The coordinator commits the decision (and the run's release), publishes the wake-up, answers
-//! and acks the decision; its relay records the dispatch with its next flush of marks (`UPDATE
-//! runs SET dispatched_at = now() WHERE id = ANY(…) AND status = 'queued'`). Nothing it runs in
-//! PostgreSQL lies between the commit and the publish, so the test holds it at the statement
-//! right after the publish, kills it there, cuts the held statement so it never lands, and
-//! takes the published wake-up off the queue before any worker consumes it (no worker runs
-//! meanwhile): what is left is exactly a coordinator that died before its publish — a recorded
-//! approval and a queued run never dispatched — whose decision may or may not have been acked.
+//! The coordinator commits the decision (and the run's release) with its `decision.accepted` in
+//! the outbox, answers and acks the decision; its relay publishes the event, which the segments
+//! queue takes as the run's wake-up, and records the dispatch with its next flush of marks
+//! (`UPDATE runs SET dispatched_at = now() WHERE id = ANY(…) AND status = 'queued'`, after the
+//! confirmed row's delete). Nothing it runs in PostgreSQL lies between the commit and the
+//! publish, so the test holds it at the statement right after the publish, kills it there, cuts
+//! the held statement so it never lands, and takes the published wake-up off the queue before
+//! any worker consumes it (no worker runs meanwhile): what is left is exactly a coordinator that
+//! died before its publish — a recorded approval and a queued run never dispatched — whose
+//! decision may or may not have been acked.
 
 use countersign_e2e::{
     count, cut_waiting_at_gate, hold_gate, install_gate, release_gate, remove_gate, run_row, secs,
@@ -116,7 +118,11 @@ async fn a_coordinator_killed_between_recording_an_approval_and_dispatching_it_i
         .expect("the segments consumer is open")
         .expect("a delivery");
     let body: Value = serde_json::from_slice(&lost.body).unwrap();
-    assert_eq!(body["run_id"], run.as_str(), "{SCENARIO}: {body}");
+    assert_eq!(
+        (&body["event"], &body["run_id"]),
+        (&json!("decision.accepted"), &json!(run)),
+        "{SCENARIO}: the wake-up is the decision's event: {body}"
+    );
     lost.ack().await.unwrap();
     let more = tokio::time::timeout(secs(1), wake_ups.next()).await;
     assert!(more.is_err(), "{SCENARIO}: one wake-up was published");

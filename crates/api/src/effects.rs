@@ -1,22 +1,16 @@
 //! What this surface does after the gates, as the queue consumer does: count the outcome (and
-//! time the approval wait it ended), publish the segment wake-up a verdict names and record
-//! that it was confirmed, and announce the one outcome no transaction announced
-//! (`not_auditable`).
-//!
-//! A wake-up that cannot be published is not an error for the caller: the decision or the run
-//! is committed, and the reaper's lost-dispatch scan publishes what was never confirmed.
+//! time the approval wait it ended), and announce the one outcome no transaction announced
+//! (`not_auditable`). A run the verdict hands to the workers needs nothing more: the event its
+//! transaction committed is its wake-up, which this process's outbox relay publishes.
 
-use countersign_coordinator::{DecisionVerdict, Dispatch, RequestVerdict};
+use countersign_coordinator::{DecisionVerdict, RequestVerdict};
 
 use crate::AppState;
 
 /// After a run request's gates.
-pub(crate) async fn after_run_request(state: &AppState, verdict: &RequestVerdict) {
+pub(crate) fn after_run_request(verdict: &RequestVerdict) {
     metrics::counter!("countersign_run_requests_total", "outcome" => verdict.outcome.code())
         .increment(1);
-    if let Some(dispatch) = verdict.dispatch {
-        dispatch_now(state, dispatch).await;
-    }
 }
 
 /// After a decision's gates.
@@ -26,25 +20,9 @@ pub(crate) async fn after_decision(state: &AppState, verdict: &DecisionVerdict) 
     if let Some(waited) = verdict.approval_wait {
         metrics::histogram!("countersign_approval_wait_seconds").record(waited.max(0.0));
     }
-    if let Some(dispatch) = verdict.dispatch {
-        dispatch_now(state, dispatch).await;
-    }
     if let (Some(event), Some(run_id)) = (verdict.unannounced(), verdict.run_id) {
         if let Err(e) = state.coordinator.store.announce(Some(run_id), event).await {
             tracing::warn!(run.id = %run_id, event = event.name.as_str(), code = e.code(), error = %e, "event not announced");
-        }
-    }
-}
-
-async fn dispatch_now(state: &AppState, dispatch: Dispatch) {
-    match state.broker.publish_segment(dispatch.run_id).await {
-        Ok(()) => {
-            if let Err(e) = state.coordinator.confirm_dispatch(&dispatch).await {
-                tracing::warn!(run.id = %dispatch.run_id, code = e.code(), error = %e, "dispatch not recorded; the reaper will publish again");
-            }
-        }
-        Err(e) => {
-            tracing::warn!(run.id = %dispatch.run_id, code = e.code(), error = %e, "wake-up not published; the reaper will publish it");
         }
     }
 }

@@ -26,7 +26,6 @@ use axum::http::HeaderName;
 use axum::routing::{get, post};
 use axum::Router;
 use countersign_coordinator::Coordinator;
-use countersign_queue::Broker;
 
 pub use auth::{Caller, Via};
 pub use limits::CONTENT_SECURITY_POLICY;
@@ -75,24 +74,23 @@ impl Default for ApiConfig {
 }
 
 /// What every handler reads: the gates (and their directory, which says who may see a run and
-/// whom a card is built for), the broker for the wake-ups they name, and the configuration.
+/// whom a card is built for) and the configuration. The events the gates commit, wake-ups
+/// included, leave through the process's outbox relay, not through a handler.
 #[derive(Debug, Clone)]
 pub struct AppState {
     pub coordinator: Coordinator,
-    pub broker: Broker,
     pub config: Arc<ApiConfig>,
     limiter: Arc<limits::RateLimiter>,
 }
 
 impl AppState {
-    pub fn new(coordinator: Coordinator, broker: Broker, config: ApiConfig) -> AppState {
+    pub fn new(coordinator: Coordinator, config: ApiConfig) -> AppState {
         AppState {
             limiter: Arc::new(limits::RateLimiter::new(
                 config.rate_per_minute,
                 config.rate_burst,
             )),
             coordinator,
-            broker,
             config: Arc::new(config),
         }
     }

@@ -98,7 +98,6 @@ async fn main() -> anyhow::Result<()> {
     let coordinator = Coordinator::with_users(store.clone(), Arc::new(registry), users);
     let state = AppState::new(
         coordinator,
-        broker.clone(),
         ApiConfig {
             trusted_header: args.trusted_header,
             trusted_proxies: args.trusted_proxy,

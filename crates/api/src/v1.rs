@@ -572,7 +572,7 @@ pub async fn create_run(
         .take_run_request_message(message, Some(&caller.producer))
         .await
         .map_err(|e| unavailable("run request gates", e.code(), &e))?;
-    effects::after_run_request(&state, &verdict).await;
+    effects::after_run_request(&verdict);
     match (&verdict.outcome, verdict.run_id) {
         (RequestOutcome::Accepted, Some(run_id)) => {
             let status = if verdict.created {

@@ -53,21 +53,6 @@ impl Coordinator {
         let users = countersign_service::tools::content_users(&store);
         Coordinator::with_users(store, registry, users)
     }
-
-    /// Records that the wake-up of `dispatch` was published (after the broker confirmed it), so
-    /// the reaper's lost-dispatch scan leaves the run alone. `false` when the run is no longer
-    /// queued — a worker already claimed it, which is fine.
-    pub async fn confirm_dispatch(&self, dispatch: &Dispatch) -> Result<bool, CoordinatorError> {
-        Ok(self.store.mark_dispatched(dispatch.run_id).await?)
-    }
-
-    /// [`Coordinator::confirm_dispatch`] without a statement of its own: the process's relay
-    /// records it with the other dispatches and event marks of the moment, in one statement.
-    /// Until then, and if the process dies first, the run merely looks undispatched, and the
-    /// reaper wakes it again.
-    pub fn note_dispatch(&self, dispatch: &Dispatch) {
-        self.store.note_dispatched(dispatch.run_id);
-    }
 }
 
 /// A failure to reach the facts a gate needs (PostgreSQL unreachable, a stored value

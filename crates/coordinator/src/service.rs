@@ -2,18 +2,19 @@
 //!
 //! Each delivery is handed to the gates with the broker-validated `user_id`; the verdict says
 //! what to publish. A delivery is acked only after the verdict's effects are durable: the
-//! decision or run is committed with its event in the outbox, the segment wake-up confirmed
-//! (or left to the reaper's lost-dispatch scan), the reply published. Malformed and
-//! unauthenticated messages are dead-lettered with their reason and get no reply; nothing is
-//! dropped.
+//! decision or run is committed with its event in the outbox, the reply published. Malformed
+//! and unauthenticated messages are dead-lettered with their reason and get no reply; nothing
+//! is dropped.
 //!
 //! The events themselves leave through the outbox relay this service runs beside its
-//! consumers: woken by each commit that wrote an event, polling as the fallback.
+//! consumers: woken by each commit that wrote an event, polling as the fallback. The event of
+//! a run handed to the workers (`run.accepted`, `decision.accepted`) is also its segment
+//! wake-up: the segments queue is bound to it, so no second message is published for it.
 //!
 //! Each delivery is gated inside a span (`run_request`, `decision`) whose parent is the trace
-//! context its producer sent, so the segment wake-up published from inside it carries the
-//! producer's trace on to the worker; the span names the run (`run.id`) and the outcome, and
-//! the gates run in a child of it (`run_request_gates`, `decision_gates`). Beside the
+//! context its producer sent; the span names the run (`run.id`) and the outcome, and the gates
+//! run in a child of it (`run_request_gates`, `decision_gates`), which the relay publishes the
+//! gates' events inside, so the wake-up carries the producer's trace on to the worker. Beside the
 //! consumers, the backlog gauges — runs waiting for approval, the oldest wait, approvals about
 //! to expire, expired leases, dead letters, the work queues' depth — are refreshed from one
 //! query and four passive declares every [`BACKLOG_INTERVAL`].
@@ -30,7 +31,7 @@ use serde_json::Value;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::{Coordinator, DecisionCode, DecisionVerdict, Dispatch, RequestOutcome, RequestVerdict};
+use crate::{Coordinator, DecisionCode, DecisionVerdict, RequestOutcome, RequestVerdict};
 
 /// Deliveries each consumer may hold unacknowledged beyond those it is gating, so that it has
 /// credit to spare whenever it waits for the next one.
@@ -127,7 +128,6 @@ struct Effects {
     counter: &'static str,
     outcome: &'static str,
     dead_letter: Option<String>,
-    dispatch: Option<Dispatch>,
     /// An event no transaction announced (a `not_auditable` decision), for the run it names.
     unannounced: Option<(RunId, Event)>,
     /// `None` for a producer that was not authenticated: no reply.
@@ -149,7 +149,6 @@ impl From<RequestVerdict> for Effects {
                 unauthenticated,
                 v.outcome.code(),
             ),
-            dispatch: v.dispatch,
             unannounced: None,
             reply: v.reply,
             approval_wait: None,
@@ -170,7 +169,6 @@ impl From<DecisionVerdict> for Effects {
                 v.outcome.code(),
             ),
             approval_wait: v.approval_wait,
-            dispatch: v.dispatch,
             unannounced: v.run_id.zip(v.unannounced().cloned()),
             reply: v.reply,
         }
@@ -272,14 +270,6 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
     }
     let at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
 
-    if let Some(dispatch) = effects.dispatch {
-        match broker.publish_segment(dispatch.run_id).await {
-            Ok(()) => coordinator.note_dispatch(&dispatch),
-            Err(e) => {
-                tracing::warn!(run.id = %dispatch.run_id, code = e.code(), error = %e, "wake-up not published; the reaper will publish it")
-            }
-        }
-    }
     if let Some((run_id, event)) = &effects.unannounced {
         // Nothing recorded this outcome, so nothing announced it: the outbox gets it now.
         if let Err(e) = coordinator.store.announce(Some(*run_id), event).await {

@@ -2,8 +2,8 @@
 //!
 //! A verdict is the whole contract between the gates and the transport: the caller
 //! dead-letters when [`RequestVerdict::dead_letter_reason`] / [`DecisionVerdict::dead_letter_reason`]
-//! says so (and acknowledges otherwise), publishes the [`Dispatch`] wake-up, and sends the reply
-//! to `reply_to` when the message carried one and the verdict has one. Events and replies carry
+//! says so (and acknowledges otherwise) and sends the reply to `reply_to` when the message
+//! carried one and the verdict has one. Events and replies carry
 //! ids and outcome codes, never a prompt or a comment.
 //!
 //! The event of a verdict is already announced when the verdict is returned: written to the
@@ -13,8 +13,9 @@
 //! decision or a duplicate run request announces nothing new — its first copy's event is in the
 //! outbox already — and the verdict's `event` is that first one. The exceptions are
 //! `not_auditable` and `idempotency_conflict`, which nothing recorded: the caller announces
-//! them ([`DecisionVerdict::unannounced`]). Dispatches are not repeated either: the reaper
-//! re-publishes a queued run whose wake-up was never confirmed.
+//! them ([`DecisionVerdict::unannounced`]). The event of a run handed to the workers
+//! ([`Dispatch`]) is its wake-up too; nothing else is published for it, and the reaper
+//! re-publishes a wake-up for a queued run whose event was never confirmed.
 //!
 //! Only outcomes of an authenticated producer are announced or answered. A malformed or
 //! unauthenticated message gets neither an event nor a reply — it is dead-lettered — so an
@@ -28,7 +29,9 @@ use serde_json::json;
 use strum::VariantArray;
 use uuid::Uuid;
 
-/// A segment wake-up to publish on `countersign.segments`.
+/// A run the verdict hands to the workers, and the segment it starts. Nothing more is published
+/// for it: the event its transition committed (`run.accepted`, `decision.accepted`) is its
+/// wake-up, which the outbox relay publishes and the segments queue is bound to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dispatch {
     pub run_id: RunId,

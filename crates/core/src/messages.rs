@@ -286,8 +286,18 @@ pub enum EventName {
 }
 
 impl EventName {
+    /// The events that hand a run to the workers: a new run, a turn released by its decision.
+    /// Each is also the run's wake-up: the segments queue is bound to the events exchange under
+    /// these names, so the one message that announces the change wakes a worker for it.
+    pub const WAKE_UPS: [EventName; 2] = [EventName::RunAccepted, EventName::DecisionAccepted];
+
     pub fn as_str(self) -> &'static str {
         self.into()
+    }
+
+    /// Whether this event is one of [`EventName::WAKE_UPS`].
+    pub fn wakes_a_worker(self) -> bool {
+        EventName::WAKE_UPS.contains(&self)
     }
 }
 

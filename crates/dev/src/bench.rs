@@ -407,8 +407,9 @@ async fn print_ceilings(bench: &Bench, floor: Duration, peak: &Peak) -> anyhow::
 async fn print_hops(bench: &Bench, peak: &Peak) -> anyhow::Result<()> {
     let in_flight = 16;
     println!(
-        "hops      a cycle's hops with no work in them: {HOP_MESSAGES} confirmed publishes, {} of them delivered and acked; {HOP_STATEMENTS} single-row statements, {HOP_WRITES} of them commits that write",
-        HOP_MESSAGES - HOP_UNROUTED,
+        "hops      a cycle's hops with no work in them: {} confirmed publishes, delivered and acked {} times; {HOP_STATEMENTS} single-row statements, {HOP_WRITES} of them commits that write",
+        HOPS.len(),
+        HOPS.iter().map(|h| h.delivered()).sum::<usize>(),
     );
     for (pace, name) in [
         (Pace::InFlight(in_flight), format!("{in_flight} in flight")),
@@ -431,15 +432,58 @@ async fn print_hops(bench: &Bench, peak: &Peak) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Messages a full cycle publishes (confirmed): the run request, two wake-ups, the decision
-/// and four events.
-const HOP_MESSAGES: usize = 8;
-/// Of those, published to the events exchange under a key nothing is bound to: confirmed,
-/// never delivered, as the cycle's `decision.accepted` is (the driver binds the other three
-/// events it publishes).
-const HOP_UNROUTED: usize = 1;
-/// Of those, through quorum queues: the run request, the decision and the two wake-ups.
-const HOP_QUORUM: usize = 4;
+/// One message of a cycle: where it is published, and how many queues it reaches.
+#[derive(Debug, Clone, Copy)]
+enum Hop {
+    /// To a public quorum queue (0: the run requests, 1: the decisions), as a producer.
+    Public(usize),
+    /// To the events exchange under `key`, reaching `delivered` queues.
+    Event { key: &'static str, delivered: usize },
+}
+
+/// The routing key of the skeleton's events only the driver's (classic) queue takes.
+const HOP_DRIVER_KEY: &str = "bench.hop";
+
+/// A full cycle's messages, each confirmed, in order, as the broker's counters show them: the
+/// run request; `run.accepted`, which reaches the segments queue (the worker's wake-up) and the
+/// driver's queue; `run.suspended`, the driver's; the decision; `decision.accepted`, the
+/// resume's wake-up, which the driver does not listen to; `run.completed`, the driver's. Four
+/// deliveries from quorum queues, three from a classic one.
+const HOPS: [Hop; 6] = [
+    Hop::Public(0),
+    Hop::Event {
+        key: "run.accepted",
+        delivered: 2,
+    },
+    Hop::Event {
+        key: HOP_DRIVER_KEY,
+        delivered: 1,
+    },
+    Hop::Public(1),
+    Hop::Event {
+        key: "decision.accepted",
+        delivered: 1,
+    },
+    Hop::Event {
+        key: HOP_DRIVER_KEY,
+        delivered: 1,
+    },
+];
+
+impl Hop {
+    fn delivered(self) -> usize {
+        match self {
+            Hop::Public(_) => 1,
+            Hop::Event { delivered, .. } => delivered,
+        }
+    }
+}
+
+/// `total` spread over the cycle's hops, the first ones taking what does not divide evenly:
+/// hop `hop`'s share.
+fn hop_share(total: usize, hop: usize) -> usize {
+    total / HOPS.len() + usize::from(hop < total % HOPS.len())
+}
 /// Statements a full cycle issues (the `stmts` column at 16 in flight, rounded down).
 const HOP_STATEMENTS: usize = 21;
 /// Of those, transactions that write (the `writes` column, rounded down).
@@ -476,9 +520,13 @@ type Wakers = Arc<std::sync::Mutex<HashMap<u64, UnboundedSender<()>>>>;
 async fn cycle_hops(bench: &Bench, pace: Pace, period: Duration) -> anyhow::Result<Hops> {
     let topology = bench.broker.topology();
     let queues = HopQueues {
-        quorum: [topology.run_requests(), topology.decisions()],
+        public: [topology.run_requests(), topology.decisions()],
+        segments: topology.segments(),
         classic: bench.broker.declare_private_queue().await?,
     };
+    for key in ["run.accepted", HOP_DRIVER_KEY] {
+        bench.broker.bind_events(&queues.classic, key).await?;
+    }
     let wakers: Wakers = Arc::default();
     let consumers = hop_consumers(&bench.broker, &queues, &wakers).await?;
     let skeleton = Skeleton {
@@ -544,21 +592,20 @@ struct Skeleton {
 }
 
 impl Skeleton {
-    /// Skeleton cycle `id`: its eight hops, each with its statements, on a row of its own
-    /// among 64.
+    /// Skeleton cycle `id`: its [`HOPS`], each with its statements, on a row of its own among
+    /// 64.
     async fn cycle(&self, id: u64) -> anyhow::Result<()> {
         let (waker, mut woken) = tokio::sync::mpsc::unbounded_channel();
         self.lock_wakers().insert(id, waker);
         let passed = async {
-            for hop in 0..HOP_MESSAGES {
-                let delivered = self
-                    .queues
+            for (n, hop) in HOPS.into_iter().enumerate() {
+                self.queues
                     .pass(&self.broker, &self.as_producer, hop, id)
                     .await?;
-                if delivered {
+                for _ in 0..hop.delivered() {
                     woken.recv().await.context("a hop's consumer stopped")?;
                 }
-                hop_statements(&self.pool, hop, (id % 64 + 1) as i32).await?;
+                hop_statements(&self.pool, n, (id % 64 + 1) as i32).await?;
             }
             Ok(())
         }
@@ -576,39 +623,38 @@ impl Skeleton {
 #[derive(Clone)]
 struct HopQueues {
     /// The public quorum queues (their consumers, the services, stopped).
-    quorum: [String; 2],
-    /// A classic queue of the bench's own, as the driver's events queue is.
+    public: [String; 2],
+    /// The quorum queue the wake-up events reach (its consumer, the worker, stopped).
+    segments: String,
+    /// A classic queue of the bench's own, as the driver's events queue is, bound to
+    /// `run.accepted` and [`HOP_DRIVER_KEY`].
     classic: String,
 }
 
 impl HopQueues {
-    /// Publishes skeleton cycle `id`'s message of `hop`, confirmed; whether it is delivered
-    /// (to a consumer of [`hop_consumers`], which wakes the cycle).
+    /// Publishes skeleton cycle `id`'s message of `hop`, confirmed; the consumers of
+    /// [`hop_consumers`] wake the cycle once for each queue it reaches.
     async fn pass(
         &self,
         broker: &Broker,
         as_producer: &MessageProperties,
-        hop: usize,
+        hop: Hop,
         id: u64,
-    ) -> anyhow::Result<bool> {
+    ) -> anyhow::Result<()> {
         let body = json!({ "hop_cycle": id });
-        let bytes = serde_json::to_vec(&body)?;
-        if hop < HOP_QUORUM {
-            broker
-                .publish_public(&self.quorum[hop % 2], &bytes, as_producer)
-                .await?;
-        } else if hop < HOP_MESSAGES - HOP_UNROUTED {
-            broker
-                .publish_message(&self.classic, &bytes, &MessageProperties::default())
-                .await?;
-        } else {
-            let event_id = Uuid::now_v7().to_string();
-            broker
-                .publish_event_body("bench.hop", &event_id, &body)
-                .await?;
-            return Ok(false);
+        match hop {
+            Hop::Public(queue) => {
+                let bytes = serde_json::to_vec(&body)?;
+                broker
+                    .publish_public(&self.public[queue], &bytes, as_producer)
+                    .await?;
+            }
+            Hop::Event { key, .. } => {
+                let event_id = Uuid::now_v7().to_string();
+                broker.publish_event_body(key, &event_id, &body).await?;
+            }
         }
-        Ok(true)
+        Ok(())
     }
 }
 
@@ -620,7 +666,11 @@ async fn hop_consumers(
     wakers: &Wakers,
 ) -> anyhow::Result<JoinSet<anyhow::Result<()>>> {
     let mut consumers = JoinSet::new();
-    for queue in queues.quorum.iter().chain([&queues.classic]) {
+    for queue in queues
+        .public
+        .iter()
+        .chain([&queues.segments, &queues.classic])
+    {
         let mut consumer = broker.consume(queue, 64).await?;
         let wakers = wakers.clone();
         consumers.spawn(async move {
@@ -644,18 +694,16 @@ async fn hop_consumers(
     Ok(consumers)
 }
 
-/// The statements of a skeleton cycle's `hop`, on its own `row`: the cycle's reads spread over
-/// its hops, and a single-row `UPDATE` commit in each of the first seven.
+/// The statements of a skeleton cycle's `hop`, on its own `row`: the cycle's reads and its
+/// single-row `UPDATE` commits spread over its hops.
 async fn hop_statements(pool: &PgPool, hop: usize, row: i32) -> anyhow::Result<()> {
-    let reads = (HOP_STATEMENTS - HOP_WRITES) / HOP_MESSAGES
-        + usize::from(hop < (HOP_STATEMENTS - HOP_WRITES) % HOP_MESSAGES);
-    for _ in 0..reads {
+    for _ in 0..hop_share(HOP_STATEMENTS - HOP_WRITES, hop) {
         sqlx::query("SELECT n FROM bench_baseline WHERE id = $1")
             .bind(row)
             .fetch_one(pool)
             .await?;
     }
-    if hop < HOP_WRITES {
+    for _ in 0..hop_share(HOP_WRITES, hop) {
         sqlx::query("UPDATE bench_baseline SET n = n + 1 WHERE id = $1")
             .bind(row)
             .execute(pool)

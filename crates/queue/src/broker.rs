@@ -151,11 +151,14 @@ impl Broker {
             .is_some_and(|link| link.connection.status().connected())
     }
 
-    /// Wakes a worker for `run_id`: persistent, mandatory, confirmed.
+    /// Wakes a worker for `run_id` with a bare segment body: persistent, mandatory, confirmed.
+    /// What the reaper sends for a run whose wake-up event went missing, and a stopping worker
+    /// for a wake-up it hands back. Through the segments exchange, which reaches the segments
+    /// queue only, so the publisher needs no write on `amq.default`, which reaches every queue.
     pub async fn publish_segment(&self, run_id: RunId) -> Result<(), QueueError> {
         let body = serde_json::to_vec(&segment_body(run_id))?;
-        let queue = self.topology().segments();
-        self.publish("", &queue, &body, base_properties(), true)
+        let exchange = self.topology().segments_exchange();
+        self.publish(&exchange, "", &body, base_properties(), true)
             .await
     }
 

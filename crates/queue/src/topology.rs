@@ -52,6 +52,8 @@ use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{Channel, Connection, ExchangeKind};
 
+use countersign_core::EventName;
+
 use crate::error::QueueError;
 
 /// The prefix used in production.
@@ -337,12 +339,47 @@ fn queues(t: &Topology) -> Vec<(String, Option<String>)> {
     all
 }
 
-/// Every binding of the topology: (queue, exchange).
-fn bindings(t: &Topology) -> Vec<(String, String)> {
-    let mut all = vec![(t.dead_letters(), t.dead_letter_exchange())];
-    all.extend(t.public_queues().into_iter().map(|q| (q.clone(), q)));
-    all.push((t.segments(), t.segments_exchange()));
+/// A binding of the topology: a queue, the exchange it takes from, and the routing key
+/// (empty for a fanout exchange).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Binding {
+    queue: String,
+    exchange: String,
+    key: &'static str,
+}
+
+impl Binding {
+    fn fanout(queue: String, exchange: String) -> Binding {
+        Binding {
+            queue,
+            exchange,
+            key: "",
+        }
+    }
+}
+
+/// Every binding of the topology: each fanout exchange to its queue, and the segments queue to
+/// the events that wake a worker ([`wake_up_bindings`]).
+fn bindings(t: &Topology) -> Vec<Binding> {
+    let mut all = vec![Binding::fanout(t.dead_letters(), t.dead_letter_exchange())];
+    all.extend(
+        t.public_queues()
+            .into_iter()
+            .map(|q| Binding::fanout(q.clone(), q)),
+    );
+    all.push(Binding::fanout(t.segments(), t.segments_exchange()));
+    all.extend(wake_up_bindings(t));
     all
+}
+
+/// The segments queue bound to the events exchange under each name of
+/// [`EventName::WAKE_UPS`]: the event that hands a run to the workers is its wake-up.
+fn wake_up_bindings(t: &Topology) -> impl Iterator<Item = Binding> + '_ {
+    EventName::WAKE_UPS.into_iter().map(|name| Binding {
+        queue: t.segments(),
+        exchange: t.events_exchange(),
+        key: name.as_str(),
+    })
 }
 
 /// Makes the topology what `config.declare` asks for (see [`Declare`]): creates what is
@@ -407,25 +444,53 @@ pub(crate) async fn declare(
     // A binding between two entities that both existed is left alone like them: binding
     // needs permissions (write on the queue, read on the exchange) a process that found
     // everything in place should not need.
-    for (queue, exchange) in bindings(t) {
-        if !created.contains(&queue) && !created.contains(&exchange) {
+    for binding in bindings(t) {
+        if !created.contains(&binding.queue) && !created.contains(&binding.exchange) {
             continue;
         }
-        channel
-            .queue_bind(
-                short(&queue)?,
-                short(&exchange)?,
-                "".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .map_err(QueueError::Topology)?;
+        bind(&channel, &binding).await?;
     }
     if !created.is_empty() {
         tracing::info!(prefix = %t.prefix, created = created.len(), declare = ?config.declare, "declared the missing parts of the topology");
     }
+    rebind_wake_ups(connection, t).await;
     Ok(())
+}
+
+async fn bind(channel: &Channel, binding: &Binding) -> Result<(), QueueError> {
+    channel
+        .queue_bind(
+            short(&binding.queue)?,
+            short(&binding.exchange)?,
+            binding.key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .map_err(QueueError::Topology)
+}
+
+/// Binds the segments queue to the wake-up events even where both already existed: a
+/// topology an earlier release created has the queue and the exchange without these bindings,
+/// and its runs would then wait for the workers' poll to start. Binding again is a no-op for
+/// the broker. A refusal (a user without write on the queue or read on the exchange) is not
+/// fatal: it is logged, and the poll finds the runs; the definitions file carries the bindings
+/// for a broker set up by an operator.
+async fn rebind_wake_ups(connection: &Connection, t: &Topology) {
+    let bound = async {
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(QueueError::Topology)?;
+        for binding in wake_up_bindings(t) {
+            bind(&channel, &binding).await?;
+        }
+        let _ = channel.close(200, "bound".into()).await;
+        Ok::<(), QueueError>(())
+    };
+    if let Err(e) = bound.await {
+        tracing::warn!(prefix = %t.prefix, code = e.code(), error = %e, "could not bind the segments queue to the wake-up events; workers find new and released runs by their poll until the definitions bind it");
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -608,7 +673,8 @@ mod tests {
     }
 
     #[test]
-    fn each_work_queue_has_an_exchange_of_its_name_bound_to_it() {
+    fn each_work_queue_has_an_exchange_of_its_name_bound_to_it_and_the_segments_queue_the_wake_up_events(
+    ) {
         let t = Topology::new("p");
         let names: Vec<_> = exchanges(&t).into_iter().map(|(n, _)| n).collect();
         assert_eq!(
@@ -621,13 +687,27 @@ mod tests {
                 "p.segments"
             ]
         );
+        let bound: Vec<_> = bindings(&t)
+            .into_iter()
+            .map(|b| (b.queue, b.exchange, b.key))
+            .collect();
         assert_eq!(
-            bindings(&t),
+            bound,
             [
-                ("p.dead-letters".to_owned(), "p.dlx".to_owned()),
-                ("p.run-requests".to_owned(), "p.run-requests".to_owned()),
-                ("p.decisions".to_owned(), "p.decisions".to_owned()),
-                ("p.segments".to_owned(), "p.segments".to_owned()),
+                ("p.dead-letters".to_owned(), "p.dlx".to_owned(), ""),
+                ("p.run-requests".to_owned(), "p.run-requests".to_owned(), ""),
+                ("p.decisions".to_owned(), "p.decisions".to_owned(), ""),
+                ("p.segments".to_owned(), "p.segments".to_owned(), ""),
+                (
+                    "p.segments".to_owned(),
+                    "p.events".to_owned(),
+                    "run.accepted"
+                ),
+                (
+                    "p.segments".to_owned(),
+                    "p.events".to_owned(),
+                    "decision.accepted"
+                ),
             ]
         );
     }

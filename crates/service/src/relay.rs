@@ -9,12 +9,18 @@
 //! (the broker was down, the process that wrote the row died), and the reaper republishes
 //! what stayed unsent for long. The row is the truth; the relay only carries it, at least
 //! once: consumers deduplicate by `event_id`.
+//!
+//! The events that hand a run to the workers (`run.accepted`, `decision.accepted`) are that
+//! run's wake-ups as well: the segments queue is bound to them. The relay publishes a handed-off
+//! row inside the span that committed it, so the worker's span continues that trace, and once
+//! such an event is confirmed the run is recorded as dispatched with the row's delete.
 
 use std::future::Future;
 use std::time::Duration;
 
 use countersign_queue::{Broker, QueueError};
 use countersign_store::{EventPublisher, OutboxEvent, RelayReport, Store, StoreError};
+use tracing::Instrument;
 
 /// How a relay runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,18 +85,23 @@ pub const SWEEP_AFTER: Duration = Duration::from_secs(5);
 /// confirms in flight together, and notes the confirmed ones for [`Store::flush_marks`]. A row
 /// whose publish failed is left to a sweep. Returns how many were confirmed.
 pub async fn publish_handed_off(store: &Store, broker: &Broker) -> Result<u64, RelayError> {
-    let rows = store.take_handed_off();
-    if rows.is_empty() {
+    let handed = store.take_handed_off();
+    if handed.is_empty() {
         return Ok(0);
     }
     let publisher = BrokerPublisher(broker);
-    let outcomes =
-        futures_util::future::join_all(rows.iter().map(|row| publisher.publish(row))).await;
+    // Each inside the span that committed it: the message carries that trace on.
+    let outcomes = futures_util::future::join_all(
+        handed
+            .iter()
+            .map(|h| publisher.publish(&h.row).instrument(h.span.clone())),
+    )
+    .await;
     let mut first_error = None;
-    let mut confirmed = Vec::with_capacity(rows.len());
-    for (row, outcome) in rows.iter().zip(outcomes) {
+    let mut confirmed = Vec::with_capacity(handed.len());
+    for (h, outcome) in handed.iter().zip(outcomes) {
         match outcome {
-            Ok(()) => confirmed.push(row.id),
+            Ok(()) => confirmed.push(&h.row),
             Err(e) => {
                 first_error.get_or_insert(e);
             }

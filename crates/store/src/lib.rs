@@ -36,7 +36,7 @@ pub use fence::{hook_error, FencedWrite};
 pub use inbox::{InboxCursor, InboxPage, WaitingRun};
 pub use leases::{Claim, ClaimedInputs, Renewal, SealedDecision, SentCall};
 pub use observe::Backlog;
-pub use outbox::{EventPublisher, OutboxEvent, RelayReport};
+pub use outbox::{EventPublisher, HandedOff, OutboxEvent, RelayReport};
 pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
 pub use rotation::{ColumnRotation, RotationReport};
 pub use runs::{

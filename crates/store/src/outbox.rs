@@ -194,9 +194,30 @@ pub const HANDOFF_LIMIT: usize = 10_000;
 /// confirmed and runs dispatched that are not yet marked.
 #[derive(Debug, Default)]
 pub(crate) struct Handoff {
-    fresh: Vec<OutboxEvent>,
+    fresh: Vec<HandedOff>,
     published: Vec<Uuid>,
     dispatched: Vec<Uuid>,
+}
+
+/// A row this process committed, handed to its relay with the span of the work that committed
+/// it: the relay publishes it inside that span, so the message carries that trace on — to the
+/// worker a wake-up event wakes, and to any consumer of the events.
+#[derive(Debug)]
+pub struct HandedOff {
+    pub row: OutboxEvent,
+    pub span: tracing::Span,
+}
+
+impl OutboxEvent {
+    /// The run this event hands to the workers, when it is one of [`EventName::WAKE_UPS`]: its
+    /// publish is that run's wake-up.
+    pub fn wakes(&self) -> Option<Uuid> {
+        let wakes = self
+            .kind
+            .parse::<EventName>()
+            .is_ok_and(EventName::wakes_a_worker);
+        self.run_id.filter(|_| wakes)
+    }
 }
 
 /// How long a relay's claim on a batch lasts: longer than publishing a batch can take.
@@ -317,39 +338,37 @@ impl Store {
     /// claiming them first, and wakes it. Past [`HANDOFF_LIMIT`] waiting rows (a process whose
     /// relay does not run) rows are not kept: they stay in the table for a sweep.
     pub(crate) fn hand_off(&self, rows: Vec<OutboxEvent>) {
+        let span = tracing::Span::current();
         {
             let mut handoff = self.handoff.lock().unwrap_or_else(|p| p.into_inner());
             let room = HANDOFF_LIMIT.saturating_sub(handoff.fresh.len());
-            handoff.fresh.extend(rows.into_iter().take(room));
+            handoff
+                .fresh
+                .extend(rows.into_iter().take(room).map(|row| HandedOff {
+                    row,
+                    span: span.clone(),
+                }));
         }
         self.wake_relay();
     }
 
     /// The rows committed by this process since the last call, oldest first, for the relay to
     /// publish; it reports what the broker confirmed with [`Store::note_published`].
-    pub fn take_handed_off(&self) -> Vec<OutboxEvent> {
+    pub fn take_handed_off(&self) -> Vec<HandedOff> {
         std::mem::take(&mut self.handoff.lock().unwrap_or_else(|p| p.into_inner()).fresh)
     }
 
-    /// Notes outbox rows the broker confirmed; [`Store::flush_marks`] deletes them.
-    pub fn note_published(&self, ids: impl IntoIterator<Item = Uuid>) {
-        self.handoff
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .published
-            .extend(ids);
-    }
-
-    /// Notes a run whose wake-up the broker confirmed; [`Store::flush_marks`] records it as
-    /// dispatched (what [`Store::mark_dispatched`] does for one run, batched) and wakes the
-    /// relay, which flushes.
-    pub fn note_dispatched(&self, run_id: RunId) {
-        self.handoff
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .dispatched
-            .push(run_id.as_uuid());
-        self.wake_relay();
+    /// Notes outbox rows the broker confirmed: [`Store::flush_marks`] deletes them, and records
+    /// the runs the wake-up events among them woke as dispatched (what [`Store::mark_dispatched`]
+    /// does for one run, batched), so the reaper's lost-dispatch scan leaves those runs alone.
+    pub fn note_published<'a>(&self, rows: impl IntoIterator<Item = &'a OutboxEvent>) {
+        let mut handoff = self.handoff.lock().unwrap_or_else(|p| p.into_inner());
+        for row in rows {
+            handoff.published.push(row.id);
+            if let Some(run_id) = row.wakes() {
+                handoff.dispatched.push(run_id);
+            }
+        }
     }
 
     /// How many confirmed rows and dispatches wait for [`Store::flush_marks`].

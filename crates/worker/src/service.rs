@@ -14,10 +14,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use countersign_core::{ModelError, RunId, TerminationReason};
-use countersign_queue::{
-    parse_segment, segment_body, Broker, Delivery, MessageProperties, QueueError,
-};
+use countersign_core::{ModelError, TerminationReason};
+use countersign_queue::{parse_segment, Broker, Delivery};
 use countersign_service::relay::{self, RelayConfig};
 use countersign_store::{Claim, Segment};
 use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
@@ -321,7 +319,7 @@ async fn next(consumer: &mut Option<countersign_queue::Consumer>) -> Option<Deli
 /// and not to `amq.default`, which reaches every queue.
 async fn hand_back(broker: &Broker, delivery: Delivery) {
     let fresh = match parse_segment(&delivery.body) {
-        Ok(run_id) => republish(broker, run_id).await,
+        Ok(run_id) => broker.publish_segment(run_id).await,
         // Whoever takes a malformed one dead-letters it with its reason.
         Err(_) => return requeue(delivery).await,
     };
@@ -337,16 +335,6 @@ async fn hand_back(broker: &Broker, delivery: Delivery) {
             requeue(delivery).await;
         }
     }
-}
-
-/// A fresh wake-up for `run_id` through the segments exchange (persistent, mandatory,
-/// confirmed, like every publish).
-async fn republish(broker: &Broker, run_id: RunId) -> Result<(), QueueError> {
-    let body = serde_json::to_vec(&segment_body(run_id))?;
-    let exchange = broker.topology().segments_exchange();
-    broker
-        .publish_public(&exchange, &body, &MessageProperties::default())
-        .await
 }
 
 async fn requeue(delivery: Delivery) {

@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use countersign_core::EventName;
 use countersign_e2e::{
     amqp_addr, demo_agent, demo_script, free_port, http_get, model_settings, workspace_file,
     Installation, ModelStub, Process, TempDir, MODEL_KEY_ENV,
@@ -112,19 +113,26 @@ fn the_definitions_hold_the_topology_the_services_check_for_with_dead_lettering_
     );
     assert_eq!(exchanges, expected);
 
-    let bindings: BTreeSet<(String, String)> = by_name(&d, "bindings")
+    let bindings: BTreeSet<(String, String, String)> = by_name(&d, "bindings")
         .into_iter()
         .map(|b| {
             assert_eq!(b["destination_type"], "queue");
             (
                 b["source"].as_str().unwrap().to_owned(),
                 b["destination"].as_str().unwrap().to_owned(),
+                b["routing_key"].as_str().unwrap().to_owned(),
             )
         })
         .collect();
-    let mut expected = BTreeSet::from([(t.dead_letter_exchange(), t.dead_letters())]);
-    expected.extend(t.public_queues().map(|q| (q.clone(), q)));
-    expected.insert((t.segments_exchange(), t.segments()));
+    let fanout = |exchange: String, queue: String| (exchange, queue, String::new());
+    let mut expected = BTreeSet::from([fanout(t.dead_letter_exchange(), t.dead_letters())]);
+    expected.extend(t.public_queues().map(|q| fanout(q.clone(), q)));
+    expected.insert(fanout(t.segments_exchange(), t.segments()));
+    // The events that hand a run to the workers are its wake-ups.
+    expected.extend(
+        EventName::WAKE_UPS
+            .map(|name| (t.events_exchange(), t.segments(), name.as_str().to_owned())),
+    );
     assert_eq!(bindings, expected);
 
     let policies = by_name(&d, "policies");
@@ -471,7 +479,9 @@ async fn a_run_goes_from_request_to_write_under_the_least_privilege_users_declar
         as_user("countersign-worker", "countersign-worker")
             .args(["--no-declare", "--model-script", &demo_script()])
             .args(["--http-addr", &format!("127.0.0.1:{worker_port}")])
-            .args(["--poll-interval-secs", "1"])
+            // No poll within the test: the run starts and resumes only if the definitions'
+            // bindings carry `run.accepted` and `decision.accepted` to the segments queue.
+            .args(["--poll-interval-secs", "3600"])
             .stdout(Stdio::null())
             .stderr(log_to("worker"))
             .spawn()
@@ -569,6 +579,52 @@ async fn a_run_goes_from_request_to_write_under_the_least_privilege_users_declar
     }
     drop((_coordinator, _worker));
     db.remove().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_reaper_and_api_users_publish_where_their_work_goes_and_never_through_amq_default() {
+    let mq = Imported::new("publishers");
+    let t = Topology::default();
+    let as_user = |user: &'static str| {
+        let mq = &mq;
+        async move {
+            mq.broker(mq.addr(user, &compose_password(user)))
+                .await
+                .unwrap_or_else(|e| panic!("{user}: {e}"))
+        }
+    };
+    let reaper = as_user("countersign-reaper").await;
+    let api = as_user("countersign-api").await;
+    let run = countersign_core::RunId::new();
+
+    // The reaper wakes a run through the segments exchange; the API only announces events.
+    reaper.publish_segment(run).await.unwrap();
+    let event = json!({"type": "countersign.event", "event": "run.refused"});
+    for publisher in [&reaper, &api] {
+        publisher
+            .publish_event_body("run.refused", &Uuid::now_v7().to_string(), &event)
+            .await
+            .unwrap();
+    }
+    let refused = api
+        .publish_segment(run)
+        .await
+        .expect_err("the API has no write permission on the segments exchange");
+    assert_eq!(refused.code(), "publish_refused");
+    // The default exchange would reach every queue: neither may write to it.
+    for publisher in [&reaper, &api] {
+        let refused = publisher
+            .publish_message(&t.segments(), b"{}", &MessageProperties::default())
+            .await
+            .expect_err("no write permission on amq.default");
+        assert_eq!(refused.code(), "publish_refused");
+    }
+    let admin = mq.broker(mq.admin_addr()).await.unwrap();
+    assert_eq!(
+        admin.message_count(&t.segments()).await.unwrap(),
+        1,
+        "the reaper's wake-up, and nothing else"
+    );
 }
 
 #[tokio::test]

@@ -196,6 +196,10 @@ async fn an_approval_of_the_current_card_is_accepted_and_a_replay_of_it_changes_
         (run.status, run.segment),
         (RunStatus::Queued, Segment::Resume)
     );
+    // Its `decision.accepted` is the resume's wake-up: once the relay has it confirmed, the run
+    // is dispatched.
+    assert!(h.relay_wake_ups().await.ends_with(&[run_id]));
+    let run = h.store.run(run_id).await.unwrap().unwrap();
     assert!(
         run.dispatched_at.is_some(),
         "the resume wake-up was published and confirmed"

@@ -58,6 +58,9 @@ async fn a_run_request_creates_one_queued_run_and_a_repeated_idempotency_key_cre
         (RunStatus::Queued, Segment::Start)
     );
     assert_eq!(run.acting_user, "editor");
+    // Its `run.accepted` is its wake-up: once the relay has it confirmed, the run is dispatched.
+    assert_eq!(h.relay_wake_ups().await, [run.id]);
+    let run = h.store.run(run.id).await.unwrap().unwrap();
     assert!(
         run.dispatched_at.is_some(),
         "its wake-up was published and confirmed"

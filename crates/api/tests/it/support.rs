@@ -98,7 +98,7 @@ pub async fn harness_with_users(
         .expect("RabbitMQ answers");
     let registry = site.runner.registry.clone();
     let coordinator = Coordinator::with_users(site.store.clone(), registry, api_users);
-    let state = AppState::new(coordinator, broker.clone(), config);
+    let state = AppState::new(coordinator, config);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
@@ -308,6 +308,22 @@ impl Harness {
         .execute(&self.pool)
         .await
         .unwrap();
+    }
+
+    /// Publishes what the API's transactions committed, as the process's outbox relay does,
+    /// and returns the runs the segments queue now holds wake-ups for, in order.
+    pub async fn relay_wake_ups(&self) -> Vec<RunId> {
+        countersign_service::relay::relay_now(&self.store, &self.broker).await;
+        let queue = self.broker.topology().segments();
+        let waiting = self.broker.message_count(&queue).await.unwrap();
+        let mut consumer = self.broker.consume(&queue, 16).await.unwrap();
+        let mut runs = Vec::new();
+        for _ in 0..waiting {
+            let delivery = consumer.next().await.unwrap().unwrap();
+            runs.push(countersign_queue::parse_segment(&delivery.body).unwrap());
+            delivery.ack().await.unwrap();
+        }
+        runs
     }
 
     /// Deletes this harness's queues and exchanges.

@@ -70,11 +70,14 @@ async fn an_accepted_approval_moves_the_run_to_its_resume_segment_with_one_decis
     assert_eq!(events[0].1["approver"], "approver");
     assert_eq!(events[0].1["has_comment"], true);
 
-    assert!(h
-        .coordinator
-        .confirm_dispatch(v.dispatch.as_ref().unwrap())
-        .await
-        .unwrap());
+    // The relay publishes the decision's event, which is the resume's wake-up: once the broker
+    // confirmed it, the run is recorded as dispatched.
+    let store = &h.coordinator.store;
+    let handed = store.take_handed_off();
+    let woken: Vec<_> = handed.iter().filter_map(|h| h.row.wakes()).collect();
+    assert_eq!(woken.last(), Some(&card.run_id.as_uuid()), "{handed:?}");
+    store.note_published(handed.iter().map(|h| &h.row));
+    store.flush_marks().await.unwrap();
     assert_ne!(
         h.row(card.run_id).await["dispatched_at"],
         serde_json::Value::Null

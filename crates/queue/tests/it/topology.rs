@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use countersign_core::RunId;
+use countersign_core::{Event, EventName, RunId};
 use countersign_queue::{parse_segment, Broker, Declare, MessageProperties};
 
 use crate::support::{arrives_within, cleaning_up, next, test_config, Proxy, ARRIVES_WITHIN};
@@ -185,6 +185,95 @@ async fn a_message_published_to_the_exchange_of_a_public_queue_reaches_that_queu
             assert_eq!(d.user_id, b.user());
             d.ack().await.unwrap();
         }
+    })
+    .await;
+}
+
+/// Publishes `name` about `run` on the events exchange, as the outbox relay does.
+async fn publish_event(broker: &Broker, name: EventName, run: RunId) {
+    let body =
+        Event::new(name, serde_json::json!({ "run_id": run })).to_json("2026-12-05T00:00:00Z");
+    broker
+        .publish_event_body(name.as_str(), &uuid::Uuid::now_v7().to_string(), &body)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_events_that_hand_a_run_to_the_workers_reach_the_segments_queue_and_no_other_does() {
+    let broker = crate::support::broker().await;
+    let b = broker.clone();
+    cleaning_up(&broker, async move {
+        let run = RunId::new();
+        for name in [
+            EventName::RunSuspended,
+            EventName::RunAccepted,
+            EventName::DecisionRefused,
+            EventName::DecisionAccepted,
+            EventName::RunCompleted,
+        ] {
+            publish_event(&b, name, run).await;
+        }
+        let mut consumer = b.consume(&b.topology().segments(), 8).await.unwrap();
+        for expected in ["run.accepted", "decision.accepted"] {
+            let d = next(&mut consumer).await;
+            let body: serde_json::Value = serde_json::from_slice(&d.body).unwrap();
+            assert_eq!(body["event"], expected);
+            assert_eq!(parse_segment(&d.body), Ok(run), "a wake-up for the run");
+            d.ack().await.unwrap();
+        }
+        assert!(
+            arrives_within(&mut consumer, Duration::from_millis(300))
+                .await
+                .is_none(),
+            "only the two wake-up events reach the workers"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_topology_an_earlier_release_created_gets_the_wake_up_bindings_from_the_next_process() {
+    // Durable exchanges, as in production: an auto-delete one would go with its last binding.
+    let mut config = test_config();
+    config.auto_delete = false;
+    let first = Broker::connect(config.clone()).await.unwrap();
+    let (b, topology) = (first.clone(), first.topology().clone());
+    cleaning_up(&first, async move {
+        // An earlier release's topology: the queue and the exchange, without the bindings.
+        let connection =
+            lapin::Connection::connect(&config.addr, lapin::ConnectionProperties::default())
+                .await
+                .unwrap();
+        let channel = connection.create_channel().await.unwrap();
+        for key in ["run.accepted", "decision.accepted"] {
+            channel
+                .queue_unbind(
+                    topology.segments().as_str().into(),
+                    topology.events_exchange().as_str().into(),
+                    key.into(),
+                    lapin::types::FieldTable::default(),
+                )
+                .await
+                .unwrap();
+        }
+        let run = RunId::new();
+        publish_event(&b, EventName::RunAccepted, run).await;
+        let segments = topology.segments();
+        assert_eq!(
+            b.message_count(&segments).await.unwrap(),
+            0,
+            "unbound, the event reaches no worker"
+        );
+
+        // The next process to connect finds every entity in place and binds them again.
+        let next_process = Broker::connect(config).await.unwrap();
+        publish_event(&next_process, EventName::RunAccepted, run).await;
+        let mut consumer = next_process.consume(&segments, 1).await.unwrap();
+        let d = next(&mut consumer).await;
+        assert_eq!(parse_segment(&d.body), Ok(run));
+        d.ack().await.unwrap();
+        let _ = connection.close(200, "done".into()).await;
     })
     .await;
 }

@@ -268,6 +268,7 @@ async fn handed_off_rows_the_broker_confirmed_leave_the_outbox_at_the_flush(pool
     let handed = store.take_handed_off();
     let ours: Vec<&OutboxEvent> = handed
         .iter()
+        .map(|h| &h.row)
         .filter(|e| e.run_id == Some(run.as_uuid()))
         .collect();
     assert_eq!(
@@ -276,8 +277,12 @@ async fn handed_off_rows_the_broker_confirmed_leave_the_outbox_at_the_flush(pool
     );
 
     // Only the confirmed one is noted: the other stays for a sweep.
-    store.note_published([ours[0].id]);
-    assert_eq!(store.pending_marks(), 1);
+    store.note_published([ours[0]]);
+    assert_eq!(
+        store.pending_marks(),
+        2,
+        "the row, and its run's dispatch: run.accepted is the run's wake-up"
+    );
     store.flush_marks().await.unwrap();
     assert_eq!(store.pending_marks(), 0);
     assert_eq!(outbox(&store, run).await, ["run.suspended"]);
@@ -586,4 +591,48 @@ async fn rows_claimed_by_a_relay_that_died_are_sent_once_its_claim_runs_out(pool
     assert_eq!(relay(&store, &next).await.published, 2);
     assert_eq!(next.kinds(), ["run.accepted", "run.suspended"]);
     assert_eq!(outbox(&store, run).await, Vec::<String>::new());
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_confirmed_wake_up_event_records_its_run_dispatched_and_no_other_event_does(
+    pool: PgPool,
+) {
+    let store = store(pool.clone());
+    let run = queued(&store).await;
+    let handed = store.take_handed_off();
+    let accepted: Vec<&OutboxEvent> = handed
+        .iter()
+        .map(|h| &h.row)
+        .filter(|e| e.run_id == Some(run.as_uuid()))
+        .collect();
+    assert_eq!(accepted.len(), 1);
+    assert_eq!(accepted[0].kind, "run.accepted");
+    assert_eq!(accepted[0].wakes(), Some(run.as_uuid()));
+
+    let dispatched = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, bool>("SELECT dispatched_at IS NOT NULL FROM runs WHERE id = $1")
+            .bind(run.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    // An event of the run that wakes nobody leaves it undispatched: the reaper would wake it.
+    let cancelled = countersign_core::Event::new(
+        countersign_core::EventName::RunCancelled,
+        json!({"run_id": run}),
+    );
+    store.announce(Some(run), &cancelled).await.unwrap();
+    let other = store.take_handed_off();
+    assert_eq!(other[0].row.wakes(), None);
+    store.note_published(other.iter().map(|h| &h.row));
+    store.flush_marks().await.unwrap();
+    assert!(!dispatched(pool.clone()).await);
+
+    store.note_published(accepted);
+    store.flush_marks().await.unwrap();
+    assert!(
+        dispatched(pool.clone()).await,
+        "the confirmed run.accepted was the run's wake-up"
+    );
+    assert!(outbox(&store, run).await.is_empty());
 }
