@@ -13,7 +13,9 @@
 //! The events that hand a run to the workers (`run.accepted`, `decision.accepted`) are that
 //! run's wake-ups as well: the segments queue is bound to them. The relay publishes a handed-off
 //! row inside the span that committed it, so the worker's span continues that trace, and once
-//! such an event is confirmed the run is recorded as dispatched with the row's delete.
+//! such an event is confirmed the run is recorded as dispatched with the row's delete. A swept
+//! row does not record it: should the run still be queued after the reaper's dispatch grace,
+//! the reaper wakes it once more, which a claim makes harmless.
 
 use std::future::Future;
 use std::time::Duration;
