@@ -110,13 +110,45 @@ async fn a_coordinator_killed_between_recording_an_approval_and_dispatching_it_i
     // The wake-up it had published is taken off the queue unconsumed, as if it never left.
     let segments = broker.topology().segments();
     let mut wake_ups = broker.consume(&segments, 10).await.unwrap();
-    let lost = tokio::time::timeout(secs(10), wake_ups.next())
-        .await
-        .unwrap_or_else(|_| {
-            panic!("{SCENARIO}: the coordinator published the wake-up before it was killed")
-        })
-        .expect("the segments consumer is open")
-        .expect("a delivery");
+    let lost = match tokio::time::timeout(secs(30), wake_ups.next()).await {
+        Ok(next) => next
+            .expect("the segments consumer is open")
+            .expect("a delivery"),
+        Err(_) => {
+            // What the failure needs to be understood: where the event is, if anywhere.
+            let outbox: Vec<String> = sqlx::query_scalar(
+                "SELECT kind FROM event_outbox WHERE run_id = $1::text::uuid ORDER BY created_at",
+            )
+            .bind(&run)
+            .fetch_all(&mut site.conn)
+            .await
+            .unwrap_or_default();
+            let row = run_row(&mut site.conn, &run).await;
+            let ready = broker.message_count(&segments).await;
+            let bindings = std::process::Command::new("rabbitmqctl")
+                .args([
+                    "list_bindings",
+                    "-q",
+                    "source_name",
+                    "destination_name",
+                    "routing_key",
+                ])
+                .output()
+                .map(|out| {
+                    String::from_utf8_lossy(&out.stdout)
+                        .lines()
+                        .filter(|l| l.contains(&broker.topology().prefix))
+                        .map(str::to_owned)
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default();
+            panic!(
+                "{SCENARIO}: the coordinator published the wake-up before it was killed; \
+                 none on the queue within 30 s: outbox {outbox:?}, ready {ready:?}, \
+                 bindings {bindings:?}, run {row}"
+            )
+        }
+    };
     let body: Value = serde_json::from_slice(&lost.body).unwrap();
     assert_eq!(
         (&body["event"], &body["run_id"]),
