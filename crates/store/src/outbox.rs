@@ -196,7 +196,8 @@ pub const HANDOFF_LIMIT: usize = 10_000;
 pub(crate) struct Handoff {
     fresh: Vec<HandedOff>,
     published: Vec<Uuid>,
-    dispatched: Vec<Uuid>,
+    /// Each run woken, with the time of the event that woke it.
+    dispatched: Vec<(Uuid, DateTime<Utc>)>,
 }
 
 /// A row this process committed, handed to its relay with the span of the work that committed
@@ -366,7 +367,7 @@ impl Store {
         for row in rows {
             handoff.published.push(row.id);
             if let Some(run_id) = row.wakes() {
-                handoff.dispatched.push(run_id);
+                handoff.dispatched.push((run_id, row.created_at));
             }
         }
     }
@@ -380,6 +381,12 @@ impl Store {
     /// Records what was noted since the last flush, with at most two statements whatever the
     /// number: the confirmed rows deleted from the outbox, the dispatched runs that are still
     /// queued marked `dispatched_at = now()`. On an error the notes are kept for the next flush.
+    ///
+    /// A run is marked only while the segment its event woke is the one queued: the event's
+    /// time is the transaction's that queued that segment (`available_at`), so a mark flushed
+    /// late — after the run was claimed, suspended and released again — leaves the later
+    /// segment undispatched until its own event is confirmed, and the reaper's lost-dispatch
+    /// scan still covers it.
     /// A crash before the flush loses only notes: the rows are published again by a sweep
     /// (consumers deduplicate by `event_id`) and the runs woken again by the reaper.
     pub async fn flush_marks(&self) -> Result<(), StoreError> {
@@ -393,13 +400,19 @@ impl Store {
         let result = async {
             if !published.is_empty() {
                 sqlx::query!("DELETE FROM event_outbox WHERE id = ANY($1)", &published)
-                .execute(&self.pool)
-                .await?;
+                    .execute(&self.pool)
+                    .await?;
             }
             if !dispatched.is_empty() {
+                let (runs, woken_at): (Vec<Uuid>, Vec<DateTime<Utc>>) =
+                    dispatched.iter().copied().unzip();
                 sqlx::query!(
-                    "UPDATE runs SET dispatched_at = now() WHERE id = ANY($1) AND status = 'queued'",
-                    &dispatched,
+                    "UPDATE runs SET dispatched_at = now()
+                     FROM unnest($1::uuid[], $2::timestamptz[]) AS woken (id, at)
+                     WHERE runs.id = woken.id AND runs.status = 'queued'
+                       AND runs.available_at <= woken.at",
+                    &runs,
+                    &woken_at,
                 )
                 .execute(&self.pool)
                 .await?;

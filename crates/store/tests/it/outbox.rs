@@ -636,3 +636,50 @@ async fn a_confirmed_wake_up_event_records_its_run_dispatched_and_no_other_event
     );
     assert!(outbox(&store, run).await.is_empty());
 }
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_wake_up_mark_flushed_after_its_run_moved_on_leaves_the_later_segment_undispatched(
+    pool: PgPool,
+) {
+    let store = store(pool.clone());
+    let run = queued(&store).await;
+    let started = store.take_handed_off();
+    let dispatched = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, bool>("SELECT dispatched_at IS NOT NULL FROM runs WHERE id = $1")
+            .bind(run.as_uuid())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+
+    // The start's wake-up is confirmed, but its mark waits while the run is claimed, suspended
+    // and released for its resume.
+    let lease = crate::support::claim(&store, run, "worker-a").await.lease;
+    let st = state(SuspensionSeq::FIRST);
+    assert!(store.suspend(&lease, &st, &[]).await.unwrap());
+    assert_eq!(
+        store
+            .record_decision(&crate::support::accept(run, &st))
+            .await
+            .unwrap(),
+        DecisionRecord::Recorded(DecisionOutcome::Accepted)
+    );
+    store.note_published(started.iter().map(|h| &h.row));
+    store.flush_marks().await.unwrap();
+    assert!(
+        !dispatched(pool.clone()).await,
+        "the start's wake-up does not stand for the resume's"
+    );
+
+    // The resume's own wake-up does.
+    let released = store.take_handed_off();
+    let resume: Vec<&OutboxEvent> = released
+        .iter()
+        .map(|h| &h.row)
+        .filter(|e| e.kind == "decision.accepted")
+        .collect();
+    assert_eq!(resume.len(), 1);
+    store.note_published(resume);
+    store.flush_marks().await.unwrap();
+    assert!(dispatched(pool.clone()).await);
+}
