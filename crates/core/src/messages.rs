@@ -295,9 +295,10 @@ impl EventName {
         self.into()
     }
 
-    /// Whether this event is one of [`EventName::WAKE_UPS`].
-    pub fn wakes_a_worker(self) -> bool {
-        EventName::WAKE_UPS.contains(&self)
+    /// Whether `name` (a routing key, an outbox row's `kind`) is one of
+    /// [`EventName::WAKE_UPS`].
+    pub fn wakes_a_worker(name: &str) -> bool {
+        EventName::WAKE_UPS.iter().any(|wake_up| *wake_up == name)
     }
 }
 

@@ -12,8 +12,6 @@
 //! body ([`segment_body`]), which the reaper publishes for a run whose wake-up went missing and
 //! a stopping worker hands back for one it will not take.
 
-use std::str::FromStr;
-
 use countersign_core::messages::MESSAGE_VERSION;
 use countersign_core::{Event, EventName, MessageError, RunId};
 use serde_json::{json, Value};
@@ -40,12 +38,8 @@ pub fn parse_segment(body: &[u8]) -> Result<RunId, MessageError> {
         None => return Err(MessageError::Missing("type")),
         Some(Some(SEGMENT_TYPE)) => {}
         Some(Some(Event::TYPE)) => {
-            let wakes = doc
-                .get("event")
-                .and_then(Value::as_str)
-                .and_then(|name| EventName::from_str(name).ok())
-                .is_some_and(EventName::wakes_a_worker);
-            if !wakes {
+            let wakes = doc.get("event").and_then(Value::as_str);
+            if !wakes.is_some_and(EventName::wakes_a_worker) {
                 return Err(wrong_type);
             }
         }

@@ -213,11 +213,8 @@ impl OutboxEvent {
     /// The run this event hands to the workers, when it is one of [`EventName::WAKE_UPS`]: its
     /// publish is that run's wake-up.
     pub fn wakes(&self) -> Option<Uuid> {
-        let wakes = self
-            .kind
-            .parse::<EventName>()
-            .is_ok_and(EventName::wakes_a_worker);
-        self.run_id.filter(|_| wakes)
+        self.run_id
+            .filter(|_| EventName::wakes_a_worker(&self.kind))
     }
 }
 

@@ -8,8 +8,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use countersign_core::{CallIndex, DecisionMessage, RunId, SuspensionSeq, TerminationReason};
 use countersign_store::{
-    DecisionOutcome, DecisionRecord, EventPublisher, NewDecision, OutboxEvent, RelayReport,
-    RunCounters, RunStatus, Settlement, Store,
+    DecisionOutcome, DecisionRecord, EventPublisher, HandedOff, NewDecision, OutboxEvent,
+    RelayReport, RunCounters, RunStatus, Settlement, Store,
 };
 use serde_json::json;
 use sqlx::PgPool;
@@ -72,6 +72,24 @@ async fn outbox(store: &Store, run: RunId) -> Vec<String> {
         .unwrap()
         .into_iter()
         .map(|e| e.kind)
+        .collect()
+}
+
+/// Whether the run is recorded as dispatched.
+async fn dispatched(pool: &PgPool, run: RunId) -> bool {
+    sqlx::query_scalar("SELECT dispatched_at IS NOT NULL FROM runs WHERE id = $1")
+        .bind(run.as_uuid())
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The handed-off rows of `run`, oldest first.
+fn rows_of(handed: &[HandedOff], run: RunId) -> Vec<&OutboxEvent> {
+    handed
+        .iter()
+        .map(|h| &h.row)
+        .filter(|e| e.run_id == Some(run.as_uuid()))
         .collect()
 }
 
@@ -266,11 +284,7 @@ async fn handed_off_rows_the_broker_confirmed_leave_the_outbox_at_the_flush(pool
     let store = store(pool.clone());
     let (run, _) = waiting(&store).await;
     let handed = store.take_handed_off();
-    let ours: Vec<&OutboxEvent> = handed
-        .iter()
-        .map(|h| &h.row)
-        .filter(|e| e.run_id == Some(run.as_uuid()))
-        .collect();
+    let ours = rows_of(&handed, run);
     assert_eq!(
         ours.iter().map(|e| e.kind.as_str()).collect::<Vec<_>>(),
         ["run.accepted", "run.suspended"]
@@ -600,22 +614,11 @@ async fn a_confirmed_wake_up_event_records_its_run_dispatched_and_no_other_event
     let store = store(pool.clone());
     let run = queued(&store).await;
     let handed = store.take_handed_off();
-    let accepted: Vec<&OutboxEvent> = handed
-        .iter()
-        .map(|h| &h.row)
-        .filter(|e| e.run_id == Some(run.as_uuid()))
-        .collect();
+    let accepted = rows_of(&handed, run);
     assert_eq!(accepted.len(), 1);
     assert_eq!(accepted[0].kind, "run.accepted");
     assert_eq!(accepted[0].wakes(), Some(run.as_uuid()));
 
-    let dispatched = |pool: PgPool| async move {
-        sqlx::query_scalar::<_, bool>("SELECT dispatched_at IS NOT NULL FROM runs WHERE id = $1")
-            .bind(run.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-    };
     // An event of the run that wakes nobody leaves it undispatched: the reaper would wake it.
     let cancelled = countersign_core::Event::new(
         countersign_core::EventName::RunCancelled,
@@ -626,12 +629,12 @@ async fn a_confirmed_wake_up_event_records_its_run_dispatched_and_no_other_event
     assert_eq!(other[0].row.wakes(), None);
     store.note_published(other.iter().map(|h| &h.row));
     store.flush_marks().await.unwrap();
-    assert!(!dispatched(pool.clone()).await);
+    assert!(!dispatched(&pool, run).await);
 
     store.note_published(accepted);
     store.flush_marks().await.unwrap();
     assert!(
-        dispatched(pool.clone()).await,
+        dispatched(&pool, run).await,
         "the confirmed run.accepted was the run's wake-up"
     );
     assert!(outbox(&store, run).await.is_empty());
@@ -644,13 +647,6 @@ async fn a_wake_up_mark_flushed_after_its_run_moved_on_leaves_the_later_segment_
     let store = store(pool.clone());
     let run = queued(&store).await;
     let started = store.take_handed_off();
-    let dispatched = |pool: PgPool| async move {
-        sqlx::query_scalar::<_, bool>("SELECT dispatched_at IS NOT NULL FROM runs WHERE id = $1")
-            .bind(run.as_uuid())
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-    };
 
     // The start's wake-up is confirmed, but its mark waits while the run is claimed, suspended
     // and released for its resume.
@@ -667,19 +663,18 @@ async fn a_wake_up_mark_flushed_after_its_run_moved_on_leaves_the_later_segment_
     store.note_published(started.iter().map(|h| &h.row));
     store.flush_marks().await.unwrap();
     assert!(
-        !dispatched(pool.clone()).await,
+        !dispatched(&pool, run).await,
         "the start's wake-up does not stand for the resume's"
     );
 
     // The resume's own wake-up does.
     let released = store.take_handed_off();
-    let resume: Vec<&OutboxEvent> = released
-        .iter()
-        .map(|h| &h.row)
+    let resume: Vec<&OutboxEvent> = rows_of(&released, run)
+        .into_iter()
         .filter(|e| e.kind == "decision.accepted")
         .collect();
     assert_eq!(resume.len(), 1);
     store.note_published(resume);
     store.flush_marks().await.unwrap();
-    assert!(dispatched(pool.clone()).await);
+    assert!(dispatched(&pool, run).await);
 }
