@@ -5,7 +5,8 @@
 # sqlx macros online, which write one file per query.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-db=countersign_prepare
+# SQLX_PREPARE_DB names the scratch database, so that two checkouts can prepare at once.
+db=${SQLX_PREPARE_DB:-countersign_prepare}
 psql -q -h 127.0.0.1 -U postgres -c "drop database if exists $db" -c "create database $db"
 for m in migrations/*.sql crates/content/migrations/*.sql; do psql -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -U postgres -d "$db" -f "$m"; done
 rm -rf .sqlx && mkdir .sqlx
