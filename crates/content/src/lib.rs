@@ -12,6 +12,16 @@ macro_rules! execute {
     };
 }
 
+/// Reads a writer's read set: `$sql` selects `rank AS "rank!", id AS "id!", mode AS "mode!"`
+/// from its `content.read_set_<tool>` function.
+macro_rules! read_set {
+    ($conn:expr, $sql:literal $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(crate::writer::Row, $sql $(, $arg)*)
+            .fetch_all(&mut *$conn)
+            .await
+    };
+}
+
 pub mod access;
 mod args;
 mod datahandler;

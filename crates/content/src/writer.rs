@@ -1,14 +1,13 @@
 //! The errands every writer runs around its write, shared; the decisions, kept per writer.
 //!
 //! Shared here, because it only executes: validating the arguments before anything else;
-//! refusing without a lease; taking part in the approved turn's one transaction (the
-//! [`LocalWriter`] contract: name the subjects, lock them in the global order, lock what the
-//! plan reads, re-plan, apply); producing the preview in a read-only snapshot; answering
+//! refusing without a lease; taking part in a turn's one transaction (the [`LocalWriter`]
+//! contract: name the read set, lock it in the global order, plan, apply); producing the preview in a read-only snapshot; answering
 //! whether a viewer may read a preview; turning a refusal into the tool's output or its single
 //! preview line.
 //!
-//! Kept per writer, in [`Writer`]: its arguments and their limits, which rows it locks and what
-//! else it reads (its read set, locked by its `content.lock_reads_<tool>` function), its record
+//! Kept per writer, in [`Writer`]: its arguments and their limits, what it reads and writes (its
+//! read set, named by its `content.read_set_<tool>` function), its record
 //! checks and neutral refusal string, its preview lines, the write and what "it took" means for
 //! its read-back.
 //!
@@ -20,8 +19,8 @@ use std::fmt;
 
 use async_trait::async_trait;
 use countersign_core::{
-    Effect, ExecContext, LocalWriter, LockSubject, PlannedWrite, PreviewLine, Principal, Tool,
-    ToolError, ToolOutput, ToolPreview, ToolSpec,
+    Effect, ExecContext, LocalWriter, LockMode, LockSubject, PlannedWrite, PreviewLine, Principal,
+    Tool, ToolError, ToolOutput, ToolPreview, ToolSpec,
 };
 use countersign_store::{classify, FencedWrite, Store, StoreError};
 use serde_json::Value;
@@ -55,81 +54,76 @@ impl Refusal {
 /// The outcome of planning a call.
 pub(crate) type Planned<P> = Result<P, Refusal>;
 
-/// A row of the content store a writer locks before it plans. Locked in one global order —
-/// pages, then elements, then files, each by uid — so that two writers sharing rows never wait
-/// for each other in opposite orders (a writer that rewrites a column locks the column's page
-/// before any of its elements).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Subject {
-    Page(i64),
-    Element(i64),
-    File(i64),
+/// A row of the content store a call reads or writes, with how a turn locks it: one row of a
+/// writer's read set (`content.read_set_<tool>`, crates/content/migrations/10003_ordered_read_sets.sql).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Row {
+    /// The table, in the one global order: pages 0, elements 1, files 2, file references 3, file
+    /// metadata 4, storages 5, languages 6, reference field extensions 7, users 8, file mounts 9,
+    /// field guards 10 — parents before children.
+    pub rank: i16,
+    pub id: i64,
+    /// 1 `FOR KEY SHARE`, 2 `FOR SHARE`, 3 `FOR UPDATE`.
+    pub mode: i16,
 }
 
-/// The lock space of the content store's subjects.
+/// The lock space of the content store's rows.
 const SPACE: &str = "content";
 
-impl Subject {
-    fn lock_subject(self) -> LockSubject {
-        let (rank, id) = match self {
-            Subject::Page(uid) => (0, uid),
-            Subject::Element(uid) => (1, uid),
-            Subject::File(uid) => (2, uid),
+impl Row {
+    fn lock_subject(self) -> Option<LockSubject> {
+        let mode = match self.mode {
+            1 => LockMode::KeyShare,
+            2 => LockMode::Share,
+            3 => LockMode::Update,
+            _ => return None,
         };
-        LockSubject {
+        Some(LockSubject {
             space: SPACE,
-            rank,
-            id,
-        }
+            rank: u8::try_from(self.rank).ok()?,
+            id: self.id,
+            mode,
+        })
     }
 
-    fn from_lock_subject(s: &LockSubject) -> Option<Self> {
-        match (s.space, s.rank) {
-            (SPACE, 0) => Some(Subject::Page(s.id)),
-            (SPACE, 1) => Some(Subject::Element(s.id)),
-            (SPACE, 2) => Some(Subject::File(s.id)),
-            _ => None,
-        }
+    fn of(s: &LockSubject) -> Option<Self> {
+        (s.space == SPACE).then_some(Row {
+            rank: i16::from(s.rank),
+            id: s.id,
+            mode: match s.mode {
+                LockMode::KeyShare => 1,
+                LockMode::Share => 2,
+                LockMode::Update => 3,
+            },
+        })
     }
 }
 
-/// Locks `subjects` `FOR UPDATE` in the global order: pages, then elements, then files, each by
-/// uid, one statement a kind. A row that does not exist locks nothing (the plan refuses).
-async fn lock_all(conn: &mut PgConnection, mut subjects: Vec<Subject>) -> Result<(), sqlx::Error> {
-    subjects.sort();
-    subjects.dedup();
-    let mut pages = Vec::new();
-    let mut elements = Vec::new();
-    let mut files = Vec::new();
-    for subject in subjects {
-        match subject {
-            Subject::Page(uid) => pages.push(uid),
-            Subject::Element(uid) => elements.push(uid),
-            Subject::File(uid) => files.push(uid),
-        }
-    }
-    if !pages.is_empty() {
-        execute!(
-            conn,
-            "SELECT uid FROM content.pages WHERE uid = ANY($1) ORDER BY uid FOR UPDATE",
-            &pages
-        )?;
-    }
-    if !elements.is_empty() {
-        execute!(
-            conn,
-            "SELECT uid FROM content.elements WHERE uid = ANY($1) ORDER BY uid FOR UPDATE",
-            &elements
-        )?;
-    }
-    if !files.is_empty() {
-        execute!(
-            conn,
-            "SELECT uid FROM content.files WHERE uid = ANY($1) ORDER BY uid FOR UPDATE",
-            &files
-        )?;
-    }
-    Ok(())
+/// The rows a read set names, as lock subjects; a row of a rank or mode that is none is an
+/// error of the read set's function, never silently skipped.
+fn lock_subjects(rows: Vec<Row>) -> Result<Vec<LockSubject>, ToolError> {
+    rows.into_iter()
+        .map(|r| {
+            r.lock_subject().ok_or_else(|| ToolError::Broken {
+                code: "read_set_invalid",
+                detail: format!("{r:?} is no row of the content store's read sets"),
+            })
+        })
+        .collect()
+}
+
+/// Locks `rows`, sorted in the global order, each in its mode, in one statement.
+async fn lock_rows(conn: &mut PgConnection, rows: &[Row]) -> Result<(), sqlx::Error> {
+    let ranks: Vec<i16> = rows.iter().map(|r| r.rank).collect();
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    let modes: Vec<i16> = rows.iter().map(|r| r.mode).collect();
+    execute!(
+        conn,
+        r#"SELECT content.lock_rows($1, $2, $3) AS "locked!""#,
+        &ranks,
+        &ids,
+        &modes
+    )
 }
 
 /// One writing tool's decisions.
@@ -161,26 +155,16 @@ pub(crate) trait Writer: Clone + Send + Sync + 'static {
         Self::NOT_PERMITTED
     }
 
-    /// The rows whose state the write depends on, which the write transaction locks before
-    /// `plan` reads them (a relative write must not plan against a list another write is about
-    /// to change; an absolute one must not overwrite a value it did not compare). Read without
-    /// locks; `plan` re-reads everything under them.
-    async fn subjects(
-        &self,
-        conn: &mut PgConnection,
-        args: &Self::Args,
-    ) -> Result<Vec<Subject>, sqlx::Error>;
-
-    /// Locks, in an approved turn and after the subjects, every other row `plan` reads and
-    /// `apply` depends on, as `user_name` acts: the writer's read set (its
-    /// `content.lock_reads_<tool>` function; see `crates/content/README.md`). After it, nothing
-    /// `plan` reads can change before the turn commits, whoever the other writer is.
-    async fn lock_reads(
+    /// The call's read set as `user_name` acts: every row `plan` reads and `apply` writes, each
+    /// with the mode it must be locked in (its `content.read_set_<tool>` function; see
+    /// `crates/content/README.md`). Read without locks: the turn locks the read sets of all its
+    /// calls in the global order, then reads them again to check nothing joined in between.
+    async fn read_set(
         &self,
         conn: &mut PgConnection,
         user_name: &str,
         args: &Self::Args,
-    ) -> Result<(), sqlx::Error>;
+    ) -> Result<Vec<Row>, sqlx::Error>;
 
     /// Looks up and checks the records, and settles exactly what the call would write.
     async fn plan(
@@ -246,27 +230,61 @@ impl<W: Writer> WriterTool<W> {
         conn: &mut PgConnection,
         acting_user: &Principal,
         args: &W::Args,
-    ) -> Result<ToolOutput, sqlx::Error> {
-        let subjects = self.writer.subjects(conn, args).await?;
-        lock_all(conn, subjects).await?;
-        match self.planned(conn, acting_user, args).await? {
-            Ok((user, plan)) => self.writer.apply(conn, &user, &plan).await,
+    ) -> Result<ToolOutput, ToolError> {
+        let subjects = self.subjects_of(conn, &acting_user.name, args).await?;
+        let mut rows: Vec<Row> = subjects.iter().filter_map(Row::of).collect();
+        rows.sort_by_key(|r| (r.rank, r.id, std::cmp::Reverse(r.mode)));
+        rows.dedup_by_key(|r| (r.rank, r.id));
+        lock_rows(conn, &rows).await.map_err(database_error)?;
+        let again = self.subjects_of(conn, &acting_user.name, args).await?;
+        if again.iter().filter_map(Row::of).any(|r| {
+            !rows
+                .iter()
+                .any(|l| (l.rank, l.id) == (r.rank, r.id) && l.mode >= r.mode)
+        }) {
+            return Err(ToolError::unavailable(
+                "read_set_moved",
+                "the call's read set grew as it was locked",
+            ));
+        }
+        match self
+            .planned(conn, acting_user, args)
+            .await
+            .map_err(database_error)?
+        {
+            Ok((user, plan)) => self
+                .writer
+                .apply(conn, &user, &plan)
+                .await
+                .map_err(database_error),
             Err(text) => Ok(ToolOutput::error(text)),
         }
     }
 
-    /// The plan of a call as `acting_user`, or the text of its refusal, under the locks of the
-    /// call's read set. The acting user is read again here, locked, not taken from the
-    /// segment's copy: a right taken away a moment ago must not carry a write.
+    /// The call's read set as lock subjects.
+    async fn subjects_of(
+        &self,
+        conn: &mut PgConnection,
+        user_name: &str,
+        args: &W::Args,
+    ) -> Result<Vec<LockSubject>, ToolError> {
+        let rows = self
+            .writer
+            .read_set(conn, user_name, args)
+            .await
+            .map_err(database_error)?;
+        lock_subjects(rows)
+    }
+
+    /// The plan of a call as `acting_user`, or the text of its refusal, under the turn's locks.
+    /// The acting user is read again here, locked, not taken from the segment's copy: a right
+    /// taken away a moment ago must not carry a write.
     async fn planned(
         &self,
         conn: &mut PgConnection,
         acting_user: &Principal,
         args: &W::Args,
     ) -> Result<Result<(User, W::Plan), String>, sqlx::Error> {
-        self.writer
-            .lock_reads(conn, &acting_user.name, args)
-            .await?;
         let Some(user) = User::load(conn, &acting_user.name).await? else {
             return Ok(Err(self.writer.not_permitted(args).to_owned()));
         };
@@ -338,10 +356,7 @@ impl<W: Writer> Tool for WriterTool<W> {
         // event and journal row, so a retried segment reuses it instead of deciding again.
         let output = match args::parse::<W::Args>(args) {
             Err(message) => ToolOutput::error(message),
-            Ok(args) => self
-                .outcome(write.conn(), &ctx.acting_user, &args)
-                .await
-                .map_err(database_error)?,
+            Ok(args) => self.outcome(write.conn(), &ctx.acting_user, &args).await?,
         };
         write
             .commit(&self.spec.name, self.spec.effect, &output)
@@ -360,33 +375,29 @@ impl<W: Writer> LocalWriter<FencedWrite> for WriterTool<W> {
     async fn subjects(
         &self,
         tx: &mut FencedWrite,
+        acting_user: &Principal,
         args: &Value,
     ) -> Result<Vec<LockSubject>, ToolError> {
         // Arguments that do not parse name no rows: the plan refuses the call.
         let Ok(args) = args::parse::<W::Args>(args) else {
             return Ok(vec![]);
         };
-        let subjects = self
-            .writer
-            .subjects(tx.conn(), &args)
-            .await
-            .map_err(database_error)?;
-        Ok(subjects.into_iter().map(Subject::lock_subject).collect())
+        self.subjects_of(tx.conn(), &acting_user.name, &args).await
     }
 
     async fn lock(&self, tx: &mut FencedWrite, subjects: &[LockSubject]) -> Result<(), ToolError> {
-        let subjects = subjects
+        let rows = subjects
             .iter()
             .map(|s| {
-                Subject::from_lock_subject(s).ok_or_else(|| {
+                Row::of(s).ok_or_else(|| {
                     ToolError::unavailable(
                         "foreign_lock_subject",
-                        format!("{s:?} is not a content store subject"),
+                        format!("{s:?} is not a content store row"),
                     )
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        lock_all(tx.conn(), subjects).await.map_err(database_error)
+        lock_rows(tx.conn(), &rows).await.map_err(database_error)
     }
 
     async fn plan(

@@ -30,6 +30,7 @@ use crate::approval::{self, Approved};
 use crate::ids::{CallIndex, SuspensionSeq};
 use crate::model::{Message, Model, ModelOptions, ModelRequest, Role, TokenUsage, ToolCall};
 use crate::preview::{self, CallPreview};
+use crate::sequence;
 use crate::state::{LandedCall, PendingCall, SuspendedRunState, MAX_STATE_BYTES};
 use crate::tool::{
     DataClasses, Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError,
@@ -159,42 +160,53 @@ impl HookError {
     }
 }
 
+/// What the run store holds of an approved turn from earlier attempts of it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TurnRecord {
+    /// Every result journaled for the turn, in call order.
+    pub journaled: Vec<(CallIndex, ToolOutput)>,
+    /// The two-phase writes whose commit at their resource the turn owes: it passed its commit
+    /// point ([`SegmentHooks::commit_turn`]) with them held, so they are committed, never
+    /// compared or aborted again. In call order.
+    pub owed: Vec<CallIndex>,
+}
+
 /// The side of a segment the loop cannot do itself: the lease, the approved turn's transaction
 /// in the run store, and the execution journal.
 #[async_trait]
 pub trait SegmentHooks: Send + Sync {
-    /// The run store's transaction an approved turn's local writes share.
+    /// The run store's transaction in which a turn's local writes are sequenced: rolled back
+    /// at suspension once the previews are taken, committed at an approved turn's commit point.
     type Turn: Send;
 
-    /// Opens the transaction an approved turn is compared and written in. The lease is checked
-    /// and renewed here and held to at [`commit_turn`](Self::commit_turn); the run row is not
-    /// locked meanwhile, so the turn's calls outside the store can be stamped and journaled on
-    /// their own.
-    async fn begin_turn(&self, seq: SuspensionSeq) -> Result<Self::Turn, HookError>;
+    /// What earlier attempts of suspension `seq`'s turn left: its journaled results and the
+    /// commits it owes.
+    async fn turn_record(&self, seq: SuspensionSeq) -> Result<TurnRecord, HookError>;
 
-    /// Every result journaled for suspension `seq`'s turn by any attempt, in call order.
-    async fn journaled(
-        &self,
-        turn: &mut Self::Turn,
-        seq: SuspensionSeq,
-    ) -> Result<Vec<(CallIndex, ToolOutput)>, HookError>;
+    /// Opens the transaction a turn's local writes are sequenced in, checking that the lease is
+    /// still held. The lease is held to again, and renewed, at
+    /// [`commit_turn`](Self::commit_turn); the run row is not locked meanwhile, so the turn's
+    /// calls outside the store can be stamped and journaled on their own.
+    async fn begin_turn(&self, seq: SuspensionSeq) -> Result<Self::Turn, HookError>;
 
     /// The local writer of `tool`, when its writes land in the run store's own database.
     fn local(&self, tool: &str) -> Option<&dyn LocalWriter<Self::Turn>>;
 
-    /// Called once every call of the approved turn compared equal, its local rows locked and
-    /// planned, before the first of its writes. The pipeline's one step boundary between
-    /// comparing and writing.
+    /// Called once every call of the approved turn compared equal — its local writes locked,
+    /// planned and applied uncommitted — before anything of it is sent or committed: the
+    /// pipeline's one step boundary between comparing and writing.
     async fn applying(&self, _seq: SuspensionSeq) {}
 
-    /// Verifies the lease once more, appends an audit event and a journal row for every
-    /// local write of the turn, and commits: the writes, their audit and their journal rows are
-    /// kept together or lost together.
+    /// The turn's commit point. Verifies the lease once more, appends an audit event and a
+    /// journal row for every local write of the turn, records the two-phase writes it now owes
+    /// the commit of (`owed`), and commits: the writes, their audit, their journal rows and the
+    /// debt are kept together or lost together.
     async fn commit_turn(
         &self,
         turn: Self::Turn,
         seq: SuspensionSeq,
         entries: &[JournalEntry<'_>],
+        owed: &[CallIndex],
     ) -> Result<(), HookError>;
 
     /// Abandons everything written in the transaction.
@@ -213,8 +225,8 @@ pub trait SegmentHooks: Send + Sync {
     ) -> Result<FenceToken, HookError>;
 
     /// Records the result of a call outside the store with its `tool_write` audit event (for a
-    /// write) and clears the stamp [`fence`](Self::fence) left, in one transaction: when the
-    /// audit event cannot be stored, neither is the result. Idempotent.
+    /// write), clears the stamp [`fence`](Self::fence) left and the debt of its commit, in one
+    /// transaction: when the audit event cannot be stored, neither is the result. Idempotent.
     async fn record(
         &self,
         seq: SuspensionSeq,
@@ -690,21 +702,7 @@ async fn suspend<H: SegmentHooks>(
             arguments: c.arguments,
         })
         .collect();
-    let mut call_previews = Vec::new();
-    for (i, call) in pending.iter().enumerate() {
-        let Some(previewer) = offered.get(&call.tool).and_then(|t| t.previewer()) else {
-            continue;
-        };
-        let attempt = preview::attempt(previewer, seg.acting_user, &call.arguments)
-            .instrument(
-                tracing::info_span!("preview", tool = %call.tool, call.index = i, at = "suspend"),
-            )
-            .await;
-        // A lost connection says nothing about the call: the approver must not be shown a
-        // failed preview for it.
-        attempt.interruption()?;
-        call_previews.push(preview::at_suspend(CallIndex::new(i), &call.tool, attempt));
-    }
+    let call_previews = sequence::previews(seg, &pending, offered, cur.next_seq).await?;
     Ok(SuspendedRunState {
         transcript: cur.transcript,
         pending_calls: pending,
@@ -751,11 +749,7 @@ pub(crate) async fn read(
     acting_user: &Principal,
     args: &Value,
 ) -> Result<ToolOutput, HookError> {
-    let ctx = ExecContext {
-        acting_user: acting_user.clone(),
-        fence: None,
-        shown_preview: None,
-    };
+    let ctx = ExecContext::new(acting_user.clone());
     match execute(tool, &ctx, args).await {
         Ok(output) => Ok(output),
         Err(e) if e.interrupts() => Err(HookError::from_tool(&e)),

@@ -1,29 +1,35 @@
-//! The approved turn: one pipeline for every kind of call.
+//! The approved turn: one pipeline for every kind of call, one sequence on every resource.
 //!
 //! ```text
-//! resolve the call in doubt → lock → re-plan → compare → prepare → apply → send → commit
+//! owed commits → the call in doubt → preview outside → prepare → sequence → compare
+//!              → verify holds → send → COMMIT (the commit point) → commit holds
 //! ```
 //!
-//! - **Facts once.** Every call of the turn becomes one `TurnCall`: its index, the call, the
-//!   preview its approver was shown, how it runs (`Step`: skipped, a read, a write to the run
-//!   store's own database, a write elsewhere) and its result once it has one — journaled by an
-//!   earlier attempt, or landed under an earlier card of the turn.
-//! - **The call in doubt** — sent outside the store by an earlier attempt and never journaled —
-//!   is resolved first, by asking its resource what became of its idempotency key. Only an
-//!   answer becomes a result; a write that may have landed and cannot be resolved fails the run
-//!   `outcome_unknown` (an idempotent one is sent again under its key instead).
-//! - **Compare before any write.** Under the turn's transaction every local subject is locked
-//!   in the one global order and every local call re-planned, which locks what the plan reads;
-//!   every other shown preview is taken again from its tool. All of them are compared at once
-//!   (`comparator::bind`); if any moved, nothing of the turn is written and the run
+//! - **One state per call.** Every call of the turn is a [`Call`] whose [`State`] is what the
+//!   steps found so far: skipped, done, a read, a local write to plan, one applied in the turn's
+//!   transaction, a write outside the store to send, one in doubt, one held at its resource, one
+//!   its resource found moved. Each step is one `match` on it.
+//! - **A turn is a sequence** ([`crate::sequence`]): every call is previewed against the state
+//!   the calls before it leave, as its card was — a write outside the store after the calls
+//!   before it on its resource, the store's own writes planned and applied one after another in
+//!   the turn's transaction.
+//! - **Compare before anything is visible.** Two-phase writes outside the store are prepared
+//!   first, with no lock of the store held while their resources answer: each compares the
+//!   lines its approver was shown under its own lock and holds the change. Then the store's own
+//!   writes are locked, planned and applied, uncommitted, and every shown preview is compared
+//!   (`comparator::bind`). Anything moved: nothing is kept, the holds are aborted, and the run
 //!   re-suspends with the current previews.
-//! - **Revocable first, irrevocable last.** Writes on resources that take two phases are
-//!   prepared (each compares at its resource and holds the change), then the local writes are
-//!   applied (uncommitted, under their locks), then the one-phase writes elsewhere are sent with
-//!   the lines their approver was shown, then the prepared ones are committed, and the turn's
-//!   transaction commits last. A resource that answers "moved" stops the turn: the held changes
-//!   are aborted, the local writes rolled back, and the run re-suspends with the calls that had
-//!   landed marked as done.
+//! - **All or nothing to the last commit.** Before anything irrevocable happens the holds are
+//!   asked once more whether they still hold (a lost hold is a moved call: nothing has landed).
+//!   Writes on resources that take only one phase are sent next, each comparing at its resource.
+//!   Then the turn's transaction commits — its **commit point**: the store's writes, their audit
+//!   and journal rows, and the debt of every held change's commit, at once. After it the held
+//!   changes are committed by their keys, by this attempt or, should it die, by the next, which
+//!   finds the debt and does nothing else. A resource that takes one phase only cannot be taken
+//!   back: a turn with more than one such write, or one such write and a commit point that fails
+//!   after it, can land in part — see `docs/how-a-run-behaves.md`.
+//! - **The call in doubt** — sent outside the store by an earlier attempt and never journaled —
+//!   is resolved first, by asking its resource what became of its idempotency key.
 //! - Reads of the turn run after its commit; they change nothing.
 
 use tracing::Instrument;
@@ -32,15 +38,16 @@ use crate::agent_loop::{
     self, no_longer_permitted_result, not_offered_at_suspend_result, HookError, Segment,
     SegmentHooks,
 };
-use crate::comparator::{self, Binding, Current};
-use crate::ids::CallIndex;
-use crate::preview::{self, Attempt, CallPreview};
+use crate::comparator::{self, Current};
+use crate::ids::{CallIndex, SuspensionSeq};
+use crate::preview::{self, CallPreview};
+use crate::sequence::{self, LocalCall};
 use crate::state::{LandedCall, PendingCall, SuspendedRunState};
 use crate::tool::{
-    CallStatus, Effect, ExecContext, ExternalWrite, OfferedTools, Prepared, Tool, ToolError,
-    ToolOutput,
+    CallStatus, EarlierCall, Effect, ExecContext, ExternalWrite, FenceToken, OfferedTools,
+    Prepared, Tool, ToolError, ToolOutput,
 };
-use crate::turn::{JournalEntry, LocalWriter, PlannedWrite};
+use crate::turn::{JournalEntry, LocalWriter};
 
 /// What became of an approved turn.
 pub(crate) enum Approved {
@@ -56,58 +63,63 @@ pub(crate) enum Approved {
     },
 }
 
-/// How one call of an approved turn runs.
-enum Step<'a, Tx> {
-    /// Not executed; the model is told why.
-    Skip(ToolOutput),
+/// Where one call of the approved turn stands.
+enum State<'a, Tx> {
+    /// Will not run; the model is told why.
+    Skipped(ToolOutput),
+    /// Carried out — by this attempt, an earlier one, or under an earlier card of the turn —
+    /// with this result. It never runs again.
+    Done(ToolOutput),
+    /// A read: it runs after the commit.
     Read(&'a dyn Tool),
-    /// A write to the run store's own database: planned and written in the turn transaction.
+    /// A write to the run store's own database, to be planned in the turn's sequence.
     Local(&'a dyn Tool, &'a dyn LocalWriter<Tx>),
-    /// A write that acts outside the store: fenced, stamped, sent and journaled on its own.
-    External(&'a dyn Tool),
+    /// Planned and applied in the turn's transaction with this result; it lands with the
+    /// commit point.
+    Applied(ToolOutput),
+    /// A write outside the store, still to be prepared or sent.
+    Outside(&'a dyn Tool),
+    /// Sent by an earlier attempt and not resolved by its key: an idempotent write, sent again
+    /// under its key. Not compared (a preview now could read its own write).
+    InDoubt(&'a dyn Tool),
+    /// Prepared at its two-phase resource, which compared it and holds the change.
+    Held(&'a dyn Tool, &'a dyn ExternalWrite),
+    /// Its resource compared the shown preview at the write and found it moved: nothing of it
+    /// was written, and the turn re-suspends with it marked.
+    MovedAtResource(&'a dyn Tool),
 }
 
-/// One call of the approved turn, with everything known of it.
-struct TurnCall<'a, Tx> {
+/// One call of the approved turn: its facts and where it stands.
+struct Call<'a, Tx> {
     index: CallIndex,
     call: &'a PendingCall,
     /// The preview the approver was shown for it; `None` when its tool had none.
     shown: Option<&'a CallPreview>,
-    step: Step<'a, Tx>,
-    /// Its result, once it was carried out — by this attempt, an earlier one, or under an
-    /// earlier card of the turn. It never runs again.
-    done: Option<ToolOutput>,
-    /// A local write's plan, settled under the turn's locks.
-    plan: Option<Result<Box<dyn PlannedWrite<Tx>>, ToolError>>,
-    /// Sent outside the store by an earlier attempt and not journaled: it may have landed, so
-    /// it is not compared again (a preview now could read its own write) but sent again under
-    /// its idempotency key.
-    in_doubt: bool,
-    /// Its resource said the shown preview moved: the turn re-suspends with it marked.
-    moved_at_resource: bool,
-    /// Prepared at a two-phase resource and neither committed nor aborted yet.
-    held: bool,
+    effect: Effect,
+    state: State<'a, Tx>,
 }
 
-impl<'a, Tx> TurnCall<'a, Tx> {
-    fn effect(&self) -> Effect {
-        match self.step {
-            Step::Skip(_) => Effect::ReadOnly,
-            Step::Read(tool) | Step::Local(tool, _) | Step::External(tool) => tool.spec().effect,
-        }
-    }
-
-    fn external(&self) -> Option<(&'a dyn Tool, Option<&'a dyn ExternalWrite>)> {
-        match self.step {
-            Step::External(tool) => Some((tool, tool.external())),
+impl<'a, Tx> Call<'a, Tx> {
+    /// The tool of a write outside the store still to run.
+    fn outside(&self) -> Option<&'a dyn Tool> {
+        match self.state {
+            State::Outside(tool)
+            | State::InDoubt(tool)
+            | State::Held(tool, _)
+            | State::MovedAtResource(tool) => Some(tool),
             _ => None,
         }
     }
 
-    fn two_phase(&self) -> bool {
-        self.external()
-            .and_then(|(_, ext)| ext)
-            .is_some_and(ExternalWrite::two_phase)
+    /// The resource of a write outside the store still to run, for the sequence.
+    fn resource(&self) -> Option<String> {
+        self.outside().and_then(sequence::resource_of)
+    }
+
+    fn two_phase(&self) -> Option<&'a dyn ExternalWrite> {
+        self.outside()
+            .and_then(|t| t.external())
+            .filter(|ext| ext.two_phase())
     }
 
     /// The lines its approver was shown, when a resource can compare its own preview with them
@@ -121,12 +133,27 @@ impl<'a, Tx> TurnCall<'a, Tx> {
                 .any(|l| l.chars().count() >= preview::MAX_LINE_CHARS);
         (!cut).then(|| shown.lines.clone())
     }
+
+    /// Whether its shown preview is compared again: one that did not fail (the approver
+    /// decided blind otherwise), of a call still to run and not in doubt.
+    fn compared(&self) -> bool {
+        self.shown.is_some_and(|p| !p.failed)
+            && matches!(
+                self.state,
+                State::Read(_)
+                    | State::Local(..)
+                    | State::Applied(_)
+                    | State::Outside(_)
+                    | State::MovedAtResource(_)
+            )
+    }
 }
 
-/// How the writing part of a turn ended before its commit.
+/// How the part of a turn before its commit point ended.
 enum Ran {
-    /// Everything outside the store is done; these local writes wait for the commit.
-    Written(Vec<(usize, ToolOutput)>),
+    /// Everything compared equal and the turn passed its commit point: only the commits of
+    /// its held changes are left.
+    Committed,
     /// A preview moved: nothing more may be written.
     Moved {
         previews: Vec<CallPreview>,
@@ -140,14 +167,39 @@ pub(crate) async fn approved<H: SegmentHooks>(
     state: &SuspendedRunState,
     offered: &OfferedTools,
 ) -> Result<Approved, HookError> {
+    let record = seg.hooks.turn_record(state.suspension_seq).await?;
     let mut turn = Turn {
         seg,
         state,
-        calls: facts(seg, state, offered),
+        calls: facts(seg, state, offered, &record.journaled),
+        commit_in_doubt: false,
     };
-    let mut tx = seg.hooks.begin_turn(state.suspension_seq).await?;
-    let ran = turn.run(&mut tx).await;
-    turn.finish(tx, ran).await
+    if !record.owed.is_empty() {
+        // The commit point was passed with these held: they are committed, nothing else.
+        turn.owe(&record.owed)?;
+    } else {
+        match turn.up_to_commit_point().await {
+            Ok(Ran::Committed) => {}
+            Ok(Ran::Moved { previews, moved }) => {
+                turn.abort_held().await;
+                return Ok(Approved::Moved {
+                    previews,
+                    moved,
+                    landed: turn.landed(),
+                });
+            }
+            Err(e) => {
+                // A commit point that may have been passed leaves its holds to the next attempt,
+                // which finds the debt (or none, and compares again).
+                if !turn.commit_in_doubt {
+                    turn.abort_held().await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    turn.commit_held().await?;
+    turn.outputs().await.map(Approved::Executed)
 }
 
 /// Every call of the turn with how it runs now and what is already known of it.
@@ -155,47 +207,55 @@ fn facts<'a, H: SegmentHooks>(
     seg: Segment<'a, H>,
     state: &'a SuspendedRunState,
     offered: &'a OfferedTools,
-) -> Vec<TurnCall<'a, H::Turn>> {
+    journaled: &[(CallIndex, ToolOutput)],
+) -> Vec<Call<'a, H::Turn>> {
     state
         .pending_calls
         .iter()
         .enumerate()
         .map(|(i, call)| {
             let index = CallIndex::new(i);
-            TurnCall {
+            let done = state.landed(index).map(|l| &l.output).or_else(|| {
+                journaled
+                    .iter()
+                    .find(|(j, _)| *j == index)
+                    .map(|(_, output)| output)
+            });
+            let state_now = match done {
+                Some(output) => State::Done(output.clone()),
+                None => fresh_state(seg, state, offered, call),
+            };
+            Call {
                 index,
                 call,
                 shown: state.preview_of(index),
-                step: step(seg, state, offered, call),
-                done: state.landed(index).map(|l| l.output.clone()),
-                plan: None,
-                in_doubt: false,
-                moved_at_resource: false,
-                held: false,
+                effect: seg.registry.effect_of(&call.tool),
+                state: state_now,
             }
         })
         .collect()
 }
 
-fn step<'a, H: SegmentHooks>(
+/// How a call not carried out yet runs now.
+fn fresh_state<'a, H: SegmentHooks>(
     seg: Segment<'a, H>,
     state: &SuspendedRunState,
     offered: &'a OfferedTools,
     call: &PendingCall,
-) -> Step<'a, H::Turn> {
+) -> State<'a, H::Turn> {
     if !state.offered_tools.contains(&call.tool) {
-        return Step::Skip(ToolOutput::error(not_offered_at_suspend_result(&call.tool)));
+        return State::Skipped(ToolOutput::error(not_offered_at_suspend_result(&call.tool)));
     }
     let Some(tool) = offered.get(&call.tool) else {
-        return Step::Skip(ToolOutput::error(no_longer_permitted_result(&call.tool)));
+        return State::Skipped(ToolOutput::error(no_longer_permitted_result(&call.tool)));
     };
     let tool = tool.as_ref();
     if !tool.spec().effect.is_write() {
-        return Step::Read(tool);
+        return State::Read(tool);
     }
     match seg.hooks.local(&call.tool) {
-        Some(local) => Step::Local(tool, local),
-        None => Step::External(tool),
+        Some(local) => State::Local(tool, local),
+        None => State::Outside(tool),
     }
 }
 
@@ -203,80 +263,87 @@ fn step<'a, H: SegmentHooks>(
 struct Turn<'a, H: SegmentHooks> {
     seg: Segment<'a, H>,
     state: &'a SuspendedRunState,
-    calls: Vec<TurnCall<'a, H::Turn>>,
+    calls: Vec<Call<'a, H::Turn>>,
+    /// The commit point's commit failed in a way that does not say whether it happened (its
+    /// answer was lost): the holds are not aborted.
+    commit_in_doubt: bool,
 }
 
 impl<H: SegmentHooks> Turn<'_, H> {
-    async fn run(&mut self, tx: &mut H::Turn) -> Result<Ran, HookError> {
-        let seq = self.state.suspension_seq;
-        for (index, output) in self.seg.hooks.journaled(tx, seq).await? {
-            if let Some(call) = self.calls.get_mut(index.get()) {
-                call.done = Some(output);
-            }
-        }
-        self.resolve_in_doubt().await?;
-        if let Some(moved) = self.check(tx).await? {
-            return Ok(moved);
-        }
-        self.seg.hooks.applying(seq).await;
-        if let Some(i) = self.prepare().await? {
-            return self.moved_at(i).await;
-        }
-        let local = self.apply(tx).await?;
-        if let Some(i) = self.send().await? {
-            return self.moved_at(i).await;
-        }
-        self.commit_held().await?;
-        Ok(Ran::Written(local))
+    fn seq(&self) -> SuspensionSeq {
+        self.state.suspension_seq
     }
 
-    /// Commits or rolls back the turn's transaction, and says what became of the turn.
-    async fn finish(
-        mut self,
-        tx: H::Turn,
-        ran: Result<Ran, HookError>,
-    ) -> Result<Approved, HookError> {
-        let hooks = self.seg.hooks;
-        match ran {
-            Ok(Ran::Written(local)) => {
-                let entries: Vec<JournalEntry<'_>> = local
-                    .iter()
-                    .map(|(i, output)| JournalEntry {
-                        index: CallIndex::new(*i),
-                        tool: &self.calls[*i].call.tool,
-                        effect: self.calls[*i].effect(),
-                        output,
-                    })
-                    .collect();
-                hooks
-                    .commit_turn(tx, self.state.suspension_seq, &entries)
-                    .await?;
-                for (i, output) in local {
-                    self.calls[i].done = Some(output);
-                }
-                self.outputs().await.map(Approved::Executed)
-            }
-            Ok(Ran::Moved { previews, moved }) => {
-                hooks.rollback_turn(tx).await;
-                self.abort_held().await;
-                Ok(Approved::Moved {
-                    previews,
-                    moved,
-                    landed: self.landed(),
-                })
+    /// Everything up to and including the commit point.
+    async fn up_to_commit_point(&mut self) -> Result<Ran, HookError> {
+        self.resolve_in_doubt().await?;
+        let mut now = self.preview_outside().await?;
+        self.prepare().await?;
+        let mut tx = self.seg.hooks.begin_turn(self.seq()).await?;
+        match self.in_transaction(&mut tx, &mut now).await {
+            Ok(None) => {}
+            Ok(Some(moved)) => {
+                self.seg.hooks.rollback_turn(tx).await;
+                return Ok(moved);
             }
             Err(e) => {
-                hooks.rollback_turn(tx).await;
-                self.abort_held().await;
-                Err(e)
+                self.seg.hooks.rollback_turn(tx).await;
+                return Err(e);
             }
         }
+        if let Err(e) = self.commit_point(tx).await {
+            self.commit_in_doubt = matches!(e, HookError::Unavailable { .. });
+            return Err(e);
+        }
+        Ok(Ran::Committed)
+    }
+
+    /// The turn's sequence in its transaction, the comparison, and everything that must happen
+    /// before the commit point. `Some` when a preview moved.
+    async fn in_transaction(
+        &mut self,
+        tx: &mut H::Turn,
+        now: &mut [Option<Current>],
+    ) -> Result<Option<Ran>, HookError> {
+        let results = self.sequence(tx, now).await?;
+        if let Some(moved) = self.compare(now).await? {
+            return Ok(Some(moved));
+        }
+        self.applied(results)?;
+        if let Some(i) = self.verify_held().await? {
+            return self.moved_at(i).await.map(Some);
+        }
+        self.seg.hooks.applying(self.seq()).await;
+        if let Some(i) = self.send().await? {
+            return self.moved_at(i).await.map(Some);
+        }
+        Ok(None)
+    }
+
+    /// The debt of a commit point passed by an earlier attempt: every owed call is held at its
+    /// resource, whatever the configuration says of its tool now.
+    fn owe(&mut self, owed: &[CallIndex]) -> Result<(), HookError> {
+        let registry = self.seg.registry;
+        for index in owed {
+            let Some(call) = self.calls.get_mut(index.get()) else {
+                return Err(owed_gone(*index));
+            };
+            if matches!(call.state, State::Done(_)) {
+                continue;
+            }
+            let tool = registry.get(&call.call.tool).map(|t| t.as_ref());
+            let Some((tool, ext)) = tool.and_then(|t| Some((t, t.external()?))) else {
+                return Err(owed_gone(*index));
+            };
+            call.state = State::Held(tool, ext);
+        }
+        Ok(())
     }
 
     /// Resolves the call an earlier attempt sent outside the store and never journaled, by
     /// asking its resource what became of its idempotency key.
     async fn resolve_in_doubt(&mut self) -> Result<(), HookError> {
-        let seq = self.state.suspension_seq;
+        let seq = self.seq();
         let Some(index) = self.seg.hooks.sent_unjournaled(seq) else {
             return Ok(());
         };
@@ -284,264 +351,324 @@ impl<H: SegmentHooks> Turn<'_, H> {
         let Some(call) = self.calls.get_mut(index.get()) else {
             return Ok(());
         };
-        if call.done.is_some() {
+        if matches!(call.state, State::Done(_)) {
             return Ok(());
         }
-        let tool = seg.registry.get(&call.call.tool).map(|t| t.as_ref());
-        let status = match tool.and_then(|t| t.external()) {
+        let Some(tool) = seg.registry.get(&call.call.tool).map(|t| t.as_ref()) else {
+            return Err(HookError::OutcomeUnknown {
+                index,
+                code: "tool_gone",
+            });
+        };
+        let status = match tool.external() {
             Some(ext) => {
-                let ctx = context(seg, Some(seg.hooks.token(seq, index)), None);
+                let ctx = context(seg, seg.hooks.token(seq, index), None, Vec::new());
                 ext.status(&ctx).await
             }
             None => Err(ToolError::failed("unsupported", "the tool cannot be asked")),
         };
-        let said = match &status {
-            Ok(CallStatus::Answered(_)) => "answered",
-            Ok(CallStatus::Moved) => "moved",
-            Ok(CallStatus::Prepared) => "prepared",
-            Ok(CallStatus::Unseen) => "unseen",
-            Err(e) => e.code(),
-        };
-        tracing::info!(call.index = %index, tool = %call.call.tool, said, "a call sent by an earlier attempt, asked about by its key");
+        tracing::info!(call.index = %index, tool = %call.call.tool, said = said(&status), "a call sent by an earlier attempt, asked about by its key");
         match status {
             Ok(CallStatus::Answered(output)) => {
                 record(seg, seq, call, &output).await?;
-                call.done = Some(output);
+                call.state = State::Done(output);
             }
-            Ok(CallStatus::Moved) => call.moved_at_resource = true,
-            Ok(CallStatus::Prepared) => call.held = true,
-            Ok(CallStatus::Unseen) => {}
-            Err(e) if call.effect() == Effect::NonIdempotentWrite => {
+            Ok(CallStatus::Moved) => call.state = State::MovedAtResource(tool),
+            Ok(CallStatus::Prepared) => match tool.external() {
+                Some(ext) => call.state = State::Held(tool, ext),
+                None => call.state = State::InDoubt(tool),
+            },
+            Ok(CallStatus::Unseen) => call.state = State::Outside(tool),
+            Err(e) if call.effect == Effect::NonIdempotentWrite => {
                 return Err(HookError::OutcomeUnknown {
                     index,
                     code: e.code(),
                 })
             }
             // Sending an idempotent write again under its key is safe whatever happened.
-            Err(_) => call.in_doubt = true,
+            Err(_) => call.state = State::InDoubt(tool),
         }
         Ok(())
     }
 
-    /// Locks and re-plans every local write, takes every other shown preview again, and
-    /// compares them all with what the approver was shown. `Some` when any moved.
-    async fn check(&mut self, tx: &mut H::Turn) -> Result<Option<Ran>, HookError> {
-        self.lock(tx).await?;
-        self.replan(tx).await?;
-        let mut current = Vec::new();
-        for call in &self.calls {
-            let Some(shown) = call.shown else { continue };
-            current.push((shown, self.now(call).await?));
-        }
-        let forced: Vec<CallIndex> = self
-            .calls
-            .iter()
-            .filter(|c| c.moved_at_resource)
-            .map(|c| c.index)
-            .collect();
-        Ok(match comparator::bind(current) {
-            Binding::Unchanged if forced.is_empty() => None,
-            Binding::Unchanged => Some(Ran::Moved {
-                previews: self.state.call_previews.clone(),
-                moved: forced,
-            }),
-            Binding::Moved {
-                previews,
-                mut moved,
-            } => {
-                moved.extend(forced);
-                moved.sort();
-                moved.dedup();
-                Some(Ran::Moved { previews, moved })
-            }
-        })
+    /// The calls before call `k` on its resource still to run.
+    fn before(&self, k: usize) -> Vec<EarlierCall> {
+        let resources: Vec<Option<String>> = self.calls.iter().map(Call::resource).collect();
+        sequence::earlier(k, &self.state.pending_calls, &resources)
     }
 
-    /// Locks the subjects of every local write still to run, in the one global order; each
-    /// run of subjects of one space is locked by a writer of that space.
-    async fn lock(&self, tx: &mut H::Turn) -> Result<(), HookError> {
-        let mut subjects = Vec::new();
-        for call in self.calls.iter().filter(|c| c.done.is_none()) {
-            if let Step::Local(_, local) = call.step {
-                let named = local
-                    .subjects(tx, &call.call.arguments)
-                    .await
-                    .map_err(|e| HookError::from_tool(&e))?;
-                subjects.extend(named.into_iter().map(|s| (s, local)));
-            }
-        }
-        subjects.sort_by(|a, b| a.0.cmp(&b.0));
-        subjects.dedup_by(|a, b| a.0 == b.0);
-        for run in subjects.chunk_by(|a, b| a.0.space == b.0.space) {
-            let ordered: Vec<_> = run.iter().map(|(s, _)| s.clone()).collect();
-            run[0]
-                .1
-                .lock(tx, &ordered)
-                .await
-                .map_err(|e| HookError::from_tool(&e))?;
-        }
-        Ok(())
-    }
-
-    /// Plans every local write still to run under the locks; a transient failure interrupts.
-    async fn replan(&mut self, tx: &mut H::Turn) -> Result<(), HookError> {
-        let user = self.seg.acting_user;
-        for call in self.calls.iter_mut().filter(|c| c.done.is_none()) {
-            if let Step::Local(_, local) = call.step {
-                let span = tracing::info_span!("preview", tool = %call.call.tool, call.index = %call.index, at = "turn");
-                let plan = local
-                    .plan(tx, user, &call.call.arguments)
-                    .instrument(span)
-                    .await;
-                let aborted = match &plan {
-                    Err(e) if e.interrupts() => return Err(HookError::from_tool(e)),
-                    // A statement that failed ended the transaction: the calls after it are
-                    // previewed outside it, and the turn re-suspends on this one's failure.
-                    Err(ToolError::Broken { .. }) => true,
-                    _ => false,
-                };
-                call.plan = Some(plan);
-                if aborted {
-                    break;
+    /// What the shown preview of every call outside the store reads now, after the calls
+    /// before it on its resource: taken before any lock of the store is, so no local lock waits
+    /// on a tool server.
+    async fn preview_outside(&self) -> Result<Vec<Option<Current>>, HookError> {
+        let mut now = Vec::with_capacity(self.calls.len());
+        for (k, call) in self.calls.iter().enumerate() {
+            let tool = match call.state {
+                State::Read(tool) | State::Outside(tool) if call.compared() => tool,
+                _ => {
+                    now.push(None);
+                    continue;
                 }
-            }
+            };
+            now.push(Some(self.fresh(k, tool).await?));
         }
-        Ok(())
+        Ok(now)
     }
 
-    /// What the shown preview of `call` reads now; `None` when it is not compared: a call
-    /// carried out already, one that will not run, one in doubt, and a preview that failed when
-    /// it was shown (the approver decided blind).
-    async fn now(&self, call: &TurnCall<'_, H::Turn>) -> Result<Option<Current>, HookError> {
-        if call.done.is_some() || call.in_doubt || call.shown.is_none_or(|p| p.failed) {
-            return Ok(None);
-        }
-        let tool = match call.step {
-            Step::Skip(_) => return Ok(None),
-            Step::Local(tool, _) => {
-                return Ok(Some(match (tool.previewer(), &call.plan) {
-                    (None, _) => Current::Vanished,
-                    (Some(_), Some(Ok(plan))) => {
-                        Current::Attempt(Attempt::of_lines(plan.preview()))
-                    }
-                    (Some(_), Some(Err(e))) => Current::Attempt(Attempt::failed(e)),
-                    (Some(_), None) => fresh(self.seg, tool, call).await?,
-                }))
-            }
-            Step::Read(tool) | Step::External(tool) => tool,
+    /// A preview of call `k` taken again from `tool` now, after the calls before it on its
+    /// resource still to run.
+    async fn fresh(&self, k: usize, tool: &dyn Tool) -> Result<Current, HookError> {
+        let call = &self.calls[k];
+        let before = self.before(k);
+        let span = tracing::info_span!("preview", tool = %call.call.tool, call.index = %call.index, at = "resume");
+        let taken =
+            sequence::preview_outside(tool, self.seg.acting_user, &call.call.arguments, &before)
+                .instrument(span)
+                .await;
+        let Some((attempt, alone)) = taken else {
+            return Ok(Current::Vanished);
         };
-        Ok(Some(fresh(self.seg, tool, call).await?))
+        attempt.interruption()?;
+        Ok(Current::Attempt { attempt, alone })
     }
 
-    /// Prepares every two-phase write still to run. `Some(i)` when call `i`'s resource found
-    /// its preview moved.
-    async fn prepare(&mut self) -> Result<Option<usize>, HookError> {
+    /// Prepares every two-phase write still to run, in call order, each after the ones before
+    /// it on its resource. Stops at the first its resource found moved.
+    async fn prepare(&mut self) -> Result<(), HookError> {
         let seg = self.seg;
-        let seq = self.state.suspension_seq;
-        for (i, call) in self.calls.iter_mut().enumerate() {
-            if call.done.is_some() || call.held || !call.two_phase() {
+        let seq = self.seq();
+        for k in 0..self.calls.len() {
+            let call = &self.calls[k];
+            if !matches!(call.state, State::Outside(_) | State::InDoubt(_)) {
                 continue;
             }
-            let Some((tool, Some(ext))) = call.external() else {
+            let (Some(tool), Some(ext)) = (call.outside(), call.two_phase()) else {
                 continue;
             };
             stop_if_lost(seg)?;
-            let fence = seg.hooks.fence(seq, call.index, call.effect()).await?;
-            let ctx = context(seg, Some(fence), call.comparable_preview());
-            let span = tracing::info_span!("tool_call", tool = %tool.spec().name, call.index = i, phase = "prepare");
+            let before = self.before(k);
+            let call = &mut self.calls[k];
+            let fence = seg.hooks.fence(seq, call.index, call.effect).await?;
+            let ctx = context(seg, fence, call.comparable_preview(), before);
+            let span = tracing::info_span!("tool_call", tool = %tool.spec().name, call.index = k, phase = "prepare");
             match ext
                 .prepare(&ctx, &call.call.arguments)
                 .instrument(span)
                 .await
             {
-                Ok(Prepared::Held) => call.held = true,
-                Ok(Prepared::Moved) | Err(ToolError::Moved) => return Ok(Some(i)),
+                Ok(Prepared::Held) => call.state = State::Held(tool, ext),
+                Ok(Prepared::Moved) | Err(ToolError::Moved) => {
+                    call.state = State::MovedAtResource(tool);
+                    return Ok(());
+                }
                 Ok(Prepared::Answered(output)) => {
                     record(seg, seq, call, &output).await?;
-                    call.done = Some(output);
+                    call.state = State::Done(output);
                 }
-                // A prepare whose answer was lost holds nothing anybody can see: it is aborted
-                // with the rest, and the turn is tried again.
+                // A prepare whose answer was lost may hold something nobody can see: it is
+                // aborted with the rest, and the turn is tried again.
                 Err(ToolError::OutcomeUnknown { code, detail }) => {
-                    call.held = true;
+                    call.state = State::Held(tool, ext);
                     return Err(HookError::Unavailable { code, detail });
                 }
                 Err(e) => settle_failure(seg, seq, call, &e).await?,
             }
         }
-        Ok(None)
+        Ok(())
     }
 
-    /// Applies every local write still to run, in call order, without committing.
-    async fn apply(&mut self, tx: &mut H::Turn) -> Result<Vec<(usize, ToolOutput)>, HookError> {
-        let mut outputs = Vec::new();
-        for (i, call) in self.calls.iter_mut().enumerate() {
-            if call.done.is_some() {
-                continue;
+    /// Locks, plans and applies the store's own writes of the turn in its transaction, in call
+    /// order: what each shown preview reads now goes to `now`; what carrying each out gave is
+    /// returned, by call, to be kept once everything compared equal.
+    async fn sequence(
+        &mut self,
+        tx: &mut H::Turn,
+        now: &mut [Option<Current>],
+    ) -> Result<Vec<(usize, Result<ToolOutput, ToolError>)>, HookError> {
+        let local: Vec<LocalCall<'_, H::Turn>> = self
+            .calls
+            .iter()
+            .filter_map(|c| match c.state {
+                State::Local(_, writer) => Some(LocalCall {
+                    index: c.index,
+                    call: c.call,
+                    writer,
+                }),
+                _ => None,
+            })
+            .collect();
+        if local.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sequenced = sequence::local(tx, self.seg.acting_user, &local).await?;
+        let mut results = Vec::with_capacity(local.len());
+        for (call, s) in local.iter().zip(sequenced) {
+            let i = call.index.get();
+            if self.calls[i].compared() {
+                now[i] = Some(match self.calls[i].state {
+                    State::Local(tool, _) if tool.previewer().is_none() => Current::Vanished,
+                    _ => Current::of(s.now),
+                });
             }
-            let Some(plan) = call.plan.take() else {
-                continue;
-            };
-            stop_if_lost(self.seg)?;
-            let output = match plan {
-                Ok(plan) => {
-                    let span =
-                        tracing::info_span!("tool_call", tool = %call.call.tool, call.index = i);
-                    plan.apply(tx)
-                        .instrument(span)
-                        .await
-                        .map_err(|e| HookError::from_tool(&e))?
-                }
+            results.push((i, s.result));
+        }
+        Ok(results)
+    }
+
+    /// The results of the store's own writes, once everything compared equal: the tool's own
+    /// failure is its result; any other failure stops the turn (the run fails with its code).
+    fn applied(
+        &mut self,
+        results: Vec<(usize, Result<ToolOutput, ToolError>)>,
+    ) -> Result<(), HookError> {
+        for (i, result) in results {
+            let call = &mut self.calls[i];
+            let output = match result {
+                Ok(output) => output,
                 Err(e @ ToolError::Failed { .. }) => {
                     agent_loop::failure_output(&call.call.tool, &e)
                 }
-                // The approver decided without a preview of this call, and its plan cannot be
-                // made: the write is impossible, and retrying cannot help.
+                // The approver decided without a preview of this call, and it cannot be
+                // carried out: retrying cannot help.
                 Err(e) => return Err(HookError::from_tool(&e)),
             };
-            outputs.push((i, output));
+            call.state = State::Applied(output);
         }
-        Ok(outputs)
+        Ok(())
     }
 
-    /// Sends every one-phase write outside the store still to run, in call order, each with the
-    /// lines its approver was shown, and journals each answer with its audit event. `Some(i)`
-    /// when call `i`'s resource found its preview moved.
-    async fn send(&mut self) -> Result<Option<usize>, HookError> {
-        let seg = self.seg;
-        let seq = self.state.suspension_seq;
-        for (i, call) in self.calls.iter_mut().enumerate() {
-            let Some((tool, _)) = call.external() else {
+    /// Compares every shown preview with what it reads now. `Some` when any moved, or a
+    /// resource found one moved at its write.
+    async fn compare(&self, now: &mut [Option<Current>]) -> Result<Option<Ran>, HookError> {
+        let mut forced = Vec::new();
+        for (k, call) in self.calls.iter().enumerate() {
+            if let State::MovedAtResource(tool) = call.state {
+                forced.push(call.index);
+                if call.compared() {
+                    now[k] = Some(self.fresh(k, tool).await?);
+                }
+            }
+        }
+        let current = self
+            .calls
+            .iter()
+            .zip(now.iter_mut())
+            .filter_map(|(call, now)| Some((call.shown?, now.take())));
+        let (previews, mut moved) = comparator::bind(current);
+        if moved.is_empty() && forced.is_empty() {
+            return Ok(None);
+        }
+        moved.extend(forced);
+        moved.sort();
+        moved.dedup();
+        Ok(Some(Ran::Moved { previews, moved }))
+    }
+
+    /// Asks every resource holding a change of the turn whether it still holds it, before
+    /// anything irrevocable happens. `Some(k)` when call `k`'s hold is gone: nothing of the
+    /// turn has landed, and the turn re-suspends as moved.
+    async fn verify_held(&mut self) -> Result<Option<usize>, HookError> {
+        let seq = self.seq();
+        for k in 0..self.calls.len() {
+            let State::Held(tool, ext) = self.calls[k].state else {
                 continue;
             };
-            if call.done.is_some() || call.held || call.two_phase() {
-                continue;
+            let ctx = context(
+                self.seg,
+                self.seg.hooks.token(seq, self.calls[k].index),
+                None,
+                Vec::new(),
+            );
+            match ext.status(&ctx).await {
+                Ok(CallStatus::Prepared) => {}
+                Ok(other) => {
+                    tracing::warn!(call.index = k, tool = %tool.spec().name, said = said(&Ok(other)), "a held change is no longer held before the commit point; the turn re-suspends");
+                    self.calls[k].state = State::MovedAtResource(tool);
+                    return Ok(Some(k));
+                }
+                Err(e) => return Err(HookError::from_tool(&ToolError::unavailable(e.code(), e))),
             }
+        }
+        Ok(None)
+    }
+
+    /// Sends every one-phase write outside the store still to run, in call order, each with
+    /// the lines its approver was shown, and journals each answer with its audit event.
+    /// `Some(k)` when call `k`'s resource found its preview moved.
+    async fn send(&mut self) -> Result<Option<usize>, HookError> {
+        let seg = self.seg;
+        let seq = self.seq();
+        for k in 0..self.calls.len() {
+            let call = &self.calls[k];
+            let tool = match call.state {
+                State::Outside(tool) | State::InDoubt(tool) if call.two_phase().is_none() => tool,
+                _ => continue,
+            };
             stop_if_lost(seg)?;
-            let fence = seg.hooks.fence(seq, call.index, call.effect()).await?;
-            let ctx = context(seg, Some(fence), call.comparable_preview());
+            let before = self.before(k);
+            let call = &mut self.calls[k];
+            let fence = seg.hooks.fence(seq, call.index, call.effect).await?;
+            let ctx = context(seg, fence, call.comparable_preview(), before);
             match agent_loop::execute(tool, &ctx, &call.call.arguments).await {
                 Ok(output) => {
                     record(seg, seq, call, &output).await?;
-                    call.done = Some(output);
+                    call.state = State::Done(output);
                 }
-                Err(ToolError::Moved) => return Ok(Some(i)),
+                Err(ToolError::Moved) => {
+                    call.state = State::MovedAtResource(tool);
+                    return Ok(Some(k));
+                }
                 Err(e) => settle_failure(seg, seq, call, &e).await?,
             }
         }
         Ok(None)
     }
 
-    /// Commits every held two-phase write, in call order, and journals each answer.
+    /// The commit point: the store's writes with their audit and journal rows, and the debt of
+    /// every held change's commit, in one commit.
+    async fn commit_point(&self, tx: H::Turn) -> Result<(), HookError> {
+        stop_if_lost(self.seg)?;
+        let entries: Vec<JournalEntry<'_>> = self
+            .calls
+            .iter()
+            .filter_map(|c| match &c.state {
+                State::Applied(output) => Some(JournalEntry {
+                    index: c.index,
+                    tool: &c.call.tool,
+                    effect: c.effect,
+                    output,
+                }),
+                _ => None,
+            })
+            .collect();
+        let owed: Vec<CallIndex> = self
+            .calls
+            .iter()
+            .filter(|c| matches!(c.state, State::Held(..)))
+            .map(|c| c.index)
+            .collect();
+        self.seg
+            .hooks
+            .commit_turn(tx, self.seq(), &entries, &owed)
+            .await
+    }
+
+    /// Commits every held change, in call order, and journals each answer: the turn passed its
+    /// commit point, so this is a debt, paid by whichever attempt gets here.
     async fn commit_held(&mut self) -> Result<(), HookError> {
         let seg = self.seg;
-        let seq = self.state.suspension_seq;
-        for call in self.calls.iter_mut().filter(|c| c.held) {
-            let Some((tool, Some(ext))) = call.external() else {
-                continue;
+        let seq = self.seq();
+        for call in &mut self.calls {
+            let (tool, ext) = match &call.state {
+                State::Applied(output) => {
+                    call.state = State::Done(output.clone());
+                    continue;
+                }
+                State::Held(tool, ext) => (*tool, *ext),
+                _ => continue,
             };
-            let fence = seg.hooks.fence(seq, call.index, call.effect()).await?;
-            let ctx = context(seg, Some(fence), call.comparable_preview());
+            let fence = seg.hooks.fence(seq, call.index, call.effect).await?;
+            let ctx = context(seg, fence, call.comparable_preview(), Vec::new());
             let span = tracing::info_span!("tool_call", tool = %tool.spec().name, call.index = %call.index, phase = "commit");
             match ext
                 .commit(&ctx, &call.call.arguments)
@@ -550,14 +677,9 @@ impl<H: SegmentHooks> Turn<'_, H> {
             {
                 Ok(output) => {
                     record(seg, seq, call, &output).await?;
-                    call.held = false;
-                    call.done = Some(output);
+                    call.state = State::Done(output);
                 }
-                // Committing is idempotent by key: a retry asks the resource again.
-                Err(e) => {
-                    settle_failure(seg, seq, call, &e).await?;
-                    call.held = false;
-                }
+                Err(e) => return Err(commit_failed(call.index, &e)),
             }
         }
         Ok(())
@@ -566,28 +688,25 @@ impl<H: SegmentHooks> Turn<'_, H> {
     /// Drops what two-phase resources hold for the turn; best effort, as an abort of a key that
     /// holds nothing is one already done, and a resource expires what it held too long.
     async fn abort_held(&self) {
-        for call in self
-            .calls
-            .iter()
-            .filter(|c| c.done.is_none() && c.two_phase())
-        {
-            let Some((tool, Some(ext))) = call.external() else {
-                continue;
+        for call in &self.calls {
+            let (tool, ext) = match call.state {
+                State::Held(tool, ext) => (tool, ext),
+                _ => continue,
             };
-            let token = self.seg.hooks.token(self.state.suspension_seq, call.index);
-            let ctx = context(self.seg, Some(token), None);
+            let token = self.seg.hooks.token(self.seq(), call.index);
+            let ctx = context(self.seg, token, None, Vec::new());
             if let Err(e) = ext.abort(&ctx, &call.call.arguments).await {
                 tracing::warn!(tool = %tool.spec().name, call.index = %call.index, code = e.code(), error = %e, "abort failed; the resource expires the held change");
             }
         }
     }
 
-    /// The re-suspension after call `i`'s resource found its preview moved: its current
-    /// preview taken again, the others as they were shown.
-    async fn moved_at(&self, i: usize) -> Result<Ran, HookError> {
-        let call = &self.calls[i];
-        let mut now = match call.step {
-            Step::External(tool) => Some(fresh(self.seg, tool, call).await?),
+    /// The re-suspension after call `k`'s resource found its preview moved (or lost its hold):
+    /// its current preview taken again, the others as they were shown.
+    async fn moved_at(&self, k: usize) -> Result<Ran, HookError> {
+        let call = &self.calls[k];
+        let mut now = match call.state {
+            State::MovedAtResource(tool) => Some(self.fresh(k, tool).await?),
             _ => None,
         };
         let current = self.state.call_previews.iter().map(|p| {
@@ -598,10 +717,7 @@ impl<H: SegmentHooks> Turn<'_, H> {
             };
             (p, now)
         });
-        let previews = match comparator::bind(current) {
-            Binding::Moved { previews, .. } => previews,
-            Binding::Unchanged => self.state.call_previews.clone(),
-        };
+        let (previews, _) = comparator::bind(current);
         Ok(Ran::Moved {
             previews,
             moved: vec![call.index],
@@ -612,13 +728,14 @@ impl<H: SegmentHooks> Turn<'_, H> {
     fn landed(&self) -> Vec<LandedCall> {
         self.calls
             .iter()
-            .filter(|c| matches!(c.step, Step::Local(..) | Step::External(_)))
-            .filter_map(|c| {
-                Some(LandedCall {
+            .filter(|c| c.effect.is_write())
+            .filter_map(|c| match &c.state {
+                State::Done(output) => Some(LandedCall {
                     index: c.index,
                     tool: c.call.tool.clone(),
-                    output: c.done.clone()?,
-                })
+                    output: output.clone(),
+                }),
+                _ => None,
             })
             .collect()
     }
@@ -627,13 +744,12 @@ impl<H: SegmentHooks> Turn<'_, H> {
     async fn outputs(self) -> Result<Vec<ToolOutput>, HookError> {
         let mut outputs = Vec::with_capacity(self.calls.len());
         for call in self.calls {
-            let output = match (call.done, call.step) {
-                (Some(output), _) => output,
-                (None, Step::Skip(output)) => output,
-                (None, Step::Read(tool)) => {
+            let output = match call.state {
+                State::Done(output) | State::Skipped(output) => output,
+                State::Read(tool) => {
                     agent_loop::read(tool, self.seg.acting_user, &call.call.arguments).await?
                 }
-                (None, Step::Local(..) | Step::External(_)) => {
+                _ => {
                     return Err(HookError::Unavailable {
                         code: "turn_incomplete",
                         detail: format!("call {} has no result after the commit", call.index),
@@ -646,45 +762,41 @@ impl<H: SegmentHooks> Turn<'_, H> {
     }
 }
 
-/// A preview of `call` taken again from `tool` now, outside the turn's transaction.
-async fn fresh<H: SegmentHooks, Tx>(
-    seg: Segment<'_, H>,
-    tool: &dyn Tool,
-    call: &TurnCall<'_, Tx>,
-) -> Result<Current, HookError> {
-    let Some(previewer) = tool.previewer() else {
-        return Ok(Current::Vanished);
-    };
-    let span = tracing::info_span!("preview", tool = %call.call.tool, call.index = %call.index, at = "resume");
-    let attempt = preview::attempt(previewer, seg.acting_user, &call.call.arguments)
-        .instrument(span)
-        .await;
-    attempt.interruption()?;
-    Ok(Current::Attempt(attempt))
-}
-
 /// What a call is given besides its arguments.
 fn context<H>(
     seg: Segment<'_, H>,
-    fence: Option<crate::tool::FenceToken>,
+    fence: FenceToken,
     shown_preview: Option<Vec<String>>,
+    before: Vec<EarlierCall>,
 ) -> ExecContext {
     ExecContext {
         acting_user: seg.acting_user.clone(),
-        fence,
+        fence: Some(fence),
         shown_preview,
+        before,
+    }
+}
+
+/// What a resource said of a key, for the log.
+fn said(status: &Result<CallStatus, ToolError>) -> &'static str {
+    match status {
+        Ok(CallStatus::Answered(_)) => "answered",
+        Ok(CallStatus::Moved) => "moved",
+        Ok(CallStatus::Prepared) => "prepared",
+        Ok(CallStatus::Unseen) => "unseen",
+        Err(e) => e.code(),
     }
 }
 
 /// Journals the answer of a call outside the store with its audit event.
 async fn record<H: SegmentHooks, Tx>(
     seg: Segment<'_, H>,
-    seq: crate::ids::SuspensionSeq,
-    call: &TurnCall<'_, Tx>,
+    seq: SuspensionSeq,
+    call: &Call<'_, Tx>,
     output: &ToolOutput,
 ) -> Result<(), HookError> {
     seg.hooks
-        .record(seq, call.index, call.call, call.effect(), output)
+        .record(seq, call.index, call.call, call.effect, output)
         .await
 }
 
@@ -692,15 +804,15 @@ async fn record<H: SegmentHooks, Tx>(
 /// result; anything else stops the segment — to be retried, or failing the run.
 async fn settle_failure<H: SegmentHooks, Tx>(
     seg: Segment<'_, H>,
-    seq: crate::ids::SuspensionSeq,
-    call: &mut TurnCall<'_, Tx>,
+    seq: SuspensionSeq,
+    call: &mut Call<'_, Tx>,
     e: &ToolError,
 ) -> Result<(), HookError> {
     match e {
         ToolError::Failed { .. } => {
             let output = agent_loop::failure_output(&call.call.tool, e);
             record(seg, seq, call, &output).await?;
-            call.done = Some(output);
+            call.state = State::Done(output);
             Ok(())
         }
         ToolError::OutcomeUnknown { code, .. } => Err(HookError::OutcomeUnknown {
@@ -708,6 +820,36 @@ async fn settle_failure<H: SegmentHooks, Tx>(
             code,
         }),
         other => Err(HookError::from_tool(other)),
+    }
+}
+
+/// What a commit the turn owes comes to when its resource does not carry it out: a transient
+/// failure or a lost answer is tried again (the debt stays); anything else means the resource
+/// dropped a change it held after the commit point — the turn landed in part, and the run fails
+/// with the code for an operator to look at.
+fn commit_failed(index: CallIndex, e: &ToolError) -> HookError {
+    match e {
+        ToolError::OutcomeUnknown { code, detail } => HookError::Unavailable {
+            code,
+            detail: detail.clone(),
+        },
+        e if e.interrupts() => HookError::from_tool(e),
+        e => {
+            tracing::error!(call.index = %index, code = e.code(), error = %e, "a change held for a turn past its commit point was not committed: the turn landed in part");
+            HookError::Broken {
+                code: e.code(),
+                detail: format!("the commit of call {index} owed by the turn failed"),
+            }
+        }
+    }
+}
+
+/// A commit the turn owes whose call or tool is not there to commit it.
+fn owed_gone(index: CallIndex) -> HookError {
+    tracing::error!(call.index = %index, "a commit the turn owes names a call or tool that is gone");
+    HookError::Broken {
+        code: "owed_tool_gone",
+        detail: format!("call {index}'s owed commit cannot be sent"),
     }
 }
 

@@ -7,39 +7,39 @@
 //! shown), previews that failed at suspend (the approver was told they decided blind), and
 //! calls no longer offered (they will not run).
 //!
-//! `bind` is the one comparison: the approval pipeline ([`crate::agent_loop`]) gathers what
-//! every shown preview reads now — a local writer's plan under the turn's locks, a fresh
-//! preview from a resource outside the store — and hands them here together.
+//! `bind` is the one comparison: the approval pipeline ([`crate::approval`]) gathers what every
+//! shown preview reads now — a local writer's plan in the turn's sequence, under its locks; a
+//! fresh preview from a resource outside the store, after the calls before it on that resource —
+//! and hands them here together.
 
 use crate::ids::CallIndex;
 use crate::preview::{self, Attempt, CallPreview, PREVIEW_VANISHED_LINE};
 
-/// The result of re-previewing a turn.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Binding {
-    /// Every shown preview still reads the same: the turn may execute.
-    Unchanged,
-    /// At least one shown preview moved: nothing may execute. `previews` are the current ones
-    /// for the whole turn, `moved` the indexes whose preview changed, in order.
-    Moved {
-        previews: Vec<CallPreview>,
-        moved: Vec<CallIndex>,
-    },
-}
-
 /// What a shown preview reads now.
 #[derive(Debug)]
 pub(crate) enum Current {
-    Attempt(Attempt),
+    /// A preview taken now; `alone` when it could not take the calls before it on its resource
+    /// into account (see [`crate::CallPreview::alone`]).
+    Attempt { attempt: Attempt, alone: bool },
     /// The tool no longer offers a preview.
     Vanished,
 }
 
-/// The binding of a turn, from each stored preview and what it reads now (`None`: not
-/// compared, carried over unchanged). The previews of a moved binding are in call order.
+impl Current {
+    pub(crate) fn of(attempt: Attempt) -> Current {
+        Current::Attempt {
+            attempt,
+            alone: false,
+        }
+    }
+}
+
+/// The binding of a turn: the preview to store for each stored one, in call order, given what
+/// it reads now (`None`: not compared, carried over unchanged), and the indexes whose preview
+/// moved, in order. Nothing moved: the turn may execute.
 pub(crate) fn bind<'a>(
     current: impl IntoIterator<Item = (&'a CallPreview, Option<Current>)>,
-) -> Binding {
+) -> (Vec<CallPreview>, Vec<CallIndex>) {
     let mut previews = Vec::new();
     let mut moved = Vec::new();
     for (stored, now) in current {
@@ -49,13 +49,9 @@ pub(crate) fn bind<'a>(
         }
         previews.push(now);
     }
-    if moved.is_empty() {
-        Binding::Unchanged
-    } else {
-        moved.sort();
-        previews.sort_by_key(|p| p.index);
-        Binding::Moved { previews, moved }
-    }
+    moved.sort();
+    previews.sort_by_key(|p| p.index);
+    (previews, moved)
 }
 
 /// The preview to store for `stored` given what it reads now.
@@ -63,19 +59,23 @@ fn judge(stored: &CallPreview, now: Option<Current>) -> CallPreview {
     match now {
         None => stored.clone(),
         Some(Current::Vanished) => failed(stored, PREVIEW_VANISHED_LINE.to_owned()),
-        Some(Current::Attempt(Attempt::Lines(lines, forms))) => CallPreview {
+        Some(Current::Attempt {
+            attempt: Attempt::Lines(lines, forms),
+            alone,
+        }) => CallPreview {
             lines,
             forms,
+            alone,
             ..stored.clone()
         },
-        Some(Current::Attempt(other)) => {
+        Some(Current::Attempt { attempt, .. }) => {
             tracing::warn!(
                 tool = %stored.tool,
                 index = %stored.index,
-                code = other.code(),
+                code = attempt.code(),
                 "re-preview failed at resume"
             );
-            failed(stored, preview::failed_at_resume_line(other.code()))
+            failed(stored, preview::failed_at_resume_line(attempt.code()))
         }
     }
 }
@@ -85,6 +85,7 @@ fn failed(stored: &CallPreview, line: String) -> CallPreview {
         lines: vec![line],
         failed: true,
         forms: vec![],
+        alone: false,
         ..stored.clone()
     }
 }

@@ -25,13 +25,14 @@ pub mod ids;
 pub mod messages;
 pub mod model;
 pub mod preview;
+pub mod sequence;
 pub mod state;
 pub mod tool;
 pub mod turn;
 
 pub use agent_loop::{
     AgentConfig, Decision, HookError, Interruption, Outcome, Segment, SegmentHooks,
-    TerminationReason,
+    TerminationReason, TurnRecord,
 };
 pub use directory::{Approver, Approves, DirectoryError, UserDirectory};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
@@ -43,8 +44,8 @@ pub use model::{
 pub use preview::{CallPreview, LineForm, PreviewLine};
 pub use state::{LandedCall, PendingCall, StateError, SuspendedRunState};
 pub use tool::{
-    CallStatus, DataClass, DataClasses, Effect, ExecContext, ExternalWrite, Fault, FenceToken,
-    OfferedTools, Prepared, Principal, Profile, Tool, ToolError, ToolOutput, ToolPolicy,
-    ToolPreview, ToolRegistry, ToolSpec, Withheld,
+    CallStatus, DataClass, DataClasses, EarlierCall, Effect, ExecContext, ExternalWrite, Fault,
+    FenceToken, OfferedTools, Prepared, Principal, Profile, Sequence, Tool, ToolError, ToolOutput,
+    ToolPolicy, ToolPreview, ToolRegistry, ToolSpec, Withheld,
 };
-pub use turn::{JournalEntry, LocalWriter, LocalWriters, LockSubject, PlannedWrite};
+pub use turn::{JournalEntry, LocalWriter, LocalWriters, LockMode, LockSubject, PlannedWrite};

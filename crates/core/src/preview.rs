@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::agent_loop::HookError;
 use crate::ids::CallIndex;
-use crate::tool::{Principal, ToolError, ToolPreview};
+use crate::tool::{EarlierCall, Principal, ToolError, ToolPreview};
 
 /// At most this many lines of a preview are stored; one more line says how many were cut.
 pub const MAX_LINES: usize = 20;
@@ -40,6 +40,11 @@ pub struct CallPreview {
     /// none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub forms: Vec<Option<LineForm>>,
+    /// The call comes after other calls of its turn on the same resource, and its tool could
+    /// not be told about them: the lines are its preview as if it ran alone, and the card says
+    /// so. Never compared.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub alone: bool,
 }
 
 impl CallPreview {
@@ -260,7 +265,22 @@ pub(crate) async fn attempt(
     user: &Principal,
     args: &Value,
 ) -> Attempt {
-    match catch_unwind(previewer.preview_with_forms(user, args)).await {
+    attempt_of(previewer.preview_with_forms(user, args)).await
+}
+
+/// Runs a preview of a call after `before`, the calls of its turn on the same resource that
+/// come first ([`ToolPreview::preview_after`]), as [`attempt`] does.
+pub(crate) async fn attempt_after(
+    previewer: &dyn ToolPreview,
+    user: &Principal,
+    args: &Value,
+    before: &[EarlierCall],
+) -> Attempt {
+    attempt_of(previewer.preview_after(user, args, before)).await
+}
+
+async fn attempt_of(preview: BoxFuture<'_, Result<Vec<PreviewLine>, ToolError>>) -> Attempt {
+    match catch_unwind(preview).await {
         Ok(Ok(lines)) => Attempt::of_lines(lines),
         Ok(Err(e)) => Attempt::Error(e),
         Err(_) => Attempt::Panic,
@@ -290,6 +310,7 @@ pub(crate) fn at_suspend(index: CallIndex, tool: &str, attempt: Attempt) -> Call
         lines,
         failed,
         forms,
+        alone: false,
     }
 }
 
@@ -456,6 +477,7 @@ mod tests {
             lines: vec!["a → b".into()],
             failed: false,
             forms,
+            alone: false,
         };
         assert!(preview(vec![]).reads_as(&preview(vec![Some(change("a", "b"))])));
         let mut other = preview(vec![]);

@@ -10,8 +10,10 @@
 //!   arguments not an object) are dropped, which renumbers the survivors; every stored index
 //!   is translated onto the surviving list, and one whose call did not survive is dropped,
 //!   never clamped — otherwise a corrupt blob would move a preview one call along;
-//! - a preview (or a landed call) whose tool differs from the call now at its index is
-//!   dropped;
+//! - a preview whose tool differs from the call now at its index is dropped;
+//! - except where safety depends on it: `landed_calls` (writes that happened and must never run
+//!   again) is read strictly — an entry that cannot be read, names a call that is not there or
+//!   of another tool, or repeats one, fails the state `state_unreadable`;
 //! - a document newer than this code understands, or without the required fields, fails with
 //!   `state_unreadable`.
 
@@ -171,16 +173,7 @@ impl SuspendedRunState {
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        let mut landed = BTreeSet::new();
-        let mut landed_calls: Vec<LandedCall> = array(doc, "landed_calls")
-            .iter()
-            .filter_map(|raw| {
-                let c = stored_landed(raw)?;
-                let index = survivors.renumber(c.index, &c.tool, &mut landed)?;
-                Some(LandedCall { index, ..c })
-            })
-            .collect();
-        landed_calls.sort_by_key(|c| c.index);
+        let landed_calls = landed_calls(doc, &survivors)?;
 
         Ok(SuspendedRunState {
             transcript,
@@ -299,6 +292,35 @@ fn usable_call(raw: &Value) -> Option<PendingCall> {
     })
 }
 
+/// The calls that landed under an earlier card, read strictly: a landed call is never run
+/// again, so an entry that cannot be read, or that names a call not there, would make a write
+/// that happened look undone — and send it again under a key no resource could deduplicate.
+/// Any such entry makes the whole state unreadable.
+fn landed_calls(
+    doc: &Map<String, Value>,
+    survivors: &Survivors,
+) -> Result<Vec<LandedCall>, StateError> {
+    let malformed = StateError::Malformed("landed_calls");
+    let raw = match doc.get("landed_calls") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(raw)) => raw,
+        Some(_) => return Err(malformed),
+    };
+    let mut seen = BTreeSet::new();
+    let mut landed = raw
+        .iter()
+        .map(|raw| {
+            let c = stored_landed(raw).ok_or(malformed.clone())?;
+            let index = survivors
+                .renumber(c.index, &c.tool, &mut seen)
+                .ok_or(malformed.clone())?;
+            Ok(LandedCall { index, ..c })
+        })
+        .collect::<Result<Vec<_>, StateError>>()?;
+    landed.sort_by_key(|c| c.index);
+    Ok(landed)
+}
+
 /// A stored landed call, with its index still in stored numbering.
 fn stored_landed(raw: &Value) -> Option<LandedCall> {
     let obj = raw.as_object()?;
@@ -331,11 +353,13 @@ fn stored_preview(raw: &Value) -> Option<CallPreview> {
         .and_then(|f| serde_json::from_value::<Vec<Option<LineForm>>>(f.clone()).ok())
         .filter(|f| f.len() == lines.len())
         .unwrap_or_default();
+    let alone = obj.get("alone").and_then(Value::as_bool).unwrap_or(false);
     Some(CallPreview {
         index,
         tool: tool.to_owned(),
         lines,
         failed,
         forms,
+        alone,
     })
 }

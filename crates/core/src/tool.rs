@@ -212,6 +212,44 @@ pub struct ExecContext {
     /// so that a resource able to compare and write in one step refuses a call whose preview
     /// moved since. `None` otherwise.
     pub shown_preview: Option<Vec<String>>,
+    /// For a write sent outside the store: the calls of the same turn on the same resource
+    /// that come before it and have not landed when it is sent (held by a two-phase resource,
+    /// most often). Its preview — the one shown, and the one a resource compares at the write —
+    /// is the call's preview after them. Empty for a call that comes first.
+    pub before: Vec<EarlierCall>,
+}
+
+impl ExecContext {
+    /// The context of a call as `acting_user` with no fence, nothing shown and nothing before
+    /// it: a read.
+    pub fn new(acting_user: Principal) -> Self {
+        ExecContext {
+            acting_user,
+            fence: None,
+            shown_preview: None,
+            before: Vec::new(),
+        }
+    }
+}
+
+/// A call of the same turn that comes before the one a preview or a write is about, on the same
+/// resource: the state the later call is previewed and written against is the state this one
+/// leaves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EarlierCall {
+    pub tool: String,
+    pub arguments: Value,
+}
+
+/// Where a tool's calls act, for the turn's sequence (see [`Tool::sequence`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sequence {
+    /// The resource: calls of one turn on the same resource are previewed, compared and written
+    /// in call order, each after the ones before it. Tools of one server share one.
+    pub resource: String,
+    /// Whether [`ToolPreview::preview_after`] takes the calls before: otherwise a call that
+    /// comes after others on its resource is previewed as if it were alone, and its card says so.
+    pub composes: bool,
 }
 
 /// The result of a call, as the model will read it.
@@ -353,6 +391,14 @@ pub trait Tool: Send + Sync + fmt::Debug {
     fn external(&self) -> Option<&dyn ExternalWrite> {
         None
     }
+
+    /// The resource this tool's calls act on, when calls of other tools of a turn may share its
+    /// state (the tools of one server). `None`: no other call of a turn can change what its
+    /// calls read. The writers of the run store's own database need none: a turn previews and
+    /// writes them in sequence in its transaction ([`crate::LocalWriter`]).
+    fn sequence(&self) -> Option<Sequence> {
+        None
+    }
 }
 
 /// What became of a write a resource was sent under its idempotency key.
@@ -439,6 +485,20 @@ pub trait ToolPreview: Send + Sync {
     /// Whether `viewer` may be shown this call's preview: the same record check as the
     /// preview, applied to the person looking at the card.
     async fn may_viewer_read_preview(&self, args: &Value, viewer: &Principal) -> bool;
+
+    /// The preview of the call as it would run after `before`, the calls of the same turn on
+    /// the same resource that come first, in order: the state it reads is the state they leave.
+    /// Called only when [`Tool::sequence`] says it composes and `before` is not empty. The same
+    /// contract as [`preview`](Self::preview).
+    async fn preview_after(
+        &self,
+        acting_user: &Principal,
+        args: &Value,
+        before: &[EarlierCall],
+    ) -> Result<Vec<crate::PreviewLine>, ToolError> {
+        let _ = before;
+        self.preview_with_forms(acting_user, args).await
+    }
 }
 
 /// All tools known to a process, by name.

@@ -9,14 +9,13 @@
 //! [`crate::SegmentHooks::begin_turn`]), in three steps the approval pipeline
 //! ([`crate::agent_loop`]) drives for every call of the turn before any call writes:
 //!
-//! 1. [`LocalWriter::subjects`]: the rows the call writes or plans against, locked `FOR UPDATE`
-//!    in one global order across the whole turn ([`LockSubject`]'s `Ord`), so two turns
-//!    touching the same rows cannot deadlock each other;
-//! 2. [`LocalWriter::plan`]: under those locks, lock every other row the plan reads — so that
-//!    nothing the preview shows or the write depends on can change before the commit,
-//!    whoever the other writer is — and settle exactly what the call would write;
-//! 3. [`PlannedWrite::apply`]: once every call of the turn compared equal, write the plan and
-//!    read it back.
+//! 1. [`LocalWriter::subjects`]: every row the call reads or writes, each with how it must be
+//!    locked, read without locks; the turn locks the rows of all its calls at once, in one
+//!    global order ([`LockSubject`]'s `Ord`), so two turns touching the same rows cannot deadlock
+//!    each other — then asks again, under the locks, and retries should a set have grown;
+//! 2. [`LocalWriter::plan`]: under those locks, settle exactly what the call would write;
+//! 3. [`PlannedWrite::apply`]: write the plan and read it back, in the turn's transaction, before
+//!    the next call is planned — a turn is a sequence ([`crate::sequence`]).
 //!
 //! The pipeline commits once, with the audit events and journal rows of every local call
 //! ([`crate::SegmentHooks::commit_turn`]).
@@ -31,15 +30,30 @@ use serde_json::Value;
 use crate::ids::CallIndex;
 use crate::tool::{Effect, Principal, ToolError, ToolOutput};
 
-/// A row a call locks before it plans. Ordered by `(space, rank, id)`: the one global lock
-/// order of every turn. A tool set names its own `space`; within it, `rank` orders the kinds of
-/// row (for the content store: pages before elements), so a writer that locks a page and then
-/// the elements of one of its columns never waits in the opposite order of another.
+/// A row a call of the turn reads or writes, locked before anything is planned. Ordered by
+/// `(space, rank, id)`: the one global lock order of every turn. A tool set names its own
+/// `space`; within it, `rank` orders the kinds of row (for the content store: pages before
+/// elements before files, …, parents before children). Every lock a turn needs is taken in this
+/// order before its first plan, at the strongest `mode` any call needs, so two turns never wait
+/// for each other in opposite orders.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LockSubject {
     pub space: &'static str,
     pub rank: u8,
     pub id: i64,
+    pub mode: LockMode,
+}
+
+/// How a row of a turn is locked, weakest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum LockMode {
+    /// Read for the structure only (where it sits, whether it exists): a change of the row's
+    /// other columns need not wait.
+    KeyShare,
+    /// Read: any change of the row waits.
+    Share,
+    /// Written by the turn.
+    Update,
 }
 
 /// One result of an approved turn, as it is journaled with its audit event.
@@ -55,23 +69,28 @@ pub struct JournalEntry<'a> {
 /// `Tx`.
 ///
 /// Contract: the write compares against the lines it was shown under the same locks it writes
-/// with. Every row `plan` reads is locked by `subjects` or by `plan` itself before it is read,
+/// with. Every row `plan` reads and `apply` writes is named by `subjects` at the mode it needs,
 /// and every row that could join what it reads (a new reference of an element, a new page below
-/// a parent) is kept out by a lock the turn holds; each writer documents its read set. The
-/// preview a plan gives must be the one [`crate::ToolPreview::preview`] gives for the same
-/// state: the pipeline holds one against the other.
+/// a parent) is kept out by a lock the turn holds; each writer documents its read set. Nothing a
+/// plan or a write does takes a lock `subjects` did not name. The preview a plan gives must be the
+/// one [`crate::ToolPreview::preview`] gives for the same state: the pipeline holds one against
+/// the other.
 #[async_trait]
 pub trait LocalWriter<Tx: Send>: Send + Sync {
-    /// The rows the call will write or plan against. Read without locks: a subject that
-    /// depends on a row (the page an element is on) is re-checked by `plan` under the locks.
-    async fn subjects(&self, tx: &mut Tx, args: &Value) -> Result<Vec<LockSubject>, ToolError>;
+    /// The rows the call reads and writes as `acting_user`, each with its mode: its read set.
+    /// Read without locks; the turn asks again once they are locked.
+    async fn subjects(
+        &self,
+        tx: &mut Tx,
+        acting_user: &Principal,
+        args: &Value,
+    ) -> Result<Vec<LockSubject>, ToolError>;
 
-    /// Locks `subjects` `FOR UPDATE`, in the order given: every subject any call of the turn
+    /// Locks `subjects` in the order given, each in its mode: every row any call of the turn
     /// named in this writer's `space`, in the global order.
     async fn lock(&self, tx: &mut Tx, subjects: &[LockSubject]) -> Result<(), ToolError>;
 
-    /// Locks the rest of what the call reads, then settles exactly what it would write, as the
-    /// acting user.
+    /// Settles exactly what the call would write, as the acting user, under the turn's locks.
     async fn plan(
         &self,
         tx: &mut Tx,

@@ -229,6 +229,7 @@ fn suspended_state() -> SuspendedRunState {
             lines: vec!["field description: \"Old\" → \"A tighter description.\"".into()],
             failed: false,
             forms: vec![],
+            alone: false,
         }],
         stale_call_indexes: vec![],
         landed_calls: vec![],

@@ -26,7 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_core::{
-    CallIndex, Effect, Fault, FenceToken, HookError, JournalEntry, SuspensionSeq, ToolOutput,
+    CallIndex, Effect, Fault, FenceToken, HookError, JournalEntry, RunId, SuspensionSeq,
+    ToolOutput, TurnRecord,
 };
 use countersign_crypto::Keyring;
 use sqlx::{PgConnection, Postgres, Transaction};
@@ -36,7 +37,8 @@ use crate::error::classify;
 use crate::journal::{self, Journaled};
 use crate::{Lease, Store, StoreError};
 
-/// An open transaction in which the run's lease has been verified and the run row is locked.
+/// An open transaction in which the run's lease has been verified: a turn's, or one call's write
+/// with the run row locked.
 pub struct FencedWrite {
     tx: Transaction<'static, Postgres>,
     lease: Lease,
@@ -44,9 +46,6 @@ pub struct FencedWrite {
     /// The call a single-call write ([`Store::fenced_write`]) is for.
     call: Option<CallIndex>,
     keyring: Arc<Keyring>,
-    /// The turn's journal rows (call index, sealed result) as the statement that opened a turn
-    /// transaction read them; `None` for a single-call write.
-    journal: Option<Vec<(i32, Vec<u8>)>>,
     /// The turn's share of the pool, given back when the transaction ends.
     _permit: Option<OwnedSemaphorePermit>,
 }
@@ -61,10 +60,10 @@ impl fmt::Debug for FencedWrite {
 }
 
 impl Store {
-    /// Opens the transaction of an approved turn of suspension `seq`, checking that the lease
-    /// is still held (otherwise [`StoreError::FenceLost`], nothing written). The same statement
-    /// reads what the turn has journaled already. The lease is held to again, and renewed, at
-    /// [`FencedWrite::commit_turn`].
+    /// Opens the transaction of suspension `seq`'s turn — an approved turn's, or the one whose
+    /// local writes a suspension previews in sequence and rolls back — checking that the lease
+    /// is still held (otherwise [`StoreError::FenceLost`], nothing written). The lease is held
+    /// to again, and renewed, at [`FencedWrite::commit_turn`].
     pub async fn begin_turn(
         &self,
         lease: &Lease,
@@ -72,35 +71,65 @@ impl Store {
     ) -> Result<FencedWrite, StoreError> {
         let permit = self.turn_permit().await;
         let mut tx = self.pool.begin().await?;
-        let held = sqlx::query!(
-            r#"SELECT
-                   (SELECT coalesce(array_agg(j.call_index ORDER BY j.call_index), '{}')
-                    FROM run_journal j WHERE j.run_id = $1 AND j.suspension_seq = $4)
-                       AS "indexes!: Vec<i32>",
-                   (SELECT coalesce(array_agg(j.result ORDER BY j.call_index), '{}')
-                    FROM run_journal j WHERE j.run_id = $1 AND j.suspension_seq = $4)
-                       AS "results!: Vec<Vec<u8>>"
-               FROM runs
+        let held = sqlx::query_scalar!(
+            r#"SELECT id FROM runs
                WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),
-            seq.as_i32(),
         )
         .fetch_optional(&mut *tx)
         .await?;
-        let Some(held) = held else {
+        if held.is_none() {
             tx.rollback().await?;
             return Err(StoreError::FenceLost);
-        };
+        }
         Ok(FencedWrite {
             tx,
             lease: lease.clone(),
             seq,
             call: None,
             keyring: Arc::clone(&self.keyring),
-            journal: Some(held.indexes.into_iter().zip(held.results).collect()),
             _permit: permit,
+        })
+    }
+
+    /// What earlier attempts of suspension `seq`'s turn left: every journaled result, in call
+    /// order, and the commits the turn owes ([`FencedWrite::commit_turn`]), in one statement.
+    pub async fn turn_record(
+        &self,
+        run_id: RunId,
+        seq: SuspensionSeq,
+    ) -> Result<TurnRecord, StoreError> {
+        let row = sqlx::query!(
+            r#"SELECT
+                   (SELECT coalesce(array_agg(j.call_index ORDER BY j.call_index), '{}')
+                    FROM run_journal j WHERE j.run_id = $1 AND j.suspension_seq = $2)
+                       AS "indexes!: Vec<i32>",
+                   (SELECT coalesce(array_agg(j.result ORDER BY j.call_index), '{}')
+                    FROM run_journal j WHERE j.run_id = $1 AND j.suspension_seq = $2)
+                       AS "results!: Vec<Vec<u8>>",
+                   (SELECT coalesce(array_agg(o.call_index ORDER BY o.call_index), '{}')
+                    FROM run_owed_commits o WHERE o.run_id = $1 AND o.suspension_seq = $2)
+                       AS "owed!: Vec<i32>""#,
+            run_id.as_uuid(),
+            seq.as_i32(),
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let rows: Vec<(i32, Vec<u8>)> = row.indexes.into_iter().zip(row.results).collect();
+        let owed = row
+            .owed
+            .into_iter()
+            .map(|i| {
+                usize::try_from(i)
+                    .map(CallIndex::new)
+                    .map_err(|_| StoreError::unreadable("run_owed_commits.call_index"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(TurnRecord {
+            journaled: journal::opened(&self.keyring, run_id, &rows)?,
+            owed,
         })
     }
 
@@ -136,7 +165,6 @@ impl Store {
             seq: token.suspension_seq,
             call: Some(token.call_index),
             keyring: Arc::clone(&self.keyring),
-            journal: None,
             _permit: permit,
         })
     }
@@ -148,13 +176,13 @@ impl FencedWrite {
         &mut self.tx
     }
 
-    /// Journals `entries` with their audit events under the lease's guard, in one statement
-    /// ([`journal::journal_guarded`]). Every entry must be new: a call journaled already is
-    /// [`StoreError::AlreadyJournaled`], a lease no longer held [`StoreError::FenceLost`]; the
-    /// caller rolls back either way.
+    /// Journals `entries` with their audit events under the lease's guard, and records the
+    /// commits `owed`, in one statement ([`journal::journal_guarded`]). Every entry must be new:
+    /// a call journaled already is [`StoreError::AlreadyJournaled`], a lease no longer held
+    /// [`StoreError::FenceLost`]; the caller rolls back either way.
     async fn journal(
         &mut self,
-        guard: journal::Guard,
+        guard: journal::Guard<'_>,
         entries: &[JournalEntry<'_>],
     ) -> Result<(), StoreError> {
         let journaled = journal::journal_guarded(
@@ -194,6 +222,7 @@ impl FencedWrite {
         let guard = journal::Guard {
             renew: None,
             clear_stamp: false,
+            owed: &[],
         };
         if let Err(e) = self.journal(guard, &[entry]).await {
             self.tx.rollback().await?;
@@ -233,31 +262,25 @@ pub fn hook_error(e: StoreError) -> HookError {
 }
 
 impl FencedWrite {
-    /// Every result the turn has journaled, in call order, as [`Store::begin_turn`] read them
-    /// (a single-call write reads them now).
-    pub async fn journaled(&mut self) -> Result<Vec<(CallIndex, ToolOutput)>, StoreError> {
-        match &self.journal {
-            Some(rows) => journal::opened(&self.keyring, self.lease.run_id, rows),
-            None => journal::turn(&mut self.tx, &self.keyring, self.lease.run_id, self.seq).await,
-        }
-    }
-
-    /// The fence of an approved turn, then its commit: one statement renews the lease to
-    /// `now() + ttl` with an `UPDATE` guarded by owner, epoch and `running` (which locks the run
-    /// row until the commit) and appends the audit event and journal row of every entry; then
-    /// the commit. A lease no longer held is [`StoreError::FenceLost`] and nothing of the turn is
-    /// kept. A turn with no entry wrote nothing: it is rolled back.
+    /// The turn's commit point: one statement renews the lease to `now() + ttl` with an
+    /// `UPDATE` guarded by owner, epoch and `running` (which locks the run row until the commit),
+    /// appends the audit event and journal row of every entry, and records the commit of every
+    /// call in `owed` as owed (`run_owed_commits`); then the commit. A lease no longer held is
+    /// [`StoreError::FenceLost`] and nothing of the turn is kept. A turn with neither an entry
+    /// nor a debt wrote nothing: it is rolled back.
     pub async fn commit_turn(
         mut self,
         ttl: Duration,
         entries: &[JournalEntry<'_>],
+        owed: &[CallIndex],
     ) -> Result<(), StoreError> {
-        if entries.is_empty() {
+        if entries.is_empty() && owed.is_empty() {
             return self.rollback().await;
         }
         let guard = journal::Guard {
             renew: Some(ttl),
             clear_stamp: false,
+            owed,
         };
         if let Err(e) = self.journal(guard, entries).await {
             self.tx.rollback().await?;

@@ -15,7 +15,7 @@ use countersign_core::{
     CallIndex, Effect, JournalEntry, LeaseEpoch, RunId, SuspensionSeq, ToolOutput,
 };
 use countersign_crypto::{Keyring, Purpose};
-use sqlx::{PgConnection, PgExecutor};
+use sqlx::PgExecutor;
 
 use crate::{millis, Lease, Store, StoreError};
 
@@ -32,9 +32,13 @@ pub(crate) struct JournalKey {
 /// is held (owner, epoch, `running`): renew the lease for a time to live, clear the stamp of a
 /// call sent outside the store (`pending_effect` and the sent call), both, or neither.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Guard {
+pub(crate) struct Guard<'a> {
     pub renew: Option<Duration>,
+    /// Clears the stamp of the call sent, and the debt of its commit if the turn owes one: the
+    /// answer of a call outside the store is being journaled.
     pub clear_stamp: bool,
+    /// The commits the turn owes from now on ([`crate::FencedWrite::commit_turn`]).
+    pub owed: &'a [CallIndex],
 }
 
 /// What [`journal_guarded`] did.
@@ -56,7 +60,7 @@ pub(crate) async fn journal_guarded<'e, E: PgExecutor<'e>>(
     keyring: &Keyring,
     lease: &Lease,
     seq: SuspensionSeq,
-    guard: Guard,
+    guard: Guard<'_>,
     entries: &[JournalEntry<'_>],
 ) -> Result<Journaled, StoreError> {
     let mut rows = JournalRows::default();
@@ -100,7 +104,17 @@ pub(crate) async fn journal_guarded<'e, E: PgExecutor<'e>>(
                INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
                SELECT $1, n.last_sequence - t.k + a.n, 'tool_write', a.payload, a.sealed
                FROM numbered n, tally t, audited a
-               RETURNING sequence)
+               RETURNING sequence),
+           owed AS (
+               INSERT INTO run_owed_commits (run_id, suspension_seq, call_index)
+               SELECT f.id, $4, o.call_index FROM fenced f, unnest($13::int[]) AS o (call_index)
+               ON CONFLICT DO NOTHING
+               RETURNING call_index),
+           paid AS (
+               DELETE FROM run_owed_commits d USING fenced f
+               WHERE $6 AND d.run_id = f.id AND d.suspension_seq = $4
+                 AND d.call_index = ANY ($7::int[])
+               RETURNING d.call_index)
            SELECT (SELECT count(*) FROM fenced) AS "fenced!",
                   (SELECT count(*) FROM journaled) AS "inserted!""#,
         lease.run_id.as_uuid(),
@@ -115,6 +129,7 @@ pub(crate) async fn journal_guarded<'e, E: PgExecutor<'e>>(
         &rows.results,
         &rows.payloads as &[Option<serde_json::Value>],
         &rows.sealed as &[Option<Vec<u8>>],
+        &guard.owed.iter().map(|i| i.as_i32()).collect::<Vec<_>>(),
     )
     .fetch_one(executor)
     .await?;
@@ -194,25 +209,6 @@ fn audit_event(
     Ok((payload, content))
 }
 
-/// Every journaled result of suspension `seq`'s turn, in call order.
-pub(crate) async fn turn(
-    conn: &mut PgConnection,
-    keyring: &Keyring,
-    run_id: RunId,
-    seq: SuspensionSeq,
-) -> Result<Vec<(CallIndex, ToolOutput)>, StoreError> {
-    let rows = sqlx::query!(
-        r#"SELECT call_index, result FROM run_journal
-           WHERE run_id = $1 AND suspension_seq = $2 ORDER BY call_index"#,
-        run_id.as_uuid(),
-        seq.as_i32(),
-    )
-    .fetch_all(conn)
-    .await?;
-    let rows: Vec<(i32, Vec<u8>)> = rows.into_iter().map(|r| (r.call_index, r.result)).collect();
-    opened(keyring, run_id, &rows)
-}
-
 /// Journal rows (call index, sealed result) as read, their results opened.
 pub(crate) fn opened(
     keyring: &Keyring,
@@ -275,6 +271,7 @@ impl Store {
         let guard = Guard {
             renew: None,
             clear_stamp: true,
+            owed: &[],
         };
         let entry = JournalEntry {
             index,

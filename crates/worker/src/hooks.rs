@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use countersign_core::agent_loop::{HookError, SegmentHooks};
 use countersign_core::{
     CallIndex, Effect, FenceToken, JournalEntry, LocalWriter, LocalWriters, PendingCall,
-    SuspensionSeq, ToolOutput,
+    SuspensionSeq, ToolOutput, TurnRecord,
 };
 use countersign_store::{hook_error, FencedWrite, Lease, SentCall, Store};
 use tokio::sync::Notify;
@@ -125,19 +125,18 @@ impl StoreHooks {
 impl SegmentHooks for StoreHooks {
     type Turn = FencedWrite;
 
+    async fn turn_record(&self, seq: SuspensionSeq) -> Result<TurnRecord, HookError> {
+        self.store
+            .turn_record(self.lease.run_id, seq)
+            .await
+            .map_err(hook_error)
+    }
+
     async fn begin_turn(&self, seq: SuspensionSeq) -> Result<FencedWrite, HookError> {
         self.store
             .begin_turn(&self.lease, seq)
             .await
             .map_err(|e| self.lost_if(hook_error(e)))
-    }
-
-    async fn journaled(
-        &self,
-        turn: &mut FencedWrite,
-        _seq: SuspensionSeq,
-    ) -> Result<Vec<(CallIndex, ToolOutput)>, HookError> {
-        turn.journaled().await.map_err(hook_error)
     }
 
     fn local(&self, tool: &str) -> Option<&dyn LocalWriter<FencedWrite>> {
@@ -149,8 +148,9 @@ impl SegmentHooks for StoreHooks {
         turn: FencedWrite,
         _seq: SuspensionSeq,
         entries: &[JournalEntry<'_>],
+        owed: &[CallIndex],
     ) -> Result<(), HookError> {
-        turn.commit_turn(self.ttl, entries)
+        turn.commit_turn(self.ttl, entries, owed)
             .await
             .map_err(|e| self.lost_if(hook_error(e)))?;
         if entries.iter().any(|e| e.effect.is_write()) {

@@ -16,7 +16,7 @@ use crate::args::{choice, Arguments, Choice, Text, Uid};
 use crate::datahandler::{DataHandler, Fields, NewReference};
 use crate::records::{allowed_extensions, referenced_files, Element, File};
 use crate::refusals::{named, ELEMENT_OR_FILE_NOT_PERMITTED};
-use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writer::{Planned, Refusal, Row, Writer};
 use crate::writers::ReadBack;
 
 choice! {
@@ -94,29 +94,22 @@ impl Writer for AttachFile {
     const EFFECT: Effect = Effect::NonIdempotentWrite;
     const NOT_PERMITTED: &'static str = ELEMENT_OR_FILE_NOT_PERMITTED;
 
-    async fn subjects(
-        &self,
-        _conn: &mut PgConnection,
-        args: &AttachArgs,
-    ) -> Result<Vec<Subject>, sqlx::Error> {
-        // Appending changes only the element's own list of references.
-        Ok(vec![Subject::Element(args.content_element.get())])
-    }
-
-    async fn lock_reads(
+    async fn read_set(
         &self,
         conn: &mut PgConnection,
         user_name: &str,
         args: &AttachArgs,
-    ) -> Result<(), sqlx::Error> {
-        execute!(
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        let texts: Vec<String> = args.texts().keys().map(|f| (*f).to_owned()).collect();
+        read_set!(
             conn,
-            r#"SELECT content.lock_reads_attach_file_to_content_element($1, $2, $3, $4)
-                   AS "locked!""#,
+            r#"SELECT rank AS "rank!", id AS "id!", mode AS "mode!"
+               FROM content.read_set_attach_file_to_content_element($1, $2, $3, $4, $5)"#,
             user_name,
             args.content_element.get(),
             args.file.get(),
-            args.field()
+            args.field(),
+            &texts
         )
     }
 

@@ -15,7 +15,7 @@ use crate::args::{choice, Arguments, Choice, Int, NonBlank, Text, Uid};
 use crate::datahandler::{DataHandler, Fields, NewElement};
 use crate::records::{column, Element, Named, Page};
 use crate::refusals::{named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
-use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writer::{Planned, Refusal, Row, Writer};
 use crate::writers::move_element::{check_content_page, check_neighbour, Column};
 use crate::writers::{text_lines, uids, ReadBack, Slot};
 
@@ -60,6 +60,9 @@ impl ElementDraftArgs {
 
 impl Arguments for ElementDraftArgs {}
 
+/// The fields of the new element a draft sets.
+const DRAFT_FIELDS: [&str; 2] = ["header", "bodytext"];
+
 #[derive(Debug, Clone)]
 pub(crate) struct ElementDraftPlan {
     page: Named,
@@ -83,27 +86,21 @@ impl Writer for CreateElementDraft {
     const EFFECT: Effect = Effect::NonIdempotentWrite;
     const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
 
-    async fn subjects(
-        &self,
-        _conn: &mut PgConnection,
-        args: &ElementDraftArgs,
-    ) -> Result<Vec<Subject>, sqlx::Error> {
-        // The new element joins a column of the page: the page is the column's lock.
-        Ok(vec![Subject::Page(args.page.get())])
-    }
-
-    async fn lock_reads(
+    async fn read_set(
         &self,
         conn: &mut PgConnection,
         user_name: &str,
         args: &ElementDraftArgs,
-    ) -> Result<(), sqlx::Error> {
-        execute!(
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        read_set!(
             conn,
-            r#"SELECT content.lock_reads_create_content_element_draft($1, $2, $3) AS "locked!""#,
+            r#"SELECT rank AS "rank!", id AS "id!", mode AS "mode!"
+               FROM content.read_set_create_content_element_draft($1, $2, $3, $4, $5)"#,
             user_name,
             args.page.get(),
-            args.after_content_uid.map(Uid::get)
+            args.column(),
+            args.after_content_uid.map(Uid::get),
+            &DRAFT_FIELDS.map(str::to_owned)
         )
     }
 

@@ -17,7 +17,7 @@ use crate::args::{Arguments, Text, Uid};
 use crate::datahandler::{DataHandler, Fields};
 use crate::records::{File, Metadata};
 use crate::refusals::{named, ASSET_NOT_PERMITTED};
-use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writer::{Planned, Refusal, Row, Writer};
 use crate::writers::{change_line, ReadBack};
 use countersign_core::preview::quote_excerpt;
 
@@ -57,24 +57,16 @@ impl Writer for SetFileAlternativeText {
     const EFFECT: Effect = Effect::IdempotentWrite;
     const NOT_PERMITTED: &'static str = ASSET_NOT_PERMITTED;
 
-    async fn subjects(
-        &self,
-        _conn: &mut PgConnection,
-        args: &AlternativeArgs,
-    ) -> Result<Vec<Subject>, sqlx::Error> {
-        // The metadata rows of a file are written under the file's lock.
-        Ok(vec![Subject::File(args.uid.get())])
-    }
-
-    async fn lock_reads(
+    async fn read_set(
         &self,
         conn: &mut PgConnection,
         user_name: &str,
         args: &AlternativeArgs,
-    ) -> Result<(), sqlx::Error> {
-        execute!(
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        read_set!(
             conn,
-            r#"SELECT content.lock_reads_set_file_alternative_text($1, $2) AS "locked!""#,
+            r#"SELECT rank AS "rank!", id AS "id!", mode AS "mode!"
+               FROM content.read_set_set_file_alternative_text($1, $2)"#,
             user_name,
             args.uid.get()
         )

@@ -16,7 +16,7 @@ use crate::args::{Arguments, Int, Uid};
 use crate::datahandler::DataHandler;
 use crate::records::{column, Element, Named, Page};
 use crate::refusals::{named, ELEMENT_NOT_PERMITTED};
-use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writer::{Planned, Refusal, Row, Writer};
 use crate::writers::{text_lines, uids, ReadBack, Slot};
 
 /// Columns are numbered from 0; no layout has anywhere near this many.
@@ -108,37 +108,20 @@ impl Writer for MoveElement {
     const EFFECT: Effect = Effect::IdempotentWrite;
     const NOT_PERMITTED: &'static str = ELEMENT_NOT_PERMITTED;
 
-    async fn subjects(
-        &self,
-        conn: &mut PgConnection,
-        args: &MoveArgs,
-    ) -> Result<Vec<Subject>, sqlx::Error> {
-        // The element leaves a column of its current page and joins one of the target page:
-        // both pages (the columns' locks) and the element itself. The current page is read
-        // without a lock; should the element move in between, the plan reads its new page
-        // under the element's lock, and a lock taken out of order is a deadlock PostgreSQL
-        // detects, which interrupts and retries the turn.
-        let uid = args.uid.get();
-        let current = sqlx::query_scalar!("SELECT pid FROM content.elements WHERE uid = $1", uid)
-            .fetch_optional(&mut *conn)
-            .await?;
-        let mut subjects = vec![Subject::Page(args.target_page.get()), Subject::Element(uid)];
-        subjects.extend(current.map(Subject::Page));
-        Ok(subjects)
-    }
-
-    async fn lock_reads(
+    async fn read_set(
         &self,
         conn: &mut PgConnection,
         user_name: &str,
         args: &MoveArgs,
-    ) -> Result<(), sqlx::Error> {
-        execute!(
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        read_set!(
             conn,
-            r#"SELECT content.lock_reads_move_content_element($1, $2, $3, $4) AS "locked!""#,
+            r#"SELECT rank AS "rank!", id AS "id!", mode AS "mode!"
+               FROM content.read_set_move_content_element($1, $2, $3, $4, $5)"#,
             user_name,
             args.uid.get(),
             args.target_page.get(),
+            args.column.map(|c| c.get() as i32),
             args.after_content_uid.map(Uid::get)
         )
     }

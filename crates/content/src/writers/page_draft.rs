@@ -15,7 +15,7 @@ use crate::args::{Arguments, NonBlank, Text, Uid};
 use crate::datahandler::{DataHandler, Fields, NewPage};
 use crate::records::{subpages, Named, Page};
 use crate::refusals::{named, HIDDEN_LINE, PAGE_NOT_PERMITTED};
-use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writer::{Planned, Refusal, Row, Writer};
 use crate::writers::{text_lines, uids, ReadBack, Slot};
 
 /// The standard page type.
@@ -36,6 +36,9 @@ pub(crate) struct PageDraftArgs {
 }
 
 impl Arguments for PageDraftArgs {}
+
+/// The fields of the new page a draft sets.
+const DRAFT_FIELDS: [&str; 2] = ["title", "nav_title"];
 
 #[derive(Debug, Clone)]
 pub(crate) struct PageDraftPlan {
@@ -58,27 +61,20 @@ impl Writer for CreatePageDraft {
     const EFFECT: Effect = Effect::NonIdempotentWrite;
     const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
 
-    async fn subjects(
-        &self,
-        _conn: &mut PgConnection,
-        args: &PageDraftArgs,
-    ) -> Result<Vec<Subject>, sqlx::Error> {
-        // The new page joins the parent's list of subpages: the parent is the list's lock.
-        Ok(vec![Subject::Page(args.parent.get())])
-    }
-
-    async fn lock_reads(
+    async fn read_set(
         &self,
         conn: &mut PgConnection,
         user_name: &str,
         args: &PageDraftArgs,
-    ) -> Result<(), sqlx::Error> {
-        execute!(
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        read_set!(
             conn,
-            r#"SELECT content.lock_reads_create_page_draft($1, $2, $3) AS "locked!""#,
+            r#"SELECT rank AS "rank!", id AS "id!", mode AS "mode!"
+               FROM content.read_set_create_page_draft($1, $2, $3, $4)"#,
             user_name,
             args.parent.get(),
-            args.after_page_uid.map(Uid::get)
+            args.after_page_uid.map(Uid::get),
+            &DRAFT_FIELDS.map(str::to_owned)
         )
     }
 

@@ -11,7 +11,7 @@ use crate::args::{ArgResult, Arguments, NonBlank, Text, Uid};
 use crate::datahandler::{DataHandler, Fields};
 use crate::records::{Page, PAGE_METADATA_FIELDS};
 use crate::refusals::{named, PAGE_NOT_PERMITTED};
-use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writer::{Planned, Refusal, Row, Writer};
 use crate::writers::{change_line, ReadBack};
 
 #[derive(Debug, Clone)]
@@ -105,25 +105,20 @@ impl Writer for UpdatePageMetadata {
     const NOT_PERMITTED: &'static str = PAGE_NOT_PERMITTED;
     const PLAN_IS_ONE_STATEMENT: bool = true;
 
-    async fn subjects(
-        &self,
-        _conn: &mut PgConnection,
-        args: &PageMetadataArgs,
-    ) -> Result<Vec<Subject>, sqlx::Error> {
-        Ok(vec![Subject::Page(args.uid.get())])
-    }
-
-    async fn lock_reads(
+    async fn read_set(
         &self,
         conn: &mut PgConnection,
         user_name: &str,
         args: &PageMetadataArgs,
-    ) -> Result<(), sqlx::Error> {
-        execute!(
+    ) -> Result<Vec<Row>, sqlx::Error> {
+        let fields: Vec<String> = args.fields().keys().map(|f| (*f).to_owned()).collect();
+        read_set!(
             conn,
-            r#"SELECT content.lock_reads_update_page_metadata($1, $2) AS "locked!""#,
+            r#"SELECT rank AS "rank!", id AS "id!", mode AS "mode!"
+               FROM content.read_set_update_page_metadata($1, $2, $3)"#,
             user_name,
-            args.uid.get()
+            args.uid.get(),
+            &fields
         )
     }
 

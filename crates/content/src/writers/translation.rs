@@ -22,7 +22,7 @@ use crate::args::{choice, integer, Arguments, Flag, Int, Uid};
 use crate::datahandler::{DataHandler, Fields, NewElement, NewPage};
 use crate::records::{language_title, Element, Named, Page, PAGE_METADATA_FIELDS};
 use crate::refusals::{named, ELEMENT_NOT_PERMITTED, HIDDEN_LINE, PAGE_NOT_PERMITTED};
-use crate::writer::{Planned, Refusal, Subject, Writer};
+use crate::writer::{Planned, Refusal, Row, Writer};
 use crate::writers::{text_lines, ReadBack};
 
 const MAX_LANGUAGE: i64 = 9999;
@@ -399,48 +399,25 @@ impl Writer for CreateTranslationDraft {
         }
     }
 
-    async fn subjects(
-        &self,
-        conn: &mut PgConnection,
-        args: &TranslationArgs,
-    ) -> Result<Vec<Subject>, sqlx::Error> {
-        Ok(match args.table {
-            Table::Pages => vec![Subject::Page(args.uid())],
-            Table::Content => {
-                // An element's translation needs one of its page, so the page is locked with
-                // it: a translation of the page cannot appear or vanish unseen. Read without a
-                // lock; `lock_reads` locks the page the element is on under the element's lock,
-                // should it have moved in between.
-                let pid = sqlx::query_scalar!(
-                    "SELECT pid FROM content.elements WHERE uid = $1",
-                    args.uid()
-                )
-                .fetch_optional(&mut *conn)
-                .await?;
-                let mut subjects = vec![Subject::Element(args.uid())];
-                subjects.extend(pid.map(Subject::Page));
-                subjects
-            }
-        })
-    }
-
-    async fn lock_reads(
+    async fn read_set(
         &self,
         conn: &mut PgConnection,
         user_name: &str,
         args: &TranslationArgs,
-    ) -> Result<(), sqlx::Error> {
+    ) -> Result<Vec<Row>, sqlx::Error> {
         match args.table {
-            Table::Pages => execute!(
+            Table::Pages => read_set!(
                 conn,
-                r#"SELECT content.lock_reads_translate_page($1, $2, $3) AS "locked!""#,
+                r#"SELECT rank AS "rank!", id AS "id!", mode AS "mode!"
+               FROM content.read_set_translate_page($1, $2, $3)"#,
                 user_name,
                 args.uid(),
                 args.language()
             ),
-            Table::Content => execute!(
+            Table::Content => read_set!(
                 conn,
-                r#"SELECT content.lock_reads_translate_element($1, $2, $3) AS "locked!""#,
+                r#"SELECT rank AS "rank!", id AS "id!", mode AS "mode!"
+               FROM content.read_set_translate_element($1, $2, $3)"#,
                 user_name,
                 args.uid(),
                 args.language()

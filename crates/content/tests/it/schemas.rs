@@ -349,6 +349,7 @@ async fn parsed(tool: &dyn Tool, args: &Value) -> Result<(), String> {
                 acting_user: nobody,
                 fence: None,
                 shown_preview: None,
+                before: Vec::new(),
             };
             tool.execute(&ctx, args).await.expect("read").content
         }

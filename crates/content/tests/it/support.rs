@@ -83,6 +83,7 @@ impl Site {
             acting_user: user(acting_user),
             fence,
             shown_preview: None,
+            before: Vec::new(),
         };
         self.tool(tool).execute(&ctx, &args).await
     }

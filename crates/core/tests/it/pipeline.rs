@@ -31,6 +31,9 @@ struct Resource {
     records: Mutex<BTreeMap<String, Option<ToolOutput>>>,
     held: Mutex<BTreeMap<String, Value>>,
     writes: AtomicUsize,
+    /// A colleague's edit — a list of the world set to these items — made once just before the
+    /// resource compares at its next prepare.
+    before_prepare: Mutex<Option<(String, Vec<String>)>>,
 }
 
 impl Resource {
@@ -53,6 +56,7 @@ impl Resource {
             records: Mutex::default(),
             held: Mutex::default(),
             writes: AtomicUsize::new(0),
+            before_prepare: Mutex::default(),
         })
     }
 
@@ -136,6 +140,11 @@ impl ExternalWrite for Resource {
     }
 
     async fn prepare(&self, ctx: &ExecContext, args: &Value) -> Result<Prepared, ToolError> {
+        let edit = self.before_prepare.lock().unwrap().take();
+        if let Some((key, items)) = edit {
+            let items: Vec<&str> = items.iter().map(String::as_str).collect();
+            self.world.set(&key, &items);
+        }
         let key = Self::key(ctx);
         if let Some(recorded) = self.records.lock().unwrap().get(&key) {
             return Ok(recorded.clone().map_or(Prepared::Moved, Prepared::Answered));
@@ -332,9 +341,7 @@ async fn a_denied_card_after_a_partial_turn_tells_the_model_the_truth_about_the_
 async fn a_two_phase_turn_whose_second_call_moved_at_its_resource_writes_nothing_at_all() {
     let (f, put, put2) = fixture(true, true);
     let state = suspended(&f).await;
-    let world = f.world.clone();
-    f.hooks
-        .when_applying(move || world.set("k2", &["colleague"]));
+    *put2.before_prepare.lock().unwrap() = Some(("k2".into(), vec!["colleague".into()]));
 
     let Outcome::Suspended { state: card2, .. } = resumed(&f, &model(), state, true).await else {
         panic!("the second prepare found the preview moved");
@@ -376,6 +383,7 @@ async fn a_call_an_earlier_attempt_sent_is_resolved_by_its_key_and_never_sent_ag
         acting_user: f.user.clone(),
         fence: Some(token),
         shown_preview: None,
+        before: Vec::new(),
     };
     put.execute(&ctx, &json!({"key": "k1", "item": "x"}))
         .await

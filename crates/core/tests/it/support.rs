@@ -10,7 +10,7 @@ use countersign_core::{
     CallIndex, Effect, ExecContext, FenceToken, JournalEntry, LeaseEpoch, LocalWriter, Message,
     Model, ModelError, ModelRequest, ModelResponse, PendingCall, Principal, Role, RunId,
     SuspensionSeq, TokenUsage, Tool, ToolCall, ToolError, ToolOutput, ToolPolicy, ToolPreview,
-    ToolRegistry, ToolSpec,
+    ToolRegistry, ToolSpec, TurnRecord,
 };
 use serde_json::{json, Value};
 
@@ -299,6 +299,10 @@ pub struct MemHooks {
     pub fences: AtomicUsize,
     /// The call an earlier attempt stamped as sent and never journaled: (suspension, index).
     pub sent: Mutex<Option<(u32, usize)>>,
+    /// The commits a turn owes: (suspension, index).
+    pub owed: Mutex<Vec<(u32, usize)>>,
+    /// The next commit point fails as one whose answer was lost.
+    pub commit_point_fails: AtomicBool,
     /// Run once when the turn is compared and about to write: a colleague's edit at exactly
     /// that moment.
     #[allow(clippy::type_complexity)]
@@ -328,6 +332,8 @@ impl Default for MemHooks {
             lease_lost: AtomicBool::new(false),
             fences: AtomicUsize::new(0),
             sent: Mutex::default(),
+            owed: Mutex::default(),
+            commit_point_fails: AtomicBool::new(false),
             on_applying: Mutex::default(),
         }
     }
@@ -338,26 +344,32 @@ impl SegmentHooks for MemHooks {
     /// The tools here act outside the store: a turn has nothing of its own to commit.
     type Turn = ();
 
+    async fn turn_record(&self, seq: SuspensionSeq) -> Result<TurnRecord, HookError> {
+        Ok(TurnRecord {
+            journaled: self
+                .journal
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|((s, _), _)| *s == seq.get())
+                .map(|((_, i), o)| (CallIndex::new(*i), o.clone()))
+                .collect(),
+            owed: self
+                .owed
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(s, _)| *s == seq.get())
+                .map(|(_, i)| CallIndex::new(*i))
+                .collect(),
+        })
+    }
+
     async fn begin_turn(&self, _seq: SuspensionSeq) -> Result<(), HookError> {
         if self.lease_lost.load(Ordering::SeqCst) {
             return Err(HookError::LeaseLost);
         }
         Ok(())
-    }
-
-    async fn journaled(
-        &self,
-        _turn: &mut (),
-        seq: SuspensionSeq,
-    ) -> Result<Vec<(CallIndex, ToolOutput)>, HookError> {
-        Ok(self
-            .journal
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|((s, _), _)| *s == seq.get())
-            .map(|((_, i), o)| (CallIndex::new(*i), o.clone()))
-            .collect())
     }
 
     fn local(&self, _tool: &str) -> Option<&dyn LocalWriter<()>> {
@@ -367,10 +379,19 @@ impl SegmentHooks for MemHooks {
     async fn commit_turn(
         &self,
         _turn: (),
-        _seq: SuspensionSeq,
+        seq: SuspensionSeq,
         entries: &[JournalEntry<'_>],
+        owed: &[CallIndex],
     ) -> Result<(), HookError> {
         assert!(entries.is_empty(), "no local writer, no local entry");
+        if self.commit_point_fails.swap(false, Ordering::SeqCst) {
+            return Err(HookError::Unavailable {
+                code: "database_unavailable",
+                detail: "the commit point's answer was lost".into(),
+            });
+        }
+        let mut debts = self.owed.lock().unwrap();
+        debts.extend(owed.iter().map(|i| (seq.get(), i.get())));
         Ok(())
     }
 
@@ -419,6 +440,10 @@ impl SegmentHooks for MemHooks {
             .entry((seq.get(), index.get()))
             .or_insert(output.clone());
         self.sent.lock().unwrap().take();
+        self.owed
+            .lock()
+            .unwrap()
+            .retain(|owed| *owed != (seq.get(), index.get()));
         Ok(())
     }
 

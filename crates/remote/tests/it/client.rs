@@ -144,6 +144,7 @@ pub(crate) fn fenced() -> ExecContext {
             call_index: CallIndex::new(0),
         }),
         shown_preview: None,
+        before: Vec::new(),
     }
 }
 
@@ -369,6 +370,7 @@ async fn a_remote_write_without_a_fence_is_refused_without_a_request() {
         acting_user: Principal::new("editor", false),
         fence: None,
         shown_preview: None,
+        before: Vec::new(),
     };
     let e = tool(&tools, "absolute")
         .execute(&ctx, &args())

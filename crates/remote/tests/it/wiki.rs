@@ -161,6 +161,7 @@ fn ctx(run: RunId, epoch: i64, call: usize) -> ExecContext {
             call_index: CallIndex::new(call),
         }),
         shown_preview: None,
+        before: Vec::new(),
     }
 }
 
@@ -169,6 +170,7 @@ async fn read(tools: &[Arc<dyn Tool>], page: &str) -> String {
         acting_user: editor(),
         fence: None,
         shown_preview: None,
+        before: Vec::new(),
     };
     find(tools, "read_page")
         .execute(&ctx, &json!({"page": page}))

@@ -108,7 +108,7 @@ async fn an_open_turn_holds_no_run_row_so_its_lease_is_renewed_and_a_lease_lost_
         effect: Effect::IdempotentWrite,
         output: &output,
     };
-    let e = turn.commit_turn(TTL, &[entry]).await.unwrap_err();
+    let e = turn.commit_turn(TTL, &[entry], &[]).await.unwrap_err();
     assert!(matches!(e, StoreError::FenceLost), "{e:?}");
     assert!(store
         .journaled(run, SuspensionSeq::FIRST, CallIndex::new(0))

@@ -249,7 +249,7 @@ async fn a_turn_of_three_calls_commits_every_journal_row_and_an_audit_event_per_
         })
         .collect();
     let turn = store.begin_turn(&lease, seq).await.unwrap();
-    turn.commit_turn(TTL, &entries).await.unwrap();
+    turn.commit_turn(TTL, &entries, &[]).await.unwrap();
 
     for (i, output) in outputs.iter().enumerate() {
         assert_eq!(
@@ -294,7 +294,10 @@ async fn a_turn_of_three_calls_commits_every_journal_row_and_an_audit_event_per_
 
     // The same turn committed again keeps nothing of the second commit.
     let again = store.begin_turn(&lease, seq).await.unwrap();
-    let e = again.commit_turn(TTL, &entries[2..]).await.unwrap_err();
+    let e = again
+        .commit_turn(TTL, &entries[2..], &[])
+        .await
+        .unwrap_err();
     assert!(matches!(e, StoreError::AlreadyJournaled), "{e:?}");
     assert_eq!(journal_count(&pool, run).await, 3);
     assert_eq!(

@@ -92,6 +92,7 @@ pub fn state(seq: SuspensionSeq) -> SuspendedRunState {
             lines: vec!["field description: \"Old\" → \"New words\"".into()],
             failed: false,
             forms: vec![],
+            alone: false,
         }],
         stale_call_indexes: vec![],
         landed_calls: vec![],

@@ -19,7 +19,7 @@ use countersign_core::agent_loop::{
 };
 use countersign_core::{
     CallIndex, Effect, FenceToken, JournalEntry, LocalWriter, PendingCall, SuspensionSeq,
-    ToolOutput, ToolPolicy, UserDirectory,
+    ToolOutput, ToolPolicy, TurnRecord, UserDirectory,
 };
 use countersign_model::ScriptedModel;
 use countersign_store::FencedWrite;
@@ -339,11 +339,12 @@ const ELEMENT_TRANSLATION: Coverage = Coverage {
 };
 
 /// The content store's tables, parents before children.
-const CONTENT_TABLES: [&str; 11] = [
+const CONTENT_TABLES: [&str; 12] = [
     "languages",
     "users",
     "storages",
     "file_mounts",
+    "field_guards",
     "exclude_fields",
     "pages",
     "elements",
@@ -440,16 +441,12 @@ impl Colleague {
 impl SegmentHooks for Colleague {
     type Turn = FencedWrite;
 
-    async fn begin_turn(&self, seq: SuspensionSeq) -> Result<FencedWrite, HookError> {
-        self.inner.begin_turn(seq).await
+    async fn turn_record(&self, seq: SuspensionSeq) -> Result<TurnRecord, HookError> {
+        self.inner.turn_record(seq).await
     }
 
-    async fn journaled(
-        &self,
-        turn: &mut FencedWrite,
-        seq: SuspensionSeq,
-    ) -> Result<Vec<(CallIndex, ToolOutput)>, HookError> {
-        self.inner.journaled(turn, seq).await
+    async fn begin_turn(&self, seq: SuspensionSeq) -> Result<FencedWrite, HookError> {
+        self.inner.begin_turn(seq).await
     }
 
     fn local(&self, tool: &str) -> Option<&dyn LocalWriter<FencedWrite>> {
@@ -467,8 +464,9 @@ impl SegmentHooks for Colleague {
         turn: FencedWrite,
         seq: SuspensionSeq,
         entries: &[JournalEntry<'_>],
+        owed: &[CallIndex],
     ) -> Result<(), HookError> {
-        self.inner.commit_turn(turn, seq, entries).await
+        self.inner.commit_turn(turn, seq, entries, owed).await
     }
 
     async fn rollback_turn(&self, turn: FencedWrite) {

@@ -88,6 +88,7 @@ async fn a_retry_that_finds_part_of_a_turn_journaled_reuses_it_and_writes_only_t
         acting_user: Principal::new("editor", false),
         fence: Some(token),
         shown_preview: None,
+        before: Vec::new(),
     };
     let out = h
         .runner
