@@ -15,13 +15,20 @@ compared with the wiki's own preview under the same lock as the write, and refus
 when they differ: the comparison and the write are one step at the resource.
 
 It speaks protocol version 2 (version 1 with --protocol 1). Version 2 writes in two phases:
-POST /tools/NAME/prepare (the execute body) compares the preview and HOLDS the change without
-making it visible; /commit {"idempotency_key", "fence_epoch"} applies what was held, /abort
-{"idempotency_key"} drops it. While a change to a page is held, other writers of that page (PUT
-/pages/NAME, an execute) wait, as for a row lock, until it is committed, aborted or expired
-(--hold-ttl seconds); prepares of other keys and commits do not wait. GET /calls/KEY says what
-became of a key: answered (or moved), prepared, or unseen (--no-call-status: 404, as a server
-that cannot say).
+POST /tools/NAME/prepare (the execute body, with "hold_secs") compares the preview and HOLDS the
+change without making it visible; /commit {"idempotency_key", "fence_epoch"} applies what was held,
+/abort {"idempotency_key", "fence_epoch"} drops it. While a change to a page is held, other writers
+of that page (PUT /pages/NAME, an execute) wait, as for a row lock, until it is committed, aborted
+or expired (after "hold_secs", at most --max-hold seconds; --hold-ttl when a prepare names none);
+a prepare of another turn's call on that page answers "busy" and holds nothing. GET /calls/KEY
+says what became of a key: answered (or moved), prepared, or unseen (--no-call-status: 404, as a
+server that cannot say).
+
+A turn is a sequence (version 2, "turn_sequence" in discovery; --no-turn-sequence leaves it out):
+a preview, a prepare or an execute may carry "before", the calls of the same turn on this server
+that come first and have not landed. The wiki previews and compares the call against the pages as
+those calls would leave them, so the previews of two appends to one page compose (2 → 3, then
+3 → 4), and a prepare of the second compares against the first one's held change.
 
 Besides the protocol it serves the wiki's own editing surface, used by people (and tests):
 GET /pages/NAME -> {"lines": [...]}, PUT /pages/NAME {"text": "..."}, GET /applied -> the
@@ -99,10 +106,16 @@ def quote(value):
     return '"' + v + '"'
 
 
+def turn_of(key):
+    """The turn a key belongs to: `run:suspension` of `run:suspension:call`."""
+    return key.rsplit(":", 1)[0] if isinstance(key, str) else None
+
+
 class Wiki:
-    def __init__(self, path, hold_ttl=60.0):
+    def __init__(self, path, hold_ttl=60.0, max_hold=3600.0):
         self.path = path
         self.hold_ttl = hold_ttl
+        self.max_hold = max_hold
         self.lock = threading.Lock()
         # On the same lock: notified whenever a held change goes (committed, aborted, expired),
         # which the writers of its page wait for.
@@ -140,12 +153,21 @@ class Wiki:
             return None
         return args
 
-    def preview(self, tool, user, args):
+    def after(self, user, before):
+        """The pages as the calls `before` (of the same turn, as the same user) would leave them:
+        a copy, the wiki's own pages untouched."""
+        pages = {name: list(lines) for name, lines in self.state["pages"].items()}
+        for call in before or ():
+            if isinstance(call, dict) and call.get("tool") in TOOL_NAMES:
+                self.apply_to(pages, call["tool"], user, call.get("arguments"))
+        return pages
+
+    def preview(self, tool, user, args, before=()):
         args = self.parse(tool, args)
         if args is None or not self.may_access(user, args["page"]):
             return [REFUSAL]
         page = args["page"]
-        lines = self.state["pages"].get(page)
+        lines = self.after(user, before).get(page)
         if tool == "set_page":
             old = "(new page)" if lines is None else quote("\n".join(lines))
             return [f"page {quote(page)}", f"text: {old} → {quote(args['text'])}"]
@@ -168,10 +190,11 @@ class Wiki:
         out = (" ".join(str(line).split()) for line in lines)
         return [line for line in out if line]
 
-    def moved(self, tool, user, args, shown):
-        """Whether the preview the approver was shown no longer reads as the wiki's own."""
+    def moved(self, tool, user, args, shown, before=()):
+        """Whether the preview the approver was shown no longer reads as the wiki's own, after
+        the calls of the turn before it."""
         return isinstance(shown, list) and \
-            self.normalise(self.preview(tool, user, args)) != self.normalise(shown)
+            self.normalise(self.preview(tool, user, args, before)) != self.normalise(shown)
 
     def fenced(self, key, epoch):
         """Whether `epoch` is older than one seen for the key's run; records the highest."""
@@ -189,7 +212,7 @@ class Wiki:
         if not answer["is_error"] and TOOL_NAMES[tool]["effect"] != "read_only":
             self.state["applied"].append(key)
 
-    def execute(self, tool, user, args, key, epoch, shown=None):
+    def execute(self, tool, user, args, key, epoch, shown=None, before=()):
         """(status, body). Deduplicated by key; a stale epoch of a run is fenced out (409); a
         write whose shown preview no longer reads the same is refused as moved."""
         if key is not None:
@@ -198,7 +221,7 @@ class Wiki:
             if self.fenced(key, epoch):
                 return 409, {"error": "fenced"}
         writes = TOOL_NAMES[tool]["effect"] != "read_only"
-        if writes and self.moved(tool, user, args, shown):
+        if writes and self.moved(tool, user, args, shown, before):
             # Recorded under the key like any answer: a retry gets the same refusal.
             answer = {"content": MOVED, "is_error": True, "moved": True}
         else:
@@ -209,10 +232,13 @@ class Wiki:
         return 200, answer
 
     def apply(self, tool, user, args):
+        return self.apply_to(self.state["pages"], tool, user, args)
+
+    def apply_to(self, pages, tool, user, args):
+        """Carries the call out on `pages`; its answer."""
         args = self.parse(tool, args)
         if args is None or not self.may_access(user, args["page"]):
             return {"content": READ_REFUSAL if tool == "read_page" else REFUSAL, "is_error": True}
-        pages = self.state["pages"]
         page = args["page"]
         if tool == "read_page":
             if page not in pages:
@@ -239,11 +265,16 @@ class Wiki:
             return REFUSAL
         return None
 
+    def until(self, held):
+        """When a held change is dropped (a state written before holds named their end: its
+        start and the hold TTL)."""
+        return held.get("until", held.get("at", 0) + self.hold_ttl)
+
     def expire(self):
-        """Drops, as an abort would, every held change older than the hold TTL."""
+        """Drops, as an abort would, every held change past the time it was held for."""
         now = time.time()
         held = self.state["held"]
-        gone = [key for key, h in held.items() if h["at"] + self.hold_ttl <= now]
+        gone = [key for key, h in held.items() if self.until(h) <= now]
         for key in gone:
             del held[key]
         if gone:
@@ -258,8 +289,7 @@ class Wiki:
             self.expire()
             if key in self.state["keys"]:
                 return
-            ends = [h["at"] + self.hold_ttl
-                    for h in self.state["held"].values() if h["page"] == page]
+            ends = [self.until(h) for h in self.state["held"].values() if h["page"] == page]
             if not ends:
                 return
             self.changed.wait(max(0.01, min(ends) - time.time()))
@@ -280,25 +310,54 @@ class Wiki:
         self.expire()
         return self.status(key)
 
-    def prepare(self, tool, user, args, key, epoch, shown):
+    def hold_for(self, hold_secs):
+        """How long a prepare holds its change: what it asks for, at most --max-hold."""
+        if isinstance(hold_secs, (int, float)) and not isinstance(hold_secs, bool) and hold_secs > 0:
+            return min(float(hold_secs), self.max_hold)
+        return self.hold_ttl
+
+    def prepare(self, tool, user, args, key, epoch, shown, before=(), hold_secs=None):
         """(status, body). Compares, then holds the change under the key without making it
-        visible; a refusal or a moved preview is the key's final answer at once."""
+        visible; a refusal or a moved preview is the key's final answer at once. A prepare of a
+        key held already holds it on, for as long again."""
         self.expire()
-        if key in self.state["keys"] or key in self.state["held"]:
+        if key in self.state["held"]:
+            if not self.fenced(key, epoch):
+                self.state["held"][key]["until"] = time.time() + self.hold_for(hold_secs)
+                self.save()
+            return 200, self.status(key)
+        if key in self.state["keys"]:
             return 200, self.status(key)
         if self.fenced(key, epoch):
             return 409, {"error": "fenced"}
-        refusal = self.refusal(tool, user, args)
+        refusal = self.refusal_after(tool, user, args, before)
+        page = page_of(args)
+        other_turn = any(h["page"] == page and turn_of(k) != turn_of(key)
+                         for k, h in self.state["held"].items())
+        if refusal is None and other_turn:
+            # Another turn holds the page: nothing is held, and the caller tries again later.
+            return 200, {"status": "busy"}
         if refusal is not None:
             self.record(key, tool, {"content": refusal, "is_error": True})
-        elif self.moved(tool, user, args, shown):
-            # Compared with the committed page: a change held by another key is not visible.
+        elif self.moved(tool, user, args, shown, before):
+            # Compared with the committed page after the calls of the turn before it, whose
+            # changes this turn holds: a change held by another turn is not visible.
             self.record(key, tool, {"content": MOVED, "is_error": True, "moved": True})
         else:
             self.state["held"][key] = {"tool": tool, "acting_user": user, "arguments": args,
-                                       "page": args["page"], "at": time.time()}
+                                       "page": page,
+                                       "until": time.time() + self.hold_for(hold_secs)}
         self.save()
         return 200, self.status(key)
+
+    def refusal_after(self, tool, user, args, before):
+        """The refusal line a write would answer with after the calls `before`, or None."""
+        parsed = self.parse(tool, args)
+        if parsed is None or not self.may_access(user, parsed["page"]):
+            return REFUSAL
+        if tool == "append_line" and parsed["page"] not in self.after(user, before):
+            return REFUSAL
+        return None
 
     def commit(self, key, epoch):
         """(status, body). Applies the change held under the key (compared at its prepare, and
@@ -317,9 +376,12 @@ class Wiki:
         self.changed.notify_all()
         return 200, answer
 
-    def abort(self, key):
+    def abort(self, key, epoch=None):
         """Drops what the key holds, if anything: an abort of nothing, or after the commit,
-        changes nothing."""
+        changes nothing. A stale epoch of the run is fenced out (409): a zombie segment must not
+        drop what the run's new owner holds under the same key."""
+        if self.fenced(key, epoch):
+            return 409, {"error": "fenced"}
         if self.state["held"].pop(key, None) is not None:
             self.save()
             self.changed.notify_all()
@@ -397,6 +459,7 @@ class Handler(BaseHTTPRequestHandler):
                 return self.reply(200, {"protocol": 1, "data_classes": DATA_CLASSES,
                                         "tools": TOOLS})
             return self.reply(200, {"protocol": 2, "two_phase": True,
+                                    "turn_sequence": self.server.turn_sequence,
                                     "data_classes": DATA_CLASSES, "tools": TOOLS})
         if self.path == "/applied":
             with wiki.lock:
@@ -461,8 +524,9 @@ class Handler(BaseHTTPRequestHandler):
         user = body.get("acting_user")
         key = body.get("idempotency_key")
         writes = TOOL_NAMES[tool]["effect"] != "read_only"
+        before = body.get("before") if self.server.turn_sequence else None
         if action == "preview" and isinstance(user, dict):
-            return 200, {"lines": wiki.preview(tool, user, body.get("arguments"))}
+            return 200, {"lines": wiki.preview(tool, user, body.get("arguments"), before)}
         if action == "may-view" and isinstance(body.get("viewer"), dict):
             return 200, {"allowed": wiki.may_view(tool, body["viewer"], body.get("arguments"))}
         if action == "execute" and isinstance(user, dict):
@@ -471,18 +535,19 @@ class Handler(BaseHTTPRequestHandler):
             if writes:
                 wiki.wait_unheld(page_of(body.get("arguments")), key)
             return wiki.execute(tool, user, body.get("arguments"), key,
-                                body.get("fence_epoch"), body.get("shown_preview"))
+                                body.get("fence_epoch"), body.get("shown_preview"), before)
         if action in TWO_PHASE and not writes:
             return 400, {"error": "not_a_write"}  # a read has nothing to hold
         if action in TWO_PHASE and not isinstance(key, str):
             return 400, {"error": "idempotency_key_required"}
         if action == "prepare" and isinstance(user, dict):
             return wiki.prepare(tool, user, body.get("arguments"), key,
-                                body.get("fence_epoch"), body.get("shown_preview"))
+                                body.get("fence_epoch"), body.get("shown_preview"), before,
+                                body.get("hold_secs"))
         if action == "commit":
             return wiki.commit(key, body.get("fence_epoch"))
         if action == "abort":
-            return wiki.abort(key)
+            return wiki.abort(key, body.get("fence_epoch"))
         return None
 
 
@@ -496,7 +561,13 @@ def main():
     parser.add_argument("--protocol", type=int, choices=(1, 2), default=2,
                         help="the protocol version to speak: 1 has no prepare, commit or abort")
     parser.add_argument("--hold-ttl", type=float, default=60.0,
-                        help="seconds after which a prepared change not committed is dropped")
+                        help="seconds after which a prepared change not committed is dropped, "
+                             "when its prepare names no hold_secs")
+    parser.add_argument("--max-hold", type=float, default=3600.0,
+                        help="the longest a prepared change is held, whatever its prepare asks")
+    parser.add_argument("--no-turn-sequence", action="store_true",
+                        help="leave turn_sequence out of discovery and ignore before, as a "
+                             "version 2 server that cannot preview a call after others")
     parser.add_argument("--no-call-status", action="store_true",
                         help="answer GET /calls/KEY 404, as a server that cannot say")
     parser.add_argument("--hold-file",
@@ -526,7 +597,8 @@ def main():
         server.socket = context.wrap_socket(server.socket, server_side=True,
                                             do_handshake_on_connect=False)
         scheme = "https"
-    server.wiki = Wiki(args.state, args.hold_ttl)
+    server.wiki = Wiki(args.state, args.hold_ttl, args.max_hold)
+    server.turn_sequence = args.protocol >= 2 and not args.no_turn_sequence
     server.secret = secret
     server.verbose = args.verbose
     server.protocol = args.protocol

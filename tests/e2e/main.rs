@@ -13,6 +13,7 @@ mod operator;
 mod recovery;
 mod remote_tools;
 mod schemathesis;
+mod sequence;
 mod services;
 mod shutdown;
 mod webhooks;

@@ -311,6 +311,9 @@ fn card_section(card: &ApprovalCard) -> Markup {
                     @if call.landed {
                         p.notice.landed { (countersign_core::card::LANDED_NOTICE) }
                     }
+                    @if call.alone {
+                        p.notice.alone { (countersign_core::card::ALONE_NOTICE) }
+                    }
                     @match &call.preview {
                         CardPreview::Shown { lines, forms } => {
                             ul.preview-lines {

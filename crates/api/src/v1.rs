@@ -261,6 +261,9 @@ pub struct CardCall {
     /// This call was carried out under an earlier card of the same turn: deciding this card
     /// does not run it again, and a denial does not undo it.
     pub landed: bool,
+    /// Its preview was computed as if it ran alone: it comes after other calls of the turn on
+    /// the same tool server, which cannot preview a call after the ones before it.
+    pub alone: bool,
     pub preview: Preview,
 }
 
@@ -304,6 +307,7 @@ impl Card {
                     arguments: c.arguments,
                     moved: c.moved,
                     landed: c.landed,
+                    alone: c.alone,
                     preview: match c.preview {
                         CardPreview::Shown { lines, .. } => Preview::Shown { lines },
                         CardPreview::Failed { notice, lines } => Preview::Failed { notice, lines },

@@ -698,6 +698,7 @@ mod tests {
                 },
                 moved: false,
                 landed: false,
+                alone: false,
             }],
         }
     }

@@ -25,6 +25,9 @@ pub fn card(card: &ApprovalCard) -> String {
         if call.landed {
             let _ = writeln!(out, "  │     {}", countersign_core::card::LANDED_NOTICE);
         }
+        if call.alone {
+            let _ = writeln!(out, "  │     {}", countersign_core::card::ALONE_NOTICE);
+        }
         let _ = writeln!(out, "  │     arguments: {}", call.arguments);
         match &call.preview {
             CardPreview::Shown { lines, .. } => {

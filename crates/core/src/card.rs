@@ -24,6 +24,9 @@ pub const WITHHELD_NOTICE: &str =
 /// Shown for a call that landed under an earlier card of the same turn.
 pub const LANDED_NOTICE: &str =
     "Already written — this call was carried out under an earlier card of this turn and will not run again.";
+/// Shown for a call whose preview was computed as if it ran alone: it comes after other calls of
+/// its turn on the same tool server, which cannot preview a call after the ones before it.
+pub const ALONE_NOTICE: &str = "Computed as if it ran alone: this call comes after other calls of the turn on the same tool server, which cannot preview it after them, so what it does may differ from these lines.";
 /// Shown when the card follows an approval that found a preview moved.
 pub const MOVED_NOTICE: &str = "What the marked call(s) would do changed after the last card was shown, so nothing was written. Review the current preview and decide again.";
 
@@ -49,6 +52,8 @@ pub struct CardCall {
     /// This call was carried out under an earlier card of the turn ([`LANDED_NOTICE`]): deciding
     /// this card does not run it again.
     pub landed: bool,
+    /// Its preview was computed as if it ran alone ([`ALONE_NOTICE`]).
+    pub alone: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -115,6 +120,7 @@ pub async fn build_card(
             preview,
             moved: state.stale_call_indexes.contains(&index),
             landed: state.landed(index).is_some(),
+            alone: state.preview_of(index).is_some_and(|p| p.alone),
         });
     }
     ApprovalCard {

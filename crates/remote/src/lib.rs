@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use countersign_core::{
-    DataClass, Effect, ExecContext, ExternalWrite, Principal, Tool, ToolError, ToolOutput,
-    ToolPreview, ToolRegistry, ToolSpec,
+    DataClass, EarlierCall, Effect, ExecContext, ExternalWrite, PreviewLine, Principal, Sequence,
+    Tool, ToolError, ToolOutput, ToolPreview, ToolRegistry, ToolSpec,
 };
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
@@ -64,6 +64,10 @@ pub struct Limits {
     /// How long asking a server about a call whose answer was lost may go on
     /// ([`mod@write`]).
     pub resolve_budget: Duration,
+    /// How long a two-phase server is asked to hold a prepared change (`hold_secs`): longer
+    /// than anything a turn does between its prepares and its commits, a worker's death and
+    /// the next attempt's claim included (`docs/remote-tools.md`).
+    pub hold: Duration,
 }
 
 impl Default for Limits {
@@ -75,6 +79,7 @@ impl Default for Limits {
             max_discovery_bytes: 4 * 1024 * 1024,
             max_response_bytes: 1024 * 1024,
             resolve_budget: Duration::from_secs(30),
+            hold: Duration::from_secs(600),
         }
     }
 }
@@ -211,6 +216,9 @@ pub struct RemoteToolServer {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     /// The server takes writes in two phases (protocol version 2, `two_phase` in discovery).
     two_phase: bool,
+    /// The server previews, prepares and executes a call after the calls of its turn before it
+    /// (protocol version 2, `turn_sequence` in discovery).
+    sequences: bool,
 }
 
 impl fmt::Debug for RemoteToolServer {
@@ -300,6 +308,7 @@ impl RemoteToolServer {
             limits,
             client,
             two_phase: false,
+            sequences: false,
         })
     }
 
@@ -338,6 +347,7 @@ impl RemoteToolServer {
         // Two phases are a version 2 promise; a version 1 server that says so is taken at its
         // version.
         self.two_phase = discovery.protocol >= 2 && discovery.two_phase;
+        self.sequences = discovery.protocol >= 2 && discovery.turn_sequence;
         let server = Arc::new(self);
         let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
         let classes = discovery.data_classes;
@@ -484,6 +494,10 @@ struct Discovery {
     /// Version 2: the server's writers take `prepare`, then `commit` or `abort`.
     #[serde(default)]
     two_phase: bool,
+    /// Version 2: previews, prepares and executes take `before`, the calls of the turn that come
+    /// first on the server.
+    #[serde(default)]
+    turn_sequence: bool,
     /// The data class of each of the server's tool groups.
     #[serde(default)]
     data_classes: std::collections::BTreeMap<String, String>,
@@ -563,6 +577,33 @@ impl Tool for RemoteTool {
     fn previewer(&self) -> Option<&dyn ToolPreview> {
         self.previews.then_some(self as &dyn ToolPreview)
     }
+
+    /// The tools of one server share its state: calls of a turn on it are a sequence.
+    fn sequence(&self) -> Option<Sequence> {
+        Some(Sequence {
+            resource: format!("remote:{}", self.server.name),
+            composes: self.server.sequences,
+        })
+    }
+}
+
+impl RemoteTool {
+    /// `POST /tools/{name}/preview` with `body`.
+    async fn preview_request(&self, body: &Value) -> Result<Vec<String>, ToolError> {
+        let answer: PreviewAnswer = self
+            .server
+            .post(
+                &format!("{}/preview", self.path),
+                body,
+                self.server.limits.preview_timeout,
+            )
+            .await
+            .map_err(|e| {
+                tracing::warn!(tool = %self.spec.name, server = %self.server.name, code = e.code(), error = %e, "remote preview failed");
+                ToolError::failed(e.code(), e)
+            })?;
+        Ok(answer.lines)
+    }
 }
 
 #[async_trait]
@@ -575,19 +616,24 @@ impl ToolPreview for RemoteTool {
         args: &Value,
     ) -> Result<Vec<String>, ToolError> {
         let body = json!({"acting_user": principal_json(acting_user), "arguments": args});
-        let answer: PreviewAnswer = self
-            .server
-            .post(
-                &format!("{}/preview", self.path),
-                &body,
-                self.server.limits.preview_timeout,
-            )
-            .await
-            .map_err(|e| {
-                tracing::warn!(tool = %self.spec.name, server = %self.server.name, code = e.code(), error = %e, "remote preview failed");
-                ToolError::failed(e.code(), e)
-            })?;
-        Ok(answer.lines)
+        self.preview_request(&body).await
+    }
+
+    /// The preview after `before` (version 2, `turn_sequence`), as the same request with the
+    /// calls of the turn before it.
+    async fn preview_after(
+        &self,
+        acting_user: &Principal,
+        args: &Value,
+        before: &[EarlierCall],
+    ) -> Result<Vec<PreviewLine>, ToolError> {
+        let body = json!({
+            "acting_user": principal_json(acting_user),
+            "arguments": args,
+            "before": before,
+        });
+        let lines = self.preview_request(&body).await?;
+        Ok(lines.into_iter().map(PreviewLine::from).collect())
     }
 
     /// Fails closed: any failure is `false`.

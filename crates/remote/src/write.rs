@@ -53,10 +53,15 @@ impl Answer {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 enum Status {
-    Answered { content: String, is_error: bool },
+    Answered {
+        content: String,
+        is_error: bool,
+    },
     Moved,
     Prepared,
     Unseen,
+    /// A prepare only: another turn holds what the change depends on, and nothing was held.
+    Busy,
 }
 
 impl From<Status> for CallStatus {
@@ -67,7 +72,8 @@ impl From<Status> for CallStatus {
             }
             Status::Moved => CallStatus::Moved,
             Status::Prepared => CallStatus::Prepared,
-            Status::Unseen => CallStatus::Unseen,
+            // Nothing is held under the key: as far as the key goes, it was never seen.
+            Status::Unseen | Status::Busy => CallStatus::Unseen,
         }
     }
 }
@@ -105,6 +111,7 @@ impl RemoteTool {
             "idempotency_key": key,
             "fence_epoch": epoch,
             "shown_preview": ctx.shown_preview,
+            "before": ctx.before,
         }))
     }
 
@@ -238,9 +245,18 @@ impl ExternalWrite for RemoteTool {
     }
 
     async fn prepare(&self, ctx: &ExecContext, args: &Value) -> Result<Prepared, ToolError> {
-        let body = self.write_body(ctx, args)?;
+        let mut body = self.write_body(ctx, args)?;
+        body["hold_secs"] = Value::from(self.server.limits.hold.as_secs());
         for _ in 0..MAX_SENDS {
             let status = match self.phase::<Status>(ctx, "prepare", &body).await? {
+                // Another turn holds what the change depends on: the turn lets go of what it
+                // holds and is tried again, so no two turns wait for each other's holds.
+                Ok(Status::Busy) => {
+                    return Err(ToolError::unavailable(
+                        "remote_busy",
+                        "another turn holds what the change depends on",
+                    ))
+                }
                 Ok(answer) => CallStatus::from(answer),
                 Err(resolved) => resolved,
             };

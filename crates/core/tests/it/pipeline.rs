@@ -9,8 +9,9 @@ use async_trait::async_trait;
 use countersign_core::agent_loop::{self, Decision, Outcome, TerminationReason};
 use countersign_core::preview::bound_lines;
 use countersign_core::{
-    CallIndex, CallStatus, Effect, ExecContext, ExternalWrite, Prepared, Principal, Role,
-    SuspendedRunState, Tool, ToolError, ToolOutput, ToolPreview, ToolSpec,
+    CallIndex, CallStatus, EarlierCall, Effect, ExecContext, ExternalWrite, Prepared, PreviewLine,
+    Principal, Role, Sequence, SuspendedRunState, Tool, ToolError, ToolOutput, ToolPreview,
+    ToolSpec,
 };
 use serde_json::{json, Value};
 
@@ -34,6 +35,11 @@ struct Resource {
     /// A colleague's edit — a list of the world set to these items — made once just before the
     /// resource compares at its next prepare.
     before_prepare: Mutex<Option<(String, Vec<String>)>>,
+    /// The resource its calls act on, shared with other tools, and whether it previews a call
+    /// after the calls before it.
+    sequence: Mutex<Option<Sequence>>,
+    /// It drops every change it holds right after holding it, as an expired hold.
+    drops_holds: AtomicBool,
 }
 
 impl Resource {
@@ -57,12 +63,20 @@ impl Resource {
             held: Mutex::default(),
             writes: AtomicUsize::new(0),
             before_prepare: Mutex::default(),
+            sequence: Mutex::default(),
+            drops_holds: AtomicBool::new(false),
         })
     }
 
     fn lines(&self, args: &Value) -> Vec<String> {
+        self.lines_after(args, &[])
+    }
+
+    /// The preview of `args` after the calls `before` (of this resource's tools).
+    fn lines_after(&self, args: &Value, before: &[EarlierCall]) -> Vec<String> {
         let key = args["key"].as_str().unwrap_or_default();
-        let n = self.world.get(key).len();
+        let earlier = before.iter().filter(|c| c.arguments["key"] == key).count();
+        let n = self.world.get(key).len() + earlier;
         vec![format!(
             "list {key}: {n} item(s) → {}, appended last",
             n + 1
@@ -80,7 +94,7 @@ impl Resource {
     fn current(&self, ctx: &ExecContext, args: &Value) -> bool {
         ctx.shown_preview
             .as_ref()
-            .is_none_or(|shown| bound_lines(&self.lines(args)) == *shown)
+            .is_none_or(|shown| bound_lines(&self.lines_after(args, &ctx.before)) == *shown)
     }
 
     fn apply(&self, args: &Value) -> ToolOutput {
@@ -120,6 +134,10 @@ impl Tool for Resource {
     fn external(&self) -> Option<&dyn ExternalWrite> {
         Some(self)
     }
+
+    fn sequence(&self) -> Option<Sequence> {
+        self.sequence.lock().unwrap().clone()
+    }
 }
 
 #[async_trait]
@@ -130,6 +148,19 @@ impl ToolPreview for Resource {
 
     async fn may_viewer_read_preview(&self, _args: &Value, _viewer: &Principal) -> bool {
         true
+    }
+
+    async fn preview_after(
+        &self,
+        _user: &Principal,
+        args: &Value,
+        before: &[EarlierCall],
+    ) -> Result<Vec<PreviewLine>, ToolError> {
+        Ok(self
+            .lines_after(args, before)
+            .into_iter()
+            .map(PreviewLine::from)
+            .collect())
     }
 }
 
@@ -153,7 +184,9 @@ impl ExternalWrite for Resource {
             self.records.lock().unwrap().insert(key, None);
             return Ok(Prepared::Moved);
         }
-        self.held.lock().unwrap().insert(key, args.clone());
+        if !self.drops_holds.load(Ordering::SeqCst) {
+            self.held.lock().unwrap().insert(key, args.clone());
+        }
         Ok(Prepared::Held)
     }
 
@@ -457,5 +490,149 @@ async fn a_write_whose_answer_never_came_fails_the_run_outcome_unknown_and_the_m
     assert!(
         f.hooks.journal.lock().unwrap().is_empty(),
         "no result was journaled for it"
+    );
+}
+
+/// Two appends to `k1` on one resource in one turn, through `put` then `put2`.
+fn same_list_model() -> TestModel {
+    TestModel::new(vec![
+        turn(&[
+            ("put", json!({"key": "k1", "item": "x"})),
+            ("put2", json!({"key": "k1", "item": "y"})),
+        ]),
+        final_answer("done"),
+    ])
+}
+
+/// `put` and `put2` act on one resource, which previews a call after the ones before it when
+/// it `composes`.
+fn one_resource(put: &Resource, put2: &Resource, composes: bool) {
+    for r in [put, put2] {
+        *r.sequence.lock().unwrap() = Some(Sequence {
+            resource: "list-server".into(),
+            composes,
+        });
+    }
+}
+
+async fn suspended_with(f: &Fixture, model: &TestModel) -> SuspendedRunState {
+    match agent_loop::start(f.segment(model, "t0"), "go", None).await {
+        Outcome::Suspended { state, .. } => state,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn two_calls_on_one_resource_are_previewed_in_sequence_and_land_as_their_lines_said() {
+    for two_phase in [false, true] {
+        let (f, put, put2) = fixture(two_phase, true);
+        one_resource(&put, &put2, true);
+        let state = suspended_with(&f, &same_list_model()).await;
+        let lines: Vec<_> = state
+            .call_previews
+            .iter()
+            .map(|p| p.lines[0].clone())
+            .collect();
+        assert_eq!(
+            lines,
+            vec![
+                "list k1: 0 item(s) → 1, appended last",
+                "list k1: 1 item(s) → 2, appended last"
+            ],
+            "the second line composes with the first (two phases: {two_phase})"
+        );
+        assert!(state.call_previews.iter().all(|p| !p.alone));
+        let model = same_list_model();
+        let outcome = agent_loop::resume(f.segment(&model, "t1"), state, &decision(true)).await;
+        assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+        assert_eq!(f.world.get("k1"), vec!["x", "y"]);
+        assert_eq!(
+            told(&model),
+            vec!["k1 now has 1 item(s)", "k1 now has 2 item(s)"]
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_call_after_another_on_a_resource_that_cannot_compose_is_marked_alone() {
+    let (f, put, put2) = fixture(false, true);
+    one_resource(&put, &put2, false);
+    let state = suspended_with(&f, &same_list_model()).await;
+    let alone: Vec<_> = state.call_previews.iter().map(|p| p.alone).collect();
+    assert_eq!(alone, vec![false, true]);
+    assert_eq!(
+        state.call_previews[1].lines,
+        vec!["list k1: 0 item(s) → 1, appended last"],
+        "computed as if the first call were not there"
+    );
+}
+
+#[tokio::test]
+async fn a_commit_point_whose_answer_was_lost_keeps_the_holds_and_the_next_attempt_only_commits_them(
+) {
+    let (f, put, put2) = fixture(true, true);
+    let state = suspended(&f).await;
+    f.hooks.commit_point_fails.store(true, Ordering::SeqCst);
+
+    let outcome = resumed(&f, &model(), state.clone(), true).await;
+    assert!(
+        matches!(outcome, Outcome::Interrupted(_)),
+        "the segment is run again: {outcome:?}"
+    );
+    assert_eq!(
+        put.held.lock().unwrap().len(),
+        1,
+        "not aborted: the turn owes its commit"
+    );
+    assert_eq!(put2.held.lock().unwrap().len(), 1);
+    assert_eq!(f.hooks.owed.lock().unwrap().len(), 2);
+
+    // A colleague changes k1 now: the held change is committed anyway, never compared again.
+    f.world.set("k2", &["colleague"]);
+    let model = model();
+    let outcome = resumed(&f, &model, state, true).await;
+    assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+    assert_eq!(
+        (
+            put.writes.load(Ordering::SeqCst),
+            put2.writes.load(Ordering::SeqCst)
+        ),
+        (1, 1),
+        "each held change committed once"
+    );
+    assert!(f.hooks.owed.lock().unwrap().is_empty(), "the debt is paid");
+}
+
+#[tokio::test]
+async fn a_hold_lost_before_the_commit_point_re_suspends_the_turn_with_nothing_written() {
+    let (f, put, put2) = fixture(true, true);
+    let state = suspended(&f).await;
+    put2.drops_holds.store(true, Ordering::SeqCst);
+
+    let Outcome::Suspended { state: card2, .. } = resumed(&f, &model(), state, true).await else {
+        panic!("a lost hold is a moved call");
+    };
+    assert_eq!(card2.stale_call_indexes, vec![CallIndex::new(1)]);
+    assert!(card2.landed_calls.is_empty());
+    assert!(
+        put.held.lock().unwrap().is_empty(),
+        "the other hold is aborted"
+    );
+    assert_eq!(
+        (
+            put.writes.load(Ordering::SeqCst),
+            put2.writes.load(Ordering::SeqCst)
+        ),
+        (0, 0)
+    );
+
+    put2.drops_holds.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        resumed(&f, &model(), card2, true).await,
+        Outcome::Completed { .. }
+    ));
+    assert_eq!(
+        (f.world.get("k1"), f.world.get("k2")),
+        (vec!["x".to_owned()], vec!["y".to_owned()])
     );
 }

@@ -271,3 +271,42 @@ proptest! {
         }
     }
 }
+
+fn with_landed(landed: Value) -> Value {
+    let mut v = doc(vec![call("c0", "a"), call("c1", "b")], json!([]), json!([]));
+    v["landed_calls"] = landed;
+    v
+}
+
+fn landed(index: Value, tool: &str) -> Value {
+    json!({"index": index, "tool": tool, "output": {"content": "done", "is_error": false}})
+}
+
+#[test]
+fn a_landed_call_that_reads_is_kept_in_call_order() {
+    let s = read(with_landed(json!([landed(json!(1), "b"), landed(json!("0"), "a")])));
+    let indexes: Vec<usize> = s.landed_calls.iter().map(|c| c.index.get()).collect();
+    assert_eq!(indexes, vec![0, 1]);
+    assert!(read(with_landed(Value::Null)).landed_calls.is_empty());
+}
+
+#[test]
+fn a_landed_call_that_cannot_be_read_makes_the_state_unreadable_instead_of_undone() {
+    // Dropping any of these would make a write that happened look undone, and send it again
+    // under a key no resource could deduplicate.
+    for bad in [
+        json!("not a list"),
+        json!([{"index": 0, "tool": "a"}]),
+        json!([landed(json!(0.9), "a")]),
+        json!([landed(json!(0), "b")]),
+        json!([landed(json!(5), "a")]),
+        json!([landed(json!(0), "a"), landed(json!(0), "a")]),
+        json!(["landed"]),
+    ] {
+        assert_eq!(
+            SuspendedRunState::from_json(&with_landed(bad.clone())),
+            Err(StateError::Malformed("landed_calls")),
+            "{bad}"
+        );
+    }
+}

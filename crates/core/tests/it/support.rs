@@ -301,7 +301,7 @@ pub struct MemHooks {
     pub sent: Mutex<Option<(u32, usize)>>,
     /// The commits a turn owes: (suspension, index).
     pub owed: Mutex<Vec<(u32, usize)>>,
-    /// The next commit point fails as one whose answer was lost.
+    /// The next commit point commits, and its answer is lost.
     pub commit_point_fails: AtomicBool,
     /// Run once when the turn is compared and about to write: a colleague's edit at exactly
     /// that moment.
@@ -384,14 +384,17 @@ impl SegmentHooks for MemHooks {
         owed: &[CallIndex],
     ) -> Result<(), HookError> {
         assert!(entries.is_empty(), "no local writer, no local entry");
+        self.owed
+            .lock()
+            .unwrap()
+            .extend(owed.iter().map(|i| (seq.get(), i.get())));
         if self.commit_point_fails.swap(false, Ordering::SeqCst) {
+            // The commit happened; its answer is what was lost.
             return Err(HookError::Unavailable {
                 code: "database_unavailable",
                 detail: "the commit point's answer was lost".into(),
             });
         }
-        let mut debts = self.owed.lock().unwrap();
-        debts.extend(owed.iter().map(|i| (seq.get(), i.get())));
         Ok(())
     }
 
