@@ -301,7 +301,7 @@ async fn an_edit_committed_while_the_approved_turn_waits_for_its_locks_re_suspen
         "the approved turn waits for its lock on the teaser",
         secs(30),
         async || {
-            (waiting_in_transaction(&mut site.conn, "SELECT uid FROM content.elements").await == 1)
+            (waiting_in_transaction(&mut site.conn, "SELECT content.lock_rows").await == 1)
                 .then_some(())
         },
     )

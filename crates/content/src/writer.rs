@@ -400,6 +400,14 @@ impl<W: Writer> LocalWriter<FencedWrite> for WriterTool<W> {
         lock_rows(tx.conn(), &rows).await.map_err(database_error)
     }
 
+    async fn savepoint(&self, tx: &mut FencedWrite) -> Result<(), ToolError> {
+        execute!(tx.conn(), "SAVEPOINT countersign_call").map_err(database_error)
+    }
+
+    async fn rollback_to_savepoint(&self, tx: &mut FencedWrite) -> Result<(), ToolError> {
+        execute!(tx.conn(), "ROLLBACK TO SAVEPOINT countersign_call").map_err(database_error)
+    }
+
     async fn plan(
         &self,
         tx: &mut FencedWrite,

@@ -160,6 +160,10 @@ impl HookError {
     }
 }
 
+/// The code of a transient failure that says a row was locked by someone else: at suspension,
+/// the local writes are then previewed each on its own ([`SegmentHooks::begin_preview`]).
+pub const PREVIEW_CONFLICT: &str = "database_conflict";
+
 /// What the run store holds of an approved turn from earlier attempts of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TurnRecord {
@@ -188,6 +192,15 @@ pub trait SegmentHooks: Send + Sync {
     /// [`commit_turn`](Self::commit_turn); the run row is not locked meanwhile, so the turn's
     /// calls outside the store can be stamped and journaled on their own.
     async fn begin_turn(&self, seq: SuspensionSeq) -> Result<Self::Turn, HookError>;
+
+    /// Opens the transaction a suspension previews its local writes in, in sequence, to roll
+    /// it back once the previews are taken. A lock it cannot have at once is not waited for
+    /// long: the suspension is not an approved turn, and must not hold the pool's connections a
+    /// colleague's edit keeps waiting ([`HookError::Unavailable`] with the code
+    /// [`PREVIEW_CONFLICT`]).
+    async fn begin_preview(&self, seq: SuspensionSeq) -> Result<Self::Turn, HookError> {
+        self.begin_turn(seq).await
+    }
 
     /// The local writer of `tool`, when its writes land in the run store's own database.
     fn local(&self, tool: &str) -> Option<&dyn LocalWriter<Self::Turn>>;

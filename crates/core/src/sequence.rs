@@ -17,7 +17,7 @@
 
 use tracing::Instrument;
 
-use crate::agent_loop::{HookError, Segment, SegmentHooks};
+use crate::agent_loop::{HookError, Segment, SegmentHooks, PREVIEW_CONFLICT};
 use crate::ids::{CallIndex, SuspensionSeq};
 use crate::preview::{self, Attempt, CallPreview};
 use crate::state::PendingCall;
@@ -26,53 +26,105 @@ use crate::turn::{LocalWriter, LockSubject};
 
 /// One local write of the sequence: what its preview reads now, and what carrying it out in
 /// the transaction gave.
-pub(crate) struct Sequenced {
-    pub now: Attempt,
+#[derive(Debug)]
+pub struct Sequenced {
+    pub(crate) now: Attempt,
     /// Its result (a refusal included), or why it could not be planned or applied: the tool's
     /// own failure ([`ToolError::Failed`]) is its result; a persistent failure of the store
     /// stops the sequence, and every later local call is not carried out.
     pub result: Result<ToolOutput, ToolError>,
 }
 
+impl Sequenced {
+    /// The bounded preview lines the call reads now, when its plan gave some.
+    pub fn lines(&self) -> Option<&[String]> {
+        match &self.now {
+            Attempt::Lines(lines, _) => Some(lines),
+            _ => None,
+        }
+    }
+}
+
 /// A local write of the turn still to run.
-pub(crate) struct LocalCall<'a, Tx> {
+pub struct LocalCall<'a, Tx> {
     pub index: CallIndex,
     pub call: &'a PendingCall,
     pub writer: &'a dyn LocalWriter<Tx>,
 }
 
-/// Locks the subjects of `calls` — the local writes of a turn still to run, in call order — in
-/// the one global order, then plans and applies each in `tx` before the next is planned. A
-/// transient failure interrupts (nothing of the sequence is kept: the caller rolls back).
-pub(crate) async fn local<Tx: Send>(
+impl<Tx> std::fmt::Debug for LocalCall<'_, Tx> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalCall")
+            .field("index", &self.index)
+            .field("tool", &self.call.tool)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks the read sets of `calls` — the local writes of a turn still to run, in call order — in
+/// the one global order, then plans and applies each in `tx` before the next is planned. A call
+/// that fails in the store is rolled back to the savepoint before it, and the calls after it are
+/// planned against the state without it. A transient failure interrupts (nothing of the sequence
+/// is kept: the caller rolls back); a persistent one while locking fails every call, each with
+/// the failure's code.
+pub async fn local<Tx: Send>(
     tx: &mut Tx,
     user: &Principal,
     calls: &[LocalCall<'_, Tx>],
 ) -> Result<Vec<Sequenced>, HookError> {
-    lock(tx, user, calls).await?;
+    if let Err(e) = lock(tx, user, calls).await {
+        let HookError::Broken { code, detail } = e else {
+            return Err(e);
+        };
+        tracing::warn!(code, detail, "the turn's read sets could not be locked");
+        return Ok(calls.iter().map(|_| failed(code, &detail)).collect());
+    }
     let mut out = Vec::with_capacity(calls.len());
     let mut broken: Option<&'static str> = None;
-    for call in calls {
+    for (k, call) in calls.iter().enumerate() {
         if let Some(code) = broken {
-            // A statement that failed ended the transaction: nothing after it can be planned.
-            let e = ToolError::Broken {
+            // The transaction could not go back to before a failed call: nothing after it can be
+            // planned.
+            out.push(failed(
                 code,
-                detail: "an earlier call of the turn failed in the store".into(),
-            };
-            out.push(Sequenced {
-                now: Attempt::failed(&e),
-                result: Err(e),
-            });
+                "an earlier call of the turn failed in the store",
+            ));
             continue;
+        }
+        // The last call needs no way back: nothing is planned after it.
+        let last = k + 1 == calls.len();
+        if !last {
+            call.writer
+                .savepoint(tx)
+                .await
+                .map_err(|e| HookError::from_tool(&e))?;
         }
         let span = tracing::info_span!("preview", tool = %call.call.tool, call.index = %call.index, at = "sequence");
         let sequenced = one(tx, user, call).instrument(span).await?;
         if let Err(e @ ToolError::Broken { .. }) = &sequenced.result {
-            broken = Some(e.code());
+            if last {
+                // Nothing comes after it.
+            } else if let Err(again) = call.writer.rollback_to_savepoint(tx).await {
+                tracing::warn!(code = again.code(), error = %again, "the turn could not go back to before a failed call");
+                broken = Some(e.code());
+            }
         }
         out.push(sequenced);
     }
     Ok(out)
+}
+
+/// A call of the sequence that could not be carried out: a failed preview and a failed result,
+/// naming only `code`.
+fn failed(code: &'static str, detail: &str) -> Sequenced {
+    let e = ToolError::Broken {
+        code,
+        detail: detail.to_owned(),
+    };
+    Sequenced {
+        now: Attempt::failed(&e),
+        result: Err(e),
+    }
 }
 
 /// Plans one local call in the sequence and, when it has a plan, applies it.
@@ -212,6 +264,12 @@ pub(crate) async fn preview_outside(
 
 /// The previews of a turn about to suspend, in call order: one for every offered call whose
 /// tool previews, each against the state the calls before it leave.
+///
+/// The store's own writes of a turn with more than one are planned and applied in a transaction
+/// rolled back once the previews are taken. Should a row of their read sets be locked by someone
+/// else, the suspension does not wait: they are previewed each on its own, the later ones marked
+/// alone, and the approval compares them in sequence. A single local write needs no sequence: it
+/// is previewed in a snapshot, taking no lock.
 pub(crate) async fn previews<H: SegmentHooks>(
     seg: Segment<'_, H>,
     pending: &[PendingCall],
@@ -235,15 +293,9 @@ pub(crate) async fn previews<H: SegmentHooks>(
             })
         })
         .collect();
-    let mut local_now: Vec<Option<Attempt>> = pending.iter().map(|_| None).collect();
-    if !local_calls.is_empty() {
-        let mut tx = seg.hooks.begin_turn(seq).await?;
-        let sequenced = local(&mut tx, seg.acting_user, &local_calls).await;
-        seg.hooks.rollback_turn(tx).await;
-        for (call, s) in local_calls.iter().zip(sequenced?) {
-            local_now[call.index.get()] = Some(s.now);
-        }
-    }
+    let (mut local_now, local_alone) =
+        local_previews(seg, seq, pending.len(), &local_calls).await?;
+    let first_local = local_calls.first().map(|c| c.index.get());
     let resources: Vec<Option<String>> = tools.iter().map(|t| t.and_then(resource_of)).collect();
     let mut previews = Vec::new();
     for (i, call) in pending.iter().enumerate() {
@@ -253,12 +305,22 @@ pub(crate) async fn previews<H: SegmentHooks>(
         let (attempt, alone) = match local_now[i].take() {
             Some(attempt) => (attempt, false),
             None => {
-                let before = earlier(i, pending, &resources);
+                let is_local = local_calls.iter().any(|c| c.index.get() == i);
+                let before = if is_local {
+                    Vec::new()
+                } else {
+                    earlier(i, pending, &resources)
+                };
                 let span = tracing::info_span!("preview", tool = %call.tool, call.index = i, at = "suspend");
-                preview_outside(tool, seg.acting_user, &call.arguments, &before)
-                    .instrument(span)
-                    .await
-                    .unwrap_or((Attempt::Empty, false))
+                let (attempt, alone) =
+                    preview_outside(tool, seg.acting_user, &call.arguments, &before)
+                        .instrument(span)
+                        .await
+                        .unwrap_or((Attempt::Empty, false));
+                (
+                    attempt,
+                    alone || (is_local && local_alone && first_local != Some(i)),
+                )
             }
         };
         // A lost connection says nothing about the call: the approver must not be shown a
@@ -269,4 +331,39 @@ pub(crate) async fn previews<H: SegmentHooks>(
         previews.push(preview);
     }
     Ok(previews)
+}
+
+/// The previews of the local writes of a turn about to suspend, by call position, when there
+/// is more than one to sequence; and whether they are to be previewed alone instead, because a
+/// row they read was locked by someone else.
+async fn local_previews<H: SegmentHooks>(
+    seg: Segment<'_, H>,
+    seq: SuspensionSeq,
+    calls: usize,
+    local_calls: &[LocalCall<'_, H::Turn>],
+) -> Result<(Vec<Option<Attempt>>, bool), HookError> {
+    let mut now: Vec<Option<Attempt>> = (0..calls).map(|_| None).collect();
+    if local_calls.len() < 2 {
+        return Ok((now, false));
+    }
+    let mut tx = seg.hooks.begin_preview(seq).await?;
+    let sequenced = local(&mut tx, seg.acting_user, local_calls).await;
+    seg.hooks.rollback_turn(tx).await;
+    match sequenced {
+        Ok(sequenced) => {
+            for (call, s) in local_calls.iter().zip(sequenced) {
+                now[call.index.get()] = Some(s.now);
+            }
+            Ok((now, false))
+        }
+        Err(HookError::Unavailable { code, detail }) if code == PREVIEW_CONFLICT => {
+            tracing::info!(
+                code,
+                detail,
+                "a row the turn's local writes read is locked; previewed each on its own"
+            );
+            Ok((now, true))
+        }
+        Err(e) => Err(e),
+    }
 }

@@ -90,6 +90,14 @@ pub trait LocalWriter<Tx: Send>: Send + Sync {
     /// named in this writer's `space`, in the global order.
     async fn lock(&self, tx: &mut Tx, subjects: &[LockSubject]) -> Result<(), ToolError>;
 
+    /// Marks the point the turn goes back to should this call fail in the store, so that the
+    /// calls after it are planned against the state without it.
+    async fn savepoint(&self, tx: &mut Tx) -> Result<(), ToolError>;
+
+    /// Goes back to the last [`savepoint`](Self::savepoint): everything since is undone, and the
+    /// transaction can go on.
+    async fn rollback_to_savepoint(&self, tx: &mut Tx) -> Result<(), ToolError>;
+
     /// Settles exactly what the call would write, as the acting user, under the turn's locks.
     async fn plan(
         &self,

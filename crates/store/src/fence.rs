@@ -37,6 +37,9 @@ use crate::error::classify;
 use crate::journal::{self, Journaled};
 use crate::{Lease, Store, StoreError};
 
+/// How long a suspension's preview transaction waits for a row lock ([`Store::begin_preview`]).
+pub const PREVIEW_LOCK_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// An open transaction in which the run's lease has been verified: a turn's, or one call's write
 /// with the run row locked.
 pub struct FencedWrite {
@@ -91,6 +94,41 @@ impl Store {
             call: None,
             keyring: Arc::clone(&self.keyring),
             _permit: permit,
+        })
+    }
+
+    /// Opens the transaction a suspension previews its local writes in (rolled back once the
+    /// previews are taken), checking that the lease is still held. It does not take one of the
+    /// turns' share of the pool, and waits at most [`PREVIEW_LOCK_TIMEOUT`] for a row lock: a
+    /// row someone else holds makes its statement fail `database_conflict` at once, and the
+    /// suspension previews its writes each on its own instead of waiting.
+    pub async fn begin_preview(
+        &self,
+        lease: &Lease,
+        seq: SuspensionSeq,
+    ) -> Result<FencedWrite, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let held = sqlx::query_scalar!(
+            r#"SELECT set_config('lock_timeout', $4, true) AS "set!" FROM runs
+               WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
+            lease.run_id.as_uuid(),
+            lease.owner,
+            lease.epoch.get(),
+            format!("{}ms", PREVIEW_LOCK_TIMEOUT.as_millis()),
+        )
+        .fetch_optional(&mut *tx)
+        .await?;
+        if held.is_none() {
+            tx.rollback().await?;
+            return Err(StoreError::FenceLost);
+        }
+        Ok(FencedWrite {
+            tx,
+            lease: lease.clone(),
+            seq,
+            call: None,
+            keyring: Arc::clone(&self.keyring),
+            _permit: None,
         })
     }
 

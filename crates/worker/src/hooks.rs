@@ -139,6 +139,13 @@ impl SegmentHooks for StoreHooks {
             .map_err(|e| self.lost_if(hook_error(e)))
     }
 
+    async fn begin_preview(&self, seq: SuspensionSeq) -> Result<FencedWrite, HookError> {
+        self.store
+            .begin_preview(&self.lease, seq)
+            .await
+            .map_err(|e| self.lost_if(hook_error(e)))
+    }
+
     fn local(&self, tool: &str) -> Option<&dyn LocalWriter<FencedWrite>> {
         self.local.get(tool)
     }

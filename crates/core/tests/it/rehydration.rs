@@ -284,7 +284,10 @@ fn landed(index: Value, tool: &str) -> Value {
 
 #[test]
 fn a_landed_call_that_reads_is_kept_in_call_order() {
-    let s = read(with_landed(json!([landed(json!(1), "b"), landed(json!("0"), "a")])));
+    let s = read(with_landed(json!([
+        landed(json!(1), "b"),
+        landed(json!("0"), "a")
+    ])));
     let indexes: Vec<usize> = s.landed_calls.iter().map(|c| c.index.get()).collect();
     assert_eq!(indexes, vec![0, 1]);
     assert!(read(with_landed(Value::Null)).landed_calls.is_empty());
