@@ -439,10 +439,27 @@ class Handler(BaseHTTPRequestHandler):
         """While the file `hold` exists, a call waits, after adding a line to HOLD.waiting (a
         test's way to act while a call is in flight): an execute or a commit before it does
         anything with --hold-file, after its answer is recorded and before it answers with
-        --hold-after-file; a prepare before it does anything with --hold-prepare-file."""
+        --hold-after-file; a prepare before it does anything with --hold-prepare-file; GET /calls/KEY before it answers
+        with --hold-status-file. When the
+        file holds a number N, the first N calls that find it pass (each adds a line to
+        HOLD.passed) and the later ones wait."""
         if not hold or not os.path.exists(hold):
             return
         with self.server.wiki.lock:
+            try:
+                with open(hold, encoding="utf-8") as f:
+                    let_through = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                let_through = 0
+            try:
+                with open(hold + ".passed", encoding="utf-8") as f:
+                    passed = len(f.readlines())
+            except OSError:
+                passed = 0
+            if passed < let_through:
+                with open(hold + ".passed", "a", encoding="utf-8") as f:
+                    f.write(self.path + "\n")
+                return
             with open(hold + ".waiting", "a", encoding="utf-8") as f:
                 f.write(self.path + "\n")
         while os.path.exists(hold):
@@ -473,6 +490,7 @@ class Handler(BaseHTTPRequestHandler):
         segment = self.path[len("/calls/"):]
         if self.path.startswith("/calls/") and segment and "/" not in segment \
                 and self.server.call_status:
+            self.hold(self.server.hold_status_file)
             with wiki.lock:
                 return self.reply(200, wiki.call_status(unquote(segment)))
         self.reply(404, {"error": "not_found"})
@@ -578,6 +596,9 @@ def main():
     parser.add_argument("--hold-prepare-file",
                         help="for tests: prepares wait, before they do anything, while this file "
                              "exists")
+    parser.add_argument("--hold-status-file",
+                        help="for tests: GET /calls/KEY waits, before it answers, while this file "
+                             "exists")
     parser.add_argument("--tls-cert", help="serve https:// with this PEM certificate (chain)")
     parser.add_argument("--tls-key", help="the PEM private key of --tls-cert")
     parser.add_argument("--verbose", action="store_true")
@@ -606,6 +627,7 @@ def main():
     server.hold_file = args.hold_file
     server.hold_after_file = args.hold_after_file
     server.hold_prepare_file = args.hold_prepare_file
+    server.hold_status_file = args.hold_status_file
     host, port = server.server_address[:2]
     print(f"listening on {scheme}://{host}:{port}", flush=True)
     try:

@@ -1,5 +1,6 @@
 //! End-to-end: the real binaries against the real PostgreSQL and RabbitMQ.
 
+mod all_or_nothing;
 mod cards;
 mod data_classes;
 mod demo;
