@@ -27,13 +27,17 @@ demo: services
 	cargo run --quiet -p countersign-dev -- demo $(if $(KEEP),--keep)
 
 CHAOS_RUNS ?= 200
+CONCURRENCY_ROUNDS ?= 1000
 CI_CHAOS_RUNS ?= 30
 
 ## Many approved runs while workers are killed and a colleague edits the same element; exits
-## non-zero unless no approved write was lost, duplicated or landed against unseen state.
+## non-zero unless no approved write was lost, duplicated or landed against unseen state. Then
+## every pair of the content store's writers against each other, CONCURRENCY_ROUNDS times each,
+## while a colleague edits the site root: no deadlock, and the colleague never waits.
 chaos: services
 	cargo build --workspace --bins
 	CHAOS_RUNS=$(CHAOS_RUNS) cargo run --quiet -p countersign-e2e --bin countersign-chaos
+	CONCURRENCY_ROUNDS=$(CONCURRENCY_ROUNDS) cargo test -p countersign-worker --test it concurrency -- --nocapture
 
 ## Prints the benchmark figures: the store and crypto, then runs through the services.
 bench: services

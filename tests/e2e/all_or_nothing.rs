@@ -431,12 +431,7 @@ async fn a_turn_lands_whole_or_not_at_all_whatever_strikes_at_any_step() {
     // Four cells at once: each is an installation of its own.
     for chunk in cells.chunks(4) {
         let at = |k: usize| chunk.get(k).copied();
-        let (a, b, c, d) = tokio::join!(
-            maybe(at(0)),
-            maybe(at(1)),
-            maybe(at(2)),
-            maybe(at(3))
-        );
+        let (a, b, c, d) = tokio::join!(maybe(at(0)), maybe(at(1)), maybe(at(2)), maybe(at(3)));
         ended.extend([a, b, c, d].into_iter().flatten());
     }
     let mut table = format!("{:<36}", "");

@@ -151,55 +151,96 @@ async fn one<Tx: Send>(
     Ok(Sequenced { now, result })
 }
 
+/// How often a turn takes its locks again because a read set grew while they were taken.
+const LOCK_ATTEMPTS: usize = 5;
+
 /// Locks the read sets of every call at once, in the one global order, each row in the
 /// strongest mode any call needs; each run of rows of one space is locked by a writer of that
-/// space. Then asks every call for its read set again, under the locks: one that grew in between
-/// (a row joined it before it was locked) interrupts the turn, to be run again.
+/// space. Then asks every call for its read set again, under the locks: should one have grown in
+/// between (a row joined it before it was locked), the locks are let go — rolled back to a
+/// savepoint taken before them — and taken again, the new rows with them, in the same order. A
+/// set that keeps growing interrupts the turn, to be run again.
 async fn lock<Tx: Send>(
     tx: &mut Tx,
     user: &Principal,
     calls: &[LocalCall<'_, Tx>],
 ) -> Result<(), HookError> {
+    let Some(first) = calls.first() else {
+        return Ok(());
+    };
     let mut rows = Vec::new();
     for call in calls {
-        let named = call
+        rows.extend(read_set(tx, user, call).await?);
+    }
+    for attempt in 1..=LOCK_ATTEMPTS {
+        let locked = strongest(std::mem::take(&mut rows));
+        let last = attempt == LOCK_ATTEMPTS;
+        if !last {
+            first
+                .writer
+                .savepoint(tx)
+                .await
+                .map_err(|e| HookError::from_tool(&e))?;
+        }
+        for run in locked.chunk_by(|a, b| a.0.space == b.0.space) {
+            let ordered: Vec<_> = run.iter().map(|(s, _)| s.clone()).collect();
+            run[0]
+                .1
+                .lock(tx, &ordered)
+                .await
+                .map_err(|e| HookError::from_tool(&e))?;
+        }
+        let held: Vec<LockSubject> = locked.iter().map(|(s, _)| s.clone()).collect();
+        let mut grown = Vec::new();
+        for call in calls {
+            let now = read_set(tx, user, call).await?;
+            if now.iter().any(|(s, _)| !covered(&held, s)) {
+                grown.extend(now);
+            }
+        }
+        if grown.is_empty() {
+            return Ok(());
+        }
+        if last {
+            break;
+        }
+        tracing::info!(attempt, "a read set grew as it was locked; locking again");
+        first
             .writer
-            .subjects(tx, user, &call.call.arguments)
+            .rollback_to_savepoint(tx)
             .await
             .map_err(|e| HookError::from_tool(&e))?;
-        rows.extend(named.into_iter().map(|s| (s, call.writer)));
+        rows = locked;
+        rows.extend(grown);
     }
+    Err(HookError::Unavailable {
+        code: "read_set_moved",
+        detail: format!("a read set kept growing as it was locked, {LOCK_ATTEMPTS} times"),
+    })
+}
+
+/// The read set of one call, each row with the writer that locks it.
+async fn read_set<'a, Tx: Send>(
+    tx: &mut Tx,
+    user: &Principal,
+    call: &LocalCall<'a, Tx>,
+) -> Result<Vec<(LockSubject, &'a dyn LocalWriter<Tx>)>, HookError> {
+    let named = call
+        .writer
+        .subjects(tx, user, &call.call.arguments)
+        .await
+        .map_err(|e| HookError::from_tool(&e))?;
+    Ok(named.into_iter().map(|s| (s, call.writer)).collect())
+}
+
+/// `rows` sorted in the global order, each row once, in the strongest mode named for it.
+fn strongest<W>(mut rows: Vec<(LockSubject, W)>) -> Vec<(LockSubject, W)> {
     // Sorted by (space, rank, id, mode): of the entries of one row, the last has the strongest.
     rows.sort_by(|a, b| a.0.cmp(&b.0));
     rows.reverse();
     rows.dedup_by(|a, b| same_row(&a.0, &b.0));
     rows.reverse();
-    for run in rows.chunk_by(|a, b| a.0.space == b.0.space) {
-        let ordered: Vec<_> = run.iter().map(|(s, _)| s.clone()).collect();
-        run[0]
-            .1
-            .lock(tx, &ordered)
-            .await
-            .map_err(|e| HookError::from_tool(&e))?;
-    }
-    let locked: Vec<LockSubject> = rows.into_iter().map(|(s, _)| s).collect();
-    for call in calls {
-        let named = call
-            .writer
-            .subjects(tx, user, &call.call.arguments)
-            .await
-            .map_err(|e| HookError::from_tool(&e))?;
-        if let Some(missing) = named.iter().find(|s| !covered(&locked, s)) {
-            return Err(HookError::Unavailable {
-                code: "read_set_moved",
-                detail: format!(
-                    "call {} reads {missing:?}, which joined its read set as it was locked",
-                    call.index
-                ),
-            });
-        }
-    }
-    Ok(())
+    rows
 }
 
 fn same_row(a: &LockSubject, b: &LockSubject) -> bool {
