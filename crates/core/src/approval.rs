@@ -122,10 +122,14 @@ impl<'a, Tx> Call<'a, Tx> {
             .filter(|ext| ext.two_phase())
     }
 
-    /// The lines its approver was shown, when a resource can compare its own preview with them
-    /// line for line: a preview that did not fail and that no bound cut.
+    /// The whole preview its approver's card was built from, for a resource to compare its own
+    /// preview with, line for line: one that did not fail. A preview stored before whole
+    /// previews were kept, which a bound cut, cannot be compared.
     fn comparable_preview(&self) -> Option<Vec<String>> {
         let shown = self.shown.filter(|p| !p.failed)?;
+        if !shown.full.is_empty() {
+            return Some(shown.full.clone());
+        }
         let cut = shown.lines.len() > preview::MAX_LINES
             || shown
                 .lines

@@ -60,12 +60,13 @@ fn judge(stored: &CallPreview, now: Option<Current>) -> CallPreview {
         None => stored.clone(),
         Some(Current::Vanished) => failed(stored, PREVIEW_VANISHED_LINE.to_owned()),
         Some(Current::Attempt {
-            attempt: Attempt::Lines(lines, forms),
+            attempt: Attempt::Lines(lines, forms, full),
             alone,
         }) => CallPreview {
             lines,
             forms,
             alone,
+            full,
             ..stored.clone()
         },
         Some(Current::Attempt { attempt, .. }) => {
@@ -86,6 +87,7 @@ fn failed(stored: &CallPreview, line: String) -> CallPreview {
         failed: true,
         forms: vec![],
         alone: false,
+        full: vec![],
         ..stored.clone()
     }
 }

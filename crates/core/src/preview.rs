@@ -25,6 +25,10 @@ pub const MAX_LINES: usize = 20;
 pub const MAX_LINE_CHARS: usize = 500;
 /// Values quoted in a preview line are excerpted to this many characters.
 pub const EXCERPT_CHARS: usize = 120;
+/// The most text a whole preview may hold, in bytes of its lines once whitespace is collapsed:
+/// a preview that says more fails (`preview_too_large`). The approval binds to the whole of it,
+/// not only to the lines the card shows.
+pub const MAX_PREVIEW_BYTES: usize = 256 * 1024;
 
 /// The stored preview of one pending call.
 ///
@@ -45,12 +49,27 @@ pub struct CallPreview {
     /// so. Never compared.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub alone: bool,
+    /// The whole preview, each line's whitespace collapsed, when the bounds cut `lines` (more
+    /// than [`MAX_LINES`] lines, or a line of more than [`MAX_LINE_CHARS`] characters); empty
+    /// when `lines` is all of it. Compared with `lines`: the approval binds to the whole preview.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub full: Vec<String>,
 }
 
 impl CallPreview {
-    /// Whether `other` reads as this one: the same lines, failed or not. Forms do not count.
+    /// Whether `other` reads as this one: the same lines and the same whole preview, failed or
+    /// not. Forms do not count.
     pub fn reads_as(&self, other: &CallPreview) -> bool {
-        self.lines == other.lines && self.failed == other.failed
+        self.lines == other.lines && self.full == other.full && self.failed == other.failed
+    }
+
+    /// The whole preview: [`full`](Self::full) when the bounds cut the lines, else the lines.
+    pub fn whole(&self) -> &[String] {
+        if self.full.is_empty() {
+            &self.lines
+        } else {
+            &self.full
+        }
     }
 
     /// The form of line `i`, if the tool gave one.
@@ -188,6 +207,16 @@ pub fn bound_preview(lines: Vec<PreviewLine>) -> (Vec<String>, Vec<Option<LineFo
     (bounded, forms)
 }
 
+/// The whole of a tool's lines as the binding holds them: whitespace runs collapsed to one
+/// space, lines trimmed, blank lines dropped — nothing cut.
+pub fn whole_lines<S: AsRef<str>>(lines: &[S]) -> Vec<String> {
+    lines
+        .iter()
+        .map(|l| collapse_whitespace(l.as_ref()))
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
 /// One space for every run of whitespace, none at either end.
 pub fn collapse_whitespace(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
@@ -217,8 +246,9 @@ pub fn quote_excerpt(value: &str) -> String {
 /// What became of one attempt to preview a call.
 #[derive(Debug)]
 pub(crate) enum Attempt {
-    /// The bounded lines, and their forms (empty when the tool gave none).
-    Lines(Vec<String>, Vec<Option<LineForm>>),
+    /// The bounded lines, their forms (empty when the tool gave none), and the whole preview
+    /// when the bounds cut the lines (empty otherwise).
+    Lines(Vec<String>, Vec<Option<LineForm>>, Vec<String>),
     Empty,
     Error(ToolError),
     Panic,
@@ -227,12 +257,20 @@ pub(crate) enum Attempt {
 impl Attempt {
     /// The attempt of a plan's raw lines: bounded, and `Empty` when nothing is left.
     pub(crate) fn of_lines(lines: Vec<PreviewLine>) -> Attempt {
+        let whole = whole_lines(&texts(&lines));
+        let bytes: usize = whole.iter().map(|l| l.len() + 1).sum();
+        if bytes > MAX_PREVIEW_BYTES {
+            return Attempt::Error(ToolError::failed(
+                "preview_too_large",
+                format!("{bytes} bytes of preview, more than {MAX_PREVIEW_BYTES}"),
+            ));
+        }
         let (bounded, forms) = bound_preview(lines);
         if bounded.is_empty() {
-            Attempt::Empty
-        } else {
-            Attempt::Lines(bounded, forms)
+            return Attempt::Empty;
         }
+        let full = if whole == bounded { Vec::new() } else { whole };
+        Attempt::Lines(bounded, forms, full)
     }
 
     /// The attempt of a plan that failed: its code, and nothing else of it.
@@ -289,19 +327,19 @@ async fn attempt_of(preview: BoxFuture<'_, Result<Vec<PreviewLine>, ToolError>>)
 
 /// The preview stored at suspend for one call.
 pub(crate) fn at_suspend(index: CallIndex, tool: &str, attempt: Attempt) -> CallPreview {
-    let (lines, failed, forms) = match attempt {
-        Attempt::Lines(lines, forms) => (lines, false, forms),
+    let (lines, failed, forms, full) = match attempt {
+        Attempt::Lines(lines, forms, full) => (lines, false, forms, full),
         Attempt::Empty => {
             tracing::warn!(tool, %index, "preview returned no lines");
-            (vec![EMPTY_PREVIEW_LINE.to_owned()], true, vec![])
+            (vec![EMPTY_PREVIEW_LINE.to_owned()], true, vec![], vec![])
         }
         Attempt::Error(e) => {
             tracing::warn!(tool, %index, code = e.code(), error = %e, "preview failed at suspend");
-            (vec![failed_at_suspend_line(e.code())], true, vec![])
+            (vec![failed_at_suspend_line(e.code())], true, vec![], vec![])
         }
         Attempt::Panic => {
             tracing::error!(tool, %index, "preview panicked at suspend");
-            (vec![failed_at_suspend_line("panic")], true, vec![])
+            (vec![failed_at_suspend_line("panic")], true, vec![], vec![])
         }
     };
     CallPreview {
@@ -311,6 +349,7 @@ pub(crate) fn at_suspend(index: CallIndex, tool: &str, attempt: Attempt) -> Call
         failed,
         forms,
         alone: false,
+        full,
     }
 }
 
@@ -478,6 +517,7 @@ mod tests {
             failed: false,
             forms,
             alone: false,
+            full: vec![],
         };
         assert!(preview(vec![]).reads_as(&preview(vec![Some(change("a", "b"))])));
         let mut other = preview(vec![]);

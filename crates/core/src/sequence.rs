@@ -39,7 +39,7 @@ impl Sequenced {
     /// The bounded preview lines the call reads now, when its plan gave some.
     pub fn lines(&self) -> Option<&[String]> {
         match &self.now {
-            Attempt::Lines(lines, _) => Some(lines),
+            Attempt::Lines(lines, ..) => Some(lines),
             _ => None,
         }
     }

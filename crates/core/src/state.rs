@@ -354,6 +354,15 @@ fn stored_preview(raw: &Value) -> Option<CallPreview> {
         .filter(|f| f.len() == lines.len())
         .unwrap_or_default();
     let alone = obj.get("alone").and_then(Value::as_bool).unwrap_or(false);
+    // The whole preview binds like its lines: an unreadable one makes the entry unusable.
+    let full = match obj.get("full") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(v) => v
+            .as_array()?
+            .iter()
+            .map(|l| l.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()?,
+    };
     Some(CallPreview {
         index,
         tool: tool.to_owned(),
@@ -361,5 +370,6 @@ fn stored_preview(raw: &Value) -> Option<CallPreview> {
         failed,
         forms,
         alone,
+        full,
     })
 }

@@ -230,6 +230,7 @@ fn suspended_state() -> SuspendedRunState {
             failed: false,
             forms: vec![],
             alone: false,
+            full: vec![],
         }],
         stale_call_indexes: vec![],
         landed_calls: vec![],

@@ -101,3 +101,61 @@ async fn a_panicking_re_preview_counts_as_moved() {
     assert!(state.call_previews[1].lines[0].contains("(panic)"));
     assert!(f.world.executed_tools().is_empty());
 }
+
+#[tokio::test]
+async fn a_change_anywhere_in_a_long_preview_binds_though_the_card_shows_twenty_lines() {
+    let f = Fixture::new();
+    f.append.set_mode(PreviewMode::Long);
+    let items: Vec<String> = (0..3000).map(|i| format!("v{i}")).collect();
+    let refs: Vec<&str> = items.iter().map(String::as_str).collect();
+    f.world.set("k1", &refs);
+    let state = suspended(&f).await;
+    let shown = &state.call_previews[0];
+    assert_eq!(
+        shown.lines.len(),
+        21,
+        "twenty lines and the count of the rest"
+    );
+    assert_eq!(shown.lines[20], "… and 2981 more line(s), not shown.");
+    assert_eq!(shown.full.len(), 3001, "the whole preview is kept");
+
+    // A line far past the twenty the card shows changes: the approval bounces.
+    let mut changed = refs.clone();
+    changed[2999] = "changed";
+    f.world.set("k1", &changed);
+    let Outcome::Suspended { state: moved, .. } = approved(&f, state.clone()).await else {
+        panic!("a change past the shown lines bounces");
+    };
+    assert_eq!(moved.stale_call_indexes, vec![CallIndex::new(0)]);
+    assert_eq!(
+        moved.call_previews[0].lines, shown.lines,
+        "the shown lines read the same"
+    );
+    assert_eq!(moved.call_previews[0].full[3000], "item 2999: changed");
+
+    // So does one more line at the end, which the count of the rest would not show either way.
+    let mut grown = refs.clone();
+    grown.push("v3000");
+    f.world.set("k1", &grown);
+    assert!(matches!(
+        approved(&f, moved).await,
+        Outcome::Suspended { .. }
+    ));
+    assert!(f.world.executed_tools().is_empty(), "nothing was written");
+}
+
+#[tokio::test]
+async fn a_preview_longer_than_the_limit_fails_naming_its_code() {
+    let f = Fixture::new();
+    f.append.set_mode(PreviewMode::Long);
+    let long = "x".repeat(1000);
+    let items: Vec<&str> = (0..300).map(|_| long.as_str()).collect();
+    f.world.set("k1", &items);
+    let state = suspended(&f).await;
+    assert!(state.call_previews[0].failed);
+    assert!(
+        state.call_previews[0].lines[0].contains("(preview_too_large)"),
+        "{:?}",
+        state.call_previews[0].lines
+    );
+}

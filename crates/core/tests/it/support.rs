@@ -64,6 +64,8 @@ pub enum PreviewMode {
     Unavailable,
     Panics,
     Empty,
+    /// A real preview with one more line per item the list holds: long for a long list.
+    Long,
 }
 
 /// `append {key, item}`: a RELATIVE write, like attaching a file to a list of references.
@@ -171,6 +173,22 @@ impl ToolPreview for Append {
             )),
             PreviewMode::Panics => panic!("preview exploded"),
             PreviewMode::Empty => Ok(vec!["   ".into()]),
+            PreviewMode::Long => {
+                let key = key_of(args);
+                let items = self.world.get(&key);
+                let mut lines = vec![format!(
+                    "list {key}: {} item(s) → {}, appended last",
+                    items.len(),
+                    items.len() + 1
+                )];
+                lines.extend(
+                    items
+                        .iter()
+                        .enumerate()
+                        .map(|(i, item)| format!("item {i}: {item}")),
+                );
+                Ok(lines)
+            }
         }
     }
 

@@ -93,6 +93,7 @@ pub fn state(seq: SuspensionSeq) -> SuspendedRunState {
             failed: false,
             forms: vec![],
             alone: false,
+            full: vec![],
         }],
         stale_call_indexes: vec![],
         landed_calls: vec![],
