@@ -44,8 +44,8 @@ pub async fn run(pool: &PgPool, command: TokensCommand) -> anyhow::Result<()> {
             let issued = tokens::create(pool, &user, label.as_deref(), expires_in)
                 .await
                 .with_context(|| format!("issuing a token for {user}"))?;
-            println!("{}", issued.secret());
-            eprintln!(
+            say!("{}", issued.secret());
+            tell!(
                 "token {} for {} (producer {}); shown once — store it now{}",
                 issued.info.id,
                 issued.info.user,
@@ -68,7 +68,7 @@ pub async fn run(pool: &PgPool, command: TokensCommand) -> anyhow::Result<()> {
                     (None, Some(at)) => format!("expires {}", at.to_rfc3339()),
                     (None, None) => "active".to_owned(),
                 };
-                println!(
+                say!(
                     "{}\t{}\t{}\tcreated {}\tlast used {}\t{}",
                     t.id,
                     t.user,
@@ -86,7 +86,7 @@ pub async fn run(pool: &PgPool, command: TokensCommand) -> anyhow::Result<()> {
                 tokens::revoke(pool, id).await?,
                 "no active token {id} (unknown, or revoked already)"
             );
-            println!("token {id} revoked");
+            say!("token {id} revoked");
             Ok(())
         }
     }
