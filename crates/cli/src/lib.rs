@@ -29,6 +29,14 @@ macro_rules! say {
     };
 }
 
+/// Prints one line of tab-separated columns to stdout, each column as [`render::inert`] makes
+/// it, so a column's text can neither control the terminal nor forge another column.
+macro_rules! say_columns {
+    ($($column:expr),+ $(,)?) => {
+        println!("{}", $crate::render::columns(&[$($column.to_string()),+]))
+    };
+}
+
 /// As [`say!`], to stderr.
 macro_rules! tell {
     ($($arg:tt)*) => {

@@ -112,13 +112,12 @@ fn checked_model(name: &str, model: Value) -> anyhow::Result<(Value, Vec<String>
 pub async fn list_agents(store: &Store) -> anyhow::Result<()> {
     for agent in store.agents().await? {
         let c = agent.config;
-        say!(
-            "{}\tactive={}\tfour_eyes={}\tmax_iterations={}\tenabled={}",
+        say_columns!(
             c.name,
-            c.active,
-            c.four_eyes,
-            c.max_iterations,
-            c.policy.enabled_tools.join(",")
+            format!("active={}", c.active),
+            format!("four_eyes={}", c.four_eyes),
+            format!("max_iterations={}", c.max_iterations),
+            format!("enabled={}", c.policy.enabled_tools.join(","))
         );
     }
     Ok(())
@@ -205,7 +204,7 @@ pub async fn revoke_producer(
 
 pub async fn list_producers(pool: &PgPool) -> anyhow::Result<()> {
     for g in producers::list(pool).await? {
-        say!("{}\t{}\t{}", g.amqp_user, g.kind.as_str(), g.name);
+        say_columns!(g.amqp_user, g.kind.as_str(), g.name);
     }
     Ok(())
 }
@@ -260,7 +259,7 @@ pub async fn users(users: &TableUsers, command: UsersCommand) -> anyhow::Result<
                 } else {
                     u.approves.join(",")
                 };
-                say!("{}\t{flags}\t{approves}", u.name);
+                say_columns!(u.name, flags, approves);
             }
         }
     }

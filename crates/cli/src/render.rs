@@ -30,6 +30,12 @@ pub fn inert(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `columns`, each made inert, separated by tabs.
+pub fn columns(columns: &[String]) -> String {
+    let cells: Vec<Cow<'_, str>> = columns.iter().map(|c| inert(c)).collect();
+    cells.join("\t")
+}
+
 /// Whether a terminal may act on `c` rather than show it.
 fn obeyed(c: char) -> bool {
     c.is_control()

@@ -68,14 +68,16 @@ pub async fn run(pool: &PgPool, command: TokensCommand) -> anyhow::Result<()> {
                     (None, Some(at)) => format!("expires {}", at.to_rfc3339()),
                     (None, None) => "active".to_owned(),
                 };
-                say!(
-                    "{}\t{}\t{}\tcreated {}\tlast used {}\t{}",
+                say_columns!(
                     t.id,
                     t.user,
                     state,
-                    t.created_at.to_rfc3339(),
-                    t.last_used_at
-                        .map_or_else(|| "never".to_owned(), |at| at.to_rfc3339()),
+                    format!("created {}", t.created_at.to_rfc3339()),
+                    format!(
+                        "last used {}",
+                        t.last_used_at
+                            .map_or_else(|| "never".to_owned(), |at| at.to_rfc3339())
+                    ),
                     t.label.unwrap_or_default()
                 );
             }

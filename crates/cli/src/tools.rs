@@ -118,30 +118,33 @@ async fn list(database_url: &str, settings: &ToolSettings) -> anyhow::Result<()>
     let tools = assemble(&pool, settings).await?;
     for tool in tools.registry.iter() {
         let spec = tool.spec();
-        say!(
-            "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}{}",
-            spec.name,
+        let mut columns = vec![
+            spec.name.clone(),
             origin(&tools, &spec.name),
-            spec.effect.as_str(),
-            spec.group,
-            spec.data_class,
+            spec.effect.as_str().to_owned(),
+            spec.group.clone(),
+            spec.data_class.to_string(),
             if spec.enabled_by_default {
                 "enabled"
             } else {
                 "disabled"
-            },
+            }
+            .to_owned(),
             if tool.previewer().is_some() {
                 "previews"
             } else {
                 "no preview"
-            },
-            decided(&tools, &spec.name),
-            if tool.available() {
-                ""
-            } else {
-                "\tWITHHELD: its server lists it otherwise than it was accepted (countersign tools pending)"
             }
-        );
+            .to_owned(),
+            decided(&tools, &spec.name),
+        ];
+        if !tool.available() {
+            columns.push(
+                "WITHHELD: its server lists it otherwise than it was accepted (countersign tools pending)"
+                    .to_owned(),
+            );
+        }
+        println!("{}", crate::render::columns(&columns));
     }
     pool.close().await;
     Ok(())

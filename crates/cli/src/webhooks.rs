@@ -55,8 +55,7 @@ pub async fn run(pool: PgPool, keys: &KeySettings, command: WebhooksCommand) -> 
         }
         WebhooksCommand::List => {
             for e in store.webhooks().await? {
-                say!(
-                    "{}\t{}\t{}\t{}",
+                say_columns!(
                     e.url,
                     e.events.join(","),
                     e.agent.as_deref().unwrap_or("every agent"),
@@ -123,16 +122,15 @@ async fn deliveries(store: &Store, url: &str, limit: i64) -> anyhow::Result<()> 
             (None, Some(code)) => code.to_owned(),
             (None, None) => "not attempted yet".to_owned(),
         };
-        say!(
-            "{}\t{}\t{}\t{}\tattempts {}\tlast {}\t{}",
+        say_columns!(
             d.created_at.to_rfc3339(),
             d.event_id,
             d.kind,
             d.run_id
                 .map(|r| r.to_string())
                 .unwrap_or_else(|| "-".into()),
-            d.attempts,
-            last,
+            format!("attempts {}", d.attempts),
+            format!("last {last}"),
             d.status
         );
     }

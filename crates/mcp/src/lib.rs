@@ -148,9 +148,6 @@ async fn pin(server: &McpServer, tool: &McpTool) -> Result<bool, McpError> {
                 code: "pin_failed",
             }
         })?;
-    if !accepted {
-        tracing::warn!(server = %server.name(), tool = %tool.spec.name, "the MCP server lists the tool otherwise than it was accepted: it is withheld from every run until an operator accepts the change (countersign tools pending)");
-    }
     Ok(accepted)
 }
 
@@ -284,7 +281,7 @@ fn preview_tool(
     match effect_of(named) {
         Some(Effect::ReadOnly) => Some(named.to_owned()),
         _ => {
-            tracing::warn!(tool = %tool.name, preview = ?named, "the preview tool is not a read-only tool of the server by the operator's word; the writer has no preview");
+            tracing::info!(tool = %tool.name, preview = ?named, "the preview tool is not a read-only tool of the server by the operator's word; the writer has no preview");
             None
         }
     }

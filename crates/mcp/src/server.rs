@@ -297,11 +297,7 @@ impl McpServer {
             }
         };
         if changed {
-            if withhold {
-                tracing::warn!(server = %self.name(), tool, ?standing, "the MCP server lists the tool otherwise than it was accepted: it is withheld from every run until an operator accepts the change (countersign tools pending)");
-            } else {
-                tracing::info!(server = %self.name(), tool, "the MCP server lists the tool as it was accepted again: it is offered again");
-            }
+            tracing::info!(server = %self.name(), tool, ?standing, "the MCP server's listing of the tool, measured against what was registered and accepted");
             self.pins.withholding(&self.source(), tool, withhold);
         }
     }

@@ -450,8 +450,12 @@ impl RemoteToolServer {
             if !d.parameters.is_object() {
                 return Err(invalid("parameters is not a JSON Schema object"));
             }
-            if d.group.is_empty() {
-                return Err(invalid("the group is empty"));
+            let usable_group = !d.group.is_empty()
+                && d.group
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+            if !usable_group {
+                return Err(invalid("the group is not [A-Za-z0-9_-]+"));
             }
             if tools.iter().any(|t| t.tool.spec.name == d.name) {
                 return Err(RemoteError::DuplicateTool(d.name));

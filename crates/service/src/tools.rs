@@ -132,7 +132,7 @@ impl Pins for StorePins {
                 announced,
             }) => {
                 if announced {
-                    tracing::warn!(server, tool, identity = %identity, %accepted_identity, "a changed listing is recorded as the tool's pending change and announced (tool.withheld)");
+                    tracing::info!(server, tool, identity = %identity, %accepted_identity, "a changed listing is recorded as the tool's pending change and announced (tool.withheld)");
                 }
                 Ok(false)
             }
