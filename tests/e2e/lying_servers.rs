@@ -277,10 +277,7 @@ fn serve_http(python: &Path, server: &Path, dir: &Path) -> (Process, String) {
         .spawn()
         .expect("the SDK's python runs the lying server");
     let port = listening_port(&mut child);
-    (
-        Process::from(child),
-        format!("http://127.0.0.1:{port}/mcp"),
-    )
+    (Process::from(child), format!("http://127.0.0.1:{port}/mcp"))
 }
 
 /// The port a server the test started says it listens on.
@@ -327,7 +324,15 @@ async fn gated_by_default(over: Over) {
     )
     .await;
     let listed = lab.listed("archive_ticket");
-    assert_eq!(listed[2..6], ["non_idempotent_write", "mcp_lying", "secret_adjacent", "disabled"]);
+    assert_eq!(
+        listed[2..6],
+        [
+            "non_idempotent_write",
+            "mcp_lying",
+            "secret_adjacent",
+            "disabled"
+        ]
+    );
     assert_eq!(
         listed[7],
         "effect decided by nobody (fail closed); the server suggests (untrusted): read_only"
@@ -336,7 +341,11 @@ async fn gated_by_default(over: Over) {
     let services = lab.services();
     let run_id = lab.submit("Look at ticket 6.");
     wait_for_card(&mut lab.conn, &run_id, 1, secs(90)).await;
-    assert_eq!(lab.lying.calls("archive_ticket"), 0, "nothing ran before the card");
+    assert_eq!(
+        lab.lying.calls("archive_ticket"),
+        0,
+        "nothing ran before the card"
+    );
     let shown = lab.countersign_ok(&["show", &run_id, "--as", "admin"]);
     assert!(
         shown.contains("call 0 · archive_ticket")
@@ -355,7 +364,11 @@ async fn gated_by_default(over: Over) {
         })
         .await;
         let servers = lying_servers(&services[1]);
-        assert_eq!(servers.len(), 1, "the worker runs one lying server: {servers:?}");
+        assert_eq!(
+            servers.len(),
+            1,
+            "the worker runs one lying server: {servers:?}"
+        );
         let killed = Command::new("kill")
             .arg("-9")
             .args(servers.iter().map(u32::to_string))
@@ -366,13 +379,20 @@ async fn gated_by_default(over: Over) {
         wait_for_status(&mut lab.conn, &run_id, "failed", secs(90)).await;
         assert_eq!(
             lab.termination(&run_id).await,
-            (Some("outcome_unknown".into()), Some("outcome_unknown".into()))
+            (
+                Some("outcome_unknown".into()),
+                Some("outcome_unknown".into())
+            )
         );
     } else {
         lab.approve(&run_id, 1).await;
         wait_for_status(&mut lab.conn, &run_id, "completed", secs(90)).await;
     }
-    assert_eq!(lab.lying.calls("archive_ticket"), 1, "sent once, never again");
+    assert_eq!(
+        lab.lying.calls("archive_ticket"),
+        1,
+        "sent once, never again"
+    );
     lab.finish(services).await;
 }
 
@@ -464,13 +484,22 @@ async fn a_list_changed_flip_is_withheld_from_every_run_until_an_operator_accept
 
     // The operator reads the change and accepts exactly it.
     let pending = lab.countersign_ok(&["tools", "pending"]);
-    assert!(pending.contains("tool lookup · withheld since"), "{pending}");
-    assert!(pending.contains("  accepted:   mcp:lying · read_only"), "{pending}");
+    assert!(
+        pending.contains("tool lookup · withheld since"),
+        "{pending}"
+    );
+    assert!(
+        pending.contains("  accepted:   mcp:lying · read_only"),
+        "{pending}"
+    );
     assert!(
         pending.contains("  listed now: mcp:lying · non_idempotent_write"),
         "{pending}"
     );
-    assert!(pending.contains("  changed: effect, parameters"), "{pending}");
+    assert!(
+        pending.contains("  changed: effect, parameters"),
+        "{pending}"
+    );
     let identity = pending
         .lines()
         .find_map(|l| l.split("--identity ").nth(1))
@@ -478,11 +507,24 @@ async fn a_list_changed_flip_is_withheld_from_every_run_until_an_operator_accept
         .unwrap()
         .to_owned();
     let (ok, _, err) = lab.countersign(&[
-        "tools", "accept", "lookup", "--identity", &"0".repeat(64), "--as", "ops",
+        "tools",
+        "accept",
+        "lookup",
+        "--identity",
+        &"0".repeat(64),
+        "--as",
+        "ops",
     ]);
     assert!(!ok && err.contains("nothing accepted"), "{err}");
-    let accepted =
-        lab.countersign_ok(&["tools", "accept", "lookup", "--identity", &identity, "--as", "ops"]);
+    let accepted = lab.countersign_ok(&[
+        "tools",
+        "accept",
+        "lookup",
+        "--identity",
+        &identity,
+        "--as",
+        "ops",
+    ]);
     assert!(accepted.contains("tool lookup accepted"), "{accepted}");
     assert!(lab
         .countersign_ok(&["tools", "pending"])
@@ -554,7 +596,8 @@ async fn remote_lab(tag: &str, remote: &LyingRemote, options: &str) -> (Lab, Mod
         "COUNTERSIGN_TOOL_SERVERS",
         format!("lying={} {options}", remote.url),
     ));
-    lab.env.push(("COUNTERSIGN_TOOL_SECRET_LYING", SECRET.to_owned()));
+    lab.env
+        .push(("COUNTERSIGN_TOOL_SECRET_LYING", SECRET.to_owned()));
     (lab, stub)
 }
 
@@ -607,7 +650,10 @@ async fn a_remote_servers_enabled_by_default_group_and_class_are_ignored_without
         ["non_idempotent_write", "content", "public", "disabled"]
     );
     let check = lab.countersign_ok(&["agents", "check", "ticket-assistant", "--as", "editor"]);
-    assert!(check.contains("offered   purge_cache (content, public)"), "{check}");
+    assert!(
+        check.contains("offered   purge_cache (content, public)"),
+        "{check}"
+    );
     assert!(
         check.contains("withheld  publish_post (content, public): disabled by default"),
         "{check}"
@@ -684,7 +730,10 @@ async fn each_mcp_failure_ends_with_its_named_outcome() {
     wait_for_status(&mut lab.conn, &run_id, "failed", secs(90)).await;
     assert_eq!(
         lab.termination(&run_id).await,
-        (Some("outcome_unknown".into()), Some("outcome_unknown".into()))
+        (
+            Some("outcome_unknown".into()),
+            Some("outcome_unknown".into())
+        )
     );
     assert_eq!(lab.lying.calls("reopen_ticket"), 1, "never sent again");
 
@@ -718,7 +767,11 @@ async fn each_mcp_failure_ends_with_its_named_outcome() {
 fn in_tmux(dir: &TempDir, script: &str) -> (String, String) {
     let socket = format!("countersign-{}", Uuid::now_v7());
     let file = dir.0.join("terminal.sh");
-    std::fs::write(&file, format!("{script}\necho __END_OF_SESSION__\nsleep 600\n")).unwrap();
+    std::fs::write(
+        &file,
+        format!("{script}\necho __END_OF_SESSION__\nsleep 600\n"),
+    )
+    .unwrap();
     let tmux = |args: &[&str]| {
         let out = Command::new("tmux")
             .arg("-L")
@@ -726,7 +779,11 @@ fn in_tmux(dir: &TempDir, script: &str) -> (String, String) {
             .args(args)
             .output()
             .expect("tmux runs (Debian's tmux; .ci/run installs it)");
-        assert!(out.status.success(), "tmux {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "tmux {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     tmux(&[
@@ -745,13 +802,26 @@ fn in_tmux(dir: &TempDir, script: &str) -> (String, String) {
     tmux(&["set-option", "-t", "approver", "history-limit", "5000"]);
     let mut pane = String::new();
     for _ in 0..600 {
-        pane = tmux(&["capture-pane", "-p", "-J", "-t", "approver", "-S", "-", "-E", "-"]);
+        pane = tmux(&[
+            "capture-pane",
+            "-p",
+            "-J",
+            "-t",
+            "approver",
+            "-S",
+            "-",
+            "-E",
+            "-",
+        ]);
         if pane.contains("__END_OF_SESSION__") {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    assert!(pane.contains("__END_OF_SESSION__"), "the session ended:\n{pane}");
+    assert!(
+        pane.contains("__END_OF_SESSION__"),
+        "the session ended:\n{pane}"
+    );
     let title = tmux(&["display-message", "-p", "-t", "approver", "#{pane_title}"]);
     tmux(&["kill-server"]);
     (pane, title)
@@ -781,7 +851,10 @@ async fn hostile_previews_are_rendered_inert_in_a_real_terminal() {
     );
     let state = countersign_e2e::sealed_state(&lab.db.url(), &run_id).await;
     let lines = countersign_e2e::preview_lines(state["call_previews"].as_array().unwrap(), 0);
-    assert_eq!(lines[1], "this call also DELETES all 14 comments of ticket #6");
+    assert_eq!(
+        lines[1],
+        "this call also DELETES all 14 comments of ticket #6"
+    );
     assert!(lines[2].starts_with("\u{1b}[1A\u{1b}[2K"), "{lines:?}");
 
     // An approver at a terminal: the inbox, the run's card, and the tool's check.
@@ -798,7 +871,9 @@ async fn hostile_previews_are_rendered_inert_in_a_real_terminal() {
     let countersign = countersign_e2e::binary("countersign");
     let countersign = countersign.display();
     script.push_str(&format!("echo __INBOX__; {countersign} inbox --as admin\n"));
-    script.push_str(&format!("echo __SHOW__; {countersign} show {run_id} --as admin\n"));
+    script.push_str(&format!(
+        "echo __SHOW__; {countersign} show {run_id} --as admin\n"
+    ));
     script.push_str(&format!(
         "echo __CHECK__; {countersign} tools check close_ticket --args '{{\"ticket_number\": 6}}' --as editor\n"
     ));
@@ -826,9 +901,9 @@ async fn hostile_previews_are_rendered_inert_in_a_real_terminal() {
             "{part}:\n{pane}"
         );
         assert!(
-            !shown
-                .lines()
-                .any(|l| l.trim_start_matches([' ', '│']).starts_with("this call changes nothing else")),
+            !shown.lines().any(|l| l
+                .trim_start_matches([' ', '│'])
+                .starts_with("this call changes nothing else")),
             "{part}: no line was forged in place:\n{pane}"
         );
     }
@@ -836,6 +911,9 @@ async fn hostile_previews_are_rendered_inert_in_a_real_terminal() {
         pane.contains(&format!("run {run_id} · agent ticket-assistant")),
         "the screen above was not cleared:\n{pane}"
     );
-    assert!(!title.contains("forged"), "the window title is the terminal's: {title}");
+    assert!(
+        !title.contains("forged"),
+        "the window title is the terminal's: {title}"
+    );
     lab.finish(services).await;
 }

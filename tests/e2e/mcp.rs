@@ -641,7 +641,12 @@ async fn tools_list_and_check_see_mcp_tools_and_check_fails_a_preview_that_reads
     for (tool, effect, previews, decided) in [
         ("read_note", "read_only", "no preview", trusted),
         ("set_note", "idempotent_write", "previews", trusted),
-        ("append_to_note", "non_idempotent_write", "previews", trusted),
+        (
+            "append_to_note",
+            "non_idempotent_write",
+            "previews",
+            trusted,
+        ),
         // No annotations: nothing to trust, so it fails closed.
         (
             "count_visit",

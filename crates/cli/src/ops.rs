@@ -572,7 +572,8 @@ pub async fn decide(
     if reply["event"] == EventName::DecisionAccepted.as_str() {
         say!(
             "decision accepted: run {} suspension {} released",
-            reviewed.run_id, reviewed.suspension_seq
+            reviewed.run_id,
+            reviewed.suspension_seq
         );
         return Ok(());
     }

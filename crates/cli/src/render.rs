@@ -83,12 +83,7 @@ pub fn card(card: &ApprovalCard) -> String {
             (false, true) => "  ✓ written",
             (false, false) => "",
         };
-        let _ = writeln!(
-            out,
-            "  │ call {} · {}{mark}",
-            call.index,
-            inert(&call.tool)
-        );
+        let _ = writeln!(out, "  │ call {} · {}{mark}", call.index, inert(&call.tool));
         if call.landed {
             let _ = writeln!(out, "  │     {}", countersign_core::card::LANDED_NOTICE);
         }
@@ -141,13 +136,17 @@ mod tests {
 
     #[test]
     fn control_and_bidirectional_characters_are_shown_as_escapes_and_the_rest_as_it_is() {
-        let hostile = "ok\u{1b}[2K\u{1b}]0;pwned\u{7}\r\u{8}\0\u{7f}\u{9b}2J\u{202e}gnp.exe\u{2066}\n\ttab";
+        let hostile =
+            "ok\u{1b}[2K\u{1b}]0;pwned\u{7}\r\u{8}\0\u{7f}\u{9b}2J\u{202e}gnp.exe\u{2066}\n\ttab";
         assert_eq!(
             inert(hostile),
             "ok\\u{1b}[2K\\u{1b}]0;pwned\\u{7}\\u{d}\\u{8}\\u{0}\\u{7f}\\u{9b}2J\\u{202e}gnp.exe\\u{2066}\\u{a}\\u{9}tab"
         );
         let plain = "page \"home\": «Öffnungszeiten» → 9–17 ✓ 日本";
-        assert!(matches!(inert(plain), Cow::Borrowed(_)), "nothing to make inert");
+        assert!(
+            matches!(inert(plain), Cow::Borrowed(_)),
+            "nothing to make inert"
+        );
         assert_eq!(inert(plain), plain);
     }
 }

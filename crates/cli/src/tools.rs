@@ -176,10 +176,7 @@ fn decided(tools: &Tools, name: &str) -> String {
     if says.is_empty() {
         by
     } else {
-        format!(
-            "{by}; the server suggests (untrusted): {}",
-            says.join(", ")
-        )
+        format!("{by}; the server suggests (untrusted): {}", says.join(", "))
     }
 }
 
@@ -214,7 +211,10 @@ fn pending_lines(tool: &ToolIdentity) -> Vec<String> {
             tool.accepted_at.to_rfc3339()
         ),
         format!("  accepted:   {}", facts_line(&tool.facts, &tool.identity)),
-        format!("  listed now: {}", facts_line(&change.facts, &change.identity)),
+        format!(
+            "  listed now: {}",
+            facts_line(&change.facts, &change.identity)
+        ),
     ];
     let fields = ["server", "name", "effect", "preview", "parameters"];
     let differ: Vec<&str> = fields
@@ -223,8 +223,14 @@ fn pending_lines(tool: &ToolIdentity) -> Vec<String> {
         .collect();
     lines.push(format!("  changed: {}", differ.join(", ")));
     if differ.contains(&"parameters") {
-        lines.push(format!("  accepted parameters:   {}", tool.facts["parameters"]));
-        lines.push(format!("  parameters listed now: {}", change.facts["parameters"]));
+        lines.push(format!(
+            "  accepted parameters:   {}",
+            tool.facts["parameters"]
+        ));
+        lines.push(format!(
+            "  parameters listed now: {}",
+            change.facts["parameters"]
+        ));
     }
     lines.push(format!(
         "  accept it: countersign tools accept {} --identity {} --as OPERATOR",
@@ -255,7 +261,10 @@ async fn accept(
     operator: &str,
 ) -> anyhow::Result<()> {
     anyhow::ensure!(
-        identity.len() == 64 && identity.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        identity.len() == 64
+            && identity
+                .bytes()
+                .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
         "--identity is the 64 lowercase hex characters `countersign tools pending` shows"
     );
     let store = ops::store_without_keys(single_connection(database_url).await?);
@@ -395,9 +404,7 @@ fn describe(
         }
     );
     if spec.requires_admin && !acting_user.admin {
-        say!(
-            "note: {name} requires an administrator: runs acting as {user} are not offered it"
-        );
+        say!("note: {name} requires an administrator: runs acting as {user} are not offered it");
     }
 }
 
@@ -725,6 +732,48 @@ mod tests {
 
         let r = report(&[lines(&[]), lines(&[])], "editor", true);
         assert!(r.problems[0].contains("no line is left"), "{r:?}");
+    }
+
+    #[test]
+    fn a_pending_change_is_shown_beside_what_was_accepted_with_the_command_that_accepts_it() {
+        let at = chrono::DateTime::parse_from_rfc3339("2026-11-30T10:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let facts = |effect: &str, required: &[&str]| {
+            serde_json::json!({"server": "mcp:lying", "name": "lookup", "effect": effect,
+                               "parameters": {"required": required}, "preview": null})
+        };
+        let identity = "b".repeat(64);
+        let tool = ToolIdentity {
+            tool: "lookup".into(),
+            server: "mcp:lying".into(),
+            identity: "a".repeat(64),
+            facts: facts("read_only", &["ticket"]),
+            accepted_at: at,
+            accepted_by: None,
+            pending: Some(countersign_store::PendingChange {
+                server: "mcp:lying".into(),
+                identity: identity.clone(),
+                facts: facts("non_idempotent_write", &["ticket", "purge"]),
+                since: at,
+            }),
+        };
+        let lines = pending_lines(&tool);
+        assert_eq!(
+            lines[..4],
+            [
+                "tool lookup · withheld since 2026-11-30T10:00:00+00:00 · accepted 2026-11-30T10:00:00+00:00 by its first listing".to_owned(),
+                format!("  accepted:   mcp:lying · read_only · preview none · identity {}", "a".repeat(64)),
+                format!("  listed now: mcp:lying · non_idempotent_write · preview none · identity {identity}"),
+                "  changed: effect, parameters".to_owned(),
+            ]
+        );
+        assert_eq!(
+            lines.last().unwrap(),
+            &format!(
+                "  accept it: countersign tools accept lookup --identity {identity} --as OPERATOR"
+            )
+        );
     }
 
     #[test]

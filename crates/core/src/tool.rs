@@ -845,7 +845,9 @@ mod tests {
         let read = spec("lookup", "content", Effect::ReadOnly, true, false);
         let identity = Named(read.clone()).identity();
         assert_eq!(identity.len(), 64);
-        assert!(identity.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert!(identity
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
         assert_eq!(Named(read.clone()).identity(), identity, "stable");
         let mut grouped = read.clone();
         grouped.group = "elsewhere".into();

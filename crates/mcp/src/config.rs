@@ -310,7 +310,10 @@ mod tests {
         assert_eq!(servers[0].tools["a"].effect, Some(Effect::ReadOnly));
         assert_eq!(servers[0].tools["a"].preview.as_deref(), Some("p"));
         let word = servers[0].word();
-        assert!(!word.trust_declarations, "annotations are not trusted by default");
+        assert!(
+            !word.trust_declarations,
+            "annotations are not trusted by default"
+        );
         assert_eq!(word.tools["a"].effect, Some(Effect::ReadOnly));
         assert_eq!(servers[0].call_timeout(), Duration::from_secs(30));
         assert_eq!(servers[0].preview_timeout(), Duration::from_secs(10));

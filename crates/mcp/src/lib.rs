@@ -29,11 +29,11 @@
 //!   `_meta: {"countersign/moved": true}`, and the turn re-suspends with the call marked.
 //!
 //! A tool's `isError` answer is its result. Anything else is named for what it says of the
-//! call ([`McpTool::failure`]): a request that certainly was not carried out is retried by the
-//! segment, or is the call's failure when the server refused it; a write whose answer did not
-//! come — an error that does not say nothing was done, a lost session, no answer in the call's
-//! time — is an unknown outcome, never "failed", unless the operator trusts it to be idempotent
-//! and its session was lost, when the segment sends it again under its key.
+//! call (`docs/mcp-tools.md`, "Failures"): a request that certainly was not carried out is
+//! retried by the segment, or is the call's failure when the server refused it; a write whose
+//! answer did not come — an error that does not say nothing was done, a lost session, no answer
+//! in the call's time — is an unknown outcome, never "failed", unless the operator trusts it to
+//! be idempotent and its session was lost, when the segment sends it again under its key.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ use countersign_core::{
     DataClass, Effect, ExecContext, Principal, Tool, ToolError, ToolOutput, ToolPreview,
     ToolRegistry, ToolSpec,
 };
-use countersign_remote::{decide, Declared, DecidedBy, Trust};
+use countersign_remote::{decide, DecidedBy, Declared, Trust};
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject};
 use serde_json::{json, Value};
 
@@ -231,12 +231,14 @@ pub(crate) fn listed_tool(
     let preview = decided
         .effect
         .is_write()
-        .then(|| preview_tool(tool, entry, |named| {
-            listed
-                .iter()
-                .find(|t| t.name == named)
-                .map(|t| decide_one(t).1.effect)
-        }))
+        .then(|| {
+            preview_tool(tool, entry, |named| {
+                listed
+                    .iter()
+                    .find(|t| t.name == named)
+                    .map(|t| decide_one(t).1.effect)
+            })
+        })
         .flatten();
     ListedTool {
         spec: ToolSpec {
@@ -274,7 +276,11 @@ fn preview_tool(
     entry: &McpServerEntry,
     effect_of: impl Fn(&str) -> Option<Effect>,
 ) -> Option<String> {
-    let named = match entry.tools.get(tool.name.as_ref()).and_then(|w| w.preview.as_deref()) {
+    let named = match entry
+        .tools
+        .get(tool.name.as_ref())
+        .and_then(|w| w.preview.as_deref())
+    {
         Some(named) => named,
         None => tool.meta.as_ref()?.0.get(PREVIEW_META)?.as_str()?,
     };
@@ -336,12 +342,10 @@ impl McpTool {
             CallError::Lost | CallError::TimedOut | CallError::Protocol(_) if write => {
                 ToolError::outcome_unknown(e.code(), e)
             }
-            CallError::Lost | CallError::TimedOut | CallError::Protocol(_) => {
-                ToolError::Broken {
-                    code: e.code(),
-                    detail: e.to_string(),
-                }
-            }
+            CallError::Lost | CallError::TimedOut | CallError::Protocol(_) => ToolError::Broken {
+                code: e.code(),
+                detail: e.to_string(),
+            },
         }
     }
 
@@ -354,7 +358,11 @@ impl McpTool {
             if left.is_zero() {
                 return Err(CallError::TimedOut);
             }
-            match self.server.call(&self.spec.name, args, meta.clone(), left).await {
+            match self
+                .server
+                .call(&self.spec.name, args, meta.clone(), left)
+                .await
+            {
                 Err(CallError::Lost) => {
                     tracing::warn!(tool = %self.spec.name, server = %self.server.name(), "the read's answer was lost with its session; sending it again");
                 }
@@ -521,7 +529,10 @@ impl ToolPreview for McpTool {
         let mut pause = PREVIEW_RETRY;
         let result = loop {
             if self.server.is_withheld(&self.spec.name) {
-                return Err(ToolError::failed(CallError::Withheld.code(), CallError::Withheld));
+                return Err(ToolError::failed(
+                    CallError::Withheld.code(),
+                    CallError::Withheld,
+                ));
             }
             let left = deadline.saturating_duration_since(Instant::now());
             let e = match self.server.call(preview, args, meta.clone(), left).await {
@@ -586,7 +597,9 @@ mod tests {
     }
 
     fn effect(tool: &rmcp::model::Tool, entry: &McpServerEntry) -> Effect {
-        listed_tool(tool, std::slice::from_ref(tool), entry).spec.effect
+        listed_tool(tool, std::slice::from_ref(tool), entry)
+            .spec
+            .effect
     }
 
     #[test]
@@ -600,7 +613,11 @@ mod tests {
             assert_eq!(l.spec.group, "mcp_s");
             assert_eq!(l.spec.data_class, DataClass::SecretAdjacent);
             assert_eq!(l.effect_by, DecidedBy::Default);
-            assert_eq!(l.declared.effect, annotated_effect(&tool), "kept as a suggestion");
+            assert_eq!(
+                l.declared.effect,
+                annotated_effect(&tool),
+                "kept as a suggestion"
+            );
         }
     }
 
@@ -670,7 +687,10 @@ mod tests {
             "an untrusted server's read-only claim does not make a preview tool"
         );
         let operator = entry(r#", "tools": {"p": {"effect": "read_only"}, "w": {"preview": "p"}}"#);
-        assert_eq!(preview(&listed("w", None, None), &operator).as_deref(), Some("p"));
+        assert_eq!(
+            preview(&listed("w", None, None), &operator).as_deref(),
+            Some("p")
+        );
     }
 
     #[test]
@@ -678,7 +698,8 @@ mod tests {
         let tool = listed("w", hints(Some(false), Some(true)), None);
         let one = entry(r#", "trust_annotations": true"#);
         let other = entry(r#", "trust_annotations": true, "group": "g", "data_class": "public""#);
-        let facts = |e: &McpServerEntry| listed_tool(&tool, std::slice::from_ref(&tool), e).facts("mcp:s");
+        let facts =
+            |e: &McpServerEntry| listed_tool(&tool, std::slice::from_ref(&tool), e).facts("mcp:s");
         assert_eq!(facts(&one), facts(&other));
         assert_eq!(facts(&one)["server"], "mcp:s");
         assert_eq!(facts(&one)["effect"], "idempotent_write");
@@ -747,7 +768,11 @@ mod tests {
 
     #[test]
     fn a_request_not_carried_out_is_retried_or_refused_and_a_reads_other_failure_is_its_result() {
-        for effect in [Effect::NonIdempotentWrite, Effect::IdempotentWrite, Effect::ReadOnly] {
+        for effect in [
+            Effect::NonIdempotentWrite,
+            Effect::IdempotentWrite,
+            Effect::ReadOnly,
+        ] {
             for not_sent in [CallError::NotSent, CallError::Unauthorized] {
                 assert!(matches!(
                     tool(effect).failure(&not_sent),
@@ -793,9 +818,17 @@ mod tests {
         let lines = preview_lines(&result).unwrap();
         assert_eq!(lines.len(), 3000);
         assert_eq!(lines.last().map(String::as_str), Some("line 2999"));
-        let over = CallToolResult::success(vec![ContentBlock::text("x".repeat(MAX_PREVIEW_BYTES + 1))]);
-        assert_eq!(preview_lines(&over).unwrap_err().code(), "preview_too_large");
-        let cut = CallToolResult::success(vec![ContentBlock::text("y".repeat(MAX_RESULT_CHARS + 5))]);
-        assert!(result_text(&cut).ends_with(" […]"), "a result's cut is marked");
+        let over =
+            CallToolResult::success(vec![ContentBlock::text("x".repeat(MAX_PREVIEW_BYTES + 1))]);
+        assert_eq!(
+            preview_lines(&over).unwrap_err().code(),
+            "preview_too_large"
+        );
+        let cut =
+            CallToolResult::success(vec![ContentBlock::text("y".repeat(MAX_RESULT_CHARS + 5))]);
+        assert!(
+            result_text(&cut).ends_with(" […]"),
+            "a result's cut is marked"
+        );
     }
 }

@@ -32,12 +32,12 @@ use rmcp::model::{
 use rmcp::service::{
     ClientInitializeError, NotificationContext, Peer, RoleClient, RunningService, ServiceError,
 };
-use rmcp::ClientHandler;
 use rmcp::transport::common::client_side_sse::ExponentialBackoff;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
+use rmcp::ClientHandler;
 use rmcp::ServiceExt;
 use serde_json::Value;
 use tokio::sync::{Mutex, Notify};

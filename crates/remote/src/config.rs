@@ -164,11 +164,9 @@ impl OperatorWord {
                 let word = self.tools.entry(tool.to_owned()).or_default();
                 match part {
                     "effect" => {
-                        word.effect = Some(
-                            value
-                                .parse()
-                                .map_err(|_| "not read_only, idempotent_write nor non_idempotent_write")?,
-                        );
+                        word.effect = Some(value.parse().map_err(|_| {
+                            "not read_only, idempotent_write nor non_idempotent_write"
+                        })?);
                     }
                     "enabled" => {
                         word.enabled = Some(value.parse().map_err(|_| "not true nor false")?);
@@ -264,9 +262,7 @@ pub fn decide(
         (None, Some(effect)) => (effect, DecidedBy::TrustedServer),
         (None, None) => (Effect::NonIdempotentWrite, DecidedBy::Default),
     };
-    let declared_enabled = trusted
-        .and_then(|d| d.enabled_by_default)
-        .unwrap_or(true);
+    let declared_enabled = trusted.and_then(|d| d.enabled_by_default).unwrap_or(true);
     let enabled_by_default = own
         .and_then(|w| w.enabled)
         .unwrap_or(!effect.is_write() && declared_enabled);
@@ -599,7 +595,12 @@ mod tests {
     #[test]
     fn without_the_operators_word_a_tool_is_a_disabled_non_idempotent_write_of_its_own_group_and_secret(
     ) {
-        let d = decide(&OperatorWord::default(), "t", &declared(), "remote_x".into());
+        let d = decide(
+            &OperatorWord::default(),
+            "t",
+            &declared(),
+            "remote_x".into(),
+        );
         assert_eq!(
             d,
             Decided {
@@ -620,7 +621,13 @@ mod tests {
         };
         let d = decide(&trusting, "t", &declared(), "remote_x".into());
         assert_eq!(
-            (d.effect, d.enabled_by_default, d.group.as_str(), d.data_class, d.effect_by),
+            (
+                d.effect,
+                d.enabled_by_default,
+                d.group.as_str(),
+                d.data_class,
+                d.effect_by
+            ),
             (
                 Effect::ReadOnly,
                 true,
@@ -647,7 +654,13 @@ mod tests {
         .unwrap();
         let d = decide(&word, "t", &declared(), "remote_x".into());
         assert_eq!(
-            (d.effect, d.enabled_by_default, d.group.as_str(), d.data_class, d.effect_by),
+            (
+                d.effect,
+                d.enabled_by_default,
+                d.group.as_str(),
+                d.data_class,
+                d.effect_by
+            ),
             (
                 Effect::IdempotentWrite,
                 true,
@@ -659,7 +672,12 @@ mod tests {
         let untrusted = OperatorWord::parse(&["t.effect=read_only"]).unwrap();
         let d = decide(&untrusted, "t", &declared(), "remote_x".into());
         assert_eq!(
-            (d.effect, d.enabled_by_default, d.group.as_str(), d.data_class),
+            (
+                d.effect,
+                d.enabled_by_default,
+                d.group.as_str(),
+                d.data_class
+            ),
             (
                 Effect::ReadOnly,
                 true,
@@ -708,7 +726,11 @@ mod tests {
                 ("crm", "http://crm:8091")
             ]
         );
-        assert_eq!(read_servers_file(&path).unwrap()[1], crm, "read back with its word");
+        assert_eq!(
+            read_servers_file(&path).unwrap()[1],
+            crm,
+            "read back with its word"
+        );
         std::fs::remove_file(&path).unwrap();
     }
 

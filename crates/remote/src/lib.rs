@@ -45,7 +45,7 @@ pub mod write;
 
 pub use config::{
     add_to_servers_file, decide, parse_servers, parse_servers_file, read_servers_file,
-    secret_variable, servers_from, Declared, Decided, DecidedBy, OperatorWord, ServerEntry,
+    secret_variable, servers_from, Decided, DecidedBy, Declared, OperatorWord, ServerEntry,
     ToolWord,
 };
 pub use tls::Trust;
@@ -436,65 +436,11 @@ impl RemoteToolServer {
         self.two_phase = discovery.protocol >= 2 && discovery.two_phase;
         let server = Arc::new(self);
         let mut tools: Vec<Discovered> = Vec::new();
-        let classes = discovery.data_classes;
         for d in discovery.tools {
-            let invalid = |reason: &str| RemoteError::InvalidTool {
-                server: server.name.clone(),
-                tool: d.name.clone(),
-                reason: reason.to_owned(),
-            };
-            if !valid_tool_name(&d.name) {
-                return Err(invalid("the name is not ^[a-z][a-z0-9_]{0,63}$"));
-            }
-            let effect: Effect = d.effect.parse().map_err(|_| invalid("unknown effect"))?;
-            if !d.parameters.is_object() {
-                return Err(invalid("parameters is not a JSON Schema object"));
-            }
-            let usable_group = !d.group.is_empty()
-                && d.group
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
-            if !usable_group {
-                return Err(invalid("the group is not [A-Za-z0-9_-]+"));
-            }
             if tools.iter().any(|t| t.tool.spec.name == d.name) {
                 return Err(RemoteError::DuplicateTool(d.name));
             }
-            let declared = Declared {
-                effect: Some(effect),
-                enabled_by_default: Some(d.enabled_by_default),
-                data_class: Some(data_class_of(&classes, &d.group)),
-                group: Some(d.group),
-            };
-            let decided = decide(
-                &server.word,
-                &d.name,
-                &declared,
-                format!("remote_{}", server.name.replace('-', "_")),
-            );
-            if decided.data_class == DataClass::FAIL_CLOSED {
-                tracing::info!(server = %server.name, tool = %d.name, group = %decided.group, "the tool's data class is secret_adjacent: it is offered only to providers that may receive it");
-            }
-            tools.push(Discovered {
-                tool: Arc::new(RemoteTool {
-                    spec: ToolSpec {
-                        name: d.name.clone(),
-                        description: d.description,
-                        parameters: d.parameters,
-                        group: decided.group,
-                        data_class: decided.data_class,
-                        effect: decided.effect,
-                        enabled_by_default: decided.enabled_by_default,
-                        requires_admin: d.requires_admin,
-                    },
-                    previews: d.previews,
-                    path: format!("/tools/{}", d.name),
-                    server: Arc::clone(&server),
-                    available: std::sync::atomic::AtomicBool::new(true),
-                }),
-                declared,
-                effect_by: decided.effect_by,
-            });
+            tools.push(discovered(&server, d, &discovery.data_classes)?);
         }
         warn_of_unknown_tools(&server.name, &server.word, &tools);
         Ok(tools)
@@ -586,6 +532,65 @@ impl RemoteToolServer {
             .await?;
         serde_json::from_slice(&bytes).map_err(|e| CallError::Malformed(e.to_string()))
     }
+}
+
+/// The tool `d` of `server` as the operator's word makes it, what the server declared about it
+/// (its group's class from `classes`) kept beside it; refused when it is no usable tool.
+fn discovered(
+    server: &Arc<RemoteToolServer>,
+    d: DiscoveredTool,
+    classes: &std::collections::BTreeMap<String, String>,
+) -> Result<Discovered, RemoteError> {
+    let invalid = |reason: &str| RemoteError::InvalidTool {
+        server: server.name.clone(),
+        tool: d.name.clone(),
+        reason: reason.to_owned(),
+    };
+    if !valid_tool_name(&d.name) {
+        return Err(invalid("the name is not ^[a-z][a-z0-9_]{0,63}$"));
+    }
+    let effect: Effect = d.effect.parse().map_err(|_| invalid("unknown effect"))?;
+    if !d.parameters.is_object() {
+        return Err(invalid("parameters is not a JSON Schema object"));
+    }
+    let usable_group = !d.group.is_empty()
+        && d.group
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !usable_group {
+        return Err(invalid("the group is not [A-Za-z0-9_-]+"));
+    }
+    let declared = Declared {
+        effect: Some(effect),
+        enabled_by_default: Some(d.enabled_by_default),
+        data_class: Some(data_class_of(classes, &d.group)),
+        group: Some(d.group),
+    };
+    let default_group = format!("remote_{}", server.name.replace('-', "_"));
+    let decided = decide(&server.word, &d.name, &declared, default_group);
+    if decided.data_class == DataClass::FAIL_CLOSED {
+        tracing::info!(server = %server.name, tool = %d.name, group = %decided.group, "the tool's data class is secret_adjacent: it is offered only to providers that may receive it");
+    }
+    Ok(Discovered {
+        tool: Arc::new(RemoteTool {
+            spec: ToolSpec {
+                name: d.name.clone(),
+                description: d.description,
+                parameters: d.parameters,
+                group: decided.group,
+                data_class: decided.data_class,
+                effect: decided.effect,
+                enabled_by_default: decided.enabled_by_default,
+                requires_admin: d.requires_admin,
+            },
+            previews: d.previews,
+            path: format!("/tools/{}", d.name),
+            server: Arc::clone(server),
+            available: std::sync::atomic::AtomicBool::new(true),
+        }),
+        declared,
+        effect_by: decided.effect_by,
+    })
 }
 
 /// The operator's word on a tool the server does not list is said of nothing: a warning.

@@ -55,7 +55,9 @@ impl LiveColumns {
     fn check<T>(&self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
         if let Err(sqlx::Error::Database(e)) = &result {
             if e.code().as_deref() == Some(UNDEFINED_COLUMN) {
-                tracing::warn!("content.pages lacks a column a statement named; its columns are read again");
+                tracing::warn!(
+                    "content.pages lacks a column a statement named; its columns are read again"
+                );
                 *self.0.write().unwrap_or_else(|p| p.into_inner()) = None;
             }
         }

@@ -200,8 +200,12 @@ async fn a_field_a_migration_renamed_is_refused_by_name_once_the_live_schema_is_
     );
 
     // Read again, the live columns no longer have it: the field is refused by name.
-    let refusal = "Field twitter_title is not a column of this installation's pages; nothing was changed.";
-    assert_eq!(site.preview(TOOL, "editor", args.clone()).await, vec![refusal]);
+    let refusal =
+        "Field twitter_title is not a column of this installation's pages; nothing was changed.";
+    assert_eq!(
+        site.preview(TOOL, "editor", args.clone()).await,
+        vec![refusal]
+    );
     let out = site.execute(TOOL, "editor", args).await;
     assert!(out.is_error);
     assert_eq!(out.content, refusal);

@@ -223,7 +223,10 @@ async fn without_the_operators_word_each_wiki_tool_is_a_disabled_non_idempotent_
     .unwrap();
     let tools = wiki.tools_with(SECRET, word).await;
     let read = find(&tools, "read_page").spec();
-    assert_eq!((read.effect, read.enabled_by_default), (Effect::ReadOnly, true));
+    assert_eq!(
+        (read.effect, read.enabled_by_default),
+        (Effect::ReadOnly, true)
+    );
     let set = find(&tools, "set_page").spec();
     assert_eq!(
         (set.effect, set.enabled_by_default, set.data_class),
