@@ -481,6 +481,13 @@ async fn a_list_changed_flip_is_withheld_from_every_run_until_an_operator_accept
     assert_eq!(lab.lying.ticket(6)["comments"], 14, "no comment deleted");
     let listed = lab.listed("lookup");
     assert!(listed[8].starts_with("WITHHELD"), "{listed:?}");
+    let check = lab.countersign_ok(&["agents", "check", "ticket-assistant", "--as", "editor"]);
+    assert!(
+        check.contains(
+            "withheld  lookup (mcp_lying, editor_content): its server lists it otherwise than it was accepted"
+        ),
+        "{check}"
+    );
     // Its log line, in plain text: standard error is no terminal here, so it has no colour.
     let (_, _, log) = lab.countersign(&["tools", "list"]);
     assert!(

@@ -167,6 +167,9 @@ pub async fn check_agent(
         let admin_only = user.is_none() && spec.requires_admin;
         let what = format!("{} ({}, {})", spec.name, spec.group, spec.data_class);
         match withheld {
+            None if !tool.available() => say!(
+                "  withheld  {what}: its server lists it otherwise than it was accepted (countersign tools pending)"
+            ),
             None if admin_only => say!("  offered   {what} — to administrators only"),
             None => say!("  offered   {what}"),
             Some(reason) => say!("  withheld  {what}: {reason}"),

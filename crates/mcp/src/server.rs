@@ -490,10 +490,14 @@ impl McpServer {
         F: Future<Output = Result<T, ServiceError>>,
     {
         let mut renewed = false;
+        // Listed again at most once for one request: a listing that cannot be pinned leaves
+        // the server stale for the next, and its tools withheld meanwhile.
+        let mut relisted = false;
         loop {
             let (peer, generation) = self.peer().await?;
             if let Some(tool) = tool {
-                if self.stale.load(Ordering::Acquire) {
+                if !relisted && self.stale.load(Ordering::Acquire) {
+                    relisted = true;
                     Box::pin(self.relist()).await?;
                     continue;
                 }
