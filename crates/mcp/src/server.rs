@@ -498,7 +498,11 @@ impl McpServer {
             if let Some(tool) = tool {
                 if !relisted && self.stale.load(Ordering::Acquire) {
                     relisted = true;
-                    Box::pin(self.relist()).await?;
+                    // However the listing failed, this request was not sent.
+                    Box::pin(self.relist()).await.map_err(|e| {
+                        tracing::warn!(server = %self.name(), what, code = e.code(), "the MCP server could not be listed again before the request; it was not sent");
+                        CallError::NotSent
+                    })?;
                     continue;
                 }
                 if self.is_withheld(tool) {
