@@ -5,7 +5,10 @@ Run over stdio (countersign starts it: `python notes_server.py`) or streamable H
 one). Over HTTP it prints `listening on http://HOST:PORT` once it listens, and when NOTES_TOKEN
 is set it answers 401 to every request without `Authorization: Bearer $NOTES_TOKEN` (the
 secret countersign sends from COUNTERSIGN_TOOL_SECRET_<NAME>). NOTES_FILE names the file
-(default notes.json beside this script). Tools:
+(default notes.json beside this script). Its annotations say what each tool is; countersign
+takes them only from a server whose entry says `"trust_annotations": true` (or the operator
+names each tool's effect under `tools`) — otherwise every tool is a disabled non-idempotent
+write. Tools, as the trusted annotations make them:
 
 - read_note: a read (readOnlyHint), never gated;
 - set_note: an idempotent write (idempotentHint) whose preview is preview_set_note; it

@@ -34,6 +34,8 @@ use uuid::Uuid;
 
 use countersign_e2e::Database;
 
+use crate::remote_tools::trusted_wiki;
+
 const SECRET: &str = "e2e-matrix-secret";
 const NEW_DESCRIPTION: &str = "Bicycles for every road.";
 const LEASE_TTL_SECS: &str = "2";
@@ -271,7 +273,7 @@ async fn cell(point: Point, fault: Fault) -> Ended {
     };
     install.configure(&agent);
     let env = [
-        ("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url())),
+        ("COUNTERSIGN_TOOL_SERVERS", trusted_wiki(&wiki.url())),
         ("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()),
     ];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();

@@ -8,6 +8,7 @@ mod deploy;
 mod failover;
 mod faults;
 mod inbox;
+mod lying_servers;
 mod mcp;
 mod observability;
 mod operator;

@@ -37,7 +37,7 @@ use uuid::Uuid;
 use crate::remote_tools::{WikiServer, SECRET};
 
 /// The example's Python, with the pinned `mcp` SDK (scripts/mcp-example.sh).
-fn mcp_python() -> PathBuf {
+pub(crate) fn mcp_python() -> PathBuf {
     let python = workspace_file("target/mcp-example/bin/python");
     if !python.exists() {
         let installed = Command::new(workspace_file("scripts/mcp-example.sh"))
@@ -136,18 +136,23 @@ impl Notes {
         let python = mcp_python();
         let http = (over == Over::Http).then(|| HttpNotes::start(&file, &slow, 0));
         let servers = match &http {
+            // The operator trusts the example's annotations: the effects these tests rely on
+            // are the server's own.
             Some(http) => json!({
-                "notes": { "url": http.url(), "data_class": "editor_content" }
+                "notes": { "url": http.url(), "data_class": "editor_content",
+                           "trust_annotations": true }
             }),
             None => json!({
                 "notes": {
                     "command": [python, workspace_file("examples/mcp/notes_server.py")],
                     "env": { "NOTES_FILE": file, "NOTES_SLOW_FILE": slow },
-                    "data_class": "editor_content"
+                    "data_class": "editor_content",
+                    "trust_annotations": true
                 },
                 "unfit": {
                     "command": [python, workspace_file("tests/e2e/mcp_unfit_server.py")],
-                    "data_class": "public"
+                    "data_class": "public",
+                    "trust_annotations": true
                 }
             }),
         };
@@ -252,7 +257,10 @@ impl Site {
             env.push(("COUNTERSIGN_TOOL_SECRET_NOTES", NOTES_TOKEN.to_owned()));
         }
         if let Some(wiki) = &wiki {
-            env.push(("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url)));
+            env.push((
+                "COUNTERSIGN_TOOL_SERVERS",
+                crate::remote_tools::trusted_wiki(&wiki.url),
+            ));
             env.push(("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()));
         }
         let site = Site {
@@ -604,7 +612,8 @@ async fn a_read_only_mcp_tool_runs_without_a_card_and_one_without_annotations_is
     assert_eq!(previews, Vec::<Value>::new(), "count_visit has no preview");
     let shown = site.countersign_ok(&["show", &run_id, "--as", "admin"]);
     assert!(
-        shown.contains("call 0 · count_visit") && shown.contains("(no preview for this tool)"),
+        shown.contains("call 0 · count_visit")
+            && shown.contains("This tool has no preview; the arguments are all there is."),
         "{shown}"
     );
     assert!(
@@ -628,19 +637,35 @@ async fn tools_list_and_check_see_mcp_tools_and_check_fails_a_preview_that_reads
     let site = Site::new("mcp_tools_check", json!({ "hours": "9-18" }), vec![], false).await;
 
     let listed = site.countersign_ok(&["tools", "list"]);
-    for (tool, effect, previews) in [
-        ("read_note", "read_only", "no preview"),
-        ("set_note", "idempotent_write", "previews"),
-        ("append_to_note", "non_idempotent_write", "previews"),
-        ("count_visit", "non_idempotent_write", "no preview"),
-        ("stamp", "idempotent_write", "previews"),
+    let trusted = "effect decided by the server (trusted)";
+    for (tool, effect, previews, decided) in [
+        ("read_note", "read_only", "no preview", trusted),
+        ("set_note", "idempotent_write", "previews", trusted),
+        (
+            "append_to_note",
+            "non_idempotent_write",
+            "previews",
+            trusted,
+        ),
+        // No annotations: nothing to trust, so it fails closed.
+        (
+            "count_visit",
+            "non_idempotent_write",
+            "no preview",
+            "effect decided by nobody (fail closed)",
+        ),
+        ("stamp", "idempotent_write", "previews", trusted),
     ] {
         let line = listed
             .lines()
             .find(|l| l.starts_with(&format!("{tool}\t")))
             .unwrap_or_else(|| panic!("{tool} is listed: {listed}"));
+        let fields: Vec<&str> = line.split('\t').collect();
         assert!(
-            line.contains("MCP server") && line.contains(effect) && line.ends_with(previews),
+            fields[1].starts_with("MCP server")
+                && fields[2] == effect
+                && fields[6] == previews
+                && fields[7] == decided,
             "{line}"
         );
     }

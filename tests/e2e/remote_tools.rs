@@ -15,6 +15,9 @@
 //! - `countersign tools add`, `list` and `check` against the wiki and a second server whose
 //!   previews move by themselves or run past the bounds, named in a tool servers file.
 //!
+//! The operator trusts the wiki's declarations (`trust_declarations`), as a deployment that runs
+//! its own wiki would: the effects, groups and classes these tests rely on are the wiki's.
+//!
 //! The wiki's `--hold-file` holds every execute while the file exists, so the test knows the
 //! call is in flight at the server when it kills the worker. Tests of the one-phase path run
 //! the wiki as a version 1 server (`--protocol 1`); the others take its writes in two phases.
@@ -36,6 +39,11 @@ use uuid::Uuid;
 use countersign_e2e::Database;
 
 pub(crate) const SECRET: &str = "e2e-wiki-secret";
+
+/// `COUNTERSIGN_TOOL_SERVERS` naming the wiki at `url`, whose declarations the operator trusts.
+pub(crate) fn trusted_wiki(url: &str) -> String {
+    format!("wiki={url} trust_declarations")
+}
 
 /// The wiki server on a free loopback port with its state file in `dir`; killed on drop.
 pub(crate) struct WikiServer {
@@ -212,7 +220,7 @@ impl Site {
         install.configure(&agent);
         let conn = PgConnection::connect(&db.url()).await.unwrap();
         let env = vec![
-            ("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url)),
+            ("COUNTERSIGN_TOOL_SERVERS", trusted_wiki(&wiki.url)),
             ("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()),
         ];
         Site {
@@ -1081,6 +1089,7 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
             "add",
             "unfit",
             &unfit_url,
+            "trust_declarations",
             "--tool-servers-file",
             file_arg,
         ],
@@ -1100,11 +1109,11 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
     }
     assert_eq!(
         std::fs::read_to_string(&file).unwrap(),
-        format!("unfit {unfit_url}\n"),
+        format!("unfit {unfit_url} trust_declarations\n"),
         "only the first entry was written"
     );
     let env = vec![
-        ("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url)),
+        ("COUNTERSIGN_TOOL_SERVERS", trusted_wiki(&wiki.url)),
         ("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()),
         ("COUNTERSIGN_TOOL_SERVERS_FILE", file_arg.to_owned()),
         ("COUNTERSIGN_TOOL_SECRET_UNFIT", "unused".to_owned()),
@@ -1114,10 +1123,10 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
     let (ok, out, err) = countersign_with(&install, &env, &["tools", "list"]);
     assert!(ok, "{err}");
     for expected in [
-        "set_page\tserver wiki\tidempotent_write\tediting\tpreviews",
-        "read_page\tserver wiki\tread_only\tcontent\tno preview",
-        "stamp_page\tserver unfit\tidempotent_write\tediting\tpreviews",
-        "update_page_metadata\tbuilt-in\tidempotent_write\tediting\tpreviews",
+        "set_page\tserver wiki\tidempotent_write\tediting\teditor_content\tdisabled\tpreviews\teffect decided by the server (trusted)",
+        "read_page\tserver wiki\tread_only\tcontent\teditor_content\tenabled\tno preview\teffect decided by the server (trusted)",
+        "stamp_page\tserver unfit\tidempotent_write\tediting\tsecret_adjacent\tdisabled\tpreviews\teffect decided by the server (trusted)",
+        "update_page_metadata\tbuilt-in\tidempotent_write\tediting\teditor_content\tdisabled\tpreviews\tbuilt in",
     ] {
         assert!(out.lines().any(|l| l == expected), "{expected} in\n{out}");
     }
@@ -1138,7 +1147,7 @@ async fn tools_check_passes_the_wikis_previews_and_fails_one_that_moves_by_itsel
     );
     assert!(ok, "{out}\n{err}");
     for expected in [
-        "tool append_line · server wiki · non_idempotent_write · group editing",
+        "tool append_line · server wiki · non_idempotent_write · group editing · effect decided by the server (trusted)",
         "   2  lines: 1 line(s) → 2, appended last: \"Closed on Sundays.\"",
         "preview 2: the same, line for line",
         "may-view for editor: allowed — a card shows editor this preview",
@@ -1272,7 +1281,7 @@ async fn a_deployment_without_the_content_store_runs_on_remote_tools_and_its_own
 
     // A service left with the content store on refuses to start, and says what to do.
     let wiki_env = [
-        ("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url)),
+        ("COUNTERSIGN_TOOL_SERVERS", trusted_wiki(&wiki.url)),
         ("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()),
     ];
     let out = install

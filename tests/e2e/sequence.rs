@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
-use crate::remote_tools::{WikiServer, SECRET};
+use crate::remote_tools::{trusted_wiki, WikiServer, SECRET};
 use countersign_e2e::Database;
 
 /// One pair of calls proposed in one turn by an agent of its own.
@@ -139,7 +139,7 @@ async fn the_lines_of_a_card_compose_and_every_write_lands_where_its_line_said()
         install.countersign_ok(&["agents", "put", &agent_file(&dir, pair.agent, &pair.calls)]);
     }
     let env = [
-        ("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url)),
+        ("COUNTERSIGN_TOOL_SERVERS", trusted_wiki(&wiki.url)),
         ("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()),
     ];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
@@ -247,7 +247,7 @@ async fn a_server_that_cannot_preview_a_call_after_the_ones_before_it_has_its_li
         {"name": "update_page_metadata", "arguments": {"uid": 13, "description": "Us."}}]);
     install.configure(&agent_file(&dir, "seq-alone", &calls));
     let env = [
-        ("COUNTERSIGN_TOOL_SERVERS", format!("wiki={}", wiki.url)),
+        ("COUNTERSIGN_TOOL_SERVERS", trusted_wiki(&wiki.url)),
         ("COUNTERSIGN_TOOL_SECRET_WIKI", SECRET.to_owned()),
     ];
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();

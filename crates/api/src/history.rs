@@ -64,6 +64,8 @@ pub fn tell(event: &RunEvent) -> String {
             format!("Failed — {reason}")
         }
         Ok(EventName::RunCancelled) => "Cancelled".to_owned(),
+        // Announced about a tool, never recorded on a run.
+        Ok(EventName::ToolWithheld) => event.kind.clone(),
         Err(_) if event.kind == "tool_write" => written(p, &card),
         Err(_) => event.kind.clone(),
     }

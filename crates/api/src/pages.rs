@@ -337,7 +337,7 @@ fn card_section(card: &ApprovalCard) -> Markup {
                             p.notice.withheld { (notice) }
                         }
                         CardPreview::None => {
-                            p.notice.none { "This tool has no preview; the arguments are all there is." }
+                            p.notice.none { (countersign_core::card::NONE_NOTICE) }
                         }
                     }
                     details.arguments {

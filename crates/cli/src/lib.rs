@@ -21,9 +21,32 @@ use countersign_store::Store;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
+/// Prints one line to stdout as [`render::inert`] makes it: text from a tool, a server, a model
+/// or a record is shown, never obeyed by the terminal.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        println!("{}", $crate::render::inert(&format!($($arg)*)))
+    };
+}
+
+/// Prints one line of tab-separated columns to stdout, each column as [`render::inert`] makes
+/// it, so a column's text can neither control the terminal nor forge another column.
+macro_rules! say_columns {
+    ($($column:expr),+ $(,)?) => {
+        println!("{}", $crate::render::columns(&[$($column.to_string()),+]))
+    };
+}
+
+/// As [`say!`], to stderr.
+macro_rules! tell {
+    ($($arg:tt)*) => {
+        eprintln!("{}", $crate::render::inert(&format!($($arg)*)))
+    };
+}
+
 mod healthcheck;
 mod ops;
-mod render;
+pub mod render;
 mod tokens;
 mod tools;
 mod webhooks;
@@ -324,7 +347,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Healthcheck { url, timeout_secs } => {
             healthcheck::check(&url, Duration::from_secs(timeout_secs)).await?;
-            println!("{url}: ready");
+            say!("{url}: ready");
             Ok(())
         }
     }
@@ -341,9 +364,9 @@ async fn migrate(database_url: &str, with_content: bool) -> anyhow::Result<()> {
             .run(&pool)
             .await
             .context("applying the content store's migrations")?;
-        println!("migrations applied (with the content store)");
+        say!("migrations applied (with the content store)");
     } else {
-        println!("migrations applied");
+        say!("migrations applied");
     }
     Ok(())
 }
@@ -356,7 +379,7 @@ async fn keys(
     let batch = match command {
         KeysCommand::Generate { id } => {
             let id = KeyId::parse(&id).context("invalid key id")?;
-            println!("{}", Keyring::generate_entry(&id));
+            say!("{}", Keyring::generate_entry(&id));
             return Ok(());
         }
         KeysCommand::Rotate { batch } => batch,
@@ -364,7 +387,7 @@ async fn keys(
     let keyring = settings.keyring().context("loading the keyring")?;
     let store = Store::new(connect(database_url).await?, Arc::new(keyring));
     let report = store.rotate_keys(batch).await.context("rotating keys")?;
-    println!(
+    say!(
         "re-sealed {} data key(s) under key {} in {} batch(es)",
         report.resealed(),
         store.keyring().active_key_id(),
@@ -418,7 +441,7 @@ async fn seed_demo_site(database_url: &str) -> anyhow::Result<()> {
         "the content store's schema is not installed: run `countersign migrate --with-content` first"
     );
     countersign_content::seed_demo_site(&pool).await?;
-    println!("demo site seeded");
+    say!("demo site seeded");
     Ok(())
 }
 

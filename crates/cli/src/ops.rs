@@ -71,7 +71,7 @@ pub async fn put_agent(store: &Store, path: &Path) -> anyhow::Result<()> {
     let file: AgentFile = serde_json::from_str(&text).context("the agent file is not valid")?;
     let (model, notes) = checked_model(&file.name, file.model)?;
     for note in &notes {
-        println!("note: {note}");
+        say!("note: {note}");
     }
     store
         .upsert_agent(&AgentConfig {
@@ -85,7 +85,7 @@ pub async fn put_agent(store: &Store, path: &Path) -> anyhow::Result<()> {
             approval_deadline: Duration::from_secs(file.approval_deadline_secs),
         })
         .await?;
-    println!("agent {} stored", file.name);
+    say!("agent {} stored", file.name);
     Ok(())
 }
 
@@ -112,13 +112,12 @@ fn checked_model(name: &str, model: Value) -> anyhow::Result<(Value, Vec<String>
 pub async fn list_agents(store: &Store) -> anyhow::Result<()> {
     for agent in store.agents().await? {
         let c = agent.config;
-        println!(
-            "{}\tactive={}\tfour_eyes={}\tmax_iterations={}\tenabled={}",
+        say_columns!(
             c.name,
-            c.active,
-            c.four_eyes,
-            c.max_iterations,
-            c.policy.enabled_tools.join(",")
+            format!("active={}", c.active),
+            format!("four_eyes={}", c.four_eyes),
+            format!("max_iterations={}", c.max_iterations),
+            format!("enabled={}", c.policy.enabled_tools.join(","))
         );
     }
     Ok(())
@@ -156,7 +155,7 @@ pub async fn check_agent(
         ),
         None => None,
     };
-    println!("agent {name} · provider {provider}, which may be sent: {classes}");
+    say!("agent {name} · provider {provider}, which may be sent: {classes}");
     for tool in tools.registry.iter() {
         let spec = tool.spec();
         // Without a user, the admin rule is the one thing left to say.
@@ -168,9 +167,12 @@ pub async fn check_agent(
         let admin_only = user.is_none() && spec.requires_admin;
         let what = format!("{} ({}, {})", spec.name, spec.group, spec.data_class);
         match withheld {
-            None if admin_only => println!("  offered   {what} — to administrators only"),
-            None => println!("  offered   {what}"),
-            Some(reason) => println!("  withheld  {what}: {reason}"),
+            None if !tool.available() => say!(
+                "  withheld  {what}: its server lists it otherwise than it was accepted (countersign tools pending)"
+            ),
+            None if admin_only => say!("  offered   {what} — to administrators only"),
+            None => say!("  offered   {what}"),
+            Some(reason) => say!("  withheld  {what}: {reason}"),
         }
     }
     Ok(())
@@ -188,7 +190,7 @@ pub async fn allow_producer(
     name: &str,
 ) -> anyhow::Result<()> {
     producers::allow(pool, user, producer_kind(kind)?, name).await?;
-    println!("{user} may assert {kind} {name}");
+    say!("{user} may assert {kind} {name}");
     Ok(())
 }
 
@@ -199,13 +201,13 @@ pub async fn revoke_producer(
     name: &str,
 ) -> anyhow::Result<()> {
     let revoked = producers::revoke(pool, user, producer_kind(kind)?, name).await?;
-    println!("{}", if revoked { "revoked" } else { "no such grant" });
+    say!("{}", if revoked { "revoked" } else { "no such grant" });
     Ok(())
 }
 
 pub async fn list_producers(pool: &PgPool) -> anyhow::Result<()> {
     for g in producers::list(pool).await? {
-        println!("{}\t{}\t{}", g.amqp_user, g.kind.as_str(), g.name);
+        say_columns!(g.amqp_user, g.kind.as_str(), g.name);
     }
     Ok(())
 }
@@ -220,19 +222,19 @@ pub async fn users(users: &TableUsers, command: UsersCommand) -> anyhow::Result<
                 .await
                 .with_context(|| format!("adding user {name:?}"))?;
             let role = if admin { "administrator" } else { "user" };
-            println!("{name} is an enabled {role}");
+            say!("{name} is an enabled {role}");
         }
         UsersCommand::Disable { name } => {
             if !users.set_disabled(&name, true).await? {
                 return Err(no_user(&name));
             }
-            println!("{name} is disabled");
+            say!("{name} is disabled");
         }
         UsersCommand::Enable { name } => {
             if !users.set_disabled(&name, false).await? {
                 return Err(no_user(&name));
             }
-            println!("{name} is enabled");
+            say!("{name} is enabled");
         }
         UsersCommand::Grant { name, agent } => {
             if !users
@@ -242,11 +244,11 @@ pub async fn users(users: &TableUsers, command: UsersCommand) -> anyhow::Result<
             {
                 return Err(no_user(&name));
             }
-            println!("{name} may approve runs of {agent}");
+            say!("{name} may approve runs of {agent}");
         }
         UsersCommand::Revoke { name, agent } => {
             let revoked = users.revoke_approve(&name, &agent).await?;
-            println!("{}", if revoked { "revoked" } else { "no such grant" });
+            say!("{}", if revoked { "revoked" } else { "no such grant" });
         }
         UsersCommand::List => {
             for u in users.list().await? {
@@ -260,7 +262,7 @@ pub async fn users(users: &TableUsers, command: UsersCommand) -> anyhow::Result<
                 } else {
                     u.approves.join(",")
                 };
-                println!("{}\t{flags}\t{approves}", u.name);
+                say_columns!(u.name, flags, approves);
             }
         }
     }
@@ -332,7 +334,7 @@ pub async fn submit(
     .await?;
     match reply.get("run_id").and_then(Value::as_str) {
         Some(run_id) if reply["event"] == EventName::RunAccepted.as_str() => {
-            println!("run {run_id} accepted")
+            say!("run {run_id} accepted")
         }
         _ => bail!(
             "run request refused: {}",
@@ -456,7 +458,7 @@ async fn card_of(
 /// Prints a card, and how to decide on exactly this card.
 fn print_card(run_id: RunId, card: &ApprovalCard, viewer: &str) {
     print!("{}", render::card(card));
-    println!(
+    say!(
         "  decide on this card: countersign decide {run_id} --seq {} --digest {} --as {viewer} --approve (or --deny)",
         card.suspension_seq, card.turn_digest
     );
@@ -475,11 +477,11 @@ pub async fn inbox(
         .await?
         .runs;
     if waiting.is_empty() {
-        println!("no run is waiting for approval");
+        say!("no run is waiting for approval");
     }
     let mut shown = Vec::new();
     for run in waiting {
-        println!(
+        say!(
             "run {} · agent {} · acting as {} · decide by {}",
             run.run_id,
             run.agent,
@@ -487,7 +489,7 @@ pub async fn inbox(
             run.approval_deadline.to_rfc3339()
         );
         let Some(card) = card_of(store, registry, viewer.as_ref(), run.run_id).await else {
-            println!("  (the suspended state cannot be read with this keyring: state_unreadable)");
+            say!("  (the suspended state cannot be read with this keyring: state_unreadable)");
             continue;
         };
         print_card(run.run_id, &card, viewer_name);
@@ -495,7 +497,7 @@ pub async fn inbox(
     }
     if let Some(path) = save {
         save_cards(path, viewer_name, &shown)?;
-        println!(
+        say!(
             "saved {} card(s) to {}; decide on one with: countersign decide RUN_ID --card {} --as {viewer_name} --approve (or --deny)",
             shown.len(),
             path.display(),
@@ -517,7 +519,7 @@ pub async fn show_card(
 ) -> anyhow::Result<()> {
     let run = store.run(run_id).await?.context("no such run")?;
     if run.status != RunStatus::WaitingForApproval {
-        println!("  (no card: the run is not waiting for approval)");
+        say!("  (no card: the run is not waiting for approval)");
         anyhow::ensure!(
             save.is_none(),
             "run {run_id} is {}: it has no card to save",
@@ -527,14 +529,14 @@ pub async fn show_card(
     }
     let viewer: Option<Principal> = users.principal(viewer_name).await?;
     let Some(card) = card_of(store, registry, viewer.as_ref(), run_id).await else {
-        println!("  (the suspended state cannot be read with this keyring: state_unreadable)");
+        say!("  (the suspended state cannot be read with this keyring: state_unreadable)");
         anyhow::ensure!(save.is_none(), "run {run_id}: no card to save");
         return Ok(());
     };
     print_card(run_id, &card, viewer_name);
     if let Some(path) = save {
         save_cards(path, viewer_name, &[(run_id, card)])?;
-        println!(
+        say!(
             "saved the card to {}; decide on it with: countersign decide {run_id} --card {} --as {viewer_name} --approve (or --deny)",
             path.display(),
             path.display()
@@ -571,9 +573,10 @@ pub async fn decide(
     .await?;
     let outcome = reply["outcome"].as_str().unwrap_or("unknown");
     if reply["event"] == EventName::DecisionAccepted.as_str() {
-        println!(
+        say!(
             "decision accepted: run {} suspension {} released",
-            reviewed.run_id, reviewed.suspension_seq
+            reviewed.run_id,
+            reviewed.suspension_seq
         );
         return Ok(());
     }
@@ -602,19 +605,19 @@ pub async fn decide(
 /// A run as an operator reads it: its row (no content) and its audit trail (codes only).
 pub async fn show_run(store: &Store, run_id: RunId) -> anyhow::Result<()> {
     let run = store.run(run_id).await?.context("no such run")?;
-    println!("run {run_id}");
-    println!("  agent {} · acting as {}", run.agent, run.acting_user);
-    println!(
+    say!("run {run_id}");
+    say!("  agent {} · acting as {}", run.agent, run.acting_user);
+    say!(
         "  status {} · segment {}",
         run.status.as_str(),
         run.segment.as_str()
     );
     if let Some(seq) = run.suspension_seq {
         let digest = run.turn_digest.as_ref().map_or("", |d| d.as_str());
-        println!("  suspension {seq} · turn {digest}");
+        say!("  suspension {seq} · turn {digest}");
     }
     if let Some(reason) = run.termination_reason {
-        println!(
+        say!(
             "  termination {} · error {}",
             reason.as_str(),
             run.error_code.as_deref().unwrap_or("-")
@@ -625,7 +628,7 @@ pub async fn show_run(store: &Store, run_id: RunId) -> anyhow::Result<()> {
             .then(|| run.pending_tools.get(sent.index.get()))
             .flatten()
             .map_or(String::new(), |t| format!(" ({t})"));
-        println!(
+        say!(
             "  sent and not journaled: call {}{tool} of card {} — {}",
             sent.index,
             sent.suspension_seq,
@@ -636,7 +639,7 @@ pub async fn show_run(store: &Store, run_id: RunId) -> anyhow::Result<()> {
             }
         );
     }
-    println!(
+    say!(
         "  lease epoch {} · requeues {} · iterations {} · tokens {}/{}",
         run.lease_epoch,
         run.requeue_count,
@@ -645,7 +648,7 @@ pub async fn show_run(store: &Store, run_id: RunId) -> anyhow::Result<()> {
         run.counters.completion_tokens
     );
     for event in store.events(run_id).await? {
-        println!(
+        say!(
             "  {:>3} {} {} {}",
             event.sequence,
             event.created_at.to_rfc3339(),
@@ -669,7 +672,7 @@ pub async fn cancel(
     }
     // Published now rather than at a service relay's next poll; a failure leaves it to them.
     countersign_service::relay::relay_now(store, broker).await;
-    println!("run {run_id} cancelled");
+    say!("run {run_id} cancelled");
     Ok(())
 }
 

@@ -44,8 +44,8 @@ pub async fn run(pool: &PgPool, command: TokensCommand) -> anyhow::Result<()> {
             let issued = tokens::create(pool, &user, label.as_deref(), expires_in)
                 .await
                 .with_context(|| format!("issuing a token for {user}"))?;
-            println!("{}", issued.secret());
-            eprintln!(
+            say!("{}", issued.secret());
+            tell!(
                 "token {} for {} (producer {}); shown once — store it now{}",
                 issued.info.id,
                 issued.info.user,
@@ -68,14 +68,16 @@ pub async fn run(pool: &PgPool, command: TokensCommand) -> anyhow::Result<()> {
                     (None, Some(at)) => format!("expires {}", at.to_rfc3339()),
                     (None, None) => "active".to_owned(),
                 };
-                println!(
-                    "{}\t{}\t{}\tcreated {}\tlast used {}\t{}",
+                say_columns!(
                     t.id,
                     t.user,
                     state,
-                    t.created_at.to_rfc3339(),
-                    t.last_used_at
-                        .map_or_else(|| "never".to_owned(), |at| at.to_rfc3339()),
+                    format!("created {}", t.created_at.to_rfc3339()),
+                    format!(
+                        "last used {}",
+                        t.last_used_at
+                            .map_or_else(|| "never".to_owned(), |at| at.to_rfc3339())
+                    ),
                     t.label.unwrap_or_default()
                 );
             }
@@ -86,7 +88,7 @@ pub async fn run(pool: &PgPool, command: TokensCommand) -> anyhow::Result<()> {
                 tokens::revoke(pool, id).await?,
                 "no active token {id} (unknown, or revoked already)"
             );
-            println!("token {id} revoked");
+            say!("token {id} revoked");
             Ok(())
         }
     }

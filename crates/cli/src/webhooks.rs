@@ -55,8 +55,7 @@ pub async fn run(pool: PgPool, keys: &KeySettings, command: WebhooksCommand) -> 
         }
         WebhooksCommand::List => {
             for e in store.webhooks().await? {
-                println!(
-                    "{}\t{}\t{}\t{}",
+                say_columns!(
                     e.url,
                     e.events.join(","),
                     e.agent.as_deref().unwrap_or("every agent"),
@@ -69,7 +68,7 @@ pub async fn run(pool: PgPool, keys: &KeySettings, command: WebhooksCommand) -> 
             if !store.remove_webhook(url.trim()).await? {
                 bail!("no webhook endpoint {url}");
             }
-            println!("webhook endpoint {url} removed, with its deliveries");
+            say!("webhook endpoint {url} removed, with its deliveries");
             Ok(())
         }
         WebhooksCommand::Deliveries { url, limit } => deliveries(store, url.trim(), limit).await,
@@ -104,8 +103,8 @@ async fn add(
         .add_webhook(url, &events, agent, &secret)
         .await
         .context("adding the webhook endpoint")?;
-    println!("{secret}");
-    eprintln!(
+    say!("{secret}");
+    tell!(
         "webhook endpoint {url} added for {}{}; its signing secret is shown once — store it now",
         events.join(","),
         agent.map(|a| format!(" of agent {a}")).unwrap_or_default()
@@ -123,16 +122,15 @@ async fn deliveries(store: &Store, url: &str, limit: i64) -> anyhow::Result<()> 
             (None, Some(code)) => code.to_owned(),
             (None, None) => "not attempted yet".to_owned(),
         };
-        println!(
-            "{}\t{}\t{}\t{}\tattempts {}\tlast {}\t{}",
+        say_columns!(
             d.created_at.to_rfc3339(),
             d.event_id,
             d.kind,
             d.run_id
                 .map(|r| r.to_string())
                 .unwrap_or_else(|| "-".into()),
-            d.attempts,
-            last,
+            format!("attempts {}", d.attempts),
+            format!("last {last}"),
             d.status
         );
     }

@@ -136,7 +136,7 @@ fn writers(store: &Store) -> Vec<Both> {
         both(CreateTranslationDraft, store),
         both(MoveElement, store),
         both(SetFileAlternativeText, store),
-        both(UpdatePageMetadata, store),
+        both(UpdatePageMetadata::default(), store),
     ]
 }
 

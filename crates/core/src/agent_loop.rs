@@ -31,7 +31,7 @@ use crate::ids::{CallIndex, SuspensionSeq};
 use crate::model::{Message, Model, ModelOptions, ModelRequest, Role, TokenUsage, ToolCall};
 use crate::preview::{self, CallPreview};
 use crate::sequence;
-use crate::state::{LandedCall, PendingCall, SuspendedRunState, MAX_STATE_BYTES};
+use crate::state::{LandedCall, PendingCall, SuspendedRunState, ToolIdentity, MAX_STATE_BYTES};
 use crate::tool::{
     DataClasses, Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError,
     ToolOutput, ToolPolicy, ToolRegistry,
@@ -509,10 +509,12 @@ fn resuspend_moved<H>(
         .iter()
         .filter_map(|i| Some((*i, state.pending_calls.get(i.get())?.tool.clone())))
         .collect();
+    let offered = seg.agent.offered(seg.registry, seg.acting_user);
     let state = SuspendedRunState {
         call_previews: previews,
         stale_call_indexes: moved,
         landed_calls: landed,
+        tool_identities: identities(&state.pending_calls, &offered),
         suspension_seq: state.suspension_seq.next(),
         captured_at: seg.captured_at.to_owned(),
         ..state
@@ -700,6 +702,21 @@ async fn run_reads<H: SegmentHooks>(
     Ok(())
 }
 
+/// The identity of each offered call's tool, for the card to be bound to.
+fn identities(pending: &[PendingCall], offered: &OfferedTools) -> Vec<ToolIdentity> {
+    pending
+        .iter()
+        .enumerate()
+        .filter_map(|(i, call)| {
+            Some(ToolIdentity {
+                index: CallIndex::new(i),
+                tool: call.tool.clone(),
+                identity: offered.get(&call.tool)?.identity(),
+            })
+        })
+        .collect()
+}
+
 /// The state of a turn suspended for approval, with the previews of its offered calls.
 async fn suspend<H: SegmentHooks>(
     seg: Segment<'_, H>,
@@ -716,6 +733,7 @@ async fn suspend<H: SegmentHooks>(
         })
         .collect();
     let call_previews = sequence::previews(seg, &pending, offered, cur.next_seq).await?;
+    let tool_identities = identities(&pending, offered);
     Ok(SuspendedRunState {
         transcript: cur.transcript,
         pending_calls: pending,
@@ -726,6 +744,7 @@ async fn suspend<H: SegmentHooks>(
         call_previews,
         stale_call_indexes: vec![],
         landed_calls: vec![],
+        tool_identities,
         suspension_seq: cur.next_seq,
         captured_at: seg.captured_at.to_owned(),
     })

@@ -552,6 +552,10 @@ impl<H: SegmentHooks> Turn<'_, H> {
                     now[k] = Some(self.fresh(k, tool).await?);
                 }
             }
+            if let Some(tool) = self.changed_tool(call) {
+                tracing::warn!(call.index = %call.index, tool = %tool.spec().name, "the tool is no longer what the card was made with; the turn re-suspends");
+                forced.push(call.index);
+            }
         }
         let current = self
             .calls
@@ -566,6 +570,21 @@ impl<H: SegmentHooks> Turn<'_, H> {
         moved.sort();
         moved.dedup();
         Ok(Some(Ran::Moved { previews, moved }))
+    }
+
+    /// The tool of `call`, still to run, when it is no longer the tool the card was made with:
+    /// its effect, its arguments' schema or its preview changed (and an operator accepted it).
+    fn changed_tool<'c>(&self, call: &Call<'c, H::Turn>) -> Option<&'c dyn Tool> {
+        let tool = match call.state {
+            State::Read(tool)
+            | State::Local(tool, _)
+            | State::Outside(tool)
+            | State::InDoubt(tool)
+            | State::MovedAtResource(tool) => tool,
+            _ => return None,
+        };
+        let shown = self.state.identity_of(call.index)?;
+        (shown != tool.identity()).then_some(tool)
     }
 
     /// Asks every resource holding a change of the turn whether it still holds it, before

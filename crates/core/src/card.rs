@@ -18,6 +18,8 @@ use crate::tool::{Principal, ToolRegistry};
 pub const CAPTION: &str = "Captured when the run paused — the target may have changed since.";
 /// Shown for a call whose preview failed.
 pub const NO_PREVIEW_NOTICE: &str = "No preview — you are deciding without one";
+/// Shown for a call whose tool offers no preview ([`CardPreview::None`]), on every surface.
+pub const NONE_NOTICE: &str = "This tool has no preview; the arguments are all there is.";
 /// Shown for a call whose preview this viewer may not read.
 pub const WITHHELD_NOTICE: &str =
     "Preview withheld — you may not read the record this call would change.";

@@ -283,6 +283,11 @@ pub enum EventName {
     /// A decision was refused; the run is unchanged. Carries `decision_id`, `run_id`, `outcome`.
     #[strum(serialize = "decision.refused")]
     DecisionRefused,
+    /// A tool of a tool server or an MCP server is withheld from every run: the server lists it
+    /// otherwise than an operator accepted it. Carries `tool`, `server`, `identity` (what it is
+    /// listed as now) and `accepted_identity`; names no run. Announced once per change.
+    #[strum(serialize = "tool.withheld")]
+    ToolWithheld,
 }
 
 impl EventName {

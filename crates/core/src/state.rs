@@ -54,6 +54,15 @@ pub struct LandedCall {
     pub output: ToolOutput,
 }
 
+/// The identity of the tool of one pending call when its card was made ([`crate::Tool::identity`]):
+/// a call whose tool is no longer what the approver's card was made with bounces.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolIdentity {
+    pub index: CallIndex,
+    pub tool: String,
+    pub identity: String,
+}
+
 /// Everything needed to resume a suspended run in any process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SuspendedRunState {
@@ -69,6 +78,8 @@ pub struct SuspendedRunState {
     pub stale_call_indexes: Vec<CallIndex>,
     /// The calls of the turn that landed under an earlier card of it, in call order.
     pub landed_calls: Vec<LandedCall>,
+    /// The identity of each offered call's tool when the card was made, in call order.
+    pub tool_identities: Vec<ToolIdentity>,
     pub suspension_seq: SuspensionSeq,
     /// When the previews were captured; shown on the card, never compared.
     pub captured_at: String,
@@ -107,6 +118,14 @@ impl SuspendedRunState {
         self.call_previews.iter().find(|p| p.index == index)
     }
 
+    /// The identity of the tool of call `index` when the card was made, if it was recorded.
+    pub fn identity_of(&self, index: CallIndex) -> Option<&str> {
+        self.tool_identities
+            .iter()
+            .find(|t| t.index == index)
+            .map(|t| t.identity.as_str())
+    }
+
     /// The call at `index` if it landed under an earlier card of the turn.
     pub fn landed(&self, index: CallIndex) -> Option<&LandedCall> {
         self.landed_calls.iter().find(|c| c.index == index)
@@ -125,6 +144,7 @@ impl SuspendedRunState {
             "call_previews": self.call_previews,
             "stale_call_indexes": self.stale_call_indexes,
             "landed_calls": self.landed_calls,
+            "tool_identities": self.tool_identities,
             "suspension_seq": self.suspension_seq,
             "captured_at": self.captured_at,
         })
@@ -174,6 +194,15 @@ impl SuspendedRunState {
             .into_iter()
             .collect();
         let landed_calls = landed_calls(doc, &survivors)?;
+        let mut identified = BTreeSet::new();
+        let tool_identities = array(doc, "tool_identities")
+            .iter()
+            .filter_map(|raw| {
+                let t: ToolIdentity = serde_json::from_value(raw.clone()).ok()?;
+                let index = survivors.renumber(t.index, &t.tool, &mut identified)?;
+                Some(ToolIdentity { index, ..t })
+            })
+            .collect();
 
         Ok(SuspendedRunState {
             transcript,
@@ -200,6 +229,7 @@ impl SuspendedRunState {
             call_previews,
             stale_call_indexes,
             landed_calls,
+            tool_identities,
             suspension_seq,
             captured_at: doc
                 .get("captured_at")

@@ -399,6 +399,38 @@ pub trait Tool: Send + Sync + fmt::Debug {
     fn sequence(&self) -> Option<Sequence> {
         None
     }
+
+    /// The facts that make the tool what it is: its name, effect and argument schema, and its
+    /// preview. A tool from outside adds where it comes from and which tool previews it.
+    fn identity_facts(&self) -> Value {
+        let spec = self.spec();
+        serde_json::json!({
+            "name": spec.name,
+            "effect": spec.effect,
+            "parameters": spec.parameters,
+            "preview": self.previewer().is_some(),
+        })
+    }
+
+    /// A stable digest of [`identity_facts`](Self::identity_facts) ([`identity_of`]): it
+    /// changes exactly when one of the facts does.
+    fn identity(&self) -> String {
+        identity_of(&self.identity_facts())
+    }
+
+    /// Whether the tool may be offered and run now. `false` while its server lists it otherwise
+    /// than an operator accepted it: it is offered to no run until the change is accepted.
+    fn available(&self) -> bool {
+        true
+    }
+}
+
+/// The identity of a tool with `facts`: the SHA-256 (64 lowercase hex) of their canonical JSON
+/// ([`crate::digest::canonical_json`]).
+pub fn identity_of(facts: &Value) -> String {
+    use sha2::Digest as _;
+    let canonical = crate::digest::canonical_json(facts);
+    hex::encode(sha2::Sha256::digest(canonical.as_bytes()))
 }
 
 /// What became of a write a resource was sent under its idempotency key.
@@ -629,7 +661,8 @@ impl ToolPolicy {
     }
 
     /// The tools offered to a run of this agent acting as `user` on a model provider that may
-    /// receive `classes`, in name order.
+    /// receive `classes`, in name order; a tool that is not [`available`](Tool::available) is
+    /// offered to nobody.
     pub fn offered(
         &self,
         registry: &ToolRegistry,
@@ -639,7 +672,7 @@ impl ToolPolicy {
         OfferedTools {
             tools: registry
                 .iter()
-                .filter(|t| self.withheld_from(t.spec(), user, classes).is_none())
+                .filter(|t| t.available() && self.withheld_from(t.spec(), user, classes).is_none())
                 .cloned()
                 .collect(),
         }
@@ -829,6 +862,67 @@ mod tests {
         ) -> Result<ToolOutput, ToolError> {
             Ok(ToolOutput::ok(""))
         }
+    }
+
+    /// A tool its server lists otherwise than it was accepted.
+    #[derive(Debug)]
+    struct Changed(ToolSpec);
+
+    #[async_trait]
+    impl Tool for Changed {
+        fn spec(&self) -> &ToolSpec {
+            &self.0
+        }
+
+        async fn execute(
+            &self,
+            _ctx: &ExecContext,
+            _args: &Value,
+        ) -> Result<ToolOutput, ToolError> {
+            Ok(ToolOutput::ok(""))
+        }
+
+        fn available(&self) -> bool {
+            false
+        }
+    }
+
+    #[test]
+    fn a_tool_that_is_not_available_is_offered_to_nobody() {
+        let read = spec("lookup", "content", Effect::ReadOnly, true, false);
+        let mut registry = ToolRegistry::new();
+        registry.register(Arc::new(Changed(read)));
+        let offered = ToolPolicy::default().offered(
+            &registry,
+            &Principal::new("admin", true),
+            &DataClasses::all(),
+        );
+        assert!(offered.names().is_empty());
+    }
+
+    #[test]
+    fn a_tools_identity_is_stable_and_changes_with_its_effect_schema_or_preview() {
+        let read = spec("lookup", "content", Effect::ReadOnly, true, false);
+        let identity = Named(read.clone()).identity();
+        assert_eq!(identity.len(), 64);
+        assert!(identity
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_eq!(Named(read.clone()).identity(), identity, "stable");
+        let mut grouped = read.clone();
+        grouped.group = "elsewhere".into();
+        grouped.description = "another description".into();
+        assert_eq!(
+            Named(grouped).identity(),
+            identity,
+            "the operator's settings are no part of it"
+        );
+        let mut write = read.clone();
+        write.effect = Effect::NonIdempotentWrite;
+        assert_ne!(Named(write).identity(), identity);
+        let mut schema = read;
+        schema.parameters = serde_json::json!({"type": "object", "required": ["id"]});
+        assert_ne!(Named(schema).identity(), identity);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Which MCP servers a deployment uses: the JSON file `--mcp-servers-file`
-//! (`COUNTERSIGN_MCP_SERVERS_FILE`) names, an object of servers by name.
+//! Which MCP servers a deployment uses, and the operator's word on their tools: the JSON file
+//! `--mcp-servers-file` (`COUNTERSIGN_MCP_SERVERS_FILE`) names, an object of servers by name.
 //!
 //! ```json
 //! {
@@ -8,11 +8,16 @@
 //!     "env": { "NOTES_FILE": "/var/lib/notes/notes.json" },
 //!     "pass_env": ["NOTES_TOKEN"],
 //!     "data_class": "editor_content",
-//!     "effects": { "append_line": "non_idempotent_write" }
+//!     "tools": {
+//!       "read_note": { "effect": "read_only" },
+//!       "preview_set_note": { "effect": "read_only" },
+//!       "set_note": { "effect": "idempotent_write", "preview": "preview_set_note" }
+//!     }
 //!   },
 //!   "tickets": {
 //!     "url": "https://tickets.internal/mcp",
-//!     "data_class": "personal_data"
+//!     "data_class": "personal_data",
+//!     "trust_annotations": true
 //!   }
 //! }
 //! ```
@@ -25,14 +30,31 @@
 //! `HOME`, `LANG` and `TZ`: never the keyring or a database URL. A `url` server is sent a
 //! bearer secret of its own, from `COUNTERSIGN_TOOL_SECRET_<NAME>` as a remote tool server is,
 //! and never a process environment, so `env`, `pass_env` and `cwd` are refused beside `url`.
+//!
+//! What a tool is — its effect, whether it is enabled by default, its group and data class, its
+//! preview — is the operator's word (`tools`, and `group` and `data_class` for the whole
+//! server). A server's annotations are suggestions, taken as the operator's word only with
+//! `trust_annotations: true`; without a word, a tool is a non-idempotent write, disabled by
+//! default, in the group `mcp_<name>`, classed `secret_adjacent`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
 use countersign_core::{DataClass, Effect};
+use countersign_remote::{OperatorWord, ToolWord};
 use serde::Deserialize;
+use serde_json::Value;
 
 use crate::McpError;
+
+/// How long a call may take, all of it, unless the entry says otherwise.
+const CALL_TIMEOUT_SECS: u64 = 30;
+/// How long a preview may take, all of it, unless the entry says otherwise.
+const PREVIEW_TIMEOUT_SECS: u64 = 10;
+/// The longest an entry may give a call or a preview.
+const MAX_TIMEOUT_SECS: u64 = 3600;
 
 /// One MCP server, as its entry in the servers file describes it. Built only by
 /// [`read_servers_file`] and [`parse_servers`], so every entry is usable.
@@ -64,12 +86,39 @@ pub struct McpServerEntry {
     /// The tool group of the server's tools; unset is `mcp_<name>`.
     #[serde(default)]
     pub group: Option<String>,
-    /// The operator's word on a tool's effect, over what its annotations say.
+    /// The server's annotations (`readOnlyHint`, `idempotentHint`) are taken as the operator's
+    /// word where `tools` says nothing else.
     #[serde(default)]
-    pub effects: BTreeMap<String, Effect>,
+    pub trust_annotations: bool,
+    /// The operator's word on single tools, by name.
+    #[serde(default)]
+    pub tools: BTreeMap<String, McpToolWord>,
+    /// Replaced by `tools`: refused, with what to write instead.
+    #[serde(default)]
+    effects: Option<Value>,
     /// Whether the server's tools are offered to administrators only.
     #[serde(default)]
     pub admin_only: bool,
+    /// How long one call may take, all of it (seconds); unset is 30.
+    #[serde(default)]
+    pub call_timeout_secs: Option<u64>,
+    /// How long one preview may take, all of it, retries included (seconds); unset is 10.
+    #[serde(default)]
+    pub preview_timeout_secs: Option<u64>,
+}
+
+/// The operator's word on one MCP tool; each part left out is decided as for the server.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolWord {
+    pub effect: Option<Effect>,
+    /// Offered without the agent enabling it by name.
+    pub enabled: Option<bool>,
+    pub group: Option<String>,
+    pub data_class: Option<DataClass>,
+    /// The read-only tool of the same server that previews this one, over the one its `_meta`
+    /// names.
+    pub preview: Option<String>,
 }
 
 /// How countersign reaches a server.
@@ -105,6 +154,38 @@ impl McpServerEntry {
         self.data_class.unwrap_or(DataClass::FAIL_CLOSED)
     }
 
+    /// The operator's word on the server's tools, as a remote server's is read.
+    pub fn word(&self) -> OperatorWord {
+        OperatorWord {
+            trust_declarations: self.trust_annotations,
+            group: self.group.clone(),
+            data_class: self.data_class,
+            tools: self
+                .tools
+                .iter()
+                .map(|(name, w)| {
+                    let word = ToolWord {
+                        effect: w.effect,
+                        enabled: w.enabled,
+                        group: w.group.clone(),
+                        data_class: w.data_class,
+                    };
+                    (name.clone(), word)
+                })
+                .collect(),
+        }
+    }
+
+    /// How long one call may take, all of it.
+    pub fn call_timeout(&self) -> Duration {
+        Duration::from_secs(self.call_timeout_secs.unwrap_or(CALL_TIMEOUT_SECS))
+    }
+
+    /// How long one preview may take, all of it.
+    pub fn preview_timeout(&self) -> Duration {
+        Duration::from_secs(self.preview_timeout_secs.unwrap_or(PREVIEW_TIMEOUT_SECS))
+    }
+
     fn check(&self) -> Result<(), McpError> {
         let bad = |reason: &str| McpError::BadConfiguration(format!("{}: {reason}", self.name));
         let usable = !self.name.is_empty()
@@ -123,8 +204,28 @@ impl McpServerEntry {
             }
             (None, _) => {}
         }
-        if self.group.as_deref().is_some_and(str::is_empty) {
-            return Err(bad("`group` is empty"));
+        if self.effects.is_some() {
+            return Err(bad(
+                "`effects` is now `tools`: {\"TOOL\": {\"effect\": \"…\"}} (docs/mcp-tools.md)",
+            ));
+        }
+        self.word().check().map_err(|e| bad(&e))?;
+        if let Some(t) = self
+            .tools
+            .iter()
+            .find_map(|(t, w)| w.preview.as_ref().filter(|p| p.is_empty()).map(|_| t))
+        {
+            return Err(bad(&format!("the `preview` of `{t}` is empty")));
+        }
+        for (field, secs) in [
+            ("call_timeout_secs", self.call_timeout_secs),
+            ("preview_timeout_secs", self.preview_timeout_secs),
+        ] {
+            if secs.is_some_and(|s| s == 0 || s > MAX_TIMEOUT_SECS) {
+                return Err(bad(&format!(
+                    "`{field}` is not a number of seconds from 1 to {MAX_TIMEOUT_SECS}"
+                )));
+            }
         }
         if let Some(v) = self
             .env
@@ -199,13 +300,23 @@ mod tests {
     #[test]
     fn an_entry_takes_its_name_group_and_fail_closed_class_from_the_file() {
         let servers = parse_servers(
-            r#"{"notes": {"command": ["python3", "n.py"], "effects": {"a": "read_only"}}}"#,
+            r#"{"notes": {"command": ["python3", "n.py"],
+                          "tools": {"a": {"effect": "read_only", "preview": "p"}}}}"#,
         )
         .unwrap();
         assert_eq!(servers[0].name(), "notes");
         assert_eq!(servers[0].group(), "mcp_notes");
         assert_eq!(servers[0].data_class(), DataClass::SecretAdjacent);
-        assert_eq!(servers[0].effects["a"], Effect::ReadOnly);
+        assert_eq!(servers[0].tools["a"].effect, Some(Effect::ReadOnly));
+        assert_eq!(servers[0].tools["a"].preview.as_deref(), Some("p"));
+        let word = servers[0].word();
+        assert!(
+            !word.trust_declarations,
+            "annotations are not trusted by default"
+        );
+        assert_eq!(word.tools["a"].effect, Some(Effect::ReadOnly));
+        assert_eq!(servers[0].call_timeout(), Duration::from_secs(30));
+        assert_eq!(servers[0].preview_timeout(), Duration::from_secs(10));
         assert_eq!(
             servers[0].transport(),
             Transport::Stdio(&["python3".to_owned(), "n.py".to_owned()])
@@ -235,7 +346,27 @@ mod tests {
                 "bad_configuration",
             ),
             (
-                r#"{"notes": {"command": ["x"], "effects": {"a": "maybe"}}}"#,
+                r#"{"notes": {"command": ["x"], "tools": {"a": {"effect": "maybe"}}}}"#,
+                "bad_configuration",
+            ),
+            (
+                r#"{"notes": {"command": ["x"], "effects": {"a": "read_only"}}}"#,
+                "bad_configuration",
+            ),
+            (
+                r#"{"notes": {"command": ["x"], "tools": {"a": {"colour": "red"}}}}"#,
+                "bad_configuration",
+            ),
+            (
+                r#"{"notes": {"command": ["x"], "tools": {"a": {"group": "a b"}}}}"#,
+                "bad_configuration",
+            ),
+            (
+                r#"{"notes": {"command": ["x"], "call_timeout_secs": 0}}"#,
+                "bad_configuration",
+            ),
+            (
+                r#"{"notes": {"command": ["x"], "trust_annotations": "yes"}}"#,
                 "bad_configuration",
             ),
             (

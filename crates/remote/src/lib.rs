@@ -44,8 +44,9 @@ pub mod tls;
 pub mod write;
 
 pub use config::{
-    add_to_servers_file, parse_servers, parse_servers_file, read_servers_file, secret_variable,
-    servers_from, ServerEntry,
+    add_to_servers_file, decide, parse_servers, parse_servers_file, read_servers_file,
+    secret_variable, servers_from, Decided, DecidedBy, Declared, OperatorWord, ServerEntry,
+    ToolWord,
 };
 pub use tls::Trust;
 
@@ -207,7 +208,8 @@ impl CallError {
     }
 }
 
-/// One configured tool server: where it is and how countersign proves itself to it.
+/// One configured tool server: where it is, how countersign proves itself to it, and what the
+/// operator says of its tools.
 pub struct RemoteToolServer {
     name: String,
     base: String,
@@ -219,6 +221,7 @@ pub struct RemoteToolServer {
     /// The server previews, prepares and executes a call after the calls of its turn before it
     /// (protocol version 2, `turn_sequence` in discovery).
     sequences: bool,
+    word: OperatorWord,
 }
 
 impl fmt::Debug for RemoteToolServer {
@@ -231,22 +234,60 @@ impl fmt::Debug for RemoteToolServer {
     }
 }
 
-/// A tool of the registry that [`register_servers`] added, and the server it lives on.
+/// A tool of the registry that [`register_servers`] added: the server it lives on, what the
+/// server declared about it (a suggestion, taken only where the operator trusts the server) and
+/// who decided its effect.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Registered {
     pub tool: String,
     pub server: String,
+    pub declared: Declared,
+    pub effect_by: DecidedBy,
+    /// Withheld from every run: the server lists it otherwise than it was accepted.
+    pub withheld: bool,
 }
 
-/// Discovers each of `servers` and registers its tools: a server's secret is what `secret_of`
-/// gives for its [`secret_variable`], its certificate (over `https://`) is verified against
-/// `trust`. A tool named like one already registered is refused: a remote tool never silently
-/// replaces another. Returns what was registered, in order.
+/// Where a process pins what its servers list, so that every process holds them to the same
+/// accepted facts (the services: the `tool_identities` table), and hears which tools it
+/// withholds (its log line and metric).
+#[async_trait]
+pub trait Pins: Send + Sync + fmt::Debug {
+    /// Pins the listing of `tool` at `server` (`remote:<name>`, `mcp:<name>`) whose identity
+    /// facts are `facts` ([`Tool::identity_facts`]): `true` when it is what was accepted (a
+    /// tool never listed before is accepted as listed), `false` when it differs and is
+    /// withheld. An error is a reason to log: nothing was decided.
+    async fn pin(&self, server: &str, tool: &str, facts: &Value) -> Result<bool, String>;
+
+    /// This process withholds `tool` of `server` from every run (`true`), or no longer does.
+    fn withholding(&self, server: &str, tool: &str, withheld: bool);
+}
+
+/// Pins nothing: every listing is accepted. For a process without a database of its own (a
+/// test, a one-off check).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AcceptAll;
+
+#[async_trait]
+impl Pins for AcceptAll {
+    async fn pin(&self, _server: &str, _tool: &str, _facts: &Value) -> Result<bool, String> {
+        Ok(true)
+    }
+
+    fn withholding(&self, _server: &str, _tool: &str, _withheld: bool) {}
+}
+
+/// Discovers each of `servers` and registers its tools, each as the operator's word on the
+/// server decides ([`decide`]) and pinned with `pins`: a tool whose listing differs from what
+/// was accepted is registered withheld. A server's secret is what `secret_of` gives for its
+/// [`secret_variable`], its certificate (over `https://`) is verified against `trust`. A tool
+/// named like one already registered is refused: a remote tool never silently replaces another.
+/// Returns what was registered, in order.
 pub async fn register_servers(
     registry: &mut ToolRegistry,
     servers: &[ServerEntry],
     trust: &Trust,
     secret_of: impl Fn(&str) -> Option<String>,
+    pins: &dyn Pins,
 ) -> Result<Vec<Registered>, RemoteError> {
     let mut registered = Vec::new();
     for entry in servers {
@@ -260,21 +301,55 @@ pub async fn register_servers(
                 variable,
             })?;
         let server =
-            RemoteToolServer::with_trust(name, entry.url(), &secret, Limits::default(), trust)?;
-        for tool in server.discover_tools().await? {
-            let tool_name = tool.spec().name.clone();
+            RemoteToolServer::with_trust(name, entry.url(), &secret, Limits::default(), trust)?
+                .with_word(entry.word().clone());
+        for found in server.discover().await? {
+            let tool_name = found.tool.spec.name.clone();
             if registry.get(&tool_name).is_some() {
                 return Err(RemoteError::DuplicateTool(tool_name));
             }
-            tracing::info!(server = %name, tool = %tool_name, effect = tool.spec().effect.as_str(), "remote tool registered");
-            registry.register(tool);
+            let withheld = !pin(pins, &found.tool).await?;
+            tracing::info!(server = %name, tool = %tool_name, effect = found.tool.spec.effect.as_str(), decided_by = found.effect_by.as_str(), withheld, "remote tool registered");
+            registry.register(found.tool);
             registered.push(Registered {
                 tool: tool_name,
                 server: name.to_owned(),
+                declared: found.declared,
+                effect_by: found.effect_by,
+                withheld,
             });
         }
     }
     Ok(registered)
+}
+
+/// Pins `tool`'s listing; a listing that differs from what was accepted leaves it withheld.
+async fn pin(pins: &dyn Pins, tool: &RemoteTool) -> Result<bool, RemoteError> {
+    let server = tool.source();
+    let accepted = pins
+        .pin(&server, &tool.spec.name, &tool.identity_facts())
+        .await
+        .map_err(|reason| {
+            tracing::error!(server = %server, tool = %tool.spec.name, %reason, "the tool's listing could not be pinned");
+            RemoteError::Discovery {
+                server: tool.server.name.clone(),
+                code: "pin_failed",
+            }
+        })?;
+    if !accepted {
+        tool.available
+            .store(false, std::sync::atomic::Ordering::Release);
+        pins.withholding(&server, &tool.spec.name, true);
+    }
+    Ok(accepted)
+}
+
+/// A tool discovery found: the tool, what its server declared, and who decided its effect.
+#[derive(Debug)]
+pub struct Discovered {
+    pub tool: Arc<RemoteTool>,
+    pub declared: Declared,
+    pub effect_by: DecidedBy,
 }
 
 impl RemoteToolServer {
@@ -309,11 +384,32 @@ impl RemoteToolServer {
             client,
             two_phase: false,
             sequences: false,
+            word: OperatorWord::default(),
         })
     }
 
-    /// `GET /tools`: every tool the server offers, as tools that call it.
-    pub async fn discover_tools(mut self) -> Result<Vec<Arc<dyn Tool>>, RemoteError> {
+    /// This server with the operator's `word` on its tools (none by default: every tool is a
+    /// disabled non-idempotent write of the server's own group, classed `secret_adjacent`).
+    #[must_use]
+    pub fn with_word(mut self, word: OperatorWord) -> Self {
+        self.word = word;
+        self
+    }
+
+    /// `GET /tools`: every tool the server offers, as tools that call it, each as the operator's
+    /// word decides ([`discover`](Self::discover)).
+    pub async fn discover_tools(self) -> Result<Vec<Arc<dyn Tool>>, RemoteError> {
+        Ok(self
+            .discover()
+            .await?
+            .into_iter()
+            .map(|found| found.tool as Arc<dyn Tool>)
+            .collect())
+    }
+
+    /// `GET /tools`: every tool the server offers, decided by the operator's word ([`decide`])
+    /// over what the server declares, which is kept beside it.
+    pub async fn discover(mut self) -> Result<Vec<Discovered>, RemoteError> {
         let body = self
             .exchange(
                 Method::GET,
@@ -349,47 +445,14 @@ impl RemoteToolServer {
         self.two_phase = discovery.protocol >= 2 && discovery.two_phase;
         self.sequences = discovery.protocol >= 2 && discovery.turn_sequence;
         let server = Arc::new(self);
-        let mut tools: Vec<Arc<dyn Tool>> = Vec::new();
-        let classes = discovery.data_classes;
+        let mut tools: Vec<Discovered> = Vec::new();
         for d in discovery.tools {
-            let invalid = |reason: &str| RemoteError::InvalidTool {
-                server: server.name.clone(),
-                tool: d.name.clone(),
-                reason: reason.to_owned(),
-            };
-            if !valid_tool_name(&d.name) {
-                return Err(invalid("the name is not ^[a-z][a-z0-9_]{0,63}$"));
-            }
-            let effect: Effect = d.effect.parse().map_err(|_| invalid("unknown effect"))?;
-            if !d.parameters.is_object() {
-                return Err(invalid("parameters is not a JSON Schema object"));
-            }
-            if d.group.is_empty() {
-                return Err(invalid("the group is empty"));
-            }
-            if tools.iter().any(|t| t.spec().name == d.name) {
+            if tools.iter().any(|t| t.tool.spec.name == d.name) {
                 return Err(RemoteError::DuplicateTool(d.name));
             }
-            let data_class = data_class_of(&classes, &d.group);
-            if data_class == DataClass::FAIL_CLOSED {
-                tracing::info!(server = %server.name, tool = %d.name, group = %d.group, "the tool's data class is secret_adjacent: it is offered only to providers that may receive it");
-            }
-            tools.push(Arc::new(RemoteTool {
-                spec: ToolSpec {
-                    name: d.name.clone(),
-                    description: d.description,
-                    parameters: d.parameters,
-                    group: d.group,
-                    data_class,
-                    effect,
-                    enabled_by_default: d.enabled_by_default,
-                    requires_admin: d.requires_admin,
-                },
-                previews: d.previews,
-                path: format!("/tools/{}", d.name),
-                server: Arc::clone(&server),
-            }));
+            tools.push(discovered(&server, d, &discovery.data_classes)?);
         }
+        warn_of_unknown_tools(&server.name, &server.word, &tools);
         Ok(tools)
     }
 
@@ -481,6 +544,74 @@ impl RemoteToolServer {
     }
 }
 
+/// The tool `d` of `server` as the operator's word makes it, what the server declared about it
+/// (its group's class from `classes`) kept beside it; refused when it is no usable tool.
+fn discovered(
+    server: &Arc<RemoteToolServer>,
+    d: DiscoveredTool,
+    classes: &std::collections::BTreeMap<String, String>,
+) -> Result<Discovered, RemoteError> {
+    let invalid = |reason: &str| RemoteError::InvalidTool {
+        server: server.name.clone(),
+        tool: d.name.clone(),
+        reason: reason.to_owned(),
+    };
+    if !valid_tool_name(&d.name) {
+        return Err(invalid("the name is not ^[a-z][a-z0-9_]{0,63}$"));
+    }
+    let effect: Effect = d.effect.parse().map_err(|_| invalid("unknown effect"))?;
+    if !d.parameters.is_object() {
+        return Err(invalid("parameters is not a JSON Schema object"));
+    }
+    let usable_group = !d.group.is_empty()
+        && d.group
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if !usable_group {
+        return Err(invalid("the group is not [A-Za-z0-9_-]+"));
+    }
+    let declared = Declared {
+        effect: Some(effect),
+        enabled_by_default: Some(d.enabled_by_default),
+        data_class: Some(data_class_of(classes, &d.group)),
+        group: Some(d.group),
+    };
+    let default_group = format!("remote_{}", server.name.replace('-', "_"));
+    let decided = decide(&server.word, &d.name, &declared, default_group);
+    if decided.data_class == DataClass::FAIL_CLOSED {
+        tracing::info!(server = %server.name, tool = %d.name, group = %decided.group, "the tool's data class is secret_adjacent: it is offered only to providers that may receive it");
+    }
+    Ok(Discovered {
+        tool: Arc::new(RemoteTool {
+            spec: ToolSpec {
+                name: d.name.clone(),
+                description: d.description,
+                parameters: d.parameters,
+                group: decided.group,
+                data_class: decided.data_class,
+                effect: decided.effect,
+                enabled_by_default: decided.enabled_by_default,
+                requires_admin: d.requires_admin,
+            },
+            previews: d.previews,
+            path: format!("/tools/{}", d.name),
+            server: Arc::clone(server),
+            available: std::sync::atomic::AtomicBool::new(true),
+        }),
+        declared,
+        effect_by: decided.effect_by,
+    })
+}
+
+/// The operator's word on a tool the server does not list is said of nothing: a warning.
+fn warn_of_unknown_tools(server: &str, word: &OperatorWord, found: &[Discovered]) {
+    for tool in word.tools.keys() {
+        if !found.iter().any(|f| &f.tool.spec.name == tool) {
+            tracing::warn!(server, tool = %tool, "the configuration names a tool the server does not list");
+        }
+    }
+}
+
 fn valid_tool_name(name: &str) -> bool {
     let mut chars = name.chars();
     name.len() <= 64
@@ -544,12 +675,19 @@ pub struct RemoteTool {
     previews: bool,
     path: String,
     server: Arc<RemoteToolServer>,
+    /// Cleared while its server lists it otherwise than it was accepted.
+    available: std::sync::atomic::AtomicBool,
 }
 
 impl RemoteTool {
     /// The name of the server this tool lives on.
     pub fn server_name(&self) -> &str {
         &self.server.name
+    }
+
+    /// Where the tool comes from, as its identity names it: `remote:<server>`.
+    pub fn source(&self) -> String {
+        format!("remote:{}", self.server.name)
     }
 }
 
@@ -576,6 +714,20 @@ impl Tool for RemoteTool {
 
     fn previewer(&self) -> Option<&dyn ToolPreview> {
         self.previews.then_some(self as &dyn ToolPreview)
+    }
+
+    fn identity_facts(&self) -> Value {
+        json!({
+            "server": self.source(),
+            "name": self.spec.name,
+            "effect": self.spec.effect,
+            "parameters": self.spec.parameters,
+            "preview": self.previews,
+        })
+    }
+
+    fn available(&self) -> bool {
+        self.available.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// The tools of one server share its state: calls of a turn on it are a sequence.
@@ -699,6 +851,7 @@ mod tests {
             previews: true,
             path: "/tools/t".into(),
             server: Arc::new(server),
+            available: std::sync::atomic::AtomicBool::new(true),
         }
     }
 

@@ -103,6 +103,9 @@ pub const FAMILIES: &[Family] = &[
         "Webhook delivery attempts, by outcome (delivered, retried, failed)."),
     family("countersign_webhook_backlog_age_seconds", Gauge, &[Coordinator],
         "Age of the oldest webhook delivery not yet delivered or failed."),
+    // The tools every binary that builds a registry holds to what an operator accepted.
+    family("countersign_tools_withheld", Gauge, &[Coordinator, Worker, Api],
+        "Tools withheld from every run because their server lists them otherwise than an operator accepted them."),
     // The worker's segments.
     family("countersign_segment_duration_seconds", Histogram, &[Worker],
         "A segment, claim to end, by segment kind and how it ended."),

@@ -62,7 +62,8 @@ pub struct ToolSettings {
         global = true
     )]
     pub content_store: ContentStore,
-    /// Remote tool servers, `name=http(s)://host:port[,…]`; their tools join the registry.
+    /// Remote tool servers, `name=http(s)://host:port[ option…][,…]`, the options the
+    /// operator's word on their tools (as in the servers file); their tools join the registry.
     #[arg(
         long,
         env = "COUNTERSIGN_TOOL_SERVERS",
@@ -70,15 +71,16 @@ pub struct ToolSettings {
         global = true
     )]
     pub tool_servers: String,
-    /// A file of `name url` lines (`#` comments) naming more tool servers; `countersign tools
-    /// add` appends to it.
+    /// A file of `name url [option…]` lines (`#` comments) naming more tool servers and the
+    /// operator's word on their tools; `countersign tools add` appends to it.
     #[arg(long, env = "COUNTERSIGN_TOOL_SERVERS_FILE", global = true)]
     pub tool_servers_file: Option<PathBuf>,
     /// PEM certificates trusted for `https://` tool servers besides the public roots.
     #[arg(long, env = "COUNTERSIGN_TOOL_SERVERS_CA_FILE", global = true)]
     pub tool_servers_ca_file: Option<PathBuf>,
-    /// A JSON file of MCP servers by name (`docs/mcp-tools.md`): each a command started with
-    /// stdio as its transport, whose tools join the registry.
+    /// A JSON file of MCP servers by name (`docs/mcp-tools.md`): each a command started over
+    /// stdio or a streamable HTTP `url`, with the operator's word on its tools, which join the
+    /// registry.
     #[arg(long, env = "COUNTERSIGN_MCP_SERVERS_FILE", global = true)]
     pub mcp_servers_file: Option<PathBuf>,
 }

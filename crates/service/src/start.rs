@@ -92,6 +92,8 @@ pub async fn start(
     crate::spawn_surfaces(connections.http_addr, ready)
         .await
         .context("serving the HTTP surfaces")?;
+    // The recorder is installed now: the tools withheld at start-up are counted from here on.
+    tools.withholding.publish();
     Ok(Service {
         store,
         broker,

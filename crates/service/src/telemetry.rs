@@ -169,7 +169,11 @@ where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     let filter = log_filter(logging);
-    let lines = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colour only for a person at a terminal: a file, a pipe or a journal gets plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let lines = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour);
     let lines = if logging.log_format == LogFormat::Json {
         lines.json().boxed()
     } else {

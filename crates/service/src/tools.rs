@@ -7,16 +7,27 @@
 //! non-idempotent write nobody may release), and the API and CLI that show its card must all
 //! know the same tools, so every binary builds its registry here. They must also agree on who
 //! a user is and who may approve, so every binary takes [`Tools::users`] from here too.
+//!
+//! What a tool from outside is, is the operator's word on its server (`countersign_remote::decide`)
+//! and its listing is pinned in the database ([`StorePins`]): every process holds a server's
+//! tools to the facts an operator accepted, and withholds a tool listed otherwise — with a log
+//! line, the gauge `countersign_tools_withheld` and, once per change, the event `tool.withheld`
+//! — until `countersign tools accept`.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
+use async_trait::async_trait;
 use countersign_core::{LocalWriters, ToolRegistry, UserDirectory};
-use countersign_remote::Trust;
-use countersign_store::{FencedWrite, Store, TableUsers};
+use countersign_remote::{Pins, Registered, Trust};
+use countersign_store::{FencedWrite, Listing, Pinned, Store, TableUsers};
+use serde_json::Value;
 
 pub use crate::settings::{environment, ContentStore, ToolSettings};
+
+/// The gauge of the tools this process withholds.
+pub const WITHHELD_GAUGE: &str = "countersign_tools_withheld";
 
 /// Where a registered tool comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,13 +50,98 @@ pub struct Tools {
     /// Who a user is and who may approve, as every binary of the deployment must agree.
     pub users: Arc<dyn UserDirectory>,
     pub content_store: ContentStore,
+    /// The tools this process withholds from every run.
+    pub withholding: Withholding,
     origins: BTreeMap<String, Origin>,
+    registered: BTreeMap<String, Registered>,
 }
 
 impl Tools {
     /// Where the tool `name` comes from; a name not registered counts as built in.
     pub fn origin(&self, name: &str) -> Origin {
         self.origins.get(name).cloned().unwrap_or(Origin::BuiltIn)
+    }
+
+    /// How the tool `name` of a server was registered: what its server declared, who decided
+    /// its effect, and whether it was withheld at registration. `None` for a built-in tool.
+    pub fn registration(&self, name: &str) -> Option<&Registered> {
+        self.registered.get(name)
+    }
+}
+
+/// The tools a process withholds from every run because their server lists them otherwise
+/// than an operator accepted them: each change is logged, and their number is the gauge
+/// [`WITHHELD_GAUGE`].
+#[derive(Debug, Clone, Default)]
+pub struct Withholding(Arc<Mutex<BTreeSet<String>>>);
+
+impl Withholding {
+    fn tools(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Withholds `tool` of `server`, or no longer does.
+    pub fn set(&self, server: &str, tool: &str, withheld: bool) {
+        let changed = if withheld {
+            self.tools().insert(tool.to_owned())
+        } else {
+            self.tools().remove(tool)
+        };
+        if changed && withheld {
+            tracing::warn!(server, tool, "tool withheld from every run: its server lists it otherwise than it was accepted; `countersign tools pending` shows the change, `countersign tools accept` accepts it");
+        } else if changed {
+            tracing::info!(server, tool, "tool offered again");
+        }
+        self.publish();
+    }
+
+    /// Sets the gauge to the number withheld; call once the metrics recorder is installed.
+    pub fn publish(&self) {
+        let count = self.tools().len();
+        metrics::gauge!(WITHHELD_GAUGE).set(count as f64);
+    }
+
+    /// The tools withheld, by name.
+    pub fn withheld(&self) -> Vec<String> {
+        self.tools().iter().cloned().collect()
+    }
+}
+
+/// Pins the listings of this process's servers in the store (`tool_identities`), and withholds
+/// what differs from what was accepted.
+#[derive(Debug, Clone)]
+pub struct StorePins {
+    store: Store,
+    withholding: Withholding,
+}
+
+#[async_trait]
+impl Pins for StorePins {
+    async fn pin(&self, server: &str, tool: &str, facts: &Value) -> Result<bool, String> {
+        let identity = countersign_core::tool::identity_of(facts);
+        let listing = Listing {
+            tool,
+            server,
+            identity: &identity,
+            facts,
+        };
+        match self.store.pin_tool(listing).await {
+            Ok(Pinned::Accepted) => Ok(true),
+            Ok(Pinned::Withheld {
+                accepted_identity,
+                announced,
+            }) => {
+                if announced {
+                    tracing::info!(server, tool, identity = %identity, %accepted_identity, "a changed listing is recorded as the tool's pending change and announced (tool.withheld)");
+                }
+                Ok(false)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn withholding(&self, server: &str, tool: &str, withheld: bool) {
+        self.withholding.set(server, tool, withheld);
     }
 }
 
@@ -89,27 +185,48 @@ pub async fn tools(store: &Store, settings: &ToolSettings) -> anyhow::Result<Too
     } else {
         Trust::new(None)?
     };
+    let withholding = Withholding::default();
+    let pins = Arc::new(StorePins {
+        store: store.clone(),
+        withholding: withholding.clone(),
+    });
     let servers = if servers.is_empty() {
         Vec::new()
     } else {
-        countersign_remote::register_servers(&mut registry, &servers, &trust, environment)
-            .await
-            .context("discovering the remote tool servers")?
+        countersign_remote::register_servers(
+            &mut registry,
+            &servers,
+            &trust,
+            environment,
+            pins.as_ref(),
+        )
+        .await
+        .context("discovering the remote tool servers")?
     };
-    let mcp = countersign_mcp::register_servers(&mut registry, mcp, &trust, environment)
+    let mcp = countersign_mcp::register_servers(&mut registry, mcp, &trust, environment, pins)
         .await
         .context("discovering the MCP servers' tools")?;
     let origins = servers
+        .iter()
+        .map(|r| (r.tool.clone(), Origin::Server(r.server.clone())))
+        .chain(
+            mcp.iter()
+                .map(|r| (r.tool.clone(), Origin::Mcp(r.server.clone()))),
+        )
+        .collect();
+    let registered = servers
         .into_iter()
-        .map(|r| (r.tool, Origin::Server(r.server)))
-        .chain(mcp.into_iter().map(|r| (r.tool, Origin::Mcp(r.server))))
+        .chain(mcp)
+        .map(|r| (r.tool.clone(), r))
         .collect();
     Ok(Tools {
         registry,
         local,
         users,
         content_store,
+        withholding,
         origins,
+        registered,
     })
 }
 

@@ -234,6 +234,7 @@ fn suspended_state() -> SuspendedRunState {
         }],
         stale_call_indexes: vec![],
         landed_calls: vec![],
+        tool_identities: vec![],
         suspension_seq: SuspensionSeq::FIRST,
         captured_at: "2026-11-30T10:00:00Z".into(),
     }

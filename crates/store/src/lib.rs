@@ -15,6 +15,7 @@ mod reaper;
 mod rotation;
 mod runs;
 mod settlements;
+mod tool_identities;
 mod webhooks;
 
 use std::fmt;
@@ -44,6 +45,7 @@ pub use runs::{
     StoredRequest, TerminationReason, LOCAL_PRODUCER,
 };
 pub use settlements::Settlement;
+pub use tool_identities::{Listing, PendingChange, Pinned, ToolIdentity};
 pub use webhooks::{AttemptOutcome, DeliveryRecord, DueDelivery, WebhookEndpoint};
 
 /// The migrations of the engine's schema (`migrations/`), embedded at build time.

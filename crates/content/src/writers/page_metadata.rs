@@ -1,4 +1,12 @@
 //! `update_page_metadata`: set descriptive fields of exactly one page.
+//!
+//! What it may write is its allow-list ([`PAGE_METADATA_FIELDS`]) intersected with the columns
+//! `content.pages` has in the live database ([`LiveColumns`]): a field a migration dropped or
+//! renamed is refused by name, never written blindly. The columns are read when the writer is
+//! first used and again after the database reports a column missing (a migration ran since).
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use countersign_core::{Effect, PreviewLine, ToolOutput};
@@ -14,8 +22,55 @@ use crate::refusals::{named, PAGE_NOT_PERMITTED};
 use crate::writer::{Planned, Refusal, Row, Writer};
 use crate::writers::{change_line, ReadBack};
 
-#[derive(Debug, Clone)]
-pub(crate) struct UpdatePageMetadata;
+#[derive(Debug, Clone, Default)]
+pub(crate) struct UpdatePageMetadata {
+    schema: Arc<LiveColumns>,
+}
+
+/// The columns of `content.pages` as the database has them, read once and again after a
+/// statement found one missing.
+#[derive(Debug, Default)]
+struct LiveColumns(RwLock<Option<Arc<BTreeSet<String>>>>);
+
+/// PostgreSQL's `undefined_column`: a statement named a column the table no longer has.
+const UNDEFINED_COLUMN: &str = "42703";
+
+impl LiveColumns {
+    async fn get(&self, conn: &mut PgConnection) -> Result<Arc<BTreeSet<String>>, sqlx::Error> {
+        if let Some(columns) = self.0.read().unwrap_or_else(|p| p.into_inner()).clone() {
+            return Ok(columns);
+        }
+        let names = sqlx::query_scalar!(
+            r#"SELECT attname::text AS "column!" FROM pg_attribute
+               WHERE attrelid = 'content.pages'::regclass AND attnum > 0 AND NOT attisdropped"#
+        )
+        .fetch_all(conn)
+        .await?;
+        let columns = Arc::new(names.into_iter().collect::<BTreeSet<String>>());
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&columns));
+        Ok(columns)
+    }
+
+    /// Reads the columns again at the next use when `result` says one is missing.
+    fn check<T>(&self, result: Result<T, sqlx::Error>) -> Result<T, sqlx::Error> {
+        if let Err(sqlx::Error::Database(e)) = &result {
+            if e.code().as_deref() == Some(UNDEFINED_COLUMN) {
+                tracing::warn!(
+                    "content.pages lacks a column a statement named; its columns are read again"
+                );
+                *self.0.write().unwrap_or_else(|p| p.into_inner()) = None;
+            }
+        }
+        result
+    }
+}
+
+/// The refusal of a call that sets `field`, which the live schema does not have.
+fn not_in_schema(field: &str) -> Refusal {
+    Refusal::invalid(format!(
+        "Field {field} is not a column of this installation's pages; nothing was changed."
+    ))
+}
 
 /// One-line fields take at most 255 characters, prose 2000. The fields are
 /// [`PAGE_METADATA_FIELDS`], in its order.
@@ -128,7 +183,12 @@ impl Writer for UpdatePageMetadata {
         user: &User,
         args: &PageMetadataArgs,
     ) -> Result<Planned<PageMetadataPlan>, sqlx::Error> {
-        let Some(page) = Page::load(conn, args.uid.get()).await? else {
+        let fields = args.fields();
+        let live = self.schema.get(conn).await?;
+        if let Some(missing) = fields.keys().find(|f| !live.contains(**f)) {
+            return Ok(Err(not_in_schema(missing)));
+        }
+        let Some(page) = self.schema.check(Page::load(conn, args.uid.get()).await)? else {
             return Ok(Err(Refusal::NotPermitted));
         };
         if !page.permits(user) {
@@ -137,7 +197,6 @@ impl Writer for UpdatePageMetadata {
         if page.workspace != 0 {
             return Ok(Err(Refusal::draft("Page", page.uid, page.workspace)));
         }
-        let fields = args.fields();
         let ungranted = user.ungranted_fields("pages", fields.keys().copied());
         Ok(Ok(PageMetadataPlan {
             page,
@@ -166,10 +225,10 @@ impl Writer for UpdatePageMetadata {
         plan: &PageMetadataPlan,
     ) -> Result<ToolOutput, sqlx::Error> {
         let uid = plan.page.uid;
-        let Some(stored) = DataHandler::new(user)
+        let written = DataHandler::new(user)
             .update_page(conn, uid, &plan.fields)
-            .await?
-        else {
+            .await;
+        let Some(stored) = self.schema.check(written)? else {
             return Ok(ToolOutput::error(format!(
                 "Page [{uid}] could not be read back after the write; treat the write as failed."
             )));

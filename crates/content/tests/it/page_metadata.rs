@@ -2,7 +2,7 @@ use countersign_content::refusals::PAGE_NOT_PERMITTED;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::support::{text, Site};
+use crate::support::{text, user, Site};
 
 const TOOL: &str = "update_page_metadata";
 
@@ -175,4 +175,43 @@ async fn the_same_seo_field_is_written_for_an_editor_holding_the_grant(pool: PgP
         .await;
     assert!(!out.is_error, "{}", out.content);
     assert_eq!(site.page_text(12, "seo_title").await, "Home, better");
+}
+
+#[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
+async fn a_field_a_migration_renamed_is_refused_by_name_once_the_live_schema_is_read_again(
+    pool: PgPool,
+) {
+    let site = Site::seeded(pool).await;
+    // The writer has read the live columns: every field of its allow-list is there.
+    let description = json!({"uid": 12, "description": "Still here."});
+    assert_eq!(
+        site.preview(TOOL, "editor", description.clone()).await[0],
+        "Page [12] \"Home\" — 1 field(s):"
+    );
+
+    // A migration renames a column while the writer runs.
+    site.exec("ALTER TABLE content.pages RENAME COLUMN twitter_title TO twitter_heading")
+        .await;
+    let args = json!({"uid": 12, "twitter_title": "Blindly?"});
+    let first = site.previewer(TOOL).preview(&user("editor"), &args).await;
+    assert!(
+        first.is_err(),
+        "the database says a column is missing: {first:?}"
+    );
+
+    // Read again, the live columns no longer have it: the field is refused by name.
+    let refusal =
+        "Field twitter_title is not a column of this installation's pages; nothing was changed.";
+    assert_eq!(
+        site.preview(TOOL, "editor", args.clone()).await,
+        vec![refusal]
+    );
+    let out = site.execute(TOOL, "editor", args).await;
+    assert!(out.is_error);
+    assert_eq!(out.content, refusal);
+    assert_eq!(
+        site.count("SELECT count(*) FROM content.pages WHERE twitter_heading = 'Blindly?'")
+            .await,
+        0
+    );
 }

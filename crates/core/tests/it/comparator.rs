@@ -1,7 +1,7 @@
 //! The comparison an approved turn makes before anything writes: what binds and what does not.
 
 use countersign_core::agent_loop::{self, Decision, Outcome};
-use countersign_core::{CallIndex, SuspendedRunState};
+use countersign_core::{CallIndex, SuspendedRunState, Tool};
 use serde_json::json;
 
 use crate::support::{final_answer, turn, Fixture, PreviewMode, TestModel};
@@ -158,4 +158,25 @@ async fn a_preview_longer_than_the_limit_fails_naming_its_code() {
         "{:?}",
         state.call_previews[0].lines
     );
+}
+
+#[tokio::test]
+async fn a_call_whose_tool_changed_since_its_card_bounces_with_nothing_written() {
+    let f = Fixture::new();
+    let state = suspended(&f).await;
+    *f.append2.revision.lock().unwrap() += 1;
+    let Outcome::Suspended { state: card2, .. } = approved(&f, state).await else {
+        panic!("the changed tool bounces the card");
+    };
+    assert_eq!(card2.stale_call_indexes, vec![CallIndex::new(1)]);
+    assert!(f.world.executed_tools().is_empty(), "nothing was written");
+    assert_eq!(
+        card2.identity_of(CallIndex::new(1)),
+        Some(f.append2.identity().as_str()),
+        "the new card is made with the tool as it is now"
+    );
+    assert!(matches!(
+        approved(&f, card2).await,
+        Outcome::Completed { .. }
+    ));
 }

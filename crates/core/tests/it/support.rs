@@ -74,6 +74,8 @@ pub struct Append {
     pub spec: ToolSpec,
     pub world: Arc<World>,
     pub mode: Mutex<PreviewMode>,
+    /// Changes the tool's identity, as a new argument schema accepted by an operator would.
+    pub revision: Mutex<u32>,
 }
 
 impl Append {
@@ -82,6 +84,7 @@ impl Append {
             spec: spec(name, "editing", Effect::NonIdempotentWrite),
             world,
             mode: Mutex::new(mode),
+            revision: Mutex::new(0),
         })
     }
 
@@ -134,6 +137,10 @@ impl Tool for Append {
             "{key} now has {} item(s)",
             list.len()
         )))
+    }
+
+    fn identity_facts(&self) -> Value {
+        json!({"name": self.spec.name, "revision": *self.revision.lock().unwrap()})
     }
 
     fn previewer(&self) -> Option<&dyn ToolPreview> {

@@ -319,6 +319,7 @@ async fn an_approval_past_its_deadline_is_cancelled_and_announced(pool: PgPool) 
         call_previews: vec![],
         stale_call_indexes: vec![],
         landed_calls: vec![],
+        tool_identities: vec![],
         suspension_seq: SuspensionSeq::FIRST,
         captured_at: "2026-11-30T10:00:00Z".into(),
     };

@@ -120,9 +120,19 @@ pub(crate) fn tight() -> Limits {
 pub(crate) async fn tools(url: &str) -> Vec<Arc<dyn Tool>> {
     RemoteToolServer::with_secret("canned", url, &SecretString::from("s"), tight())
         .unwrap()
+        // The canned server's declared effects are what these tests exercise.
+        .with_word(trusting())
         .discover_tools()
         .await
         .unwrap()
+}
+
+/// The operator's word that takes a server's declarations as its own.
+pub(crate) fn trusting() -> countersign_remote::OperatorWord {
+    countersign_remote::OperatorWord {
+        trust_declarations: true,
+        ..Default::default()
+    }
 }
 
 pub(crate) fn tool<'a>(tools: &'a [Arc<dyn Tool>], name: &str) -> &'a dyn Tool {

@@ -14,6 +14,7 @@ use countersign_remote::{Limits, RemoteToolServer, Trust};
 use secrecy::SecretString;
 use serde_json::json;
 
+use crate::client::trusting;
 use crate::tls::{test_ca, tls_file};
 
 const SECRET: &str = "wiki-test-secret";
@@ -103,7 +104,16 @@ impl Wiki {
         Self::start_in(dir)
     }
 
+    /// The wiki's tools as an operator who trusts its declarations has them.
     async fn tools(&self, secret: &str) -> Vec<Arc<dyn Tool>> {
+        self.tools_with(secret, trusting()).await
+    }
+
+    async fn tools_with(
+        &self,
+        secret: &str,
+        word: countersign_remote::OperatorWord,
+    ) -> Vec<Arc<dyn Tool>> {
         RemoteToolServer::with_secret(
             "wiki",
             &self.url,
@@ -111,6 +121,7 @@ impl Wiki {
             Limits::default(),
         )
         .unwrap()
+        .with_word(word)
         .discover_tools()
         .await
         .unwrap()
@@ -177,6 +188,56 @@ async fn read(tools: &[Arc<dyn Tool>], page: &str) -> String {
         .await
         .unwrap()
         .content
+}
+
+#[tokio::test]
+async fn without_the_operators_word_each_wiki_tool_is_a_disabled_non_idempotent_write_of_its_own_group(
+) {
+    let wiki = Wiki::start();
+    let tools = wiki
+        .tools_with(SECRET, countersign_remote::OperatorWord::default())
+        .await;
+    assert_eq!(tools.len(), 3);
+    for tool in &tools {
+        let s = tool.spec();
+        assert_eq!(
+            (
+                s.effect,
+                s.enabled_by_default,
+                s.group.as_str(),
+                s.data_class
+            ),
+            (
+                Effect::NonIdempotentWrite,
+                false,
+                "remote_wiki",
+                countersign_core::DataClass::SecretAdjacent
+            ),
+            "{}",
+            s.name
+        );
+    }
+    let word = countersign_remote::OperatorWord::parse(&[
+        "read_page.effect=read_only",
+        "set_page.effect=idempotent_write",
+        "data_class=editor_content",
+    ])
+    .unwrap();
+    let tools = wiki.tools_with(SECRET, word).await;
+    let read = find(&tools, "read_page").spec();
+    assert_eq!(
+        (read.effect, read.enabled_by_default),
+        (Effect::ReadOnly, true)
+    );
+    let set = find(&tools, "set_page").spec();
+    assert_eq!(
+        (set.effect, set.enabled_by_default, set.data_class),
+        (
+            Effect::IdempotentWrite,
+            false,
+            countersign_core::DataClass::EditorContent
+        )
+    );
 }
 
 #[tokio::test]
@@ -383,6 +444,7 @@ async fn the_wiki_over_https_is_discovered_previewed_and_written_when_its_ca_is_
     let tools =
         RemoteToolServer::with_trust("wiki", &wiki.url, &secret, Limits::default(), &test_ca())
             .unwrap()
+            .with_word(trusting())
             .discover_tools()
             .await
             .unwrap();

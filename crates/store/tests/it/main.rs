@@ -16,5 +16,6 @@ mod outbox;
 mod reaper;
 mod sealing;
 mod support;
+mod tool_identities;
 mod transitions;
 mod webhooks;

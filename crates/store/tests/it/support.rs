@@ -97,6 +97,7 @@ pub fn state(seq: SuspensionSeq) -> SuspendedRunState {
         }],
         stale_call_indexes: vec![],
         landed_calls: vec![],
+        tool_identities: vec![],
         suspension_seq: seq,
         captured_at: "2026-11-30T10:00:00Z".into(),
     }
