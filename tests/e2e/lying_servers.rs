@@ -73,6 +73,13 @@ impl LyingDir {
         std::fs::write(self.0.join(flag), "").unwrap();
     }
 
+    /// Sets the log purge_log empties (no server writes the state meanwhile: the run waits).
+    fn set_log(&self, entries: usize) {
+        let mut state = self.state();
+        state["log"] = json!((0..entries).map(|i| format!("e{i}")).collect::<Vec<_>>());
+        std::fs::write(self.0.join("state.json"), state.to_string()).unwrap();
+    }
+
     fn clear(&self, flag: &str) {
         std::fs::remove_file(self.0.join(flag)).unwrap();
     }
@@ -929,5 +936,56 @@ async fn hostile_previews_are_rendered_inert_in_a_real_terminal() {
         !title.contains("forged"),
         "the window title is the terminal's: {title}"
     );
+    lab.finish(services).await;
+}
+
+#[tokio::test]
+async fn a_preview_of_three_thousand_lines_that_grows_by_one_after_the_card_bounces_the_approval() {
+    let word = json!({ "tools": {
+        "purge_log": { "effect": "non_idempotent_write", "preview": "preview_purge_log" },
+        "preview_purge_log": { "effect": "read_only" } } });
+    let mut lab = Lab::new(
+        "lying_long_preview",
+        word,
+        Over::Stdio,
+        vec![call("purge_log", 6)],
+        &["purge_log"],
+    )
+    .await;
+    lab.lying.set_log(3000);
+    let services = lab.services();
+    let run_id = lab.submit("Purge the log of ticket 6.");
+    wait_for_card(&mut lab.conn, &run_id, 1, secs(90)).await;
+    let shown = lab.countersign_ok(&["show", &run_id, "--as", "admin"]);
+    assert!(
+        shown.contains("entry 18: e18") && !shown.contains("entry 19: e19"),
+        "the card shows twenty lines: {shown}"
+    );
+    assert!(
+        shown.contains("… and 2981 more line(s), not shown.")
+            && shown.contains("the whole preview, 3001 lines, binds the approval"),
+        "and says how many more there are, all of them read: {shown}"
+    );
+    let whole = lab.countersign_ok(&["show", &run_id, "--as", "admin", "--full"]);
+    assert!(
+        whole.contains("entry 2999: e2999"),
+        "the whole preview: {whole}"
+    );
+
+    // One more entry after the card: past the lines shown, and the approval bounces.
+    lab.lying.set_log(3001);
+    lab.approve(&run_id, 1).await;
+    wait_for_card(&mut lab.conn, &run_id, 2, secs(90)).await;
+    assert_eq!(lab.lying.calls("purge_log"), 0, "nothing was purged");
+    let card2 = lab.countersign_ok(&["show", &run_id, "--as", "admin"]);
+    assert!(
+        card2.contains("… and 2982 more line(s), not shown.") && card2.contains("⚠ moved"),
+        "{card2}"
+    );
+
+    lab.approve(&run_id, 2).await;
+    wait_for_status(&mut lab.conn, &run_id, "completed", secs(90)).await;
+    assert_eq!(lab.lying.calls("purge_log"), 1, "purged once, after card 2");
+    assert_eq!(lab.lying.state()["log"], json!([]));
     lab.finish(services).await;
 }

@@ -12,7 +12,9 @@ what docs/mcp-tools.md says, and it lies about everything a server can:
   override; while the file `crash_preview` exists it removes it and dies mid-request instead;
 - reopen_ticket reopens the ticket and then answers a JSON-RPC internal error (-32603);
 - tag_ticket refuses every call with invalid parameters (-32602) and does nothing;
-- count_comments is annotated read-only and, while the file `hang` exists, never answers.
+- count_comments is annotated read-only and, while the file `hang` exists, never answers;
+- purge_log empties the log (the list `log` in its state), and its preview, preview_purge_log,
+  names every entry it would remove, one line each: thousands of lines for a long log.
 
 While the file `slow` exists, archive_ticket waits 30 seconds after it archived and before it
 answers: the window in which a test kills it to lose the answer of a write that landed.
@@ -191,6 +193,26 @@ def tag_ticket(ticket_number: int, tag: str) -> str:
     """Refuses every tag as invalid parameters, doing nothing."""
     arrived("tag_ticket")
     raise MCPError(code=-32602, message=f"invalid tag {tag!r}")
+
+
+@server.tool(annotations=ToolAnnotations(readOnlyHint=True))
+def preview_purge_log(ticket_number: int) -> str:
+    """What purge_log would remove: every entry of the log, one line each."""
+    data = arrived("preview_purge_log")
+    log = data.get("log", [])
+    lines = [f"ticket #{ticket_number}: purges {len(log)} log entries"]
+    lines += [f"entry {i}: {entry}" for i, entry in enumerate(log)]
+    return "\n".join(lines)
+
+
+@server.tool(meta={"countersign/preview": "preview_purge_log"})
+def purge_log(ticket_number: int) -> str:
+    """Removes every entry of the log."""
+    with state() as data:
+        data["calls"].append("purge_log")
+        removed = len(data.get("log", []))
+        data["log"] = []
+    return f"Purged {removed} log entries of ticket #{ticket_number}."
 
 
 @server.tool(annotations=ToolAnnotations(readOnlyHint=True))

@@ -315,7 +315,7 @@ fn card_section(card: &ApprovalCard) -> Markup {
                         p.notice.alone { (countersign_core::card::ALONE_NOTICE) }
                     }
                     @match &call.preview {
-                        CardPreview::Shown { lines, forms } => {
+                        CardPreview::Shown { lines, forms, full } => {
                             ul.preview-lines {
                                 @for (i, line) in lines.iter().enumerate() {
                                     li {
@@ -324,6 +324,12 @@ fn card_section(card: &ApprovalCard) -> Markup {
                                             None => (line),
                                         }
                                     }
+                                }
+                            }
+                            @if !full.is_empty() {
+                                details.full-preview {
+                                    summary { "The whole preview (" (full.len()) " lines) — the approval binds to all of it" }
+                                    ol.preview-lines.full { @for line in full { li { (line) } } }
                                 }
                             }
                         }

@@ -271,8 +271,13 @@ pub struct CardCall {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Preview {
-    /// What the call would do and what it would replace.
-    Shown { lines: Vec<String> },
+    /// What the call would do and what it would replace: the bounded lines a card shows, and
+    /// the whole preview when the bounds cut them (what the approval binds to).
+    Shown {
+        lines: Vec<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        full_lines: Vec<String>,
+    },
     /// The preview failed: the approver decides without one. `lines` names only the error's
     /// class.
     Failed {
@@ -309,7 +314,10 @@ impl Card {
                     landed: c.landed,
                     alone: c.alone,
                     preview: match c.preview {
-                        CardPreview::Shown { lines, .. } => Preview::Shown { lines },
+                        CardPreview::Shown { lines, full, .. } => Preview::Shown {
+                            lines,
+                            full_lines: full,
+                        },
                         CardPreview::Failed { notice, lines } => Preview::Failed { notice, lines },
                         CardPreview::Withheld { notice } => Preview::Withheld { notice },
                         CardPreview::None => Preview::None,

@@ -187,6 +187,9 @@ pub enum Command {
         /// Also write the card shown to FILE (JSON), for `decide --card FILE`.
         #[arg(long, value_name = "FILE", requires = "viewer")]
         save: Option<PathBuf>,
+        /// Show each long preview whole, rather than the lines a card shows.
+        #[arg(long, requires = "viewer")]
+        full: bool,
     },
     /// Cancels a run that has not ended.
     Cancel { run_id: countersign_core::RunId },
@@ -328,16 +331,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Show {
             run_id,
             viewer: None,
-            save: _,
+            ..
         } => ops::show_run(&ops::store_without_keys(connect(url).await?), run_id).await,
         Command::Show {
             run_id,
             viewer: Some(viewer),
             save,
+            full,
         } => {
             let (store, registry, users) = card_reader(url, &cli.keys, &cli.tools).await?;
             ops::show_run(&store, run_id).await?;
-            ops::show_card(&store, &registry, &*users, run_id, &viewer, save.as_deref()).await
+            let shown = ops::Shown {
+                save: save.as_deref(),
+                full,
+            };
+            ops::show_card(&store, &registry, &*users, run_id, &viewer, shown).await
         }
         Command::Cancel { run_id } => {
             let store = ops::store_without_keys(connect(url).await?);

@@ -456,8 +456,8 @@ async fn card_of(
 }
 
 /// Prints a card, and how to decide on exactly this card.
-fn print_card(run_id: RunId, card: &ApprovalCard, viewer: &str) {
-    print!("{}", render::card(card));
+fn print_card(run_id: RunId, card: &ApprovalCard, viewer: &str, whole: bool) {
+    print!("{}", render::card_with(card, whole));
     say!(
         "  decide on this card: countersign decide {run_id} --seq {} --digest {} --as {viewer} --approve (or --deny)",
         card.suspension_seq, card.turn_digest
@@ -492,7 +492,7 @@ pub async fn inbox(
             say!("  (the suspended state cannot be read with this keyring: state_unreadable)");
             continue;
         };
-        print_card(run.run_id, &card, viewer_name);
+        print_card(run.run_id, &card, viewer_name, false);
         shown.push((run.run_id, card));
     }
     if let Some(path) = save {
@@ -509,14 +509,22 @@ pub async fn inbox(
 
 /// The card of one run, as `viewer_name` may see it, printed after [`show_run`] and saved to
 /// `save` when asked.
+/// How `show --as` shows a card: saved to a file as well, and its long previews whole.
+#[derive(Debug, Clone, Copy)]
+pub struct Shown<'a> {
+    pub save: Option<&'a Path>,
+    pub full: bool,
+}
+
 pub async fn show_card(
     store: &Store,
     registry: &ToolRegistry,
     users: &dyn UserDirectory,
     run_id: RunId,
     viewer_name: &str,
-    save: Option<&Path>,
+    shown: Shown<'_>,
 ) -> anyhow::Result<()> {
+    let save = shown.save;
     let run = store.run(run_id).await?.context("no such run")?;
     if run.status != RunStatus::WaitingForApproval {
         say!("  (no card: the run is not waiting for approval)");
@@ -533,7 +541,7 @@ pub async fn show_card(
         anyhow::ensure!(save.is_none(), "run {run_id}: no card to save");
         return Ok(());
     };
-    print_card(run_id, &card, viewer_name);
+    print_card(run_id, &card, viewer_name, shown.full);
     if let Some(path) = save {
         save_cards(path, viewer_name, &[(run_id, card)])?;
         say!(
@@ -696,6 +704,7 @@ mod tests {
                 tool: "update_page_metadata".into(),
                 arguments: json!({"uid": 12}),
                 preview: CardPreview::Shown {
+                    full: vec![],
                     lines: vec!["field description: \"old\" → \"new\"".into()],
                     forms: vec![],
                 },

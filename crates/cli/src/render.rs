@@ -67,6 +67,12 @@ pub fn error(e: &anyhow::Error) -> String {
 }
 
 pub fn card(card: &ApprovalCard) -> String {
+    card_with(card, false)
+}
+
+/// The card, each long preview shown whole when `whole` (else its bounded lines and how to see
+/// the rest).
+pub fn card_with(card: &ApprovalCard, whole: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -96,9 +102,21 @@ pub fn card(card: &ApprovalCard) -> String {
             inert(&call.arguments.to_string())
         );
         match &call.preview {
-            CardPreview::Shown { lines, .. } => {
-                for line in lines {
+            CardPreview::Shown { lines, full, .. } => {
+                let shown = if whole && !full.is_empty() {
+                    full
+                } else {
+                    lines
+                };
+                for line in shown {
                     let _ = writeln!(out, "  │     {}", inert(line));
+                }
+                if !whole && !full.is_empty() {
+                    let _ = writeln!(
+                        out,
+                        "  │     (the whole preview, {} lines, binds the approval: show it with --full)",
+                        full.len()
+                    );
                 }
             }
             CardPreview::Failed { notice, lines } => {

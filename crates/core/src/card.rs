@@ -66,6 +66,10 @@ pub enum CardPreview {
         /// For each line, the structured form its tool gave with it, if any (empty: none).
         #[serde(skip_serializing_if = "Vec::is_empty")]
         forms: Vec<Option<crate::LineForm>>,
+        /// The whole preview, when the bounds cut `lines` (empty otherwise): what the approval
+        /// binds to, to be read beside the card.
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        full: Vec<String>,
     },
     Failed {
         notice: &'static str,
@@ -107,6 +111,7 @@ pub async fn build_card(
                     CardPreview::Shown {
                         lines: p.lines.clone(),
                         forms: p.forms.clone(),
+                        full: p.full.clone(),
                     }
                 } else {
                     CardPreview::Withheld {
