@@ -46,7 +46,7 @@ enum Point {
     AfterPrepare1,
     AfterPrepares,
     AfterLocalWrite,
-    AfterCommitPoint,
+    PastTheCommit,
     AfterCommit1,
 }
 
@@ -55,7 +55,7 @@ impl Point {
         Point::AfterPrepare1,
         Point::AfterPrepares,
         Point::AfterLocalWrite,
-        Point::AfterCommitPoint,
+        Point::PastTheCommit,
         Point::AfterCommit1,
     ];
 
@@ -64,7 +64,7 @@ impl Point {
             Point::AfterPrepare1 => "after prepare 1 of 2",
             Point::AfterPrepares => "after both prepares (store locks)",
             Point::AfterLocalWrite => "after the store's write",
-            Point::AfterCommitPoint => "after the commit point",
+            Point::PastTheCommit => "after the commit point",
             Point::AfterCommit1 => "after wiki commit 1 of 2",
         }
     }
@@ -225,7 +225,7 @@ fn hold_of(point: Point) -> Option<(&'static str, usize)> {
         Point::AfterPrepare1 => Some(("hold-prepare", 1)),
         Point::AfterPrepares => None,
         Point::AfterLocalWrite => Some(("hold-status", 0)),
-        Point::AfterCommitPoint => Some(("hold", 0)),
+        Point::PastTheCommit => Some(("hold", 0)),
         Point::AfterCommit1 => Some(("hold-after", 0)),
     }
 }

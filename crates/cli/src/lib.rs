@@ -330,22 +330,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Show {
             run_id,
-            viewer: None,
-            ..
-        } => ops::show_run(&ops::store_without_keys(connect(url).await?), run_id).await,
-        Command::Show {
-            run_id,
-            viewer: Some(viewer),
+            viewer,
             save,
             full,
         } => {
-            let (store, registry, users) = card_reader(url, &cli.keys, &cli.tools).await?;
-            ops::show_run(&store, run_id).await?;
             let shown = ops::Shown {
                 save: save.as_deref(),
                 full,
             };
-            ops::show_card(&store, &registry, &*users, run_id, &viewer, shown).await
+            show(url, &cli.keys, &cli.tools, run_id, viewer.as_deref(), shown).await
         }
         Command::Cancel { run_id } => {
             let store = ops::store_without_keys(connect(url).await?);
@@ -359,6 +352,23 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `show`: the run, and with a viewer its card as they may see it.
+async fn show(
+    url: &str,
+    keys: &countersign_service::KeySettings,
+    tools: &countersign_service::ToolSettings,
+    run_id: countersign_core::RunId,
+    viewer: Option<&str>,
+    shown: ops::Shown<'_>,
+) -> anyhow::Result<()> {
+    let Some(viewer) = viewer else {
+        return ops::show_run(&ops::store_without_keys(connect(url).await?), run_id).await;
+    };
+    let (store, registry, users) = card_reader(url, keys, tools).await?;
+    ops::show_run(&store, run_id).await?;
+    ops::show_card(&store, &registry, &*users, run_id, viewer, shown).await
 }
 
 async fn migrate(database_url: &str, with_content: bool) -> anyhow::Result<()> {

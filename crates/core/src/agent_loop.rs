@@ -302,6 +302,8 @@ pub struct Decision {
 }
 
 /// How a segment ended.
+// One outcome per segment, moved once: the suspended state is not worth a box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     Completed {

@@ -5,7 +5,7 @@
 //!              → verify holds → send → COMMIT (the commit point) → commit holds
 //! ```
 //!
-//! - **One state per call.** Every call of the turn is a [`Call`] whose [`State`] is what the
+//! - **One state per call.** Every call of the turn is a `Call` whose `State` is what the
 //!   steps found so far: skipped, done, a read, a local write to plan, one applied in the turn's
 //!   transaction, a write outside the store to send, one in doubt, one held at its resource, one
 //!   its resource found moved. Each step is one `match` on it.

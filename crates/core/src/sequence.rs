@@ -3,15 +3,15 @@
 //! the lines of a card compose (`2 → 3`, then `3 → 4`) and the comparison checks the same
 //! sequence the approver was shown.
 //!
-//! - **The run store's own writers** ([`LocalWriter`]) run in a transaction of the store: the
+//! - **The run store's own writers** ([`crate::LocalWriter`]) run in a transaction of the store: the
 //!   subjects of every call are locked in the one global order, then each call is planned — its
 //!   preview taken — and applied, uncommitted, before the next is planned. At suspension the
 //!   transaction is rolled back once the previews are taken; at an approved resume it is the
 //!   turn's own, committed once everything compared equal.
-//! - **A tool outside the store** whose [`Tool::sequence`] names a resource is previewed after the
-//!   calls of the turn before it on that resource that are still to run ([`EarlierCall`]): through
-//!   [`ToolPreview::preview_after`] when it composes; otherwise as if it were alone, and its
-//!   preview says so ([`CallPreview::alone`]), so the card can tell the approver.
+//! - **A tool outside the store** whose [`crate::Tool::sequence`] names a resource is previewed after the
+//!   calls of the turn before it on that resource that are still to run ([`crate::EarlierCall`]): through
+//!   [`crate::ToolPreview::preview_after`] when it composes; otherwise as if it were alone, and its
+//!   preview says so ([`crate::CallPreview::alone`]), so the card can tell the approver.
 //! - Anything else — a read, a tool of no shared resource — reads nothing another call of the
 //!   turn writes, and is previewed alone.
 

@@ -33,7 +33,7 @@ pub use decisions::{
 pub use directory::{DirectoryUser, TableUsers};
 pub use error::{classify, StoreError};
 pub use events::{NewEvent, RunEvent};
-pub use fence::{hook_error, FencedWrite};
+pub use fence::{hook_error, FencedWrite, PREVIEW_LOCK_TIMEOUT};
 pub use inbox::{InboxCursor, InboxPage, WaitingRun};
 pub use leases::{Claim, ClaimedInputs, Renewal, SealedDecision, SentCall};
 pub use observe::Backlog;
