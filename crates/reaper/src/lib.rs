@@ -239,10 +239,11 @@ pub async fn pass(
     Ok(summary)
 }
 
-/// Registers `countersign_reaper_actions_total` at zero for every action, so that a looping
-/// reaper serves each from its start.
+/// Registers `countersign_reaper_actions_total` at zero for every action, and the pass duration
+/// histogram, so that a looping reaper serves each from its start.
 pub fn register_metrics() {
     for (action, _) in PassSummary::default().actions() {
         let _ = metrics::counter!("countersign_reaper_actions_total", "action" => action.as_str());
     }
+    let _ = metrics::histogram!("countersign_reaper_pass_duration_seconds");
 }

@@ -9,9 +9,12 @@ use std::time::Duration;
 use clap::Parser;
 use countersign_crypto::Keyring;
 use countersign_reaper::{pass, ReaperConfig};
-use countersign_service::{Connections, Ready};
+use countersign_service::{Connections, Ready, SessionLimits};
 use countersign_store::Store;
 use tracing::Instrument;
+
+/// The service's name, in its logs, its traces and `pg_stat_activity`.
+const NAME: &str = "countersign-reaper";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,7 +60,7 @@ async fn main() -> ExitCode {
     }
     // Before anything can report ready (see `shutdown_signal`); one for every pass.
     let shutdown = countersign_service::shutdown_signal();
-    let telemetry = match args.connections.init_telemetry("countersign-reaper") {
+    let telemetry = match args.connections.init_telemetry(NAME) {
         Ok(telemetry) => telemetry,
         Err(e) => {
             eprintln!("reaper: cannot set up traces: {e}");
@@ -80,7 +83,8 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
         outbox_retention: Duration::from_secs(args.outbox_retention_hours.saturating_mul(3600)),
         ..ReaperConfig::default()
     };
-    let pool = match args.connections.pool(2).await {
+    let limits = SessionLimits::default();
+    let pool = match args.connections.pool(NAME, 2, &limits).await {
         Ok(pool) => pool,
         Err(e) => {
             tracing::error!(error = %e, "PostgreSQL unreachable");
@@ -100,9 +104,17 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
         }
     };
 
+    let probe = match args.connections.probe(NAME, &limits) {
+        Ok(probe) => probe,
+        Err(e) => {
+            eprintln!("reaper: PostgreSQL address unusable: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let ready = Arc::new(Ready {
-        pool,
+        probe,
         broker: broker.clone(),
+        vitals: store.vitals().clone(),
     });
     if let Err(e) = countersign_service::spawn_surfaces(args.connections.http_addr, ready).await {
         eprintln!("reaper: cannot serve the HTTP surfaces: {e}");
@@ -110,13 +122,28 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
     }
     countersign_reaper::register_metrics();
 
+    // A pass waits on no row (it skips what another transaction holds) and each statement has
+    // its limits; the pass as a whole has one too, so a silent database cannot hold a loop.
+    let within = limits.statement * 2;
     loop {
-        match pass(&store, &broker, &config)
-            .instrument(tracing::info_span!("reaper_pass"))
-            .await
-        {
-            Ok(summary) => println!("{summary}"),
-            Err(e) => {
+        let started = std::time::Instant::now();
+        let passed = tokio::time::timeout(
+            within,
+            pass(&store, &broker, &config).instrument(tracing::info_span!("reaper_pass")),
+        )
+        .await;
+        metrics::histogram!("countersign_reaper_pass_duration_seconds")
+            .record(started.elapsed().as_secs_f64());
+        match passed {
+            Ok(Ok(summary)) => println!("{summary}"),
+            Err(_) => {
+                tracing::error!(?within, "reaper pass did not end in time");
+                eprintln!("reaper pass failed (reaper_pass_timeout)");
+                if args.every.is_none() {
+                    return ExitCode::from(1);
+                }
+            }
+            Ok(Err(e)) => {
                 tracing::error!(code = e.code(), error = %e, "reaper pass failed");
                 eprintln!("reaper pass failed ({})", e.code());
                 if args.every.is_none() {

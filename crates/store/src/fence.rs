@@ -71,7 +71,7 @@ impl Store {
         seq: SuspensionSeq,
     ) -> Result<FencedWrite, StoreError> {
         let permit = self.turn_permit().await;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_turn_transaction().await?;
         let held = sqlx::query!(
             r#"SELECT
                    (SELECT coalesce(array_agg(j.call_index ORDER BY j.call_index), '{}')
@@ -109,7 +109,7 @@ impl Store {
     /// [`StoreError::FenceLost`], with nothing written.
     pub async fn fenced_write(&self, token: &FenceToken) -> Result<FencedWrite, StoreError> {
         let permit = self.turn_permit().await;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_turn_transaction().await?;
         // The guard is in the WHERE clause: a row locked by a concurrent transition is
         // re-checked against its newest version once that transaction ends.
         let held = sqlx::query_scalar!(

@@ -73,6 +73,11 @@ pub struct Store {
     relay_kick: Arc<Notify>,
     /// Rows committed through this handle for the relay, and its marks not yet written.
     handoff: Arc<std::sync::Mutex<outbox::Handoff>>,
+    /// Whether the statements of this process keep failing; shared by every clone.
+    vitals: Vitals,
+    /// The statement that opens an approved turn's transaction (`BEGIN` with the turn's own
+    /// limits, see [`Store::with_turn_begin`]); a plain `BEGIN` when unset.
+    turn_begin: Option<Arc<str>>,
 }
 
 impl Store {
@@ -83,6 +88,33 @@ impl Store {
             keyring,
             relay_kick: Arc::new(Notify::new()),
             handoff: Arc::default(),
+            vitals: Vitals::default(),
+            turn_begin: None,
+        }
+    }
+
+    /// Whether this process's own statements keep failing: what its loops (heartbeats, claims,
+    /// the relay, the gates, the reaper's scans) observed last.
+    pub fn vitals(&self) -> &Vitals {
+        &self.vitals
+    }
+
+    /// This store with approved turns' transactions opened by `begin` (`BEGIN` and the turn's
+    /// own `SET LOCAL` limits in one simple query): a turn may wait on a colleague's lock on the
+    /// content longer than the session lets any other statement wait.
+    #[must_use]
+    pub fn with_turn_begin(mut self, begin: String) -> Store {
+        self.turn_begin = Some(begin.into());
+        self
+    }
+
+    /// Opens an approved turn's transaction ([`Store::with_turn_begin`]).
+    async fn begin_turn_transaction(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+        match &self.turn_begin {
+            Some(begin) => self.pool.begin_with(begin.to_string()).await,
+            None => self.pool.begin().await,
         }
     }
 
@@ -121,6 +153,42 @@ impl fmt::Debug for Store {
                 &self.turns.as_ref().map(|t| t.available_permits()),
             )
             .finish_non_exhaustive()
+    }
+}
+
+/// Whether the statements of this process keep failing, as its loops observe them: a statement
+/// the database could not answer (a lost or silent connection, a timeout, a conflict; see
+/// [`StoreError::is_transient`]) counts as failed, any answer — a refusal too — as answered.
+/// [`Vitals::FAILING_AFTER`] failures in a row, and the process's `/readyz` says it is not ready
+/// until one is answered again. Cheap to clone; every clone shares the count.
+#[derive(Debug, Clone, Default)]
+pub struct Vitals(Arc<std::sync::atomic::AtomicU32>);
+
+impl Vitals {
+    /// Failures in a row that make a process unready.
+    pub const FAILING_AFTER: u32 = 3;
+
+    /// Records what one statement (or one call of several) came to.
+    pub fn record<T>(&self, outcome: &Result<T, StoreError>) {
+        match outcome {
+            Err(e) if e.is_transient() => self.failed(),
+            _ => self.answered(),
+        }
+    }
+
+    /// A call the database did not answer (within its deadline, or at all).
+    pub fn failed(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A call the database answered.
+    pub fn answered(&self) {
+        self.0.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the last [`Vitals::FAILING_AFTER`] calls or more all failed.
+    pub fn failing(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) >= Self::FAILING_AFTER
     }
 }
 
