@@ -94,7 +94,7 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
     };
     // The reaper seals and opens nothing: a key that lives only in this process will do.
     let keyring = Keyring::ephemeral();
-    let store = Store::new(pool.clone(), Arc::new(keyring));
+    let store = Store::new(pool, Arc::new(keyring)).with_deadline(limits.call);
     let broker = match args.connections.broker().await {
         Ok(broker) => broker,
         Err(e) => {

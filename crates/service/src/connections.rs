@@ -32,6 +32,11 @@ pub struct Connections {
     /// Prefix of every queue and exchange name.
     #[arg(long, env = "COUNTERSIGN_QUEUE_PREFIX", default_value = "countersign")]
     pub queue_prefix: String,
+    /// The AMQP heartbeat asked for, in seconds (0: the broker's). The process and the broker
+    /// each take a connection silent for two heartbeats as dead: the process turns unready and
+    /// connects again, the broker hands what it had delivered to the other consumers.
+    #[arg(long, env = "COUNTERSIGN_AMQP_HEARTBEAT_SECS", default_value_t = countersign_queue::DEFAULT_HEARTBEAT_SECS)]
+    pub amqp_heartbeat_secs: u16,
     /// Declare no queue or exchange, only check that they exist: the broker's definitions
     /// (deploy/rabbitmq/definitions.json) made them. Needs no configure permission, so the
     /// process can run as a least-privilege AMQP user.
@@ -115,6 +120,7 @@ impl Connections {
     /// How this process connects to the broker and treats its topology.
     pub fn queue_config(&self) -> QueueConfig {
         let mut config = QueueConfig::new(&self.amqp_addr, Topology::new(&self.queue_prefix));
+        config.heartbeat = self.amqp_heartbeat_secs;
         config.declare = match (self.no_declare, self.queue_arguments) {
             (true, _) => Declare::Nothing,
             (false, QueueArguments::Inline) => Declare::WithArguments,

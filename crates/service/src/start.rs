@@ -83,7 +83,7 @@ pub async fn start(
     let probe = connections
         .probe(name, &pools.limits)
         .context("the readiness probe's PostgreSQL address")?;
-    let mut store = Store::new(pool, Arc::new(keyring));
+    let mut store = Store::new(pool, Arc::new(keyring)).with_deadline(pools.limits.call);
     if let Some(turns) = pools.turns {
         store = store
             .with_turn_limit(turns)

@@ -34,6 +34,12 @@ pub enum StoreError {
     Crypto(#[from] CryptoError),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+    /// The database did not answer within the caller's deadline ([`Store::within`]): nothing is
+    /// known of what became of the statement, as for a lost connection.
+    ///
+    /// [`Store::within`]: crate::Store::within
+    #[error("the database did not answer within {0:?}")]
+    TimedOut(std::time::Duration),
 }
 
 impl StoreError {
@@ -48,6 +54,7 @@ impl StoreError {
             StoreError::Unreadable { .. } => TerminationReason::StateUnreadable.as_str(),
             StoreError::Crypto(e) => e.code(),
             StoreError::Database(e) => classify(e).1,
+            StoreError::TimedOut(_) => "database_timeout",
         }
     }
 
@@ -57,7 +64,7 @@ impl StoreError {
     pub fn fault(&self) -> Fault {
         match self {
             StoreError::Database(e) => classify(e).0,
-            StoreError::AlreadyJournaled => Fault::Transient,
+            StoreError::AlreadyJournaled | StoreError::TimedOut(_) => Fault::Transient,
             _ => Fault::Persistent,
         }
     }

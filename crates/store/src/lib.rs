@@ -78,6 +78,8 @@ pub struct Store {
     /// The statement that opens an approved turn's transaction (`BEGIN` with the turn's own
     /// limits, see [`Store::with_turn_begin`]); a plain `BEGIN` when unset.
     turn_begin: Option<Arc<str>>,
+    /// How long one call of a service's loop may wait for the database ([`Store::within`]).
+    deadline: Duration,
 }
 
 impl Store {
@@ -90,7 +92,35 @@ impl Store {
             handoff: Arc::default(),
             vitals: Vitals::default(),
             turn_begin: None,
+            deadline: DEFAULT_DEADLINE,
         }
+    }
+
+    /// This store with its loops' calls bounded by `deadline` ([`Store::within`]).
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Duration) -> Store {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The deadline of one call of a loop ([`Store::with_deadline`]).
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// `call` (a heartbeat's renewal, a claim, a relay step), failed [`StoreError::TimedOut`] when
+    /// the database has not answered it within the store's deadline; what it came to is recorded
+    /// in the [`Vitals`]. The statement in flight is abandoned with the future: its connection
+    /// goes back to the pool, which closes it unless it answers its check at once.
+    pub async fn within<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let outcome = tokio::time::timeout(self.deadline, call)
+            .await
+            .unwrap_or(Err(StoreError::TimedOut(self.deadline)));
+        self.vitals.record(&outcome);
+        outcome
     }
 
     /// Whether this process's own statements keep failing: what its loops (heartbeats, claims,
@@ -191,6 +221,9 @@ impl Vitals {
         self.0.load(std::sync::atomic::Ordering::Relaxed) >= Self::FAILING_AFTER
     }
 }
+
+/// The deadline of a loop's call when none is set: the session's `statement_timeout` is longer.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
 
 /// A duration as whole milliseconds for `now() + $n * interval '1 millisecond'`, capped at
 /// ten years so an absurd configuration cannot overflow the database's timestamp arithmetic.
