@@ -15,4 +15,5 @@ mod remote_tools;
 mod schemathesis;
 mod services;
 mod shutdown;
+mod silence;
 mod webhooks;
