@@ -383,7 +383,8 @@ async fn a_worker_paused_inside_its_approved_turn_is_rescued_within_its_lease_wh
 /// Where inside its work a worker is paused: a gate on a statement of one of its transactions.
 struct Point {
     name: &'static str,
-    /// The gated table, the trigger's event and its `WHEN`.
+    /// The gated table, the trigger's event and its `WHEN`; for a read, the event is `LOCK`:
+    /// the test holds the table locked, and the read waits for it.
     table: &'static str,
     event: &'static str,
     when: String,
@@ -403,12 +404,13 @@ fn points(page: i64) -> Vec<Point> {
             after_approval: false,
         },
         Point {
-            // The start segment's previews plan and apply the turn in a transaction they roll
-            // back: the write of the page, inside it.
-            name: "segment start (its previews' transaction)",
-            table: "content.pages",
-            event: "UPDATE",
-            when: format!("NEW.uid = {page} AND NEW.description = 'Fault page {page}, rewritten.'"),
+            // The start segment previews the turn's reference of a file on the page's teaser
+            // in a read-only snapshot transaction: its read of the element waits for the test's
+            // lock of the table.
+            name: "segment start (a preview's snapshot)",
+            table: "content.elements",
+            event: "LOCK",
+            when: format!("uid = {}", page + 100),
             after_approval: false,
         },
         Point {
@@ -442,8 +444,18 @@ fn points(page: i64) -> Vec<Point> {
     ]
 }
 
-/// Installs a gate (see `countersign_e2e::install_gate`) that also serves a `DELETE`.
+/// Installs a gate (see `countersign_e2e::install_gate`) that also serves a `DELETE`; for a
+/// `LOCK` point, nothing (the gate is the table's lock, [`hold_point`]).
 async fn install_point(conn: &mut PgConnection, point: &Point, key: i64) {
+    let gate = if point.event == "LOCK" {
+        None
+    } else {
+        Some(format!(
+            "CREATE TRIGGER e2e_pause BEFORE {} ON {} FOR EACH ROW WHEN ({}) \
+             EXECUTE FUNCTION e2e_pause()",
+            point.event, point.table, point.when
+        ))
+    };
     for sql in [
         "DROP TRIGGER IF EXISTS e2e_pause ON runs".to_owned(),
         "DROP TRIGGER IF EXISTS e2e_pause ON content.pages".to_owned(),
@@ -453,16 +465,56 @@ async fn install_point(conn: &mut PgConnection, point: &Point, key: i64) {
              BEGIN PERFORM pg_advisory_xact_lock_shared({key});
              IF TG_OP = 'DELETE' THEN RETURN OLD; END IF; RETURN NEW; END $$"
         ),
-        format!(
-            "CREATE TRIGGER e2e_pause BEFORE {} ON {} FOR EACH ROW WHEN ({}) \
-             EXECUTE FUNCTION e2e_pause()",
-            point.event, point.table, point.when
-        ),
-    ] {
+    ]
+    .into_iter()
+    .chain(gate)
+    {
         sqlx::query(&sql)
             .execute(&mut *conn)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+}
+
+/// Closes the point's gate on `conn`: the advisory lock of its trigger, or the table's lock in
+/// a transaction of the test's.
+async fn hold_point(conn: &mut PgConnection, point: &Point, key: i64) {
+    if point.event == "LOCK" {
+        sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+        sqlx::query(&format!(
+            "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+            point.table
+        ))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    } else {
+        hold_gate(conn, key).await;
+    }
+}
+
+/// Opens the point's gate again.
+async fn release_point(conn: &mut PgConnection, point: &Point, key: i64) {
+    if point.event == "LOCK" {
+        sqlx::query("COMMIT").execute(&mut *conn).await.unwrap();
+    } else {
+        release_gate(conn, key).await;
+    }
+}
+
+/// How many sessions of the worker wait at the point: at its gate, or for the table's lock
+/// inside a transaction.
+async fn waiting_at_point(conn: &mut PgConnection, point: &Point, key: i64) -> i64 {
+    if point.event == "LOCK" {
+        count(
+            conn,
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND application_name = 'countersign-worker'
+               AND wait_event_type = 'Lock' AND xact_start < query_start",
+        )
+        .await
+    } else {
+        waiting_at_gate(conn, key).await
     }
 }
 
@@ -480,7 +532,9 @@ async fn a_worker_paused_inside_each_kind_of_transaction_it_opens_comes_back_ful
         let page = fault_page(n as i64 + 1);
         let point = &points(page)[n];
         install_point(&mut site.conn, point, PAUSE_GATE).await;
-        hold_gate(&mut site.conn, PAUSE_GATE).await;
+        // The test's own connection for the gate: a table lock holds its transaction open.
+        let mut gate = PgConnection::connect(&site.db.url()).await.unwrap();
+        hold_point(&mut gate, point, PAUSE_GATE).await;
         let run = site.submit(&fault_page_prompt(page));
         if point.after_approval {
             site.approve(&run).await;
@@ -488,7 +542,7 @@ async fn a_worker_paused_inside_each_kind_of_transaction_it_opens_comes_back_ful
         wait_until(
             &format!("the worker waits inside its {}", point.name),
             secs(60),
-            async || (waiting_at_gate(&mut site.conn, PAUSE_GATE).await >= 1).then_some(()),
+            async || (waiting_at_point(&mut site.conn, point, PAUSE_GATE).await >= 1).then_some(()),
         )
         .await;
 
@@ -498,7 +552,7 @@ async fn a_worker_paused_inside_each_kind_of_transaction_it_opens_comes_back_ful
             .fetch_one(&mut site.conn)
             .await
             .unwrap();
-        release_gate(&mut site.conn, PAUSE_GATE).await;
+        release_point(&mut gate, point, PAUSE_GATE).await;
         wait_for_sql(
             &mut site.conn,
             &format!("{}: the pause outlasts the lease", point.name),
