@@ -616,17 +616,21 @@ async fn held_by(site: &mut Site, page: i64) -> String {
 }
 
 /// A worker cut off from `what` by a blackhole at `proxy` for [`silence`]: it turns unready
-/// within the lease, its held run completes on `rescuer`, it is ready again after the heal
-/// without a restart, and then runs a run alone.
+/// within the lease, its held run is taken over by `rescuer` — after `requeues` requeues: 0 when
+/// it handed the run back, 1 when its lease had to expire — and completes there; it is ready
+/// again after the heal without a restart, and then runs a run alone.
 async fn worker_cut_off(
     mut site: Site,
     what: &str,
     proxy: &Proxy,
-    cut: Served,
-    rescuer: Served,
+    (cut, rescuer): (Served, Served),
     run: String,
+    requeues: i64,
 ) {
     let (held_page, later_page) = (fault_page(1), fault_page(2));
+    let epoch = run_row(&mut site.conn, &run).await["lease_epoch"]
+        .as_i64()
+        .unwrap();
     proxy.blackhole();
     let silent = Instant::now();
     let unready = cut
@@ -636,6 +640,21 @@ async fn worker_cut_off(
             secs(TTL),
         )
         .await;
+    wait_for_sql(
+        &mut site.conn,
+        &format!("cut off from {what}, the worker's run is taken over"),
+        secs(TTL + 10),
+        &format!(
+            "SELECT status = 'running' AND lease_epoch > {epoch} FROM runs WHERE id = '{run}'::uuid"
+        ),
+    )
+    .await;
+    let taken_over = silent.elapsed();
+    assert_eq!(
+        run_row(&mut site.conn, &run).await["requeue_count"],
+        json!(requeues),
+        "requeues of the run when it was taken over"
+    );
     site.model.release();
     site.approve(&run).await;
     wait_for_status(&mut site.conn, &run, "completed", secs(60)).await;
@@ -656,7 +675,7 @@ async fn worker_cut_off(
         )
         .await;
     println!(
-        "cut off from {what} for {:?}: unready after {unready:?}, its run completed elsewhere after {completed:?}, ready {healed:?} after the heal",
+        "cut off from {what} for {:?}: unready after {unready:?}, its run taken over after {taken_over:?} and completed after {completed:?}, ready {healed:?} after the heal",
         silence()
     );
     drop(rescuer);
@@ -686,7 +705,7 @@ async fn a_worker_cut_off_from_postgresql_goes_unready_within_its_lease_its_run_
     let cut = site.worker(&[("DATABASE_URL", &through)]).await;
     let run = held_by(&mut site, fault_page(1)).await;
     let rescuer = site.worker(&[]).await;
-    worker_cut_off(site, "PostgreSQL", &proxy, cut, rescuer, run).await;
+    worker_cut_off(site, "PostgreSQL", &proxy, (cut, rescuer), run, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -705,9 +724,7 @@ async fn a_worker_cut_off_from_rabbitmq_goes_unready_within_its_lease_hands_its_
         .await;
     let run = held_by(&mut site, fault_page(1)).await;
     let rescuer = site.worker(&[]).await;
-    let requeues_before = run_row(&mut site.conn, &run).await["requeue_count"].clone();
-    worker_cut_off(site, "RabbitMQ", &proxy, cut, rescuer, run).await;
-    assert_eq!(requeues_before, json!(0));
+    worker_cut_off(site, "RabbitMQ", &proxy, (cut, rescuer), run, 0).await;
 }
 
 /// Publishes approvals of `runs`' cards as `admin`; their decision ids.

@@ -249,7 +249,10 @@ pub fn pool_options_within(max: u32, limits: &SessionLimits) -> PgPoolOptions {
                 match check(conn, "released").await {
                     None => Ok(true),
                     // Closing it gracefully would wait on the silent connection again.
-                    Some(Discarded::Unanswered) => Err(sqlx::Error::PoolTimedOut),
+                    Some(Discarded::Unanswered) => Err(sqlx::Error::Io(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "the connection did not answer its check in time; closed",
+                    ))),
                     Some(_) => Ok(false),
                 }
             })

@@ -394,6 +394,9 @@ impl Store {
                 std::mem::take(&mut handoff.dispatched),
             )
         };
+        if published.is_empty() && dispatched.is_empty() {
+            return Ok(());
+        }
         // Within the deadline: the relay's loop waits on it.
         let result = self
             .within(async {

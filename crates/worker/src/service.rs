@@ -84,16 +84,16 @@ pub async fn run(
         // the loop spends its time waiting for a slot in the wake-up branch: reap every
         // finished one on each turn, not one per turn.
         while slots.running.try_join_next().is_some() {}
+        // While its broker or its database fails, the worker takes no wake-up: they wait in
+        // its prefetch, and the poll of the workers that can claim finds their runs.
+        let claiming = standing.may_claim().await;
+        wake_ups.tend().await;
         tokio::select! {
             () = &mut shutdown => break,
             Some(_) = slots.running.join_next(), if !slots.running.is_empty() => {}
             _ = look.tick() => standing.check(slots.running.len(), &release).await,
-            _ = poll.tick() => {
-                if standing.may_claim().await {
-                    slots.claim_polled(&config.owner).await;
-                }
-            }
-            delivery = wake_ups.next(), if !standing.releasing() => {
+            _ = poll.tick(), if claiming => slots.claim_polled(&config.owner).await,
+            delivery = wake_ups.next(), if claiming => {
                 // With every slot busy the wait for one may be long (a segment waits on its
                 // model): a shutdown meanwhile hands the wake-up back and stops.
                 let permit = tokio::select! {
@@ -349,6 +349,17 @@ async fn take(claimer: &Claimer, broker: &Broker, delivery: Delivery) -> Option<
                 tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "ack failed");
             }
             claim
+        }
+        // The database did not answer: the run stays queued, and the poll of whichever worker
+        // can reach the database claims it. Requeued, the wake-up would come straight back to
+        // fail again, and a few seconds of outage would spend its delivery limit and
+        // dead-letter it.
+        Err(e) if e.is_transient() => {
+            tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "claim failed; the run is left to the poll");
+            if let Err(e) = delivery.ack().await {
+                tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "ack failed");
+            }
+            None
         }
         Err(e) => {
             tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "claim failed; wake-up requeued");

@@ -68,25 +68,50 @@ impl WakeUps {
             if let Some(subscribing) = self.subscribing.as_mut() {
                 let subscribed = subscribing.await;
                 self.subscribing = None;
-                match subscribed {
-                    Ok(Ok(consumer)) => self.consumer = Some(consumer.watch_ready(self.deaf_after)),
-                    Ok(Err(e)) => {
-                        tracing::warn!(code = e.code(), error = %e, "cannot consume segments; polling only");
-                        self.next_attempt = Instant::now() + CONSUME_AGAIN_AFTER;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the task consuming segments stopped");
-                        self.next_attempt = Instant::now() + CONSUME_AGAIN_AFTER;
-                    }
-                }
+                self.subscribed(subscribed);
                 continue;
             }
             tokio::time::sleep_until(self.next_attempt).await;
-            let (broker, queue, prefetch) =
-                (self.broker.clone(), self.queue.clone(), self.prefetch);
-            self.subscribing = Some(tokio::spawn(async move {
-                broker.consume(&queue, prefetch).await
-            }));
+            self.subscribe();
+        }
+    }
+
+    /// Consumes again if there is no consumer and no attempt under way, without waiting for
+    /// it: called on every turn of the worker's loop, so that the broker is reconnected while
+    /// the worker takes no wake-up (it does not while the broker is lost).
+    pub(crate) async fn tend(&mut self) {
+        if let Some(finished) = self.subscribing.take_if(|s| s.is_finished()) {
+            self.subscribed(finished.await);
+        }
+        if self.consumer.is_none()
+            && self.subscribing.is_none()
+            && Instant::now() >= self.next_attempt
+        {
+            self.subscribe();
+        }
+    }
+
+    fn subscribe(&mut self) {
+        let (broker, queue, prefetch) = (self.broker.clone(), self.queue.clone(), self.prefetch);
+        self.subscribing = Some(tokio::spawn(async move {
+            broker.consume(&queue, prefetch).await
+        }));
+    }
+
+    fn subscribed(
+        &mut self,
+        subscribed: Result<Result<Consumer, QueueError>, tokio::task::JoinError>,
+    ) {
+        match subscribed {
+            Ok(Ok(consumer)) => self.consumer = Some(consumer.watch_ready(self.deaf_after)),
+            Ok(Err(e)) => {
+                tracing::warn!(code = e.code(), error = %e, "cannot consume segments; polling only");
+                self.next_attempt = Instant::now() + CONSUME_AGAIN_AFTER;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the task consuming segments stopped");
+                self.next_attempt = Instant::now() + CONSUME_AGAIN_AFTER;
+            }
         }
     }
 
@@ -128,14 +153,8 @@ impl Standing {
         }
     }
 
-    /// Whether the running segments were told to hand their runs back, and have not all done
-    /// so yet: no new segment starts meanwhile.
-    pub(crate) fn releasing(&self) -> bool {
-        self.released
-    }
-
-    /// Whether the worker may claim: its broker connection is open and its statements are not
-    /// failing one after another.
+    /// Whether the worker may claim: its broker connection is open, its statements are not
+    /// failing one after another, and its running segments are not handing their runs back.
     pub(crate) async fn may_claim(&self) -> bool {
         !self.released && self.broker.is_healthy().await && !self.vitals.failing()
     }
