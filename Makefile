@@ -29,11 +29,13 @@ demo: services
 CHAOS_RUNS ?= 200
 CI_CHAOS_RUNS ?= 30
 
-## Many approved runs while workers are killed and a colleague edits the same element; exits
-## non-zero unless no approved write was lost, duplicated or landed against unseen state.
+## Many approved runs while workers are killed or paused and a colleague edits the same element;
+## exits non-zero unless no approved write was lost, duplicated or landed against unseen state.
+## Then the pause and silence tests again with minute-long silences (`make test` runs 20 s ones).
 chaos: services
 	cargo build --workspace --bins
 	CHAOS_RUNS=$(CHAOS_RUNS) cargo run --quiet -p countersign-e2e --bin countersign-chaos
+	COUNTERSIGN_E2E_SILENCE_SECS=60 cargo test -p countersign-e2e --test e2e silence::
 
 ## Prints the benchmark figures: the store and crypto, then runs through the services.
 bench: services
