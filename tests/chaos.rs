@@ -260,7 +260,7 @@ async fn drive(
         });
         if Instant::now() >= next_kill {
             let victim = rand::thread_rng().gen_range(0..fleet.len());
-            if !paused.contains_key(&victim) {
+            if let std::collections::btree_map::Entry::Vacant(free) = paused.entry(victim) {
                 if rand::thread_rng().gen_bool(0.5) {
                     fleet[victim].sigkill();
                     fleet[victim] = install.spawn("countersign-worker", &worker_args);
@@ -268,7 +268,7 @@ async fn drive(
                 } else {
                     fleet[victim].sigstop();
                     let pause = Duration::from_millis(rand::thread_rng().gen_range(3000..9000));
-                    paused.insert(victim, Instant::now() + pause);
+                    free.insert(Instant::now() + pause);
                     pauses += 1;
                 }
             }

@@ -126,30 +126,8 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
     // its limits; the pass as a whole has one too, so a silent database cannot hold a loop.
     let within = limits.statement * 2;
     loop {
-        let started = std::time::Instant::now();
-        let passed = tokio::time::timeout(
-            within,
-            pass(&store, &broker, &config).instrument(tracing::info_span!("reaper_pass")),
-        )
-        .await;
-        metrics::histogram!("countersign_reaper_pass_duration_seconds")
-            .record(started.elapsed().as_secs_f64());
-        match passed {
-            Ok(Ok(summary)) => println!("{summary}"),
-            Err(_) => {
-                tracing::error!(?within, "reaper pass did not end in time");
-                eprintln!("reaper pass failed (reaper_pass_timeout)");
-                if args.every.is_none() {
-                    return ExitCode::from(1);
-                }
-            }
-            Ok(Err(e)) => {
-                tracing::error!(code = e.code(), error = %e, "reaper pass failed");
-                eprintln!("reaper pass failed ({})", e.code());
-                if args.every.is_none() {
-                    return ExitCode::from(1);
-                }
-            }
+        if !one_pass(&store, &broker, &config, within).await && args.every.is_none() {
+            return ExitCode::from(1);
         }
         let Some(every) = args.every else {
             return ExitCode::SUCCESS;
@@ -157,6 +135,40 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(every)) => {}
             () = &mut shutdown => return ExitCode::SUCCESS,
+        }
+    }
+}
+
+/// One pass within `within`, timed into `countersign_reaper_pass_duration_seconds`; prints its
+/// summary line, or logs why it failed. Whether it succeeded.
+async fn one_pass(
+    store: &Store,
+    broker: &countersign_queue::Broker,
+    config: &ReaperConfig,
+    within: Duration,
+) -> bool {
+    let started = std::time::Instant::now();
+    let passed = tokio::time::timeout(
+        within,
+        pass(store, broker, config).instrument(tracing::info_span!("reaper_pass")),
+    )
+    .await;
+    metrics::histogram!("countersign_reaper_pass_duration_seconds")
+        .record(started.elapsed().as_secs_f64());
+    match passed {
+        Ok(Ok(summary)) => {
+            println!("{summary}");
+            true
+        }
+        Err(_) => {
+            tracing::error!(?within, "reaper pass did not end in time");
+            eprintln!("reaper pass failed (reaper_pass_timeout)");
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::error!(code = e.code(), error = %e, "reaper pass failed");
+            eprintln!("reaper pass failed ({})", e.code());
+            false
         }
     }
 }

@@ -184,7 +184,13 @@ async fn no_index_of_runs_reads_the_lease_expiry_so_a_renewal_can_be_heap_only(p
     let one = store_on_one_connection(&pool).await;
     let (updated, hot) = updates(one.pool()).await;
     for _ in 0..10 {
-        assert_eq!(one.renew_all(&[lease.clone()], TTL).await.unwrap().len(), 1);
+        assert_eq!(
+            one.renew_all(std::slice::from_ref(&lease), TTL)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
         assert!(one.renew_stamping(&lease, TTL, None).await.unwrap());
     }
     let (updated_after, hot_after) = updates(one.pool()).await;
