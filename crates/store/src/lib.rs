@@ -231,3 +231,29 @@ fn millis(d: Duration) -> i64 {
     const TEN_YEARS_MS: u128 = 10 * 366 * 24 * 3600 * 1000;
     i64::try_from(d.as_millis().min(TEN_YEARS_MS)).unwrap_or(i64::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn three_transient_failures_in_a_row_are_failing_and_any_answer_ends_it() {
+        let vitals = Vitals::default();
+        let unavailable = || -> Result<(), StoreError> {
+            Err(StoreError::Database(sqlx::Error::PoolTimedOut))
+        };
+        vitals.record(&unavailable());
+        vitals.failed();
+        assert!(!vitals.failing(), "two failures");
+        vitals.record(&unavailable());
+        assert!(vitals.failing(), "three in a row");
+        // A refusal is an answer: the database is there.
+        vitals.record(&Err::<(), _>(StoreError::FenceLost));
+        assert!(!vitals.failing());
+        vitals.record(&unavailable());
+        vitals.record(&Err::<(), _>(StoreError::TimedOut(Duration::from_secs(1))));
+        vitals.record(&Ok(()));
+        vitals.record(&unavailable());
+        assert!(!vitals.failing(), "not in a row");
+    }
+}
