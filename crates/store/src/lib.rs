@@ -239,9 +239,8 @@ mod tests {
     #[test]
     fn three_transient_failures_in_a_row_are_failing_and_any_answer_ends_it() {
         let vitals = Vitals::default();
-        let unavailable = || -> Result<(), StoreError> {
-            Err(StoreError::Database(sqlx::Error::PoolTimedOut))
-        };
+        let unavailable =
+            || -> Result<(), StoreError> { Err(StoreError::Database(sqlx::Error::PoolTimedOut)) };
         vitals.record(&unavailable());
         vitals.failed();
         assert!(!vitals.failing(), "two failures");
