@@ -178,6 +178,8 @@ pub async fn spawn_surfaces(
     readiness: Arc<dyn Readiness>,
 ) -> std::io::Result<()> {
     let metrics = install_metrics().map_err(std::io::Error::other)?;
+    // Every service runs on the pool: its discards are served from the start, at zero.
+    pool::register_metrics();
     let Some(addr) = addr else { return Ok(()) };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");

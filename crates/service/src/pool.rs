@@ -266,7 +266,6 @@ pub async fn connect(
     max: u32,
     limits: &SessionLimits,
 ) -> Result<PgPool, sqlx::Error> {
-    register_metrics();
     pool_options_within(max, limits)
         .connect_with(limits.connect_options(options, name))
         .await
