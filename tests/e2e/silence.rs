@@ -775,8 +775,12 @@ async fn coordinator_cut_off(mut site: Site, what: &str, proxy: &Proxy, cut: Ser
     for run in &runs {
         wait_for_card(&mut site.conn, run, 1, secs(120)).await;
     }
+    // The approvals go out as the link goes silent: the broker hands some of them to the cut
+    // coordinator, which holds them (cut off from PostgreSQL) or never hears of them (cut off
+    // from RabbitMQ, until the broker takes them back).
     proxy.blackhole();
     let silent = Instant::now();
+    let ids = approve_all(&mut site, &runs).await;
     let unready = cut
         .wait_readiness(
             &format!("cut off from {what}, the coordinator is unready"),
@@ -784,7 +788,6 @@ async fn coordinator_cut_off(mut site: Site, what: &str, proxy: &Proxy, cut: Ser
             secs(TTL),
         )
         .await;
-    let ids = approve_all(&mut site, &runs).await;
     tokio::time::sleep(silence().saturating_sub(silent.elapsed())).await;
     proxy.pass();
     let healed = cut
@@ -799,8 +802,9 @@ async fn coordinator_cut_off(mut site: Site, what: &str, proxy: &Proxy, cut: Ser
         assert_written_once(&mut site.conn, run, *page).await;
     }
     assert_every_decision_answered(&mut site, &ids).await;
+    let gated_by_it = cut.counter("countersign_decisions_total").await;
     println!(
-        "coordinator cut off from {what} for {:?}: unready after {unready:?}, ready {healed:?} after the heal, {} decisions answered",
+        "coordinator cut off from {what} for {:?}: unready after {unready:?}, ready {healed:?} after the heal, {} decisions answered, {gated_by_it} of them by it",
         silence(),
         ids.len()
     );
