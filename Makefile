@@ -30,13 +30,15 @@ CHAOS_RUNS ?= 200
 CONCURRENCY_ROUNDS ?= 1000
 CI_CHAOS_RUNS ?= 30
 
-## Many approved runs while workers are killed and a colleague edits the same element; exits
-## non-zero unless no approved write was lost, duplicated or landed against unseen state. Then
-## every pair of the content store's writers against each other, CONCURRENCY_ROUNDS times each,
-## while a colleague edits the site root: no deadlock, and the colleague never waits.
+## Many approved runs while workers are killed or paused and a colleague edits the same element;
+## exits non-zero unless no approved write was lost, duplicated or landed against unseen state.
+## Then the pause and silence tests again with minute-long silences (`make test` runs 20 s ones),
+## and every pair of the content store's writers against each other, CONCURRENCY_ROUNDS times
+## each, while a colleague edits the site root: no deadlock, and the colleague never waits.
 chaos: services
 	cargo build --workspace --bins
 	CHAOS_RUNS=$(CHAOS_RUNS) cargo run --quiet -p countersign-e2e --bin countersign-chaos
+	COUNTERSIGN_E2E_SILENCE_SECS=60 cargo test -p countersign-e2e --test e2e silence::
 	CONCURRENCY_ROUNDS=$(CONCURRENCY_ROUNDS) cargo test -p countersign-worker --test it concurrency -- --nocapture
 
 ## Prints the benchmark figures: the store and crypto, then runs through the services.

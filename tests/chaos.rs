@@ -1,6 +1,6 @@
 //! `make chaos`: many approved runs through the real services while workers are killed and
-//! restarted, a colleague keeps editing the same content element, and the reaper runs on a
-//! short period. At the end every approved write is checked against the card its approval was
+//! restarted or paused (SIGSTOP) for longer than their lease and continued, a colleague keeps
+//! editing the same content element, and the reaper runs on a short period. At the end every approved write is checked against the card its approval was
 //! made on, from the content store itself.
 //!
 //! The demo site's teaser (content element 5) is copied into one teaser per ten runs. Each run
@@ -189,7 +189,9 @@ async fn drive(
     let started = Instant::now();
     let mut approved: BTreeMap<RunId, Approved> = BTreeMap::new();
     let mut index: BTreeMap<RunId, usize> = BTreeMap::new();
-    let (mut kills, mut approvals) = (0usize, 0usize);
+    let (mut kills, mut pauses, mut approvals) = (0usize, 0usize, 0usize);
+    // Workers paused, and when each goes on.
+    let mut paused: BTreeMap<usize, Instant> = BTreeMap::new();
     let mut next_kill = Instant::now() + Duration::from_secs(2);
     let finished = loop {
         if started.elapsed() > deadline {
@@ -247,12 +249,29 @@ async fn drive(
             approved.insert(run_id, Approved { seq, lands_at });
             approvals += 1;
         }
-        // Kill a worker now and then, and start a new one in its place.
+        // Now and then a worker is killed and a new one started in its place, or it is paused
+        // for one to three of its leases and then goes on.
+        paused.retain(|&worker, until| {
+            let paused_on = Instant::now() < *until;
+            if !paused_on {
+                fleet[worker].sigcont();
+            }
+            paused_on
+        });
         if Instant::now() >= next_kill {
             let victim = rand::thread_rng().gen_range(0..fleet.len());
-            fleet[victim].sigkill();
-            fleet[victim] = install.spawn("countersign-worker", &worker_args);
-            kills += 1;
+            if let std::collections::btree_map::Entry::Vacant(free) = paused.entry(victim) {
+                if rand::thread_rng().gen_bool(0.5) {
+                    fleet[victim].sigkill();
+                    fleet[victim] = install.spawn("countersign-worker", &worker_args);
+                    kills += 1;
+                } else {
+                    fleet[victim].sigstop();
+                    let pause = Duration::from_millis(rand::thread_rng().gen_range(3000..9000));
+                    free.insert(Instant::now() + pause);
+                    pauses += 1;
+                }
+            }
             next_kill =
                 Instant::now() + Duration::from_millis(rand::thread_rng().gen_range(1500..4000));
         }
@@ -267,6 +286,9 @@ async fn drive(
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     colleague.abort();
+    for worker in paused.keys() {
+        fleet[*worker].sigcont();
+    }
     drop(fleet);
 
     let report = verify(&pool, &teasers, &index, &approved).await?;
@@ -275,7 +297,7 @@ async fn drive(
             .fetch_all(&pool)
             .await?;
     println!(
-        "chaos: {runs} runs in {:.1} s, {approvals} approvals, {kills} workers killed; runs by status: {}",
+        "chaos: {runs} runs in {:.1} s, {approvals} approvals, {kills} workers killed, {pauses} paused; runs by status: {}",
         started.elapsed().as_secs_f64(),
         statuses
             .iter()

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 
 pub use countersign_testkit::{
     amqp_addr, chat_answer, counter_total, database_url, free_port, http_get, messages_with_role,
-    Database, ModelStub, Process, KEYS,
+    Database, Link, ModelStub, Process, Proxy, KEYS,
 };
 
 /// The path of a binary built from this workspace, beside the test executable's directory.

@@ -18,4 +18,5 @@ mod schemathesis;
 mod sequence;
 mod services;
 mod shutdown;
+mod silence;
 mod webhooks;

@@ -73,6 +73,21 @@ pub enum CoordinatorError {
 }
 
 impl CoordinatorError {
+    /// Whether the same message may well be gated when tried again: the store could not answer
+    /// ([`StoreError::is_transient`]), the user directory's database failed, a producer grant
+    /// could not be read for the same reasons. Anything else (a stored value that does not
+    /// open, a name the registry refuses) would fail again the same way.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            CoordinatorError::Store(e) => e.is_transient(),
+            CoordinatorError::Users(_) => true,
+            CoordinatorError::Producers(ProducerError::Database(e)) => {
+                countersign_store::classify(e).0 == countersign_core::Fault::Transient
+            }
+            CoordinatorError::Producers(_) => false,
+        }
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             CoordinatorError::Store(e) => e.code(),

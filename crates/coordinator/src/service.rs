@@ -4,7 +4,11 @@
 //! what to publish. A delivery is acked only after the verdict's effects are durable: the
 //! decision or run is committed with its event in the outbox, the reply published. Malformed
 //! and unauthenticated messages are dead-lettered with their reason and get no reply; nothing
-//! is dropped.
+//! is dropped. A delivery whose gates the store could not answer (an outage, a lost or silent
+//! connection, a timeout) is held and gated again once it answers ([`HOLD_AT_MOST`]), not
+//! requeued against its delivery limit; one whose gates fail in a way that would recur is
+//! dead-lettered with the error's code. Every message ends in an outcome (its event, and its
+//! reply) or a dead letter with its reason.
 //!
 //! The events themselves leave through the outbox relay this service runs beside its
 //! consumers: woken by each commit that wrote an event, polling as the fallback. The event of
@@ -187,10 +191,16 @@ fn dead_letter_reason(
         .or_else(|| unauthenticated.then(|| outcome.to_owned()))
 }
 
-/// How long a consumer holds a message it could not gate while it waits for the store.
+/// How long a consumer holds a message whose gates the store could not answer before it sends
+/// it back to its queue (which counts the attempt against the message's delivery limit). A
+/// database outage shorter than this costs a held message no delivery: it is gated again, in
+/// place, once the store answers.
+pub const HOLD_AT_MOST: Duration = Duration::from_secs(600);
+
+/// Waits, with a growing pause of at most four seconds, until the store answers (within its
+/// deadline) or [`STORE_WAIT`] has passed: the pause before a held message is gated again.
 const STORE_WAIT: Duration = Duration::from_secs(30);
 
-/// Waits, with a growing pause, until the store answers or [`STORE_WAIT`] has passed.
 async fn wait_for_store(coordinator: &Coordinator) {
     let pauses = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(250))
@@ -198,14 +208,97 @@ async fn wait_for_store(coordinator: &Coordinator) {
         .with_total_delay(Some(STORE_WAIT))
         .without_max_times()
         .build();
+    let store = &coordinator.store;
     for pause in pauses {
         tokio::time::sleep(pause).await;
-        if sqlx::query("SELECT 1")
-            .execute(coordinator.store.pool())
-            .await
-            .is_ok()
-        {
+        let ping = async {
+            sqlx::query("SELECT 1").execute(store.pool()).await?;
+            Ok(())
+        };
+        if store.within(ping).await.is_ok() {
             return;
+        }
+    }
+}
+
+/// What became of a delivery's gates.
+enum Gated {
+    /// They ran: what to publish and how to settle the delivery.
+    Ran(Effects),
+    /// The store did not answer for [`HOLD_AT_MOST`]: back to the queue.
+    Requeue,
+    /// They failed in a way that would recur: dead-lettered with this code as its reason.
+    Failed(&'static str),
+}
+
+/// Runs the gates of `delivery`, each attempt within three of the store's deadlines. A store
+/// that does not answer (an outage, a lost or silent connection, a timeout, a lock held by a
+/// paused process) holds the delivery here and gates it again once the store answers, for up
+/// to [`HOLD_AT_MOST`]: the delivery is not requeued, and its delivery limit is not spent, for
+/// a failure that says nothing about the message. Nothing a failed attempt did stands in the
+/// way of the next: a decision recorded by an attempt whose answer was lost is replayed.
+async fn run_gates(coordinator: &Coordinator, inbox: Inbox, delivery: &Delivery) -> Gated {
+    let producer = delivery.user_id.as_deref();
+    let held_since = tokio::time::Instant::now();
+    let within = coordinator.store.deadline() * 3;
+    loop {
+        let attempt = async {
+            match inbox {
+                Inbox::RunRequests => coordinator
+                    .take_run_request(&delivery.body, producer)
+                    .await
+                    .map(Effects::from),
+                Inbox::Decisions => coordinator
+                    .take_decision(&delivery.body, producer)
+                    .await
+                    .map(Effects::from),
+            }
+        };
+        let code = match tokio::time::timeout(within, attempt).await {
+            Ok(Ok(effects)) => return Gated::Ran(effects),
+            Ok(Err(e)) if !e.is_transient() => {
+                tracing::error!(code = e.code(), error = %e, "gates failed; message dead-lettered");
+                return Gated::Failed(e.code());
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(code = e.code(), error = %e, "gates could not run; message held until the store answers");
+                e.code()
+            }
+            Err(_) => {
+                tracing::warn!(
+                    ?within,
+                    "gates not answered in time; message held until the store answers"
+                );
+                "database_timeout"
+            }
+        };
+        coordinator.store.vitals().failed();
+        if held_since.elapsed() >= HOLD_AT_MOST {
+            tracing::warn!(code, held = ?held_since.elapsed(), "store unavailable for too long; message requeued");
+            return Gated::Requeue;
+        }
+        wait_for_store(coordinator).await;
+    }
+}
+
+/// Announces the event nothing recorded (a `not_auditable` decision, an `idempotency_conflict`)
+/// before its delivery is settled, holding it while the store does not answer as the gates do:
+/// `false` when it could not be announced, and the delivery must go back to its queue, where its
+/// redelivery is gated (and announced) afresh — it was never recorded.
+async fn announce_unrecorded(coordinator: &Coordinator, run_id: RunId, event: &Event) -> bool {
+    let held_since = tokio::time::Instant::now();
+    loop {
+        let store = &coordinator.store;
+        match store.within(store.announce(Some(run_id), event)).await {
+            Ok(_) => return true,
+            Err(e) if !e.is_transient() || held_since.elapsed() >= HOLD_AT_MOST => {
+                tracing::error!(run.id = %run_id, event = event.name.as_str(), code = e.code(), error = %e, "event not announced; message requeued");
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(run.id = %run_id, event = event.name.as_str(), code = e.code(), error = %e, "event not announced yet; held until the store answers");
+                wait_for_store(coordinator).await;
+            }
         }
     }
 }
@@ -233,28 +326,17 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
 }
 
 async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery: Delivery) {
-    let producer = delivery.user_id.as_deref();
-    let effects = match inbox {
-        Inbox::RunRequests => coordinator
-            .take_run_request(&delivery.body, producer)
-            .await
-            .map(Effects::from),
-        Inbox::Decisions => coordinator
-            .take_decision(&delivery.body, producer)
-            .await
-            .map(Effects::from),
-    };
-    let effects = match effects {
-        Ok(effects) => effects,
-        Err(e) => {
-            // Nothing was recorded that the next delivery would not redo. The queue counts
-            // every redelivery against its delivery limit, so the message goes back only once
-            // the store answers again (or after a bounded wait): an outage of a few seconds
-            // must not dead-letter an approval.
-            tracing::warn!(code = e.code(), error = %e, "gates could not run; message requeued");
-            wait_for_store(coordinator).await;
+    let effects = match run_gates(coordinator, inbox, &delivery).await {
+        Gated::Ran(effects) => effects,
+        Gated::Requeue => {
             if let Err(e) = delivery.requeue().await {
                 tracing::warn!(code = e.code(), error = %e, "requeue failed");
+            }
+            return;
+        }
+        Gated::Failed(code) => {
+            if let Err(e) = delivery.dead_letter(broker, code).await {
+                tracing::warn!(code = e.code(), error = %e, "could not dead-letter a message whose gates failed; it will be redelivered");
             }
             return;
         }
@@ -271,9 +353,13 @@ async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery
     let at = Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true);
 
     if let Some((run_id, event)) = &effects.unannounced {
-        // Nothing recorded this outcome, so nothing announced it: the outbox gets it now.
-        if let Err(e) = coordinator.store.announce(Some(*run_id), event).await {
-            tracing::warn!(run.id = %run_id, event = event.name.as_str(), code = e.code(), error = %e, "event not announced");
+        // Nothing recorded this outcome, so nothing announced it: the outbox gets it now, or
+        // the message goes back to be gated again. It never ends unheard of.
+        if !announce_unrecorded(coordinator, *run_id, event).await {
+            if let Err(e) = delivery.requeue().await {
+                tracing::warn!(code = e.code(), error = %e, "requeue failed");
+            }
+            return;
         }
     }
     // Only an authenticated producer is answered: `reply_to` names any queue, and the reply is
@@ -355,7 +441,8 @@ async fn watch_backlog(coordinator: Coordinator, broker: Broker) {
 /// ready messages, by a passive declare each). A gauge whose source does not answer keeps its
 /// last value (`/readyz` says why).
 pub async fn refresh_backlog(coordinator: &Coordinator, broker: &Broker) {
-    match coordinator.store.backlog(EXPIRING_WITHIN).await {
+    let store = &coordinator.store;
+    match store.within(store.backlog(EXPIRING_WITHIN)).await {
         Ok(b) => {
             metrics::gauge!("countersign_runs_waiting_for_approval")
                 .set(b.waiting_for_approval as f64);

@@ -606,8 +606,9 @@ async fn connect_once(config: &QueueConfig, addr: &str) -> Result<Link, QueueErr
     let properties = ConnectionProperties::default().with_connection_name(LongString::from(
         format!("countersign ({})", config.topology.prefix),
     ));
+    let addr = config.with_heartbeat(addr);
     let connecting = async {
-        let connection = Connection::connect(addr, properties)
+        let connection = Connection::connect(&addr, properties)
             .await
             .map_err(QueueError::BrokerUnavailable)?;
         topology::declare(&connection, config).await?;

@@ -69,6 +69,8 @@ pub const DEAD_LETTER_MAX_BYTES: u64 = 64 * 1024 * 1024;
 pub const DEAD_LETTER_OVERFLOW: &str = "drop-head";
 /// How many times a lost connection is retried before an operation gives up.
 pub const DEFAULT_RECONNECT_ATTEMPTS: usize = 8;
+/// The AMQP heartbeat asked for, in seconds (see [`QueueConfig::heartbeat`]).
+pub const DEFAULT_HEARTBEAT_SECS: u16 = 10;
 /// How long a publish waits for its confirm before it fails (see
 /// [`QueueConfig::publish_timeout`]).
 pub const DEFAULT_PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
@@ -203,6 +205,13 @@ pub struct QueueConfig {
     /// hold the publish or the consumer's start, and whatever awaits it, until the heartbeat
     /// notices — or forever, for a start whose answer the node took with it.
     pub publish_timeout: std::time::Duration,
+    /// The AMQP heartbeat this process asks for, in seconds, unless an address names its own
+    /// (`?heartbeat=`): the broker and the client each take a connection that sent nothing for
+    /// two of them as dead. So a process cut off from the broker without a reset (a network
+    /// partition, a paused process) notices within two heartbeats, and the broker gives the
+    /// deliveries it held unacknowledged to the other consumers within two heartbeats too
+    /// (default [`DEFAULT_HEARTBEAT_SECS`]). The lower of this and the broker's is used.
+    pub heartbeat: u16,
 }
 
 impl QueueConfig {
@@ -225,7 +234,17 @@ impl QueueConfig {
             auto_delete: false,
             reconnect_attempts: DEFAULT_RECONNECT_ATTEMPTS,
             publish_timeout: DEFAULT_PUBLISH_TIMEOUT,
+            heartbeat: DEFAULT_HEARTBEAT_SECS,
         }
+    }
+
+    /// `addr` asking for [`heartbeat`](Self::heartbeat) seconds, unless it names its own.
+    pub fn with_heartbeat(&self, addr: &str) -> String {
+        if self.heartbeat == 0 || addr.contains("heartbeat=") {
+            return addr.to_owned();
+        }
+        let sep = if addr.contains('?') { '&' } else { '?' };
+        format!("{addr}{sep}heartbeat={}", self.heartbeat)
     }
 }
 
@@ -238,6 +257,7 @@ impl fmt::Debug for QueueConfig {
             .field("declare", &self.declare)
             .field("auto_delete", &self.auto_delete)
             .field("reconnect_attempts", &self.reconnect_attempts)
+            .field("heartbeat", &self.heartbeat)
             .finish()
     }
 }
@@ -604,6 +624,26 @@ mod tests {
             shown.contains("u:***@h1:5672") && shown.contains("u:***@h2:5673"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn an_address_asks_for_the_heartbeat_unless_it_names_its_own() {
+        let mut config = QueueConfig::new("amqp://h/%2f", Topology::new("t"));
+        config.heartbeat = 4;
+        assert_eq!(
+            config.with_heartbeat("amqp://h/%2f"),
+            "amqp://h/%2f?heartbeat=4"
+        );
+        assert_eq!(
+            config.with_heartbeat("amqp://h/%2f?frame_max=8192"),
+            "amqp://h/%2f?frame_max=8192&heartbeat=4"
+        );
+        assert_eq!(
+            config.with_heartbeat("amqp://h/%2f?heartbeat=30"),
+            "amqp://h/%2f?heartbeat=30"
+        );
+        config.heartbeat = 0;
+        assert_eq!(config.with_heartbeat("amqp://h/%2f"), "amqp://h/%2f");
     }
 
     #[test]

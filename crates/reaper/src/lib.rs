@@ -27,8 +27,9 @@
 //!    [`ReaperConfig::outbox_retention`] (`events_pruned`), never one unpublished. What
 //!    happened to every run stays in its audit trail.
 //!
-//! It must never run a segment, never touch a run that moved since its scan, and never clear
-//! the stamp of a call in doubt.
+//! It must never run a segment, never touch a run that moved since its scan, never wait on a
+//! run row another transaction holds (the run is the next pass's; see the store's reaper
+//! module), and never clear the stamp of a call in doubt.
 
 use std::fmt;
 use std::time::Duration;
@@ -76,7 +77,8 @@ pub struct PassSummary {
     pub retries_exhausted: u64,
     /// Failed `outcome_unknown`: retries spent with a write in doubt.
     pub outcome_unknown: u64,
-    /// Runs that moved between the scan and the update (a heartbeat or a settle won).
+    /// Runs that moved between the scan and the update (a heartbeat or a settle won), or whose
+    /// row another transaction held: the next pass looks again.
     pub skipped: u64,
     pub redispatched: u64,
     pub approvals_expired: u64,
@@ -185,11 +187,23 @@ pub async fn pass(
 ) -> Result<PassSummary, ReaperError> {
     let mut summary = PassSummary::default();
 
-    for lease in store.expired_leases(config.batch).await? {
+    let expired = store.expired_leases(config.batch).await;
+    store.vitals().record(&expired);
+    for lease in expired? {
         let backoff = config.backoff * 2u32.pow(lease.requeue_count.clamp(0, 6) as u32);
-        let outcome = store
+        let outcome = match store
             .reap_expired(&lease, config.max_requeues, backoff)
-            .await?;
+            .await
+        {
+            Ok(outcome) => outcome,
+            // A lock it could not have in time, a statement cut short: this run is the next
+            // pass's, the others are still this one's.
+            Err(e) if e.is_transient() => {
+                tracing::warn!(run.id = %lease.run_id, code = e.code(), error = %e, "expired lease left for the next pass");
+                ReapOutcome::Lost
+            }
+            Err(e) => return Err(e.into()),
+        };
         tracing::info!(run.id = %lease.run_id, ?outcome, "expired lease reaped");
         match outcome {
             ReapOutcome::Requeued => summary.requeued += 1,
@@ -211,11 +225,16 @@ pub async fn pass(
     }
 
     for waiting in store.expired_approvals(config.batch).await? {
-        if store
+        match store
             .expire_approval(waiting.run_id, waiting.suspension_seq)
-            .await?
+            .await
         {
-            summary.approvals_expired += 1;
+            Ok(true) => summary.approvals_expired += 1,
+            Ok(false) => {}
+            Err(e) if e.is_transient() => {
+                tracing::warn!(run.id = %waiting.run_id, code = e.code(), error = %e, "expired approval left for the next pass");
+            }
+            Err(e) => return Err(e.into()),
         }
     }
 
@@ -239,10 +258,11 @@ pub async fn pass(
     Ok(summary)
 }
 
-/// Registers `countersign_reaper_actions_total` at zero for every action, so that a looping
-/// reaper serves each from its start.
+/// Registers `countersign_reaper_actions_total` at zero for every action, and the pass duration
+/// histogram, so that a looping reaper serves each from its start.
 pub fn register_metrics() {
     for (action, _) in PassSummary::default().actions() {
         let _ = metrics::counter!("countersign_reaper_actions_total", "action" => action.as_str());
     }
+    let _ = metrics::histogram!("countersign_reaper_pass_duration_seconds");
 }

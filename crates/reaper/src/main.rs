@@ -9,9 +9,12 @@ use std::time::Duration;
 use clap::Parser;
 use countersign_crypto::Keyring;
 use countersign_reaper::{pass, ReaperConfig};
-use countersign_service::{Connections, Ready};
+use countersign_service::{Connections, Ready, SessionLimits};
 use countersign_store::Store;
 use tracing::Instrument;
+
+/// The service's name, in its logs, its traces and `pg_stat_activity`.
+const NAME: &str = "countersign-reaper";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -57,7 +60,7 @@ async fn main() -> ExitCode {
     }
     // Before anything can report ready (see `shutdown_signal`); one for every pass.
     let shutdown = countersign_service::shutdown_signal();
-    let telemetry = match args.connections.init_telemetry("countersign-reaper") {
+    let telemetry = match args.connections.init_telemetry(NAME) {
         Ok(telemetry) => telemetry,
         Err(e) => {
             eprintln!("reaper: cannot set up traces: {e}");
@@ -80,7 +83,8 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
         outbox_retention: Duration::from_secs(args.outbox_retention_hours.saturating_mul(3600)),
         ..ReaperConfig::default()
     };
-    let pool = match args.connections.pool(2).await {
+    let limits = SessionLimits::default();
+    let pool = match args.connections.pool(NAME, 2, &limits).await {
         Ok(pool) => pool,
         Err(e) => {
             tracing::error!(error = %e, "PostgreSQL unreachable");
@@ -90,7 +94,7 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
     };
     // The reaper seals and opens nothing: a key that lives only in this process will do.
     let keyring = Keyring::ephemeral();
-    let store = Store::new(pool.clone(), Arc::new(keyring));
+    let store = Store::new(pool, Arc::new(keyring)).with_deadline(limits.call);
     let broker = match args.connections.broker().await {
         Ok(broker) => broker,
         Err(e) => {
@@ -100,9 +104,17 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
         }
     };
 
+    let probe = match args.connections.probe(NAME, &limits) {
+        Ok(probe) => probe,
+        Err(e) => {
+            eprintln!("reaper: PostgreSQL address unusable: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let ready = Arc::new(Ready {
-        pool,
+        probe,
         broker: broker.clone(),
+        vitals: store.vitals().clone(),
     });
     if let Err(e) = countersign_service::spawn_surfaces(args.connections.http_addr, ready).await {
         eprintln!("reaper: cannot serve the HTTP surfaces: {e}");
@@ -110,19 +122,12 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
     }
     countersign_reaper::register_metrics();
 
+    // A pass waits on no row (it skips what another transaction holds) and each statement has
+    // its limits; the pass as a whole has one too, so a silent database cannot hold a loop.
+    let within = limits.statement * 2;
     loop {
-        match pass(&store, &broker, &config)
-            .instrument(tracing::info_span!("reaper_pass"))
-            .await
-        {
-            Ok(summary) => println!("{summary}"),
-            Err(e) => {
-                tracing::error!(code = e.code(), error = %e, "reaper pass failed");
-                eprintln!("reaper pass failed ({})", e.code());
-                if args.every.is_none() {
-                    return ExitCode::from(1);
-                }
-            }
+        if !one_pass(&store, &broker, &config, within).await && args.every.is_none() {
+            return ExitCode::from(1);
         }
         let Some(every) = args.every else {
             return ExitCode::SUCCESS;
@@ -130,6 +135,40 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
         tokio::select! {
             _ = tokio::time::sleep(Duration::from_secs(every)) => {}
             () = &mut shutdown => return ExitCode::SUCCESS,
+        }
+    }
+}
+
+/// One pass within `within`, timed into `countersign_reaper_pass_duration_seconds`; prints its
+/// summary line, or logs why it failed. Whether it succeeded.
+async fn one_pass(
+    store: &Store,
+    broker: &countersign_queue::Broker,
+    config: &ReaperConfig,
+    within: Duration,
+) -> bool {
+    let started = std::time::Instant::now();
+    let passed = tokio::time::timeout(
+        within,
+        pass(store, broker, config).instrument(tracing::info_span!("reaper_pass")),
+    )
+    .await;
+    metrics::histogram!("countersign_reaper_pass_duration_seconds")
+        .record(started.elapsed().as_secs_f64());
+    match passed {
+        Ok(Ok(summary)) => {
+            println!("{summary}");
+            true
+        }
+        Err(_) => {
+            tracing::error!(?within, "reaper pass did not end in time");
+            eprintln!("reaper pass failed (reaper_pass_timeout)");
+            false
+        }
+        Ok(Err(e)) => {
+            tracing::error!(code = e.code(), error = %e, "reaper pass failed");
+            eprintln!("reaper pass failed ({})", e.code());
+            false
         }
     }
 }

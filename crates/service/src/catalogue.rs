@@ -136,6 +136,11 @@ pub const FAMILIES: &[Family] = &[
     // The reaper, when it loops.
     family("countersign_reaper_actions_total", Counter, &[Reaper],
         "What the reaper's passes did, by action."),
+    family("countersign_reaper_pass_duration_seconds", Histogram, &[Reaper],
+        "One reaper pass, start to end (it waits on no row another transaction holds)."),
+    // Every service's PostgreSQL pool.
+    family("countersign_db_connections_discarded_total", Counter, &Binary::ALL,
+        "Pooled PostgreSQL connections closed instead of handed out, by reason (in_transaction, aborted_transaction, unanswered, broken)."),
     // The HTTP API.
     family("countersign_http_requests_total", Counter, &[Api],
         "HTTP requests answered, by method, route template and status code."),

@@ -4,10 +4,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use countersign_queue::{Broker, Declare, QueueConfig, QueueError, Topology};
-use sqlx::postgres::PgPoolOptions;
+use std::str::FromStr;
+
+use countersign_store::Vitals;
+use sqlx::postgres::PgConnectOptions;
 use sqlx::PgPool;
 
-use crate::Readiness;
+use crate::{Readiness, SessionLimits};
 
 /// What every service reads, with its environment fallback: `--database-url`, `--amqp-addr`,
 /// `--queue-prefix`, how the broker's topology is declared (`--no-declare`,
@@ -29,6 +32,11 @@ pub struct Connections {
     /// Prefix of every queue and exchange name.
     #[arg(long, env = "COUNTERSIGN_QUEUE_PREFIX", default_value = "countersign")]
     pub queue_prefix: String,
+    /// The AMQP heartbeat asked for, in seconds (0: the broker's). The process and the broker
+    /// each take a connection silent for two heartbeats as dead: the process turns unready and
+    /// connects again, the broker hands what it had delivered to the other consumers.
+    #[arg(long, env = "COUNTERSIGN_AMQP_HEARTBEAT_SECS", default_value_t = countersign_queue::DEFAULT_HEARTBEAT_SECS)]
+    pub amqp_heartbeat_secs: u16,
     /// Declare no queue or exchange, only check that they exist: the broker's definitions
     /// (deploy/rabbitmq/definitions.json) made them. Needs no configure permission, so the
     /// process can run as a least-privilege AMQP user.
@@ -109,14 +117,10 @@ impl Connections {
         crate::init_telemetry(name, &self.logging, self.otlp_endpoint.as_deref())
     }
 
-    /// A pool of at most `max` connections ([`pool_options`]).
-    pub async fn pool(&self, max: u32) -> Result<PgPool, sqlx::Error> {
-        pool_options(max).connect(&self.database_url).await
-    }
-
     /// How this process connects to the broker and treats its topology.
     pub fn queue_config(&self) -> QueueConfig {
         let mut config = QueueConfig::new(&self.amqp_addr, Topology::new(&self.queue_prefix));
+        config.heartbeat = self.amqp_heartbeat_secs;
         config.declare = match (self.no_declare, self.queue_arguments) {
             (true, _) => Declare::Nothing,
             (false, QueueArguments::Inline) => Declare::WithArguments,
@@ -131,41 +135,60 @@ impl Connections {
     }
 }
 
-/// How long a connection back in the pool is handed out again without a ping first.
-const RECENTLY_USED: Duration = Duration::from_secs(1);
+/// How long `/readyz` may take to answer, whatever the dependencies do: a probe that has not
+/// answered by then is a dependency that is not there.
+pub const READY_WITHIN: Duration = Duration::from_millis(800);
 
-/// The pool every service runs on: at most `max` connections; an acquire fails after ten
-/// seconds without one.
-///
-/// A connection is pinged on its way back into the pool (sqlx always does), so one handed out
-/// again within a second of that goes out as it is; one idle longer is pinged first, and
-/// dropped for a fresh one if the server does not answer (it restarted, or a proxy cut it).
-/// Pinging on every acquire too would be one more round trip, and a wake-up of the server,
-/// for every statement a busy service sends.
-pub fn pool_options(max: u32) -> PgPoolOptions {
-    PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(Duration::from_secs(10))
-        .test_before_acquire(false)
-        .before_acquire(|conn, meta| {
-            Box::pin(async move {
-                use sqlx::Connection;
-                Ok(meta.idle_for < RECENTLY_USED || conn.ping().await.is_ok())
-            })
-        })
+impl Connections {
+    /// A pool of at most `max` connections for the service `name`, every session under
+    /// `limits` ([`crate::pool`]).
+    pub async fn pool(
+        &self,
+        name: &str,
+        max: u32,
+        limits: &SessionLimits,
+    ) -> Result<PgPool, sqlx::Error> {
+        let options = PgConnectOptions::from_str(&self.database_url)?;
+        crate::pool::connect(options, name, max, limits).await
+    }
+
+    /// The connection `/readyz` asks PostgreSQL on: a pool of one of its own, so that a probe
+    /// never waits behind the service's busy pool. Connects lazily: a process is not held at
+    /// its start by its probe.
+    pub fn probe(&self, name: &str, limits: &SessionLimits) -> Result<PgPool, sqlx::Error> {
+        let options = PgConnectOptions::from_str(&self.database_url)?;
+        let limits = SessionLimits {
+            acquire: READY_WITHIN,
+            ..*limits
+        };
+        Ok(crate::pool::pool_options_within(1, &limits)
+            .connect_lazy_with(limits.connect_options(options, &format!("{name} readiness"))))
+    }
 }
 
-/// Ready while PostgreSQL answers and the broker connection is open.
+/// Ready while the process can do its work: PostgreSQL answers its probe, the broker
+/// connection is open, and its own statements are not failing one after another
+/// ([`Vitals`]); answered within [`READY_WITHIN`] whatever they do. A process that turns
+/// unready needs no restart: it is ready again once they answer.
 #[derive(Debug, Clone)]
 pub struct Ready {
-    pub pool: PgPool,
+    /// A pool of its own ([`Connections::probe`]).
+    pub probe: PgPool,
     pub broker: Broker,
+    pub vitals: Vitals,
 }
 
 #[async_trait]
 impl Readiness for Ready {
     async fn ready(&self) -> bool {
-        self.broker.is_healthy().await && sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+        let asked = async {
+            self.broker.is_healthy().await
+                && !self.vitals.failing()
+                && sqlx::query("SELECT 1").execute(&self.probe).await.is_ok()
+        };
+        tokio::time::timeout(READY_WITHIN, asked)
+            .await
+            .unwrap_or(false)
     }
 }
 
@@ -201,120 +224,6 @@ mod tests {
         assert_eq!(
             declare(&["--no-declare", "--queue-arguments", "policy"]),
             Declare::Nothing
-        );
-    }
-
-    fn database_url() -> String {
-        std::env::var("DATABASE_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
-    }
-
-    /// The server process behind the pool's one connection, and the connection it was cut
-    /// from by another session.
-    async fn cut_the_connection(pool: &PgPool) -> i32 {
-        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        let admin = PgPool::connect(&database_url()).await.unwrap();
-        let cut: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 5000)")
-            .bind(pid)
-            .fetch_one(&admin)
-            .await
-            .unwrap();
-        assert!(cut, "backend {pid} terminated");
-        admin.close().await;
-        pid
-    }
-
-    /// The server process behind the pool's one connection.
-    async fn backend(pool: &PgPool) -> i32 {
-        sqlx::query_scalar("SELECT pg_backend_pid()")
-            .fetch_one(pool)
-            .await
-            .expect("the pooled connection answers")
-    }
-
-    #[tokio::test]
-    async fn a_connection_idle_past_the_window_is_pinged_and_replaced_when_the_server_dropped_it() {
-        let pool = pool_options(1).connect(&database_url()).await.unwrap();
-        let cut = cut_the_connection(&pool).await;
-        tokio::time::sleep(RECENTLY_USED + Duration::from_millis(200)).await;
-        // The dead connection was pinged, dropped and replaced.
-        assert_ne!(backend(&pool).await, cut);
-    }
-
-    #[tokio::test]
-    async fn a_connection_used_within_the_window_goes_out_unpinged_and_a_dead_one_is_used_once() {
-        let pool = pool_options(1).connect(&database_url()).await.unwrap();
-        let cut = cut_the_connection(&pool).await;
-        // No ping: the statement meets the cut connection, which the pool then drops.
-        let first = sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
-            .fetch_one(&pool)
-            .await;
-        assert!(first.is_err(), "went out unpinged: {first:?}");
-        assert_ne!(backend(&pool).await, cut, "a fresh connection");
-    }
-
-    #[tokio::test]
-    async fn a_connection_released_with_a_dropped_transaction_comes_back_rolled_back() {
-        let pool = pool_options(1).connect(&database_url()).await.unwrap();
-        // A table of this connection's session: it is there only if the connection is reused.
-        sqlx::query("CREATE TEMP TABLE notes (body text)")
-            .execute(&pool)
-            .await
-            .unwrap();
-        let before = backend(&pool).await;
-
-        let mut tx = pool.begin().await.unwrap();
-        sqlx::query("INSERT INTO notes VALUES ('never committed')")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        drop(tx);
-
-        let (notes, in_transaction): (i64, bool) = sqlx::query_as(
-            "SELECT (SELECT count(*) FROM notes), pg_current_xact_id_if_assigned() IS NOT NULL",
-        )
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        assert_eq!(notes, 0, "the dropped transaction's insert was rolled back");
-        assert!(
-            !in_transaction,
-            "the connection came back outside any transaction"
-        );
-        assert_eq!(
-            backend(&pool).await,
-            before,
-            "the same connection was reused"
-        );
-    }
-
-    #[tokio::test]
-    async fn a_connection_released_mid_statement_answers_its_next_statement_and_not_the_old_one() {
-        let pool = pool_options(1).connect(&database_url()).await.unwrap();
-        let before = backend(&pool).await;
-
-        let abandoned = tokio::time::timeout(
-            Duration::from_millis(100),
-            sqlx::query_scalar::<_, i32>("SELECT 41 FROM pg_sleep(0.5)").fetch_one(&pool),
-        )
-        .await;
-        assert!(abandoned.is_err(), "the slow statement was abandoned");
-
-        let answer: i32 = sqlx::query_scalar("SELECT 42")
-            .fetch_one(&pool)
-            .await
-            .expect("the next statement answers");
-        assert_eq!(
-            answer, 42,
-            "the next statement got its own row, not the abandoned one's"
-        );
-        assert_eq!(
-            backend(&pool).await,
-            before,
-            "the drained connection was reused"
         );
     }
 }

@@ -27,6 +27,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 pub mod catalogue;
 mod connections;
+pub mod pool;
 pub mod relay;
 pub mod settings;
 mod start;
@@ -34,7 +35,8 @@ pub mod telemetry;
 pub mod tools;
 pub mod webhooks;
 
-pub use connections::{pool_options, Connections, Endpoints, QueueArguments, Ready};
+pub use connections::{Connections, Endpoints, QueueArguments, Ready, READY_WITHIN};
+pub use pool::{pool_options, SessionLimits};
 pub use settings::{KeySettings, ToolSettings};
 pub use start::{start, Pools, Service};
 pub use telemetry::{init_telemetry, Logging, Telemetry, TelemetryError};
@@ -176,6 +178,8 @@ pub async fn spawn_surfaces(
     readiness: Arc<dyn Readiness>,
 ) -> std::io::Result<()> {
     let metrics = install_metrics().map_err(std::io::Error::other)?;
+    // Every service runs on the pool: its discards are served from the start, at zero.
+    pool::register_metrics();
     let Some(addr) = addr else { return Ok(()) };
     let listener = tokio::net::TcpListener::bind(addr).await?;
     tracing::info!(%addr, "serving /metrics, /healthz, /readyz");

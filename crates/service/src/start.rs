@@ -9,7 +9,7 @@ use countersign_queue::Broker;
 use countersign_store::Store;
 
 use crate::tools::Tools;
-use crate::{Connections, KeySettings, Ready, Telemetry, ToolSettings};
+use crate::{Connections, KeySettings, Ready, SessionLimits, Telemetry, ToolSettings};
 
 /// A started service: its store (over a pool of the size asked for), its broker, the
 /// deployment's tools and users, the signal that stops it, and its telemetry (shut down last,
@@ -40,14 +40,18 @@ pub struct Pools {
     /// For a service that runs approved turns, how many of the connections their transactions
     /// hold at most at once (see [`Store::with_turn_limit`]).
     pub turns: Option<u32>,
+    /// How long its sessions may wait ([`SessionLimits`]); chosen against the lease.
+    pub limits: SessionLimits,
 }
 
 impl Pools {
-    /// A pool of at most `connections`, with no turns to limit.
+    /// A pool of at most `connections`, with no turns to limit, under the limits chosen against
+    /// the default lease.
     pub fn of(connections: u32) -> Pools {
         Pools {
             connections,
             turns: None,
+            limits: SessionLimits::default(),
         }
     }
 }
@@ -73,12 +77,17 @@ pub async fn start(
         .keyring()
         .context("loading the keyring (--keys or --key-file)")?;
     let pool = connections
-        .pool(pools.connections)
+        .pool(name, pools.connections, &pools.limits)
         .await
         .context("connecting to PostgreSQL")?;
-    let mut store = Store::new(pool.clone(), Arc::new(keyring));
+    let probe = connections
+        .probe(name, &pools.limits)
+        .context("the readiness probe's PostgreSQL address")?;
+    let mut store = Store::new(pool, Arc::new(keyring)).with_deadline(pools.limits.call);
     if let Some(turns) = pools.turns {
-        store = store.with_turn_limit(turns);
+        store = store
+            .with_turn_limit(turns)
+            .with_turn_begin(pools.limits.turn_begin());
     }
     let broker = connections
         .broker()
@@ -86,8 +95,9 @@ pub async fn start(
         .context("connecting to RabbitMQ")?;
     let tools = crate::tools::tools(&store, tools).await?;
     let ready = Arc::new(Ready {
-        pool,
+        probe,
         broker: broker.clone(),
+        vitals: store.vitals().clone(),
     });
     crate::spawn_surfaces(connections.http_addr, ready)
         .await

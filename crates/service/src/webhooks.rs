@@ -133,13 +133,17 @@ pub async fn run(
             () = &mut shutdown => return,
             _ = tick.tick() => {}
         }
-        match store.webhook_backlog_age().await {
+        // Each statement within the store's deadline: a silent database must not hold the loop.
+        match store.within(store.webhook_backlog_age()).await {
             Ok(age) => {
                 metrics::gauge!("countersign_webhook_backlog_age_seconds").set(age.as_secs_f64())
             }
             Err(e) => tracing::warn!(code = e.code(), error = %e, "webhook backlog unreadable"),
         }
-        let due = match store.claim_webhook_deliveries(BATCH, CLAIM_FOR).await {
+        let due = match store
+            .within(store.claim_webhook_deliveries(BATCH, CLAIM_FOR))
+            .await
+        {
             Ok(due) => due,
             Err(e) => {
                 tracing::warn!(code = e.code(), error = %e, "claiming webhook deliveries failed");
@@ -164,7 +168,7 @@ async fn attempt(store: &Store, client: &HttpClient, config: &DeliveryConfig, du
     };
     metrics::counter!("countersign_webhook_deliveries_total", "outcome" => label).increment(1);
     if let Err(e) = store
-        .record_webhook_attempt(due.endpoint_id, due.event_id, &outcome)
+        .within(store.record_webhook_attempt(due.endpoint_id, due.event_id, &outcome))
         .await
     {
         // The claim runs out and the delivery is attempted again: at least once.

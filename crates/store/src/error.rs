@@ -34,6 +34,12 @@ pub enum StoreError {
     Crypto(#[from] CryptoError),
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+    /// The database did not answer within the caller's deadline ([`Store::within`]): nothing is
+    /// known of what became of the statement, as for a lost connection.
+    ///
+    /// [`Store::within`]: crate::Store::within
+    #[error("the database did not answer within {0:?}")]
+    TimedOut(std::time::Duration),
 }
 
 impl StoreError {
@@ -48,6 +54,7 @@ impl StoreError {
             StoreError::Unreadable { .. } => TerminationReason::StateUnreadable.as_str(),
             StoreError::Crypto(e) => e.code(),
             StoreError::Database(e) => classify(e).1,
+            StoreError::TimedOut(_) => "database_timeout",
         }
     }
 
@@ -57,7 +64,7 @@ impl StoreError {
     pub fn fault(&self) -> Fault {
         match self {
             StoreError::Database(e) => classify(e).0,
-            StoreError::AlreadyJournaled => Fault::Transient,
+            StoreError::AlreadyJournaled | StoreError::TimedOut(_) => Fault::Transient,
             _ => Fault::Persistent,
         }
     }
@@ -88,9 +95,11 @@ impl StoreError {
 /// decides it, for the store, the content tools and everything else that talks to PostgreSQL.
 ///
 /// Transient: the connection was lost or refused, the pool had none to give, the transaction
-/// lost a serialization conflict or a deadlock, a lock could not be had in time, or the server
-/// is shutting down or starting up. Persistent: everything else — a permission, a column or
-/// table that is not there, a value a column refuses, a constraint, a trigger's refusal.
+/// lost a serialization conflict or a deadlock, a lock could not be had in time, a statement
+/// ran past the session's `statement_timeout` (or was cancelled), the session was ended for
+/// idling inside its transaction, or the server is shutting down or starting up. Persistent:
+/// everything else — a permission, a column or table that is not there, a value a column
+/// refuses, a constraint, a trigger's refusal.
 pub fn classify(e: &sqlx::Error) -> (Fault, &'static str) {
     match e {
         sqlx::Error::Io(_)
@@ -111,6 +120,9 @@ fn classify_sqlstate(code: &str) -> (Fault, &'static str) {
         "57P01" | "57P02" | "57P03" => (Fault::Transient, "database_unavailable"),
         // serialization_failure, deadlock_detected, lock_not_available.
         "40001" | "40P01" | "55P03" => (Fault::Transient, "database_conflict"),
+        // query_canceled (statement_timeout, a cancel request);
+        // idle_in_transaction_session_timeout; a statement inside a failed transaction block.
+        "57014" | "25P03" | "25P02" => (Fault::Transient, "database_timeout"),
         "42501" => (Fault::Persistent, "database_permission_denied"),
         c if c.starts_with("42") => (Fault::Persistent, "database_schema_mismatch"),
         c if c.starts_with("22") => (Fault::Persistent, "database_data_exception"),
@@ -157,13 +169,13 @@ mod tests {
     fn the_transient_sqlstates_are_the_connection_conflict_and_shutdown_ones() {
         for code in [
             "08000", "08003", "08006", "08001", "08004", "40001", "40P01", "55P03", "57P01",
-            "57P02", "57P03",
+            "57P02", "57P03", "57014", "25P03", "25P02",
         ] {
             assert_eq!(classify_sqlstate(code).0, Fault::Transient, "{code}");
         }
         // A trigger's exception, a unique violation, a permission, a rollback of another kind,
-        // a cancelled query, and a disk full: the same statement fails again.
-        for code in ["P0001", "23505", "42501", "40002", "57014", "53100"] {
+        // and a disk full: the same statement fails again.
+        for code in ["P0001", "23505", "42501", "40002", "53100"] {
             assert_eq!(classify_sqlstate(code).0, Fault::Persistent, "{code}");
         }
     }
@@ -180,5 +192,6 @@ mod tests {
         assert_eq!(classify_sqlstate("P0001").1, "database_refused");
         assert_eq!(classify_sqlstate("XX000").1, "database_error");
         assert_eq!(classify_sqlstate("40P01").1, "database_conflict");
+        assert_eq!(classify_sqlstate("57014").1, "database_timeout");
     }
 }

@@ -73,7 +73,7 @@ impl Store {
         seq: SuspensionSeq,
     ) -> Result<FencedWrite, StoreError> {
         let permit = self.turn_permit().await;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_turn_transaction().await?;
         let held = sqlx::query_scalar!(
             r#"SELECT id FROM runs
                WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
@@ -176,7 +176,7 @@ impl Store {
     /// [`StoreError::FenceLost`], with nothing written.
     pub async fn fenced_write(&self, token: &FenceToken) -> Result<FencedWrite, StoreError> {
         let permit = self.turn_permit().await;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_turn_transaction().await?;
         // The guard is in the WHERE clause: a row locked by a concurrent transition is
         // re-checked against its newest version once that transaction ends.
         let held = sqlx::query_scalar!(

@@ -75,6 +75,13 @@ pub struct Store {
     relay_kick: Arc<Notify>,
     /// Rows committed through this handle for the relay, and its marks not yet written.
     handoff: Arc<std::sync::Mutex<outbox::Handoff>>,
+    /// Whether the statements of this process keep failing; shared by every clone.
+    vitals: Vitals,
+    /// The statement that opens an approved turn's transaction (`BEGIN` with the turn's own
+    /// limits, see [`Store::with_turn_begin`]); a plain `BEGIN` when unset.
+    turn_begin: Option<Arc<str>>,
+    /// How long one call of a service's loop may wait for the database ([`Store::within`]).
+    deadline: Duration,
 }
 
 impl Store {
@@ -85,6 +92,61 @@ impl Store {
             keyring,
             relay_kick: Arc::new(Notify::new()),
             handoff: Arc::default(),
+            vitals: Vitals::default(),
+            turn_begin: None,
+            deadline: DEFAULT_DEADLINE,
+        }
+    }
+
+    /// This store with its loops' calls bounded by `deadline` ([`Store::within`]).
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Duration) -> Store {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The deadline of one call of a loop ([`Store::with_deadline`]).
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// `call` (a heartbeat's renewal, a claim, a relay step), failed [`StoreError::TimedOut`] when
+    /// the database has not answered it within the store's deadline; what it came to is recorded
+    /// in the [`Vitals`]. The statement in flight is abandoned with the future: its connection
+    /// goes back to the pool, which closes it unless it answers its check at once.
+    pub async fn within<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let outcome = tokio::time::timeout(self.deadline, call)
+            .await
+            .unwrap_or(Err(StoreError::TimedOut(self.deadline)));
+        self.vitals.record(&outcome);
+        outcome
+    }
+
+    /// Whether this process's own statements keep failing: what its loops (heartbeats, claims,
+    /// the relay, the gates, the reaper's scans) observed last.
+    pub fn vitals(&self) -> &Vitals {
+        &self.vitals
+    }
+
+    /// This store with approved turns' transactions opened by `begin` (`BEGIN` and the turn's
+    /// own `SET LOCAL` limits in one simple query): a turn may wait on a colleague's lock on the
+    /// content longer than the session lets any other statement wait.
+    #[must_use]
+    pub fn with_turn_begin(mut self, begin: String) -> Store {
+        self.turn_begin = Some(begin.into());
+        self
+    }
+
+    /// Opens an approved turn's transaction ([`Store::with_turn_begin`]).
+    async fn begin_turn_transaction(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, sqlx::Error> {
+        match &self.turn_begin {
+            Some(begin) => self.pool.begin_with(begin.to_string()).await,
+            None => self.pool.begin().await,
         }
     }
 
@@ -126,9 +188,73 @@ impl fmt::Debug for Store {
     }
 }
 
+/// Whether the statements of this process keep failing, as its loops observe them: a statement
+/// the database could not answer (a lost or silent connection, a timeout, a conflict; see
+/// [`StoreError::is_transient`]) counts as failed, any answer — a refusal too — as answered.
+/// [`Vitals::FAILING_AFTER`] failures in a row, and the process's `/readyz` says it is not ready
+/// until one is answered again. Cheap to clone; every clone shares the count.
+#[derive(Debug, Clone, Default)]
+pub struct Vitals(Arc<std::sync::atomic::AtomicU32>);
+
+impl Vitals {
+    /// Failures in a row that make a process unready.
+    pub const FAILING_AFTER: u32 = 3;
+
+    /// Records what one statement (or one call of several) came to.
+    pub fn record<T>(&self, outcome: &Result<T, StoreError>) {
+        match outcome {
+            Err(e) if e.is_transient() => self.failed(),
+            _ => self.answered(),
+        }
+    }
+
+    /// A call the database did not answer (within its deadline, or at all).
+    pub fn failed(&self) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A call the database answered.
+    pub fn answered(&self) {
+        self.0.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the last [`Vitals::FAILING_AFTER`] calls or more all failed.
+    pub fn failing(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) >= Self::FAILING_AFTER
+    }
+}
+
+/// The deadline of a loop's call when none is set: the session's `statement_timeout` is longer.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
+
 /// A duration as whole milliseconds for `now() + $n * interval '1 millisecond'`, capped at
 /// ten years so an absurd configuration cannot overflow the database's timestamp arithmetic.
 fn millis(d: Duration) -> i64 {
     const TEN_YEARS_MS: u128 = 10 * 366 * 24 * 3600 * 1000;
     i64::try_from(d.as_millis().min(TEN_YEARS_MS)).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn three_transient_failures_in_a_row_are_failing_and_any_answer_ends_it() {
+        let vitals = Vitals::default();
+        let unavailable =
+            || -> Result<(), StoreError> { Err(StoreError::Database(sqlx::Error::PoolTimedOut)) };
+        vitals.record(&unavailable());
+        vitals.failed();
+        assert!(!vitals.failing(), "two failures");
+        vitals.record(&unavailable());
+        assert!(vitals.failing(), "three in a row");
+        // A refusal is an answer: the database is there.
+        vitals.record(&Err::<(), _>(StoreError::FenceLost));
+        assert!(!vitals.failing());
+        vitals.record(&unavailable());
+        vitals.record(&Err::<(), _>(StoreError::TimedOut(Duration::from_secs(1))));
+        vitals.record(&Ok(()));
+        vitals.record(&unavailable());
+        assert!(!vitals.failing(), "not in a row");
+    }
 }

@@ -394,29 +394,34 @@ impl Store {
                 std::mem::take(&mut handoff.dispatched),
             )
         };
-        let result = async {
-            if !published.is_empty() {
-                sqlx::query!("DELETE FROM event_outbox WHERE id = ANY($1)", &published)
-                    .execute(&self.pool)
-                    .await?;
-            }
-            if !dispatched.is_empty() {
-                let (runs, woken_at): (Vec<Uuid>, Vec<DateTime<Utc>>) =
-                    dispatched.iter().copied().unzip();
-                sqlx::query!(
-                    "UPDATE runs SET dispatched_at = now()
+        if published.is_empty() && dispatched.is_empty() {
+            return Ok(());
+        }
+        // Within the deadline: the relay's loop waits on it.
+        let result = self
+            .within(async {
+                if !published.is_empty() {
+                    sqlx::query!("DELETE FROM event_outbox WHERE id = ANY($1)", &published)
+                        .execute(&self.pool)
+                        .await?;
+                }
+                if !dispatched.is_empty() {
+                    let (runs, woken_at): (Vec<Uuid>, Vec<DateTime<Utc>>) =
+                        dispatched.iter().copied().unzip();
+                    sqlx::query!(
+                        "UPDATE runs SET dispatched_at = now()
                      FROM unnest($1::uuid[], $2::timestamptz[]) AS woken (id, at)
                      WHERE runs.id = woken.id AND runs.status = 'queued'
                        AND runs.available_at <= woken.at",
-                    &runs,
-                    &woken_at,
-                )
-                .execute(&self.pool)
-                .await?;
-            }
-            Ok::<(), StoreError>(())
-        }
-        .await;
+                        &runs,
+                        &woken_at,
+                    )
+                    .execute(&self.pool)
+                    .await?;
+                }
+                Ok::<(), StoreError>(())
+            })
+            .await;
         if result.is_err() {
             let mut handoff = self.handoff.lock().unwrap_or_else(|p| p.into_inner());
             handoff.published.extend(published);
@@ -444,9 +449,11 @@ impl Store {
     ) -> Result<RelayReport<P::Error>, StoreError> {
         // One statement claims the batch (a lease on the rows, not locks held while the broker
         // is waited on), one deletes what was confirmed.
-        let mut rows = sqlx::query_as!(
-            Row,
-            r#"UPDATE event_outbox SET claimed_until = now() + $3 * interval '1 millisecond'
+        let mut rows = self
+            .within(async {
+                Ok(sqlx::query_as!(
+                    Row,
+                    r#"UPDATE event_outbox SET claimed_until = now() + $3 * interval '1 millisecond'
                WHERE id IN (
                    SELECT id FROM event_outbox
                    WHERE published_at IS NULL
@@ -455,12 +462,14 @@ impl Store {
                    ORDER BY created_at, id LIMIT $2
                    FOR UPDATE SKIP LOCKED)
                RETURNING id, run_id, kind, body, created_at"#,
-            millis(older_than) as f64,
-            limit,
-            millis(RELAY_CLAIM) as f64,
-        )
-        .fetch_all(&self.pool)
-        .await?;
+                    millis(older_than) as f64,
+                    limit,
+                    millis(RELAY_CLAIM) as f64,
+                )
+                .fetch_all(&self.pool)
+                .await?)
+            })
+            .await?;
         rows.sort_by_key(|r| (r.created_at, r.id));
         let claimed = rows.len() as u64;
         let claimed_ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
@@ -477,9 +486,13 @@ impl Store {
             }
         }
         if !sent.is_empty() {
-            sqlx::query!("DELETE FROM event_outbox WHERE id = ANY($1)", &sent)
-                .execute(&self.pool)
-                .await?;
+            self.within(async {
+                sqlx::query!("DELETE FROM event_outbox WHERE id = ANY($1)", &sent)
+                    .execute(&self.pool)
+                    .await?;
+                Ok(())
+            })
+            .await?;
         }
         if sent.len() < claimed_ids.len() {
             // What was not sent is claimable again at once, not only once the claim runs out.
@@ -487,11 +500,15 @@ impl Store {
                 .into_iter()
                 .filter(|id| !sent.contains(id))
                 .collect();
-            sqlx::query!(
-                "UPDATE event_outbox SET claimed_until = NULL WHERE id = ANY($1)",
-                &unsent,
-            )
-            .execute(&self.pool)
+            self.within(async {
+                sqlx::query!(
+                    "UPDATE event_outbox SET claimed_until = NULL WHERE id = ANY($1)",
+                    &unsent,
+                )
+                .execute(&self.pool)
+                .await?;
+                Ok(())
+            })
             .await?;
         }
         Ok(RelayReport {

@@ -7,6 +7,11 @@
 //! the heartbeat, the decision or the cancel wins. That makes a pass idempotent and safe to
 //! run twice at once: the second reaper's UPDATEs simply lose.
 //!
+//! Nor does an UPDATE wait for a run row another transaction holds (`FOR UPDATE SKIP LOCKED`):
+//! that transaction may belong to a process that is paused or cut off, and holds the row until
+//! its session is ended (`idle_in_transaction_session_timeout`). The run is left for the next
+//! pass, as one that moved is, and the pass goes on with the others.
+//!
 //! A transition that ends a run announces it in its own transaction — `run.failed` or
 //! `run.cancelled`, an audit row and an outbox row — so a reaper that dies after its commit
 //! has still said what it did.
@@ -42,7 +47,8 @@ pub enum ReapOutcome {
     /// Failed `outcome_unknown`: its retries are spent while a write it sent outside the store
     /// is still in doubt.
     OutcomeUnknown,
-    /// The run moved since the scan (a heartbeat, a settle, a cancel): left alone.
+    /// The run moved since the scan (a heartbeat, a settle, a cancel), or another transaction
+    /// holds its row: left alone, for the next pass.
     Lost,
 }
 
@@ -99,7 +105,8 @@ impl Store {
                    updated_at = now()
                WHERE id = $1 AND status = 'running' AND lease_epoch = $2
                  AND lease_expires_at < now()
-                 AND requeue_count < $3"#,
+                 AND requeue_count < $3
+                 AND id IN (SELECT id FROM runs WHERE id = $1 FOR UPDATE SKIP LOCKED)"#,
             run.run_id.as_uuid(),
             run.epoch.get(),
             max_requeues,
@@ -134,7 +141,8 @@ impl Store {
                WHERE id = $1 AND status = 'running' AND lease_epoch = $2
                  AND lease_expires_at < now()
                  AND requeue_count >= $3
-                 AND (sent_call IS NOT NULL) = $5"#,
+                 AND (sent_call IS NOT NULL) = $5
+                 AND id IN (SELECT id FROM runs WHERE id = $1 FOR UPDATE SKIP LOCKED)"#,
             run.run_id.as_uuid(),
             run.epoch.get(),
             max_requeues,
@@ -239,7 +247,8 @@ impl Store {
                SET status = 'cancelled', termination_reason = 'approval_expired',
                    updated_at = now()
                WHERE id = $1 AND status = 'waiting_for_approval' AND suspension_seq = $2
-                 AND approval_deadline < now()"#,
+                 AND approval_deadline < now()
+                 AND id IN (SELECT id FROM runs WHERE id = $1 FOR UPDATE SKIP LOCKED)"#,
             run_id.as_uuid(),
             seq.as_i32(),
         )

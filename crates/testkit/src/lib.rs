@@ -1,7 +1,8 @@
 //! What the tests, the demo and the bench need the same way, written once: a throwaway
 //! database ([`Database`]), an OpenAI-compatible model that answers what it is told
-//! ([`ModelStub`]), and the service binaries started, awaited and stopped as an installation
-//! would ([`Process`]). With the feature `site`, the demo site, an agent and the worker's
+//! ([`ModelStub`]), the service binaries started, awaited, stopped, paused and continued as an
+//! installation would see them ([`Process`]), and a TCP proxy whose link to PostgreSQL or
+//! RabbitMQ a test makes silent, reset or slow ([`Proxy`]). With the feature `site`, the demo site, an agent and the worker's
 //! segment runner over them (`site::Site`), for the suites of the crates around the worker.
 //!
 //! It is test support: a dev-dependency of the test suites and a dependency of the
@@ -12,12 +13,14 @@
 mod database;
 mod model;
 mod process;
+mod proxy;
 #[cfg(feature = "site")]
 pub mod site;
 
 pub use database::Database;
 pub use model::{chat_answer, messages_with_role, ModelStub, Recorded, Reply};
 pub use process::{binary, counter_total, free_port, http_get, process_runs, wait_until, Process};
+pub use proxy::{Link, Proxy};
 
 /// A fixed test keyring (32 zero bytes): these tests are about behaviour, not about keys.
 pub const KEYS: &str = "k1:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";

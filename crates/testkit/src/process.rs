@@ -1,6 +1,7 @@
 //! The service binaries as processes: found where cargo built them, started with their output
 //! in a log, awaited until `/readyz` answers, stopped with SIGTERM as systemd or Kubernetes
-//! stops them, or with SIGKILL as a crash does. A process still running when its value goes
+//! stops them, or with SIGKILL as a crash does, paused with SIGSTOP and continued with SIGCONT
+//! as a long pause of the process (a stopped container, a suspended VM) does. A process still running when its value goes
 //! is killed, unless it was detached to run on.
 
 use std::io::{Read, Write};
@@ -171,11 +172,44 @@ impl Process {
     /// # Panics
     /// When `kill` cannot be run or the signal cannot be delivered.
     pub fn sigterm(&self) {
+        self.signal("TERM");
+    }
+
+    /// SIGSTOP: the process is frozen where it stands — a long pause, a stopped container, a
+    /// suspended VM — its sockets open and its kernel still acknowledging what arrives.
+    ///
+    /// # Panics
+    /// When `kill` cannot be run or the signal cannot be delivered.
+    pub fn sigstop(&self) {
+        self.signal("STOP");
+    }
+
+    /// SIGCONT: a process stopped with [`Process::sigstop`] goes on from where it stood.
+    ///
+    /// # Panics
+    /// When `kill` cannot be run or the signal cannot be delivered.
+    pub fn sigcont(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, name: &str) {
         let sent = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
+            .args([&format!("-{name}"), &self.pid().to_string()])
             .status()
             .expect("kill starts");
-        assert!(sent.success(), "SIGTERM was not delivered to {}", self.name);
+        assert!(
+            sent.success(),
+            "SIG{name} was not delivered to {}",
+            self.name
+        );
+    }
+
+    /// Whether the process is stopped (by SIGSTOP), by its state in /proc.
+    pub fn is_stopped(&self) -> bool {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.pid())).unwrap_or_default();
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('T'))
     }
 
     /// Waits up to `within` for the process to exit; `None` if it is still running.

@@ -56,7 +56,10 @@ impl Claimer {
             // failed batch it is the run's own try.
             Some(None) | None => {
                 counted();
-                self.store.claim(run_id, &self.owner, self.ttl).await
+                let store = &self.store;
+                store
+                    .within(store.claim(run_id, &self.owner, self.ttl))
+                    .await
             }
         }
     }
@@ -65,10 +68,12 @@ impl Claimer {
 /// One statement for `ids`: a claim alone for one, a batch for more.
 async fn claim(store: &Store, owner: &str, ttl: Duration, ids: Vec<RunId>) -> Vec<Said> {
     counted();
+    // Each statement within the store's deadline: this task serves every wake-up of the worker,
+    // and a statement the database never answers must not hold all of them.
     if let [one] = ids[..] {
-        return vec![Some(store.claim(one, owner, ttl).await)];
+        return vec![Some(store.within(store.claim(one, owner, ttl)).await)];
     }
-    match store.claim_many(&ids, owner, ttl).await {
+    match store.within(store.claim_many(&ids, owner, ttl)).await {
         Ok(won) => won
             .into_iter()
             .map(|claim| claim.map(|c| c.map(Some)))

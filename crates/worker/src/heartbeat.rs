@@ -8,8 +8,10 @@
 //! answered busy and asked again at the next beat, so one turn stuck behind a colleague's edit
 //! does not stall the renewal of every other lease the worker holds. A lease the statement
 //! finds no longer held is lost (another owner, another epoch, or the run left `running`) and
-//! its segment is told at once. A beat that fails against the store is retried on the next; a
-//! lease not renewed for a whole time to live has expired by any clock, and is declared lost.
+//! its segment is told at once. A beat that fails against the store, or that the store does not
+//! answer within its deadline, is retried on the next; a lease that would expire before the next
+//! beat could renew it is declared lost, and its segment stopped, before it expires: a worker cut
+//! off from PostgreSQL gives up its runs before the reaper hands them to another.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -118,7 +120,9 @@ async fn beat(book: Weak<Book>, store: Store, ttl: Duration) {
             continue;
         }
         metrics::counter!("countersign_heartbeat_statements_total").increment(1);
-        let renewed = store.renew_all(&leases, ttl).await;
+        // Within the store's deadline (a third of the lease): a database that does not answer
+        // is a beat that failed, so the branch below can declare the leases lost in time.
+        let renewed = store.within(store.renew_all(&leases, ttl)).await;
         let mut held = book.held.lock().unwrap_or_else(|p| p.into_inner());
         match renewed {
             Ok(answered) => {

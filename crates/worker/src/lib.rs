@@ -19,6 +19,7 @@ mod hooks;
 mod segment;
 pub mod service;
 mod settler;
+mod wake_ups;
 
 pub use heartbeat::Heartbeat;
 pub use hooks::StoreHooks;

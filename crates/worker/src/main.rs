@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use countersign_model::ModelCatalog;
-use countersign_service::{Connections, KeySettings, Pools, ToolSettings};
+use countersign_service::{Connections, KeySettings, Pools, SessionLimits, ToolSettings};
 use countersign_worker::service::{self, WorkerConfig};
 use countersign_worker::{Models, SegmentRunner};
 
@@ -52,6 +52,7 @@ async fn main() -> anyhow::Result<()> {
     let pool_size = u32::try_from(args.concurrency.saturating_mul(2).saturating_add(2))
         .unwrap_or(u32::MAX)
         .min(args.pool_size.max(2));
+    let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));
     let started = countersign_service::start(
         "countersign-worker",
         &args.connections,
@@ -60,6 +61,7 @@ async fn main() -> anyhow::Result<()> {
         Pools {
             connections: pool_size,
             turns: Some(pool_size / 2),
+            limits: SessionLimits::for_lease(lease_ttl),
         },
     )
     .await?;
@@ -68,7 +70,6 @@ async fn main() -> anyhow::Result<()> {
         Some(path) => catalog.with_default_script(path),
         None => catalog,
     };
-    let lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(3));
     let models = Models::PerAgent(Arc::new(catalog));
     let runner = SegmentRunner::new(started.store, started.tools, models, lease_ttl);
     let config = WorkerConfig {

@@ -160,7 +160,11 @@ impl SegmentRunner {
             let end = tokio::select! {
                 biased;
                 () = &mut release => break self.release(&claim.lease).await,
-                () = hooks.lost() => Ok(SegmentEnd::Interrupted(Interruption::LeaseLost)),
+                () = hooks.lost() => {
+                    // Told by the heartbeat (or a fence) while it ran: dropped where it stood.
+                    metrics::counter!("countersign_leases_lost_total").increment(1);
+                    Ok(SegmentEnd::Interrupted(Interruption::LeaseLost))
+                }
                 end = self.drive(claim, &hooks).instrument(span.clone()) => end,
             };
             match end {

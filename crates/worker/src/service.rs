@@ -25,6 +25,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 use crate::claimer::Claimer;
 use crate::segment::{SegmentEnd, SegmentRunner};
+use crate::wake_ups::{Standing, WakeUps};
 
 /// How the worker runs.
 #[derive(Debug, Clone)]
@@ -49,17 +50,22 @@ pub async fn run(
 ) {
     register_metrics(&runner);
     let prefetch = u16::try_from(config.concurrency.max(1)).unwrap_or(u16::MAX);
-    let queue = broker.topology().segments();
-    // Flipped once the grace period is over: every segment still running hands its run back.
+    // Flipped once the grace period is over, or once the broker has been lost for long: every
+    // segment still running hands its run back.
     let (release, released) = watch::channel(false);
     let claimer = Claimer::start(runner.store.clone(), config.owner.clone(), runner.lease_ttl);
+    let mut standing = Standing::new(
+        broker.clone(),
+        runner.store.vitals().clone(),
+        runner.lease_ttl / 3,
+    );
     let mut slots = Slots {
         free: Arc::new(Semaphore::new(config.concurrency.max(1))),
         running: JoinSet::new(),
         released,
         runner,
     };
-    let mut consumer = None;
+    let mut wake_ups = WakeUps::new(broker.clone(), prefetch, DEAF_AFTER);
     // The wake-up taken when the shutdown came, while it waited for a slot.
     let mut held = None;
     // The first look comes one interval after the start: the wake-ups waiting for this worker
@@ -68,6 +74,8 @@ pub async fn run(
         tokio::time::Instant::now() + config.poll_interval,
         config.poll_interval,
     );
+    let mut look = tokio::time::interval(STANDING_EVERY);
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tokio::pin!(shutdown);
     let (stop_relay, relay) = spawn_relay(&slots.runner, &broker);
 
@@ -76,47 +84,41 @@ pub async fn run(
         // the loop spends its time waiting for a slot in the wake-up branch: reap every
         // finished one on each turn, not one per turn.
         while slots.running.try_join_next().is_some() {}
-        if consumer.is_none() {
-            match broker.consume(&queue, prefetch).await {
-                Ok(c) => consumer = Some(c.watch_ready(DEAF_AFTER)),
-                Err(e) => {
-                    tracing::warn!(code = e.code(), error = %e, "cannot consume segments; polling only")
-                }
-            }
-        }
+        // While its broker or its database fails, the worker takes no wake-up: they wait in
+        // its prefetch, and the poll of the workers that can claim finds their runs.
+        let claiming = standing.may_claim().await;
+        wake_ups.tend().await;
         tokio::select! {
             () = &mut shutdown => break,
             Some(_) = slots.running.join_next(), if !slots.running.is_empty() => {}
-            _ = poll.tick() => slots.claim_polled(&config.owner).await,
-            delivery = next(&mut consumer) => match delivery {
-                Some(delivery) => {
-                    // With every slot busy the wait for one may be long (a segment waits on
-                    // its model): a shutdown meanwhile hands the wake-up back and stops.
-                    let permit = tokio::select! {
-                        permit = slots.free.clone().acquire_owned() => permit,
-                        () = &mut shutdown => {
-                            held = Some(delivery);
-                            break;
-                        }
-                    };
-                    let Ok(permit) = permit else { break };
-                    slots.start_woken(&claimer, &broker, delivery, permit);
-                }
-                None => {
-                    consumer = None;
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-            },
+            _ = look.tick() => standing.check(slots.running.len(), &release).await,
+            _ = poll.tick(), if claiming => slots.claim_polled(&config.owner).await,
+            delivery = wake_ups.next(), if claiming => {
+                // With every slot busy the wait for one may be long (a segment waits on its
+                // model): a shutdown meanwhile hands the wake-up back and stops.
+                let permit = tokio::select! {
+                    permit = slots.free.clone().acquire_owned() => permit,
+                    () = &mut shutdown => {
+                        held = Some(delivery);
+                        break;
+                    }
+                };
+                let Ok(permit) = permit else { break };
+                slots.start_woken(&claimer, &broker, delivery, permit);
+            }
         }
     }
 
-    stop_consuming(&broker, consumer, held).await;
+    stop_consuming(&broker, wake_ups.take(), held).await;
     slots.drain(config.shutdown_grace, release).await;
     let _ = stop_relay.send(());
     if let Err(e) = relay.await {
         tracing::warn!(error = %e, "the outbox relay stopped abnormally");
     }
 }
+
+/// How often the worker looks at its broker connection ([`Standing::check`]).
+const STANDING_EVERY: Duration = Duration::from_secs(1);
 
 /// The outbox relay beside the segments, until the sender it returns is used or dropped.
 fn spawn_relay(
@@ -156,10 +158,9 @@ impl Slots {
                 .map_while(|_| self.free.clone().try_acquire_owned().ok())
                 .collect();
             let asked = permits.len();
-            let claims = match self
-                .runner
-                .store
-                .claim_next(owner, self.runner.lease_ttl, asked)
+            let store = &self.runner.store;
+            let claims = match store
+                .within(store.claim_next(owner, self.runner.lease_ttl, asked))
                 .await
             {
                 Ok(claims) => claims,
@@ -297,18 +298,6 @@ const DEAF_AFTER: Duration = Duration::from_secs(10);
 /// How long handing the remaining runs back at shutdown may take.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(10);
 
-async fn next(consumer: &mut Option<countersign_queue::Consumer>) -> Option<Delivery> {
-    let c = consumer.as_mut()?;
-    match c.next().await {
-        Some(Ok(delivery)) => Some(delivery),
-        Some(Err(e)) => {
-            tracing::warn!(code = e.code(), error = %e, "segment consumer failed");
-            None
-        }
-        None => None,
-    }
-}
-
 /// Gives a wake-up this worker will not take back to the queue as a fresh message, then acks
 /// the one it holds: requeued, it would count as a failed delivery, and a few restarts of
 /// busy workers would have the quorum queue dead-letter a wake-up nothing was wrong with. If
@@ -360,6 +349,17 @@ async fn take(claimer: &Claimer, broker: &Broker, delivery: Delivery) -> Option<
                 tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "ack failed");
             }
             claim
+        }
+        // The database did not answer: the run stays queued, and the poll of whichever worker
+        // can reach the database claims it. Requeued, the wake-up would come straight back to
+        // fail again, and a few seconds of outage would spend its delivery limit and
+        // dead-letter it.
+        Err(e) if e.is_transient() => {
+            tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "claim failed; the run is left to the poll");
+            if let Err(e) = delivery.ack().await {
+                tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "ack failed");
+            }
+            None
         }
         Err(e) => {
             tracing::warn!(run.id = %run_id, code = e.code(), error = %e, "claim failed; wake-up requeued");

@@ -39,7 +39,7 @@ impl Settler {
             // A failed batch, or a stopped task: the settlement's own try.
             Some(Settled::Again) | None => {
                 counted();
-                store.settle(lease, settlement).await
+                store.within(store.settle(lease, settlement)).await
             }
         }
     }
@@ -51,7 +51,9 @@ fn start(store: Store) -> Batcher<(Lease, Settlement), Settled> {
         async move {
             counted();
             let batch: Vec<_> = given.iter().map(|(l, s)| (l, s)).collect();
-            match store.settle_many(&batch).await {
+            // Within the store's deadline: this task settles every segment of the worker, and a
+            // statement the database never answers must not hold all of them.
+            match store.within(store.settle_many(&batch)).await {
                 Ok(written) => written
                     .into_iter()
                     .map(|w| Settled::Written(Ok(w)))

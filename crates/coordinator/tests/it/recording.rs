@@ -214,7 +214,7 @@ async fn an_approval_whose_connection_is_terminated_while_it_records_is_an_error
 }
 
 #[sqlx::test(migrator = "countersign_content::WITH_ENGINE")]
-async fn the_service_requeues_an_approval_that_met_a_transient_error_and_accepts_its_redelivery(
+async fn the_service_holds_an_approval_that_met_a_transient_error_and_accepts_it_when_it_gates_it_again(
     pool: PgPool,
 ) {
     let h = harness(pool).await;
@@ -259,8 +259,8 @@ async fn the_service_requeues_an_approval_that_met_a_transient_error_and_accepts
         .await
         .unwrap();
 
-    // The first delivery met the serialization failure and answered nothing; the only reply is
-    // that of the redelivery.
+    // The first attempt met the serialization failure and answered nothing; the delivery was
+    // held, not requeued, and the only reply is that of the second attempt.
     let delivery = tokio::time::timeout(Duration::from_secs(30), replies.next())
         .await
         .expect("a reply within 30 s")
@@ -273,7 +273,7 @@ async fn the_service_requeues_an_approval_that_met_a_transient_error_and_accepts
     assert_eq!(
         record_attempts(&h).await,
         2,
-        "recorded on the second delivery"
+        "recorded on the second attempt"
     );
     assert_eq!(h.decisions(card.run_id).await.len(), 1);
     assert_eq!(h.row(card.run_id).await["status"], "queued");

@@ -124,3 +124,90 @@ async fn an_open_turn_holds_no_run_row_so_its_lease_is_renewed_and_a_lease_lost_
     let row = store.run(run).await.unwrap().unwrap();
     assert_eq!(row.status, RunStatus::Queued);
 }
+
+/// Updates of `runs` so far, and how many of them were heap-only (rewrote no index entry), as
+/// this session's statistics have them once flushed.
+async fn updates(pool: &PgPool) -> (i64, i64) {
+    let mut conn = pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // A statement of its own: the flush happens when the previous one's transaction ends.
+    sqlx::query("SELECT 1").execute(&mut *conn).await.unwrap();
+    sqlx::query_as(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'runs'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn no_index_of_runs_reads_the_lease_expiry_so_a_renewal_can_be_heap_only(pool: PgPool) {
+    // Columns of `runs` that an index's key, expressions or predicate use: an UPDATE that
+    // changes one of them can never be heap-only.
+    let indexed: Vec<(String, String)> = sqlx::query_as(
+        "SELECT i.indexrelid::regclass::text, a.attname::text
+         FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum > 0
+         WHERE i.indrelid = 'runs'::regclass
+           AND (a.attnum = ANY(i.indkey)
+                OR pg_get_expr(i.indexprs, i.indrelid) ~ ('\\m' || a.attname || '\\M')
+                OR pg_get_expr(i.indpred, i.indrelid) ~ ('\\m' || a.attname || '\\M'))
+         ORDER BY 1, 2",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        indexed.iter().any(|(_, column)| column == "status"),
+        "the query sees predicates: {indexed:?}"
+    );
+    let renewed_columns = [
+        "lease_expires_at",
+        "pending_effect",
+        "sent_seq",
+        "sent_call",
+    ];
+    let blocking: Vec<_> = indexed
+        .iter()
+        .filter(|(_, column)| renewed_columns.contains(&column.as_str()))
+        .collect();
+    assert!(
+        blocking.is_empty(),
+        "indexes on renewed columns: {blocking:?}"
+    );
+
+    // And so a renewal whose row has room on its page rewrites no index.
+    let store = store(pool.clone());
+    let (_, lease) = running(&store).await;
+    let one = store_on_one_connection(&pool).await;
+    let (updated, hot) = updates(one.pool()).await;
+    for _ in 0..10 {
+        assert_eq!(
+            one.renew_all(std::slice::from_ref(&lease), TTL)
+                .await
+                .unwrap()
+                .len(),
+            1
+        );
+        assert!(one.renew_stamping(&lease, TTL, None).await.unwrap());
+    }
+    let (updated_after, hot_after) = updates(one.pool()).await;
+    assert_eq!(
+        (updated_after - updated, hot_after - hot),
+        (20, 20),
+        "every renewal was heap-only"
+    );
+}
+
+/// A store over a pool of one connection, so that the statistics it flushes are its own.
+async fn store_on_one_connection(pool: &PgPool) -> countersign_store::Store {
+    store(
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with((*pool.connect_options()).clone())
+            .await
+            .unwrap(),
+    )
+}

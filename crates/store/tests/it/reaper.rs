@@ -278,3 +278,62 @@ async fn an_approval_past_its_deadline_is_cancelled_approval_expired(pool: PgPoo
         .runs
         .is_empty());
 }
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn an_expired_lease_whose_row_another_transaction_holds_is_left_without_waiting_and_reaped_once_it_is_free(
+    pool: PgPool,
+) {
+    let store = store(pool.clone());
+    let (held, _) = running(&store).await;
+    let (free, _) = running(&store).await;
+    let (exhausted, _) = running(&store).await;
+    for run in [held, free, exhausted] {
+        expire_lease(&pool, run).await;
+    }
+    // A paused process's transaction holds two of the rows, as a turn frozen at its fence does.
+    let mut frozen = pool.begin().await.unwrap();
+    sqlx::query("SELECT id FROM runs WHERE id = ANY($1) FOR UPDATE")
+        .bind(vec![held.as_uuid(), exhausted.as_uuid()])
+        .execute(&mut *frozen)
+        .await
+        .unwrap();
+
+    let seen = store.expired_leases(10).await.unwrap();
+    let lease = |run| seen.iter().find(|l| l.run_id == run).unwrap().clone();
+    let outcomes = tokio::time::timeout(Duration::from_secs(5), async {
+        (
+            store.reap_expired(&lease(held), 3, BACKOFF).await.unwrap(),
+            store.reap_expired(&lease(free), 3, BACKOFF).await.unwrap(),
+            store
+                .reap_expired(&lease(exhausted), 0, BACKOFF)
+                .await
+                .unwrap(),
+        )
+    })
+    .await
+    .expect("the reaper waits on no held row");
+    assert_eq!(
+        outcomes,
+        (ReapOutcome::Lost, ReapOutcome::Requeued, ReapOutcome::Lost)
+    );
+    assert!(store
+        .expire_approval(held, SuspensionSeq::FIRST)
+        .await
+        .is_ok());
+
+    // The session ends (its idle limit, or its process back); the next pass reaps both.
+    frozen.rollback().await.unwrap();
+    let seen = store.expired_leases(10).await.unwrap();
+    let lease = |run| seen.iter().find(|l| l.run_id == run).unwrap().clone();
+    assert_eq!(
+        store.reap_expired(&lease(held), 3, BACKOFF).await.unwrap(),
+        ReapOutcome::Requeued
+    );
+    assert_eq!(
+        store
+            .reap_expired(&lease(exhausted), 0, BACKOFF)
+            .await
+            .unwrap(),
+        ReapOutcome::RetriesExhausted
+    );
+}

@@ -90,3 +90,102 @@ async fn a_throwaway_database_goes_when_dropped_unless_kept() {
         .unwrap();
     assert!(!exists(&kept).await, "replaced, then removed");
 }
+
+/// An echo server on a loopback port: each connection gets back what it sends.
+fn echo_server() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut stream = stream;
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = stream.read(&mut buf) {
+                    if n == 0 || stream.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Sends `text` and reads as many bytes back, within `within`.
+fn round_trip(
+    stream: &mut std::net::TcpStream,
+    text: &str,
+    within: Duration,
+) -> std::io::Result<String> {
+    stream.set_read_timeout(Some(within))?;
+    stream.write_all(text.as_bytes())?;
+    let mut back = vec![0u8; text.len()];
+    stream.read_exact(&mut back)?;
+    Ok(String::from_utf8_lossy(&back).into_owned())
+}
+
+#[test]
+fn the_proxy_passes_holds_while_blackholed_delivers_what_it_held_once_healed_and_resets() {
+    let proxy = countersign_testkit::Proxy::start(&format!("127.0.0.1:{}", echo_server()));
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    assert_eq!(
+        round_trip(&mut client, "pass", Duration::from_secs(5)).unwrap(),
+        "pass"
+    );
+
+    // Silent: nothing comes back, nothing is closed.
+    proxy.blackhole();
+    let silent = round_trip(&mut client, "held", Duration::from_millis(500));
+    let kind = silent.expect_err("nothing passes a blackhole").kind();
+    assert!(
+        matches!(
+            kind,
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+        "{kind:?}"
+    );
+    // A connection opened meanwhile is accepted and answered nothing either.
+    let mut late = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    late.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    late.write_all(b"late").unwrap();
+    assert!(
+        late.read(&mut [0u8; 4]).is_err(),
+        "the late connection is answered nothing"
+    );
+
+    // Healed: what was held arrives, and both connections work.
+    proxy.pass();
+    client
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    let mut held = [0u8; 4];
+    client.read_exact(&mut held).unwrap();
+    assert_eq!(&held, b"held");
+    late.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut late_back = [0u8; 4];
+    late.read_exact(&mut late_back).unwrap();
+    assert_eq!(&late_back, b"late");
+
+    // Slow, then reset.
+    proxy.delay(Duration::from_millis(50));
+    assert_eq!(
+        round_trip(&mut client, "slow", Duration::from_secs(5)).unwrap(),
+        "slow"
+    );
+    proxy.pass();
+    proxy.reset();
+    let mut after = [0u8; 1];
+    let closed = client.read(&mut after);
+    assert!(
+        matches!(&closed, Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset)
+            || matches!(closed, Ok(0)),
+        "the connection was closed by a reset: {closed:?}"
+    );
+    // New connections go through again.
+    let mut again = std::net::TcpStream::connect(("127.0.0.1", proxy.port())).unwrap();
+    assert_eq!(
+        round_trip(&mut again, "again", Duration::from_secs(5)).unwrap(),
+        "again"
+    );
+}
