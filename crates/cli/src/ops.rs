@@ -569,6 +569,8 @@ pub async fn decide(
         suspension_seq: reviewed.suspension_seq,
         turn_digest: reviewed.turn_digest.clone(),
         approved,
+        calls: vec![],
+        edits: vec![],
         approver: approver.into(),
         comment,
     };
@@ -711,6 +713,8 @@ mod tests {
                 moved: false,
                 landed: false,
                 alone: false,
+                edit: None,
+                excluded: false,
             }],
         }
     }

@@ -28,10 +28,13 @@ use tracing::Instrument;
 
 use crate::approval::{self, Approved};
 use crate::ids::{CallIndex, SuspensionSeq};
+use crate::messages::CallVerdict;
 use crate::model::{Message, Model, ModelOptions, ModelRequest, Role, TokenUsage, ToolCall};
 use crate::preview::{self, CallPreview};
 use crate::sequence;
-use crate::state::{LandedCall, PendingCall, SuspendedRunState, ToolIdentity, MAX_STATE_BYTES};
+use crate::state::{
+    EditRecord, LandedCall, PendingCall, SuspendedRunState, ToolIdentity, MAX_STATE_BYTES,
+};
 use crate::tool::{
     DataClasses, Effect, ExecContext, FenceToken, OfferedTools, Principal, Tool, ToolError,
     ToolOutput, ToolPolicy, ToolRegistry,
@@ -294,11 +297,55 @@ impl<H> fmt::Debug for Segment<'_, H> {
     }
 }
 
-/// A decision on a suspended turn, already gated by the coordinator.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A decision on a suspended turn, already gated by the coordinator: on the whole turn
+/// (`approved`), call by call (`calls`), or an edit of some calls' arguments (`edits`), which
+/// issues the card again instead of running anything.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Decision {
     pub approved: bool,
+    /// The comment the model reads with a denial of the whole turn.
     pub comment: Option<String>,
+    /// What the approver decided of each call, when they decided call by call; empty for a
+    /// decision on the whole turn. A call the list does not approve is denied.
+    pub calls: Vec<CallVerdict>,
+    /// Calls whose arguments an approver changed: the turn is previewed again with them and
+    /// its card issued anew, to be decided like any card.
+    pub edits: Vec<CallEdit>,
+}
+
+impl Decision {
+    /// Whether call `index` is to run: approved on its own, or as part of an approved turn.
+    pub fn approves(&self, index: CallIndex) -> bool {
+        if self.calls.is_empty() {
+            return self.approved;
+        }
+        self.calls.iter().any(|c| c.index == index && c.approved)
+    }
+
+    /// What the model is told of call `index` denied, by the approver's words.
+    pub fn denial_of(&self, index: CallIndex) -> Option<&str> {
+        if self.calls.is_empty() {
+            return self.comment.as_deref();
+        }
+        self.calls
+            .iter()
+            .find(|c| c.index == index)
+            .and_then(|c| c.message.as_deref())
+    }
+
+    /// Whether anything of the turn is to run.
+    pub fn approves_any(&self, calls: usize) -> bool {
+        (0..calls).any(|i| self.approves(CallIndex::new(i)))
+    }
+}
+
+/// New arguments for one call of the turn, from an approver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallEdit {
+    pub index: CallIndex,
+    pub arguments: Value,
+    /// Who changed them.
+    pub editor: String,
 }
 
 /// How a segment ended.
@@ -448,51 +495,118 @@ pub async fn resume<H: SegmentHooks>(
     state: SuspendedRunState,
     decision: &Decision,
 ) -> Outcome {
+    if !decision.edits.is_empty() {
+        return match reissue(seg, state, &decision.edits).await {
+            Ok(state) => Outcome::Suspended {
+                state,
+                moved: vec![],
+            },
+            Err((e, iterations, tokens)) => interrupted(e, iterations, tokens),
+        };
+    }
     let seq = state.suspension_seq;
-    let outputs = if decision.approved {
+    let runs_any = decision.approves_any(state.pending_calls.len());
+    let outputs = if runs_any {
         let offered = seg.agent.offered(seg.registry, seg.acting_user);
-        match approval::approved(seg, &state, &offered).await {
+        match approval::approved(seg, &state, &offered, decision).await {
             Ok(Approved::Executed(outputs)) => outputs,
             Ok(Approved::Moved {
                 previews,
                 moved,
                 landed,
-            }) => return resuspend_moved(seg, state, previews, moved, landed),
+            }) => return resuspend_moved(seg, state, decision, previews, moved, landed),
             Err(e) => return interrupted(e, state.iterations, state.tokens),
         }
     } else {
-        denied(&state, decision.comment.as_deref())
+        denied(&state, decision)
     };
 
-    let mut transcript = state.transcript;
-    for (call, output) in state.pending_calls.iter().zip(outputs) {
-        transcript.push(Message::tool_result(
-            &call.id,
-            output.content,
-            output.is_error,
-        ));
+    let mut transcript = Vec::new();
+    for (i, (call, output)) in state.pending_calls.iter().zip(outputs).enumerate() {
+        let content = match state.edit_of(CallIndex::new(i)) {
+            Some(edit) => format!("{}\n{}", edited_note(edit, &call.arguments), output.content),
+            None => output.content,
+        };
+        transcript.push(Message::tool_result(&call.id, content, output.is_error));
     }
     let cursor = Cursor {
-        transcript,
+        transcript: [state.transcript, transcript].concat(),
         iterations: state.iterations,
         tokens: state.tokens,
         options: state.model_options,
         next_seq: seq.next(),
-        after_denial: !decision.approved,
+        after_denial: !runs_any,
     };
     run_turns(seg, cursor).await
 }
 
-/// The results of a denied turn: a call that landed under an earlier card of it keeps its real
-/// result (it happened, and the model must not be told otherwise); every other call is denied.
-fn denied(state: &SuspendedRunState, comment: Option<&str>) -> Vec<ToolOutput> {
+/// What the model reads before the result of a call whose arguments a person changed: the call
+/// as it ran.
+pub fn edited_note(edit: &EditRecord, ran_with: &Value) -> String {
+    format!(
+        "Note: {} changed the arguments of this call before it ran; it ran with {ran_with}.",
+        edit.editor
+    )
+}
+
+/// The card issued anew with the arguments `edits` give: the same calls, some with new
+/// arguments (each marked with who changed it, and from what), the whole turn previewed again
+/// in sequence as its acting user, the next suspension number. Nothing runs.
+async fn reissue<H: SegmentHooks>(
+    seg: Segment<'_, H>,
+    state: SuspendedRunState,
+    edits: &[CallEdit],
+) -> Result<SuspendedRunState, (HookError, u32, TokenUsage)> {
+    let mut pending = state.pending_calls.clone();
+    let mut records = state.edits.clone();
+    for edit in edits {
+        let Some(call) = pending.get_mut(edit.index.get()) else {
+            tracing::warn!(call.index = %edit.index, "an edit names no call of the turn; ignored");
+            continue;
+        };
+        records.retain(|r| r.index != edit.index);
+        records.push(EditRecord {
+            index: edit.index,
+            tool: call.tool.clone(),
+            editor: edit.editor.clone(),
+            before: std::mem::replace(&mut call.arguments, edit.arguments.clone()),
+            after: edit.arguments.clone(),
+        });
+    }
+    records.sort_by_key(|r| r.index);
+    let offered = seg.agent.offered(seg.registry, seg.acting_user);
+    let next = state.suspension_seq.next();
+    let previews = sequence::previews(seg, &pending, &offered, next)
+        .await
+        .map_err(|e| (e, state.iterations, state.tokens))?;
+    let edited: Vec<CallIndex> = edits.iter().map(|e| e.index).collect();
+    Ok(SuspendedRunState {
+        tool_identities: identities(&pending, &offered),
+        pending_calls: pending,
+        call_previews: previews,
+        stale_call_indexes: edited,
+        excluded_calls: vec![],
+        edits: records,
+        suspension_seq: next,
+        captured_at: seg.captured_at.to_owned(),
+        ..state
+    })
+}
+
+/// The results of a turn of which nothing runs: a call that landed under an earlier card of it
+/// keeps its real result (it happened, and the model must not be told otherwise); every other
+/// call is denied, with the approver's words for it.
+fn denied(state: &SuspendedRunState, decision: &Decision) -> Vec<ToolOutput> {
     state
         .pending_calls
         .iter()
         .enumerate()
-        .map(|(i, c)| match state.landed(CallIndex::new(i)) {
-            Some(landed) => landed.output.clone(),
-            None => ToolOutput::error(denied_result(&c.tool, comment)),
+        .map(|(i, c)| {
+            let index = CallIndex::new(i);
+            match state.landed(index) {
+                Some(landed) => landed.output.clone(),
+                None => ToolOutput::error(denied_result(&c.tool, decision.denial_of(index))),
+            }
         })
         .collect()
 }
@@ -503,10 +617,17 @@ fn denied(state: &SuspendedRunState, comment: Option<&str>) -> Vec<ToolOutput> {
 fn resuspend_moved<H>(
     seg: Segment<'_, H>,
     state: SuspendedRunState,
+    decision: &Decision,
     previews: Vec<CallPreview>,
     moved: Vec<CallIndex>,
     landed: Vec<LandedCall>,
 ) -> Outcome {
+    // A decision call by call had the turn previewed without the calls it denied: the new card
+    // says so of them.
+    let excluded = (0..state.pending_calls.len())
+        .map(CallIndex::new)
+        .filter(|i| !decision.approves(*i) && state.landed(*i).is_none())
+        .collect();
     let moved_tools = moved
         .iter()
         .filter_map(|i| Some((*i, state.pending_calls.get(i.get())?.tool.clone())))
@@ -516,6 +637,7 @@ fn resuspend_moved<H>(
         call_previews: previews,
         stale_call_indexes: moved,
         landed_calls: landed,
+        excluded_calls: excluded,
         tool_identities: identities(&state.pending_calls, &offered),
         suspension_seq: state.suspension_seq.next(),
         captured_at: seg.captured_at.to_owned(),
@@ -746,6 +868,8 @@ async fn suspend<H: SegmentHooks>(
         call_previews,
         stale_call_indexes: vec![],
         landed_calls: vec![],
+        excluded_calls: vec![],
+        edits: vec![],
         tool_identities,
         suspension_seq: cur.next_seq,
         captured_at: seg.captured_at.to_owned(),

@@ -35,7 +35,7 @@
 use tracing::Instrument;
 
 use crate::agent_loop::{
-    self, no_longer_permitted_result, not_offered_at_suspend_result, HookError, Segment,
+    self, no_longer_permitted_result, not_offered_at_suspend_result, Decision, HookError, Segment,
     SegmentHooks,
 };
 use crate::comparator::{self, Current};
@@ -170,12 +170,13 @@ pub(crate) async fn approved<H: SegmentHooks>(
     seg: Segment<'_, H>,
     state: &SuspendedRunState,
     offered: &OfferedTools,
+    decision: &Decision,
 ) -> Result<Approved, HookError> {
     let record = seg.hooks.turn_record(state.suspension_seq).await?;
     let mut turn = Turn {
         seg,
         state,
-        calls: facts(seg, state, offered, &record.journaled),
+        calls: facts(seg, state, offered, decision, &record.journaled),
         commit_in_doubt: false,
     };
     if !record.owed.is_empty() {
@@ -211,6 +212,7 @@ fn facts<'a, H: SegmentHooks>(
     seg: Segment<'a, H>,
     state: &'a SuspendedRunState,
     offered: &'a OfferedTools,
+    decision: &Decision,
     journaled: &[(CallIndex, ToolOutput)],
 ) -> Vec<Call<'a, H::Turn>> {
     state
@@ -227,6 +229,11 @@ fn facts<'a, H: SegmentHooks>(
             });
             let state_now = match done {
                 Some(output) => State::Done(output.clone()),
+                // Denied on its own: it never runs, and the calls after it are a sequence
+                // without it.
+                None if !decision.approves(index) => State::Skipped(ToolOutput::error(
+                    agent_loop::denied_result(&call.tool, decision.denial_of(index)),
+                )),
                 None => fresh_state(seg, state, offered, call),
             };
             Call {

@@ -29,6 +29,10 @@ pub const LANDED_NOTICE: &str =
 /// Shown for a call whose preview was computed as if it ran alone: it comes after other calls of
 /// its turn on the same tool server, which cannot preview a call after the ones before it.
 pub const ALONE_NOTICE: &str = "Computed as if it ran alone: this call comes after other calls of the turn on the same tool server, which cannot preview it after them, so what it does may differ from these lines.";
+/// Shown for a call whose arguments a person changed: the card was issued anew with them.
+pub const EDITED_NOTICE: &str = "Arguments changed by a person before approval: the call runs with the new arguments, not the ones the model proposed.";
+/// Shown for a call the last card's decision denied on its own.
+pub const EXCLUDED_NOTICE: &str = "Denied on the last card: the other calls were previewed without this call. Deny it again for them to run as shown.";
 /// Shown when the card follows an approval that found a preview moved.
 pub const MOVED_NOTICE: &str = "What the marked call(s) would do changed after the last card was shown, so nothing was written. Review the current preview and decide again.";
 
@@ -56,6 +60,20 @@ pub struct CardCall {
     pub landed: bool,
     /// Its preview was computed as if it ran alone ([`ALONE_NOTICE`]).
     pub alone: bool,
+    /// Its arguments were changed by a person ([`EDITED_NOTICE`]): who, and from what.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub edit: Option<CardEdit>,
+    /// The last card's decision denied it on its own ([`EXCLUDED_NOTICE`]): the other calls'
+    /// previews were taken without it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub excluded: bool,
+}
+
+/// A person's change of a call's arguments, as a card shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CardEdit {
+    pub editor: String,
+    pub before: Value,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -128,6 +146,11 @@ pub async fn build_card(
             moved: state.stale_call_indexes.contains(&index),
             landed: state.landed(index).is_some(),
             alone: state.preview_of(index).is_some_and(|p| p.alone),
+            edit: state.edit_of(index).map(|e| CardEdit {
+                editor: e.editor.clone(),
+                before: e.before.clone(),
+            }),
+            excluded: state.excluded_calls.contains(&index),
         });
     }
     ApprovalCard {

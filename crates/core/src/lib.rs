@@ -31,20 +31,23 @@ pub mod tool;
 pub mod turn;
 
 pub use agent_loop::{
-    AgentConfig, Decision, HookError, Interruption, Outcome, Segment, SegmentHooks,
-    TerminationReason, TurnRecord,
+    AgentConfig, CallEdit, Decision, HookError, Interruption, Outcome, Segment,
+    SegmentHooks, TerminationReason, TurnRecord,
 };
 pub use directory::{Approver, Approves, DirectoryError, UserDirectory};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
-pub use messages::{DecisionMessage, Event, EventName, MessageError, RunRequest, MESSAGE_VERSION};
+pub use messages::{
+    ArgumentsEdit, CallVerdict, DecisionMessage, Event, EventName, MessageError, RunRequest,
+    MESSAGE_VERSION,
+};
 pub use model::{
     Message, Model, ModelError, ModelOptions, ModelRequest, ModelResponse, Role, TokenUsage,
     ToolCall,
 };
 pub use preview::{CallPreview, LineForm, PreviewLine};
-pub use state::{LandedCall, PendingCall, StateError, SuspendedRunState};
+pub use state::{EditRecord, LandedCall, PendingCall, StateError, SuspendedRunState, ToolIdentity};
 pub use tool::{
-    CallStatus, DataClass, DataClasses, EarlierCall, Effect, ExecContext, ExternalWrite, Fault,
+    ArgumentsError, CallStatus, DataClass, DataClasses, EarlierCall, Effect, ExecContext, ExternalWrite, Fault,
     FenceToken, OfferedTools, Prepared, Principal, Profile, Sequence, Tool, ToolError, ToolOutput,
     ToolPolicy, ToolPreview, ToolRegistry, ToolSpec, Withheld,
 };

@@ -1,5 +1,6 @@
 //! The public messages: what any queue producer may send countersign, and the events it
-//! publishes back. Version 1.
+//! publishes back. Version 1; a decision call by call, or one that edits calls, is version 2
+//! (a version-1 decision, on the whole turn, stays valid).
 //!
 //! Bodies are UTF-8 JSON objects. Unknown fields are ignored; a missing or mistyped required
 //! field, a wrong `type` or an unsupported `version` is a [`MessageError`] whose
@@ -17,10 +18,14 @@ use strum::{EnumString, IntoStaticStr, VariantArray};
 use uuid::Uuid;
 
 use crate::fields::field_names;
-use crate::ids::{RunId, SuspensionSeq, TurnDigest};
+use crate::ids::{CallIndex, RunId, SuspensionSeq, TurnDigest};
 
 /// The message version this code reads and writes.
 pub const MESSAGE_VERSION: u64 = 1;
+/// The decision version that decides call by call or edits calls.
+pub const DECISION_VERSION_CALLS: u64 = 2;
+/// Most calls a decision may name, in `calls` or in `edits`.
+pub const MAX_DECISION_CALLS: usize = 256;
 /// Longest accepted prompt, in characters.
 pub const MAX_PROMPT_CHARS: usize = 32 * 1024;
 /// Longest accepted name (agent, user), in characters.
@@ -87,11 +92,12 @@ macro_rules! message {
 
             /// The message a JSON document is, as [`Self::parse`] reads its body.
             pub fn from_json(doc: Value) -> Result<Self, MessageError> {
-                parse(doc, Self::TYPE)
+                let (doc, _) = envelope(doc, Self::TYPE, &[MESSAGE_VERSION])?;
+                parse(doc)
             }
 
             pub fn to_json(&self) -> Value {
-                message_json(self, Self::TYPE)
+                message_json(self, Self::TYPE, MESSAGE_VERSION)
             }
         }
     };
@@ -103,6 +109,12 @@ pub const MAX_INPUTS_BYTES: usize = 64 * 1024;
 message!(RunRequest, "countersign.run_request");
 
 /// An approver's decision on a suspended turn, queue `countersign.decisions`.
+///
+/// Version 1 decides the whole turn: `approved`, and a `comment` the model reads with a denial.
+/// Version 2 may instead decide it call by call (`calls`: every call of the turn, each approved
+/// or denied with a `message`), or change calls' arguments (`edits`), which approves nothing:
+/// the card is issued anew with them. `approved` may then be left out; given, it must agree
+/// (true when some call is approved; false with edits).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DecisionMessage {
     // The fields are in the order a refusal names them: the first one refused is the reason.
@@ -119,6 +131,21 @@ pub struct DecisionMessage {
         skip_serializing_if = "Option::is_none"
     )]
     pub comment: Option<String>,
+    /// Version 2: the verdict on each call of the turn, by index; empty for a decision on the
+    /// whole turn.
+    #[serde(
+        default,
+        deserialize_with = "verdicts",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub calls: Vec<CallVerdict>,
+    /// Version 2: new arguments for calls of the turn, by index.
+    #[serde(
+        default,
+        deserialize_with = "edits",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub edits: Vec<ArgumentsEdit>,
     /// Chosen by the producer; a replay returns the recorded outcome.
     #[serde(deserialize_with = "id")]
     pub decision_id: Uuid,
@@ -126,13 +153,127 @@ pub struct DecisionMessage {
     pub approver: String,
 }
 
-message!(DecisionMessage, "countersign.decision");
+/// The approver's verdict on one call of the turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallVerdict {
+    pub index: CallIndex,
+    pub approved: bool,
+    /// With a denial: what the model is told of it. At most [`MAX_COMMENT_CHARS`]; a blank one
+    /// is none.
+    #[serde(
+        default,
+        deserialize_with = "comment",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub message: Option<String>,
+}
 
-/// A message of type `expected` from its body: the envelope first, then its fields, each in the
-/// order the struct declares them. The first field refused, missing or malformed, is the
-/// reason.
-fn parse<M: DeserializeOwned>(doc: Value, expected: &'static str) -> Result<M, MessageError> {
-    let doc = envelope(doc, expected)?;
+/// New arguments for one call of the turn, as an approver wrote them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArgumentsEdit {
+    pub index: CallIndex,
+    /// A JSON object of at most [`MAX_INPUTS_BYTES`].
+    #[serde(deserialize_with = "arguments")]
+    pub arguments: Map<String, Value>,
+}
+
+impl DecisionMessage {
+    pub const TYPE: &'static str = "countersign.decision";
+
+    pub fn parse(body: &[u8]) -> Result<Self, MessageError> {
+        Self::from_json(serde_json::from_slice(body).unwrap_or(Value::Null))
+    }
+
+    /// The decision a JSON document is, as [`Self::parse`] reads its body: version 1 or 2.
+    pub fn from_json(doc: Value) -> Result<Self, MessageError> {
+        let (mut doc, version) =
+            envelope(doc, Self::TYPE, &[MESSAGE_VERSION, DECISION_VERSION_CALLS])?;
+        let given = |doc: &Map<String, Value>, field: &str| {
+            doc.get(field).is_some_and(|v| !v.is_null())
+        };
+        if version == MESSAGE_VERSION {
+            // A version-1 producer decides the whole turn; a denial of one call must not pass
+            // for an approval of all of them.
+            for field in ["calls", "edits"] {
+                if given(&doc, field) {
+                    return Err(MessageError::Invalid(field));
+                }
+            }
+            return parse(doc);
+        }
+        let approved_given = given(&doc, "approved");
+        if !approved_given && (given(&doc, "calls") || given(&doc, "edits")) {
+            // Filled below from the calls; a placeholder keeps the field order's refusals.
+            doc.insert("approved".into(), Value::Bool(false));
+        }
+        let mut m: DecisionMessage = parse(doc)?;
+        if !m.calls.is_empty() && !m.edits.is_empty() {
+            return Err(MessageError::Invalid("edits"));
+        }
+        let implied = m.calls.iter().any(|c| c.approved);
+        if !approved_given {
+            m.approved = implied;
+        } else if (!m.calls.is_empty() && m.approved != implied)
+            || (!m.edits.is_empty() && m.approved)
+        {
+            return Err(MessageError::Invalid("approved"));
+        }
+        Ok(m)
+    }
+
+    /// The body of this decision: version 2 when it decides call by call or edits calls.
+    pub fn to_json(&self) -> Value {
+        message_json(self, Self::TYPE, self.version())
+    }
+
+    /// The version this decision is written in.
+    pub fn version(&self) -> u64 {
+        if self.calls.is_empty() && self.edits.is_empty() {
+            MESSAGE_VERSION
+        } else {
+            DECISION_VERSION_CALLS
+        }
+    }
+
+    /// Whether this decision changes calls rather than deciding the card.
+    pub fn edits_calls(&self) -> bool {
+        !self.edits.is_empty()
+    }
+}
+
+/// `calls`: at most [`MAX_DECISION_CALLS`] verdicts, each index once.
+fn verdicts<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<CallVerdict>, D::Error> {
+    let calls = Option::<Vec<CallVerdict>>::deserialize(d)?.unwrap_or_default();
+    let mut seen = std::collections::BTreeSet::new();
+    if calls.len() > MAX_DECISION_CALLS || !calls.iter().all(|c| seen.insert(c.index)) {
+        return Err(D::Error::custom("not a verdict per call"));
+    }
+    Ok(calls)
+}
+
+/// `edits`: at most [`MAX_DECISION_CALLS`], each index once.
+fn edits<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ArgumentsEdit>, D::Error> {
+    let edits = Option::<Vec<ArgumentsEdit>>::deserialize(d)?.unwrap_or_default();
+    let mut seen = std::collections::BTreeSet::new();
+    if edits.len() > MAX_DECISION_CALLS || !edits.iter().all(|e| seen.insert(e.index)) {
+        return Err(D::Error::custom("not an edit per call"));
+    }
+    Ok(edits)
+}
+
+/// An edit's `arguments`: a JSON object of at most [`MAX_INPUTS_BYTES`].
+fn arguments<'de, D: Deserializer<'de>>(d: D) -> Result<Map<String, Value>, D::Error> {
+    let map = Map::<String, Value>::deserialize(d)?;
+    let size = serde_json::to_vec(&map).map_or(usize::MAX, |b| b.len());
+    if size > MAX_INPUTS_BYTES {
+        return Err(D::Error::custom("arguments too large"));
+    }
+    Ok(map)
+}
+
+/// A message from its body, past its envelope: its fields, each in the order the struct
+/// declares them. The first field refused, missing or malformed, is the reason.
+fn parse<M: DeserializeOwned>(doc: Map<String, Value>) -> Result<M, MessageError> {
     let fields = field_names::<M>();
     let position = |field: &str| fields.iter().position(|f| *f == field);
     match fields_of::<M>(&doc, fields) {
@@ -183,10 +324,10 @@ fn fields_of<M: DeserializeOwned>(
 }
 
 /// The body of `message`, with its `type` and `version`.
-fn message_json<M: Serialize>(message: &M, kind: &'static str) -> Value {
+fn message_json<M: Serialize>(message: &M, kind: &'static str, version: u64) -> Value {
     let mut body = serde_json::to_value(message).unwrap_or_else(|_| json!({}));
     body["type"] = json!(kind);
-    body["version"] = json!(MESSAGE_VERSION);
+    body["version"] = json!(version);
     body
 }
 
@@ -340,7 +481,12 @@ impl Event {
     }
 }
 
-fn envelope(doc: Value, expected: &'static str) -> Result<Map<String, Value>, MessageError> {
+/// The body's fields, and the version it is written in: one of `versions`, of type `expected`.
+fn envelope(
+    doc: Value,
+    expected: &'static str,
+    versions: &[u64],
+) -> Result<(Map<String, Value>, u64), MessageError> {
     let Value::Object(doc) = doc else {
         return Err(MessageError::NotAnObject);
     };
@@ -349,12 +495,14 @@ fn envelope(doc: Value, expected: &'static str) -> Result<Map<String, Value>, Me
         Some(t) if t.as_str() == Some(expected) => {}
         Some(_) => return Err(MessageError::WrongType { expected }),
     }
-    match doc.get("version") {
+    let version = match doc.get("version") {
         None => return Err(MessageError::Missing("version")),
-        Some(v) if v.as_u64() == Some(MESSAGE_VERSION) => {}
-        Some(_) => return Err(MessageError::UnsupportedVersion),
-    }
-    Ok(doc)
+        Some(v) => v
+            .as_u64()
+            .filter(|v| versions.contains(v))
+            .ok_or(MessageError::UnsupportedVersion)?,
+    };
+    Ok((doc, version))
 }
 
 #[cfg(test)]
@@ -459,11 +607,105 @@ mod tests {
             })
         );
         let mut v = decision();
-        v["version"] = json!(2);
+        v["version"] = json!(3);
         assert_eq!(parse(&v), Err(MessageError::UnsupportedVersion));
         assert_eq!(
             MessageError::Invalid("turn_digest").reason(),
             "invalid_field:turn_digest"
+        );
+    }
+
+    fn by_call() -> Value {
+        let mut v = decision();
+        v["version"] = json!(2);
+        v.as_object_mut().unwrap().remove("approved");
+        v["calls"] = json!([
+            {"index": 0, "approved": true},
+            {"index": 1, "approved": false, "message": "Keep the old title."},
+            {"index": 2, "approved": true, "message": "  "}
+        ]);
+        v
+    }
+
+    #[test]
+    fn a_version_2_decision_decides_call_by_call_and_round_trips() {
+        let d = parse(&by_call()).unwrap();
+        assert!(d.approved, "some call is approved, so the decision approves");
+        assert_eq!(d.calls.len(), 3);
+        assert_eq!(d.calls[1].message.as_deref(), Some("Keep the old title."));
+        assert_eq!(d.calls[2].message, None, "a blank message is none");
+        assert_eq!(d.version(), 2);
+        assert_eq!(d.to_json()["version"], 2);
+        assert_eq!(parse(&d.to_json()).unwrap(), d);
+        let mut all_denied = by_call();
+        all_denied["calls"] = json!([{"index": 0, "approved": false}]);
+        assert!(!parse(&all_denied).unwrap().approved);
+        // A whole-turn decision is still written, and read, as version 1.
+        let one = decision();
+        let whole = parse(&one).unwrap();
+        assert_eq!(whole.to_json()["version"], 1);
+        let mut v2_whole = one;
+        v2_whole["version"] = json!(2);
+        assert_eq!(parse(&v2_whole).unwrap(), whole);
+    }
+
+    #[test]
+    fn a_version_2_decision_that_contradicts_itself_is_refused_by_field() {
+        let mut twice = by_call();
+        twice["calls"] = json!([{"index": 0, "approved": true}, {"index": 0, "approved": false}]);
+        assert_eq!(parse(&twice), Err(MessageError::Invalid("calls")));
+        let mut disagrees = by_call();
+        disagrees["approved"] = json!(false);
+        assert_eq!(parse(&disagrees), Err(MessageError::Invalid("approved")));
+        let mut both = by_call();
+        both["edits"] = json!([{"index": 1, "arguments": {"title": "x"}}]);
+        assert_eq!(parse(&both), Err(MessageError::Invalid("edits")));
+        let mut bad_index = by_call();
+        bad_index["calls"] = json!([{"index": -1, "approved": true}]);
+        assert_eq!(parse(&bad_index), Err(MessageError::Invalid("calls")));
+        let mut neither = by_call();
+        neither.as_object_mut().unwrap().remove("calls");
+        assert_eq!(parse(&neither), Err(MessageError::Missing("approved")));
+    }
+
+    #[test]
+    fn an_edit_is_version_2_approves_nothing_and_carries_an_object_of_bounded_size() {
+        let mut v = by_call();
+        v.as_object_mut().unwrap().remove("calls");
+        v["edits"] = json!([{"index": 1, "arguments": {"title": "Spring sale"}}]);
+        let d = parse(&v).unwrap();
+        assert!(!d.approved && d.edits_calls());
+        assert_eq!(d.edits[0].arguments["title"], "Spring sale");
+        assert_eq!(parse(&d.to_json()).unwrap(), d);
+        let mut approving = v.clone();
+        approving["approved"] = json!(true);
+        assert_eq!(parse(&approving), Err(MessageError::Invalid("approved")));
+        for bad in [json!("title"), json!([1]), json!({"t": "x".repeat(MAX_INPUTS_BYTES)})] {
+            let mut v = v.clone();
+            v["edits"][0]["arguments"] = bad;
+            assert_eq!(parse(&v), Err(MessageError::Invalid("edits")));
+        }
+    }
+
+    #[test]
+    fn a_version_1_decision_naming_calls_or_edits_is_refused_not_read_as_the_whole_turn() {
+        for field in ["calls", "edits"] {
+            let mut v = decision();
+            v[field] = json!([{"index": 1, "approved": false}]);
+            assert_eq!(parse(&v), Err(MessageError::Invalid(field)));
+        }
+        let mut run = RunRequest {
+            request_id: Uuid::now_v7(),
+            agent: "a".into(),
+            acting_user: "u".into(),
+            prompt: "p".into(),
+            inputs: None,
+        }
+        .to_json();
+        run["version"] = json!(2);
+        assert_eq!(
+            RunRequest::parse(run.to_string().as_bytes()),
+            Err(MessageError::UnsupportedVersion)
         );
     }
 

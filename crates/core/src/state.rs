@@ -63,6 +63,19 @@ pub struct ToolIdentity {
     pub identity: String,
 }
 
+/// New arguments a person gave a call of the turn: the card was issued anew with them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EditRecord {
+    pub index: CallIndex,
+    pub tool: String,
+    /// Who changed them.
+    pub editor: String,
+    /// The arguments before, as the model proposed them (or as an earlier edit left them).
+    pub before: Value,
+    /// The arguments the call now has.
+    pub after: Value,
+}
+
 /// Everything needed to resume a suspended run in any process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SuspendedRunState {
@@ -80,6 +93,11 @@ pub struct SuspendedRunState {
     pub landed_calls: Vec<LandedCall>,
     /// The identity of each offered call's tool when the card was made, in call order.
     pub tool_identities: Vec<ToolIdentity>,
+    /// The calls the previous card's decision denied, one by one: this card's previews were
+    /// taken without them (the turn was a sequence of the other calls).
+    pub excluded_calls: Vec<CallIndex>,
+    /// The calls whose arguments a person changed, in call order.
+    pub edits: Vec<EditRecord>,
     pub suspension_seq: SuspensionSeq,
     /// When the previews were captured; shown on the card, never compared.
     pub captured_at: String,
@@ -126,6 +144,11 @@ impl SuspendedRunState {
             .map(|t| t.identity.as_str())
     }
 
+    /// The edit of call `index`, if a person changed its arguments.
+    pub fn edit_of(&self, index: CallIndex) -> Option<&EditRecord> {
+        self.edits.iter().find(|e| e.index == index)
+    }
+
     /// The call at `index` if it landed under an earlier card of the turn.
     pub fn landed(&self, index: CallIndex) -> Option<&LandedCall> {
         self.landed_calls.iter().find(|c| c.index == index)
@@ -145,6 +168,8 @@ impl SuspendedRunState {
             "stale_call_indexes": self.stale_call_indexes,
             "landed_calls": self.landed_calls,
             "tool_identities": self.tool_identities,
+            "excluded_calls": self.excluded_calls,
+            "edits": self.edits,
             "suspension_seq": self.suspension_seq,
             "captured_at": self.captured_at,
         })
@@ -203,6 +228,22 @@ impl SuspendedRunState {
                 Some(ToolIdentity { index, ..t })
             })
             .collect();
+        let excluded_calls: Vec<CallIndex> = array(doc, "excluded_calls")
+            .iter()
+            .filter_map(|v| CallIndex::from_json(v).ok())
+            .filter_map(|old| survivors.translate(old))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let mut edited = BTreeSet::new();
+        let edits = array(doc, "edits")
+            .iter()
+            .filter_map(|raw| {
+                let e: EditRecord = serde_json::from_value(raw.clone()).ok()?;
+                let index = survivors.renumber(e.index, &e.tool, &mut edited)?;
+                Some(EditRecord { index, ..e })
+            })
+            .collect();
 
         Ok(SuspendedRunState {
             transcript,
@@ -230,6 +271,8 @@ impl SuspendedRunState {
             stale_call_indexes,
             landed_calls,
             tool_identities,
+            excluded_calls,
+            edits,
             suspension_seq,
             captured_at: doc
                 .get("captured_at")

@@ -179,6 +179,40 @@ pub struct ToolSpec {
     pub requires_admin: bool,
 }
 
+impl ToolSpec {
+    /// Whether `args` fit this tool's argument schema, as a JSON Schema validator reads it
+    /// (draft 2020-12 unless the schema names another). A schema that does not compile fits
+    /// nothing.
+    pub fn check_arguments(&self, args: &Value) -> Result<(), ArgumentsError> {
+        if !args.is_object() {
+            return Err(ArgumentsError::NotAnObject);
+        }
+        let mut schemas = boon::Schemas::new();
+        let mut compiler = boon::Compiler::new();
+        let location = "urn:countersign:tool-arguments";
+        compiler
+            .add_resource(location, self.parameters.clone())
+            .map_err(|e| ArgumentsError::Schema(e.to_string()))?;
+        let schema = compiler
+            .compile(location, &mut schemas)
+            .map_err(|e| ArgumentsError::Schema(e.to_string()))?;
+        schemas
+            .validate(args, schema)
+            .map_err(|e| ArgumentsError::Mismatch(format!("{e:#}")))
+    }
+}
+
+/// Why arguments do not fit a tool. The details are for the log: they quote the arguments.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgumentsError {
+    #[error("the arguments are not a JSON object")]
+    NotAnObject,
+    #[error("the tool's argument schema does not compile: {0}")]
+    Schema(String),
+    #[error("the arguments do not fit the tool's schema: {0}")]
+    Mismatch(String),
+}
+
 /// The lease a write must still hold at the resource. Built by the segment runner from the
 /// claim it won; a tool writing to the run's own database verifies it inside its transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -898,6 +932,41 @@ mod tests {
             &DataClasses::all(),
         );
         assert!(offered.names().is_empty());
+    }
+
+    #[test]
+    fn arguments_are_checked_against_the_tools_schema() {
+        let mut spec = ToolSpec {
+            parameters: serde_json::json!({
+                "type": "object",
+                "properties": {"id": {"type": "integer", "minimum": 1}, "title": {"type": "string", "maxLength": 5}},
+                "required": ["id"],
+                "additionalProperties": false
+            }),
+            ..spec("edit", "content", Effect::NonIdempotentWrite, false, false)
+        };
+        assert_eq!(spec.check_arguments(&serde_json::json!({"id": 3, "title": "abc"})), Ok(()));
+        for bad in [
+            serde_json::json!({"title": "abc"}),
+            serde_json::json!({"id": 0}),
+            serde_json::json!({"id": "3"}),
+            serde_json::json!({"id": 3, "title": "too long"}),
+            serde_json::json!({"id": 3, "other": true}),
+        ] {
+            assert!(
+                matches!(spec.check_arguments(&bad), Err(ArgumentsError::Mismatch(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            spec.check_arguments(&serde_json::json!([3])),
+            Err(ArgumentsError::NotAnObject)
+        );
+        spec.parameters = serde_json::json!({"type": "no-such-type"});
+        assert!(matches!(
+            spec.check_arguments(&serde_json::json!({})),
+            Err(ArgumentsError::Schema(_))
+        ));
     }
 
     #[test]

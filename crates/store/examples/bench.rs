@@ -184,6 +184,8 @@ async fn lifecycle(store: Store, run: RunId) -> anyhow::Result<()> {
             suspension_seq: state.suspension_seq,
             turn_digest: state.turn_digest(),
             approved: true,
+            calls: vec![],
+            edits: vec![],
             approver: "alice".into(),
             comment: None,
         },
@@ -235,6 +237,8 @@ fn suspended_state() -> SuspendedRunState {
         stale_call_indexes: vec![],
         landed_calls: vec![],
         tool_identities: vec![],
+        excluded_calls: vec![],
+        edits: vec![],
         suspension_seq: SuspensionSeq::FIRST,
         captured_at: "2026-11-30T10:00:00Z".into(),
     }

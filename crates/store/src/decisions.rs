@@ -336,6 +336,8 @@ impl Store {
             turn_digest: TurnDigest::parse(&row.turn_digest)
                 .map_err(|_| StoreError::unreadable("run_decisions.turn_digest"))?,
             approved: row.approved,
+            calls: vec![],
+            edits: vec![],
             approver: row.approver,
             comment: self.open_comment(run_id, row.comment.as_deref())?,
         }))
@@ -350,6 +352,7 @@ impl Store {
         Ok(Decision {
             approved: sealed.approved,
             comment: self.open_comment(run_id, sealed.comment.as_deref())?,
+            ..Decision::default()
         })
     }
 

@@ -92,6 +92,7 @@ async fn a_call_whose_tool_was_not_offered_at_suspend_never_executes() {
     let decision = Decision {
         approved: true,
         comment: None,
+        ..Decision::default()
     };
     let outcome = agent_loop::resume(f.segment(&model, T0), state, &decision).await;
     assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
@@ -131,6 +132,7 @@ async fn a_re_preview_that_cannot_reach_its_store_interrupts_the_resume_and_writ
     let decision = Decision {
         approved: true,
         comment: None,
+        ..Decision::default()
     };
     let outcome = agent_loop::resume(f.segment(&model, T0), state, &decision).await;
     assert_eq!(

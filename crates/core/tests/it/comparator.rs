@@ -28,6 +28,7 @@ async fn approved(f: &Fixture, state: SuspendedRunState) -> Outcome {
     let decision = Decision {
         approved: true,
         comment: None,
+        ..Decision::default()
     };
     agent_loop::resume(f.segment(&model(), "t2"), state, &decision).await
 }

@@ -18,6 +18,7 @@ fn approve() -> Decision {
     Decision {
         approved: true,
         comment: None,
+        ..Decision::default()
     }
 }
 
@@ -318,6 +319,7 @@ async fn a_denial_reaches_the_model_and_the_run_ends_as_approval_denied() {
     let decision = Decision {
         approved: false,
         comment: Some("Not this image.".into()),
+        ..Decision::default()
     };
 
     match agent_loop::resume(f.segment(&model, T1), state, &decision).await {

@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use countersign_core::agent_loop::{self, Decision, Outcome, TerminationReason};
+use countersign_core::agent_loop::{self, CallEdit, Decision, Outcome, TerminationReason};
+use countersign_core::card::build_card;
 use countersign_core::preview::bound_lines;
 use countersign_core::{
-    CallIndex, CallStatus, EarlierCall, Effect, ExecContext, ExternalWrite, Prepared, PreviewLine,
+    CallIndex, CallStatus, CallVerdict, EarlierCall, Effect, ExecContext, ExternalWrite, Prepared, PreviewLine,
     Principal, Role, Sequence, SuspendedRunState, Tool, ToolError, ToolOutput, ToolPreview,
     ToolSpec,
 };
@@ -260,6 +261,7 @@ fn decision(approved: bool) -> Decision {
     Decision {
         approved,
         comment: None,
+        ..Decision::default()
     }
 }
 
@@ -635,4 +637,143 @@ async fn a_hold_lost_before_the_commit_point_re_suspends_the_turn_with_nothing_w
         (f.world.get("k1"), f.world.get("k2")),
         (vec!["x".to_owned()], vec!["y".to_owned()])
     );
+}
+
+/// Three appends in one turn: `k1 x`, `{second} y`, `k3 z`, all through `put`.
+fn three_model(second: &str) -> TestModel {
+    TestModel::new(vec![
+        turn(&[
+            ("put", json!({"key": "k1", "item": "x"})),
+            ("put", json!({"key": second, "item": "y"})),
+            ("put", json!({"key": "k1", "item": "z"})),
+        ]),
+        final_answer("done"),
+    ])
+}
+
+/// Approves calls 0 and 2 and denies call 1 with a message.
+fn zero_and_two() -> Decision {
+    Decision {
+        approved: true,
+        calls: vec![
+            CallVerdict {
+                index: CallIndex::new(0),
+                approved: true,
+                message: None,
+            },
+            CallVerdict {
+                index: CallIndex::new(1),
+                approved: false,
+                message: Some("Not that list.".into()),
+            },
+            CallVerdict {
+                index: CallIndex::new(2),
+                approved: true,
+                message: None,
+            },
+        ],
+        ..Decision::default()
+    }
+}
+
+#[tokio::test]
+async fn approving_calls_0_and_2_writes_them_as_shown_and_the_model_reads_the_denial_of_1() {
+    let (f, put, put2) = fixture(false, true);
+    one_resource(&put, &put2, true);
+    // Call 1 acts on another list: calls 0 and 2 read the same without it.
+    let state = suspended_with(&f, &three_model("k2")).await;
+    let model = three_model("k2");
+    let outcome = agent_loop::resume(f.segment(&model, "t1"), state, &zero_and_two()).await;
+    assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+    assert_eq!(f.world.get("k1"), vec!["x", "z"]);
+    assert!(f.world.get("k2").is_empty(), "the denied call wrote nothing");
+    let told = told(&model);
+    assert_eq!(told[0], "k1 now has 1 item(s)");
+    assert!(
+        told[1].contains("Not that list."),
+        "the model reads the approver's words: {}",
+        told[1]
+    );
+    assert_eq!(told[2], "k1 now has 2 item(s)");
+}
+
+#[tokio::test]
+async fn a_subset_whose_previews_read_otherwise_without_the_denied_call_re_suspends_and_writes_nothing(
+) {
+    let (f, put, put2) = fixture(false, true);
+    one_resource(&put, &put2, true);
+    // Call 2's line counted call 1's item on k1: without it, it reads otherwise.
+    let state = suspended_with(&f, &three_model("k1")).await;
+    assert_eq!(
+        state.call_previews[2].lines,
+        vec!["list k1: 2 item(s) → 3, appended last"]
+    );
+    let outcome =
+        agent_loop::resume(f.segment(&three_model("k1"), "t1"), state, &zero_and_two()).await;
+    let Outcome::Suspended { state: card, .. } = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(f.world.get("k1").is_empty(), "nothing of the subset landed");
+    assert_eq!(put.writes.load(Ordering::SeqCst), 0);
+    assert_eq!(card.stale_call_indexes, vec![CallIndex::new(2)]);
+    assert_eq!(card.excluded_calls, vec![CallIndex::new(1)]);
+    assert_eq!(
+        card.call_previews[2].lines,
+        vec!["list k1: 1 item(s) → 2, appended last"],
+        "the new card shows the subset as it would land"
+    );
+    let shown = build_card(&card, &f.registry, Some(&Principal::new("admin", true))).await;
+    let excluded: Vec<bool> = shown.calls.iter().map(|c| c.excluded).collect();
+    assert_eq!(excluded, vec![false, true, false], "the card says which call was left out");
+}
+
+#[tokio::test]
+async fn an_edit_re_issues_the_card_marked_and_its_approval_writes_the_edited_call() {
+    let (f, _put, _put2) = fixture(false, true);
+    let state = suspended(&f).await;
+    let seq = state.suspension_seq;
+    let edit = Decision {
+        edits: vec![CallEdit {
+            index: CallIndex::new(1),
+            arguments: json!({"key": "k2", "item": "edited"}),
+            editor: "alice".into(),
+        }],
+        ..Decision::default()
+    };
+    let Outcome::Suspended { state: card, moved } =
+        agent_loop::resume(f.segment(&model(), "t1"), state, &edit).await
+    else {
+        panic!("an edit re-issues the card");
+    };
+    assert!(moved.is_empty());
+    assert_eq!(card.suspension_seq, seq.next());
+    assert!(f.world.get("k2").is_empty(), "an edit writes nothing");
+    assert_eq!(card.pending_calls[1].arguments["item"], "edited");
+    let record = card.edit_of(CallIndex::new(1)).expect("the edit is marked");
+    assert_eq!(
+        (record.editor.as_str(), &record.before["item"], &record.after["item"]),
+        ("alice", &json!("y"), &json!("edited"))
+    );
+    assert_eq!(card.stale_call_indexes, vec![CallIndex::new(1)]);
+    assert_eq!(card.call_previews[1].lines, vec!["list k2: 0 item(s) → 1, appended last"]);
+    let shown = build_card(&card, &f.registry, Some(&Principal::new("admin", true))).await;
+    let edit = shown.calls[1].edit.as_ref().expect("the card marks the edit");
+    assert_eq!((edit.editor.as_str(), &edit.before["item"]), ("alice", &json!("y")));
+    assert!(shown.calls[0].edit.is_none());
+
+    // The re-issued card survives its round trip through the stored state.
+    let card = SuspendedRunState::from_json(&card.to_json()).unwrap();
+    assert_eq!(card.edits.len(), 1);
+
+    let model = model();
+    let outcome = agent_loop::resume(f.segment(&model, "t2"), card, &decision(true)).await;
+    assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
+    assert_eq!(f.world.get("k2"), vec!["edited"]);
+    let told = told(&model);
+    assert!(
+        told[1].contains("alice changed the arguments") && told[1].contains("\"edited\""),
+        "the model is told the call as it ran: {}",
+        told[1]
+    );
+    assert!(!told[0].contains("changed the arguments"));
 }

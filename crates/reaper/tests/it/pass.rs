@@ -320,6 +320,8 @@ async fn an_approval_past_its_deadline_is_cancelled_and_announced(pool: PgPool) 
         stale_call_indexes: vec![],
         landed_calls: vec![],
         tool_identities: vec![],
+        excluded_calls: vec![],
+        edits: vec![],
         suspension_seq: SuspensionSeq::FIRST,
         captured_at: "2026-11-30T10:00:00Z".into(),
     };

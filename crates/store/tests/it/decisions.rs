@@ -15,6 +15,8 @@ fn decision(run: RunId, st: &SuspendedRunState, outcome: DecisionOutcome) -> New
             suspension_seq: st.suspension_seq,
             turn_digest: st.turn_digest(),
             approved: false,
+            calls: vec![],
+            edits: vec![],
             approver: "alice".into(),
             comment: Some("Keep the old description.".into()),
         },

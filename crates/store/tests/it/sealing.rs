@@ -83,6 +83,8 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
                 suspension_seq: SuspensionSeq::FIRST,
                 turn_digest: st.turn_digest(),
                 approved: true,
+                calls: vec![],
+                edits: vec![],
                 approver: "alice".into(),
                 comment: Some(format!("comment {i}")),
             },

@@ -98,6 +98,8 @@ pub fn state(seq: SuspensionSeq) -> SuspendedRunState {
         stale_call_indexes: vec![],
         landed_calls: vec![],
         tool_identities: vec![],
+        excluded_calls: vec![],
+        edits: vec![],
         suspension_seq: seq,
         captured_at: "2026-11-30T10:00:00Z".into(),
     }
@@ -112,6 +114,8 @@ pub fn accept(run: RunId, st: &SuspendedRunState) -> NewDecision {
             suspension_seq: st.suspension_seq,
             turn_digest: st.turn_digest(),
             approved: true,
+            calls: vec![],
+            edits: vec![],
             approver: "alice".into(),
             comment: None,
         },

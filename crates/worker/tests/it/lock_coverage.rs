@@ -566,6 +566,7 @@ async fn covered(
     let decision = Decision {
         approved: true,
         comment: None,
+        ..Decision::default()
     };
     let outcome = agent_loop::resume(seg, card, &decision).await;
     let change = hooks.change.lock().unwrap().take();

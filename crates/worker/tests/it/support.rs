@@ -72,6 +72,8 @@ impl Harness {
                     suspension_seq: state.suspension_seq,
                     turn_digest: state.turn_digest(),
                     approved: true,
+                    calls: vec![],
+                    edits: vec![],
                     approver: "admin".into(),
                     comment: None,
                 },
