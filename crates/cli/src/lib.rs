@@ -151,17 +151,31 @@ pub enum Command {
     /// Decides, through the queue, on the card the approver was shown: `--card FILE` (from
     /// `inbox --save` or `show --save`), or `--seq` and `--digest` as `inbox` and `show` print
     /// them. Never on the run's current card: one that changed since is refused `stale_turn`.
+    ///
+    /// `--approve` or `--deny` decides the whole turn. `--call` decides it call by call: name
+    /// every call of the card once, `--call 0=approve --call 1=deny:"Keep the old title"` (the
+    /// words after `deny:` are what the agent reads). `--edit INDEX FILE` gives a call the
+    /// arguments in FILE (a JSON object; `-` reads standard input) and has the card issued anew
+    /// with them, marked as your edit: it approves nothing.
     #[command(group(ArgGroup::new("card_shown").required(true).args(["card", "seq"])))]
+    #[command(group(ArgGroup::new("verdict").required(true).args(["approve", "deny", "calls", "edits"])))]
     Decide {
         run_id: countersign_core::RunId,
         #[arg(long = "as", value_name = "APPROVER")]
         approver: String,
-        #[arg(long, conflicts_with = "deny", required_unless_present = "deny")]
+        #[arg(long)]
         approve: bool,
         #[arg(long)]
         deny: bool,
-        #[arg(long)]
+        /// With `--approve` or `--deny`: the comment the agent reads with a denial.
+        #[arg(long, conflicts_with_all = ["calls", "edits"])]
         comment: Option<String>,
+        /// One call's verdict: `INDEX=approve`, `INDEX=deny` or `INDEX=deny:MESSAGE`.
+        #[arg(long = "call", value_name = "INDEX=VERDICT", value_parser = parse_verdict)]
+        calls: Vec<countersign_core::CallVerdict>,
+        /// New arguments for call INDEX, from the JSON object in FILE (`-`: standard input).
+        #[arg(long = "edit", num_args = 2, value_names = ["INDEX", "FILE"])]
+        edits: Vec<String>,
         /// The card file `inbox --save` or `show --save` wrote; the decision names RUN_ID's
         /// card in it.
         #[arg(long, value_name = "FILE", conflicts_with_all = ["seq", "digest"])]
@@ -317,16 +331,24 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             approve,
             deny: _,
             comment,
+            calls,
+            edits,
             card,
             seq,
             digest,
             wait,
         } => {
             let reviewed = reviewed(run_id, card, seq, digest)?;
+            let verdict = ops::Verdict {
+                approved: approve || calls.iter().any(|c| c.approved),
+                comment,
+                calls,
+                edits: ops::edit_files(&edits)?,
+            };
             let broker =
                 ops::connect_broker(&cli.endpoints.amqp_addr, &cli.endpoints.queue_prefix).await?;
             let wait = Duration::from_secs(wait);
-            ops::decide(&broker, &reviewed, &approver, approve, comment, wait).await
+            ops::decide(&broker, &reviewed, &approver, verdict, wait).await
         }
         Command::Show {
             run_id,
@@ -476,6 +498,7 @@ fn reviewed(
             run_id,
             suspension_seq,
             turn_digest,
+            calls: vec![],
         }),
         // clap requires --card, or --seq with --digest.
         _ => anyhow::bail!("name the card decided on: --card FILE, or --seq and --digest"),
@@ -511,6 +534,27 @@ fn parse_seq(s: &str) -> Result<SuspensionSeq, String> {
         .ok_or_else(|| "a suspension number is a whole number from 1".to_owned())
 }
 
+/// `INDEX=approve`, `INDEX=deny` or `INDEX=deny:MESSAGE`.
+fn parse_verdict(s: &str) -> Result<countersign_core::CallVerdict, String> {
+    let usage = || "a call's verdict is INDEX=approve, INDEX=deny or INDEX=deny:MESSAGE".to_owned();
+    let (index, verdict) = s.split_once('=').ok_or_else(usage)?;
+    let index = index
+        .parse::<usize>()
+        .map(countersign_core::CallIndex::new)
+        .map_err(|_| usage())?;
+    let (approved, message) = match verdict.split_once(':') {
+        None if verdict == "approve" => (true, None),
+        None if verdict == "deny" => (false, None),
+        Some(("deny", message)) => (false, Some(message.to_owned())),
+        _ => return Err(usage()),
+    };
+    Ok(countersign_core::CallVerdict {
+        index,
+        approved,
+        message: message.filter(|m| !m.trim().is_empty()),
+    })
+}
+
 fn parse_digest(s: &str) -> Result<TurnDigest, String> {
     TurnDigest::parse(s).map_err(|_| "a turn digest is 64 lowercase hex characters".to_owned())
 }
@@ -543,6 +587,24 @@ mod tests {
             "--as",
             "approver",
             "--approve",
+        ];
+        argv.extend_from_slice(args);
+        Cli::try_parse_from(argv)
+    }
+
+    /// `decide` on a card by number and digest, with `args` as its verdict.
+    fn decide_with(args: &[&str]) -> Result<Cli, clap::Error> {
+        let digest = "0123456789abcdef".repeat(4);
+        let mut argv = vec![
+            "countersign",
+            "decide",
+            RUN,
+            "--as",
+            "approver",
+            "--seq",
+            "1",
+            "--digest",
+            &digest,
         ];
         argv.extend_from_slice(args);
         Cli::try_parse_from(argv)
@@ -584,6 +646,53 @@ mod tests {
             let err = decide(&args).expect_err(&format!("{args:?} is refused"));
             assert_eq!(err.kind(), kind, "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn a_decision_call_by_call_names_each_verdict_and_excludes_a_whole_turn_verdict() {
+        let Command::Decide { calls, approve, .. } = decide_with(&[
+            "--call",
+            "0=approve",
+            "--call",
+            "1=deny:Keep the old title: it ranks",
+            "--call",
+            "2=deny",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not decide")
+        };
+        assert!(!approve);
+        let read: Vec<_> = calls
+            .iter()
+            .map(|c| (c.index.get(), c.approved, c.message.as_deref()))
+            .collect();
+        assert_eq!(
+            read,
+            vec![
+                (0, true, None),
+                (1, false, Some("Keep the old title: it ranks")),
+                (2, false, None)
+            ]
+        );
+        for (args, kind) in [
+            (vec!["--call", "0=maybe"], clap::error::ErrorKind::ValueValidation),
+            (vec!["--call", "x=approve"], clap::error::ErrorKind::ValueValidation),
+            (vec!["--call", "0=approve", "--approve"], clap::error::ErrorKind::ArgumentConflict),
+            (vec!["--edit", "1", "a.json", "--deny"], clap::error::ErrorKind::ArgumentConflict),
+            (vec!["--call", "0=deny", "--comment", "no"], clap::error::ErrorKind::ArgumentConflict),
+            (vec![], clap::error::ErrorKind::MissingRequiredArgument),
+        ] {
+            let err = decide_with(&args).expect_err(&format!("{args:?} is refused"));
+            assert_eq!(err.kind(), kind, "{args:?}: {err}");
+        }
+        let Command::Decide { edits, .. } =
+            decide_with(&["--edit", "1", "a.json", "--edit", "2", "-"]).unwrap().command
+        else {
+            panic!("not decide")
+        };
+        assert_eq!(edits, vec!["1", "a.json", "2", "-"]);
     }
 
     #[test]

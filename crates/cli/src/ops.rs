@@ -10,7 +10,7 @@
 //! current ones: a card that changed since it was shown must come back `stale_turn`, not be
 //! approved unseen.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use anyhow::{bail, Context};
 use countersign_coordinator::{producers, ProducerKind};
 use countersign_core::card::{build_card, ApprovalCard};
 use countersign_core::{
-    Approves, DecisionMessage, EventName, Principal, RunId, RunRequest, SuspendedRunState,
+    Approves, ArgumentsEdit, CallIndex, CallVerdict, DecisionMessage, EventName, Principal, RunId, RunRequest, SuspendedRunState,
     SuspensionSeq, ToolPolicy, ToolRegistry, TurnDigest, UserDirectory,
 };
 use countersign_crypto::Keyring;
@@ -351,6 +351,73 @@ pub struct Reviewed {
     pub run_id: RunId,
     pub suspension_seq: SuspensionSeq,
     pub turn_digest: TurnDigest,
+    /// The calls of the card, when it was read from a card file.
+    #[serde(default)]
+    pub calls: Vec<ReviewedCall>,
+}
+
+/// What `decide` reads of a call on a saved card: its tool, which an edit names.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ReviewedCall {
+    pub tool: String,
+}
+
+impl Reviewed {
+    /// The tool of call `index` on the card reviewed, when the card file says.
+    fn tool(&self, index: usize) -> Option<String> {
+        self.calls.get(index).map(|c| c.tool.clone())
+    }
+}
+
+/// What an approver decided of a card: the whole turn, call by call, or new arguments.
+#[derive(Debug, Clone, Default)]
+pub struct Verdict {
+    pub approved: bool,
+    pub comment: Option<String>,
+    pub calls: Vec<CallVerdict>,
+    /// Call indexes and the JSON files of their new arguments, as `--edit` names them.
+    pub edits: Vec<(usize, PathBuf)>,
+}
+
+/// `--edit INDEX FILE` pairs, as clap gives them.
+pub fn edit_files(pairs: &[String]) -> anyhow::Result<Vec<(usize, PathBuf)>> {
+    pairs
+        .chunks(2)
+        .map(|pair| {
+            let [index, file] = pair else {
+                bail!("--edit takes a call index and a file");
+            };
+            let index = index
+                .parse::<usize>()
+                .with_context(|| format!("--edit {index}: a call index is a whole number from 0"))?;
+            Ok((index, PathBuf::from(file)))
+        })
+        .collect()
+}
+
+/// The edits `verdict` names, each file read as a JSON object (`-`: standard input), each
+/// naming its call's tool when the card file says which.
+fn read_edits(reviewed: &Reviewed, edits: &[(usize, PathBuf)]) -> anyhow::Result<Vec<ArgumentsEdit>> {
+    edits
+        .iter()
+        .map(|(index, path)| {
+            let text = if path.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin()).context("reading standard input")?
+            } else {
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("reading {}", path.display()))?
+            };
+            let arguments: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&text).with_context(|| {
+                    format!("{}: the new arguments are a JSON object", path.display())
+                })?;
+            Ok(ArgumentsEdit {
+                index: CallIndex::new(*index),
+                tool: reviewed.tool(*index),
+                arguments,
+            })
+        })
+        .collect()
 }
 
 /// `type` of a card file.
@@ -459,7 +526,7 @@ async fn card_of(
 fn print_card(run_id: RunId, card: &ApprovalCard, viewer: &str, whole: bool) {
     print!("{}", render::card_with(card, whole));
     say!(
-        "  decide on this card: countersign decide {run_id} --seq {} --digest {} --as {viewer} --approve (or --deny)",
+        "  decide on this card: countersign decide {run_id} --seq {} --digest {} --as {viewer} --approve (or --deny, or --call INDEX=approve|deny:MESSAGE for each call, or --edit INDEX FILE)",
         card.suspension_seq, card.turn_digest
     );
 }
@@ -559,20 +626,20 @@ pub async fn decide(
     broker: &Broker,
     reviewed: &Reviewed,
     approver: &str,
-    approved: bool,
-    comment: Option<String>,
+    verdict: Verdict,
     wait: Duration,
 ) -> anyhow::Result<()> {
+    let edits = read_edits(reviewed, &verdict.edits)?;
     let decision = DecisionMessage {
         decision_id: Uuid::now_v7(),
         run_id: reviewed.run_id,
         suspension_seq: reviewed.suspension_seq,
         turn_digest: reviewed.turn_digest.clone(),
-        approved,
-        calls: vec![],
-        edits: vec![],
+        approved: verdict.approved && edits.is_empty(),
+        calls: verdict.calls,
+        edits,
         approver: approver.into(),
-        comment,
+        comment: verdict.comment,
     };
     let reply = publish_and_wait(
         broker,
@@ -583,11 +650,19 @@ pub async fn decide(
     .await?;
     let outcome = reply["outcome"].as_str().unwrap_or("unknown");
     if reply["event"] == EventName::DecisionAccepted.as_str() {
-        say!(
-            "decision accepted: run {} suspension {} released",
-            reviewed.run_id,
-            reviewed.suspension_seq
-        );
+        if decision.edits_calls() {
+            say!(
+                "edit accepted: run {} suspension {} is issued anew with the new arguments; look at the new card and decide on it",
+                reviewed.run_id,
+                reviewed.suspension_seq
+            );
+        } else {
+            say!(
+                "decision accepted: run {} suspension {} released",
+                reviewed.run_id,
+                reviewed.suspension_seq
+            );
+        }
         return Ok(());
     }
     let why = match outcome.parse().ok() {
@@ -782,14 +857,17 @@ mod tests {
             assert_eq!(mode & 0o077, 0, "readable by its owner only");
         }
 
+        let reviewed = saved_card(&path, b).unwrap();
         assert_eq!(
-            saved_card(&path, b).unwrap(),
-            Reviewed {
-                run_id: b,
-                suspension_seq: SuspensionSeq::new(3).unwrap(),
-                turn_digest: TurnDigest::parse(&db).unwrap(),
-            }
+            (reviewed.run_id, reviewed.suspension_seq, &reviewed.turn_digest),
+            (b, SuspensionSeq::new(3).unwrap(), &TurnDigest::parse(&db).unwrap())
         );
+        assert_eq!(
+            reviewed.tool(0).as_deref(),
+            Some(card(3, &db).calls[0].tool.as_str()),
+            "an edit names the tool of the call the card showed"
+        );
+        assert_eq!(reviewed.tool(1), None);
         let missing = saved_card(&path, RunId::new()).unwrap_err();
         assert!(
             missing.to_string().contains("holds no card of run"),

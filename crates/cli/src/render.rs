@@ -96,6 +96,22 @@ pub fn card_with(card: &ApprovalCard, whole: bool) -> String {
         if call.alone {
             let _ = writeln!(out, "  │     {}", countersign_core::card::ALONE_NOTICE);
         }
+        if call.excluded {
+            let _ = writeln!(out, "  │     {}", countersign_core::card::EXCLUDED_NOTICE);
+        }
+        if let Some(edit) = &call.edit {
+            let _ = writeln!(
+                out,
+                "  │     ✎ edited by {}: {}",
+                inert(&edit.editor),
+                countersign_core::card::EDITED_NOTICE
+            );
+            let _ = writeln!(
+                out,
+                "  │     arguments before: {}",
+                inert(&edit.before.to_string())
+            );
+        }
         let _ = writeln!(
             out,
             "  │     arguments: {}",

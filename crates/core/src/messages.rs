@@ -172,6 +172,14 @@ pub struct CallVerdict {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ArgumentsEdit {
     pub index: CallIndex,
+    /// The call's tool, when the producer names it: an edit is refused unless it is the tool
+    /// the call already has (an edit never changes which tool runs).
+    #[serde(
+        default,
+        deserialize_with = "optional_name",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub tool: Option<String>,
     /// A JSON object of at most [`MAX_INPUTS_BYTES`].
     #[serde(deserialize_with = "arguments")]
     pub arguments: Map<String, Value>,
@@ -350,6 +358,14 @@ fn name<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     valid
         .then_some(s)
         .ok_or_else(|| D::Error::custom("not a name"))
+}
+
+/// An optional name: absent or null → none; otherwise as [`name`].
+fn optional_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    match Option::<String>::deserialize(d)? {
+        None => Ok(None),
+        Some(s) => name(serde::de::value::StringDeserializer::<D::Error>::new(s)).map(Some),
+    }
 }
 
 /// A prompt: not blank, at most [`MAX_PROMPT_CHARS`].
