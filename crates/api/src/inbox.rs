@@ -16,11 +16,12 @@ use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use chrono::Utc;
-use countersign_core::{DecisionMessage, RunId};
+use countersign_core::messages::DECISION_VERSION_CALLS;
+use countersign_core::{DecisionMessage, RunId, MESSAGE_VERSION};
 use countersign_store::{DecisionOutcome, RunStatus};
 use maud::Markup;
 use serde::Deserialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::auth::{self, web_caller, Via, WebCaller};
@@ -410,37 +411,52 @@ pub async fn decide(
         checked_form(&web, &headers, &fields)?;
         let run_id =
             RunId::parse(&run_id).map_err(|_| Problem::malformed("invalid_path:run_id"))?;
-        let approved = match field(&fields, "approved") {
-            Some("true") => true,
-            Some("false") => false,
-            _ => return Err(Problem::malformed("invalid_field:approved")),
-        };
         // Numbers and ids travel as form text: put them back as JSON types, so that gate 1
         // judges them as it judges a queue producer's (a non-number stays a string, and is
         // refused `invalid_field:suspension_seq`).
         let seq = field(&fields, "suspension_seq").unwrap_or("");
-        let seq = seq.parse::<u64>().map_or_else(|_| json!(seq), |n| json!(n));
-        let comment = field(&fields, "comment").filter(|c| !c.trim().is_empty());
-        let message = json!({
+        let mut message = json!({
             "type": DecisionMessage::TYPE,
-            "version": 1,
+            "version": MESSAGE_VERSION,
             "decision_id": field(&fields, "decision_id"),
             "run_id": run_id,
-            "suspension_seq": seq,
+            "suspension_seq": number(seq),
             "turn_digest": field(&fields, "turn_digest"),
-            "approved": approved,
             "approver": web.caller.user,
-            "comment": comment,
         });
+        let decided = decided_as(&fields)?;
+        match decided {
+            pages::DecidedAs::Edit => {
+                // The arguments as written: JSON when they read as JSON, else the text, which
+                // gate 1 refuses `invalid_field:edits`.
+                let text = field(&fields, "arguments").unwrap_or("");
+                let arguments = serde_json::from_str::<Value>(text).unwrap_or_else(|_| json!(text));
+                message["version"] = json!(DECISION_VERSION_CALLS);
+                message["edits"] = json!([{
+                    "index": number(field(&fields, "edit_index").unwrap_or("")),
+                    "tool": field(&fields, "edit_tool"),
+                    "arguments": arguments,
+                }]);
+            }
+            pages::DecidedAs::ByCall => {
+                message["version"] = json!(DECISION_VERSION_CALLS);
+                message["calls"] = Value::Array(verdicts(&fields));
+            }
+            pages::DecidedAs::Turn { approved } => {
+                message["approved"] = json!(approved);
+                message["comment"] =
+                    json!(field(&fields, "comment").filter(|c| !c.trim().is_empty()));
+            }
+        }
         let outcome =
             take_decision(&state, &web.caller, DecisionMessage::from_json(message)).await?;
         let access = Access::of(state.coordinator.users.as_ref(), &web.caller).await?;
         let queue = neighbours(&state, &access, run_id).await?;
-        Ok((run_id, outcome, approved, queue))
+        Ok((run_id, outcome, decided, queue))
     }
     .await;
     match result {
-        Ok((run_id, outcome, approved, queue)) => {
+        Ok((run_id, outcome, decided, queue)) => {
             let status = match &outcome {
                 Ok(_) => StatusCode::OK,
                 Err(problem) => problem.status(),
@@ -449,7 +465,7 @@ pub async fn decide(
                 viewer(&web),
                 &run_id.to_string(),
                 &outcome,
-                approved,
+                decided,
                 queue.next,
             );
             let mut response = page(status, Some(&web), markup);
@@ -464,6 +480,45 @@ pub async fn decide(
         }
         Err(problem) => problem_page(Some(&web), &problem),
     }
+}
+
+/// Which of the card's forms was sent: the whole turn (its button says approve or deny), the
+/// decision call by call, or an edit of one call.
+fn decided_as(fields: &[(String, String)]) -> Result<pages::DecidedAs, Problem> {
+    if field(fields, "edit_index").is_some() {
+        return Ok(pages::DecidedAs::Edit);
+    }
+    if field(fields, "by_call") == Some("true") {
+        return Ok(pages::DecidedAs::ByCall);
+    }
+    match field(fields, "approved") {
+        Some("true") => Ok(pages::DecidedAs::Turn { approved: true }),
+        Some("false") => Ok(pages::DecidedAs::Turn { approved: false }),
+        _ => Err(Problem::malformed("invalid_field:approved")),
+    }
+}
+
+/// The verdicts of the form call by call: `call-N` is `approve` or `deny`, `message-N` what the
+/// agent is told of a denial. Whatever else a `call-N` holds goes to gate 1 as it is.
+fn verdicts(fields: &[(String, String)]) -> Vec<Value> {
+    fields
+        .iter()
+        .filter_map(|(name, verdict)| {
+            let index = name.strip_prefix("call-")?;
+            let approved = match verdict.as_str() {
+                "approve" => json!(true),
+                "deny" => json!(false),
+                other => json!(other),
+            };
+            let message = field(fields, &format!("message-{index}")).filter(|m| !m.trim().is_empty());
+            Some(json!({"index": number(index), "approved": approved, "message": message}))
+        })
+        .collect()
+}
+
+/// A number sent as form text, as JSON: a number when it reads as one, else the text.
+fn number(text: &str) -> Value {
+    text.parse::<u64>().map_or_else(|_| json!(text), |n| json!(n))
 }
 
 /// The waiting cards just before and after `run_id` in the viewer's inbox (its first page),

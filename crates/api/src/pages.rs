@@ -12,11 +12,12 @@
 //! list with the new item marked — above the line's text, which the approval binds to.
 
 use chrono::{DateTime, Utc};
-use countersign_core::card::{ApprovalCard, CardPreview};
+use countersign_core::card::{ApprovalCard, CardCall, CardPreview};
 use countersign_core::{LineForm, RunId};
 use countersign_store::{DecisionOutcome, RunEvent, RunRecord, RunStatus, WaitingRun};
 use maud::{html, Markup, DOCTYPE};
 use similar::{ChangeTag, TextDiff};
+use uuid::Uuid;
 
 use crate::problem::{Problem, ProblemCode};
 use crate::v1::DecisionAccepted;
@@ -238,6 +239,7 @@ fn shortcuts() -> Markup {
             dl {
                 dt { kbd { "a" } } dd { "approve this card" }
                 dt { kbd { "d" } } dd { "deny: write a comment if you like, then Enter" }
+                dt { kbd { "c" } } dd { "decide call by call: open the choices, Tab through them" }
                 dt { kbd { "j" } } dd { "next waiting card" }
                 dt { kbd { "k" } } dd { "previous waiting card" }
                 dt { kbd { "?" } } dd { "show or hide this list" }
@@ -280,7 +282,7 @@ pub fn run_page(
                 }
             }
             @if let Some(card) = card {
-                (card_section(card))
+                (card_section(card, Some(Deciding { viewer, run, card })))
                 (decision_form(viewer, run, card, decision_id))
             } @else if run.status == RunStatus::WaitingForApproval {
                 p.error { "This run's card cannot be shown (its state does not open)." }
@@ -290,7 +292,17 @@ pub fn run_page(
     )
 }
 
-fn card_section(card: &ApprovalCard) -> Markup {
+/// What a card's forms post with: the viewer's CSRF token, the run, the card decided on.
+#[derive(Clone, Copy)]
+struct Deciding<'a> {
+    viewer: Viewer<'a>,
+    run: &'a RunRecord,
+    card: &'a ApprovalCard,
+}
+
+/// The card; with `deciding`, each call that has not landed gets its form to edit its
+/// arguments.
+fn card_section(card: &ApprovalCard, deciding: Option<Deciding<'_>>) -> Markup {
     html! {
         section #card.card data-suspension-seq=(card.suspension_seq) {
             h2 { "Approval card" }
@@ -313,6 +325,18 @@ fn card_section(card: &ApprovalCard) -> Markup {
                     }
                     @if call.alone {
                         p.notice.alone { (countersign_core::card::ALONE_NOTICE) }
+                    }
+                    @if call.excluded {
+                        p.notice.excluded { (countersign_core::card::EXCLUDED_NOTICE) }
+                    }
+                    @if let Some(edit) = &call.edit {
+                        div.notice.edited {
+                            p { "✎ Edited by " strong.editor { (edit.editor) } ". " (countersign_core::card::EDITED_NOTICE) }
+                            div.arguments-change {
+                                div { h4 { "Arguments the model proposed" } pre.before { (pretty(&edit.before)) } }
+                                div { h4 { "Arguments now" } pre.after { (pretty(&call.arguments)) } }
+                            }
+                        }
                     }
                     @match &call.preview {
                         CardPreview::Shown { lines, forms, full } => {
@@ -348,11 +372,48 @@ fn card_section(card: &ApprovalCard) -> Markup {
                     }
                     details.arguments {
                         summary { "Arguments" }
-                        pre { (serde_json::to_string_pretty(&call.arguments).unwrap_or_default()) }
+                        pre { (pretty(&call.arguments)) }
+                    }
+                    @if let Some(deciding) = deciding.filter(|_| !call.landed) {
+                        (edit_form(deciding, call))
                     }
                 }
             }
             p.caption #caption { (card.caption) " Captured at " (card.captured_at) "." }
+        }
+    }
+}
+
+fn pretty(value: &serde_json::Value) -> String {
+    serde_json::to_string_pretty(value).unwrap_or_default()
+}
+
+/// The form that gives one call new arguments: the card is issued anew with them, previewed as
+/// the run's acting user, and nothing runs until it is approved.
+fn edit_form(d: Deciding<'_>, call: &CardCall) -> Markup {
+    let id = format!("edit-{}", call.index);
+    html! {
+        details.edit #(id) {
+            summary { "Edit the arguments of call " (call.index) }
+            form.edit-form method="post" action={ "/inbox/runs/" (d.run.id) "/decide" } {
+                input type="hidden" name="csrf" value=(d.viewer.csrf);
+                // An edit is a decision of its own: its own id, so it never replays another.
+                input type="hidden" name="decision_id" value=(Uuid::now_v7());
+                input type="hidden" name="suspension_seq" value=(d.card.suspension_seq);
+                input type="hidden" name="turn_digest" value=(d.card.turn_digest);
+                input type="hidden" name="edit_index" value=(call.index);
+                input type="hidden" name="edit_tool" value=(call.tool);
+                label for={ (id) "-arguments" } {
+                    "New arguments for " code { (call.tool) } " (a JSON object; checked against the tool's schema)"
+                }
+                textarea.arguments-input id={ (id) "-arguments" } name="arguments" rows="6" spellcheck="false" {
+                    (pretty(&call.arguments))
+                }
+                p.hint {
+                    "The card is issued anew with these arguments, previewed as the run's acting user and marked as your edit. Nothing is written until someone approves that card."
+                }
+                button.edit type="submit" id={ (id) "-submit" } { "Preview with these arguments" }
+            }
         }
     }
 }
@@ -423,6 +484,31 @@ fn decision_form(
                 }
                 button.deny #deny type="submit" name="approved" value="false" { "Deny" }
             }
+            @if card.calls.len() > 1 {
+                details #by-call.by-call {
+                    summary { "Decide call by call" }
+                    p.hint {
+                        "The approved calls run as a turn of their own, previewed again without the denied ones. If any of them would then do something other than the card shows, nothing is written and the card comes back."
+                    }
+                    @for call in &card.calls {
+                        fieldset.call-verdict data-index=(call.index) {
+                            legend { "Call " (call.index) " · " code { (call.tool) } }
+                            @if call.landed {
+                                p.hint { "Already written under an earlier card." }
+                                input type="hidden" name={ "call-" (call.index) } value="approve";
+                            } @else {
+                                label { input type="radio" name={ "call-" (call.index) } value="approve" checked id={ "call-" (call.index) "-approve" }; " Approve" }
+                                label { input type="radio" name={ "call-" (call.index) } value="deny" id={ "call-" (call.index) "-deny" }; " Deny" }
+                                label for={ "message-" (call.index) } { "If denied, what the agent is told (optional)" }
+                                input type="text" id={ "message-" (call.index) } name={ "message-" (call.index) } maxlength="4096";
+                            }
+                        }
+                    }
+                    button.approve #decide-calls type="submit" name="by_call" value="true" {
+                        "Decide suspension " (card.suspension_seq) " call by call"
+                    }
+                }
+            }
             p.hint {
                 "You decide on exactly this card. If the run has moved on since it was shown, the "
                 "decision is refused and nothing changes."
@@ -448,24 +534,36 @@ fn history(events: &[RunEvent]) -> Markup {
     }
 }
 
+/// Which of a card's forms a decision came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecidedAs {
+    /// The whole turn, approved or denied.
+    Turn { approved: bool },
+    /// Call by call.
+    ByCall,
+    /// New arguments for a call.
+    Edit,
+}
+
 /// What became of a decision made in the inbox.
 pub fn outcome(
     viewer: Viewer<'_>,
     run_id: &str,
     result: &Result<DecisionAccepted, Problem>,
-    approved: bool,
+    decided: DecidedAs,
     next: Option<RunId>,
 ) -> Markup {
     let (heading, code, explanation): (&str, &str, String) = match result {
         Ok(accepted) => (
             "Decision accepted",
             accepted.outcome,
-            if approved {
-                "The turn is released: the writes run only if every preview still reads as you saw it; otherwise the run comes back with the moved calls marked.".to_owned()
-            } else {
-                "The turn is released as denied: none of its calls runs, and the agent is told."
-                    .to_owned()
-            },
+            match decided {
+                DecidedAs::Turn { approved: true } => "The turn is released: the writes run only if every preview still reads as you saw it; otherwise the run comes back with the moved calls marked.",
+                DecidedAs::Turn { approved: false } => "The turn is released as denied: none of its calls runs, and the agent is told.",
+                DecidedAs::ByCall => "The turn is released call by call: the approved calls run only if each still reads as you saw it without the denied ones; otherwise the run comes back with the moved calls marked. The agent is told of each denial.",
+                DecidedAs::Edit => "The card is being issued anew with the new arguments: reload the run to see it previewed, marked as your edit. Nothing is written until someone approves it.",
+            }
+            .to_owned(),
         ),
         Err(problem) => (
             "Decision refused",

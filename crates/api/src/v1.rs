@@ -264,7 +264,21 @@ pub struct CardCall {
     /// Its preview was computed as if it ran alone: it comes after other calls of the turn on
     /// the same tool server, which cannot preview a call after the ones before it.
     pub alone: bool,
+    /// The last card's decision denied this call on its own: the other calls were previewed
+    /// without it.
+    pub excluded: bool,
+    /// A person changed this call's arguments; the card was issued anew with them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub edited: Option<Edited>,
     pub preview: Preview,
+}
+
+/// Who changed a call's arguments, and what they were before.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct Edited {
+    pub editor: String,
+    #[schema(value_type = Object)]
+    pub arguments_before: Value,
 }
 
 /// What the card shows of a call's preview.
@@ -313,6 +327,11 @@ impl Card {
                     moved: c.moved,
                     landed: c.landed,
                     alone: c.alone,
+                    excluded: c.excluded,
+                    edited: c.edit.map(|e| Edited {
+                        editor: e.editor,
+                        arguments_before: e.before,
+                    }),
                     preview: match c.preview {
                         CardPreview::Shown { lines, full, .. } => Preview::Shown {
                             lines,
@@ -346,12 +365,52 @@ pub struct NewDecision {
         pattern = "^[0-9a-f]{64}$"
     )]
     pub turn_digest: String,
-    /// `true` approves the turn, `false` denies it.
-    pub approved: bool,
+    /// `true` approves the turn, `false` denies it. May be left out with `calls` (it is then
+    /// whether some call is approved) or `edits` (an edit approves nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved: Option<bool>,
     /// Optional, at most 4096 characters; shown to the model on a denial, sealed at rest.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_length = 4096)]
     pub comment: Option<String>,
+    /// The turn decided call by call: every call of the card, each once. The approved calls
+    /// run as a sequence of their own, previewed without the denied ones; if any then reads
+    /// otherwise than on the card, nothing is written and the card comes back.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 256)]
+    pub calls: Vec<CallDecision>,
+    /// New arguments for calls of the card. Nothing runs: the card is issued anew with them,
+    /// marked as the caller's edit, and decided like any card.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 256)]
+    pub edits: Vec<CallEdit>,
+}
+
+/// The verdict on one call of the card.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct CallDecision {
+    /// The call's `index` on the card.
+    pub index: u32,
+    pub approved: bool,
+    /// With a denial: what the model is told of it. At most 4096 characters, sealed at rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_length = 4096)]
+    pub message: Option<String>,
+}
+
+/// New arguments for one call of the card.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
+pub struct CallEdit {
+    /// The call's `index` on the card.
+    pub index: u32,
+    /// The call's tool, if the caller names it: an edit that names another tool is refused
+    /// `edit_changes_tool`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The new arguments: checked against the tool's schema (`edit_invalid_arguments`), run
+    /// with the run's acting user's rights.
+    #[schema(value_type = Object)]
+    pub arguments: Map<String, Value>,
 }
 
 /// A decision that released its turn (an approval or a denial).
@@ -443,10 +502,10 @@ fn copied(body: &Value, fields: &[&str]) -> Map<String, Value> {
         .collect()
 }
 
-/// `fields` as a version-1 message of type `kind`.
-fn typed_message(mut fields: Map<String, Value>, kind: &str) -> Value {
+/// `fields` as a message of type `kind`, in `version`.
+fn typed_message(mut fields: Map<String, Value>, kind: &str, version: u64) -> Value {
     fields.insert("type".into(), json!(kind));
-    fields.insert("version".into(), json!(MESSAGE_VERSION));
+    fields.insert("version".into(), json!(version));
     Value::Object(fields)
 }
 
@@ -575,7 +634,7 @@ pub async fn create_run(
             let mut fields = copied(&Value::Object(body), &known);
             fields.entry("request_id").or_insert(json!(request_id));
             fields.entry("acting_user").or_insert(json!(caller.user));
-            let message = RunRequest::from_json(typed_message(fields, RunRequest::TYPE));
+            let message = RunRequest::from_json(typed_message(fields, RunRequest::TYPE, MESSAGE_VERSION));
             return Err(gate_one_reason(message));
         }
     };
@@ -774,6 +833,8 @@ pub async fn decide(
         "turn_digest",
         "approved",
         "comment",
+        "calls",
+        "edits",
     ];
     let mut fields = match &typed {
         Ok(d) => copied(
@@ -783,15 +844,24 @@ pub async fn decide(
                 "turn_digest": d.turn_digest,
                 "approved": d.approved,
                 "comment": d.comment,
+                "calls": (!d.calls.is_empty()).then_some(&d.calls),
+                "edits": (!d.edits.is_empty()).then_some(&d.edits),
             }),
             &known,
         ),
         Err(_) => copied(&Value::Object(body), &known),
     };
+    fields.retain(|_, v| !v.is_null());
     fields.entry("decision_id").or_insert(json!(decision_id));
     fields.insert("run_id".into(), json!(run_id));
     fields.insert("approver".into(), json!(caller.user));
-    let message = DecisionMessage::from_json(typed_message(fields, DecisionMessage::TYPE));
+    // A decision call by call, or one that edits calls, is a version-2 message.
+    let version = if fields.contains_key("calls") || fields.contains_key("edits") {
+        countersign_core::messages::DECISION_VERSION_CALLS
+    } else {
+        MESSAGE_VERSION
+    };
+    let message = DecisionMessage::from_json(typed_message(fields, DecisionMessage::TYPE, version));
     if typed.is_err() {
         return Err(gate_one_reason(message).with_run(run_id.as_uuid()));
     }

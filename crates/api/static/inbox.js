@@ -1,6 +1,7 @@
 // The inbox's keyboard shortcuts. Every action they take is a link or a form button of the
 // page, which works the same without this script: a key only clicks or focuses it.
 //   a  approve this card          d  deny: focus the comment, then Enter denies
+//   c  decide call by call: open the choices and focus the first
 //   j  next waiting card          k  previous waiting card
 //   ?  show or hide the list of shortcuts
 "use strict";
@@ -45,6 +46,16 @@
     switch (event.key) {
       case "a": done = click("approve"); break;
       case "d": done = startDenying(); break;
+      case "c": {
+        var byCall = document.getElementById("by-call");
+        if (byCall) {
+          byCall.open = true;
+          var first = byCall.querySelector("input[type=radio]");
+          if (first) first.focus();
+          done = true;
+        }
+        break;
+      }
       case "j": done = click("next-card"); break;
       case "k": done = click("prev-card"); break;
       case "?": {
