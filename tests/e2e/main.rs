@@ -1,6 +1,7 @@
 //! End-to-end: the real binaries against the real PostgreSQL and RabbitMQ.
 
 mod all_or_nothing;
+mod by_call;
 mod cards;
 mod data_classes;
 mod demo;

@@ -37,6 +37,27 @@ pub fn tell(event: &RunEvent) -> String {
             s
         }
         Ok(EventName::RunPreviewMoved) => moved(p, &card),
+        Ok(EventName::DecisionAccepted) if text("kind").as_deref() == Some("edit") => {
+            let calls = indexes(p, "edited_calls");
+            let who = text("approver").map_or_else(String::new, |w| format!(" by {w}"));
+            format!("Arguments of call{calls} edited{who}{card}; the card is issued anew")
+        }
+        Ok(EventName::DecisionAccepted) if text("kind").as_deref() == Some("calls") => {
+            let who = text("approver").map_or_else(String::new, |w| format!(" by {w}"));
+            let approved = indexes(p, "approved_calls");
+            let denied = indexes(p, "denied_calls");
+            let mut s = format!("Decided call by call{who}{card}");
+            if !approved.is_empty() {
+                s.push_str(&format!(": approved call{approved}"));
+            }
+            if !denied.is_empty() {
+                s.push_str(&format!(
+                    "{} denied call{denied}",
+                    if approved.is_empty() { ":" } else { ";" }
+                ));
+            }
+            s
+        }
         Ok(EventName::DecisionAccepted) => {
             let verb = match p.get("approved").and_then(Value::as_bool) {
                 Some(false) => "Denied",
@@ -68,6 +89,26 @@ pub fn tell(event: &RunEvent) -> String {
         Ok(EventName::ToolWithheld) => event.kind.clone(),
         Err(_) if event.kind == "tool_write" => written(p, &card),
         Err(_) => event.kind.clone(),
+    }
+}
+
+/// The call indexes of the payload's array `key`, as `s 0, 2` (or ` 1` for one); empty when
+/// there are none.
+fn indexes(p: &Value, key: &str) -> String {
+    let calls: Vec<String> = p
+        .get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_u64)
+                .map(|i| i.to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    match calls.as_slice() {
+        [] => String::new(),
+        [one] => format!(" {one}"),
+        many => format!("s {}", many.join(", ")),
     }
 }
 
@@ -114,6 +155,13 @@ fn refusal(outcome: &str) -> &'static str {
         Ok(D::SelfApprovalDenied) => "a run may not be approved by the user it acts as",
         Ok(D::IdempotencyConflict) => "its decision id was taken by another decision",
         Ok(D::ConfigurationGone) => "the agent's configuration is gone",
+        Ok(D::CallsNotOfTheCard) => "it did not decide each call of the card once",
+        Ok(D::EditNotOfTheCard) => {
+            "it edited a call the card does not have, or one already written"
+        }
+        Ok(D::EditChangesTool) => "an edit may not change which tool a call runs",
+        Ok(D::EditInvalidArguments) => "the new arguments do not fit the tool",
+        Ok(D::EditorApprovalDenied) => "whoever edited the card may not approve it alone",
         Ok(D::NotAuditable) => "it could not be recorded",
         Ok(D::Accepted) | Err(_) => "it did not pass the coordinator's checks",
     }
@@ -157,6 +205,33 @@ mod tests {
 
     fn said(kind: &str, payload: Value) -> String {
         tell(&event(kind, payload))
+    }
+
+    #[test]
+    fn a_decision_call_by_call_and_an_edit_read_as_what_they_did() {
+        assert_eq!(
+            said(
+                "decision.accepted",
+                json!({"suspension_seq": 1, "approver": "admin", "approved": true, "kind": "calls",
+                       "approved_calls": [0, 2], "denied_calls": [1]})
+            ),
+            "Decided call by call by admin — card 1: approved calls 0, 2; denied call 1"
+        );
+        assert_eq!(
+            said(
+                "decision.accepted",
+                json!({"suspension_seq": 2, "approver": "approver", "approved": false,
+                       "kind": "edit", "edited_calls": [0]})
+            ),
+            "Arguments of call 0 edited by approver — card 2; the card is issued anew"
+        );
+        assert_eq!(
+            said(
+                "decision.refused",
+                json!({"suspension_seq": 2, "outcome": "editor_approval_denied"})
+            ),
+            "A decision was refused — card 2: whoever edited the card may not approve it alone"
+        );
     }
 
     #[test]

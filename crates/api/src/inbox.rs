@@ -510,7 +510,8 @@ fn verdicts(fields: &[(String, String)]) -> Vec<Value> {
                 "deny" => json!(false),
                 other => json!(other),
             };
-            let message = field(fields, &format!("message-{index}")).filter(|m| !m.trim().is_empty());
+            let message =
+                field(fields, &format!("message-{index}")).filter(|m| !m.trim().is_empty());
             Some(json!({"index": number(index), "approved": approved, "message": message}))
         })
         .collect()
@@ -518,7 +519,8 @@ fn verdicts(fields: &[(String, String)]) -> Vec<Value> {
 
 /// A number sent as form text, as JSON: a number when it reads as one, else the text.
 fn number(text: &str) -> Value {
-    text.parse::<u64>().map_or_else(|_| json!(text), |n| json!(n))
+    text.parse::<u64>()
+        .map_or_else(|_| json!(text), |n| json!(n))
 }
 
 /// The waiting cards just before and after `run_id` in the viewer's inbox (its first page),

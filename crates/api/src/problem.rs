@@ -87,8 +87,17 @@ impl ProblemCode {
             | ProblemCode::Decision(D::NotAuditable) => StatusCode::SERVICE_UNAVAILABLE,
             ProblemCode::UnauthenticatedProducer
             | ProblemCode::Decision(
-                D::AccessDenied | D::SelfApprovalDenied | D::ApproverNotPermitted,
+                D::AccessDenied
+                | D::SelfApprovalDenied
+                | D::ApproverNotPermitted
+                | D::EditorApprovalDenied,
             ) => StatusCode::FORBIDDEN,
+            ProblemCode::Decision(
+                D::CallsNotOfTheCard
+                | D::EditNotOfTheCard
+                | D::EditChangesTool
+                | D::EditInvalidArguments,
+            ) => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemCode::Request(R::UnknownActingUser) => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemCode::Request(_) | ProblemCode::Decision(_) => StatusCode::CONFLICT,
             ProblemCode::StateUnreadable => StatusCode::INTERNAL_SERVER_ERROR,
@@ -144,6 +153,21 @@ impl ProblemCode {
             }
             ProblemCode::Decision(D::ApproverNotPermitted) => {
                 "The approver is not permitted to release every write of this turn. Nothing changed."
+            }
+            ProblemCode::Decision(D::CallsNotOfTheCard) => {
+                "A decision call by call names every call of the card exactly once, by its index. Nothing changed."
+            }
+            ProblemCode::Decision(D::EditNotOfTheCard) => {
+                "The edit names a call the card does not have, or one already written under an earlier card. Nothing changed."
+            }
+            ProblemCode::Decision(D::EditChangesTool) => {
+                "An edit changes a call's arguments, never its tool. Nothing changed."
+            }
+            ProblemCode::Decision(D::EditInvalidArguments) => {
+                "The new arguments do not fit the tool's argument schema. Nothing changed."
+            }
+            ProblemCode::Decision(D::EditorApprovalDenied) => {
+                "This configuration requires a second approver: whoever edited the card may not approve it alone. Nothing changed."
             }
             ProblemCode::Decision(D::NotAuditable) => {
                 "The decision could not be recorded, so nothing changed; send the same decision again."

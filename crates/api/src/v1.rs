@@ -634,7 +634,8 @@ pub async fn create_run(
             let mut fields = copied(&Value::Object(body), &known);
             fields.entry("request_id").or_insert(json!(request_id));
             fields.entry("acting_user").or_insert(json!(caller.user));
-            let message = RunRequest::from_json(typed_message(fields, RunRequest::TYPE, MESSAGE_VERSION));
+            let message =
+                RunRequest::from_json(typed_message(fields, RunRequest::TYPE, MESSAGE_VERSION));
             return Err(gate_one_reason(message));
         }
     };

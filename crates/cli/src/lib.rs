@@ -677,18 +677,35 @@ mod tests {
             ]
         );
         for (args, kind) in [
-            (vec!["--call", "0=maybe"], clap::error::ErrorKind::ValueValidation),
-            (vec!["--call", "x=approve"], clap::error::ErrorKind::ValueValidation),
-            (vec!["--call", "0=approve", "--approve"], clap::error::ErrorKind::ArgumentConflict),
-            (vec!["--edit", "1", "a.json", "--deny"], clap::error::ErrorKind::ArgumentConflict),
-            (vec!["--call", "0=deny", "--comment", "no"], clap::error::ErrorKind::ArgumentConflict),
+            (
+                vec!["--call", "0=maybe"],
+                clap::error::ErrorKind::ValueValidation,
+            ),
+            (
+                vec!["--call", "x=approve"],
+                clap::error::ErrorKind::ValueValidation,
+            ),
+            (
+                vec!["--call", "0=approve", "--approve"],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                vec!["--edit", "1", "a.json", "--deny"],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
+            (
+                vec!["--call", "0=deny", "--comment", "no"],
+                clap::error::ErrorKind::ArgumentConflict,
+            ),
             (vec![], clap::error::ErrorKind::MissingRequiredArgument),
         ] {
             let err = decide_with(&args).expect_err(&format!("{args:?} is refused"));
             assert_eq!(err.kind(), kind, "{args:?}: {err}");
         }
         let Command::Decide { edits, .. } =
-            decide_with(&["--edit", "1", "a.json", "--edit", "2", "-"]).unwrap().command
+            decide_with(&["--edit", "1", "a.json", "--edit", "2", "-"])
+                .unwrap()
+                .command
         else {
             panic!("not decide")
         };

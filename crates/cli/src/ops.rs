@@ -18,8 +18,9 @@ use anyhow::{bail, Context};
 use countersign_coordinator::{producers, ProducerKind};
 use countersign_core::card::{build_card, ApprovalCard};
 use countersign_core::{
-    Approves, ArgumentsEdit, CallIndex, CallVerdict, DecisionMessage, EventName, Principal, RunId, RunRequest, SuspendedRunState,
-    SuspensionSeq, ToolPolicy, ToolRegistry, TurnDigest, UserDirectory,
+    Approves, ArgumentsEdit, CallIndex, CallVerdict, DecisionMessage, EventName, Principal, RunId,
+    RunRequest, SuspendedRunState, SuspensionSeq, ToolPolicy, ToolRegistry, TurnDigest,
+    UserDirectory,
 };
 use countersign_crypto::Keyring;
 use countersign_queue::{Broker, MessageProperties, QueueConfig, Topology};
@@ -387,9 +388,9 @@ pub fn edit_files(pairs: &[String]) -> anyhow::Result<Vec<(usize, PathBuf)>> {
             let [index, file] = pair else {
                 bail!("--edit takes a call index and a file");
             };
-            let index = index
-                .parse::<usize>()
-                .with_context(|| format!("--edit {index}: a call index is a whole number from 0"))?;
+            let index = index.parse::<usize>().with_context(|| {
+                format!("--edit {index}: a call index is a whole number from 0")
+            })?;
             Ok((index, PathBuf::from(file)))
         })
         .collect()
@@ -397,7 +398,10 @@ pub fn edit_files(pairs: &[String]) -> anyhow::Result<Vec<(usize, PathBuf)>> {
 
 /// The edits `verdict` names, each file read as a JSON object (`-`: standard input), each
 /// naming its call's tool when the card file says which.
-fn read_edits(reviewed: &Reviewed, edits: &[(usize, PathBuf)]) -> anyhow::Result<Vec<ArgumentsEdit>> {
+fn read_edits(
+    reviewed: &Reviewed,
+    edits: &[(usize, PathBuf)],
+) -> anyhow::Result<Vec<ArgumentsEdit>> {
     edits
         .iter()
         .map(|(index, path)| {
@@ -407,8 +411,8 @@ fn read_edits(reviewed: &Reviewed, edits: &[(usize, PathBuf)]) -> anyhow::Result
                 std::fs::read_to_string(path)
                     .with_context(|| format!("reading {}", path.display()))?
             };
-            let arguments: serde_json::Map<String, serde_json::Value> =
-                serde_json::from_str(&text).with_context(|| {
+            let arguments: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
+                .with_context(|| {
                     format!("{}: the new arguments are a JSON object", path.display())
                 })?;
             Ok(ArgumentsEdit {
@@ -859,8 +863,16 @@ mod tests {
 
         let reviewed = saved_card(&path, b).unwrap();
         assert_eq!(
-            (reviewed.run_id, reviewed.suspension_seq, &reviewed.turn_digest),
-            (b, SuspensionSeq::new(3).unwrap(), &TurnDigest::parse(&db).unwrap())
+            (
+                reviewed.run_id,
+                reviewed.suspension_seq,
+                &reviewed.turn_digest
+            ),
+            (
+                b,
+                SuspensionSeq::new(3).unwrap(),
+                &TurnDigest::parse(&db).unwrap()
+            )
         );
         assert_eq!(
             reviewed.tool(0).as_deref(),

@@ -17,11 +17,12 @@
 //! `not_awaiting_approval`. Refusals are recorded too (a row and an audit event, never a change
 //! to the run), so a replay returns the same refusal.
 
-use countersign_core::{Approver, DecisionMessage, MessageError};
+use countersign_core::{Approver, DecisionMessage, MessageError, ToolSpec};
 use countersign_store::{
     DecidedRun, DecisionOutcome, DecisionRecord, NewDecision, Replay, RunStatus, StoredAgent,
 };
 
+use crate::calls::{self, CardCalls};
 use crate::producers::ProducerKind;
 use crate::{Coordinator, CoordinatorError, DecisionVerdict};
 
@@ -31,7 +32,7 @@ impl Coordinator {
     ///
     /// | # | gate | outcome |
     /// |---|---|---|
-    /// | 1 | the body is a version-1 decision | `malformed` (dead-letter; nothing recorded) |
+    /// | 1 | the body is a version-1 or version-2 decision | `malformed` (dead-letter; nothing recorded) |
     /// | 2 | `producer` is present and may assert the approver | `unauthenticated_producer` (nothing recorded) |
     /// | 3 | the decision id was recorded before | for the same run, card and body: the recorded outcome again, nothing else happens; otherwise `idempotency_conflict` (not recorded) |
     /// | 4 | the run exists, and the approver may decide on it or the producer may follow it (start runs as its acting user) | `not_awaiting_approval`, as for a run that does not exist: recorded, but not in the run's trail |
@@ -40,7 +41,7 @@ impl Coordinator {
     /// | 7 | the directory lets the approver approve runs (admin, or its approve grant), or they are the run's acting user | `access_denied` |
     /// | 8 | the agent configuration exists and is active | `configuration_gone` |
     /// | 9 | an approval is not by the acting user under four-eyes (admins too) | `self_approval_denied` |
-    /// | 10 | approvals: the tool policy permits every pending write's tool for the approver | `approver_not_permitted` |
+    /// | 10 | a decision call by call names each call of the card once; an edit names a call still to run, keeps its tool and fits the tool's schema; the tool policy permits the approver every write the decision lets run or edits; under four-eyes an approval is not by a person who edited the card | `calls_not_of_the_card`, `edit_not_of_the_card`, `edit_changes_tool`, `edit_invalid_arguments`, `approver_not_permitted`, `editor_approval_denied` |
     /// | 11 | decision row, audit event and transition to `queued`/`resume` commit together | `not_auditable` (run stays waiting) |
     ///
     /// Outcomes of gates 4–10 are recorded as refusals; `not_auditable` is not (the database
@@ -160,28 +161,25 @@ impl Coordinator {
             _ => return DecisionOutcome::ConfigurationGone,
         };
 
-        if d.approved {
-            // 9. Four-eyes: the initiator does not release their own run's writes.
-            if agent.config.four_eyes && owner {
-                return DecisionOutcome::SelfApprovalDenied;
-            }
+        // 9. Four-eyes: the initiator does not release their own run's writes.
+        if d.approved && !d.edits_calls() && agent.config.four_eyes && owner {
+            return DecisionOutcome::SelfApprovalDenied;
+        }
 
-            // 10. The approver may release every write of the turn. An unknown tool counts as
-            //    a non-idempotent write, and nobody is permitted to release it.
-            let principal = approver.principal();
-            let permitted = run
-                .pending_tools
-                .iter()
-                .all(|name| match self.registry.get(name) {
-                    None => false,
-                    Some(tool) => {
-                        let spec = tool.spec();
-                        !spec.effect.is_write() || agent.config.policy.permits(spec, principal)
-                    }
-                });
-            if !permitted {
-                return DecisionOutcome::ApproverNotPermitted;
-            }
+        // 10. What the decision names is the card's, an edit keeps its tool and fits its
+        //     schema, the approver may release every write it lets run (or craft every write
+        //     it edits), and under four-eyes an editor does not approve alone.
+        let principal = approver.principal();
+        let card = CardCalls {
+            tools: &run.pending_tools,
+            landed: &run.card_landed,
+            editors: &run.card_editors,
+        };
+        let permits = |spec: &ToolSpec| agent.config.policy.permits(spec, principal);
+        if let Some(refused) =
+            calls::refusal(d, card, &self.registry, permits, agent.config.four_eyes)
+        {
+            return refused;
         }
 
         DecisionOutcome::Accepted

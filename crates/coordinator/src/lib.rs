@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod calls;
 mod decisions;
 pub mod producers;
 mod requests;

@@ -31,8 +31,8 @@ pub mod tool;
 pub mod turn;
 
 pub use agent_loop::{
-    AgentConfig, CallEdit, Decision, HookError, Interruption, Outcome, Segment,
-    SegmentHooks, TerminationReason, TurnRecord,
+    AgentConfig, CallEdit, Decision, HookError, Interruption, Outcome, Segment, SegmentHooks,
+    TerminationReason, TurnRecord,
 };
 pub use directory::{Approver, Approves, DirectoryError, UserDirectory};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
@@ -47,8 +47,8 @@ pub use model::{
 pub use preview::{CallPreview, LineForm, PreviewLine};
 pub use state::{EditRecord, LandedCall, PendingCall, StateError, SuspendedRunState, ToolIdentity};
 pub use tool::{
-    ArgumentsError, CallStatus, DataClass, DataClasses, EarlierCall, Effect, ExecContext, ExternalWrite, Fault,
-    FenceToken, OfferedTools, Prepared, Principal, Profile, Sequence, Tool, ToolError, ToolOutput,
-    ToolPolicy, ToolPreview, ToolRegistry, ToolSpec, Withheld,
+    ArgumentsError, CallStatus, DataClass, DataClasses, EarlierCall, Effect, ExecContext,
+    ExternalWrite, Fault, FenceToken, OfferedTools, Prepared, Principal, Profile, Sequence, Tool,
+    ToolError, ToolOutput, ToolPolicy, ToolPreview, ToolRegistry, ToolSpec, Withheld,
 };
 pub use turn::{JournalEntry, LocalWriter, LocalWriters, LockMode, LockSubject, PlannedWrite};

@@ -196,9 +196,8 @@ impl DecisionMessage {
     pub fn from_json(doc: Value) -> Result<Self, MessageError> {
         let (mut doc, version) =
             envelope(doc, Self::TYPE, &[MESSAGE_VERSION, DECISION_VERSION_CALLS])?;
-        let given = |doc: &Map<String, Value>, field: &str| {
-            doc.get(field).is_some_and(|v| !v.is_null())
-        };
+        let given =
+            |doc: &Map<String, Value>, field: &str| doc.get(field).is_some_and(|v| !v.is_null());
         if version == MESSAGE_VERSION {
             // A version-1 producer decides the whole turn; a denial of one call must not pass
             // for an approval of all of them.
@@ -646,7 +645,10 @@ mod tests {
     #[test]
     fn a_version_2_decision_decides_call_by_call_and_round_trips() {
         let d = parse(&by_call()).unwrap();
-        assert!(d.approved, "some call is approved, so the decision approves");
+        assert!(
+            d.approved,
+            "some call is approved, so the decision approves"
+        );
         assert_eq!(d.calls.len(), 3);
         assert_eq!(d.calls[1].message.as_deref(), Some("Keep the old title."));
         assert_eq!(d.calls[2].message, None, "a blank message is none");
@@ -696,7 +698,11 @@ mod tests {
         let mut approving = v.clone();
         approving["approved"] = json!(true);
         assert_eq!(parse(&approving), Err(MessageError::Invalid("approved")));
-        for bad in [json!("title"), json!([1]), json!({"t": "x".repeat(MAX_INPUTS_BYTES)})] {
+        for bad in [
+            json!("title"),
+            json!([1]),
+            json!({"t": "x".repeat(MAX_INPUTS_BYTES)}),
+        ] {
             let mut v = v.clone();
             v["edits"][0]["arguments"] = bad;
             assert_eq!(parse(&v), Err(MessageError::Invalid("edits")));

@@ -945,7 +945,10 @@ mod tests {
             }),
             ..spec("edit", "content", Effect::NonIdempotentWrite, false, false)
         };
-        assert_eq!(spec.check_arguments(&serde_json::json!({"id": 3, "title": "abc"})), Ok(()));
+        assert_eq!(
+            spec.check_arguments(&serde_json::json!({"id": 3, "title": "abc"})),
+            Ok(())
+        );
         for bad in [
             serde_json::json!({"title": "abc"}),
             serde_json::json!({"id": 0}),

@@ -10,8 +10,12 @@
 //! even the decision row, and the run stays as the winner left it: an approval is never on
 //! record for a turn it did not release.
 
-use countersign_core::{Decision, DecisionMessage, Event, RunId, SuspensionSeq, TurnDigest};
+use countersign_core::{
+    ArgumentsEdit, CallEdit, CallIndex, CallVerdict, Decision, DecisionMessage, Event, RunId,
+    SuspensionSeq, TurnDigest,
+};
 use countersign_crypto::Purpose;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use strum::{EnumString, IntoStaticStr, VariantArray};
 use uuid::Uuid;
@@ -39,6 +43,16 @@ pub enum DecisionOutcome {
     ConfigurationGone,
     SelfApprovalDenied,
     ApproverNotPermitted,
+    /// A decision call by call that does not name each call of the card exactly once.
+    CallsNotOfTheCard,
+    /// An edit of a call the card does not have, or of one that landed under an earlier card.
+    EditNotOfTheCard,
+    /// An edit naming another tool than its call's: an edit never changes which tool runs.
+    EditChangesTool,
+    /// An edit whose arguments the tool's schema refuses.
+    EditInvalidArguments,
+    /// Under four-eyes, an approval by a person who edited the card: another must approve it.
+    EditorApprovalDenied,
     NotAuditable,
     Accepted,
 }
@@ -96,6 +110,7 @@ struct RecordedRow {
     approved: bool,
     approver: String,
     comment: Option<Vec<u8>>,
+    detail: Option<Vec<u8>>,
     outcome: String,
 }
 
@@ -105,7 +120,7 @@ impl RecordedRow {
     fn of_columns(
         (run_id, suspension_seq, turn_digest): (Option<Uuid>, Option<i32>, Option<String>),
         (approved, approver, comment): (Option<bool>, Option<String>, Option<Vec<u8>>),
-        outcome: Option<String>,
+        (detail, outcome): (Option<Vec<u8>>, Option<String>),
     ) -> Option<RecordedRow> {
         Some(RecordedRow {
             run_id: run_id?,
@@ -114,14 +129,71 @@ impl RecordedRow {
             approved: approved?,
             approver: approver?,
             comment,
+            detail,
             outcome: outcome?,
         })
+    }
+}
+
+/// What a decision call by call or an edit says of each call: the content sealed in
+/// `run_decisions.detail`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Detail {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    calls: Vec<CallVerdict>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    edits: Vec<ArgumentsEdit>,
+}
+
+impl Detail {
+    fn of(m: &DecisionMessage) -> Option<Detail> {
+        (!m.calls.is_empty() || !m.edits.is_empty()).then(|| Detail {
+            calls: m.calls.clone(),
+            edits: m.edits.clone(),
+        })
+    }
+}
+
+/// The kind a decision is recorded as: `turn`, `calls` or `edit`.
+fn kind(m: &DecisionMessage) -> &'static str {
+    if !m.edits.is_empty() {
+        "edit"
+    } else if !m.calls.is_empty() {
+        "calls"
+    } else {
+        "turn"
+    }
+}
+
+/// The audit of a decision's calls: their indexes, never what was said of them.
+fn audited_calls(m: &DecisionMessage, payload: &mut serde_json::Value) {
+    payload["kind"] = json!(kind(m));
+    if !m.calls.is_empty() {
+        let of = |approved: bool| -> Vec<usize> {
+            m.calls
+                .iter()
+                .filter(|c| c.approved == approved)
+                .map(|c| c.index.get())
+                .collect()
+        };
+        payload["approved_calls"] = json!(of(true));
+        payload["denied_calls"] = json!(of(false));
+    }
+    if !m.edits.is_empty() {
+        let edited: Vec<usize> = m.edits.iter().map(|e| e.index.get()).collect();
+        payload["edited_calls"] = json!(edited);
     }
 }
 
 fn outcome(s: &str) -> Result<DecisionOutcome, StoreError> {
     s.parse()
         .map_err(|_| StoreError::unreadable("run_decisions.outcome"))
+}
+
+/// A decision's sealed columns.
+struct Sealed {
+    comment: Option<Vec<u8>>,
+    detail: Option<Vec<u8>>,
 }
 
 impl Store {
@@ -147,8 +219,16 @@ impl Store {
             .as_ref()
             .map(|c| self.keyring.seal(Purpose::Comment, m.run_id, c.as_bytes()))
             .transpose()?;
+        let detail = match Detail::of(m) {
+            Some(detail) => {
+                let plain = serde_json::to_vec(&detail)
+                    .map_err(|_| StoreError::unreadable("run_decisions.detail"))?;
+                Some(self.keyring.seal(Purpose::Comment, m.run_id, &plain)?)
+            }
+            None => None,
+        };
         let event = outbox::decision_event(m.decision_id, m.run_id, d.outcome);
-        let payload = json!({
+        let mut payload = json!({
             "decision_id": m.decision_id,
             "suspension_seq": m.suspension_seq.get(),
             "turn_digest": m.turn_digest.as_str(),
@@ -157,7 +237,9 @@ impl Store {
             "outcome": d.outcome.as_str(),
             "has_comment": m.comment.is_some(),
         });
-        let Some((row, waited)) = self.insert_decision(d, comment, &event, payload).await? else {
+        audited_calls(m, &mut payload);
+        let sealed = Sealed { comment, detail };
+        let Some((row, waited)) = self.insert_decision(d, sealed, &event, payload).await? else {
             // Nothing committed. Lost to this decision id, recorded before or concurrently:
             // a replay or a conflict; otherwise an approval whose transition another decision,
             // a cancel or the reaper won.
@@ -194,11 +276,12 @@ impl Store {
     async fn insert_decision(
         &self,
         d: &NewDecision,
-        comment: Option<Vec<u8>>,
+        sealed: Sealed,
         event: &Event,
         payload: serde_json::Value,
     ) -> Result<Option<(outbox::Row, Option<f64>)>, StoreError> {
         let m = &d.message;
+        let Sealed { comment, detail } = sealed;
         let announced = sqlx::query!(
             r#"WITH released AS (
                    UPDATE runs
@@ -213,8 +296,8 @@ impl Store {
                decided AS (
                    INSERT INTO run_decisions
                        (decision_id, run_id, suspension_seq, turn_digest, approved, approver,
-                        comment, outcome)
-                   SELECT $1, $2, $3, $4, $5, $6, $7, $8
+                        comment, outcome, kind, detail)
+                   SELECT $1, $2, $3, $4, $5, $6, $7, $8, $14, $15
                    WHERE $8 <> 'accepted' OR EXISTS (SELECT 1 FROM released)
                    ON CONFLICT (decision_id) DO NOTHING
                    RETURNING decision_id),
@@ -249,6 +332,8 @@ impl Store {
             Uuid::now_v7(),
             outbox::stored_body(&event),
             d.in_trail,
+            kind(m),
+            detail,
         )
         .fetch_optional(&self.pool)
         .await?;
@@ -287,7 +372,8 @@ impl Store {
     ) -> Result<Option<Replay>, StoreError> {
         let row = sqlx::query_as!(
             RecordedRow,
-            r#"SELECT run_id, suspension_seq, turn_digest, approved, approver, comment, outcome
+            r#"SELECT run_id, suspension_seq, turn_digest, approved, approver, comment, detail,
+                      outcome
                FROM run_decisions WHERE decision_id = $1"#,
             claim.decision_id
         )
@@ -306,7 +392,8 @@ impl Store {
             return Ok(Replay::Conflict);
         }
         let comment = self.open_comment(claim.run_id, row.comment.as_deref())?;
-        Ok(if comment == claim.comment {
+        let detail = self.open_detail(claim.run_id, row.detail.as_deref())?;
+        Ok(if comment == claim.comment && detail == Detail::of(claim) {
             Replay::Same(recorded)
         } else {
             Replay::Conflict
@@ -321,7 +408,8 @@ impl Store {
         seq: SuspensionSeq,
     ) -> Result<Option<DecisionMessage>, StoreError> {
         let row = sqlx::query!(
-            r#"SELECT decision_id, turn_digest, approved, approver, comment FROM run_decisions
+            r#"SELECT decision_id, turn_digest, approved, approver, comment, detail
+               FROM run_decisions
                WHERE run_id = $1 AND suspension_seq = $2 AND outcome = 'accepted'"#,
             run_id.as_uuid(),
             seq.as_i32(),
@@ -329,6 +417,9 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         let Some(row) = row else { return Ok(None) };
+        let detail = self
+            .open_detail(run_id, row.detail.as_deref())?
+            .unwrap_or_default();
         Ok(Some(DecisionMessage {
             decision_id: row.decision_id,
             run_id,
@@ -336,8 +427,8 @@ impl Store {
             turn_digest: TurnDigest::parse(&row.turn_digest)
                 .map_err(|_| StoreError::unreadable("run_decisions.turn_digest"))?,
             approved: row.approved,
-            calls: vec![],
-            edits: vec![],
+            calls: detail.calls,
+            edits: detail.edits,
             approver: row.approver,
             comment: self.open_comment(run_id, row.comment.as_deref())?,
         }))
@@ -349,11 +440,38 @@ impl Store {
         run_id: RunId,
         sealed: &SealedDecision,
     ) -> Result<Decision, StoreError> {
+        let detail = self
+            .open_detail(run_id, sealed.detail.as_deref())?
+            .unwrap_or_default();
         Ok(Decision {
             approved: sealed.approved,
             comment: self.open_comment(run_id, sealed.comment.as_deref())?,
-            ..Decision::default()
+            calls: detail.calls,
+            edits: detail
+                .edits
+                .into_iter()
+                .map(|e| CallEdit {
+                    index: e.index,
+                    arguments: serde_json::Value::Object(e.arguments),
+                    editor: sealed.approver.clone(),
+                })
+                .collect(),
         })
+    }
+
+    /// A decision's sealed detail, opened.
+    fn open_detail(
+        &self,
+        run_id: RunId,
+        sealed: Option<&[u8]>,
+    ) -> Result<Option<Detail>, StoreError> {
+        sealed
+            .map(|sealed| {
+                let plain = self.keyring.open(Purpose::Comment, run_id, sealed)?;
+                serde_json::from_slice(&plain)
+                    .map_err(|_| StoreError::unreadable("run_decisions.detail"))
+            })
+            .transpose()
     }
 
     /// A decision's sealed comment, opened.
@@ -390,10 +508,11 @@ impl Store {
                       d.run_id AS "recorded_run_id?", d.suspension_seq AS "recorded_seq?",
                       d.turn_digest AS "recorded_digest?", d.approved AS "recorded_approved?",
                       d.approver AS "recorded_approver?", d.comment AS "recorded_comment?",
-                      d.outcome AS "recorded_outcome?",
+                      d.detail AS "recorded_detail?", d.outcome AS "recorded_outcome?",
                       r.status AS "status?", r.suspension_seq AS "suspension_seq?",
                       r.turn_digest AS "turn_digest?", r.acting_user AS "acting_user?",
                       r.agent AS "run_agent?", r.pending_tools AS "pending_tools?",
+                      r.card_landed AS "card_landed?", r.card_editors AS "card_editors?",
                       s AS "settings: AgentColumns"
                FROM (SELECT 1) AS one
                LEFT JOIN run_decisions d ON d.decision_id = $1
@@ -411,7 +530,7 @@ impl Store {
         let recorded = RecordedRow::of_columns(
             (r.recorded_run_id, r.recorded_seq, r.recorded_digest),
             (r.recorded_approved, r.recorded_approver, r.recorded_comment),
-            r.recorded_outcome,
+            (r.recorded_detail, r.recorded_outcome),
         )
         .map(|row| self.replay(row, d))
         .transpose()?;
@@ -424,6 +543,14 @@ impl Store {
                     acting_user,
                     agent,
                     pending_tools,
+                    card_landed: r
+                        .card_landed
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(CallIndex::from_i32)
+                        .collect::<Result<_, _>>()
+                        .map_err(|_| StoreError::unreadable("runs.card_landed"))?,
+                    card_editors: r.card_editors.unwrap_or_default(),
                     producer_follows: r.follows,
                 })
             }
@@ -460,6 +587,10 @@ pub struct DecidedRun {
     pub acting_user: String,
     pub agent: String,
     pub pending_tools: Vec<String>,
+    /// The calls of the card that landed under an earlier card of the turn.
+    pub card_landed: Vec<CallIndex>,
+    /// Who changed the arguments of a call of the card.
+    pub card_editors: Vec<String>,
     /// The decision's producer may start runs as the run's acting user, and so may follow it.
     pub producer_follows: bool,
 }

@@ -70,6 +70,10 @@ pub struct ClaimedInputs {
 pub struct SealedDecision {
     pub approved: bool,
     pub comment: Option<Vec<u8>>,
+    /// What a decision call by call or an edit said of each call, sealed.
+    pub detail: Option<Vec<u8>>,
+    /// Who made it: the editor of an edit.
+    pub approver: String,
     /// How long before the claim it was recorded, in seconds by the database clock: where a
     /// segment starts timing decision → write.
     pub decided_secs_ago: Option<f64>,
@@ -109,6 +113,8 @@ struct ClaimRow {
     approved: Option<bool>,
     comment: Option<Vec<u8>>,
     decided_secs_ago: Option<f64>,
+    detail: Option<Vec<u8>>,
+    approver: Option<String>,
 }
 
 /// Which runs a claim asks for.
@@ -129,6 +135,8 @@ impl ClaimRow {
             (Some(_), Some(approved)) => Some(SealedDecision {
                 approved,
                 comment: self.comment,
+                detail: self.detail,
+                approver: self.approver.unwrap_or_default(),
                 decided_secs_ago: self.decided_secs_ago,
             }),
             _ => None,
@@ -239,7 +247,7 @@ impl Store {
                       agent AS "agent!", acting_user AS "acting_user!", suspension_seq,
                       requeue_count AS "requeue_count!", sent_call, request, state,
                       settings AS "settings: AgentColumns", decision_id, approved,
-                      comment, decided_secs_ago
+                      comment, decided_secs_ago, detail, approver
                FROM claim_runs($1, $2, $3, $4, $5)"#,
             ids as Option<&[Uuid]>,
             skip_locked,

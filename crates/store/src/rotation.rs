@@ -54,11 +54,12 @@ impl RotationReport {
 
 /// The sealed columns, in the order a rotation walks them: `table.column`, as the migrations'
 /// `sealed_page` and `sealed_write` name it, and what its envelopes are sealed for.
-const SEALED_COLUMNS: [(&str, Purpose); 6] = [
+const SEALED_COLUMNS: [(&str, Purpose); 7] = [
     ("runs.state", Purpose::State),
     ("runs.request", Purpose::Request),
     ("run_events.sealed", Purpose::Event),
     ("run_decisions.comment", Purpose::Comment),
+    ("run_decisions.detail", Purpose::Comment),
     ("run_journal.result", Purpose::Journal),
     ("webhook_endpoints.secret", Purpose::WebhookSecret),
 ];
@@ -111,7 +112,8 @@ fn reseal_batch(
 
 impl Store {
     /// Re-seals every sealed column (`runs.state`, `runs.request`, `run_events.sealed`,
-    /// `run_decisions.comment`, `run_journal.result`, `webhook_endpoints.secret`) under the
+    /// `run_decisions.comment` and `.detail`, `run_journal.result`,
+    /// `webhook_endpoints.secret`) under the
     /// active key, `batch_size` rows per transaction.
     pub async fn rotate_keys(&self, batch_size: i64) -> Result<RotationReport, StoreError> {
         let limit = batch_size.max(1);

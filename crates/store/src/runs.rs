@@ -443,7 +443,8 @@ impl Store {
     }
 
     /// `running` → `waiting_for_approval`, guarded by owner and epoch. Seals the state, stores
-    /// the turn digest, the pending tool names in clear, the suspension number and counters,
+    /// the turn digest, the pending tool names, the calls that landed under an earlier card
+    /// and who edited the card in clear, the suspension number and counters,
     /// sets `approval_deadline = now()` + the agent's deadline (seven days when the
     /// configuration is gone) and clears the lease. In the same transaction it announces the
     /// suspension: when the binding refused an approved turn (`moved_tools`, the tools of the
@@ -460,6 +461,15 @@ impl Store {
             .seal(Purpose::State, lease.run_id, &state.to_bytes())?;
         let digest = state.turn_digest();
         let tools: Vec<String> = state.pending_calls.iter().map(|c| c.tool.clone()).collect();
+        // What the decision gates read of the card beside its digest.
+        let landed: Vec<i32> = state
+            .landed_calls
+            .iter()
+            .map(|c| c.index.as_i32())
+            .collect();
+        let mut editors: Vec<String> = state.edits.iter().map(|e| e.editor.clone()).collect();
+        editors.sort();
+        editors.dedup();
         let (iterations, prompt_tokens, completion_tokens) = RunCounters {
             iterations: state.iterations,
             prompt_tokens: state.tokens.prompt,
@@ -475,7 +485,8 @@ impl Store {
             r#"WITH suspended AS (
                    UPDATE runs
                    SET status = 'waiting_for_approval', state = $4, turn_digest = $5,
-                       pending_tools = $6, suspension_seq = $7,
+                       pending_tools = $6, suspension_seq = $7, card_landed = $15,
+                       card_editors = $16,
                        approval_deadline = now() + coalesce(
                            (SELECT a.approval_deadline_seconds FROM agents a
                             WHERE a.name = runs.agent),
@@ -520,6 +531,8 @@ impl Store {
             &events.payloads,
             &events.ids,
             &events.bodies,
+            &landed,
+            &editors,
         )
         .fetch_all(&self.pool)
         .await?;

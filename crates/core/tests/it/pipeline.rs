@@ -10,9 +10,9 @@ use countersign_core::agent_loop::{self, CallEdit, Decision, Outcome, Terminatio
 use countersign_core::card::build_card;
 use countersign_core::preview::bound_lines;
 use countersign_core::{
-    CallIndex, CallStatus, CallVerdict, EarlierCall, Effect, ExecContext, ExternalWrite, Prepared, PreviewLine,
-    Principal, Role, Sequence, SuspendedRunState, Tool, ToolError, ToolOutput, ToolPreview,
-    ToolSpec,
+    CallIndex, CallStatus, CallVerdict, EarlierCall, Effect, ExecContext, ExternalWrite, Prepared,
+    PreviewLine, Principal, Role, Sequence, SuspendedRunState, Tool, ToolError, ToolOutput,
+    ToolPreview, ToolSpec,
 };
 use serde_json::{json, Value};
 
@@ -686,7 +686,10 @@ async fn approving_calls_0_and_2_writes_them_as_shown_and_the_model_reads_the_de
     let outcome = agent_loop::resume(f.segment(&model, "t1"), state, &zero_and_two()).await;
     assert!(matches!(outcome, Outcome::Completed { .. }), "{outcome:?}");
     assert_eq!(f.world.get("k1"), vec!["x", "z"]);
-    assert!(f.world.get("k2").is_empty(), "the denied call wrote nothing");
+    assert!(
+        f.world.get("k2").is_empty(),
+        "the denied call wrote nothing"
+    );
     let told = told(&model);
     assert_eq!(told[0], "k1 now has 1 item(s)");
     assert!(
@@ -724,7 +727,11 @@ async fn a_subset_whose_previews_read_otherwise_without_the_denied_call_re_suspe
     );
     let shown = build_card(&card, &f.registry, Some(&Principal::new("admin", true))).await;
     let excluded: Vec<bool> = shown.calls.iter().map(|c| c.excluded).collect();
-    assert_eq!(excluded, vec![false, true, false], "the card says which call was left out");
+    assert_eq!(
+        excluded,
+        vec![false, true, false],
+        "the card says which call was left out"
+    );
 }
 
 #[tokio::test]
@@ -751,14 +758,27 @@ async fn an_edit_re_issues_the_card_marked_and_its_approval_writes_the_edited_ca
     assert_eq!(card.pending_calls[1].arguments["item"], "edited");
     let record = card.edit_of(CallIndex::new(1)).expect("the edit is marked");
     assert_eq!(
-        (record.editor.as_str(), &record.before["item"], &record.after["item"]),
+        (
+            record.editor.as_str(),
+            &record.before["item"],
+            &record.after["item"]
+        ),
         ("alice", &json!("y"), &json!("edited"))
     );
     assert_eq!(card.stale_call_indexes, vec![CallIndex::new(1)]);
-    assert_eq!(card.call_previews[1].lines, vec!["list k2: 0 item(s) → 1, appended last"]);
+    assert_eq!(
+        card.call_previews[1].lines,
+        vec!["list k2: 0 item(s) → 1, appended last"]
+    );
     let shown = build_card(&card, &f.registry, Some(&Principal::new("admin", true))).await;
-    let edit = shown.calls[1].edit.as_ref().expect("the card marks the edit");
-    assert_eq!((edit.editor.as_str(), &edit.before["item"]), ("alice", &json!("y")));
+    let edit = shown.calls[1]
+        .edit
+        .as_ref()
+        .expect("the card marks the edit");
+    assert_eq!(
+        (edit.editor.as_str(), &edit.before["item"]),
+        ("alice", &json!("y"))
+    );
     assert!(shown.calls[0].edit.is_none());
 
     // The re-issued card survives its round trip through the stored state.

@@ -195,3 +195,113 @@ async fn a_refused_decision_naming_an_unknown_run_is_recorded_for_replay(pool: P
     );
     assert_eq!(decision_rows(&pool, d.message.decision_id).await, 1);
 }
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_decision_call_by_call_is_sealed_replays_only_as_itself_and_its_resume_opens_it(
+    pool: PgPool,
+) {
+    use countersign_core::{CallIndex, CallVerdict};
+    let store = store(pool.clone());
+    let (run, st) = waiting(&store).await;
+    let verdicts = vec![CallVerdict {
+        index: CallIndex::new(0),
+        approved: false,
+        message: Some("Not this description.".into()),
+    }];
+    let mut d = crate::support::accept(run, &st);
+    d.message.approved = false;
+    d.message.calls = verdicts.clone();
+    assert_eq!(
+        store.record_decision(&d).await.unwrap(),
+        DecisionRecord::Recorded(DecisionOutcome::Accepted)
+    );
+    let (kind, sealed): (String, Vec<u8>) =
+        sqlx::query_as("SELECT kind, detail FROM run_decisions WHERE decision_id = $1")
+            .bind(d.message.decision_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(kind, "calls");
+    assert!(
+        !String::from_utf8_lossy(&sealed).contains("Not this description"),
+        "the words of a verdict are sealed"
+    );
+    let events = decision_events(&store, run).await;
+    assert_eq!(events[0].payload["kind"], "calls");
+    assert_eq!(events[0].payload["denied_calls"], serde_json::json!([0]));
+    assert!(!events[0]
+        .payload
+        .to_string()
+        .contains("Not this description"));
+
+    // The same id with other verdicts is another decision.
+    let mut other = d.clone();
+    other.message.calls[0].message = Some("Something else.".into());
+    assert_eq!(
+        store.record_decision(&other).await.unwrap(),
+        DecisionRecord::Conflict
+    );
+    assert_eq!(
+        store.record_decision(&d).await.unwrap(),
+        DecisionRecord::Replayed(DecisionOutcome::Accepted)
+    );
+
+    let claimed = claim(&store, run, "worker-b").await;
+    let opened = store
+        .open_decision(
+            run,
+            claimed
+                .inputs
+                .decision
+                .as_ref()
+                .expect("a resume carries its decision"),
+        )
+        .unwrap();
+    assert_eq!(opened.calls, verdicts);
+    assert!(!opened.approves(CallIndex::new(0)));
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn an_edit_resumes_with_its_editor_and_the_card_it_issues_names_its_editors(pool: PgPool) {
+    use countersign_core::{ArgumentsEdit, CallIndex, EditRecord};
+    let store = store(pool.clone());
+    let (run, st) = waiting(&store).await;
+    let mut d = crate::support::accept(run, &st);
+    d.message.approved = false;
+    d.message.edits = vec![ArgumentsEdit {
+        index: CallIndex::new(0),
+        tool: None,
+        arguments: serde_json::json!({"uid": 12, "description": "Shorter"})
+            .as_object()
+            .unwrap()
+            .clone(),
+    }];
+    assert_eq!(
+        store.record_decision(&d).await.unwrap(),
+        DecisionRecord::Recorded(DecisionOutcome::Accepted)
+    );
+    let claimed = claim(&store, run, "worker-b").await;
+    let opened = store
+        .open_decision(run, claimed.inputs.decision.as_ref().unwrap())
+        .unwrap();
+    assert_eq!(opened.edits.len(), 1);
+    assert_eq!(opened.edits[0].editor, "alice");
+    assert_eq!(opened.edits[0].arguments["description"], "Shorter");
+
+    // The card issued anew names who edited it, for the gates to read.
+    let mut next = state(SuspensionSeq::FIRST.next());
+    next.edits = vec![EditRecord {
+        index: CallIndex::new(0),
+        tool: "update_page_metadata".into(),
+        editor: "alice".into(),
+        before: serde_json::json!({"uid": 12, "description": "New words"}),
+        after: serde_json::json!({"uid": 12, "description": "Shorter"}),
+    }];
+    assert!(store.suspend(&claimed.lease, &next, &[]).await.unwrap());
+    let editors: Vec<String> = sqlx::query_scalar("SELECT card_editors FROM runs WHERE id = $1")
+        .bind(run.as_uuid())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(editors, vec!["alice"]);
+}

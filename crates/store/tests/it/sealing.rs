@@ -83,7 +83,8 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
                 suspension_seq: SuspensionSeq::FIRST,
                 turn_digest: st.turn_digest(),
                 approved: true,
-                calls: vec![],
+                // One decision call by call: its verdicts are sealed too.
+                calls: verdicts(i),
                 edits: vec![],
                 approver: "alice".into(),
                 comment: Some(format!("comment {i}")),
@@ -124,6 +125,7 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
             // decision event has no content)
             ("run_events.sealed", 6, 6),
             ("run_decisions.comment", 3, 3),
+            ("run_decisions.detail", 1, 1),
             ("run_journal.result", 3, 3),
             ("webhook_endpoints.secret", 1, 1),
         ]
@@ -154,6 +156,7 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
             .unwrap()
             .unwrap();
         assert_eq!(decision.comment, Some(format!("comment {i}")));
+        assert_eq!(decision.calls, verdicts(i));
         assert_eq!(
             after
                 .journaled(*run, SuspensionSeq::FIRST, CallIndex::new(0))
@@ -186,4 +189,16 @@ async fn rotation_then_retiring_the_old_key_still_opens_everything(pool: PgPool)
     let retired = Store::new(pool, keyring(&old_entry));
     let err = retired.load_state(runs[0].0).await.unwrap_err();
     assert_eq!(err.code(), "state_unreadable");
+}
+
+/// The verdicts of the `i`th decision: call by call for the second, none for the others.
+fn verdicts(i: usize) -> Vec<countersign_core::CallVerdict> {
+    if i != 1 {
+        return vec![];
+    }
+    vec![countersign_core::CallVerdict {
+        index: CallIndex::new(0),
+        approved: true,
+        message: None,
+    }]
 }
