@@ -269,7 +269,7 @@ async fn a_subset_that_reads_otherwise_without_the_denied_call_comes_back_and_wr
     assert_eq!(state["excluded_calls"], json!([0]), "{state}");
     let moved = count(
         &mut site.conn,
-        &format!("SELECT count(*) FROM run_events WHERE run_id = '{run}'::uuid AND kind = 'preview_moved'"),
+        &format!("SELECT count(*) FROM run_events WHERE run_id = '{run}'::uuid AND kind = 'run.preview_moved'"),
     )
     .await;
     assert_eq!(moved, 1, "the bounce is audited");

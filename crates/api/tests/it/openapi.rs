@@ -60,8 +60,16 @@ fn the_openapi_document_is_version_3_1_and_describes_every_route_with_its_proble
         .iter()
         .map(|v| v.as_str().unwrap())
         .collect();
-    for field in ["suspension_seq", "turn_digest", "approved"] {
+    for field in ["suspension_seq", "turn_digest"] {
         assert!(required.contains(&field), "{field} is required: {decision}");
+    }
+    // A decision call by call or an edit may leave `approved` out; a whole-turn one sends it.
+    assert!(!required.contains(&"approved"), "{decision}");
+    for field in ["approved", "calls", "edits"] {
+        assert!(
+            decision["properties"][field].is_object(),
+            "{field} is described: {decision}"
+        );
     }
     assert_eq!(
         doc["components"]["securitySchemes"]["bearer"]["scheme"],
