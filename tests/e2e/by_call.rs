@@ -381,9 +381,8 @@ async fn an_edit_re_issues_the_card_marked_and_only_another_approvers_approval_w
         line.contains(EDITED_DESCRIPTION),
         "previewed with the edit: {line}"
     );
-    assert_eq!(
+    assert!(
         site.description(12).await.starts_with("Welcome"),
-        true,
         "an edit writes nothing"
     );
 

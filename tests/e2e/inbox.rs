@@ -7,11 +7,14 @@
 //! them withheld and keeps that tab open; a colleague's edit moves a preview, so the admin's
 //! approval bounces and the run comes back on a new card; the approver's stale tab approves and
 //! is refused `stale_turn` with the advice to reload; the admin approves the current card and
-//! the writes land. The card after the bounce shows the description change as a word diff and
+//! the writes land. The card after the bounce shows the rewritten description as before and after, and
 //! the image field as its list with the new reference marked; the inbox marks the card as back;
 //! the history reads as sentences. A second approver decides a queue of three cards with the
-//! keyboard alone, and axe-core checks each kind of page. Screenshots go to
-//! `target/e2e-artefacts/`.
+//! keyboard alone, and axe-core checks each kind of page. A third edits one call of a card and
+//! decides the re-issued card call by call, after reading in the inbox what the run was asked
+//! and a line per call, a rewrite as before and after, and the page as if every call were
+//! accepted. Screenshots go to `target/e2e-artefacts/` (with `UPDATE_SCREENSHOTS=1`, also over
+//! the pictures in `docs/`).
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -168,9 +171,15 @@ async fn count(conn: &mut PgConnection, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(conn).await.unwrap()
 }
 
+/// Saves what `browser` shows as `name` under the artefacts; with `UPDATE_SCREENSHOTS=1`, the
+/// pictures the documentation shows (`docs/NAME`, when it exists) are replaced by it too.
 async fn screenshot(browser: &Client, name: &str) {
     let png = browser.screenshot().await.expect("a screenshot");
-    std::fs::write(artefacts().join(name), png).expect("the screenshot is saved");
+    std::fs::write(artefacts().join(name), &png).expect("the screenshot is saved");
+    let documented = workspace_file(&format!("docs/{name}"));
+    if std::env::var_os("UPDATE_SCREENSHOTS").is_some() && documented.exists() {
+        std::fs::write(documented, png).expect("the documentation's picture is replaced");
+    }
 }
 
 /// The text of the element `css` selects, waiting for it to appear (after a click that
@@ -506,18 +515,21 @@ async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_
         .await
         .unwrap()
         .contains("3 reference(s) → 4, appended last"));
-    // The description change reads as a word diff, marked by element and not by colour alone;
-    // the image field as its list of references with the new one marked.
-    let inserted = all_texts(&admin_browser, "#card article[data-index='0'] p.diff ins").await;
-    assert!(
-        inserted.iter().any(|t| t.contains("Bicycles")),
-        "{inserted:?}"
-    );
-    assert!(
-        !all_texts(&admin_browser, "#card article[data-index='0'] p.diff del")
-            .await
-            .is_empty()
-    );
+    // The description, rewritten almost entirely, reads as before and after blocks (a word
+    // diff of two unrelated texts would interleave them); the image field as its list of
+    // references with the new one marked.
+    assert!(text_of(
+        &admin_browser,
+        "#card article[data-index='0'] div.rewritten p.before"
+    )
+    .await
+    .starts_with("Welcome to the countersign demo site"),);
+    assert!(text_of(
+        &admin_browser,
+        "#card article[data-index='0'] div.rewritten p.after"
+    )
+    .await
+    .starts_with("Bicycles for every road"),);
     let items = all_texts(
         &admin_browser,
         "#card article[data-index='1'] ol.preview-list li",
@@ -814,4 +826,207 @@ async fn an_approver_decides_a_queue_of_three_cards_with_the_keyboard_alone() {
     let _ = std::fs::remove_dir_all(&scratch);
     countersign_e2e::delete_topology(&install.queue_prefix).await;
     db.remove().await.unwrap();
+}
+
+/// Page 12's description, rewritten almost entirely: the card shows it as before and after.
+const REWRITE: &str = "Cargo trikes delivered anywhere in town within hours.";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approver_edits_a_call_and_decides_call_by_call_in_a_real_browser() {
+    let db = Database::create("inbox_calls").await;
+    let install = Installation {
+        database_url: db.url(),
+        queue_prefix: format!("e2e-{}", Uuid::now_v7()),
+    };
+    let scratch = std::env::temp_dir().join(format!("countersign-e2e-calls-{}", Uuid::now_v7()));
+    std::fs::create_dir_all(&scratch).unwrap();
+    let script = scratch.join("script.json");
+    std::fs::write(
+        &script,
+        json!({"turns": [
+            {"content": "Three changes.", "tool_calls": [
+                {"name": "update_page_metadata", "arguments": {"uid": 12, "description": REWRITE}},
+                {"name": "update_page_metadata",
+                 "arguments": {"uid": 13, "description": "Who we are and what we make."}},
+                {"name": "attach_file_to_content_element",
+                 "arguments": {"content_element": 5, "file": 13, "field": "image"}}
+            ]},
+            {"content": "Done."}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let agent = scratch.join("agent.json");
+    std::fs::write(
+        &agent,
+        json!({
+            "name": "site-editor", "active": true,
+            "model": {"provider": "scripted", "script": script},
+            "policy": {"allowed_groups": ["content", "editing"],
+                       "enabled_tools": ["update_page_metadata", "attach_file_to_content_element"]},
+            "max_iterations": 4, "four_eyes": false, "approval_deadline_secs": 86400
+        })
+        .to_string(),
+    )
+    .unwrap();
+    install.configure(agent.to_str().unwrap());
+    let admin = install
+        .countersign_ok(&["tokens", "create", "--for", "admin", "--label", "e2e"])
+        .trim()
+        .to_owned();
+    let (api_port, _services) = start_services(&install).await;
+    let mut conn = PgConnection::connect(&db.url()).await.unwrap();
+    let prompt = "Freshen the home and about pages, and add the bicycle to the teaser.";
+    let run_id = install.submit("site-editor", "editor", prompt);
+    wait_for(&mut conn, &run_id, "waiting_for_approval", Some(1)).await;
+
+    let base = format!("http://127.0.0.1:{api_port}");
+    let driver = Chromedriver::start().await;
+    let browser = driver.browser(&scratch.join("profile-calls")).await;
+    sign_in(&browser, &base, &admin).await;
+
+    // The inbox row says what the run was asked and one line per call.
+    let row = format!("tr[data-run-id='{run_id}']");
+    assert_eq!(
+        text_of(&browser, &format!("{row} p.request")).await,
+        format!("“{prompt}”")
+    );
+    let summaries = all_texts(&browser, &format!("{row} ul.call-summary li")).await;
+    assert_eq!(summaries.len(), 3, "{summaries:?}");
+    assert!(
+        summaries[0].starts_with("update_page_metadata: Page [12]")
+            && summaries[2].contains("image: 2 reference(s) → 3"),
+        "{summaries:?}"
+    );
+    assert_accessible(&browser, "the inbox with requests and call lines").await;
+
+    // The card: the rewrite as two blocks, the small change as a word diff, and the page as if
+    // every call were accepted.
+    open_run_from_inbox(&browser, &base, &run_id).await;
+    screenshot(&browser, "card-calls.png").await;
+    let rewritten = all_texts(
+        &browser,
+        "article.call[data-index='0'] div.rewritten p.after",
+    )
+    .await;
+    assert_eq!(rewritten, vec![REWRITE.to_owned()]);
+    let inserted = all_texts(&browser, "article.call[data-index='1'] p.diff ins").await;
+    assert!(
+        inserted.len() == 1 && inserted[0].ends_with("and what we make."),
+        "a small change stays a word diff: {inserted:?}"
+    );
+    click(&browser, "#as-accepted > summary").await;
+    assert_eq!(
+        all_texts(
+            &browser,
+            "#as-accepted section.accepted[data-index='0'] p.accepted-text"
+        )
+        .await,
+        vec![REWRITE.to_owned()]
+    );
+    assert_eq!(
+        all_texts(
+            &browser,
+            "#as-accepted section.accepted[data-index='2'] ol.accepted-list li"
+        )
+        .await
+        .len(),
+        3,
+        "the teaser's images as they would stand"
+    );
+    click(&browser, "#by-call > summary").await;
+    click(&browser, "#edit-1 > summary").await;
+    assert_accessible(&browser, "a card with its forms call by call open").await;
+
+    // An edit of call 1 re-issues the card, marked as the admin's edit; nothing is written.
+    let textarea = browser
+        .find(Locator::Css("#edit-1-arguments"))
+        .await
+        .unwrap();
+    textarea.clear().await.unwrap();
+    textarea
+        .send_keys(r#"{"uid": 13, "description": "Who we are, since 1998."}"#)
+        .await
+        .unwrap();
+    click(&browser, "#edit-1-submit").await;
+    assert_eq!(text_of(&browser, "#outcome-code").await, "accepted");
+    wait_for(&mut conn, &run_id, "waiting_for_approval", Some(2)).await;
+    assert_eq!(description(&mut conn, 13).await, "Who we are.");
+    open_run_from_inbox(&browser, &base, &run_id).await;
+    assert_eq!(text_of(&browser, "#suspension-seq").await, "2");
+    assert_eq!(
+        text_of(
+            &browser,
+            "article.call[data-index='1'] .notice.edited strong.editor"
+        )
+        .await,
+        "admin"
+    );
+    assert!(
+        text_of(&browser, "article.call[data-index='1'] ul.preview-lines")
+            .await
+            .contains("Who we are, since 1998."),
+        "the edited call is previewed"
+    );
+
+    // Call by call: 0 and 1 approved, 2 denied with a message for the agent.
+    click(&browser, "#by-call > summary").await;
+    click(&browser, "#call-2-deny").await;
+    browser
+        .find(Locator::Css("#message-2"))
+        .await
+        .unwrap()
+        .send_keys("Not on the teaser.")
+        .await
+        .unwrap();
+    assert_accessible(&browser, "the re-issued card with an edit").await;
+    click(&browser, "#decide-calls").await;
+    assert_eq!(text_of(&browser, "#outcome-code").await, "accepted");
+    assert_accessible(&browser, "the outcome of a decision call by call").await;
+    wait_for(&mut conn, &run_id, "completed", None).await;
+    assert_eq!(description(&mut conn, 12).await, REWRITE);
+    assert_eq!(description(&mut conn, 13).await, "Who we are, since 1998.");
+    assert_eq!(
+        count(&mut conn, TEASER_IMAGES).await,
+        2,
+        "call 2 was denied"
+    );
+
+    // The same decision over the API: a second run, only its image approved.
+    let second = install.submit("site-editor", "editor", prompt);
+    wait_for(&mut conn, &second, "waiting_for_approval", Some(1)).await;
+    let (seq, digest): (i32, String) =
+        sqlx::query_as("SELECT suspension_seq, turn_digest FROM runs WHERE id = $1::uuid")
+            .bind(&second)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+    let (status, body) = http_post(
+        api_port,
+        &format!("/v1/runs/{second}/decisions"),
+        &admin,
+        &json!({"suspension_seq": seq, "turn_digest": digest, "calls": [
+            {"index": 0, "approved": false, "message": "Keep it."},
+            {"index": 1, "approved": false},
+            {"index": 2, "approved": true}
+        ]}),
+    );
+    assert_eq!(status, 202, "{body}");
+    wait_for(&mut conn, &second, "completed", None).await;
+    assert_eq!(count(&mut conn, TEASER_IMAGES).await, 3, "only call 2 ran");
+    assert_eq!(description(&mut conn, 13).await, "Who we are, since 1998.");
+
+    browser.close().await.unwrap();
+    drop(conn);
+    let _ = std::fs::remove_dir_all(&scratch);
+    countersign_e2e::delete_topology(&install.queue_prefix).await;
+    db.remove().await.unwrap();
+}
+
+async fn description(conn: &mut PgConnection, uid: i32) -> String {
+    sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = $1 AND workspace = 0")
+        .bind(uid)
+        .fetch_one(conn)
+        .await
+        .unwrap()
 }

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 use crate::auth::{self, web_caller, Via, WebCaller};
-use crate::cards::card_for;
+use crate::cards::{card_for, glimpses};
 use crate::limits::read_body;
 use crate::pages::{self, Viewer};
 use crate::problem::{unavailable, Problem, ProblemCode};
@@ -323,15 +323,18 @@ pub async fn list(
             Some(c) => Some(decode_cursor(c).ok_or(Problem::new(ProblemCode::InvalidQuery))?),
         };
         let access = Access::of(state.coordinator.users.as_ref(), &web.caller).await?;
-        inbox_page(&state.coordinator.store, &access, agent, PAGE, cursor).await
+        let inbox = inbox_page(&state.coordinator.store, &access, agent, PAGE, cursor).await?;
+        let glimpses = glimpses(&state, &inbox.runs, &access.user).await;
+        Ok::<_, Problem>((inbox, glimpses))
     }
     .await;
     match result {
-        Ok(inbox) => {
+        Ok((inbox, glimpses)) => {
             let next = inbox.next.as_ref().map(encode_cursor);
             let markup = pages::inbox(
                 viewer(&web),
                 &inbox.runs,
+                &glimpses,
                 agent,
                 next.as_deref(),
                 Utc::now(),

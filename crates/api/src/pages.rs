@@ -19,6 +19,7 @@ use maud::{html, Markup, DOCTYPE};
 use similar::{ChangeTag, TextDiff};
 use uuid::Uuid;
 
+use crate::cards::Glimpse;
 use crate::problem::{Problem, ProblemCode};
 use crate::v1::DecisionAccepted;
 
@@ -136,6 +137,7 @@ fn when(t: DateTime<Utc>) -> String {
 pub fn inbox(
     viewer: Viewer<'_>,
     entries: &[WaitingRun],
+    glimpses: &[Glimpse],
     agent: Option<&str>,
     next: Option<&str>,
     now: DateTime<Utc>,
@@ -161,10 +163,10 @@ pub fn inbox(
                 table #inbox-runs {
                     thead { tr {
                         th { "Run" } th { "Agent" } th { "Acting as" } th { "Waiting" }
-                        th { "Time left" } th { "Proposed calls" }
+                        th { "Time left" } th { "Asked, and the proposed calls" }
                     } }
                     tbody {
-                        @for e in entries {
+                        @for (e, glimpse) in entries.iter().zip(glimpses.iter().chain(std::iter::repeat(&Glimpse::default()))) {
                             tr.inbox-run.bounced[e.bounces > 0] data-run-id=(e.run_id) {
                                 td {
                                     a.run-link href={ "/inbox/runs/" (e.run_id) } {
@@ -182,7 +184,18 @@ pub fn inbox(
                                 td.deadline.overdue[e.approval_deadline <= now] title=(when(e.approval_deadline)) {
                                     (left(e.approval_deadline, now))
                                 }
-                                td { (e.pending_tools.join(", ")) }
+                                td.glimpse {
+                                    @if !glimpse.request.is_empty() {
+                                        p.request { "“" (glimpse.request) "”" }
+                                    }
+                                    @if glimpse.calls.is_empty() {
+                                        (e.pending_tools.join(", "))
+                                    } @else {
+                                        ul.call-summary {
+                                            @for line in &glimpse.calls { li { (line) } }
+                                        }
+                                    }
+                                }
                             }
                         }
                     }
@@ -379,6 +392,7 @@ fn card_section(card: &ApprovalCard, deciding: Option<Deciding<'_>>) -> Markup {
                     }
                 }
             }
+            (as_if_accepted(card))
             p.caption #caption { (card.caption) " Captured at " (card.captured_at) "." }
         }
     }
@@ -423,6 +437,12 @@ fn edit_form(d: Deciding<'_>, call: &CardCall) -> Markup {
 fn shown_form(line: &str, form: &LineForm) -> Markup {
     html! {
         @match form {
+            LineForm::Change { before, after } if rewritten(before, after) => {
+                div.rewritten aria-label="Rewritten almost entirely: the text before and after" {
+                    div { h4 { "Before" } p.before { (before) } }
+                    div { h4 { "After" } p.after { (after) } }
+                }
+            }
             LineForm::Change { before, after } => {
                 p.diff aria-label="Changes, word by word: deletions struck through, insertions underlined" {
                     @for (tag, words) in word_diff(before, after) {
@@ -447,6 +467,52 @@ fn shown_form(line: &str, form: &LineForm) -> Markup {
             }
         }
         span.as-text { (line) }
+    }
+}
+
+/// Whether `after` keeps so little of `before` that a word diff would interleave two texts: less
+/// than [`REWRITE_RATIO`] of their words in common. Such a change is shown as two blocks.
+fn rewritten(before: &str, after: &str) -> bool {
+    !before.trim().is_empty()
+        && !after.trim().is_empty()
+        && TextDiff::from_words(before, after).ratio() < REWRITE_RATIO
+}
+
+/// Below this share of words in common, a change is a rewrite ([`rewritten`]).
+const REWRITE_RATIO: f32 = 0.4;
+
+/// The card's fields as they would read once every call still to run is accepted: each
+/// change's new text and each list as it would stand, without the marks of a difference.
+fn as_if_accepted(card: &ApprovalCard) -> Markup {
+    let results: Vec<(&CardCall, Vec<&LineForm>)> = card
+        .calls
+        .iter()
+        .filter(|c| !c.excluded)
+        .filter_map(|c| match &c.preview {
+            CardPreview::Shown { forms, .. } => {
+                let forms: Vec<&LineForm> = forms.iter().flatten().collect();
+                (!forms.is_empty()).then_some((c, forms))
+            }
+            _ => None,
+        })
+        .collect();
+    html! {
+        @if !results.is_empty() {
+            details #as-accepted.as-accepted {
+                summary { "Show as if every call were accepted" }
+                @for (call, forms) in results {
+                    section.accepted data-index=(call.index) {
+                        h3 { "Call " (call.index) " · " code { (call.tool) } }
+                        @for form in forms {
+                            @match form {
+                                LineForm::Change { after, .. } => p.accepted-text { (after) },
+                                LineForm::List { items, .. } => ol.accepted-list { @for item in items { li { (item) } } },
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -315,11 +315,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             inputs,
             wait,
         } => {
-            let inputs = inputs.as_deref().map(ops::parse_inputs).transpose()?;
             let broker =
                 ops::connect_broker(&cli.endpoints.amqp_addr, &cli.endpoints.queue_prefix).await?;
-            let wait = Duration::from_secs(wait);
-            ops::submit(&broker, &agent, &acting_user, &prompt, inputs, wait).await
+            let inputs = inputs.as_deref().map(ops::parse_inputs).transpose()?;
+            ops::submit(&broker, &agent, &acting_user, &prompt, inputs, secs(wait)).await
         }
         Command::Inbox { viewer, save } => {
             let (store, registry, users) = card_reader(url, &cli.keys, &cli.tools).await?;
@@ -339,16 +338,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             wait,
         } => {
             let reviewed = reviewed(run_id, card, seq, digest)?;
-            let verdict = ops::Verdict {
-                approved: approve || calls.iter().any(|c| c.approved),
-                comment,
-                calls,
-                edits: ops::edit_files(&edits)?,
-            };
+            let verdict = ops::Verdict::of_flags(approve, comment, calls, &edits)?;
             let broker =
                 ops::connect_broker(&cli.endpoints.amqp_addr, &cli.endpoints.queue_prefix).await?;
-            let wait = Duration::from_secs(wait);
-            ops::decide(&broker, &reviewed, &approver, verdict, wait).await
+            ops::decide(&broker, &reviewed, &approver, verdict, secs(wait)).await
         }
         Command::Show {
             run_id,
@@ -369,11 +362,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             ops::cancel(&store, &broker, run_id).await
         }
         Command::Healthcheck { url, timeout_secs } => {
-            healthcheck::check(&url, Duration::from_secs(timeout_secs)).await?;
+            healthcheck::check(&url, secs(timeout_secs)).await?;
             say!("{url}: ready");
             Ok(())
         }
     }
+}
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
 }
 
 /// `show`: the run, and with a viewer its card as they may see it.

@@ -380,6 +380,24 @@ pub struct Verdict {
     pub edits: Vec<(usize, PathBuf)>,
 }
 
+impl Verdict {
+    /// The verdict `decide`'s flags give: `--approve`, `--comment`, `--call`, `--edit`. A
+    /// decision call by call approves when any call is approved.
+    pub fn of_flags(
+        approve: bool,
+        comment: Option<String>,
+        calls: Vec<CallVerdict>,
+        edits: &[String],
+    ) -> anyhow::Result<Verdict> {
+        Ok(Verdict {
+            approved: approve || calls.iter().any(|c| c.approved),
+            comment,
+            calls,
+            edits: edit_files(edits)?,
+        })
+    }
+}
+
 /// `--edit INDEX FILE` pairs, as clap gives them.
 pub fn edit_files(pairs: &[String]) -> anyhow::Result<Vec<(usize, PathBuf)>> {
     pairs

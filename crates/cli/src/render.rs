@@ -70,6 +70,32 @@ pub fn card(card: &ApprovalCard) -> String {
     card_with(card, false)
 }
 
+/// The notices of one call of a card: written before, previewed alone, left out, edited.
+fn call_notices(out: &mut String, call: &countersign_core::card::CardCall) {
+    if call.landed {
+        let _ = writeln!(out, "  │     {}", countersign_core::card::LANDED_NOTICE);
+    }
+    if call.alone {
+        let _ = writeln!(out, "  │     {}", countersign_core::card::ALONE_NOTICE);
+    }
+    if call.excluded {
+        let _ = writeln!(out, "  │     {}", countersign_core::card::EXCLUDED_NOTICE);
+    }
+    if let Some(edit) = &call.edit {
+        let _ = writeln!(
+            out,
+            "  │     ✎ edited by {}: {}",
+            inert(&edit.editor),
+            countersign_core::card::EDITED_NOTICE
+        );
+        let _ = writeln!(
+            out,
+            "  │     arguments before: {}",
+            inert(&edit.before.to_string())
+        );
+    }
+}
+
 /// The card, each long preview shown whole when `whole` (else its bounded lines and how to see
 /// the rest).
 pub fn card_with(card: &ApprovalCard, whole: bool) -> String {
@@ -90,28 +116,7 @@ pub fn card_with(card: &ApprovalCard, whole: bool) -> String {
             (false, false) => "",
         };
         let _ = writeln!(out, "  │ call {} · {}{mark}", call.index, inert(&call.tool));
-        if call.landed {
-            let _ = writeln!(out, "  │     {}", countersign_core::card::LANDED_NOTICE);
-        }
-        if call.alone {
-            let _ = writeln!(out, "  │     {}", countersign_core::card::ALONE_NOTICE);
-        }
-        if call.excluded {
-            let _ = writeln!(out, "  │     {}", countersign_core::card::EXCLUDED_NOTICE);
-        }
-        if let Some(edit) = &call.edit {
-            let _ = writeln!(
-                out,
-                "  │     ✎ edited by {}: {}",
-                inert(&edit.editor),
-                countersign_core::card::EDITED_NOTICE
-            );
-            let _ = writeln!(
-                out,
-                "  │     arguments before: {}",
-                inert(&edit.before.to_string())
-            );
-        }
+        call_notices(&mut out, call);
         let _ = writeln!(
             out,
             "  │     arguments: {}",

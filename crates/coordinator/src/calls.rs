@@ -75,7 +75,7 @@ pub(crate) fn refusal(
     }
 
     if d.approved && d.edits.is_empty() {
-        if four_eyes && card.editors.iter().any(|e| *e == d.approver) {
+        if four_eyes && card.editors.contains(&d.approver) {
             return Some(DecisionOutcome::EditorApprovalDenied);
         }
         // The approver may release each write the decision lets run. An unknown tool counts as

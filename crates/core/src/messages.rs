@@ -248,9 +248,14 @@ impl DecisionMessage {
     }
 }
 
-/// `calls`: at most [`MAX_DECISION_CALLS`] verdicts, each index once.
+/// `calls`: one to [`MAX_DECISION_CALLS`] verdicts, each index once.
 fn verdicts<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<CallVerdict>, D::Error> {
-    let calls = Option::<Vec<CallVerdict>>::deserialize(d)?.unwrap_or_default();
+    let calls = Option::<Vec<CallVerdict>>::deserialize(d)?;
+    if calls.as_ref().is_some_and(Vec::is_empty) {
+        // An empty list would pass for a denial of the whole turn.
+        return Err(D::Error::custom("no verdict"));
+    }
+    let calls = calls.unwrap_or_default();
     let mut seen = std::collections::BTreeSet::new();
     if calls.len() > MAX_DECISION_CALLS || !calls.iter().all(|c| seen.insert(c.index)) {
         return Err(D::Error::custom("not a verdict per call"));
@@ -258,9 +263,13 @@ fn verdicts<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<CallVerdict>, D::Erro
     Ok(calls)
 }
 
-/// `edits`: at most [`MAX_DECISION_CALLS`], each index once.
+/// `edits`: one to [`MAX_DECISION_CALLS`], each index once.
 fn edits<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<ArgumentsEdit>, D::Error> {
-    let edits = Option::<Vec<ArgumentsEdit>>::deserialize(d)?.unwrap_or_default();
+    let edits = Option::<Vec<ArgumentsEdit>>::deserialize(d)?;
+    if edits.as_ref().is_some_and(Vec::is_empty) {
+        return Err(D::Error::custom("no edit"));
+    }
+    let edits = edits.unwrap_or_default();
     let mut seen = std::collections::BTreeSet::new();
     if edits.len() > MAX_DECISION_CALLS || !edits.iter().all(|e| seen.insert(e.index)) {
         return Err(D::Error::custom("not an edit per call"));

@@ -211,39 +211,19 @@ impl SuspendedRunState {
                 Some(CallPreview { index, ..p })
             })
             .collect();
-        let stale_call_indexes: Vec<CallIndex> = array(doc, "stale_call_indexes")
-            .iter()
-            .filter_map(|v| CallIndex::from_json(v).ok())
-            .filter_map(|old| survivors.translate(old))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        let stale_call_indexes = call_indexes(doc, "stale_call_indexes", &survivors);
         let landed_calls = landed_calls(doc, &survivors)?;
-        let mut identified = BTreeSet::new();
-        let tool_identities = array(doc, "tool_identities")
-            .iter()
-            .filter_map(|raw| {
-                let t: ToolIdentity = serde_json::from_value(raw.clone()).ok()?;
-                let index = survivors.renumber(t.index, &t.tool, &mut identified)?;
-                Some(ToolIdentity { index, ..t })
-            })
-            .collect();
-        let excluded_calls: Vec<CallIndex> = array(doc, "excluded_calls")
-            .iter()
-            .filter_map(|v| CallIndex::from_json(v).ok())
-            .filter_map(|old| survivors.translate(old))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
-        let mut edited = BTreeSet::new();
-        let edits = array(doc, "edits")
-            .iter()
-            .filter_map(|raw| {
-                let e: EditRecord = serde_json::from_value(raw.clone()).ok()?;
-                let index = survivors.renumber(e.index, &e.tool, &mut edited)?;
-                Some(EditRecord { index, ..e })
-            })
-            .collect();
+        let tool_identities = renumbered(doc, "tool_identities", &survivors, |t: &ToolIdentity| {
+            (t.index, t.tool.as_str())
+        })
+        .map(|(index, t)| ToolIdentity { index, ..t })
+        .collect();
+        let excluded_calls = call_indexes(doc, "excluded_calls", &survivors);
+        let edits = renumbered(doc, "edits", &survivors, |e: &EditRecord| {
+            (e.index, e.tool.as_str())
+        })
+        .map(|(index, e)| EditRecord { index, ..e })
+        .collect();
 
         Ok(SuspendedRunState {
             transcript,
@@ -444,5 +424,34 @@ fn stored_preview(raw: &Value) -> Option<CallPreview> {
         forms,
         alone,
         full,
+    })
+}
+
+/// The call indexes listed under `field`, translated to the surviving calls, each once, in
+/// order; indexes of calls that did not survive are dropped.
+fn call_indexes(doc: &Map<String, Value>, field: &str, survivors: &Survivors) -> Vec<CallIndex> {
+    array(doc, field)
+        .iter()
+        .filter_map(|v| CallIndex::from_json(v).ok())
+        .filter_map(|old| survivors.translate(old))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// The records listed under `field` that read as `T` and name a surviving call by its index
+/// and tool (`key`), each call once: with the call's new index.
+fn renumbered<'a, T: serde::de::DeserializeOwned + 'a>(
+    doc: &'a Map<String, Value>,
+    field: &str,
+    survivors: &'a Survivors,
+    key: impl Fn(&T) -> (CallIndex, &str) + 'a,
+) -> impl Iterator<Item = (CallIndex, T)> + 'a {
+    let mut seen = BTreeSet::new();
+    array(doc, field).iter().filter_map(move |raw| {
+        let record: T = serde_json::from_value(raw.clone()).ok()?;
+        let (old, tool) = key(&record);
+        let index = survivors.renumber(old, tool, &mut seen)?;
+        Some((index, record))
     })
 }

@@ -1,4 +1,4 @@
-//! The JSON Schemas (draft 2020-12) of the public messages, version 1, as foreign
+//! The JSON Schemas (draft 2020-12) of the public messages, as foreign
 //! producers and consumers read them (also served as files under `crates/queue/schemas/`).
 //!
 //! The parsers in `countersign_core::messages` are the truth; these schemas describe
@@ -10,6 +10,8 @@
 pub const RUN_REQUEST_V1: &str = include_str!("../schemas/run_request.v1.json");
 /// `countersign.decision`, queue `<prefix>.decisions`.
 pub const DECISION_V1: &str = include_str!("../schemas/decision.v1.json");
+/// `countersign.decision` version 2 (call by call, or edits), queue `<prefix>.decisions`.
+pub const DECISION_V2: &str = include_str!("../schemas/decision.v2.json");
 /// `countersign.event`, topic exchange `<prefix>.events`.
 pub const EVENT_V1: &str = include_str!("../schemas/event.v1.json");
 
@@ -346,6 +348,95 @@ mod tests {
                 !properties(&schema).contains_key(field),
                 "events never describe {field} ({forbidden})"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod decision_v2 {
+    //! The version-2 decision's schema, checked with a JSON Schema validator (boon, as the
+    //! tool schemas are): its examples satisfy it and parse; what it refuses, the parser
+    //! refuses too, and the other way round.
+
+    use countersign_core::DecisionMessage;
+    use serde_json::{json, Value};
+
+    use super::DECISION_V2;
+
+    fn schema() -> boon::Schemas {
+        let mut schemas = boon::Schemas::new();
+        let mut compiler = boon::Compiler::new();
+        let doc: Value = serde_json::from_str(DECISION_V2).expect("the schema is JSON");
+        compiler
+            .add_resource("urn:countersign:schema:decision:v2", doc)
+            .expect("the schema is a resource");
+        compiler
+            .compile("urn:countersign:schema:decision:v2", &mut schemas)
+            .expect("the schema compiles");
+        schemas
+    }
+
+    fn examples() -> Vec<Value> {
+        let doc: Value = serde_json::from_str(DECISION_V2).unwrap();
+        doc["examples"].as_array().unwrap().clone()
+    }
+
+    /// Whether the schema takes `v`, and whether the parser does.
+    fn verdicts(v: &Value) -> (bool, bool) {
+        let mut schemas = boon::Schemas::new();
+        let mut compiler = boon::Compiler::new();
+        let doc: Value = serde_json::from_str(DECISION_V2).unwrap();
+        compiler.add_resource("urn:s", doc).unwrap();
+        let index = compiler.compile("urn:s", &mut schemas).unwrap();
+        let schema_ok = schemas.validate(v, index).is_ok();
+        let parser_ok = DecisionMessage::parse(v.to_string().as_bytes()).is_ok();
+        (schema_ok, parser_ok)
+    }
+
+    #[test]
+    fn every_example_satisfies_the_schema_and_parses_as_version_2_or_the_whole_turn() {
+        let _ = schema();
+        for example in examples() {
+            assert_eq!(verdicts(&example), (true, true), "{example}");
+            let parsed = DecisionMessage::parse(example.to_string().as_bytes()).unwrap();
+            let by_call = example.get("calls").is_some() || example.get("edits").is_some();
+            assert_eq!(parsed.version(), if by_call { 2 } else { 1 }, "{example}");
+        }
+    }
+
+    #[test]
+    fn what_the_schema_refuses_the_parser_refuses() {
+        let [by_call, edit, whole]: [Value; 3] = examples().try_into().unwrap();
+        let mut cases: Vec<Value> = Vec::new();
+        let mut with = |base: &Value, field: &str, value: Value| {
+            let mut v = base.clone();
+            v[field] = value;
+            cases.push(v);
+        };
+        with(&by_call, "calls", json!([]));
+        with(&by_call, "calls", json!([{"index": 0}]));
+        with(&by_call, "calls", json!([{"index": -1, "approved": true}]));
+        with(&by_call, "calls", json!([{"index": 0, "approved": "yes"}]));
+        with(
+            &by_call,
+            "calls",
+            json!([{"index": 0, "approved": false, "message": "x".repeat(4097)}]),
+        );
+        with(&by_call, "edits", edit["edits"].clone());
+        with(&edit, "edits", json!([]));
+        with(&edit, "edits", json!([{"index": 1}]));
+        with(&edit, "edits", json!([{"index": 1, "arguments": [1, 2]}]));
+        with(
+            &edit,
+            "edits",
+            json!([{"index": 1, "tool": "", "arguments": {}}]),
+        );
+        with(&whole, "version", json!(3));
+        let mut neither = whole.clone();
+        neither.as_object_mut().unwrap().remove("approved");
+        cases.push(neither);
+        for case in &cases {
+            assert_eq!(verdicts(case), (false, false), "{case}");
         }
     }
 }

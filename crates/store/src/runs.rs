@@ -461,15 +461,7 @@ impl Store {
             .seal(Purpose::State, lease.run_id, &state.to_bytes())?;
         let digest = state.turn_digest();
         let tools: Vec<String> = state.pending_calls.iter().map(|c| c.tool.clone()).collect();
-        // What the decision gates read of the card beside its digest.
-        let landed: Vec<i32> = state
-            .landed_calls
-            .iter()
-            .map(|c| c.index.as_i32())
-            .collect();
-        let mut editors: Vec<String> = state.edits.iter().map(|e| e.editor.clone()).collect();
-        editors.sort();
-        editors.dedup();
+        let (landed, editors) = card_facts(state);
         let (iterations, prompt_tokens, completion_tokens) = RunCounters {
             iterations: state.iterations,
             prompt_tokens: state.tokens.prompt,
@@ -714,4 +706,18 @@ impl Store {
             updated_at: r.updated_at,
         }))
     }
+}
+
+/// What the decision gates read of a card beside its digest, stored in clear: the calls that
+/// landed under an earlier card of the turn, and who edited the card (each once, sorted).
+fn card_facts(state: &SuspendedRunState) -> (Vec<i32>, Vec<String>) {
+    let landed = state
+        .landed_calls
+        .iter()
+        .map(|c| c.index.as_i32())
+        .collect();
+    let mut editors: Vec<String> = state.edits.iter().map(|e| e.editor.clone()).collect();
+    editors.sort();
+    editors.dedup();
+    (landed, editors)
 }
