@@ -53,7 +53,7 @@ struct AgentFile {
 }
 
 fn default_max_tool_calls() -> u32 {
-    countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN
+    countersign_core::DEFAULT_MAX_TOOL_CALLS_PER_TURN
 }
 
 fn yes() -> bool {

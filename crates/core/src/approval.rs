@@ -34,20 +34,21 @@
 
 use tracing::Instrument;
 
-use crate::agent_loop::{
-    self, no_longer_permitted_result, not_offered_at_suspend_result, Decision, HookError, Segment,
-    SegmentHooks,
-};
 use crate::comparator::{self, Current};
+use crate::decision::Decision;
+use crate::errors::HookError;
+use crate::execution;
 use crate::ids::{CallIndex, SuspensionSeq};
+use crate::local_writer::{JournalEntry, LocalWriter};
 use crate::preview::{self, CallPreview};
+use crate::segment::{Segment, SegmentHooks};
 use crate::sequence::{self, LocalCall};
 use crate::state::{LandedCall, PendingCall, SuspendedRunState};
+use crate::told::{self, no_longer_permitted_result, not_offered_at_suspend_result};
 use crate::tool::{
     CallStatus, EarlierCall, Effect, ExecContext, ExternalWrite, FenceToken, OfferedTools,
     Prepared, Tool, ToolError, ToolOutput,
 };
-use crate::turn::{JournalEntry, LocalWriter};
 
 /// What became of an approved turn.
 pub(crate) enum Approved {
@@ -173,7 +174,7 @@ pub(crate) async fn approved<H: SegmentHooks>(
     decision: &Decision,
 ) -> Result<Approved, HookError> {
     let record = seg.hooks.turn_record(state.suspension_seq).await?;
-    let mut turn = Turn {
+    let mut turn = ApprovedTurn {
         seg,
         state,
         calls: facts(seg, state, offered, decision, &record.journaled),
@@ -214,7 +215,7 @@ fn facts<'a, H: SegmentHooks>(
     offered: &'a OfferedTools,
     decision: &Decision,
     journaled: &[(CallIndex, ToolOutput)],
-) -> Vec<Call<'a, H::Turn>> {
+) -> Vec<Call<'a, H::Transaction>> {
     state
         .pending_calls
         .iter()
@@ -232,7 +233,7 @@ fn facts<'a, H: SegmentHooks>(
                 // Denied on its own: it never runs, and the calls after it are a sequence
                 // without it.
                 None if !decision.approves(index) => State::Skipped(ToolOutput::error(
-                    agent_loop::denied_result(&call.tool, decision.denial_of(index)),
+                    told::denied_result(&call.tool, decision.denial_of(index)),
                 )),
                 None => fresh_state(seg, state, offered, call),
             };
@@ -253,7 +254,7 @@ fn fresh_state<'a, H: SegmentHooks>(
     state: &SuspendedRunState,
     offered: &'a OfferedTools,
     call: &PendingCall,
-) -> State<'a, H::Turn> {
+) -> State<'a, H::Transaction> {
     if !state.offered_tools.contains(&call.tool) {
         return State::Skipped(ToolOutput::error(not_offered_at_suspend_result(&call.tool)));
     }
@@ -271,16 +272,16 @@ fn fresh_state<'a, H: SegmentHooks>(
 }
 
 /// The approved turn while it runs.
-struct Turn<'a, H: SegmentHooks> {
+struct ApprovedTurn<'a, H: SegmentHooks> {
     seg: Segment<'a, H>,
     state: &'a SuspendedRunState,
-    calls: Vec<Call<'a, H::Turn>>,
+    calls: Vec<Call<'a, H::Transaction>>,
     /// The commit point's commit failed in a way that does not say whether it happened (its
     /// answer was lost): the holds are not aborted.
     commit_in_doubt: bool,
 }
 
-impl<H: SegmentHooks> Turn<'_, H> {
+impl<H: SegmentHooks> ApprovedTurn<'_, H> {
     fn seq(&self) -> SuspensionSeq {
         self.state.suspension_seq
     }
@@ -313,7 +314,7 @@ impl<H: SegmentHooks> Turn<'_, H> {
     /// before the commit point. `Some` when a preview moved.
     async fn in_transaction(
         &mut self,
-        tx: &mut H::Turn,
+        tx: &mut H::Transaction,
         now: &mut [Option<Current>],
     ) -> Result<Option<Ran>, HookError> {
         let results = self.sequence(tx, now).await?;
@@ -493,10 +494,10 @@ impl<H: SegmentHooks> Turn<'_, H> {
     /// returned, by call, to be kept once everything compared equal.
     async fn sequence(
         &mut self,
-        tx: &mut H::Turn,
+        tx: &mut H::Transaction,
         now: &mut [Option<Current>],
     ) -> Result<Vec<(usize, Result<ToolOutput, ToolError>)>, HookError> {
-        let local: Vec<LocalCall<'_, H::Turn>> = self
+        let local: Vec<LocalCall<'_, H::Transaction>> = self
             .calls
             .iter()
             .filter_map(|c| match c.state {
@@ -536,9 +537,7 @@ impl<H: SegmentHooks> Turn<'_, H> {
             let call = &mut self.calls[i];
             let output = match result {
                 Ok(output) => output,
-                Err(e @ ToolError::Failed { .. }) => {
-                    agent_loop::failure_output(&call.call.tool, &e)
-                }
+                Err(e @ ToolError::Failed { .. }) => execution::failure_output(&call.call.tool, &e),
                 // The approver decided without a preview of this call, and it cannot be
                 // carried out: retrying cannot help.
                 Err(e) => return Err(HookError::from_tool(&e)),
@@ -581,7 +580,7 @@ impl<H: SegmentHooks> Turn<'_, H> {
 
     /// The tool of `call`, still to run, when it is no longer the tool the card was made with:
     /// its effect, its arguments' schema or its preview changed (and an operator accepted it).
-    fn changed_tool<'c>(&self, call: &Call<'c, H::Turn>) -> Option<&'c dyn Tool> {
+    fn changed_tool<'c>(&self, call: &Call<'c, H::Transaction>) -> Option<&'c dyn Tool> {
         let tool = match call.state {
             State::Read(tool)
             | State::Local(tool, _)
@@ -639,7 +638,7 @@ impl<H: SegmentHooks> Turn<'_, H> {
             let call = &mut self.calls[k];
             let fence = seg.hooks.fence(seq, call.index, call.effect).await?;
             let ctx = context(seg, fence, call.comparable_preview(), before);
-            match agent_loop::execute(tool, &ctx, &call.call.arguments).await {
+            match execution::execute(tool, &ctx, &call.call.arguments).await {
                 Ok(output) => {
                     record(seg, seq, call, &output).await?;
                     call.state = State::Done(output);
@@ -656,7 +655,7 @@ impl<H: SegmentHooks> Turn<'_, H> {
 
     /// The commit point: the store's writes with their audit and journal rows, and the debt of
     /// every held change's commit, in one commit.
-    async fn commit_point(&self, tx: H::Turn) -> Result<(), HookError> {
+    async fn commit_point(&self, tx: H::Transaction) -> Result<(), HookError> {
         stop_if_lost(self.seg)?;
         let entries: Vec<JournalEntry<'_>> = self
             .calls
@@ -777,7 +776,7 @@ impl<H: SegmentHooks> Turn<'_, H> {
             let output = match call.state {
                 State::Done(output) | State::Skipped(output) => output,
                 State::Read(tool) => {
-                    agent_loop::read(tool, self.seg.acting_user, &call.call.arguments).await?
+                    execution::read(tool, self.seg.acting_user, &call.call.arguments).await?
                 }
                 _ => {
                     return Err(HookError::Unavailable {
@@ -840,7 +839,7 @@ async fn settle_failure<H: SegmentHooks, Tx>(
 ) -> Result<(), HookError> {
     match e {
         ToolError::Failed { .. } => {
-            let output = agent_loop::failure_output(&call.call.tool, e);
+            let output = execution::failure_output(&call.call.tool, e);
             record(seg, seq, call, &output).await?;
             call.state = State::Done(output);
             Ok(())

@@ -22,21 +22,28 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::ids::TurnDigest;
-use crate::state::PendingCall;
 
-/// The digest of a turn's pending calls.
-pub fn turn_digest(calls: &[PendingCall]) -> TurnDigest {
+/// One pending call as the digest reads it: its id, its tool and its arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct DigestedCall<'a> {
+    pub id: &'a str,
+    pub tool: &'a str,
+    pub arguments: &'a Value,
+}
+
+/// The digest of a turn's pending calls, in call order.
+pub fn turn_digest<'a>(calls: impl IntoIterator<Item = DigestedCall<'a>>) -> TurnDigest {
     let mut out = String::from("[");
-    for (i, call) in calls.iter().enumerate() {
+    for (i, call) in calls.into_iter().enumerate() {
         if i > 0 {
             out.push(',');
         }
         out.push_str("{\"arguments\":");
-        write_canonical(&call.arguments, &mut out);
+        write_canonical(call.arguments, &mut out);
         out.push_str(",\"id\":");
-        write_string(&call.id, &mut out);
+        write_string(call.id, &mut out);
         out.push_str(",\"tool\":");
-        write_string(&call.tool, &mut out);
+        write_string(call.tool, &mut out);
         out.push('}');
     }
     out.push(']');
@@ -108,12 +115,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn call(id: &str, tool: &str, arguments: Value) -> PendingCall {
-        PendingCall {
-            id: id.into(),
-            tool: tool.into(),
+    fn call(id: &str, tool: &str, arguments: Value) -> (String, String, Value) {
+        (id.into(), tool.into(), arguments)
+    }
+
+    fn digest(calls: &[(String, String, Value)]) -> TurnDigest {
+        turn_digest(calls.iter().map(|(id, tool, arguments)| DigestedCall {
+            id,
+            tool,
             arguments,
-        }
+        }))
     }
 
     #[test]
@@ -134,19 +145,16 @@ mod tests {
         )];
         let text = r#"[{"arguments":{"description":"New","uid":12},"id":"c1","tool":"update_page_metadata"}]"#;
         let expected = hex::encode(Sha256::digest(text.as_bytes()));
-        assert_eq!(turn_digest(&calls).as_str(), expected);
+        assert_eq!(digest(&calls).as_str(), expected);
     }
 
     #[test]
     fn the_digest_changes_with_any_argument_and_with_call_order() {
         let a = call("c1", "t", json!({"x": 1}));
         let b = call("c2", "t", json!({"x": 2}));
-        let base = turn_digest(&[a.clone(), b.clone()]);
-        assert_ne!(base, turn_digest(&[b.clone(), a.clone()]));
-        assert_ne!(
-            base,
-            turn_digest(&[a.clone(), call("c2", "t", json!({"x": 3}))])
-        );
-        assert_eq!(base, turn_digest(&[a, b]));
+        let base = digest(&[a.clone(), b.clone()]);
+        assert_ne!(base, digest(&[b.clone(), a.clone()]));
+        assert_ne!(base, digest(&[a.clone(), call("c2", "t", json!({"x": 3}))]));
+        assert_eq!(base, digest(&[a, b]));
     }
 }

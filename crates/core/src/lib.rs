@@ -18,24 +18,30 @@ pub mod agent_loop;
 pub mod approval;
 pub mod card;
 pub mod comparator;
+pub mod decision;
 pub mod digest;
 pub mod directory;
+pub mod errors;
+pub mod execution;
 pub mod fields;
 pub mod ids;
+pub mod local_writer;
 pub mod messages;
 pub mod model;
 pub mod preview;
+pub mod segment;
 pub mod sequence;
 pub mod state;
+pub mod told;
 pub mod tool;
-pub mod turn;
 
-pub use agent_loop::{
-    AgentConfig, CallEdit, Decision, HookError, Interruption, Outcome, Segment, SegmentHooks,
-    TerminationReason, TurnRecord,
-};
+pub use decision::{CallEdit, Decision};
 pub use directory::{Approver, Approves, DirectoryError, UserDirectory};
+pub use errors::{HookError, PREVIEW_CONFLICT};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
+pub use local_writer::{
+    JournalEntry, LocalWriter, LocalWriters, LockMode, LockSubject, PlannedWrite,
+};
 pub use messages::{
     ArgumentsEdit, CallVerdict, DecisionMessage, Event, EventName, MessageError, RunRequest,
     MESSAGE_VERSION,
@@ -45,10 +51,13 @@ pub use model::{
     ToolCall,
 };
 pub use preview::{CallPreview, LineForm, PreviewLine};
+pub use segment::{
+    AgentConfig, Interruption, Outcome, Segment, SegmentHooks, TerminationReason, TurnRecord,
+    DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+};
 pub use state::{EditRecord, LandedCall, PendingCall, StateError, SuspendedRunState, ToolIdentity};
 pub use tool::{
     ArgumentsError, CallStatus, DataClass, DataClasses, EarlierCall, Effect, ExecContext,
     ExternalWrite, Fault, FenceToken, OfferedTools, Prepared, Principal, Profile, Sequence, Tool,
     ToolError, ToolOutput, ToolPolicy, ToolPreview, ToolRegistry, ToolSpec, Withheld,
 };
-pub use turn::{JournalEntry, LocalWriter, LocalWriters, LockMode, LockSubject, PlannedWrite};

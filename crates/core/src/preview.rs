@@ -15,7 +15,7 @@ use std::task::Poll;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::agent_loop::HookError;
+use crate::errors::HookError;
 use crate::ids::CallIndex;
 use crate::tool::{EarlierCall, Principal, ToolError, ToolPreview};
 

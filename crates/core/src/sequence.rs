@@ -17,12 +17,13 @@
 
 use tracing::Instrument;
 
-use crate::agent_loop::{HookError, Segment, SegmentHooks, PREVIEW_CONFLICT};
+use crate::errors::{HookError, PREVIEW_CONFLICT};
 use crate::ids::{CallIndex, SuspensionSeq};
+use crate::local_writer::{LocalWriter, LockSubject};
 use crate::preview::{self, Attempt, CallPreview};
+use crate::segment::{Segment, SegmentHooks};
 use crate::state::PendingCall;
 use crate::tool::{EarlierCall, OfferedTools, Principal, Tool, ToolError, ToolOutput};
-use crate::turn::{LocalWriter, LockSubject};
 
 /// One local write of the sequence: what its preview reads now, and what carrying it out in
 /// the transaction gave.
@@ -321,7 +322,7 @@ pub(crate) async fn previews<H: SegmentHooks>(
         .iter()
         .map(|c| offered.get(&c.tool).map(|t| t.as_ref()))
         .collect();
-    let local_calls: Vec<LocalCall<'_, H::Turn>> = pending
+    let local_calls: Vec<LocalCall<'_, H::Transaction>> = pending
         .iter()
         .zip(&tools)
         .enumerate()
@@ -381,7 +382,7 @@ async fn local_previews<H: SegmentHooks>(
     seg: Segment<'_, H>,
     seq: SuspensionSeq,
     calls: usize,
-    local_calls: &[LocalCall<'_, H::Turn>],
+    local_calls: &[LocalCall<'_, H::Transaction>],
 ) -> Result<(Vec<Option<Attempt>>, bool), HookError> {
     let mut now: Vec<Option<Attempt>> = (0..calls).map(|_| None).collect();
     if local_calls.len() < 2 {

@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
-use crate::digest::turn_digest;
+use crate::digest::{turn_digest, DigestedCall};
 use crate::ids::{CallIndex, SuspensionSeq, TurnDigest};
 use crate::model::{Message, ModelOptions, TokenUsage};
 use crate::preview::{CallPreview, LineForm};
@@ -128,7 +128,11 @@ impl StateError {
 impl SuspendedRunState {
     /// The digest of the pending calls, which a decision must name.
     pub fn turn_digest(&self) -> TurnDigest {
-        turn_digest(&self.pending_calls)
+        turn_digest(self.pending_calls.iter().map(|c| DigestedCall {
+            id: &c.id,
+            tool: &c.tool,
+            arguments: &c.arguments,
+        }))
     }
 
     /// The stored preview of the call at `index`, if any.

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use async_trait::async_trait;
 use countersign_core::{
-    agent_loop, Model, ModelError, ModelRequest, ModelResponse, Role, TokenUsage, ToolCall,
+    told, Model, ModelError, ModelRequest, ModelResponse, Role, TokenUsage, ToolCall,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -98,7 +98,7 @@ impl Model for ScriptedModel {
         let turn = self.script.turns.get(position).ok_or_else(|| {
             ModelError::InvalidResponse(format!("the script has no turn {}", position + 1))
         })?;
-        let inputs = agent_loop::inputs_of(request.messages).unwrap_or_default();
+        let inputs = told::inputs_of(request.messages).unwrap_or_default();
         let tool_calls = turn
             .tool_calls
             .iter()
@@ -240,7 +240,7 @@ mod tests {
         )
         .unwrap();
         let inputs = serde_json::json!({"page": 12, "name": "Home"});
-        let first = agent_loop::first_message("Retitle the page.", inputs.as_object());
+        let first = told::first_message("Retitle the page.", inputs.as_object());
         let turn = answer(&model, &[Message::user(first)]).await.unwrap();
         assert_eq!(
             turn.tool_calls[0].arguments,

@@ -29,7 +29,7 @@ pub fn agent(name: &str, enabled: &[&str], four_eyes: bool) -> AgentConfig {
             ..Default::default()
         },
         max_iterations: 5,
-        max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+        max_tool_calls_per_turn: countersign_core::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
         four_eyes,
         approval_deadline: Duration::from_secs(3600),
     }

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use countersign_core::agent_loop::{HookError, SegmentHooks};
 use countersign_core::{
     CallIndex, Effect, FenceToken, JournalEntry, LocalWriter, LocalWriters, PendingCall,
     SuspensionSeq, ToolOutput, TurnRecord,
 };
+use countersign_core::{HookError, SegmentHooks};
 use countersign_store::{hook_error, FencedWrite, Lease, SentCall, Store};
 use tokio::sync::Notify;
 
@@ -123,7 +123,7 @@ impl StoreHooks {
 
 #[async_trait]
 impl SegmentHooks for StoreHooks {
-    type Turn = FencedWrite;
+    type Transaction = FencedWrite;
 
     async fn turn_record(&self, seq: SuspensionSeq) -> Result<TurnRecord, HookError> {
         self.store

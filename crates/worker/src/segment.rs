@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::{SecondsFormat, Utc};
-use countersign_core::agent_loop::{
-    self, AgentConfig, Decision, Interruption, Outcome, Segment, SegmentHooks, TerminationReason,
+use countersign_core::agent_loop;
+use countersign_core::{
+    AgentConfig, Decision, Interruption, Outcome, Segment, SegmentHooks, TerminationReason,
 };
 use countersign_core::{
     DataClasses, LocalWriters, Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState,

@@ -1,11 +1,12 @@
 //! What the loop refuses at its boundaries: model output it cannot trust, calls that were never
 //! on a card, states too large to store, and infrastructure failures posing as tool results.
 
-use countersign_core::agent_loop::{
-    self, not_offered_at_suspend_result, too_many_calls_result, unnamed_call_result, Decision,
-    Interruption, Outcome, TerminationReason,
-};
+use countersign_core::agent_loop;
 use countersign_core::state::MAX_STATE_BYTES;
+use countersign_core::told::{
+    not_offered_at_suspend_result, too_many_calls_result, unnamed_call_result,
+};
+use countersign_core::{Decision, Interruption, Outcome, TerminationReason};
 use countersign_core::{Message, Role, SuspendedRunState};
 use serde_json::json;
 

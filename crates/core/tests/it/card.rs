@@ -1,7 +1,8 @@
 //! The approval card, and its read gate.
 
-use countersign_core::agent_loop::{self, Outcome};
+use countersign_core::agent_loop;
 use countersign_core::card::{build_card, CardPreview, WITHHELD_NOTICE};
+use countersign_core::Outcome;
 use countersign_core::{Principal, SuspendedRunState, ToolRegistry};
 use serde_json::json;
 

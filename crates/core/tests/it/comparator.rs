@@ -1,7 +1,8 @@
 //! The comparison an approved turn makes before anything writes: what binds and what does not.
 
-use countersign_core::agent_loop::{self, Decision, Outcome};
+use countersign_core::agent_loop;
 use countersign_core::{CallIndex, SuspendedRunState, Tool};
+use countersign_core::{Decision, Outcome};
 use serde_json::json;
 
 use crate::support::{final_answer, turn, Fixture, PreviewMode, TestModel};

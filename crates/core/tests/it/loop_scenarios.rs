@@ -2,11 +2,12 @@
 
 use std::sync::atomic::Ordering;
 
-use countersign_core::agent_loop::{self, Decision, Interruption, Outcome, TerminationReason};
+use countersign_core::agent_loop;
 use countersign_core::preview::{
     failed_at_resume_line, failed_at_suspend_line, EMPTY_PREVIEW_LINE, PREVIEW_VANISHED_LINE,
 };
 use countersign_core::{CallIndex, Role, SuspendedRunState, ToolOutput};
+use countersign_core::{Decision, Interruption, Outcome, TerminationReason};
 use serde_json::json;
 
 use crate::support::{final_answer, turn, Fixture, PreviewMode, TestModel};

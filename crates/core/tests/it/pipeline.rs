@@ -6,9 +6,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use countersign_core::agent_loop::{self, CallEdit, Decision, Outcome, TerminationReason};
+use countersign_core::agent_loop;
 use countersign_core::card::build_card;
 use countersign_core::preview::bound_lines;
+use countersign_core::{CallEdit, Decision, Outcome, TerminationReason};
 use countersign_core::{
     CallIndex, CallStatus, CallVerdict, EarlierCall, Effect, ExecContext, ExternalWrite, Prepared,
     PreviewLine, Principal, Role, Sequence, SuspendedRunState, Tool, ToolError, ToolOutput,
@@ -409,11 +410,8 @@ async fn a_call_an_earlier_attempt_sent_is_resolved_by_its_key_and_never_sent_ag
     let (f, put, put2) = fixture(false, true);
     let state = suspended(&f).await;
     // An earlier attempt sent call 0, which landed, and died before journaling it.
-    let token = countersign_core::agent_loop::SegmentHooks::token(
-        &f.hooks,
-        state.suspension_seq,
-        CallIndex::new(0),
-    );
+    let token =
+        countersign_core::SegmentHooks::token(&f.hooks, state.suspension_seq, CallIndex::new(0));
     let ctx = ExecContext {
         acting_user: f.user.clone(),
         fence: Some(token),

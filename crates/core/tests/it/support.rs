@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use countersign_core::agent_loop::{AgentConfig, HookError, Segment, SegmentHooks};
+use countersign_core::{AgentConfig, HookError, Segment, SegmentHooks};
 use countersign_core::{
     CallIndex, Effect, ExecContext, FenceToken, JournalEntry, LeaseEpoch, LocalWriter, Message,
     Model, ModelError, ModelRequest, ModelResponse, PendingCall, Principal, Role, RunId,
@@ -367,7 +367,7 @@ impl Default for MemHooks {
 #[async_trait]
 impl SegmentHooks for MemHooks {
     /// The tools here act outside the store: a turn has nothing of its own to commit.
-    type Turn = ();
+    type Transaction = ();
 
     async fn turn_record(&self, seq: SuspensionSeq) -> Result<TurnRecord, HookError> {
         Ok(TurnRecord {
@@ -520,7 +520,7 @@ impl Fixture {
                 ..Default::default()
             },
             max_iterations: 10,
-            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+            max_tool_calls_per_turn: countersign_core::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             model_options: Default::default(),
             data_classes: Default::default(),
         };

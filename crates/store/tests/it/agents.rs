@@ -18,7 +18,7 @@ fn config() -> AgentConfig {
             enabled_tools: vec!["update_page_metadata".into()],
         },
         max_iterations: 12,
-        max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+        max_tool_calls_per_turn: countersign_core::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
         four_eyes: true,
         approval_deadline: Duration::from_secs(2 * 86_400),
     }

@@ -608,7 +608,7 @@ async fn suspend_stores_the_sealed_state_digest_tool_names_and_the_agent_deadlin
             model: serde_json::json!({"provider": "scripted"}),
             policy: Default::default(),
             max_iterations: 8,
-            max_tool_calls_per_turn: countersign_core::agent_loop::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
+            max_tool_calls_per_turn: countersign_core::DEFAULT_MAX_TOOL_CALLS_PER_TURN,
             four_eyes: false,
             approval_deadline: Duration::from_secs(3600),
         })

@@ -14,9 +14,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use countersign_content::WRITER_NAMES;
-use countersign_core::agent_loop::{
-    self, AgentConfig, Decision, HookError, Outcome, Segment, SegmentHooks,
-};
+use countersign_core::agent_loop;
+use countersign_core::{AgentConfig, Decision, HookError, Outcome, Segment, SegmentHooks};
 use countersign_core::{
     CallIndex, Effect, FenceToken, JournalEntry, LocalWriter, PendingCall, SuspensionSeq,
     ToolOutput, ToolPolicy, TurnRecord, UserDirectory,
@@ -439,7 +438,7 @@ impl Colleague {
 
 #[async_trait]
 impl SegmentHooks for Colleague {
-    type Turn = FencedWrite;
+    type Transaction = FencedWrite;
 
     async fn turn_record(&self, seq: SuspensionSeq) -> Result<TurnRecord, HookError> {
         self.inner.turn_record(seq).await

@@ -7,7 +7,7 @@
 //! a person editing the store in plain SQL, who takes none of countersign's locks. So a local
 //! writer works inside the turn's transaction (`Tx`, the store's own type, opened by
 //! [`crate::SegmentHooks::begin_turn`]), in three steps the approval pipeline
-//! ([`crate::agent_loop`]) drives for every call of the turn before any call writes:
+//! ([`crate::approval`]) drives for every call of the turn before any call writes:
 //!
 //! 1. [`LocalWriter::subjects`]: every row the call reads or writes, each with how it must be
 //!    locked, read without locks; the turn locks the rows of all its calls at once, in one
