@@ -23,11 +23,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context};
 use clap::Subcommand;
 use countersign_content::ContentUsers;
-use countersign_core::preview::{
-    bound_lines, collapse_whitespace, failed_at_suspend_line, EMPTY_PREVIEW_LINE, MAX_LINES,
-    MAX_LINE_CHARS,
-};
-use countersign_core::{Principal, Tool, ToolError, UserDirectory};
+use countersign_core::UserDirectory;
 use countersign_remote::{DecidedBy, RemoteError, ServerEntry};
 use countersign_service::tools::{Origin, Tools};
 use countersign_service::ToolSettings;
@@ -345,17 +341,20 @@ async fn check(
         bail!("{name} was not registered again by the second registry: its server no longer offers it");
     };
 
-    let previews = [
-        attempt(Arc::clone(&tool), &acting_user, &args).await,
-        attempt(again, &acting_user, &args).await,
-    ];
+    let report =
+        countersign_tooltest::check_preview(Arc::clone(&tool), again, &acting_user, &args).await;
     let may_view = match tool.previewer() {
         Some(previewer) => previewer.may_viewer_read_preview(&args, &acting_user).await,
         None => false,
     };
-    let report = report(&previews, &acting_user.name, may_view);
     for line in &report.lines {
         say!("{line}");
+    }
+    let user = &acting_user.name;
+    if may_view {
+        say!("may-view for {user}: allowed — a card shows {user} this preview");
+    } else {
+        say!("may-view for {user}: withheld — a card would not show {user} this preview");
     }
     first_pool.close().await;
     second_pool.close().await;
@@ -408,204 +407,6 @@ fn describe(
     }
 }
 
-/// What one preview of a check gave.
-#[derive(Debug)]
-enum Attempt {
-    Lines(Vec<String>),
-    Failed(ToolError),
-    Panicked,
-}
-
-/// Previews in a task of its own, so a panic is reported as the suspension reports it.
-async fn attempt(tool: Arc<dyn Tool>, user: &Principal, args: &Value) -> Attempt {
-    let (user, args) = (user.clone(), args.clone());
-    let task = tokio::spawn(async move {
-        match tool.previewer() {
-            Some(previewer) => previewer.preview(&user, &args).await,
-            None => Err(ToolError::failed(
-                "no_preview",
-                "the tool offers no preview",
-            )),
-        }
-    });
-    match task.await {
-        Ok(Ok(lines)) => Attempt::Lines(lines),
-        Ok(Err(e)) => Attempt::Failed(e),
-        Err(_) => Attempt::Panicked,
-    }
-}
-
-/// The printed report of a check, and what makes it fail.
-#[derive(Debug, Default)]
-struct Report {
-    lines: Vec<String>,
-    problems: Vec<String>,
-    /// The bounds change what the card shows of a preview.
-    reshaped: bool,
-}
-
-fn report(previews: &[Attempt; 2], user: &str, may_view: bool) -> Report {
-    let mut report = Report::default();
-    for (n, attempt) in previews.iter().enumerate().map(|(i, a)| (i + 1, a)) {
-        match attempt {
-            Attempt::Lines(lines)
-                if n == 2 && matches!(&previews[0], Attempt::Lines(l) if l == lines) =>
-            {
-                report
-                    .lines
-                    .push("preview 2: the same, line for line".to_owned());
-            }
-            Attempt::Lines(lines) => {
-                report
-                    .lines
-                    .push(format!("preview {n}: {} line(s)", lines.len()));
-                report.lines.extend(numbered(lines));
-            }
-            Attempt::Failed(e) if e.interrupts() => {
-                report.lines.push(format!(
-                    "preview {n}: interrupted ({}): the infrastructure under the tool failed; a segment would stop and be retried, with no card",
-                    e.code()
-                ));
-                report
-                    .problems
-                    .push(format!("preview {n} was interrupted ({})", e.code()));
-            }
-            Attempt::Failed(e) => {
-                report.lines.push(format!(
-                    "preview {n}: failed ({}); the card would show: {}",
-                    e.code(),
-                    failed_at_suspend_line(e.code())
-                ));
-                report
-                    .problems
-                    .push(format!("preview {n} failed ({})", e.code()));
-            }
-            Attempt::Panicked => {
-                report.lines.push(format!(
-                    "preview {n}: panicked; the card would show: {}",
-                    failed_at_suspend_line("panic")
-                ));
-                report.problems.push(format!("preview {n} panicked"));
-            }
-        }
-    }
-    match previews {
-        [Attempt::Lines(a), Attempt::Lines(b)] if a != b => {
-            report
-                .lines
-                .push("the previews differ, line by line (- preview 1, + preview 2):".to_owned());
-            report.lines.extend(differences(a, b));
-            report.problems.push(
-                "the two previews differ: every approval of this call would bounce".to_owned(),
-            );
-        }
-        [Attempt::Failed(a), Attempt::Failed(b)] if a.code() != b.code() => {
-            report
-                .problems
-                .push("the two previews failed differently".to_owned());
-        }
-        _ => {}
-    }
-    let mut checked: Vec<&Vec<String>> = Vec::new();
-    for (n, attempt) in previews.iter().enumerate().map(|(i, a)| (i + 1, a)) {
-        if let Attempt::Lines(lines) = attempt {
-            if checked.contains(&lines) {
-                continue;
-            }
-            checked.push(lines);
-            bounds(&mut report, n, lines);
-        }
-    }
-    report.lines.push(if may_view {
-        format!("may-view for {user}: allowed — a card shows {user} this preview")
-    } else {
-        format!("may-view for {user}: withheld — a card would not show {user} this preview")
-    });
-    report
-}
-
-/// `  N  line` for each line.
-fn numbered(lines: &[String]) -> impl Iterator<Item = String> + '_ {
-    lines
-        .iter()
-        .enumerate()
-        .map(|(i, line)| format!("  {:>2}  {line}", i + 1))
-}
-
-/// The lines at which `a` and `b` differ: each as it reads in `a` (`-`) and in `b` (`+`).
-fn differences(a: &[String], b: &[String]) -> Vec<String> {
-    let mut out = Vec::new();
-    for i in 0..a.len().max(b.len()) {
-        let (left, right) = (a.get(i), b.get(i));
-        if left == right {
-            continue;
-        }
-        let shown = |line: Option<&String>| line.map_or("(no line)".to_owned(), Clone::clone);
-        out.push(format!("  - {:>2}  {}", i + 1, shown(left)));
-        out.push(format!("  + {:>2}  {}", i + 1, shown(right)));
-    }
-    out
-}
-
-/// Holds preview `n`'s lines to the bounds the suspension applies ([`bound_lines`]): more lines
-/// than [`MAX_LINES`], a line longer than [`MAX_LINE_CHARS`] or nothing left are problems;
-/// whitespace the card collapses and blank lines it drops are noted.
-fn bounds(report: &mut Report, n: usize, lines: &[String]) {
-    let bounded = bound_lines(lines);
-    let mut notes = Vec::new();
-    let mut over = Vec::new();
-    for (i, line) in lines.iter().enumerate().map(|(i, l)| (i + 1, l)) {
-        let collapsed = collapse_whitespace(line);
-        let chars = collapsed.chars().count();
-        if collapsed.is_empty() {
-            notes.push(format!("line {i} is blank: the card drops it"));
-        } else if collapsed != *line {
-            notes.push(format!(
-                "line {i} has whitespace the card collapses to single spaces"
-            ));
-        }
-        if chars > MAX_LINE_CHARS {
-            over.push(format!(
-                "line {i} has {chars} characters, over {MAX_LINE_CHARS}: the card cuts it"
-            ));
-        }
-    }
-    let kept = lines
-        .iter()
-        .filter(|l| !collapse_whitespace(l).is_empty())
-        .count();
-    if kept > MAX_LINES {
-        over.push(format!(
-            "{kept} lines, over {MAX_LINES}: the card shows the first {MAX_LINES} and says how many more"
-        ));
-    }
-    if bounded.is_empty() {
-        over.push(format!(
-            "no line is left: the card would show \"{EMPTY_PREVIEW_LINE}\" and count the preview failed"
-        ));
-    }
-    if over.is_empty() && notes.is_empty() {
-        report.lines.push(format!(
-            "bounds of preview {n}: every line fits (at most {MAX_LINES} lines of at most {MAX_LINE_CHARS} characters)"
-        ));
-        return;
-    }
-    for line in notes.iter().chain(&over) {
-        report.lines.push(format!("bounds of preview {n}: {line}"));
-    }
-    if !bounded.is_empty() && bounded != lines {
-        report.reshaped = true;
-        report
-            .lines
-            .push(format!("preview {n} as the card shows it:"));
-        report.lines.extend(numbered(&bounded));
-    }
-    report.problems.extend(
-        over.into_iter()
-            .map(|o| format!("preview {n} exceeds the bounds ({o})")),
-    );
-}
-
 /// Appends a checked server entry to the servers file.
 fn add(name: &str, url: &str, options: &[String], settings: &ToolSettings) -> anyhow::Result<()> {
     let Some(path) = settings.servers_file() else {
@@ -644,95 +445,6 @@ fn add(name: &str, url: &str, options: &[String], settings: &ToolSettings) -> an
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn lines(lines: &[&str]) -> Attempt {
-        Attempt::Lines(lines.iter().map(|l| (*l).to_owned()).collect())
-    }
-
-    #[test]
-    fn two_equal_previews_within_the_bounds_pass() {
-        let r = report(
-            &[
-                lines(&["page \"home\"", "a → b"]),
-                lines(&["page \"home\"", "a → b"]),
-            ],
-            "editor",
-            true,
-        );
-        assert!(r.problems.is_empty() && !r.reshaped, "{r:?}");
-        assert!(r
-            .lines
-            .contains(&"preview 2: the same, line for line".to_owned()));
-        assert!(r
-            .lines
-            .iter()
-            .any(|l| l.starts_with("may-view for editor: allowed")));
-    }
-
-    #[test]
-    fn previews_that_differ_are_reported_line_by_line_and_fail() {
-        let r = report(
-            &[
-                lines(&["page \"home\"", "at 10:00:01"]),
-                lines(&["page \"home\"", "at 10:00:02", "extra"]),
-            ],
-            "editor",
-            false,
-        );
-        assert_eq!(r.problems.len(), 1, "{r:?}");
-        let diff: Vec<&str> = r
-            .lines
-            .iter()
-            .skip_while(|l| !l.starts_with("the previews differ"))
-            .skip(1)
-            .take(4)
-            .map(String::as_str)
-            .collect();
-        assert_eq!(
-            diff,
-            vec![
-                "  -  2  at 10:00:01",
-                "  +  2  at 10:00:02",
-                "  -  3  (no line)",
-                "  +  3  extra"
-            ]
-        );
-    }
-
-    #[test]
-    fn lines_over_the_bounds_fail_and_whitespace_the_card_collapses_is_only_noted() {
-        let long = "x".repeat(MAX_LINE_CHARS + 1);
-        let r = report(&[lines(&[&long]), lines(&[&long])], "editor", true);
-        assert_eq!(r.problems.len(), 1, "{r:?}");
-        assert!(r.problems[0].contains("501 characters"), "{r:?}");
-
-        let many: Vec<String> = (0..=MAX_LINES).map(|i| format!("line {i}")).collect();
-        let r = report(
-            &[Attempt::Lines(many.clone()), Attempt::Lines(many)],
-            "editor",
-            true,
-        );
-        assert!(r.problems[0].contains("21 lines, over 20"), "{r:?}");
-
-        let r = report(
-            &[lines(&["a  b", " "]), lines(&["a  b", " "])],
-            "editor",
-            true,
-        );
-        assert!(r.problems.is_empty() && r.reshaped, "{r:?}");
-        assert!(r.lines.iter().any(|l| l.contains("collapses")), "{r:?}");
-        assert!(
-            r.lines.iter().any(|l| l.contains("line 2 is blank")),
-            "{r:?}"
-        );
-        assert!(
-            r.lines.iter().any(|l| l == "   1  a b"),
-            "shown as the card shows it: {r:?}"
-        );
-
-        let r = report(&[lines(&[]), lines(&[])], "editor", true);
-        assert!(r.problems[0].contains("no line is left"), "{r:?}");
-    }
 
     #[test]
     fn a_pending_change_is_shown_beside_what_was_accepted_with_the_command_that_accepts_it() {
@@ -773,35 +485,6 @@ mod tests {
             &format!(
                 "  accept it: countersign tools accept lookup --identity {identity} --as OPERATOR"
             )
-        );
-    }
-
-    #[test]
-    fn a_failed_or_panicked_preview_fails_the_check_with_its_code() {
-        let r = report(
-            &[
-                Attempt::Failed(ToolError::failed("remote_timeout", "slow")),
-                Attempt::Panicked,
-            ],
-            "editor",
-            false,
-        );
-        assert_eq!(
-            r.problems,
-            vec!["preview 1 failed (remote_timeout)", "preview 2 panicked"]
-        );
-        assert!(r.lines[0].contains(&failed_at_suspend_line("remote_timeout")));
-        let r = report(
-            &[
-                Attempt::Failed(ToolError::unavailable("database_error", "gone")),
-                lines(&["x"]),
-            ],
-            "editor",
-            true,
-        );
-        assert_eq!(
-            r.problems,
-            vec!["preview 1 was interrupted (database_error)"]
         );
     }
 }
