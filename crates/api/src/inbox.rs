@@ -16,8 +16,7 @@ use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use chrono::Utc;
-use countersign_core::messages::DECISION_VERSION_CALLS;
-use countersign_core::{DecisionMessage, RunId, MESSAGE_VERSION};
+use countersign_core::RunId;
 use countersign_store::{DecisionOutcome, RunStatus};
 use maud::Markup;
 use serde::Deserialize;
@@ -26,6 +25,7 @@ use uuid::Uuid;
 
 use crate::auth::{self, web_caller, Via, WebCaller};
 use crate::cards::{card_for, glimpses};
+use crate::drafts::DecisionDraft;
 use crate::limits::read_body;
 use crate::pages::{self, Viewer};
 use crate::problem::{unavailable, Problem, ProblemCode};
@@ -418,41 +418,33 @@ pub async fn decide(
         // judges them as it judges a queue producer's (a non-number stays a string, and is
         // refused `invalid_field:suspension_seq`).
         let seq = field(&fields, "suspension_seq").unwrap_or("");
-        let mut message = json!({
-            "type": DecisionMessage::TYPE,
-            "version": MESSAGE_VERSION,
-            "decision_id": field(&fields, "decision_id"),
-            "run_id": run_id,
-            "suspension_seq": number(seq),
-            "turn_digest": field(&fields, "turn_digest"),
-            "approver": web.caller.user,
-        });
+        let draft = DecisionDraft::new(run_id, &web.caller.user)
+            .field("decision_id", json!(field(&fields, "decision_id")))
+            .field("suspension_seq", number(seq))
+            .field("turn_digest", json!(field(&fields, "turn_digest")));
         let decided = decided_as(&fields)?;
-        match decided {
+        let draft = match decided {
             pages::DecidedAs::Edit => {
                 // The arguments as written: JSON when they read as JSON, else the text, which
                 // gate 1 refuses `invalid_field:edits`.
                 let text = field(&fields, "arguments").unwrap_or("");
                 let arguments = serde_json::from_str::<Value>(text).unwrap_or_else(|_| json!(text));
-                message["version"] = json!(DECISION_VERSION_CALLS);
-                message["edits"] = json!([{
-                    "index": number(field(&fields, "edit_index").unwrap_or("")),
-                    "tool": field(&fields, "edit_tool"),
-                    "arguments": arguments,
-                }]);
+                draft.field(
+                    "edits",
+                    json!([{
+                        "index": number(field(&fields, "edit_index").unwrap_or("")),
+                        "tool": field(&fields, "edit_tool"),
+                        "arguments": arguments,
+                    }]),
+                )
             }
-            pages::DecidedAs::ByCall => {
-                message["version"] = json!(DECISION_VERSION_CALLS);
-                message["calls"] = Value::Array(verdicts(&fields));
-            }
-            pages::DecidedAs::Turn { approved } => {
-                message["approved"] = json!(approved);
-                message["comment"] =
-                    json!(field(&fields, "comment").filter(|c| !c.trim().is_empty()));
-            }
-        }
-        let outcome =
-            take_decision(&state, &web.caller, DecisionMessage::from_json(message)).await?;
+            pages::DecidedAs::ByCall => draft.field("calls", Value::Array(verdicts(&fields))),
+            pages::DecidedAs::Turn { approved } => draft.field("approved", json!(approved)).field(
+                "comment",
+                json!(field(&fields, "comment").filter(|c| !c.trim().is_empty())),
+            ),
+        };
+        let outcome = take_decision(&state, &web.caller, draft.message()).await?;
         let access = Access::of(state.coordinator.users.as_ref(), &web.caller).await?;
         let queue = neighbours(&state, &access, run_id).await?;
         Ok((run_id, outcome, decided, queue))

@@ -3,6 +3,7 @@
 mod auth;
 mod cards;
 mod conn;
+mod drafts;
 mod effects;
 mod history;
 mod inbox;

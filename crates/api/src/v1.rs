@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 use crate::auth::{Caller, CALLER_PROBLEMS};
 use crate::cards::{card_for, CARD_PROBLEMS};
+use crate::drafts::DecisionDraft;
 use crate::limits::{read_body, BODY_PROBLEMS};
 use crate::problem::{route_problems, unavailable, Problem, ProblemCode, EVERY_REQUEST};
 use crate::queries::{
@@ -837,32 +838,25 @@ pub async fn decide(
         "calls",
         "edits",
     ];
-    let mut fields = match &typed {
-        Ok(d) => copied(
-            &json!({
-                "decision_id": decision_id,
-                "suspension_seq": d.suspension_seq,
-                "turn_digest": d.turn_digest,
-                "approved": d.approved,
-                "comment": d.comment,
-                "calls": (!d.calls.is_empty()).then_some(&d.calls),
-                "edits": (!d.edits.is_empty()).then_some(&d.edits),
-            }),
-            &known,
-        ),
-        Err(_) => copied(&Value::Object(body), &known),
+    let sent = match &typed {
+        Ok(d) => json!({
+            "decision_id": decision_id,
+            "suspension_seq": d.suspension_seq,
+            "turn_digest": d.turn_digest,
+            "approved": d.approved,
+            "comment": d.comment,
+            "calls": (!d.calls.is_empty()).then_some(&d.calls),
+            "edits": (!d.edits.is_empty()).then_some(&d.edits),
+        }),
+        Err(_) => Value::Object(body),
     };
-    fields.retain(|_, v| !v.is_null());
-    fields.entry("decision_id").or_insert(json!(decision_id));
-    fields.insert("run_id".into(), json!(run_id));
-    fields.insert("approver".into(), json!(caller.user));
-    // A decision call by call, or one that edits calls, is a version-2 message.
-    let version = if fields.contains_key("calls") || fields.contains_key("edits") {
-        countersign_core::messages::DECISION_VERSION_CALLS
-    } else {
-        MESSAGE_VERSION
-    };
-    let message = DecisionMessage::from_json(typed_message(fields, DecisionMessage::TYPE, version));
+    let message = known
+        .iter()
+        .fold(DecisionDraft::new(run_id, &caller.user), |draft, f| {
+            draft.field(f, sent.get(*f).cloned().unwrap_or(Value::Null))
+        })
+        .decision_id_or(decision_id.to_string())
+        .message();
     if typed.is_err() {
         return Err(gate_one_reason(message).with_run(run_id.as_uuid()));
     }
