@@ -39,7 +39,7 @@ use crate::v1;
         v1::CardCall,
         v1::Edited,
         v1::Preview,
-        v1::NewDecision,
+        v1::DecisionBody,
         v1::CallDecision,
         v1::CallEdit,
         v1::DecisionAccepted,

@@ -350,7 +350,8 @@ impl Card {
 
 /// A decision on the card the caller was shown. The approver is the caller.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize, ToSchema)]
-pub struct NewDecision {
+#[schema(as = NewDecision)]
+pub struct DecisionBody {
     /// Chosen by the caller and bound to the run, card and body it first comes with: the same
     /// decision again returns the recorded outcome; the id with another run, card or body is
     /// `idempotency_conflict`. Instead of it, an `Idempotency-Key` header may be sent (not
@@ -804,7 +805,7 @@ pub async fn card(
         ("Idempotency-Key" = Option<String>, Header,
             description = "Instead of `decision_id`: a retry with the same key, run, card and body replays the recorded outcome; with another one it is `idempotency_conflict`."),
     ),
-    request_body = NewDecision,
+    request_body = DecisionBody,
     responses(
         (status = 202, description = "`accepted`: the turn is released (an approval or a denial).", body = DecisionAccepted),
         DecideProblems,
@@ -820,7 +821,7 @@ pub async fn decide(
 ) -> Result<Response, Problem> {
     let run_id = parse_run_id(&run_id)?;
     let body = json_object(&state, &headers, body).await?;
-    let typed = serde_json::from_value::<NewDecision>(Value::Object(body.clone()));
+    let typed = serde_json::from_value::<DecisionBody>(Value::Object(body.clone()));
     let decision_id = request_key(
         &headers,
         typed.as_ref().ok().and_then(|d| d.decision_id),
