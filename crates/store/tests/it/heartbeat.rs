@@ -178,12 +178,15 @@ async fn no_index_of_runs_reads_the_lease_expiry_so_a_renewal_can_be_heap_only(p
         "indexes on renewed columns: {blocking:?}"
     );
 
-    // And so a renewal whose row has room on its page rewrites no index.
+    // And so a renewal whose row has room on its page rewrites no index. Ten versions of the
+    // row fit its page without pruning, which a busy server may defer (an older snapshot of a
+    // concurrent analyze holds the dead versions): past that, a renewal is heap-only only if
+    // the page could be pruned, which is no fact about the indexes.
     let store = store(pool.clone());
     let (_, lease) = running(&store).await;
     let one = store_on_one_connection(&pool).await;
     let (updated, hot) = updates(one.pool()).await;
-    for _ in 0..10 {
+    for _ in 0..5 {
         assert_eq!(
             one.renew_all(std::slice::from_ref(&lease), TTL)
                 .await
@@ -196,7 +199,7 @@ async fn no_index_of_runs_reads_the_lease_expiry_so_a_renewal_can_be_heap_only(p
     let (updated_after, hot_after) = updates(one.pool()).await;
     assert_eq!(
         (updated_after - updated, hot_after - hot),
-        (20, 20),
+        (10, 10),
         "every renewal was heap-only"
     );
 }
