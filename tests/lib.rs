@@ -12,6 +12,9 @@ pub use countersign_testkit::{
     amqp_addr, chat_answer, counter_total, database_url, free_port, http_get, messages_with_role,
     Database, Link, ModelStub, Process, Proxy, KEYS,
 };
+pub use site::Site;
+
+mod site;
 
 /// The path of a binary built from this workspace, beside the test executable's directory.
 pub fn binary(name: &str) -> PathBuf {

@@ -9,129 +9,46 @@
 use countersign_e2e::{
     approve_through_queue, chat_answer, count, messages_with_role, model_settings,
     referenced_files, run_row, sealed_state, secs, tool_writes, turn_digest, wait_for_card,
-    wait_for_status, Installation, ModelStub, Process, TempDir, MODEL_KEY_ENV,
+    wait_for_status, ModelStub, Site, TempDir,
 };
 use serde_json::{json, Value};
-use sqlx::{Connection, PgConnection};
+use sqlx::PgConnection;
 use uuid::Uuid;
-
-use countersign_e2e::Database;
 
 const NEW_DESCRIPTION: &str = "Bicycles for every road: repairs, rentals and advice.";
 const EDITED_DESCRIPTION: &str = "Repairs and rentals in the old town.";
 const DENIAL: &str = "Keep the alternative text: it was reviewed last week.";
 
-/// One installation: its database, queues, agent (four-eyes, acting user `editor`), the
-/// coordinator and a worker, and a connection.
-struct Site {
-    db: Database,
-    install: Installation,
-    conn: PgConnection,
-    _dir: TempDir,
-    _services: Vec<Process>,
+/// One installation with the agent `by-call` (four-eyes, acting user `editor`), a coordinator
+/// and a worker.
+async fn start(tag: &str, model: &ModelStub) -> Site {
+    let mut site = Site::create(tag).await;
+    site.configure(&json!({
+        "name": "by-call",
+        "model": model_settings(model),
+        "policy": {
+            "allowed_groups": ["content", "editing"],
+            "enabled_tools": ["update_page_metadata", "attach_file_to_content_element",
+                              "set_file_alternative_text"]
+        },
+        "max_iterations": 6,
+        "four_eyes": true,
+        "approval_deadline_secs": 3600
+    }));
+    site.start_services(&[]);
+    site
 }
 
-impl Site {
-    async fn new(tag: &str, model: &ModelStub) -> Site {
-        let db = Database::create(tag).await;
-        let install = Installation {
-            database_url: db.url(),
-            queue_prefix: format!("e2e-{}", Uuid::now_v7()),
-        };
-        let dir = TempDir::new();
-        let agent = json!({
-            "name": "by-call",
-            "model": model_settings(model),
-            "policy": {
-                "allowed_groups": ["content", "editing"],
-                "enabled_tools": ["update_page_metadata", "attach_file_to_content_element",
-                                  "set_file_alternative_text"]
-            },
-            "max_iterations": 6,
-            "four_eyes": true,
-            "approval_deadline_secs": 3600
-        });
-        install.configure(&dir.json("agent.json", &agent));
-        let services = vec![
-            install.spawn("countersign-coordinator", &[]),
-            install.spawn_env(
-                "countersign-worker",
-                &["--poll-interval-secs", "1"],
-                &[(MODEL_KEY_ENV, "fake-key")],
-            ),
-        ];
-        let conn = PgConnection::connect(&db.url()).await.unwrap();
-        Site {
-            db,
-            install,
-            conn,
-            _dir: dir,
-            _services: services,
-        }
-    }
-
-    /// `countersign decide RUN --seq SEQ --digest DIGEST --as APPROVER ARGS`: its output, and
-    /// whether it succeeded.
-    async fn decide(
-        &mut self,
-        run: &str,
-        seq: i32,
-        approver: &str,
-        args: &[&str],
-    ) -> (bool, String) {
-        let digest = turn_digest(&mut self.conn, run).await;
-        let seq = seq.to_string();
-        let mut argv = vec![
-            "decide", run, "--seq", &seq, "--digest", &digest, "--as", approver,
-        ];
-        argv.extend_from_slice(args);
-        let out = self.install.countersign(&argv);
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
-    }
-
-    /// The outcomes recorded for the run's decisions on card `seq`, oldest first.
-    async fn outcomes(&mut self, run: &str, seq: i32) -> Vec<String> {
-        sqlx::query_scalar(
-            "SELECT outcome FROM run_decisions WHERE run_id = $1::uuid AND suspension_seq = $2
-             ORDER BY created_at, decision_id",
-        )
-        .bind(run)
-        .bind(seq)
-        .fetch_all(&mut self.conn)
-        .await
-        .unwrap()
-    }
-
-    async fn description(&mut self, page: i64) -> String {
-        sqlx::query_scalar("SELECT description FROM content.pages WHERE uid = $1")
-            .bind(page)
-            .fetch_one(&mut self.conn)
-            .await
-            .unwrap()
-    }
-
-    async fn alternative(&mut self, file: i64) -> String {
-        sqlx::query_scalar(
-            "SELECT alternative FROM content.file_metadata
-             WHERE file = $1 AND language = 0 AND workspace = 0",
-        )
-        .bind(file)
-        .fetch_one(&mut self.conn)
-        .await
-        .unwrap()
-    }
-
-    async fn finish(self) {
-        drop(self._services);
-        drop(self.conn);
-        countersign_e2e::delete_topology(&self.install.queue_prefix).await;
-        self.db.remove().await.unwrap();
-    }
+/// The alternative text of file `file` in the default language, live.
+async fn alternative_text(conn: &mut PgConnection, file: i64) -> String {
+    sqlx::query_scalar(
+        "SELECT alternative FROM content.file_metadata
+         WHERE file = $1 AND language = 0 AND workspace = 0",
+    )
+    .bind(file)
+    .fetch_one(conn)
+    .await
+    .unwrap()
 }
 
 /// A model that proposes `calls` in its first turn and finishes on the next.
@@ -172,8 +89,8 @@ async fn approving_calls_0_and_2_and_denying_1_writes_0_and_2_as_shown_and_the_m
             json!({"content_element": 5, "file": 13, "field": "image"}),
         ),
     ]);
-    let mut site = Site::new("by_call", &model).await;
-    let alternative = site.alternative(7).await;
+    let mut site = start("by_call", &model).await;
+    let alternative = alternative_text(&mut site.conn, 7).await;
     let run = site
         .install
         .submit("by-call", "editor", "Three changes, please.");
@@ -200,7 +117,7 @@ async fn approving_calls_0_and_2_and_denying_1_writes_0_and_2_as_shown_and_the_m
 
     assert_eq!(site.description(12).await, NEW_DESCRIPTION);
     assert_eq!(
-        site.alternative(7).await,
+        alternative_text(&mut site.conn, 7).await,
         alternative,
         "the denied call wrote nothing"
     );
@@ -244,7 +161,7 @@ async fn a_subset_that_reads_otherwise_without_the_denied_call_comes_back_and_wr
             json!({"content_element": 5, "file": 10, "field": "image"}),
         ),
     ]);
-    let mut site = Site::new("by_call_moved", &model).await;
+    let mut site = start("by_call_moved", &model).await;
     let run = site.install.submit("by-call", "editor", "Two images.");
     wait_for_card(&mut site.conn, &run, 1, secs(60)).await;
 
@@ -304,7 +221,7 @@ async fn an_edit_re_issues_the_card_marked_and_only_another_approvers_approval_w
             json!({"content_element": 5, "file": 13, "field": "image"}),
         ),
     ]);
-    let mut site = Site::new("by_call_edit", &model).await;
+    let mut site = start("by_call_edit", &model).await;
     let run = site.install.submit("by-call", "editor", "Tighten page 12.");
     wait_for_card(&mut site.conn, &run, 1, secs(60)).await;
     let digest = turn_digest(&mut site.conn, &run).await;

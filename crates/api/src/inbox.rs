@@ -23,6 +23,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use countersign_store::Waiting;
+
 use crate::auth::{self, web_caller, Via, WebCaller};
 use crate::cards::{card_for, glimpses};
 use crate::drafts::DecisionDraft;
@@ -300,6 +302,8 @@ pub struct InboxParams {
     cursor: Option<String>,
     /// Only this agent's runs; empty is every agent.
     agent: Option<String>,
+    /// `me`: the runs waiting on the viewer; `groups`: those waiting on the viewer's groups.
+    waiting: Option<String>,
 }
 
 pub async fn list(
@@ -317,13 +321,26 @@ pub async fn list(
         .as_deref()
         .map(str::trim)
         .filter(|a| !a.is_empty());
+    let waiting = match params.waiting.as_deref() {
+        Some("me") => Waiting::OnMe,
+        Some("groups") => Waiting::OnMyGroups,
+        _ => Waiting::Any,
+    };
     let result = async {
         let cursor = match params.cursor.as_deref() {
             None => None,
             Some(c) => Some(decode_cursor(c).ok_or(Problem::new(ProblemCode::InvalidQuery))?),
         };
         let access = Access::of(state.coordinator.users.as_ref(), &web.caller).await?;
-        let inbox = inbox_page(&state.coordinator.store, &access, agent, PAGE, cursor).await?;
+        let inbox = inbox_page(
+            &state.coordinator.store,
+            &access,
+            agent,
+            waiting,
+            PAGE,
+            cursor,
+        )
+        .await?;
         let glimpses = glimpses(&state, &inbox.runs, &access.user).await;
         Ok::<_, Problem>((inbox, glimpses))
     }
@@ -335,7 +352,7 @@ pub async fn list(
                 viewer(&web),
                 &inbox.runs,
                 &glimpses,
-                agent,
+                pages::Listed { agent, waiting },
                 next.as_deref(),
                 Utc::now(),
             );
@@ -526,7 +543,8 @@ async fn neighbours(
     access: &Access,
     run_id: RunId,
 ) -> Result<pages::Queue, Problem> {
-    let waiting = inbox_page(&state.coordinator.store, access, None, PAGE, None).await?;
+    let any = countersign_store::Waiting::Any;
+    let waiting = inbox_page(&state.coordinator.store, access, None, any, PAGE, None).await?;
     let ids: Vec<RunId> = waiting.runs.iter().map(|r| r.run_id).collect();
     Ok(match ids.iter().position(|id| *id == run_id) {
         Some(at) => pages::Queue {

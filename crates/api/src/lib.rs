@@ -5,6 +5,7 @@ mod cards;
 mod conn;
 mod drafts;
 mod effects;
+mod groups;
 mod history;
 mod inbox;
 mod limits;
@@ -14,6 +15,7 @@ mod pages;
 mod problem;
 mod queries;
 mod sessions;
+pub mod slack;
 pub mod tokens;
 pub mod v1;
 
@@ -24,7 +26,7 @@ use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::HeaderName;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use countersign_coordinator::Coordinator;
 
@@ -81,6 +83,8 @@ impl Default for ApiConfig {
 pub struct AppState {
     pub coordinator: Coordinator,
     pub config: Arc<ApiConfig>,
+    /// The Slack app, when decisions from Slack are on.
+    pub slack: Option<Arc<slack::SlackConfig>>,
     limiter: Arc<limits::RateLimiter>,
 }
 
@@ -93,6 +97,15 @@ impl AppState {
             )),
             coordinator,
             config: Arc::new(config),
+            slack: None,
+        }
+    }
+
+    /// Turns deciding from Slack on.
+    pub fn with_slack(self, slack: slack::SlackConfig) -> AppState {
+        AppState {
+            slack: Some(Arc::new(slack)),
+            ..self
         }
     }
 }
@@ -103,8 +116,15 @@ pub fn router(state: AppState) -> Router {
         .route("/runs", post(v1::create_run))
         .route("/runs/{run_id}", get(v1::get_run))
         .route("/runs/{run_id}/card", get(v1::card))
+        .route("/runs/{run_id}/slack-message", get(slack::message))
         .route("/runs/{run_id}/decisions", post(v1::decide))
         .route("/inbox", get(v1::inbox))
+        .route("/groups", get(groups::list))
+        .route("/groups/{group}", put(groups::create))
+        .route(
+            "/groups/{group}/members/{user}",
+            put(groups::add).delete(groups::remove),
+        )
         .route("/openapi.json", get(v1::openapi))
         .fallback(v1::not_found)
         .method_not_allowed_fallback(v1::method_not_allowed);
@@ -119,6 +139,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(inbox::not_found);
     Router::new()
         .route("/", get(inbox::root))
+        .route("/slack/interactions", post(slack::interactions))
         .nest("/v1", api)
         .nest("/inbox", web)
         .fallback(v1::not_found)

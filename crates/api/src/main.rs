@@ -65,6 +65,16 @@ struct Args {
     /// Do not mark the session cookie Secure: for a plain-HTTP development setup only.
     #[arg(long, env = "COUNTERSIGN_API_INSECURE_COOKIES")]
     insecure_cookies: bool,
+    /// The Slack app's signing secret: turns on `POST /slack/interactions` (deciding from
+    /// Slack's buttons). Off when unset.
+    #[arg(long, env = "COUNTERSIGN_SLACK_SIGNING_SECRET", hide_env_values = true)]
+    slack_signing_secret: Option<String>,
+    /// The producer decisions from Slack are gated as.
+    #[arg(long, env = "COUNTERSIGN_SLACK_PRODUCER", default_value = "slack")]
+    slack_producer: String,
+    /// The web inbox's address, for the Slack message's link to the card.
+    #[arg(long, env = "COUNTERSIGN_INBOX_URL")]
+    inbox_url: Option<String>,
     /// PostgreSQL connections at most, shared by the requests being served and the relay.
     #[arg(long, env = "COUNTERSIGN_API_POOL_SIZE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
     pool_size: u32,
@@ -96,7 +106,7 @@ async fn main() -> anyhow::Result<()> {
         registry, users, ..
     } = tools;
     let coordinator = Coordinator::with_users(store.clone(), Arc::new(registry), users);
-    let state = AppState::new(
+    let mut state = AppState::new(
         coordinator,
         ApiConfig {
             trusted_header: args.trusted_header,
@@ -110,6 +120,13 @@ async fn main() -> anyhow::Result<()> {
             secure_cookies: !args.insecure_cookies,
         },
     );
+    if let Some(secret) = args.slack_signing_secret {
+        state = state.with_slack(countersign_api::slack::SlackConfig {
+            signing_secret: secret.into(),
+            producer: args.slack_producer,
+            inbox_url: args.inbox_url,
+        });
+    }
 
     // The events this process's transactions write leave through its own relay.
     let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();

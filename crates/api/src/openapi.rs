@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::problem::ProblemDetails;
-use crate::v1;
+use crate::{groups, slack, v1};
 
 #[derive(Debug, OpenApi)]
 #[openapi(
@@ -24,6 +24,11 @@ use crate::v1;
         v1::inbox,
         v1::card,
         v1::decide,
+        slack::message,
+        groups::list,
+        groups::create,
+        groups::add,
+        groups::remove,
         v1::openapi,
     ),
     components(schemas(
@@ -43,11 +48,14 @@ use crate::v1;
         v1::CallDecision,
         v1::CallEdit,
         v1::DecisionAccepted,
+        v1::Quorum,
+        groups::Group,
     )),
     modifiers(&Bearer),
     tags(
         (name = "runs", description = "Run requests and runs"),
         (name = "inbox", description = "Waiting runs, their cards, and decisions on them"),
+        (name = "directory", description = "Groups of approvers"),
         (name = "meta", description = "This document"),
     )
 )]

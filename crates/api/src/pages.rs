@@ -14,7 +14,7 @@
 use chrono::{DateTime, Utc};
 use countersign_core::card::{ApprovalCard, CardCall, CardPreview};
 use countersign_core::{LineForm, RunId};
-use countersign_store::{DecisionOutcome, RunEvent, RunRecord, RunStatus, WaitingRun};
+use countersign_store::{DecisionOutcome, RunEvent, RunRecord, RunStatus, Waiting, WaitingRun};
 use maud::{html, Markup, DOCTYPE};
 use similar::{ChangeTag, TextDiff};
 use uuid::Uuid;
@@ -133,20 +133,62 @@ fn when(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
 
-/// The list of waiting runs, soonest deadline first; of `agent` only, when given.
+/// Which waiting runs a page of the inbox lists.
+#[derive(Debug, Clone, Copy)]
+pub struct Listed<'a> {
+    /// Of this agent only.
+    pub agent: Option<&'a str>,
+    /// Waiting on the viewer, on their groups, or every run they may see.
+    pub waiting: Waiting,
+}
+
+/// "All · Waiting on me · Waiting on my groups", the current one unlinked.
+fn waiting_nav(current: Waiting) -> Markup {
+    let choices = [
+        (Waiting::Any, "/inbox", "All", "waiting-any"),
+        (
+            Waiting::OnMe,
+            "/inbox?waiting=me",
+            "Waiting on me",
+            "waiting-on-me",
+        ),
+        (
+            Waiting::OnMyGroups,
+            "/inbox?waiting=groups",
+            "Waiting on my groups",
+            "waiting-on-my-groups",
+        ),
+    ];
+    html! {
+        nav.waiting aria-label="Which cards" {
+            @for (i, (w, href, label, id)) in choices.into_iter().enumerate() {
+                @if i > 0 { " · " }
+                @if w == current {
+                    strong #(id) aria-current="page" { (label) }
+                } @else {
+                    a #(id) href=(href) { (label) }
+                }
+            }
+        }
+    }
+}
+
+/// The list of waiting runs, soonest deadline first; of `listed.agent` only, when given.
 pub fn inbox(
     viewer: Viewer<'_>,
     entries: &[WaitingRun],
     glimpses: &[Glimpse],
-    agent: Option<&str>,
+    listed: Listed<'_>,
     next: Option<&str>,
     now: DateTime<Utc>,
 ) -> Markup {
+    let agent = listed.agent;
     layout(
         "Inbox",
         Some(viewer),
         html! {
             h1 { "Waiting for your decision" }
+            (waiting_nav(listed.waiting))
             (queue_nav(Queue { prev: None, next: entries.first().map(|e| e.run_id) }))
             form.filter #agent-filter method="get" action="/inbox" {
                 label for="agent" { "Agent" }
@@ -163,7 +205,7 @@ pub fn inbox(
                 table #inbox-runs {
                     thead { tr {
                         th { "Run" } th { "Agent" } th { "Acting as" } th { "Waiting" }
-                        th { "Time left" } th { "Asked, and the proposed calls" }
+                        th { "Time left" } th { "Asked, and the proposed calls" } th { "Approvals" }
                     } }
                     tbody {
                         @for (e, glimpse) in entries.iter().zip(glimpses.iter().chain(std::iter::repeat(&Glimpse::default()))) {
@@ -196,6 +238,7 @@ pub fn inbox(
                                         }
                                     }
                                 }
+                                td.quorum { @if let Some(q) = &e.quorum { (q) } }
                             }
                         }
                     }

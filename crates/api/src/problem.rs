@@ -90,7 +90,8 @@ impl ProblemCode {
                 D::AccessDenied
                 | D::SelfApprovalDenied
                 | D::ApproverNotPermitted
-                | D::EditorApprovalDenied,
+                | D::EditorApprovalDenied
+                | D::NotInApproverGroups,
             ) => StatusCode::FORBIDDEN,
             ProblemCode::Decision(
                 D::CallsNotOfTheCard
@@ -138,47 +139,13 @@ impl ProblemCode {
                 "This credential may not assert that user (no producer grant covers it). Nothing was recorded."
             }
             ProblemCode::Request(R::UnknownActingUser) => "The acting user does not exist. Nothing was created.",
-            ProblemCode::Request(R::ConfigurationGone) | ProblemCode::Decision(D::ConfigurationGone) => {
-                "The agent configuration does not exist or is not active. Nothing changed."
-            }
-            ProblemCode::Decision(D::NotAwaitingApproval) => {
-                "The run is not waiting for approval (decided, cancelled or expired). Nothing changed."
-            }
-            ProblemCode::Decision(D::StaleTurn) => {
-                "The card decided on is no longer the run's current card. Nothing changed: reload the card and decide on what it shows now."
-            }
-            ProblemCode::Decision(D::AccessDenied) => "The approver may not act on this run. Nothing changed.",
-            ProblemCode::Decision(D::SelfApprovalDenied) => {
-                "This configuration requires a second approver: the run's own user may not approve it. Nothing changed."
-            }
-            ProblemCode::Decision(D::ApproverNotPermitted) => {
-                "The approver is not permitted to release every write of this turn. Nothing changed."
-            }
-            ProblemCode::Decision(D::CallsNotOfTheCard) => {
-                "A decision call by call names every call of the card exactly once, by its index. Nothing changed."
-            }
-            ProblemCode::Decision(D::EditNotOfTheCard) => {
-                "The edit names a call the card does not have, or one already written under an earlier card. Nothing changed."
-            }
-            ProblemCode::Decision(D::EditChangesTool) => {
-                "An edit changes a call's arguments, never its tool. Nothing changed."
-            }
-            ProblemCode::Decision(D::EditInvalidArguments) => {
-                "The new arguments do not fit the tool's argument schema. Nothing changed."
-            }
-            ProblemCode::Decision(D::EditorApprovalDenied) => {
-                "This configuration requires a second approver: whoever edited the card may not approve it alone. Nothing changed."
-            }
-            ProblemCode::Decision(D::NotAuditable) => {
-                "The decision could not be recorded, so nothing changed; send the same decision again."
-            }
-            ProblemCode::Request(R::IdempotencyConflict) | ProblemCode::Decision(D::IdempotencyConflict) => {
-                "This id (or Idempotency-Key) was used before for another request: another run, card or body. Nothing changed; send a new id."
-            }
+            ProblemCode::Request(R::ConfigurationGone) => decision_title(D::ConfigurationGone),
+            ProblemCode::Request(R::IdempotencyConflict) => decision_title(D::IdempotencyConflict),
             ProblemCode::StateUnreadable => "The run's suspended state cannot be opened.",
             ProblemCode::Unavailable => "A dependency of this service is unavailable; retry later.",
+            ProblemCode::Decision(d) => decision_title(d),
             // Never wrapped: `accepted` is no problem, and the others have their own.
-            ProblemCode::Request(_) | ProblemCode::Decision(_) => ProblemCode::Unavailable.title(),
+            ProblemCode::Request(_) => ProblemCode::Unavailable.title(),
         }
     }
 
@@ -187,7 +154,11 @@ impl ProblemCode {
         Some(match *outcome {
             DecisionCode::Malformed => ProblemCode::Malformed,
             DecisionCode::UnauthenticatedProducer => ProblemCode::UnauthenticatedProducer,
-            DecisionCode::Gated(DecisionOutcome::Accepted) => return None,
+            DecisionCode::Gated(
+                DecisionOutcome::Accepted
+                | DecisionOutcome::ApprovalRecorded
+                | DecisionOutcome::DenialRecorded,
+            ) => return None,
             DecisionCode::Gated(outcome) => ProblemCode::Decision(outcome),
             // A code this surface does not know yet is a refusal all the same.
             #[allow(unreachable_patterns)]
@@ -447,6 +418,61 @@ pub(crate) fn unavailable(
     Problem::new(ProblemCode::Unavailable)
 }
 
+/// The title of a gated decision's refusal (see [`ProblemCode::title`]).
+fn decision_title(outcome: DecisionOutcome) -> &'static str {
+    use DecisionOutcome as D;
+    match outcome {
+        D::ConfigurationGone => {
+            "The agent configuration does not exist or is not active. Nothing changed."
+        }
+        D::NotAwaitingApproval => {
+            "The run is not waiting for approval (decided, cancelled or expired). Nothing changed."
+        }
+        D::StaleTurn => {
+            "The card decided on is no longer the run's current card. Nothing changed: reload the card and decide on what it shows now."
+        }
+        D::AccessDenied => "The approver may not act on this run. Nothing changed.",
+        D::SelfApprovalDenied => {
+            "This configuration requires a second approver: the run's own user may not approve it. Nothing changed."
+        }
+        D::ApproverNotPermitted => {
+            "The approver is not permitted to release every write of this turn. Nothing changed."
+        }
+        D::CallsNotOfTheCard => {
+            "A decision call by call names every call of the card exactly once, by its index. Nothing changed."
+        }
+        D::EditNotOfTheCard => {
+            "The edit names a call the card does not have, or one already written under an earlier card. Nothing changed."
+        }
+        D::EditChangesTool => {
+            "An edit changes a call's arguments, never its tool. Nothing changed."
+        }
+        D::EditInvalidArguments => {
+            "The new arguments do not fit the tool's argument schema. Nothing changed."
+        }
+        D::EditorApprovalDenied => {
+            "This configuration requires a second approver: whoever edited the card may not approve it alone. Nothing changed."
+        }
+        D::NotAuditable => {
+            "The decision could not be recorded, so nothing changed; send the same decision again."
+        }
+        D::NotInApproverGroups => {
+            "This agent's cards are decided by its groups of approvers, and the approver is in none of them (nor holds a delegation from a member now). Nothing changed."
+        }
+        D::AlreadyVoted => {
+            "The approver has voted on this card already. Nothing changed."
+        }
+        D::QuorumCallsDiffer => {
+            "Approvals count together only when they approve the same calls, and this one approves others than the approvals before it. Nothing changed: decide as they did, or deny."
+        }
+        D::IdempotencyConflict => {
+            "This id (or Idempotency-Key) was used before for another request: another run, card or body. Nothing changed; send a new id."
+        }
+        // Never wrapped: an accepted decision and a recorded vote are no problem.
+        D::Accepted | D::ApprovalRecorded | D::DenialRecorded => ProblemCode::Unavailable.title(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -505,8 +531,8 @@ mod tests {
         }
         assert_eq!(
             decisions.len(),
-            DecisionOutcome::VARIANTS.len() - 1 + 2,
-            "all but accepted"
+            DecisionOutcome::VARIANTS.len() - 3 + 2,
+            "all but accepted and the recorded votes"
         );
         assert!(ProblemCode::of_request_gates()
             .contains(&ProblemCode::Request(RequestOutcome::IdempotencyConflict)));

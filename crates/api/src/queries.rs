@@ -15,7 +15,7 @@ use base64::Engine as _;
 use chrono::DateTime;
 use countersign_coordinator::producers::{self, ProducerKind};
 use countersign_core::{Approver, Approves, RunId, UserDirectory};
-use countersign_store::{InboxCursor, InboxPage, RunRecord, Store};
+use countersign_store::{InboxCursor, InboxPage, RunRecord, Store, Waiting};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -98,6 +98,7 @@ pub async fn inbox_page(
     store: &Store,
     access: &Access,
     agent: Option<&str>,
+    waiting: Waiting,
     limit: u32,
     after: Option<InboxCursor>,
 ) -> Result<InboxPage, Problem> {
@@ -108,7 +109,7 @@ pub async fn inbox_page(
         });
     }
     store
-        .inbox(&access.user, &access.approves, agent, limit, after)
+        .inbox_waiting(&access.user, &access.approves, agent, waiting, limit, after)
         .await
         .map_err(|e| unavailable("inbox", e.code(), &e))
 }

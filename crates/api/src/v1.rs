@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use countersign_coordinator::{DecisionCode, RequestOutcome};
 use countersign_core::card::{ApprovalCard, CardPreview};
 use countersign_core::{DecisionMessage, MessageError, RunId, RunRequest, MESSAGE_VERSION};
-use countersign_store::{DecisionOutcome, RunRecord, RunStatus, WaitingRun};
+use countersign_store::{RunRecord, RunStatus, WaitingRun};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
@@ -248,6 +248,30 @@ pub struct Card {
     pub moved_notice: Option<&'static str>,
     pub calls: Vec<CardCall>,
     pub approval_deadline: Option<DateTime<Utc>>,
+    /// Where the card stands when its agent wants approvers as a team.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quorum: Option<Quorum>,
+}
+
+/// The votes a card has and still needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Quorum {
+    #[schema(example = "1 of 2 approvals — alice; waiting for one of marketing")]
+    pub summary: String,
+    /// Who approved this card, in the order of their votes.
+    pub approvers: Vec<String>,
+    /// How many approvals the card needs in all.
+    pub needed: u32,
+}
+
+impl Quorum {
+    pub fn of(standing: countersign_core::quorum::Standing) -> Quorum {
+        Quorum {
+            summary: standing.summary(),
+            needed: standing.needed,
+            approvers: standing.approvers,
+        }
+    }
 }
 
 /// One pending call of the turn.
@@ -318,6 +342,7 @@ impl Card {
             caption: card.caption,
             moved_notice: card.moved_notice,
             approval_deadline: run.approval_deadline,
+            quorum: None,
             calls: card
                 .calls
                 .into_iter()
@@ -415,10 +440,12 @@ pub struct CallEdit {
     pub arguments: Map<String, Value>,
 }
 
-/// A decision that released its turn (an approval or a denial).
+/// A decision that released its turn (an approval or a denial), or, for an agent whose cards
+/// need several approvers, one recorded as a vote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
 pub struct DecisionAccepted {
-    /// Always `accepted`.
+    /// `accepted` (the turn is released), or `approval_recorded` / `denial_recorded` (a vote:
+    /// the card waits for the rest of its approvers).
     #[schema(example = "accepted")]
     pub outcome: &'static str,
     pub decision_id: Uuid,
@@ -764,7 +791,8 @@ pub async fn inbox(
         return Err(Problem::new(ProblemCode::InvalidQuery));
     }
     let access = Access::of(state.coordinator.users.as_ref(), &caller).await?;
-    let page = inbox_page(&state.coordinator.store, &access, None, limit, cursor).await?;
+    let any = countersign_store::Waiting::Any;
+    let page = inbox_page(&state.coordinator.store, &access, None, any, limit, cursor).await?;
     Ok(Json(InboxPage {
         runs: page.runs.into_iter().map(InboxRun::from).collect(),
         next_cursor: page.next.as_ref().map(encode_cursor),
@@ -791,7 +819,16 @@ pub async fn card(
     let run_id = parse_run_id(&run_id)?;
     let (run, access) = visible_run(&state, &caller, run_id).await?;
     let card = card_for(&state, &run, &access).await?;
-    Ok(Json(Card::of(&run, &caller.user, card)))
+    let standing = state
+        .coordinator
+        .store
+        .card_standing(run_id)
+        .await
+        .map_err(|e| unavailable("quorum", e.code(), &e))?;
+    Ok(Json(Card {
+        quorum: standing.map(Quorum::of),
+        ..Card::of(&run, &caller.user, card)
+    }))
 }
 
 /// Approves or denies the turn of the card the caller was shown, through the decision gates
@@ -889,7 +926,7 @@ pub(crate) async fn take_decision(
     };
     Ok(match ProblemCode::of_decision(&verdict.outcome) {
         None => Ok(DecisionAccepted {
-            outcome: DecisionOutcome::Accepted.as_str(),
+            outcome: verdict.outcome.code(),
             decision_id,
             run_id: run_id.as_uuid(),
             replayed: verdict.replayed,

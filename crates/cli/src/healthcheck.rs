@@ -66,6 +66,13 @@ pub async fn check(url: &Uri, timeout: Duration) -> Result<(), HealthcheckError>
     }
 }
 
+/// [`check`], then says so: `URL: ready`.
+pub async fn ready(url: &Uri, timeout: Duration) -> anyhow::Result<()> {
+    check(url, timeout).await?;
+    say!("{url}: ready");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -44,8 +44,10 @@ macro_rules! tell {
     };
 }
 
+mod groups;
 mod healthcheck;
 mod ops;
+mod policies;
 pub mod render;
 mod tokens;
 mod tools;
@@ -121,6 +123,26 @@ pub enum Command {
     Users {
         #[command(subcommand)]
         command: UsersCommand,
+    },
+    /// Lists, shows, validates and replays policies (Cedar files the coordinator loads).
+    Policies {
+        #[command(subcommand)]
+        command: policies::PoliciesCommand,
+    },
+    /// Manages the groups of approvers an agent's quorum names (`approvers` in its file).
+    Groups {
+        #[command(subcommand)]
+        command: groups::GroupsCommand,
+    },
+    /// Manages delegations: "alice's cards go to bob from … until …".
+    Delegations {
+        #[command(subcommand)]
+        command: groups::DelegationsCommand,
+    },
+    /// Maps Slack users to directory users, for deciding from Slack's buttons.
+    Slack {
+        #[command(subcommand)]
+        command: groups::SlackCommand,
     },
     /// Seeds the reference content store with the demo site (idempotent).
     SeedDemoSite,
@@ -293,6 +315,8 @@ pub enum KeysCommand {
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let url = cli.endpoints.database_url.as_str();
+    let endpoints = &cli.endpoints;
+    let broker = || ops::connect_broker(&endpoints.amqp_addr, &endpoints.queue_prefix);
     match cli.command {
         Command::Migrate { with_content } => migrate(url, with_content).await,
         Command::Users { command } => {
@@ -307,7 +331,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Webhooks { command } => {
             webhooks::run(connect(url).await?, &cli.keys, command).await
         }
+        Command::Groups { command } => groups::groups(&keyless(url).await?, command).await,
+        Command::Delegations { command } => {
+            groups::delegations(&keyless(url).await?, command).await
+        }
+        Command::Slack { command } => groups::slack(&keyless(url).await?, command).await,
         Command::SeedDemoSite => seed_demo_site(url).await,
+        Command::Policies { command } => policies::run(url, &cli.keys, &cli.tools, command).await,
         Command::Submit {
             agent,
             acting_user,
@@ -315,8 +345,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             inputs,
             wait,
         } => {
-            let broker =
-                ops::connect_broker(&cli.endpoints.amqp_addr, &cli.endpoints.queue_prefix).await?;
+            let broker = broker().await?;
             let inputs = inputs.as_deref().map(ops::parse_inputs).transpose()?;
             ops::submit(&broker, &agent, &acting_user, &prompt, inputs, secs(wait)).await
         }
@@ -339,8 +368,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             let reviewed = reviewed(run_id, card, seq, digest)?;
             let verdict = ops::Verdict::of_flags(approve, comment, calls, &edits)?;
-            let broker =
-                ops::connect_broker(&cli.endpoints.amqp_addr, &cli.endpoints.queue_prefix).await?;
+            let broker = broker().await?;
             ops::decide(&broker, &reviewed, &approver, verdict, secs(wait)).await
         }
         Command::Show {
@@ -357,16 +385,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Cancel { run_id } => {
             let store = ops::store_without_keys(connect(url).await?);
-            let broker =
-                ops::connect_broker(&cli.endpoints.amqp_addr, &cli.endpoints.queue_prefix).await?;
+            let broker = broker().await?;
             ops::cancel(&store, &broker, run_id).await
         }
         Command::Healthcheck { url, timeout_secs } => {
-            healthcheck::check(&url, secs(timeout_secs)).await?;
-            say!("{url}: ready");
-            Ok(())
+            healthcheck::ready(&url, secs(timeout_secs)).await
         }
     }
+}
+
+/// The store without the keyring: for the commands that seal nothing (the directory's).
+async fn keyless(url: &str) -> anyhow::Result<countersign_store::Store> {
+    Ok(ops::store_without_keys(connect(url).await?))
 }
 
 fn secs(n: u64) -> Duration {
@@ -504,7 +534,7 @@ fn reviewed(
 
 /// What opening a card takes: a store whose keyring opens the sealed state, the tools whose
 /// previews are on it, and the users who may or may not read them.
-async fn card_reader(
+pub(crate) async fn card_reader(
     database_url: &str,
     keys: &countersign_service::KeySettings,
     tools: &countersign_service::ToolSettings,

@@ -50,6 +50,48 @@ struct AgentFile {
     #[serde(default)]
     four_eyes: bool,
     approval_deadline_secs: u64,
+    /// Who must approve, when more than one person: groups and counts, reminders, escalation.
+    #[serde(default)]
+    approvers: Option<ApproversFile>,
+}
+
+/// The `approvers` of an agent file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ApproversFile {
+    /// `[{"group": "legal", "count": 2}, {"group": "marketing", "count": 1}]`.
+    require: Vec<countersign_core::quorum::Requirement>,
+    #[serde(default = "one")]
+    denials_to_end: u32,
+    remind_after_secs: Option<u64>,
+    escalate_after_secs: Option<u64>,
+    escalate_to: Option<String>,
+}
+
+impl ApproversFile {
+    fn checked(self) -> anyhow::Result<countersign_store::AgentApprovers> {
+        anyhow::ensure!(
+            self.require.iter().all(|r| r.count >= 1),
+            "every group in approvers.require needs a count of at least 1"
+        );
+        anyhow::ensure!(
+            self.escalate_after_secs.is_some() == self.escalate_to.is_some(),
+            "approvers.escalate_after_secs and approvers.escalate_to go together"
+        );
+        Ok(countersign_store::AgentApprovers {
+            quorum: countersign_core::quorum::Quorum {
+                requirements: self.require,
+                denials_to_end: self.denials_to_end.max(1),
+            },
+            remind_after: self.remind_after_secs.map(Duration::from_secs),
+            escalate_after: self.escalate_after_secs.map(Duration::from_secs),
+            backup_group: self.escalate_to,
+        })
+    }
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn default_max_tool_calls() -> u32 {
@@ -71,6 +113,7 @@ pub async fn put_agent(store: &Store, path: &Path) -> anyhow::Result<()> {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let file: AgentFile = serde_json::from_str(&text).context("the agent file is not valid")?;
     let (model, notes) = checked_model(&file.name, file.model)?;
+    let approvers = file.approvers.map(ApproversFile::checked).transpose()?;
     for note in &notes {
         say!("note: {note}");
     }
@@ -86,6 +129,10 @@ pub async fn put_agent(store: &Store, path: &Path) -> anyhow::Result<()> {
             approval_deadline: Duration::from_secs(file.approval_deadline_secs),
         })
         .await?;
+    store
+        .put_agent_approvers(&file.name, approvers.as_ref())
+        .await
+        .context("storing who must approve (are its groups created?)")?;
     say!("agent {} stored", file.name);
     Ok(())
 }
@@ -631,12 +678,48 @@ pub async fn show_card(
         return Ok(());
     };
     print_card(run_id, &card, viewer_name, shown.full);
+    print_policy_verdicts(store, run_id, card.suspension_seq).await?;
+    if let Some(standing) = store.card_standing(run_id).await? {
+        say!("  approvals: {}", standing.summary());
+    }
     if let Some(path) = save {
         save_cards(path, viewer_name, &[(run_id, card)])?;
         say!(
             "saved the card to {}; decide on it with: countersign decide {run_id} --card {} --as {viewer_name} --approve (or --deny)",
             path.display(),
             path.display()
+        );
+    }
+    Ok(())
+}
+
+/// What the policies made of card `seq`: a shadowed verdict ("would approve"), or a card an
+/// enforced policy left to a person, and why.
+async fn print_policy_verdicts(
+    store: &Store,
+    run_id: RunId,
+    seq: countersign_core::SuspensionSeq,
+) -> anyhow::Result<()> {
+    for recorded in store.policy_evaluations(run_id).await? {
+        let e = recorded.evaluation;
+        if e.suspension_seq != seq {
+            continue;
+        }
+        let rule = e.rule.map_or_else(String::new, |r| format!(", rule {r}"));
+        let why = e.reason.map_or_else(String::new, |r| format!(" ({r})"));
+        let verb = match (e.mode.as_str(), e.outcome.as_str()) {
+            ("shadow", "approve") => "would have approved this",
+            ("shadow", "deny") => "would have denied this",
+            ("shadow", _) => "would have asked a person",
+            (_, "approve") => "approved this",
+            (_, "deny") => "denied this",
+            _ => "left this to a person",
+        };
+        say!(
+            "  policy {} v{} ({}) {verb}{rule}{why}",
+            e.policy_id,
+            e.policy_version,
+            e.mode
         );
     }
     Ok(())
@@ -671,6 +754,21 @@ pub async fn decide(
     )
     .await?;
     let outcome = reply["outcome"].as_str().unwrap_or("unknown");
+    if reply["event"] == EventName::CardApprovalRecorded.as_str()
+        || reply["event"] == EventName::CardDenialRecorded.as_str()
+    {
+        say!(
+            "{} recorded: run {} suspension {} waits for the rest of its approvers",
+            if decision.approved {
+                "approval"
+            } else {
+                "denial"
+            },
+            reviewed.run_id,
+            reviewed.suspension_seq
+        );
+        return Ok(());
+    }
     if reply["event"] == EventName::DecisionAccepted.as_str() {
         if decision.edits_calls() {
             say!(

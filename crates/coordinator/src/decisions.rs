@@ -17,13 +17,16 @@
 //! `not_awaiting_approval`. Refusals are recorded too (a row and an audit event, never a change
 //! to the run), so a replay returns the same refusal.
 
+use countersign_core::Principal;
 use countersign_core::{Approver, DecisionMessage, MessageError, ToolSpec};
 use countersign_store::{
-    DecidedRun, DecisionOutcome, DecisionRecord, NewDecision, Replay, RunStatus, StoredAgent,
+    DecidedRun, DecisionOutcome, DecisionRecord, NewDecision, PolicyMark, Replay, RunStatus,
+    StoredAgent, VoteFacts,
 };
 
 use crate::calls::{self, CardCalls};
 use crate::producers::ProducerKind;
+use crate::team;
 use crate::{Coordinator, CoordinatorError, DecisionVerdict};
 
 impl Coordinator {
@@ -43,6 +46,16 @@ impl Coordinator {
     /// | 9 | an approval is not by the acting user under four-eyes (admins too) | `self_approval_denied` |
     /// | 10 | a decision call by call names each call of the card once; an edit names a call still to run, keeps its tool and fits the tool's schema; the tool policy permits the approver every write the decision lets run or edits; under four-eyes an approval is not by a person who edited the card | `calls_not_of_the_card`, `edit_not_of_the_card`, `edit_changes_tool`, `edit_invalid_arguments`, `approver_not_permitted`, `editor_approval_denied` |
     /// | 11 | decision row, audit event and transition to `queued`/`resume` commit together | `not_auditable` (run stays waiting) |
+    ///
+    /// An agent whose cards need approvers as a team (see [`crate::team`]) turns an approval or
+    /// a denial that passes gate 10 into a vote: the approver must be in one of its groups
+    /// (their own, a delegator's now, or the backup group once the card is escalated) —
+    /// `not_in_approver_groups`; a person votes once per card — `already_voted`; approvals count
+    /// together only when they let the same calls run — `quorum_calls_differ`. A vote that does
+    /// not complete the quorum (or the denials that end the card) is recorded
+    /// `approval_recorded` / `denial_recorded`; the one that does is `accepted` and releases
+    /// the turn in the same transaction. At gate 7 a delegate may act for whoever delegated
+    /// their cards to them, for now; four-eyes stays judged against the run's acting user.
     ///
     /// Outcomes of gates 4–10 are recorded as refusals; `not_auditable` is not (the database
     /// refused to store the audit), so a producer may send the same decision again and it is
@@ -99,42 +112,165 @@ impl Coordinator {
             None => {}
         }
 
+        // Who must approve the run's agent, and what the approver may vote for.
+        let votes = match &facts.run {
+            Some(run) => {
+                let seq = decision.suspension_seq.as_i32();
+                self.store
+                    .vote_facts(&run.agent, &decision.approver, decision.run_id, seq)
+                    .await?
+            }
+            None => VoteFacts::default(),
+        };
+
         // 4. A run the approver may not see is one that does not exist.
-        let Some((run, approver)) = self.seen(&decision, facts.run).await? else {
+        let Some(seen) = self.seen(&decision, facts.run, &votes).await? else {
             return self
-                .record(&decision, DecisionOutcome::NotAwaitingApproval, false)
+                .record(&decision, DecisionOutcome::NotAwaitingApproval, false, None)
                 .await;
         };
 
         // 5–10.
-        let outcome = self.gate(&decision, run, approver, facts.agent);
+        let outcome = self.gate(&decision, seen, facts.agent, &votes);
+
+        // Under a quorum an approval or a denial is a vote: recorded, and released only with
+        // the quorum. An edit issues the card anew, which dismisses the votes.
+        if let (DecisionOutcome::Accepted, Some(approvers)) = (outcome, &votes.approvers) {
+            if approvers.quorum.is_team() && !decision.edits_calls() {
+                return match team::cast(&votes, approvers) {
+                    Ok(vote) => self.record_vote(&decision, &vote, approvers).await,
+                    Err(refused) => self.record(&decision, refused, true, None).await,
+                };
+            }
+        }
 
         // 11, and the record of a refusal.
-        self.record(&decision, outcome, true).await
+        self.record(&decision, outcome, true, None).await
+    }
+
+    /// Gates a decision a policy made, records it and, when accepted, releases its turn — the
+    /// gates of [`Coordinator::gate_decision`] from the replay on, with the policy in the
+    /// approver's place: it is trusted to decide (the operator loaded it), but it releases
+    /// only what the run's **acting user** may write (gate 10 asks the tool policy about the
+    /// acting user, not about a person), and it is never the second pair of eyes a four-eyes
+    /// configuration asks for (`self_approval_denied`). Its audit event names the policy, the
+    /// rule and the facts' digest (`mark`).
+    pub(crate) async fn gate_policy_decision(
+        &self,
+        decision: &DecisionMessage,
+        mark: &PolicyMark,
+    ) -> Result<DecisionVerdict, CoordinatorError> {
+        let facts = self
+            .store
+            .decision_facts(
+                decision,
+                "",
+                ProducerKind::Approver.as_str(),
+                ProducerKind::ActingUser.as_str(),
+            )
+            .await?;
+        match facts.recorded {
+            Some(Replay::Same(recorded)) => return Ok(self.verdict(decision, recorded, true)),
+            Some(Replay::Conflict) => return Ok(self.conflict(decision)),
+            None => {}
+        }
+        let outcome = match facts.run {
+            None => DecisionOutcome::NotAwaitingApproval,
+            // Under a quorum the card is the approver groups' to decide, and a policy is a
+            // member of none: it leaves the card to them.
+            Some(run) if self.team_decides(&run.agent).await? => {
+                DecisionOutcome::NotInApproverGroups
+            }
+            Some(run) => {
+                let acting = self.users.approver(&run.acting_user).await?;
+                let acting = acting.map(|a| a.principal().clone());
+                self.gate_for_policy(decision, run, acting, facts.agent)
+            }
+        };
+        self.record(decision, outcome, true, Some(mark)).await
+    }
+
+    /// Whether `agent`'s cards are decided by a quorum of approver groups.
+    async fn team_decides(&self, agent: &str) -> Result<bool, CoordinatorError> {
+        let approvers = self.store.agent_approvers(agent).await?;
+        Ok(approvers.is_some_and(|a| a.quorum.is_team()))
+    }
+
+    /// Gates 5–10 for a policy's decision, `acting` being the run's acting user as the
+    /// directory knows them.
+    fn gate_for_policy(
+        &self,
+        d: &DecisionMessage,
+        run: DecidedRun,
+        acting: Option<Principal>,
+        agent: Option<StoredAgent>,
+    ) -> DecisionOutcome {
+        if run.status != RunStatus::WaitingForApproval {
+            return DecisionOutcome::NotAwaitingApproval;
+        }
+        if run.turn_digest.as_ref() != Some(&d.turn_digest)
+            || run.suspension_seq != Some(d.suspension_seq)
+        {
+            return DecisionOutcome::StaleTurn;
+        }
+        let Some(acting) = acting else {
+            return DecisionOutcome::AccessDenied;
+        };
+        let agent: StoredAgent = match agent {
+            Some(agent) if agent.config.active => agent,
+            _ => return DecisionOutcome::ConfigurationGone,
+        };
+        if d.approved && agent.config.four_eyes {
+            return DecisionOutcome::SelfApprovalDenied;
+        }
+        let card = CardCalls {
+            tools: &run.pending_tools,
+            landed: &run.card_landed,
+            editors: &run.card_editors,
+        };
+        let permits = |spec: &ToolSpec| agent.config.policy.permits(spec, &acting);
+        calls::refusal(d, card, &self.registry, permits, agent.config.four_eyes)
+            .unwrap_or(DecisionOutcome::Accepted)
     }
 
     /// Gate 4: the run, with the approver as the directory knows them (`None` for a user it
     /// does not know or has disabled), when the approver may decide on it or the producer may
-    /// follow it; `None` when the run does not exist or neither may.
+    /// follow it; `None` when the run does not exist or neither may. The approver may decide
+    /// on it when the directory lets them, or lets someone who delegated their cards to them
+    /// for now.
     async fn seen(
         &self,
         d: &DecisionMessage,
         run: Option<DecidedRun>,
-    ) -> Result<Option<(DecidedRun, Option<Approver>)>, CoordinatorError> {
+        votes: &VoteFacts,
+    ) -> Result<Option<Seen>, CoordinatorError> {
         let Some(run) = run else { return Ok(None) };
         let approver = self.users.approver(&d.approver).await?;
-        let decides = approver.as_ref().is_some_and(|a| may_decide(a, d, &run));
-        Ok((decides || run.producer_follows).then_some((run, approver)))
+        let mut decides = approver.as_ref().is_some_and(|a| may_decide(a, d, &run));
+        if approver.is_some() && !decides {
+            for (delegator, _) in &votes.delegators {
+                let theirs = self.users.approver(delegator).await?;
+                if theirs.is_some_and(|a| a.may_approve_runs_of(&run.agent)) {
+                    decides = true;
+                    break;
+                }
+            }
+        }
+        Ok((decides || run.producer_follows).then_some(Seen {
+            run,
+            approver: approver.filter(|_| decides),
+        }))
     }
 
     /// Gates 5–10: `Accepted` when every gate passes.
     fn gate(
         &self,
         d: &DecisionMessage,
-        run: DecidedRun,
-        approver: Option<Approver>,
+        seen: Seen,
         agent: Option<StoredAgent>,
+        votes: &VoteFacts,
     ) -> DecisionOutcome {
+        let Seen { run, approver } = seen;
         // 5. The run is waiting.
         if run.status != RunStatus::WaitingForApproval {
             return DecisionOutcome::NotAwaitingApproval;
@@ -151,7 +287,7 @@ impl Coordinator {
         //    agent, or it is their own. An unknown or disabled user may not, whatever name it
         //    shares with the run's acting user.
         let owner = d.approver == run.acting_user;
-        let Some(approver) = approver.filter(|a| may_decide(a, d, &run)) else {
+        let Some(approver) = approver else {
             return DecisionOutcome::AccessDenied;
         };
 
@@ -176,9 +312,11 @@ impl Coordinator {
             editors: &run.card_editors,
         };
         let permits = |spec: &ToolSpec| agent.config.policy.permits(spec, principal);
-        if let Some(refused) =
-            calls::refusal(d, card, &self.registry, permits, agent.config.four_eyes)
-        {
+        // Under a quorum an editor may be one of the approvers, never the only one: the tally
+        // sees to that.
+        let team = votes.approvers.as_ref().is_some_and(|a| a.quorum.is_team());
+        let editor_alone = agent.config.four_eyes && !team;
+        if let Some(refused) = calls::refusal(d, card, &self.registry, permits, editor_alone) {
             return refused;
         }
 
@@ -188,11 +326,12 @@ impl Coordinator {
     /// Records the gated outcome; for `Accepted`, in the transaction that releases the turn.
     /// `in_trail`: whether the run's audit trail shows it (not for a run the approver may not
     /// see).
-    async fn record(
+    pub(crate) async fn record(
         &self,
         d: &DecisionMessage,
         outcome: DecisionOutcome,
         in_trail: bool,
+        policy: Option<&PolicyMark>,
     ) -> Result<DecisionVerdict, CoordinatorError> {
         let new = NewDecision {
             message: d.clone(),
@@ -200,7 +339,7 @@ impl Coordinator {
             in_trail,
         };
         let mut approval_wait = None;
-        let record = match self.store.record_decision_timed(&new).await {
+        let record = match self.store_decision(&new, policy).await {
             Ok((record, waited)) => {
                 approval_wait = waited;
                 record
@@ -267,6 +406,18 @@ impl Coordinator {
         })
     }
 
+    /// Records `new`, naming the policy that made it if one did.
+    async fn store_decision(
+        &self,
+        new: &NewDecision,
+        policy: Option<&PolicyMark>,
+    ) -> Result<(DecisionRecord, Option<f64>), countersign_store::StoreError> {
+        match policy {
+            Some(policy) => self.store.record_policy_decision(new, policy).await,
+            None => self.store.record_decision_timed(new).await,
+        }
+    }
+
     /// `idempotency_conflict`: the decision id is the one of another decision. Nothing is
     /// recorded (the id is that decision's), so the caller announces it
     /// ([`DecisionVerdict::unannounced`]).
@@ -284,7 +435,7 @@ impl Coordinator {
         )
     }
 
-    fn verdict(
+    pub(crate) fn verdict(
         &self,
         d: &DecisionMessage,
         outcome: DecisionOutcome,
@@ -300,6 +451,13 @@ impl Coordinator {
         );
         DecisionVerdict::gated(d.decision_id, d.run_id, outcome, replayed)
     }
+}
+
+/// What gate 4 lets through: the run, and the approver when they may decide on it (by the
+/// directory, their own run, or a delegation); `None` when only the producer may follow it.
+struct Seen {
+    run: DecidedRun,
+    approver: Option<Approver>,
 }
 
 /// Whether the directory lets `approver` decide on `run`: approve runs of its agent, or it is

@@ -2,10 +2,12 @@
 
 mod calls;
 mod decisions;
+pub mod policies;
 pub mod producers;
 mod requests;
 pub mod service;
 mod spans;
+mod team;
 mod verdict;
 
 use std::sync::Arc;

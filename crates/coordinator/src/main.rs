@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use countersign_coordinator::{service, Coordinator};
+use countersign_coordinator::{policies, service, Coordinator};
+use countersign_policy::PolicySource;
 use countersign_service::webhooks::{self, DeliveryConfig, Trust};
 use countersign_service::{Connections, KeySettings, ToolSettings};
 
@@ -42,6 +43,18 @@ struct Args {
     /// deliveries.
     #[arg(long, env = "COUNTERSIGN_COORDINATOR_POOL_SIZE", default_value_t = 8, value_parser = clap::value_parser!(u32).range(2..))]
     pool_size: u32,
+    /// Policy files (Cedar, with a `// policy:` / `// version:` / `// mode:` header), evaluated
+    /// on every card in the order given; re-read when they change. A file that does not load
+    /// at start stops the process, naming its line. None: every card waits for a person.
+    #[arg(
+        long = "policy-file",
+        env = "COUNTERSIGN_POLICY_FILES",
+        value_delimiter = ','
+    )]
+    policy_files: Vec<PathBuf>,
+    /// Milliseconds between two looks for cards the policies have not seen.
+    #[arg(long, env = "COUNTERSIGN_POLICY_POLL_MS", default_value_t = 250)]
+    policy_poll_ms: u64,
 }
 
 #[tokio::main]
@@ -50,6 +63,8 @@ async fn main() -> anyhow::Result<()> {
     // Checked before anything starts: an unusable CA file stops the process.
     let webhook_trust = Trust::new(args.webhooks_ca_file.as_deref())
         .map_err(|e| anyhow::anyhow!("--webhooks-ca-file: {e} ({})", e.code()))?;
+    let policies = PolicySource::open(&args.policy_files)
+        .map_err(|e| anyhow::anyhow!("policy refused: {e} ({})", e.code()))?;
     let started = countersign_service::start(
         "countersign-coordinator",
         &args.connections,
@@ -74,8 +89,20 @@ async fn main() -> anyhow::Result<()> {
         .await
     });
     let coordinator = Coordinator::with_users(started.store, Arc::new(tools.registry), tools.users);
+    let (stop_policies, policies_stopped) = tokio::sync::oneshot::channel::<()>();
+    let every = Duration::from_millis(args.policy_poll_ms.max(10));
+    let policies = tokio::spawn(policies::run(
+        coordinator.clone(),
+        policies,
+        every,
+        async move {
+            let _ = policies_stopped.await;
+        },
+    ));
     tracing::info!("coordinator started");
     service::run(coordinator, started.broker, started.shutdown).await;
+    let _ = stop_policies.send(());
+    let _ = policies.await;
     let _ = stop_webhooks.send(());
     let _ = webhooks.await;
     started.telemetry.shutdown().await;

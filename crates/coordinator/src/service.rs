@@ -224,7 +224,7 @@ async fn wait_for_store(coordinator: &Coordinator) {
 /// What became of a delivery's gates.
 enum Gated {
     /// They ran: what to publish and how to settle the delivery.
-    Ran(Effects),
+    Ran(Box<Effects>),
     /// The store did not answer for [`HOLD_AT_MOST`]: back to the queue.
     Requeue,
     /// They failed in a way that would recur: dead-lettered with this code as its reason.
@@ -255,7 +255,7 @@ async fn run_gates(coordinator: &Coordinator, inbox: Inbox, delivery: &Delivery)
             }
         };
         let code = match tokio::time::timeout(within, attempt).await {
-            Ok(Ok(effects)) => return Gated::Ran(effects),
+            Ok(Ok(effects)) => return Gated::Ran(Box::new(effects)),
             Ok(Err(e)) if !e.is_transient() => {
                 tracing::error!(code = e.code(), error = %e, "gates failed; message dead-lettered");
                 return Gated::Failed(e.code());
@@ -327,7 +327,7 @@ async fn handle(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delive
 
 async fn gate(coordinator: &Coordinator, broker: &Broker, inbox: Inbox, delivery: Delivery) {
     let effects = match run_gates(coordinator, inbox, &delivery).await {
-        Gated::Ran(effects) => effects,
+        Gated::Ran(effects) => *effects,
         Gated::Requeue => {
             if let Err(e) = delivery.requeue().await {
                 tracing::warn!(code = e.code(), error = %e, "requeue failed");

@@ -29,6 +29,7 @@ pub mod local_writer;
 pub mod messages;
 pub mod model;
 pub mod preview;
+pub mod quorum;
 pub mod segment;
 pub mod sequence;
 pub mod state;

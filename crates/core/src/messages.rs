@@ -448,6 +448,22 @@ pub enum EventName {
     /// A decision was refused; the run is unchanged. Carries `decision_id`, `run_id`, `outcome`.
     #[strum(serialize = "decision.refused")]
     DecisionRefused,
+    /// An approval was recorded as a vote on a card whose agent wants more than one approver;
+    /// the card waits for the rest. Carries `decision_id`, `run_id` and `outcome`.
+    #[strum(serialize = "card.approval_recorded")]
+    CardApprovalRecorded,
+    /// A denial was recorded as a vote; the card waits until enough deny it. Carries
+    /// `decision_id`, `run_id` and `outcome`.
+    #[strum(serialize = "card.denial_recorded")]
+    CardDenialRecorded,
+    /// A card waited longer than its agent's reminder time. Carries `run_id` and
+    /// `suspension_seq`.
+    #[strum(serialize = "card.reminded")]
+    CardReminded,
+    /// A card waited longer than its agent's escalation time: its agent's backup group may now
+    /// decide it. Carries `run_id`, `suspension_seq` and `backup_group`.
+    #[strum(serialize = "card.escalated")]
+    CardEscalated,
     /// A tool of a tool server or an MCP server is withheld from every run: the server lists it
     /// otherwise than an operator accepted it. Carries `tool`, `server`, `identity` (what it is
     /// listed as now) and `accepted_identity`; names no run. Announced once per change.

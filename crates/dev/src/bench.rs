@@ -103,6 +103,7 @@ async fn bench(db: &Database, amqp_addr: &str, config: &BenchConfig) -> anyhow::
                 .map(|&c| phase_cycles(c, config.cycles))
                 .sum::<usize>()
                 + config.cycles
+                + crate::policy_bench::cycles(config.cycles)
         }
     };
     let mut pages = seed_pages(&bench.pool, cycle_pages + scale::pages(config.cycles)).await?;
@@ -146,15 +147,24 @@ async fn cycle_part(
     );
 
     let stop = Arc::new(Notify::new());
-    let mut services = bench.start_services(&stop).await?;
+    let (mut services, coordinator) = bench.start_services(&stop).await?;
     let mut driver = bench.driver(pages).await?;
     let pools = bench.pools();
     let peak = closed_loop_phases(&pools, &mut driver, config).await?;
     half_the_peak(&pools, &mut driver, config, &peak).await?;
+    crate::policy_bench::auto_approved(
+        &mut services,
+        coordinator,
+        &mut driver,
+        &stop,
+        config.cycles,
+    )
+    .await?;
     // The services stop first: the ceilings and the hops below have the machine to
     // themselves, and the public queues the hops pass through have no other consumer.
     stop.notify_waiters();
     while services.join_next().await.is_some() {}
+    crate::policy_bench::remove_policy_file();
     let floor = amqp.percentile(50) + pg.percentile(50);
     print_ceilings(bench, floor, &peak).await?;
     print_hops(bench, &peak).await?;
@@ -230,7 +240,10 @@ impl Bench {
     }
 
     /// The coordinator and one worker, in this process, until `stop` is notified.
-    async fn start_services(&self, stop: &Arc<Notify>) -> anyhow::Result<JoinSet<()>> {
+    async fn start_services(
+        &self,
+        stop: &Arc<Notify>,
+    ) -> anyhow::Result<(JoinSet<()>, Coordinator)> {
         let mut services = JoinSet::new();
         // Each service gets a store of its own, as in its own process: its relay wakes for its
         // own commits only. They share the connection pool, of which the worker's approved
@@ -244,7 +257,7 @@ impl Bench {
         let runner = SegmentRunner::new(worker_store, tools, models, ttl);
         let (registry, users) = (runner.registry.clone(), runner.users.clone());
         let coordinator = Coordinator::with_users(service_store(), registry, users);
-        spawn_coordinator(&mut services, coordinator, &self.broker, stop);
+        spawn_coordinator(&mut services, coordinator.clone(), &self.broker, stop);
         spawn_worker(
             &mut services,
             runner,
@@ -252,7 +265,7 @@ impl Bench {
             stop,
             WORKER_CONCURRENCY,
         );
-        Ok(services)
+        Ok((services, coordinator))
     }
 
     /// The producer's side of the cycles, on the events of the bench's runs it acts on.
@@ -273,6 +286,7 @@ impl Bench {
             run_of: HashMap::new(),
             early: Vec::new(),
             done: Vec::new(),
+            auto: false,
         })
     }
 }
@@ -814,6 +828,8 @@ pub(crate) struct Driver<'a> {
     early: Vec<Value>,
     /// Every completed cycle of the bench.
     pub(crate) done: Vec<Cycle>,
+    /// Whether a policy approves the cards: the driver then decides nothing itself.
+    pub(crate) auto: bool,
 }
 
 impl Driver<'_> {
@@ -872,6 +888,7 @@ impl Driver<'_> {
                 self.early.push(event);
                 Ok(None)
             }
+            Some("run.suspended") if self.auto => Ok(None),
             Some("run.suspended") => {
                 let decision = json!({
                     "type": "countersign.decision", "version": 1,

@@ -16,6 +16,7 @@ use countersign_queue::{Broker, QueueConfig, Topology};
 
 pub mod bench;
 mod demo;
+mod policy_bench;
 mod scale;
 
 #[derive(Debug, Parser)]

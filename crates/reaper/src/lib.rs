@@ -82,6 +82,10 @@ pub struct PassSummary {
     pub skipped: u64,
     pub redispatched: u64,
     pub approvals_expired: u64,
+    /// Cards announced `card.reminded` by this pass.
+    pub cards_reminded: u64,
+    /// Cards escalated to their backup group by this pass.
+    pub cards_escalated: u64,
     /// Events left unpublished longer than the grace, published by this pass.
     pub events_republished: u64,
     /// Other unpublished events (this pass's own among them), published by this pass.
@@ -104,6 +108,8 @@ pub enum ReaperAction {
     Skipped,
     Redispatched,
     ApprovalExpired,
+    CardReminded,
+    CardEscalated,
     EventRepublished,
     EventPublished,
     EventPruned,
@@ -118,7 +124,7 @@ impl ReaperAction {
 
 impl PassSummary {
     /// Each action with its count.
-    pub fn actions(&self) -> [(ReaperAction, u64); 10] {
+    pub fn actions(&self) -> [(ReaperAction, u64); 12] {
         [
             (ReaperAction::Requeued, self.requeued),
             (ReaperAction::RetriesExhausted, self.retries_exhausted),
@@ -126,6 +132,8 @@ impl PassSummary {
             (ReaperAction::Skipped, self.skipped),
             (ReaperAction::Redispatched, self.redispatched),
             (ReaperAction::ApprovalExpired, self.approvals_expired),
+            (ReaperAction::CardReminded, self.cards_reminded),
+            (ReaperAction::CardEscalated, self.cards_escalated),
             (ReaperAction::EventRepublished, self.events_republished),
             (ReaperAction::EventPublished, self.events_published),
             (ReaperAction::EventPruned, self.events_pruned),
@@ -141,13 +149,15 @@ impl fmt::Display for PassSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "reaper pass: requeued={} retries_exhausted={} outcome_unknown={} skipped={} redispatched={} approvals_expired={} events_republished={} events_published={} events_pruned={} webhook_deliveries_pruned={}",
+            "reaper pass: requeued={} retries_exhausted={} outcome_unknown={} skipped={} redispatched={} approvals_expired={} cards_reminded={} cards_escalated={} events_republished={} events_published={} events_pruned={} webhook_deliveries_pruned={}",
             self.requeued,
             self.retries_exhausted,
             self.outcome_unknown,
             self.skipped,
             self.redispatched,
             self.approvals_expired,
+            self.cards_reminded,
+            self.cards_escalated,
             self.events_republished,
             self.events_published,
             self.events_pruned,
@@ -223,6 +233,9 @@ pub async fn pass(
         }
         tracing::info!(run.id = %run_id, "lost dispatch published again");
     }
+
+    // Reminders and escalations before expiries: a card due for both is escalated first.
+    (summary.cards_reminded, summary.cards_escalated) = store.remind_and_escalate().await?;
 
     for waiting in store.expired_approvals(config.batch).await? {
         match store

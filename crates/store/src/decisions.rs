@@ -53,7 +53,19 @@ pub enum DecisionOutcome {
     EditInvalidArguments,
     /// Under four-eyes, an approval by a person who edited the card: another must approve it.
     EditorApprovalDenied,
+    /// Under a quorum, a decision by a person in none of the groups that may decide the card
+    /// (their own, their delegators' now, or the backup group once the card is escalated).
+    NotInApproverGroups,
+    /// Under a quorum, a second vote by the same person on one card.
+    AlreadyVoted,
+    /// Under a quorum, an approval letting other calls run than the approvals given before:
+    /// approvals count together only when they approve the same calls.
+    QuorumCallsDiffer,
     NotAuditable,
+    /// Under a quorum, an approval recorded as a vote: the card waits for the rest.
+    ApprovalRecorded,
+    /// Under a quorum ending a card at more than one denial, a denial recorded as a vote.
+    DenialRecorded,
     Accepted,
 }
 
@@ -76,6 +88,18 @@ pub struct NewDecision {
     /// producer may not see: the refusal is recorded (for replays) as for a run that does not
     /// exist, and the run's history shows nothing of it.
     pub in_trail: bool,
+}
+
+/// Which policy made a decision: named in its audit event.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyMark {
+    pub policy: String,
+    pub version: u32,
+    /// The rule (1-based) that decided.
+    pub rule: Option<usize>,
+    /// The digest of the facts it saw.
+    pub facts_digest: String,
+    pub mode: &'static str,
 }
 
 /// What became of [`Store::record_decision`].
@@ -191,7 +215,7 @@ fn outcome(s: &str) -> Result<DecisionOutcome, StoreError> {
 }
 
 /// A decision's sealed columns.
-struct Sealed {
+pub(crate) struct Sealed {
     comment: Option<Vec<u8>>,
     detail: Option<Vec<u8>>,
 }
@@ -213,6 +237,53 @@ impl Store {
         &self,
         d: &NewDecision,
     ) -> Result<(DecisionRecord, Option<f64>), StoreError> {
+        self.record_decision_by(d, None).await
+    }
+
+    /// [`Store::record_decision_timed`] for a decision a policy made: its audit event names
+    /// the policy, the rule and the digest of the facts it saw.
+    pub async fn record_policy_decision(
+        &self,
+        d: &NewDecision,
+        policy: &PolicyMark,
+    ) -> Result<(DecisionRecord, Option<f64>), StoreError> {
+        self.record_decision_by(d, Some(policy)).await
+    }
+
+    async fn record_decision_by(
+        &self,
+        d: &NewDecision,
+        policy: Option<&PolicyMark>,
+    ) -> Result<(DecisionRecord, Option<f64>), StoreError> {
+        let m = &d.message;
+        let (sealed, event, mut payload) = self.decision_parts(d)?;
+        if let Some(policy) = policy {
+            payload["policy"] = json!(policy);
+        }
+        let Some((row, waited)) = self
+            .insert_decision(&self.pool, d, sealed, &event, payload)
+            .await?
+        else {
+            // Nothing committed. Lost to this decision id, recorded before or concurrently:
+            // a replay or a conflict; otherwise an approval whose transition another decision,
+            // a cancel or the reaper won.
+            let record = match self.recorded_decision(m).await? {
+                Some(Replay::Same(recorded)) => DecisionRecord::Replayed(recorded),
+                Some(Replay::Conflict) => DecisionRecord::Conflict,
+                None => DecisionRecord::TransitionLost,
+            };
+            return Ok((record, None));
+        };
+        self.hand_off(vec![row.into()]);
+        Ok((DecisionRecord::Recorded(d.outcome), waited))
+    }
+
+    /// What [`Store::record_decision`] writes of `d` beside its statement: its sealed
+    /// columns, its event and its audit payload.
+    pub(crate) fn decision_parts(
+        &self,
+        d: &NewDecision,
+    ) -> Result<(Sealed, Event, serde_json::Value), StoreError> {
         let m = &d.message;
         let comment = m
             .comment
@@ -238,20 +309,7 @@ impl Store {
             "has_comment": m.comment.is_some(),
         });
         audited_calls(m, &mut payload);
-        let sealed = Sealed { comment, detail };
-        let Some((row, waited)) = self.insert_decision(d, sealed, &event, payload).await? else {
-            // Nothing committed. Lost to this decision id, recorded before or concurrently:
-            // a replay or a conflict; otherwise an approval whose transition another decision,
-            // a cancel or the reaper won.
-            let record = match self.recorded_decision(m).await? {
-                Some(Replay::Same(recorded)) => DecisionRecord::Replayed(recorded),
-                Some(Replay::Conflict) => DecisionRecord::Conflict,
-                None => DecisionRecord::TransitionLost,
-            };
-            return Ok((record, None));
-        };
-        self.hand_off(vec![row.into()]);
-        Ok((DecisionRecord::Recorded(d.outcome), waited))
+        Ok((Sealed { comment, detail }, event, payload))
     }
 
     /// The statement of [`Store::record_decision`], with `comment` sealed and the audit
@@ -273,8 +331,9 @@ impl Store {
     ///   replays, but joins no trail);
     /// - the outbox row, announced whether or not the run exists: the producer learns its
     ///   refusal either way.
-    async fn insert_decision(
+    pub(crate) async fn insert_decision<'e>(
         &self,
+        conn: impl sqlx::PgExecutor<'e>,
         d: &NewDecision,
         sealed: Sealed,
         event: &Event,
@@ -335,7 +394,7 @@ impl Store {
             kind(m),
             detail,
         )
-        .fetch_optional(&self.pool)
+        .fetch_optional(conn)
         .await?;
         Ok(announced.map(|row| {
             let waited = row.waited;

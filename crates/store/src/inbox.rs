@@ -26,6 +26,33 @@ pub struct WaitingRun {
     pub waiting_since: DateTime<Utc>,
     /// How often an approval of the run found a preview moved and brought it back.
     pub bounces: i64,
+    /// Where the card stands when its agent wants approvers as a team:
+    /// "1 of 2 approvals — alice; waiting for one of marketing".
+    pub quorum: Option<String>,
+}
+
+/// Which of the viewer's waiting runs an inbox lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Waiting {
+    /// Every run the viewer may see.
+    #[default]
+    Any,
+    /// The runs waiting on the viewer: a card of an agent with one approver, or a card of a team
+    /// agent whose groups (the viewer's own, a delegator's now, or the backup group it was
+    /// escalated to) include the viewer's and that the viewer has not voted on.
+    OnMe,
+    /// The cards of team agents that wait on one of the viewer's groups, voted on or not.
+    OnMyGroups,
+}
+
+impl Waiting {
+    fn as_str(self) -> &'static str {
+        match self {
+            Waiting::Any => "any",
+            Waiting::OnMe => "me",
+            Waiting::OnMyGroups => "groups",
+        }
+    }
 }
 
 /// Where a page of the inbox starts: after this run, in inbox order.
@@ -55,22 +82,60 @@ impl Store {
         limit: u32,
         after: Option<InboxCursor>,
     ) -> Result<InboxPage, StoreError> {
+        self.inbox_waiting(viewer, approves, agent, Waiting::Any, limit, after)
+            .await
+    }
+
+    /// [`Store::inbox`], of the runs `waiting` names only, each with its quorum state.
+    pub async fn inbox_waiting(
+        &self,
+        viewer: &str,
+        approves: &Approves,
+        agent: Option<&str>,
+        waiting: Waiting,
+        limit: u32,
+        after: Option<InboxCursor>,
+    ) -> Result<InboxPage, StoreError> {
         let limit = i64::from(limit.clamp(1, 100));
-        let (all_agents, agents): (bool, Vec<String>) = match approves {
-            Approves::Nothing => (false, Vec::new()),
-            Approves::Every => (true, Vec::new()),
-            Approves::Agents(names) => (false, names.iter().cloned().collect()),
-        };
+        let (all_agents, agents) = agent_filter(approves);
         let rows = sqlx::query!(
             r#"SELECT id, agent, acting_user, suspension_seq AS "suspension_seq!",
                       turn_digest AS "turn_digest!", pending_tools,
                       approval_deadline AS "approval_deadline!", updated_at,
                       (SELECT count(*) FROM run_events e
-                       WHERE e.run_id = runs.id AND e.kind = 'run.preview_moved') AS "bounces!"
-               FROM runs
+                       WHERE e.run_id = runs.id AND e.kind = 'run.preview_moved') AS "bounces!",
+                      NOT w.single AS "team!"
+               FROM runs,
+                    LATERAL (SELECT array(
+                        SELECT group_name FROM approver_group_members WHERE member = $2
+                        UNION
+                        SELECT m.group_name FROM approver_delegations d
+                        JOIN approver_group_members m ON m.member = d.delegator
+                        WHERE d.delegate = $2 AND d.starts_at <= now() AND now() < d.ends_at)
+                        AS groups) mine,
+                    LATERAL (SELECT
+                        EXISTS (SELECT 1 FROM agent_approvers a,
+                                      jsonb_array_elements(a.requirements) q
+                                WHERE a.agent = runs.agent AND q->>'group' = ANY(mine.groups))
+                        OR EXISTS (SELECT 1 FROM card_alerts c
+                                   WHERE c.run_id = runs.id
+                                     AND c.suspension_seq = runs.suspension_seq
+                                     AND c.kind = 'escalated'
+                                     AND c.backup_group = ANY(mine.groups)) AS ours,
+                        EXISTS (SELECT 1 FROM card_votes v
+                                WHERE v.run_id = runs.id
+                                  AND v.suspension_seq = runs.suspension_seq
+                                  AND v.voter = $2) AS voted,
+                        NOT EXISTS (SELECT 1 FROM agent_approvers a
+                                    WHERE a.agent = runs.agent
+                                      AND jsonb_array_length(a.requirements) > 0) AS single) w
                WHERE status = 'waiting_for_approval'
                  AND ($1 OR agent = ANY($6) OR acting_user = $2)
                  AND ($7::text IS NULL OR agent = $7)
+                 AND CASE $8::text
+                         WHEN 'me' THEN w.single OR (w.ours AND NOT w.voted)
+                         WHEN 'groups' THEN NOT w.single AND w.ours
+                         ELSE true END
                  AND ($3::timestamptz IS NULL OR (approval_deadline, id) > ($3, $4))
                ORDER BY approval_deadline, id
                LIMIT $5"#,
@@ -81,27 +146,56 @@ impl Store {
             limit + 1,
             &agents[..],
             agent,
+            waiting.as_str(),
         )
         .fetch_all(&self.pool)
         .await?;
-        let mut runs = rows
-            .into_iter()
-            .map(|r| {
-                Ok(WaitingRun {
-                    run_id: run_id(r.id)?,
-                    agent: r.agent,
-                    acting_user: r.acting_user,
-                    suspension_seq: seq(r.suspension_seq)?,
-                    turn_digest: digest(&r.turn_digest)?,
-                    pending_tools: r.pending_tools,
-                    approval_deadline: r.approval_deadline,
-                    waiting_since: r.updated_at,
-                    bounces: r.bounces,
-                })
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        let next = if runs.len() > limit as usize {
-            runs.truncate(limit as usize);
+        let mut runs = Vec::with_capacity(rows.len());
+        for r in rows {
+            let run_id = run_id(r.id)?;
+            let quorum = self.quorum_of(run_id, r.team).await?;
+            runs.push(WaitingRun {
+                run_id,
+                agent: r.agent,
+                acting_user: r.acting_user,
+                suspension_seq: seq(r.suspension_seq)?,
+                turn_digest: digest(&r.turn_digest)?,
+                pending_tools: r.pending_tools,
+                approval_deadline: r.approval_deadline,
+                waiting_since: r.updated_at,
+                bounces: r.bounces,
+                quorum,
+            });
+        }
+        Ok(InboxPage::of(runs, limit as usize))
+    }
+}
+
+impl Store {
+    /// Where the quorum of `run_id`'s card stands, in words, when a team decides it (`team`).
+    async fn quorum_of(&self, run_id: RunId, team: bool) -> Result<Option<String>, StoreError> {
+        if !team {
+            return Ok(None);
+        }
+        Ok(self.card_standing(run_id).await?.map(|s| s.summary()))
+    }
+}
+
+/// Whether `approves` covers every agent, and otherwise which.
+fn agent_filter(approves: &Approves) -> (bool, Vec<String>) {
+    match approves {
+        Approves::Nothing => (false, Vec::new()),
+        Approves::Every => (true, Vec::new()),
+        Approves::Agents(names) => (false, names.iter().cloned().collect()),
+    }
+}
+
+impl InboxPage {
+    /// The page of the first `limit` of `runs` (read one beyond the page, to know whether
+    /// another follows).
+    fn of(mut runs: Vec<WaitingRun>, limit: usize) -> InboxPage {
+        let next = if runs.len() > limit {
+            runs.truncate(limit);
             runs.last().map(|r| InboxCursor {
                 deadline: r.approval_deadline,
                 run_id: r.run_id.as_uuid(),
@@ -109,6 +203,6 @@ impl Store {
         } else {
             None
         };
-        Ok(InboxPage { runs, next })
+        InboxPage { runs, next }
     }
 }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod agents;
+mod approvers;
 mod decisions;
 mod directory;
 mod error;
@@ -11,6 +12,7 @@ mod journal;
 mod leases;
 mod observe;
 pub mod outbox;
+mod policies;
 mod reaper;
 mod rotation;
 mod runs;
@@ -27,17 +29,23 @@ use sqlx::PgPool;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 pub use agents::{AgentConfig, StoredAgent};
+pub use approvers::{
+    is_group_name, AgentApprovers, ApproverGroup, CastVote, Delegation, VoteFacts, VoteRecord,
+};
 pub use decisions::{
-    DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision, Replay,
+    DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision, PolicyMark, Replay,
 };
 pub use directory::{DirectoryUser, TableUsers};
 pub use error::{classify, StoreError};
 pub use events::{NewEvent, RunEvent};
 pub use fence::{hook_error, FencedWrite, PREVIEW_LOCK_TIMEOUT};
-pub use inbox::{InboxCursor, InboxPage, WaitingRun};
+pub use inbox::{InboxCursor, InboxPage, Waiting, WaitingRun};
 pub use leases::{Claim, ClaimedInputs, Renewal, SealedDecision, SentCall};
 pub use observe::Backlog;
 pub use outbox::{EventPublisher, HandedOff, OutboxEvent, RelayReport};
+pub use policies::{
+    DecidedCard, DueCard, NewGrant, PolicyEvaluation, PolicyGrant, RecordedEvaluation,
+};
 pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
 pub use rotation::{ColumnRotation, RotationReport};
 pub use runs::{

@@ -231,10 +231,11 @@ pub fn run_accepted(request_id: Uuid, run_id: RunId) -> Event {
 
 /// `decision.accepted` / `decision.refused` with the gated outcome.
 pub fn decision_event(decision_id: Uuid, run_id: RunId, outcome: DecisionOutcome) -> Event {
-    let name = if outcome == DecisionOutcome::Accepted {
-        EventName::DecisionAccepted
-    } else {
-        EventName::DecisionRefused
+    let name = match outcome {
+        DecisionOutcome::Accepted => EventName::DecisionAccepted,
+        DecisionOutcome::ApprovalRecorded => EventName::CardApprovalRecorded,
+        DecisionOutcome::DenialRecorded => EventName::CardDenialRecorded,
+        _ => EventName::DecisionRefused,
     };
     Event::new(
         name,

@@ -3,6 +3,7 @@
 
 mod auth;
 mod decisions;
+mod groups;
 mod idempotency;
 mod inbox;
 mod observe;
