@@ -2,8 +2,8 @@
 //! a person's does (journal, audit, fence), and is bound to the card it saw — a preview that
 //! moved before the write re-suspends the run and the policy sees the new card; a denial reaches
 //! the model in the rule's words; a broken file stops the coordinator naming its line; a rule
-//! that fails at evaluation leaves the card to a person; a shadowed policy is recorded and
-//! counted and changes nothing.
+//! that fails at evaluation leaves the card to a person, and so does a turn that bounced three
+//! times; a shadowed policy is recorded and counted and changes nothing.
 
 use countersign_e2e::{
     chat_answer, count, hold_gate, http_get, install_gate, messages_with_role, model_settings,
@@ -222,6 +222,87 @@ async fn a_policy_approval_whose_preview_moved_re_suspends_and_the_policy_sees_t
         journal_seqs,
         vec![2],
         "nothing was written under the moved card"
+    );
+    site.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_three_bounces_of_one_turn_a_person_decides_not_the_policy() {
+    let model = proposing(NEW_DESCRIPTION);
+    let mut site = start("policy_loop_guard", &model, Some(APPROVING)).await;
+    // Every release of a card waits at this gate until a colleague has changed the page, so
+    // each approval the policy gives bounces on a moved preview.
+    let key = 4344;
+    install_gate(
+        &mut site.conn,
+        "release",
+        "runs",
+        "UPDATE",
+        "OLD.status = 'waiting_for_approval' AND NEW.status = 'queued'",
+        key,
+    )
+    .await;
+    let mut holder = PgConnection::connect(&site.db.url()).await.unwrap();
+    hold_gate(&mut holder, key).await;
+    let run = site.install.submit("policed", "editor", "Tighten page 12.");
+    // Three accepted approvals of one turn, the coordinator's limit (`policies::BOUNCE_LIMIT`).
+    for bounce in 1..=3 {
+        wait_until(
+            "the policy's release waits at the gate",
+            secs(60),
+            async || (waiting_at_gate(&mut site.conn, key).await == 1).then_some(()),
+        )
+        .await;
+        sqlx::query("UPDATE content.pages SET description = $1 WHERE uid = 12")
+            .bind(format!("Changed by a colleague, {bounce}."))
+            .execute(&mut site.conn)
+            .await
+            .unwrap();
+        release_gate(&mut holder, key).await;
+        hold_gate(&mut holder, key).await;
+    }
+
+    // Card 4: the policy would approve it again, but the turn bounced three times.
+    wait_for_card(&mut site.conn, &run, 4, secs(90)).await;
+    wait_for_sql(
+        &mut site.conn,
+        "the policy looked at card 4",
+        secs(30),
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM policy_evaluations
+                            WHERE run_id = '{run}' AND suspension_seq = 4)"
+        ),
+    )
+    .await;
+    let evaluated = evaluations(&mut site.conn, &run).await;
+    assert_eq!(
+        evaluated.last().unwrap(),
+        &(
+            4,
+            "enforce".into(),
+            "ask".into(),
+            Some("loop_guard".into()),
+            Some(2),
+            false
+        ),
+        "{evaluated:?}"
+    );
+    assert_eq!(
+        site.decisions(&run).await.len(),
+        3,
+        "cards 1 to 3 were the policy's, card 4 is nobody's yet"
+    );
+    assert_eq!(site.description(12).await, "Changed by a colleague, 3.");
+
+    // A person decides card 4, and it writes.
+    release_gate(&mut holder, key).await;
+    let (approved, out) = site.decide(&run, 4, "admin", &["--approve"]).await;
+    assert!(approved, "{out}");
+    wait_for_status(&mut site.conn, &run, "completed", secs(90)).await;
+    assert_eq!(site.description(12).await, NEW_DESCRIPTION);
+    assert_eq!(
+        site.decisions(&run).await.last().unwrap(),
+        &(4, "admin".to_owned(), "accepted".to_owned())
     );
     site.finish().await;
 }
