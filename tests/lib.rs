@@ -857,6 +857,34 @@ pub async fn assert_written_once(conn: &mut sqlx::PgConnection, runs: usize) {
     );
 }
 
+/// `POST path` on 127.0.0.1:`port` with a JSON body and a bearer token: (status, body, or
+/// `null` when the body is not JSON).
+pub fn http_post_json(
+    port: u16,
+    path: &str,
+    token: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let body = body.to_string();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the API listens");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a response");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
 /// The turn digest of the run's current card.
 pub async fn turn_digest(conn: &mut sqlx::PgConnection, run_id: &str) -> String {
     run_row(conn, run_id).await["turn_digest"]

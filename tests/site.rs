@@ -69,6 +69,36 @@ impl Site {
         );
     }
 
+    /// Starts `countersign-api` with `env`, and waits until it answers; its port.
+    pub async fn start_api(&mut self, env: &[(&str, &str)]) -> u16 {
+        let port = free_port();
+        let ready = free_port();
+        self.start(
+            "countersign-api",
+            &[
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--http-addr",
+                &format!("127.0.0.1:{ready}"),
+            ],
+            env,
+        );
+        let answered = crate::wait_until("the API answers", crate::secs(90), async || {
+            crate::http_get(port, "/inbox/sign-in").map(|_| true)
+        })
+        .await;
+        assert!(answered, "countersign-api answers");
+        port
+    }
+
+    /// A bearer token for `user` (`countersign tokens create`).
+    pub fn token(&self, user: &str) -> String {
+        self.install
+            .countersign_ok(&["tokens", "create", "--for", user, "--label", "e2e"])
+            .trim()
+            .to_owned()
+    }
+
     /// `countersign decide RUN --seq SEQ --digest (the current one) --as APPROVER ARGS`: whether
     /// it succeeded, and what it printed.
     pub async fn decide(

@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use countersign_e2e::{free_port, http_get, workspace_file, Installation};
+use countersign_e2e::{free_port, http_get, http_post_json, workspace_file, Installation};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 use sqlx::{Connection, PgConnection};
@@ -127,24 +127,6 @@ fn status_is_ok(port: u16) -> bool {
     }
     let mut head = [0u8; 12];
     stream.read_exact(&mut head).is_ok() && head.ends_with(b"200")
-}
-
-/// `POST path` with a JSON body and a bearer token: (status, body).
-fn http_post(port: u16, path: &str, token: &str, body: &Value) -> (u16, Value) {
-    let body = body.to_string();
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the API listens");
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").expect("a response");
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
 }
 
 async fn run_state(conn: &mut PgConnection, run_id: &str) -> (String, Option<i32>) {
@@ -364,7 +346,7 @@ async fn approvers_decide_in_a_real_browser_and_a_stale_tab_is_refused_until_it_
     let base = format!("http://127.0.0.1:{api_port}");
 
     // The editor's run request, through the API.
-    let (status, created) = http_post(
+    let (status, created) = http_post_json(
         api_port,
         "/v1/runs",
         &editor,
@@ -1001,7 +983,7 @@ async fn an_approver_edits_a_call_and_decides_call_by_call_in_a_real_browser() {
             .fetch_one(&mut conn)
             .await
             .unwrap();
-    let (status, body) = http_post(
+    let (status, body) = http_post_json(
         api_port,
         &format!("/v1/runs/{second}/decisions"),
         &admin,

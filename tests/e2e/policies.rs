@@ -580,8 +580,70 @@ async fn a_standing_grant_approves_the_next_matching_card_and_stops_at_revocatio
     site.finish().await;
 }
 
+/// `tests/e2e/inbox_client.py PORT TOKEN /inbox/runs/RUN --approve-with-grant`: whether the
+/// card offered the approval with a grant and, when it did, the outcome page's code and grant
+/// sentence.
+fn approve_with_grant_in_the_inbox(port: u16, token: &str, run: &str) -> serde_json::Value {
+    let out = std::process::Command::new("python3")
+        .arg(countersign_e2e::workspace_file("tests/e2e/inbox_client.py"))
+        .args([
+            &port.to_string(),
+            token,
+            &format!("/inbox/runs/{run}"),
+            "--approve-with-grant",
+        ])
+        .output()
+        .expect("inbox_client.py runs");
+    assert!(
+        out.status.success(),
+        "inbox_client.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("one JSON object")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_grant_is_refused_for_a_call_that_removes_content() {
+async fn a_grant_from_the_inbox_card_approves_it_and_the_next_matching_card_writes_unasked() {
+    let model = proposing(NEW_DESCRIPTION);
+    let mut site = start("policy_grant_inbox", &model, None).await;
+    let port = site.start_api(&[]).await;
+    let token = site.token("admin");
+    let first = site.install.submit("policed", "editor", "Tighten page 12.");
+    wait_for_policy_card(&mut site.conn, &first).await;
+
+    let pressed = approve_with_grant_in_the_inbox(port, &token, &first);
+    assert_eq!(pressed["offered"], true, "{pressed}");
+    assert_eq!(pressed["status"], 200, "{pressed}");
+    assert_eq!(pressed["outcome"], "accepted", "{pressed}");
+    let sentence = pressed["grant"].as_str().unwrap_or_default();
+    assert!(
+        sentence.starts_with("Standing grant given for 8 hours: update_page_metadata on uid:12"),
+        "{pressed}"
+    );
+    wait_for_status(&mut site.conn, &first, "completed", secs(60)).await;
+    let (by, hours): (String, f64) = sqlx::query_as(
+        "SELECT granted_by, extract(epoch FROM expires_at - granted_at)::float8 / 3600
+         FROM policy_grants",
+    )
+    .fetch_one(&mut site.conn)
+    .await
+    .unwrap();
+    assert_eq!((by.as_str(), hours.round()), ("admin", 8.0));
+
+    // The next matching card is the grant's to approve.
+    let second = site
+        .install
+        .submit("policed", "editor", "Tighten page 12 again.");
+    wait_for_status(&mut site.conn, &second, "completed", secs(60)).await;
+    let decided = site.decisions(&second).await;
+    assert_eq!(decided.len(), 1, "{decided:?}");
+    assert!(decided[0].1.starts_with("policy:grant-"), "{decided:?}");
+    site.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_is_refused_for_a_call_that_removes_content_by_the_cli_and_the_api_and_never_offered(
+) {
     let model = proposing("");
     let mut site = start("policy_grant_removes", &model, None).await;
     let run = site
@@ -594,6 +656,20 @@ async fn a_grant_is_refused_for_a_call_that_removes_content() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "refused");
     assert!(stderr.contains("grant_removes"), "{stderr}");
+    // Neither the API gives it nor the inbox card offers it.
+    let port = site.start_api(&[]).await;
+    let token = site.token("admin");
+    let (status, body) = countersign_e2e::http_post_json(
+        port,
+        &format!("/v1/runs/{run}/grants"),
+        &token,
+        &json!({"suspension_seq": 1, "hours": 8}),
+    );
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["code"], "grant_refused", "{body}");
+    assert_eq!(body["reason"], "grant_removes", "{body}");
+    let pressed = approve_with_grant_in_the_inbox(port, &token, &run);
+    assert_eq!(pressed["offered"], false, "{pressed}");
     let grants = count(&mut site.conn, "SELECT count(*) FROM policy_grants").await;
     assert_eq!(grants, 0);
     site.finish().await;

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use countersign_e2e::{
-    chat_answer, count, free_port, http_get, messages_with_role, model_settings, secs,
-    wait_for_card, wait_for_sql, wait_for_status, workspace_file, ModelStub, Site,
+    chat_answer, count, messages_with_role, model_settings, secs, wait_for_card, wait_for_sql,
+    wait_for_status, workspace_file, ModelStub, Site,
 };
 use serde_json::{json, Value};
 use sqlx::PgConnection;
@@ -97,24 +97,8 @@ async fn events(conn: &mut PgConnection, run: &str, kind: &str) -> i64 {
 
 /// Starts `countersign-api` with deciding from Slack on; its port.
 async fn start_api(site: &mut Site, signing_secret: &str) -> u16 {
-    let port = free_port();
-    let ready = free_port();
-    site.start(
-        "countersign-api",
-        &[
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--http-addr",
-            &format!("127.0.0.1:{ready}"),
-        ],
-        &[("COUNTERSIGN_SLACK_SIGNING_SECRET", signing_secret)],
-    );
-    let answered = countersign_e2e::wait_until("the API answers", secs(90), async || {
-        http_get(port, "/inbox/sign-in").map(|_| true)
-    })
-    .await;
-    assert!(answered, "countersign-api answers");
-    port
+    site.start_api(&[("COUNTERSIGN_SLACK_SIGNING_SECRET", signing_secret)])
+        .await
 }
 
 /// A model that proposes one description of page 12, then finishes.

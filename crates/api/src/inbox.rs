@@ -16,7 +16,8 @@ use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use chrono::Utc;
-use countersign_core::RunId;
+use countersign_coordinator::grants::DEFAULT_GRANT_HOURS;
+use countersign_core::{RunId, SuspensionSeq};
 use countersign_store::{DecisionOutcome, RunStatus};
 use maud::Markup;
 use serde::Deserialize;
@@ -395,11 +396,19 @@ pub async fn run(
             .await
             .map_err(|e| unavailable("events", e.code(), &e))?;
         let queue = neighbours(&state, &access, run_id).await?;
-        Ok((run, card, events, queue))
+        let offer_grant = match &card {
+            Some(card) => state
+                .coordinator
+                .grant_offered(run_id, card.suspension_seq, &web.caller.user)
+                .await
+                .map_err(|e| unavailable("grants", e.code(), &e))?,
+            None => false,
+        };
+        Ok((run, card, events, queue, offer_grant))
     }
     .await;
     match result {
-        Ok((run, card, events, queue)) => {
+        Ok((run, card, events, queue, offer_grant)) => {
             let decision_id = Uuid::now_v7().to_string();
             let markup = pages::run_page(
                 viewer(&web),
@@ -408,6 +417,7 @@ pub async fn run(
                 &decision_id,
                 &events,
                 queue,
+                offer_grant,
             );
             page(StatusCode::OK, Some(&web), markup)
         }
@@ -460,15 +470,28 @@ pub async fn decide(
                 "comment",
                 json!(field(&fields, "comment").filter(|c| !c.trim().is_empty())),
             ),
+            pages::DecidedAs::ApprovedWithGrant => draft.field("approved", json!(true)),
         };
         let outcome = take_decision(&state, &web.caller, draft.message()).await?;
+        // The grant only with an accepted approval of the card it names.
+        let granted = match (
+            decided,
+            &outcome,
+            seq.parse::<u32>().map(SuspensionSeq::new),
+        ) {
+            (pages::DecidedAs::ApprovedWithGrant, Ok(_), Ok(Ok(seq))) => Some(
+                crate::grants::give(&state, run_id, seq, &web.caller.user, DEFAULT_GRANT_HOURS)
+                    .await,
+            ),
+            _ => None,
+        };
         let access = Access::of(state.coordinator.users.as_ref(), &web.caller).await?;
         let queue = neighbours(&state, &access, run_id).await?;
-        Ok((run_id, outcome, decided, queue))
+        Ok((run_id, outcome, decided, queue, granted))
     }
     .await;
     match result {
-        Ok((run_id, outcome, decided, queue)) => {
+        Ok((run_id, outcome, decided, queue, granted)) => {
             let status = match &outcome {
                 Ok(_) => StatusCode::OK,
                 Err(problem) => problem.status(),
@@ -479,6 +502,7 @@ pub async fn decide(
                 &outcome,
                 decided,
                 queue.next,
+                granted.as_ref(),
             );
             let mut response = page(status, Some(&web), markup);
             if let Err(problem) = &outcome {
@@ -506,6 +530,7 @@ fn decided_as(fields: &[(String, String)]) -> Result<pages::DecidedAs, Problem> 
     match field(fields, "approved") {
         Some("true") => Ok(pages::DecidedAs::Turn { approved: true }),
         Some("false") => Ok(pages::DecidedAs::Turn { approved: false }),
+        Some("grant") => Ok(pages::DecidedAs::ApprovedWithGrant),
         _ => Err(Problem::malformed("invalid_field:approved")),
     }
 }

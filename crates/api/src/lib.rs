@@ -5,6 +5,7 @@ mod cards;
 mod conn;
 mod drafts;
 mod effects;
+mod grants;
 mod groups;
 mod history;
 mod inbox;
@@ -118,6 +119,7 @@ pub fn router(state: AppState) -> Router {
         .route("/runs/{run_id}/card", get(v1::card))
         .route("/runs/{run_id}/slack-message", get(slack::message))
         .route("/runs/{run_id}/decisions", post(v1::decide))
+        .route("/runs/{run_id}/grants", post(grants::grant))
         .route("/inbox", get(v1::inbox))
         .route("/groups", get(groups::list))
         .route("/groups/{group}", put(groups::create))

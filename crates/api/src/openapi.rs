@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use crate::problem::ProblemDetails;
-use crate::{groups, slack, v1};
+use crate::{grants, groups, slack, v1};
 
 #[derive(Debug, OpenApi)]
 #[openapi(
@@ -24,6 +24,7 @@ use crate::{groups, slack, v1};
         v1::inbox,
         v1::card,
         v1::decide,
+        grants::grant,
         slack::message,
         groups::list,
         groups::create,
@@ -48,6 +49,8 @@ use crate::{groups, slack, v1};
         v1::CallDecision,
         v1::CallEdit,
         v1::DecisionAccepted,
+        grants::GrantBody,
+        grants::Grant,
         v1::Quorum,
         groups::Group,
     )),

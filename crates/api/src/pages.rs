@@ -12,6 +12,7 @@
 //! list with the new item marked — above the line's text, which the approval binds to.
 
 use chrono::{DateTime, Utc};
+use countersign_coordinator::grants::GivenGrant;
 use countersign_core::card::{ApprovalCard, CardCall, CardPreview};
 use countersign_core::{LineForm, RunId};
 use countersign_store::{DecisionOutcome, RunEvent, RunRecord, RunStatus, Waiting, WaitingRun};
@@ -312,6 +313,7 @@ pub fn run_page(
     decision_id: &str,
     events: &[RunEvent],
     queue: Queue,
+    offer_grant: bool,
 ) -> Markup {
     layout(
         "Run",
@@ -339,7 +341,7 @@ pub fn run_page(
             }
             @if let Some(card) = card {
                 (card_section(card, Some(Deciding { viewer, run, card })))
-                (decision_form(viewer, run, card, decision_id))
+                (decision_form(viewer, run, card, decision_id, offer_grant))
             } @else if run.status == RunStatus::WaitingForApproval {
                 p.error { "This run's card cannot be shown (its state does not open)." }
             }
@@ -572,11 +574,14 @@ fn word_diff(before: &str, after: &str) -> Vec<(ChangeTag, String)> {
     runs
 }
 
+/// The card's forms; with `offer_grant`, the approval that also gives a standing grant (offered
+/// only when every call may be granted: see [`crate::grants`]).
 fn decision_form(
     viewer: Viewer<'_>,
     run: &RunRecord,
     card: &ApprovalCard,
     decision_id: &str,
+    offer_grant: bool,
 ) -> Markup {
     html! {
         form.card-form #decide method="post" action={ "/inbox/runs/" (run.id) "/decide" } {
@@ -592,6 +597,18 @@ fn decision_form(
                     "Approve suspension " (card.suspension_seq)
                 }
                 button.deny #deny type="submit" name="approved" value="false" { "Deny" }
+                @if offer_grant {
+                    button.approve #approve-grant type="submit" name="approved" value="grant" {
+                        "Approve, and approve the same for 8 hours"
+                    }
+                }
+            }
+            @if offer_grant {
+                p.hint #grant-hint {
+                    "The second approval also lets this agent's calls of the same tool on the same subject through without asking for 8 hours, as long as they remove nothing and stay within editor content (a standing grant, revoked with "
+                    code { "countersign policies revoke" }
+                    ")."
+                }
             }
             @if card.calls.len() > 1 {
                 details #by-call.by-call {
@@ -648,6 +665,8 @@ fn history(events: &[RunEvent]) -> Markup {
 pub enum DecidedAs {
     /// The whole turn, approved or denied.
     Turn { approved: bool },
+    /// The whole turn approved, with a standing grant for 8 hours.
+    ApprovedWithGrant,
     /// Call by call.
     ByCall,
     /// New arguments for a call.
@@ -661,13 +680,14 @@ pub fn outcome(
     result: &Result<DecisionAccepted, Problem>,
     decided: DecidedAs,
     next: Option<RunId>,
+    granted: Option<&Result<Vec<GivenGrant>, Problem>>,
 ) -> Markup {
     let (heading, code, explanation): (&str, &str, String) = match result {
         Ok(accepted) => (
             "Decision accepted",
             accepted.outcome,
             match decided {
-                DecidedAs::Turn { approved: true } => "The turn is released: the writes run only if every preview still reads as you saw it; otherwise the run comes back with the moved calls marked.",
+                DecidedAs::Turn { approved: true } | DecidedAs::ApprovedWithGrant => "The turn is released: the writes run only if every preview still reads as you saw it; otherwise the run comes back with the moved calls marked.",
                 DecidedAs::Turn { approved: false } => "The turn is released as denied: none of its calls runs, and the agent is told.",
                 DecidedAs::ByCall => "The turn is released call by call: the approved calls run only if each still reads as you saw it without the denied ones; otherwise the run comes back with the moved calls marked. The agent is told of each denial.",
                 DecidedAs::Edit => "The card is being issued anew with the new arguments: reload the run to see it previewed, marked as your edit. Nothing is written until someone approves it.",
@@ -691,6 +711,25 @@ pub fn outcome(
                 h1 { (heading) }
                 p { "Outcome: " code #outcome-code { (code) } }
                 p #outcome-explanation { (explanation) }
+                @match granted {
+                    Some(Ok(grants)) => {
+                        p #grant-outcome {
+                            "Standing grant given for 8 hours: "
+                            @for (i, g) in grants.iter().enumerate() {
+                                @if i > 0 { "; " }
+                                code { (g.tool) } " on " (g.subjects.join(", "))
+                                " (policy " code { (g.policy) } ")"
+                            }
+                            "."
+                        }
+                    }
+                    Some(Err(problem)) => {
+                        p #grant-outcome.error {
+                            "No standing grant was given: " code { (problem.reason.as_deref().unwrap_or(problem.code.code())) } "."
+                        }
+                    }
+                    None => {}
+                }
                 @if stale {
                     p #reload-hint role="alert" {
                         "This card is out of date: the run has moved on since this page was loaded. "

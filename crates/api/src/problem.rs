@@ -38,6 +38,8 @@ pub enum ProblemCode {
     Malformed,
     InvalidQuery,
     ConflictingIdempotency,
+    /// A standing grant cannot be given from the card; `reason` says why.
+    GrantRefused,
     NotFound,
     MethodNotAllowed,
     Timeout,
@@ -74,9 +76,9 @@ impl ProblemCode {
             ProblemCode::NotAJsonObject | ProblemCode::InvalidQuery => StatusCode::BAD_REQUEST,
             ProblemCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ProblemCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ProblemCode::Malformed | ProblemCode::ConflictingIdempotency => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            ProblemCode::Malformed
+            | ProblemCode::ConflictingIdempotency
+            | ProblemCode::GrantRefused => StatusCode::UNPROCESSABLE_ENTITY,
             ProblemCode::NotFound => StatusCode::NOT_FOUND,
             ProblemCode::MalformedRequest => StatusCode::BAD_REQUEST,
             ProblemCode::UriTooLong => StatusCode::URI_TOO_LONG,
@@ -126,6 +128,9 @@ impl ProblemCode {
             ProblemCode::InvalidQuery => "A query parameter is malformed.",
             ProblemCode::ConflictingIdempotency => {
                 "Send either an Idempotency-Key header or an id in the body, not both."
+            }
+            ProblemCode::GrantRefused => {
+                "No standing grant can be given from this card; `reason` says why (`grant_removes`, `grant_data_class`, `grant_no_subject`, `grant_no_writes`, `grant_no_facts`). Nothing was granted."
             }
             ProblemCode::NotFound => {
                 "Nothing at this path that this caller may see: no such run, or not one of theirs."

@@ -459,7 +459,7 @@ pub struct DecisionAccepted {
 // ---------------------------------------------------------------------------------------------
 
 /// A JSON object body sent as `application/json`, read up to the configured size.
-async fn json_object(
+pub(crate) async fn json_object(
     state: &AppState,
     headers: &HeaderMap,
     body: Body,
@@ -543,7 +543,7 @@ fn typed_message(mut fields: Map<String, Value>, kind: &str, version: u64) -> Va
 // ---------------------------------------------------------------------------------------------
 
 /// [`json_object`]'s problems, besides [`BODY_PROBLEMS`].
-const JSON_OBJECT_PROBLEMS: [ProblemCode; 2] = [
+pub(crate) const JSON_OBJECT_PROBLEMS: [ProblemCode; 2] = [
     ProblemCode::UnsupportedMediaType,
     ProblemCode::NotAJsonObject,
 ];
@@ -551,7 +551,7 @@ const JSON_OBJECT_PROBLEMS: [ProblemCode; 2] = [
 const REQUEST_KEY_PROBLEMS: [ProblemCode; 2] =
     [ProblemCode::ConflictingIdempotency, ProblemCode::Malformed];
 /// [`parse_run_id`]'s problem: a path naming no run names nothing.
-const RUN_PATH_PROBLEMS: [ProblemCode; 1] = [ProblemCode::NotFound];
+pub(crate) const RUN_PATH_PROBLEMS: [ProblemCode; 1] = [ProblemCode::NotFound];
 /// The inbox query's problem, besides those of the page it reads.
 const INBOX_QUERY_PROBLEMS: [ProblemCode; 2] =
     [ProblemCode::InvalidQuery, ProblemCode::Unavailable];
@@ -964,7 +964,7 @@ pub async fn openapi() -> Response {
 
 /// The run a path names: any string that is not a run id (a version-7 UUID) names no run, so
 /// it is `not_found` as an unknown run is.
-fn parse_run_id(s: &str) -> Result<RunId, Problem> {
+pub(crate) fn parse_run_id(s: &str) -> Result<RunId, Problem> {
     RunId::parse(s).map_err(|_| Problem::new(ProblemCode::NotFound))
 }
 

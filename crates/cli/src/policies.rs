@@ -7,10 +7,13 @@
 //! An `ask` is never wrong — a person decides — but it is no agreement either.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::Context;
 use chrono::{Duration, Utc};
 use clap::Subcommand;
+use countersign_coordinator::grants::GrantError;
+use countersign_coordinator::Coordinator;
 use countersign_policy::{CardFacts, OutcomeKind, Policy};
 use countersign_store::{DecidedCard, Store};
 
@@ -55,7 +58,7 @@ pub enum PoliciesCommand {
         seq: i32,
         #[arg(long = "as", value_name = "APPROVER")]
         approver: String,
-        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i32).range(1..=720))]
+        #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(i32).range(1..=i64::from(countersign_coordinator::grants::MAX_GRANT_HOURS)))]
         hours: i32,
     },
     /// Revokes a standing grant.
@@ -113,8 +116,9 @@ pub async fn run(
             approver,
             hours,
         } => {
-            let (store, _, users) = crate::card_reader(database_url, keys, tools).await?;
-            grant(&store, &*users, run_id, seq, &approver, hours).await
+            let (store, registry, users) = crate::card_reader(database_url, keys, tools).await?;
+            let coordinator = Coordinator::with_users(store, Arc::new(registry), users);
+            grant(&coordinator, run_id, seq, &approver, hours).await
         }
         PoliciesCommand::Revoke { grant_id, by } => {
             let store = crate::ops::store_without_keys(crate::connect(database_url).await?);
@@ -293,11 +297,10 @@ fn parse_since(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// Gives the standing grants of card `seq` of `run_id`: one per write call, each refused by
-/// name when it may not be granted (then none is given).
+/// Gives the standing grants of card `seq` of `run_id` ([`Coordinator::grant_from_card`]) and
+/// says each.
 async fn grant(
-    store: &Store,
-    users: &dyn countersign_core::UserDirectory,
+    coordinator: &Coordinator,
     run_id: countersign_core::RunId,
     seq: i32,
     approver: &str,
@@ -305,48 +308,24 @@ async fn grant(
 ) -> anyhow::Result<()> {
     let seq = countersign_core::SuspensionSeq::from_i32(seq)
         .map_err(|_| anyhow::anyhow!("--seq: not a suspension number"))?;
-    let run = store.run(run_id).await?.context("no such run")?;
-    let who = users.approver(approver).await?;
-    let may = who.is_some_and(|a| a.may_approve_runs_of(&run.agent));
-    anyhow::ensure!(
-        may,
-        "{approver} may not approve runs of {} (access_denied)",
-        run.agent
-    );
-    let facts = store
-        .card_facts(run_id, seq)
-        .await?
-        .and_then(|bytes| serde_json::from_slice::<CardFacts>(&bytes).ok())
-        .context("no facts were kept of this card")?;
-    anyhow::ensure!(
-        !facts.calls.is_empty(),
-        "the card has no write call (grant_no_writes)"
-    );
-    for call in &facts.calls {
-        countersign_policy::grantable(call).map_err(|e| {
-            anyhow::anyhow!("call {} may not be granted: {e} ({})", call.index, e.code())
-        })?;
-    }
-    for call in &facts.calls {
-        let id = uuid::Uuid::now_v7();
-        let short = &id.simple().to_string()[..12];
-        let source = countersign_policy::grant_source(short, &facts.agent, call);
-        let grant = countersign_store::NewGrant {
-            id,
-            run_id,
-            suspension_seq: seq,
-            agent: facts.agent.clone(),
-            tool: call.tool.clone(),
-            source,
-            granted_by: approver.to_owned(),
-            hours,
-        };
-        store.record_grant(&grant).await?;
+    let given = match coordinator
+        .grant_from_card(run_id, seq, approver, hours)
+        .await
+    {
+        Ok(given) => given,
+        Err(GrantError::NotFound) => {
+            anyhow::bail!("no run {run_id} whose agent {approver} may approve (access_denied)")
+        }
+        Err(e) => anyhow::bail!("no grant given: {e} ({})", e.code()),
+    };
+    for g in given {
         say!(
-            "grant {id} (policy grant-{short}): {} may call {} on {} for {hours} hour(s), approved without asking",
-            facts.agent,
-            call.tool,
-            call.subject_ids.join(", ")
+            "grant {} (policy {}): {} may call {} on {} for {hours} hour(s), approved without asking",
+            g.id,
+            g.policy,
+            g.agent,
+            g.tool,
+            g.subjects.join(", ")
         );
     }
     Ok(())

@@ -2,6 +2,7 @@
 
 mod calls;
 mod decisions;
+pub mod grants;
 pub mod policies;
 pub mod producers;
 mod requests;
