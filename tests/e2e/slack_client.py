@@ -2,7 +2,7 @@
 pinned by scripts/slack-sdk.sh): reads a card's Block Kit message with the SDK's models, and
 presses a button the way Slack does — a signed `block_actions` interaction.
 
-    slack_client.py message PORT TOKEN RUN_ID
+    slack_client.py message PORT TOKEN RUN_ID [TEAM CHANNEL]
     slack_client.py press PORT SECRET TEAM USER ACTION_ID VALUE [AGE_SECS]
 
 Each prints one JSON object on stdout.
@@ -19,9 +19,10 @@ from slack_sdk.models.blocks import ActionsBlock, Block, ButtonElement, SectionB
 from slack_sdk.signature import SignatureVerifier
 
 
-def message(port, token, run_id):
+def message(port, token, run_id, team=None, channel=None):
+    query = f"?{urllib.parse.urlencode({'team': team, 'channel': channel})}" if channel else ""
     request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/runs/{run_id}/slack-message",
+        f"http://127.0.0.1:{port}/v1/runs/{run_id}/slack-message{query}",
         headers={"Authorization": f"Bearer {token}"},
     )
     with urllib.request.urlopen(request, timeout=30) as response:
@@ -35,7 +36,18 @@ def message(port, token, run_id):
     # The SDK's models validate what they parse: a message Slack would refuse fails here.
     for b in blocks:
         b.validate_json()
-    return {"text": raw["text"], "section": section.text.text, "buttons": buttons, "raw": raw}
+    previews = [
+        b.text.text
+        for b in blocks
+        if isinstance(b, SectionBlock) and (b.block_id or "").startswith("countersign_preview_")
+    ]
+    return {
+        "text": raw["text"],
+        "section": section.text.text,
+        "previews": previews,
+        "buttons": buttons,
+        "raw": raw,
+    }
 
 
 def press(port, secret, team, user, action_id, value, age):
@@ -78,7 +90,7 @@ def press(port, secret, team, user, action_id, value, age):
 
 def main(argv):
     if argv[1] == "message":
-        out = message(argv[2], argv[3], argv[4])
+        out = message(argv[2], argv[3], argv[4], *argv[5:7])
     elif argv[1] == "press":
         age = int(argv[8]) if len(argv) > 8 else 0
         out = press(argv[2], argv[3], argv[4], argv[5], argv[6], argv[7], age)

@@ -3,7 +3,9 @@
 //! the approvals given on the old one; one denial ends the card; a delegate decides within the
 //! delegation's window and is refused outside it; an unanswered card is reminded and escalated
 //! to a backup group at (shortened) times, and a member of that group decides it; an expiry is
-//! an expiry, never a denial.
+//! an expiry, never a denial. From Slack: a signed press decides, a forged, replayed or stale
+//! one does not, and the message shows content only for a channel an operator cleared for the
+//! calls' data class.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -451,6 +453,68 @@ async fn a_signed_slack_press_decides_a_forged_or_replayed_one_does_not_and_a_st
         !card1["raw"].to_string().contains("Bicycles"),
         "no content in the message: {card1}"
     );
+    assert_eq!(card1["previews"], json!([]), "{card1}");
+    // A channel shows previews only once an operator cleared it for the calls' data class
+    // (update_page_metadata's is editor_content), only those the token's user may see on the
+    // card, and no more once the clearance is taken back.
+    let admin = install
+        .countersign_ok(&["tokens", "create", "--for", "admin", "--label", "e2e"])
+        .trim()
+        .to_owned();
+    let for_channel = |token: &str, channel: &str| {
+        slack(&["message", &port.to_string(), token, &run, "T0TEAM", channel])
+    };
+    assert_eq!(for_channel(&admin, "C0EDITORS")["previews"], json!([]));
+    install.countersign_ok(&[
+        "slack", "clear", "T0TEAM", "C0PUBLIC", "--class", "public", "--by", "admin",
+    ]);
+    install.countersign_ok(&[
+        "slack",
+        "clear",
+        "T0TEAM",
+        "C0EDITORS",
+        "--class",
+        "editor_content",
+        "--by",
+        "admin",
+    ]);
+    assert_eq!(
+        for_channel(&admin, "C0PUBLIC")["previews"],
+        json!([]),
+        "public only"
+    );
+    let cleared = for_channel(&admin, "C0EDITORS");
+    let previews = cleared["previews"].as_array().unwrap();
+    assert_eq!(previews.len(), 1, "{cleared}");
+    let preview = previews[0].as_str().unwrap();
+    assert!(
+        preview.starts_with("*Call 0* `update_page_metadata`") && preview.contains("Bicycles"),
+        "{cleared}"
+    );
+    assert_eq!(
+        cleared["buttons"], card1["buttons"],
+        "the same card, the same buttons"
+    );
+    // Alice may decide but not read page 12: her card withholds the preview, so does the
+    // message for her, cleared channel or not.
+    assert_eq!(
+        for_channel(&token, "C0EDITORS")["previews"],
+        json!([]),
+        "withheld for alice"
+    );
+    install.countersign_ok(&["slack", "unclear", "T0TEAM", "C0EDITORS", "--by", "admin"]);
+    assert_eq!(
+        for_channel(&admin, "C0EDITORS")["previews"],
+        json!([]),
+        "uncleared"
+    );
+    let audited = count(
+        &mut site.conn,
+        "SELECT count(*) FROM directory_audit
+         WHERE action IN ('slack_channel_cleared', 'slack_channel_uncleared') AND actor = 'admin'",
+    )
+    .await;
+    assert_eq!(audited, 3, "two clearances and one taken back, audited");
     let approve1 = card1["buttons"]["countersign_approve"]
         .as_str()
         .unwrap()

@@ -14,19 +14,26 @@
 //! (workspace, user, action time, card), so Slack's retries of one press are one decision.
 //!
 //! By default the message shows no content: how many writes, on which pages, and a link to the
-//! card. What a write would do stays behind the inbox's read gate.
+//! card. What a write would do stays behind the inbox's read gate — unless the message is asked
+//! for a channel an operator cleared for a data class (`countersign slack clear`): then it shows
+//! the preview of each call of that class or a lower one whose preview the viewer may see on
+//! the card, bounded and escaped.
 
 use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::Query;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use countersign_core::card::ApprovalCard;
-use countersign_core::{DecisionMessage, RunId, SuspensionSeq, TurnDigest};
+use countersign_core::card::{ApprovalCard, CardPreview};
+use countersign_core::{DataClass, DecisionMessage, RunId, SuspensionSeq, TurnDigest};
 use hmac::{Hmac, Mac};
 use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use utoipa::IntoParams;
 use uuid::Uuid;
 
 use crate::auth::{Caller, Via, CALLER_PROBLEMS};
@@ -93,13 +100,67 @@ fn button_value(run_id: RunId, seq: SuspensionSeq, digest: &TurnDigest) -> Strin
     format!("{run_id}:{}:{}", seq.get(), digest.as_str())
 }
 
-/// The Block Kit message of `card`: no content, only how many writes on which pages, the
-/// buttons and a link to the card.
+/// Lines of one call's preview a message shows at most.
+pub const PREVIEW_LINES: usize = 20;
+/// Characters of one call's preview block at most (Slack takes 3000 in a section).
+const PREVIEW_CHARS: usize = 2_500;
+
+/// A call whose preview a message may show: the channel is cleared for its data class and the
+/// viewer may see its preview.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShownPreview {
+    pub index: usize,
+    pub tool: String,
+    pub lines: Vec<String>,
+}
+
+/// `text` as Slack's mrkdwn shows it literally inside a code block: `&`, `<` and `>` escaped
+/// (so no mention, link or command is made), a run of three backticks broken (so the block
+/// cannot be closed early).
+fn mrkdwn_literal(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace("```", "`\u{200b}``")
+}
+
+/// The section block of one call's preview: its first [`PREVIEW_LINES`] lines, cut to
+/// [`PREVIEW_CHARS`], and how many more there are.
+fn preview_block(p: &ShownPreview) -> Value {
+    let mut body = String::new();
+    let mut shown = 0;
+    for line in p.lines.iter().take(PREVIEW_LINES) {
+        let line = mrkdwn_literal(line);
+        if body.len() + line.len() + 1 > PREVIEW_CHARS {
+            break;
+        }
+        body.push_str(&line);
+        body.push('\n');
+        shown += 1;
+    }
+    let more = p.lines.len() - shown;
+    let tail = if more > 0 {
+        format!(
+            "\n…and {more} more line{} on the card",
+            if more == 1 { "" } else { "s" }
+        )
+    } else {
+        String::new()
+    };
+    json!({"type": "section", "block_id": format!("countersign_preview_{}", p.index),
+           "text": {"type": "mrkdwn",
+                    "text": format!("*Call {}* `{}`\n```{body}```{tail}",
+                                    p.index, mrkdwn_literal(&p.tool))}})
+}
+
+/// The Block Kit message of `card`: how many writes on which pages, the previews in `previews`
+/// (none unless the channel is cleared for them), the buttons and a link to the card.
 pub fn card_message(
     run_id: RunId,
     card: &ApprovalCard,
     writes: usize,
     inbox_url: Option<&str>,
+    previews: &[ShownPreview],
 ) -> Value {
     let mut pages: Vec<i64> = card
         .calls
@@ -131,14 +192,11 @@ pub fn card_message(
                             "text": {"type": "plain_text", "text": "Open the card"},
                             "url": format!("{}/runs/{run_id}", base.trim_end_matches('/'))}));
     }
-    json!({
-        "text": text,
-        "blocks": [
-            {"type": "section", "block_id": "countersign_card",
-             "text": {"type": "mrkdwn", "text": text}},
-            {"type": "actions", "block_id": "countersign_decide", "elements": buttons},
-        ],
-    })
+    let mut blocks = vec![json!({"type": "section", "block_id": "countersign_card",
+                                 "text": {"type": "mrkdwn", "text": text}})];
+    blocks.extend(previews.iter().map(preview_block));
+    blocks.push(json!({"type": "actions", "block_id": "countersign_decide", "elements": buttons}));
+    json!({"text": text, "blocks": blocks})
 }
 
 route_problems!(
@@ -146,20 +204,32 @@ route_problems!(
     MessageProblems = [
         EVERY_REQUEST,
         CALLER_PROBLEMS,
-        [ProblemCode::NotFound],
+        [ProblemCode::NotFound, ProblemCode::InvalidQuery, ProblemCode::Unavailable],
         VISIBLE_RUN_PROBLEMS,
         CARD_PROBLEMS,
     ]
 );
 
-/// The Block Kit message to post to Slack for the card, as the caller may see it: no content,
-/// how many writes on which pages, Approve and Deny buttons carrying the card.
+/// Query of `GET /v1/runs/{run_id}/slack-message`: the channel the message is for.
+#[derive(Debug, Clone, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct MessageQuery {
+    /// The Slack workspace's id (e.g. `T0123ABCD`); with `channel`.
+    pub team: Option<String>,
+    /// The channel's id (e.g. `C0456EFGH`): when an operator cleared it for a data class, the
+    /// message shows the previews of the calls of that class and below that the caller may see.
+    pub channel: Option<String>,
+}
+
+/// The Block Kit message to post to Slack for the card, as the caller may see it: how many
+/// writes on which pages, Approve and Deny buttons carrying the card — and no content, unless
+/// `team` and `channel` name a channel cleared for the calls' data class.
 #[utoipa::path(
     get,
     path = "/v1/runs/{run_id}/slack-message",
     operation_id = "slack_message",
     tag = "inbox",
-    params(("run_id" = Uuid, Path, description = "The run.")),
+    params(("run_id" = Uuid, Path, description = "The run."), MessageQuery),
     responses(
         (status = 200, description = "A message for `chat.postMessage`: `text` and `blocks`."),
         MessageProblems,
@@ -170,7 +240,9 @@ pub async fn message(
     State(state): State<AppState>,
     caller: Caller,
     Path(run_id): Path<String>,
+    query: Result<Query<MessageQuery>, QueryRejection>,
 ) -> Result<Json<Value>, Problem> {
+    let Query(query) = query.map_err(|_| Problem::new(ProblemCode::InvalidQuery))?;
     let run_id = RunId::parse(&run_id).map_err(|_| Problem::new(ProblemCode::NotFound))?;
     let (run, access) = visible_run(&state, &caller, run_id).await?;
     let card = card_for(&state, &run, &access).await?;
@@ -184,8 +256,46 @@ pub async fn message(
                 .is_none_or(|t| t.spec().effect.is_write())
         })
         .count();
+    let cleared = match (&query.team, &query.channel) {
+        (Some(team), Some(channel)) => state
+            .coordinator
+            .store
+            .slack_channel_class(team, channel)
+            .await
+            .map_err(|e| unavailable("slack channels", e.code(), &e))?,
+        _ => None,
+    };
+    let previews = cleared.map_or_else(Vec::new, |class| {
+        shown_previews(&card, class, |tool| {
+            registry
+                .get(tool)
+                .map_or(DataClass::FAIL_CLOSED, |t| t.spec().data_class)
+        })
+    });
     let inbox = state.slack.as_ref().and_then(|s| s.inbox_url.as_deref());
-    Ok(Json(card_message(run_id, &card, writes, inbox)))
+    Ok(Json(card_message(run_id, &card, writes, inbox, &previews)))
+}
+
+/// The previews of `card` a channel cleared for `cleared` may show: each call of that class or
+/// a lower one (`class_of` its tool's) whose preview the card shows its viewer. A withheld,
+/// failed or absent preview is never shown.
+pub fn shown_previews(
+    card: &ApprovalCard,
+    cleared: DataClass,
+    class_of: impl Fn(&str) -> DataClass,
+) -> Vec<ShownPreview> {
+    card.calls
+        .iter()
+        .filter(|c| class_of(&c.tool) <= cleared)
+        .filter_map(|c| match &c.preview {
+            CardPreview::Shown { lines, .. } => Some(ShownPreview {
+                index: c.index.get(),
+                tool: c.tool.clone(),
+                lines: lines.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A press of one of the card's buttons, as Slack's `block_actions` payload carries it.
@@ -341,6 +451,110 @@ mod tests {
         mac.update(format!("v0:{ts}:").as_bytes());
         mac.update(body);
         format!("v0={}", hex::encode(mac.finalize().into_bytes()))
+    }
+
+    fn call(index: usize, tool: &str, preview: CardPreview) -> countersign_core::card::CardCall {
+        countersign_core::card::CardCall {
+            index: countersign_core::CallIndex::new(index),
+            tool: tool.to_owned(),
+            arguments: json!({}),
+            preview,
+            moved: false,
+            landed: false,
+            alone: false,
+            edit: None,
+            excluded: false,
+        }
+    }
+
+    fn shown(lines: &[&str]) -> CardPreview {
+        CardPreview::Shown {
+            lines: lines.iter().map(|l| (*l).to_owned()).collect(),
+            forms: Vec::new(),
+            full: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_cleared_channel_shows_only_shown_previews_of_its_class_and_below() {
+        let card = ApprovalCard {
+            suspension_seq: SuspensionSeq::new(1).unwrap(),
+            turn_digest: TurnDigest::parse(&"ab".repeat(32)).unwrap(),
+            captured_at: String::new(),
+            caption: "",
+            moved_notice: None,
+            calls: vec![
+                call(0, "page", shown(&["description: old → new"])),
+                call(1, "person", shown(&["email: a@example.org"])),
+                call(2, "page", CardPreview::Withheld { notice: "withheld" }),
+                call(3, "page", CardPreview::None),
+            ],
+        };
+        let class_of = |tool: &str| match tool {
+            "page" => DataClass::EditorContent,
+            _ => DataClass::PersonalData,
+        };
+        let editors = shown_previews(&card, DataClass::EditorContent, class_of);
+        assert_eq!(
+            editors,
+            vec![ShownPreview {
+                index: 0,
+                tool: "page".into(),
+                lines: vec!["description: old → new".into()]
+            }]
+        );
+        assert!(shown_previews(&card, DataClass::Public, class_of).is_empty());
+        let people = shown_previews(&card, DataClass::PersonalData, class_of);
+        assert_eq!(people.iter().map(|p| p.index).collect::<Vec<_>>(), [0, 1]);
+    }
+
+    #[test]
+    fn a_preview_block_is_literal_and_bounded() {
+        let hostile = ShownPreview {
+            index: 2,
+            tool: "t".into(),
+            lines: vec!["<!channel> & <https://evil.example|click> ``` done".into()],
+        };
+        let text = preview_block(&hostile)["text"]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            !text.contains("<!channel>") && !text.contains("<https"),
+            "{text}"
+        );
+        assert!(text.contains("&lt;!channel&gt; &amp; &lt;https://evil.example|click&gt;"));
+        assert_eq!(
+            text.matches("```").count(),
+            2,
+            "only the block's own fences: {text}"
+        );
+
+        let long = ShownPreview {
+            index: 0,
+            tool: "t".into(),
+            lines: (0..100).map(|i| format!("line {i}")).collect(),
+        };
+        let text = preview_block(&long)["text"]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            text.contains("line 19\n") && !text.contains("line 20\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("…and 80 more lines on the card"), "{text}");
+        let wide = ShownPreview {
+            index: 0,
+            tool: "t".into(),
+            lines: vec!["x".repeat(1_000); 5],
+        };
+        let text = preview_block(&wide)["text"]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(text.len() < 3_000, "{}", text.len());
+        assert!(text.ends_with("…and 3 more lines on the card"), "{text}");
     }
 
     #[test]

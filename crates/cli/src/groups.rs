@@ -167,6 +167,24 @@ pub enum SlackCommand {
         #[arg(long, default_value = "operator")]
         by: String,
     },
+    /// Clears channel CHANNEL of workspace TEAM for previews of calls of data class CLASS and
+    /// below (public, editor_content, personal_data, secret_adjacent): the card's message for
+    /// that channel shows them, as far as its viewer may see them. Other channels see none.
+    Clear {
+        team: String,
+        channel: String,
+        #[arg(long)]
+        class: countersign_core::DataClass,
+        #[arg(long, default_value = "operator")]
+        by: String,
+    },
+    /// Takes a channel's clearance back: its messages show no content any more.
+    Unclear {
+        team: String,
+        channel: String,
+        #[arg(long, default_value = "operator")]
+        by: String,
+    },
 }
 
 pub async fn slack(store: &Store, command: SlackCommand) -> anyhow::Result<()> {
@@ -192,6 +210,28 @@ pub async fn slack(store: &Store, command: SlackCommand) -> anyhow::Result<()> {
                     "unmapped"
                 } else {
                     "no such mapping"
+                }
+            );
+        }
+        SlackCommand::Clear {
+            team,
+            channel,
+            class,
+            by,
+        } => {
+            store
+                .clear_slack_channel(&by, &team, &channel, class)
+                .await?;
+            say!("channel {channel} of {team} shows previews of {class} and below");
+        }
+        SlackCommand::Unclear { team, channel, by } => {
+            let removed = store.unclear_slack_channel(&by, &team, &channel).await?;
+            say!(
+                "{}",
+                if removed {
+                    "cleared no more"
+                } else {
+                    "the channel was not cleared"
                 }
             );
         }

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use countersign_core::quorum::{self, Quorum, Requirement, Standing, Tally};
-use countersign_core::{EventName, RunId};
+use countersign_core::{DataClass, EventName, RunId};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -613,6 +613,84 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// Clears Slack channel `channel` of workspace `team` for previews of `class` and below,
+    /// audited with `actor`. Clearing again replaces the class.
+    pub async fn clear_slack_channel(
+        &self,
+        actor: &str,
+        team: &str,
+        channel: &str,
+        class: DataClass,
+    ) -> Result<(), StoreError> {
+        sqlx::query!(
+            r#"WITH c AS (INSERT INTO slack_channels (team_id, channel_id, data_class, cleared_by)
+                          VALUES ($2, $3, $4, $1)
+                          ON CONFLICT (team_id, channel_id)
+                              DO UPDATE SET data_class = excluded.data_class,
+                                            cleared_by = excluded.cleared_by,
+                                            cleared_at = now()
+                          RETURNING *)
+               INSERT INTO directory_audit (actor, action, subject)
+               SELECT $1, 'slack_channel_cleared',
+                      jsonb_build_object('team', team_id, 'channel', channel_id,
+                                         'data_class', data_class)
+               FROM c"#,
+            actor,
+            team,
+            channel,
+            class.as_str(),
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Takes a channel's clearance back; false when it had none.
+    pub async fn unclear_slack_channel(
+        &self,
+        actor: &str,
+        team: &str,
+        channel: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query!(
+            r#"WITH c AS (DELETE FROM slack_channels WHERE team_id = $2 AND channel_id = $3
+                          RETURNING *)
+               INSERT INTO directory_audit (actor, action, subject)
+               SELECT $1, 'slack_channel_uncleared',
+                      jsonb_build_object('team', team_id, 'channel', channel_id,
+                                         'data_class', data_class)
+               FROM c"#,
+            actor,
+            team,
+            channel,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The highest data class channel `channel` of workspace `team` is cleared for; `None`
+    /// when it is not cleared.
+    pub async fn slack_channel_class(
+        &self,
+        team: &str,
+        channel: &str,
+    ) -> Result<Option<DataClass>, StoreError> {
+        let class = sqlx::query_scalar!(
+            "SELECT data_class FROM slack_channels WHERE team_id = $1 AND channel_id = $2",
+            team,
+            channel,
+        )
+        .fetch_optional(&self.pool)
+        .await?;
+        class
+            .map(|c| {
+                c.parse::<DataClass>()
+                    .map_err(|_| StoreError::unreadable("slack_channels.data_class"))
+            })
+            .transpose()
     }
 
     /// The directory user a Slack user is mapped to, if any.
