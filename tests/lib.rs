@@ -885,6 +885,27 @@ pub fn http_post_json(
     )
 }
 
+/// `GET path` on 127.0.0.1:`port` with a bearer token: (status, body, or `null` when the body
+/// is not JSON).
+pub fn http_get_json(port: u16, path: &str, token: &str) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the API listens");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\
+         Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").expect("a response");
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
 /// The turn digest of the run's current card.
 pub async fn turn_digest(conn: &mut sqlx::PgConnection, run_id: &str) -> String {
     run_row(conn, run_id).await["turn_digest"]

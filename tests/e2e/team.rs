@@ -3,7 +3,8 @@
 //! the approvals given on the old one; one denial ends the card; a delegate decides within the
 //! delegation's window and is refused outside it; an unanswered card is reminded and escalated
 //! to a backup group at (shortened) times, and a member of that group decides it; an expiry is
-//! an expiry, never a denial. From Slack: a signed press decides, a forged, replayed or stale
+//! an expiry, never a denial; a policy's `ask` routes a one-approver agent's card to two of
+//! `legal`. From Slack: a signed press decides, a forged, replayed or stale
 //! one does not, and the message shows content only for a channel an operator cleared for the
 //! calls' data class.
 
@@ -34,6 +35,18 @@ async fn start_with_deadline(
     reaper: bool,
     deadline: u64,
 ) -> Site {
+    let mut site = with_groups(tag).await;
+    site.configure(&team_agent(model, approvers, deadline));
+    site.start_services(&[]);
+    if reaper {
+        site.start("countersign-reaper", &["--every", "1"], &[]);
+    }
+    site
+}
+
+/// An installation with the content store, the demo site, the approvers alice, bob, carol,
+/// dana and erin, and the groups `legal` (alice, bob, carol) and `backup` (dana); nothing runs.
+async fn with_groups(tag: &str) -> Site {
     let mut site = Site::create(tag).await;
     site.install.countersign_ok(&["migrate", "--with-content"]);
     site.install.countersign_ok(&["seed-demo-site"]);
@@ -56,6 +69,11 @@ async fn start_with_deadline(
                 .countersign_ok(&["groups", "add", group, m, "--by", "admin"]);
         }
     }
+    site
+}
+
+/// The agent `team` (four-eyes, page metadata only) wanting `approvers` (none when null).
+fn team_agent(model: &ModelStub, approvers: Value, deadline: u64) -> Value {
     let mut agent = json!({
         "name": "team",
         "model": model_settings(model),
@@ -70,12 +88,7 @@ async fn start_with_deadline(
     if !approvers.is_null() {
         agent["approvers"] = approvers;
     }
-    site.configure(&agent);
-    site.start_services(&[]);
-    if reaper {
-        site.start("countersign-reaper", &["--every", "1"], &[]);
-    }
-    site
+    agent
 }
 
 async fn status(conn: &mut PgConnection, run: &str) -> String {
@@ -605,18 +618,72 @@ fn inbox_rows(port: u16, token: &str, path: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// Leaves description changes of `team` to two approvers of `legal`.
+const ROUTING: &str = r#"// policy: route-descriptions
+// version: 1
+
+@approvers("legal:2")
+permit (
+  principal == Agent::"team",
+  action == Action::"ask",
+  resource == Tool::"update_page_metadata"
+) when { context.call.preview.changed_fields.contains("description") };
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_ask_routes_a_card_of_a_one_approver_agent_to_two_of_legal() {
+    let model = proposing();
+    let mut site = with_groups("team_routed").await;
+    site.configure(&team_agent(&model, Value::Null, 3600));
+    let file = site.dir.0.join("routing.cedar");
+    std::fs::write(&file, ROUTING).unwrap();
+    site.start_services(&["--policy-file", file.to_str().unwrap()]);
+    let before = site.description(12).await;
+    let run = site.install.submit("team", "editor", "Describe page 12.");
+    wait_for_card(&mut site.conn, &run, 1, secs(60)).await;
+    wait_for_sql(
+        &mut site.conn,
+        "the policy routed the card",
+        secs(30),
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM policy_evaluations
+                            WHERE run_id = '{run}' AND outcome = 'ask' AND reason = 'routed')"
+        ),
+    )
+    .await;
+    let routed: Value = sqlx::query_scalar(
+        "SELECT requirements FROM card_routes WHERE run_id = $1::uuid AND suspension_seq = 1",
+    )
+    .bind(&run)
+    .fetch_one(&mut site.conn)
+    .await
+    .unwrap();
+    assert_eq!(routed, json!([{"group": "legal", "count": 2}]));
+
+    // The agent wants one approver; the routed card wants two of legal.
+    let (ok, out) = site.decide(&run, 1, "erin", &["--approve"]).await;
+    assert!(!ok && out.contains("not_in_approver_groups"), "{out}");
+    let (ok, out) = site.decide(&run, 1, "alice", &["--approve"]).await;
+    assert!(ok && out.contains("approval recorded"), "{out}");
+    assert_eq!(status(&mut site.conn, &run).await, "waiting_for_approval");
+    assert_eq!(
+        site.description(12).await,
+        before,
+        "nothing written after one"
+    );
+    let (ok, out) = site.decide(&run, 1, "bob", &["--approve"]).await;
+    assert!(ok, "{out}");
+    wait_for_status(&mut site.conn, &run, "completed", secs(60)).await;
+    assert_eq!(site.description(12).await, NEW_DESCRIPTION);
+    site.finish().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_inbox_lists_cards_waiting_on_me_and_on_my_groups_with_their_quorum() {
     let model = proposing();
     let mut site = start("team_inbox", &model, two_of_legal(), false).await;
     let port = start_api(&mut site, SIGNING_SECRET).await;
-    let token = |user: &str| {
-        site.install
-            .countersign_ok(&["tokens", "create", "--for", user, "--label", "e2e"])
-            .trim()
-            .to_owned()
-    };
-    let (alice, erin) = (token("alice"), token("erin"));
+    let (alice, erin) = (site.token("alice"), site.token("erin"));
     let run = site.install.submit("team", "editor", "Describe page 12.");
     wait_for_card(&mut site.conn, &run, 1, secs(60)).await;
 
@@ -638,5 +705,27 @@ async fn the_inbox_lists_cards_waiting_on_me_and_on_my_groups_with_their_quorum(
     // Erin may decide on the agent's runs but is in none of its groups.
     assert_eq!(inbox_rows(port, &erin, "/inbox?waiting=groups"), vec![]);
     assert_eq!(inbox_rows(port, &erin, "/inbox"), vec![(run.clone(), one)]);
+
+    // The API's inbox filters alike.
+    let api_runs = |token: &str, query: &str| -> Vec<String> {
+        let (status, page) =
+            countersign_e2e::http_get_json(port, &format!("/v1/inbox{query}"), token);
+        assert_eq!(status, 200, "{page}");
+        page["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["run_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(api_runs(&alice, "?waiting=me"), Vec::<String>::new());
+    assert_eq!(api_runs(&alice, "?waiting=groups"), vec![run.clone()]);
+    assert_eq!(api_runs(&erin, "?waiting=groups"), Vec::<String>::new());
+    assert_eq!(api_runs(&erin, "?waiting=me"), Vec::<String>::new());
+    assert_eq!(api_runs(&erin, ""), vec![run.clone()]);
+    let bob = site.token("bob");
+    assert_eq!(api_runs(&bob, "?waiting=me"), vec![run.clone()]);
+    let (status, refused) = countersign_e2e::http_get_json(port, "/v1/inbox?waiting=nobody", &bob);
+    assert_eq!((status, &refused["code"]), (400, &json!("invalid_query")));
     site.finish().await;
 }

@@ -40,6 +40,7 @@ use crate::{grants, groups, slack, v1};
         v1::RunEventView,
         v1::Status,
         v1::InboxPage,
+        v1::WaitingFilter,
         v1::InboxRun,
         v1::Card,
         v1::CardCall,

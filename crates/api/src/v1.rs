@@ -182,6 +182,31 @@ pub struct InboxQuery {
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     pub cursor: Option<String>,
+    /// `me`: the cards waiting on the caller — one approver's cards, and the cards of a quorum
+    /// of one of the caller's groups (their own, a delegator's now, or a backup group the card
+    /// was escalated to) that the caller has not voted on; `groups`: the quorum cards waiting on
+    /// one of the caller's groups, voted on or not; `any` (the default): every card the caller
+    /// may decide on.
+    pub waiting: Option<WaitingFilter>,
+}
+
+/// Which waiting cards `GET /v1/inbox` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitingFilter {
+    Any,
+    Me,
+    Groups,
+}
+
+impl From<WaitingFilter> for countersign_store::Waiting {
+    fn from(w: WaitingFilter) -> Self {
+        match w {
+            WaitingFilter::Any => countersign_store::Waiting::Any,
+            WaitingFilter::Me => countersign_store::Waiting::OnMe,
+            WaitingFilter::Groups => countersign_store::Waiting::OnMyGroups,
+        }
+    }
 }
 
 /// One page of the runs waiting for a decision that the caller may see, soonest deadline
@@ -791,8 +816,16 @@ pub async fn inbox(
         return Err(Problem::new(ProblemCode::InvalidQuery));
     }
     let access = Access::of(state.coordinator.users.as_ref(), &caller).await?;
-    let any = countersign_store::Waiting::Any;
-    let page = inbox_page(&state.coordinator.store, &access, None, any, limit, cursor).await?;
+    let waiting = query.waiting.unwrap_or(WaitingFilter::Any).into();
+    let page = inbox_page(
+        &state.coordinator.store,
+        &access,
+        None,
+        waiting,
+        limit,
+        cursor,
+    )
+    .await?;
     Ok(Json(InboxPage {
         runs: page.runs.into_iter().map(InboxRun::from).collect(),
         next_cursor: page.next.as_ref().map(encode_cursor),

@@ -178,7 +178,7 @@ impl Coordinator {
             None => DecisionOutcome::NotAwaitingApproval,
             // Under a quorum the card is the approver groups' to decide, and a policy is a
             // member of none: it leaves the card to them.
-            Some(run) if self.team_decides(&run.agent).await? => {
+            Some(run) if self.team_decides(&run.agent, decision).await? => {
                 DecisionOutcome::NotInApproverGroups
             }
             Some(run) => {
@@ -190,9 +190,18 @@ impl Coordinator {
         self.record(decision, outcome, true, Some(mark)).await
     }
 
-    /// Whether `agent`'s cards are decided by a quorum of approver groups.
-    async fn team_decides(&self, agent: &str) -> Result<bool, CoordinatorError> {
-        let approvers = self.store.agent_approvers(agent).await?;
+    /// Whether the card `decision` names is decided by a quorum of approver groups: the
+    /// agent's, or one a policy routed the card to.
+    async fn team_decides(
+        &self,
+        agent: &str,
+        decision: &DecisionMessage,
+    ) -> Result<bool, CoordinatorError> {
+        let seq = decision.suspension_seq.as_i32();
+        let approvers = self
+            .store
+            .card_approvers(agent, decision.run_id, seq)
+            .await?;
         Ok(approvers.is_some_and(|a| a.quorum.is_team()))
     }
 

@@ -128,6 +128,17 @@ impl Coordinator {
                 };
             }
             if matches!(evaluation.outcome, Outcome::Ask { .. }) {
+                // An ask rule named who must approve: the card's quorum from now on.
+                if !evaluation.route.is_empty() {
+                    self.store
+                        .route_card(
+                            card.run_id,
+                            card.suspension_seq.as_i32(),
+                            &policy.principal(),
+                            &evaluation.route,
+                        )
+                        .await?;
+                }
                 self.note(policy, &evaluation, &card, &state, None).await?;
                 continue;
             }

@@ -40,6 +40,22 @@ impl Quorum {
     pub fn groups(&self) -> BTreeSet<&str> {
         self.requirements.iter().map(|r| r.group.as_str()).collect()
     }
+
+    /// This quorum made stricter by `more` (a policy's routing of one card): each group's
+    /// count is the larger of the two, a group only `more` names is added. Never looser.
+    pub fn refined(&self, more: &[Requirement]) -> Quorum {
+        let mut requirements = self.requirements.clone();
+        for r in more {
+            match requirements.iter_mut().find(|q| q.group == r.group) {
+                Some(q) => q.count = q.count.max(r.count),
+                None => requirements.push(r.clone()),
+            }
+        }
+        Quorum {
+            requirements,
+            denials_to_end: self.denials_to_end.max(1),
+        }
+    }
 }
 
 /// One vote on a card.
@@ -233,6 +249,28 @@ mod tests {
                 .collect(),
             denials_to_end: 1,
         }
+    }
+
+    #[test]
+    fn a_refined_quorum_is_never_looser_than_the_agents() {
+        let agent = quorum(&[("legal", 2)]);
+        let refined = agent.refined(&[
+            Requirement {
+                group: "legal".into(),
+                count: 1,
+            },
+            Requirement {
+                group: "marketing".into(),
+                count: 1,
+            },
+        ]);
+        assert_eq!(refined, quorum(&[("legal", 2), ("marketing", 1)]));
+        let single = Quorum::default().refined(&[Requirement {
+            group: "legal".into(),
+            count: 2,
+        }]);
+        assert!(single.is_team());
+        assert_eq!(single, quorum(&[("legal", 2)]));
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! `version`, `mode`). Each Cedar `permit` or `forbid` is a *rule*, numbered from 1 in the
 //! order of the file. A card is approved when every write call of it is permitted the action
 //! `approve`; denied when any call is permitted `deny` (its `@message` annotation is what the
-//! model is told); otherwise a person is asked. Anything that goes wrong — a rule that errors,
+//! model is told); otherwise a person is asked — the people an `ask` rule's `@approvers`
+//! annotation names, when one permits `ask` for a call ([`crate::route`]). Anything that goes wrong — a rule that errors,
 //! an evaluation that overran its budget — asks a person too: a policy fails closed.
 
 use std::str::FromStr;
@@ -18,7 +19,10 @@ use cedar_policy::{
 use miette::Diagnostic;
 use strum::{EnumString, IntoStaticStr};
 
+use countersign_core::quorum::Requirement;
+
 use crate::facts::{CallFacts, CardFacts};
+use crate::route::{merged, Routes};
 
 /// The Cedar schema of what a policy sees.
 pub const SCHEMA: &str = include_str!("schema.cedarschema");
@@ -100,6 +104,8 @@ pub enum AskReason {
     NoWrites,
     /// The same turn bounced too often (a preview moved after each approval): a person decides.
     LoopGuard,
+    /// An `ask` rule named who must approve (`@approvers`): people of those groups decide.
+    Routed,
 }
 
 impl AskReason {
@@ -155,6 +161,9 @@ pub struct Evaluation {
     /// [`CardFacts::digest`] of what it saw.
     pub facts_digest: String,
     pub elapsed: Duration,
+    /// For an ask the rules routed ([`AskReason::Routed`]): who must approve the card, on top
+    /// of what the agent wants. Empty otherwise.
+    pub route: Vec<Requirement>,
 }
 
 /// A loaded, validated policy.
@@ -167,6 +176,7 @@ pub struct Policy {
     pub source: String,
     set: PolicySet,
     rules: usize,
+    routes: Routes,
 }
 
 /// The schema countersign ships, parsed.
@@ -197,6 +207,7 @@ impl Policy {
                 message: e.to_string(),
             });
         }
+        let routes = Routes::of(source, &set)?;
         Ok(Policy {
             id: header.id,
             version: header.version,
@@ -204,6 +215,7 @@ impl Policy {
             source: source.to_owned(),
             set,
             rules,
+            routes,
         })
     }
 
@@ -226,18 +238,32 @@ impl Policy {
     pub fn evaluate(&self, facts: &CardFacts) -> Evaluation {
         let started = Instant::now();
         let (outcome, rule) = self.decide(facts);
+        let (outcome, rule, route) = match outcome {
+            Outcome::Ask {
+                reason: AskReason::NoRule,
+            } => match self.route(facts) {
+                Ok((first, route)) if !route.is_empty() => {
+                    let reason = AskReason::Routed;
+                    (Outcome::Ask { reason }, Some(first), route)
+                }
+                Ok(_) => (outcome, rule, Vec::new()),
+                Err(reason) => (Outcome::Ask { reason }, None, Vec::new()),
+            },
+            _ => (outcome, rule, Vec::new()),
+        };
         let elapsed = started.elapsed();
-        let (outcome, rule) = if elapsed > EVALUATION_BUDGET {
+        let (outcome, rule, route) = if elapsed > EVALUATION_BUDGET {
             let reason = AskReason::Timeout;
-            (Outcome::Ask { reason }, None)
+            (Outcome::Ask { reason }, None, Vec::new())
         } else {
-            (outcome, rule)
+            (outcome, rule, route)
         };
         Evaluation {
             outcome,
             rule,
             facts_digest: facts.digest(),
             elapsed,
+            route,
         }
     }
 
@@ -281,21 +307,55 @@ impl Policy {
         call: &CallFacts,
         action: &str,
     ) -> Result<Option<usize>, AskReason> {
+        let rules = self.permitting(facts, call, action)?;
+        match rules.first() {
+            None => Ok(None),
+            Some(_) if rules.contains(&0) => Err(AskReason::EvaluationError),
+            Some(first) => Ok(Some(*first)),
+        }
+    }
+
+    /// The rules that permit `action` for `call`, in order (empty: none). A permitting policy
+    /// whose id is not a rule's is returned as rule 0.
+    fn permitting(
+        &self,
+        facts: &CardFacts,
+        call: &CallFacts,
+        action: &str,
+    ) -> Result<Vec<usize>, AskReason> {
         let request = request(facts, call, action).ok_or(AskReason::EvaluationError)?;
         let response = Authorizer::new().is_authorized(&request, &self.set, &Entities::empty());
         if response.diagnostics().errors().next().is_some() {
             return Err(AskReason::EvaluationError);
         }
         if response.decision() != Decision::Allow {
-            return Ok(None);
+            return Ok(Vec::new());
         }
-        let rule = response
+        let mut rules: Vec<usize> = response
             .diagnostics()
             .reason()
-            .filter_map(rule_number)
-            .min()
-            .ok_or(AskReason::EvaluationError)?;
-        Ok(Some(rule))
+            .map(|id| rule_number(id).unwrap_or(0))
+            .collect();
+        rules.sort_unstable();
+        Ok(rules)
+    }
+
+    /// Who the `ask` rules route the card to: the first routing rule, and the union of the
+    /// routes of every `ask` rule that permits any call (empty: none routes it).
+    fn route(&self, facts: &CardFacts) -> Result<(usize, Vec<Requirement>), AskReason> {
+        let mut rules = Vec::new();
+        for call in &facts.calls {
+            rules.extend(self.permitting(facts, call, "ask")?);
+        }
+        rules.sort_unstable();
+        rules.dedup();
+        let routing: Vec<usize> = rules
+            .into_iter()
+            .filter(|r| self.routes.of_rule(*r).is_some())
+            .collect();
+        let first = routing.first().copied().unwrap_or(0);
+        let route = merged(routing.iter().filter_map(|r| self.routes.of_rule(*r)));
+        Ok((first, route))
     }
 }
 
@@ -330,7 +390,7 @@ fn rule_id(rule: usize) -> PolicyId {
     PolicyId::new(format!("policy{}", rule.saturating_sub(1)))
 }
 
-fn rule_number(id: &PolicyId) -> Option<usize> {
+pub(crate) fn rule_number(id: &PolicyId) -> Option<usize> {
     let n: usize = id.to_string().strip_prefix("policy")?.parse().ok()?;
     Some(n + 1)
 }

@@ -10,6 +10,7 @@
 mod engine;
 mod facts;
 mod grant;
+mod route;
 mod set;
 
 pub use engine::{
@@ -18,6 +19,7 @@ pub use engine::{
 };
 pub use facts::{Arg, CallFacts, CardFacts, PreviewFacts, RunFacts};
 pub use grant::{grant_source, grantable, GrantRefusal};
+pub use route::MAX_ROUTED;
 pub use set::{read, Loaded, PolicySource, SourceError};
 
 #[cfg(test)]

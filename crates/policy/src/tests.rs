@@ -300,3 +300,74 @@ fn a_generated_grant_approves_the_same_tool_on_the_same_subject_and_nothing_else
     let personal = card("seo-assistant", "personal_data", change_preview("a", "b"));
     assert_eq!(grantable(&personal.calls[0]), Err(GrantRefusal::DataClass));
 }
+
+const ROUTING: &str = r#"// policy: routing
+// version: 1
+
+// Rule 1: a short description change is approved.
+permit (principal, action == Action::"approve", resource)
+when { context.call.preview.max_after_chars <= 20 };
+
+// Rule 2: any other description change waits for two of legal.
+@approvers("legal:2")
+permit (principal, action == Action::"ask", resource)
+when { context.call.preview.changed_fields.contains("description") };
+
+// Rule 3: and, from secret-adjacent data, one of security as well.
+@approvers("security, legal:1")
+permit (principal, action == Action::"ask", resource)
+when { context.call.data_class == "secret_adjacent" };
+"#;
+
+#[test]
+fn an_ask_rule_routes_the_card_to_the_groups_it_names_and_routes_add_up() {
+    let policy = Policy::load(ROUTING).expect("loads");
+    let short = card("any", "editor_content", change_preview("Old", "New"));
+    assert_eq!(policy.evaluate(&short).outcome, Outcome::Approve);
+    assert!(policy.evaluate(&short).route.is_empty());
+
+    let long = card(
+        "any",
+        "editor_content",
+        change_preview("Old", &"x".repeat(40)),
+    );
+    let e = policy.evaluate(&long);
+    assert_eq!(
+        e.outcome,
+        Outcome::Ask {
+            reason: AskReason::Routed
+        }
+    );
+    assert_eq!(e.rule, Some(2));
+    let route: Vec<(String, u32)> = e.route.iter().map(|r| (r.group.clone(), r.count)).collect();
+    assert_eq!(route, [("legal".to_owned(), 2)]);
+
+    let secret = card(
+        "any",
+        "secret_adjacent",
+        change_preview("Old", &"x".repeat(40)),
+    );
+    let route: Vec<(String, u32)> = policy
+        .evaluate(&secret)
+        .route
+        .iter()
+        .map(|r| (r.group.clone(), r.count))
+        .collect();
+    assert_eq!(
+        route,
+        [("legal".to_owned(), 2), ("security".to_owned(), 1)],
+        "the union, each group at its largest count"
+    );
+}
+
+#[test]
+fn an_approvers_annotation_that_names_no_group_is_refused_at_load_naming_its_line() {
+    let bad = ROUTING.replace("@approvers(\"legal:2\")", "@approvers(\"legal:zero\")");
+    match Policy::load(&bad) {
+        Err(e) => {
+            assert_eq!(e.code(), "policy_invalid");
+            assert_eq!(e.line(), 9, "{e}");
+        }
+        Ok(_) => panic!("loaded"),
+    }
+}

@@ -308,6 +308,75 @@ impl Store {
         .transpose()
     }
 
+    /// Who must approve card `seq` of `run_id`: `agent`'s quorum refined by the routes
+    /// policies gave the card ([`Quorum::refined`]); `None` when neither asks for more than one
+    /// approver.
+    pub async fn card_approvers(
+        &self,
+        agent: &str,
+        run_id: RunId,
+        seq: i32,
+    ) -> Result<Option<AgentApprovers>, StoreError> {
+        let approvers = self.agent_approvers(agent).await?;
+        let routes = self.card_routes(run_id, seq).await?;
+        if routes.is_empty() {
+            return Ok(approvers);
+        }
+        let approvers = approvers.unwrap_or_default();
+        Ok(Some(AgentApprovers {
+            quorum: approvers.quorum.refined(&routes),
+            ..approvers
+        }))
+    }
+
+    /// Records that `policy` routed card `seq` of `run_id` to `requirements` (once per policy
+    /// and card).
+    pub async fn route_card(
+        &self,
+        run_id: RunId,
+        seq: i32,
+        policy: &str,
+        requirements: &[Requirement],
+    ) -> Result<(), StoreError> {
+        let requirements = serde_json::to_value(requirements)
+            .map_err(|_| StoreError::unreadable("card_routes.requirements"))?;
+        sqlx::query!(
+            "INSERT INTO card_routes (run_id, suspension_seq, policy, requirements)
+             VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+            run_id.as_uuid(),
+            seq,
+            policy,
+            requirements,
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The union of the routes policies gave card `seq` of `run_id`: each group at its largest
+    /// count (empty: none routed it).
+    pub async fn card_routes(
+        &self,
+        run_id: RunId,
+        seq: i32,
+    ) -> Result<Vec<Requirement>, StoreError> {
+        let rows = sqlx::query_scalar!(
+            "SELECT requirements FROM card_routes
+             WHERE run_id = $1 AND suspension_seq = $2 ORDER BY policy",
+            run_id.as_uuid(),
+            seq,
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let mut merged = Quorum::default();
+        for row in rows {
+            let routed: Vec<Requirement> = serde_json::from_value(row)
+                .map_err(|_| StoreError::unreadable("card_routes.requirements"))?;
+            merged = merged.refined(&routed);
+        }
+        Ok(merged.requirements)
+    }
+
     /// What the gates of `voter`'s decision on card `seq` of `run_id` (of `agent`) read
     /// beside the decision's facts.
     pub async fn vote_facts(
@@ -317,7 +386,7 @@ impl Store {
         run_id: RunId,
         seq: i32,
     ) -> Result<VoteFacts, StoreError> {
-        let approvers = self.agent_approvers(agent).await?;
+        let approvers = self.card_approvers(agent, run_id, seq).await?;
         let r = sqlx::query!(
             r#"SELECT coalesce((SELECT array_agg(group_name) FROM approver_group_members
                                 WHERE member = $1), '{}') AS "groups!",
@@ -428,10 +497,10 @@ impl Store {
         .fetch_optional(&self.pool)
         .await?;
         let Some(run) = run else { return Ok(None) };
-        let Some(approvers) = self.agent_approvers(&run.agent).await? else {
+        let seq = run.suspension_seq.unwrap_or_default();
+        let Some(approvers) = self.card_approvers(&run.agent, run_id, seq).await? else {
             return Ok(None);
         };
-        let seq = run.suspension_seq.unwrap_or_default();
         let mut conn = self.pool.acquire().await?;
         let votes = card_votes(&mut conn, run_id, seq).await?;
         Ok(

@@ -117,6 +117,9 @@ impl Store {
                         EXISTS (SELECT 1 FROM agent_approvers a,
                                       jsonb_array_elements(a.requirements) q
                                 WHERE a.agent = runs.agent AND q->>'group' = ANY(mine.groups))
+                        OR EXISTS (SELECT 1 FROM card_routes r, jsonb_array_elements(r.requirements) q
+                                   WHERE (r.run_id, r.suspension_seq) = (runs.id, runs.suspension_seq)
+                                     AND q->>'group' = ANY(mine.groups))
                         OR EXISTS (SELECT 1 FROM card_alerts c
                                    WHERE c.run_id = runs.id
                                      AND c.suspension_seq = runs.suspension_seq
@@ -128,7 +131,10 @@ impl Store {
                                   AND v.voter = $2) AS voted,
                         NOT EXISTS (SELECT 1 FROM agent_approvers a
                                     WHERE a.agent = runs.agent
-                                      AND jsonb_array_length(a.requirements) > 0) AS single) w
+                                      AND jsonb_array_length(a.requirements) > 0)
+                        AND NOT EXISTS (SELECT 1 FROM card_routes r WHERE (r.run_id, r.suspension_seq)
+                                                                      = (runs.id, runs.suspension_seq))
+                            AS single) w
                WHERE status = 'waiting_for_approval'
                  AND ($1 OR agent = ANY($6) OR acting_user = $2)
                  AND ($7::text IS NULL OR agent = $7)
