@@ -865,35 +865,32 @@ pub fn http_post_json(
     token: &str,
     body: &serde_json::Value,
 ) -> (u16, serde_json::Value) {
-    use std::io::{Read, Write};
-    let body = body.to_string();
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the API listens");
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").expect("a response");
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (
-        status,
-        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
-    )
+    http_json(port, "POST", path, token, Some(body))
 }
 
 /// `GET path` on 127.0.0.1:`port` with a bearer token: (status, body, or `null` when the body
 /// is not JSON).
 pub fn http_get_json(port: u16, path: &str, token: &str) -> (u16, serde_json::Value) {
+    http_json(port, "GET", path, token, None)
+}
+
+/// One request with a bearer token (and a JSON body, when given) over a connection of its
+/// own: (status, body, or `null` when the body is not JSON).
+fn http_json(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<&serde_json::Value>,
+) -> (u16, serde_json::Value) {
     use std::io::{Read, Write};
+    let body = body.map(ToString::to_string).unwrap_or_default();
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the API listens");
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\
-         Connection: close\r\n\r\n"
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {token}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
     )
     .unwrap();
     let mut response = String::new();
