@@ -23,7 +23,7 @@
 //! nor make the coordinator publish to a queue of its choosing through `reply_to`.
 
 use countersign_core::{Event, EventName, RunId};
-use countersign_store::outbox::{decision_event, run_accepted};
+use countersign_store::{decision_event, run_accepted};
 use countersign_store::{DecisionOutcome, Segment};
 use serde_json::json;
 use strum::VariantArray;

@@ -532,7 +532,8 @@ impl Store {
 
     async fn alert(&self, name: EventName) -> Result<u64, StoreError> {
         let escalate = name == EventName::CardEscalated;
-        let rows = sqlx::query!(
+        let rows = sqlx::query_as!(
+            crate::outbox::Row,
             r#"WITH due AS (
                    SELECT r.id, r.suspension_seq, r.agent, a.backup_group
                    FROM runs r JOIN agent_approvers a ON a.agent = r.agent
@@ -554,7 +555,7 @@ impl Store {
                    ON CONFLICT DO NOTHING
                    RETURNING run_id, suspension_seq, backup_group),
                body AS (
-                   SELECT a.run_id, gen_random_uuid() AS id,
+                   SELECT a.run_id,
                           jsonb_build_object('type', 'countersign.event', 'version', 1,
                                              'event', $2::text,
                                              'run_id', a.run_id,
@@ -562,40 +563,20 @@ impl Store {
                           || CASE WHEN $1 THEN jsonb_build_object('backup_group', a.backup_group)
                                   ELSE '{}'::jsonb END AS fields
                    FROM alerted a),
-               next AS (
-                   INSERT INTO run_trails (run_id, last_sequence)
-                   SELECT run_id, 1 FROM body
-                   ON CONFLICT (run_id) DO UPDATE
-                       SET last_sequence = run_trails.last_sequence + 1
-                   RETURNING run_id, last_sequence),
-               audit AS (
-                   INSERT INTO run_events (run_id, sequence, kind, payload)
-                   SELECT n.run_id, n.last_sequence, $2::text,
-                          b.fields - 'type' - 'version' - 'event' - 'run_id'
-                   FROM next n JOIN body b ON b.run_id = n.run_id)
-               INSERT INTO event_outbox (id, run_id, kind, body)
-               SELECT id, run_id, $2::text, announced_body(fields, id) FROM body
-               RETURNING id, run_id, kind, body, created_at"#,
+               announced AS (
+                   SELECT announce(run_id, gen_random_uuid(), $2, fields,
+                                   fields - 'type' - 'version' - 'event' - 'run_id') AS e
+                   FROM body)
+               SELECT (e).id AS "id!", (e).run_id, (e).kind AS "kind!", (e).body AS "body!",
+                      (e).created_at AS "created_at!"
+               FROM announced"#,
             escalate,
             name.as_str(),
         )
         .fetch_all(&self.pool)
         .await?;
         let n = rows.len() as u64;
-        self.hand_off(
-            rows.into_iter()
-                .map(|r| {
-                    crate::outbox::Row {
-                        id: r.id,
-                        run_id: r.run_id,
-                        kind: r.kind,
-                        body: r.body,
-                        created_at: r.created_at,
-                    }
-                    .into()
-                })
-                .collect(),
-        );
+        self.hand_off(rows.into_iter().map(Into::into).collect());
         Ok(n)
     }
 }

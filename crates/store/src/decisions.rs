@@ -11,8 +11,8 @@
 //! record for a turn it did not release.
 
 use countersign_core::{
-    ArgumentsEdit, CallEdit, CallIndex, CallVerdict, Decision, DecisionMessage, Event, RunId,
-    SuspensionSeq, TurnDigest,
+    ArgumentsEdit, CallEdit, CallIndex, CallVerdict, Decision, DecisionMessage, Event, EventName,
+    RunId, SuspensionSeq, TurnDigest,
 };
 use countersign_crypto::Purpose;
 use serde::{Deserialize, Serialize};
@@ -220,6 +220,20 @@ pub(crate) struct Sealed {
     detail: Option<Vec<u8>>,
 }
 
+/// `decision.accepted` / `decision.refused` with the gated outcome.
+pub fn decision_event(decision_id: Uuid, run_id: RunId, outcome: DecisionOutcome) -> Event {
+    let name = match outcome {
+        DecisionOutcome::Accepted => EventName::DecisionAccepted,
+        DecisionOutcome::ApprovalRecorded => EventName::CardApprovalRecorded,
+        DecisionOutcome::DenialRecorded => EventName::CardDenialRecorded,
+        _ => EventName::DecisionRefused,
+    };
+    Event::new(
+        name,
+        json!({"decision_id": decision_id, "run_id": run_id, "outcome": outcome.as_str()}),
+    )
+}
+
 impl Store {
     /// Records a decision, its audit event, its outbox event and, when accepted, the transition
     /// to `queued`/`resume` — in one statement. See the module documentation. The resume
@@ -298,7 +312,7 @@ impl Store {
             }
             None => None,
         };
-        let event = outbox::decision_event(m.decision_id, m.run_id, d.outcome);
+        let event = decision_event(m.decision_id, m.run_id, d.outcome);
         let mut payload = json!({
             "decision_id": m.decision_id,
             "suspension_seq": m.suspension_seq.get(),
@@ -360,24 +374,14 @@ impl Store {
                    WHERE $8 <> 'accepted' OR EXISTS (SELECT 1 FROM released)
                    ON CONFLICT (decision_id) DO NOTHING
                    RETURNING decision_id),
-               next AS (
-                   INSERT INTO run_trails (run_id, last_sequence)
-                   SELECT $2, 1 FROM decided
-                   WHERE $13 AND EXISTS (SELECT 1 FROM runs WHERE id = $2)
-                   ON CONFLICT (run_id) DO UPDATE
-                       SET last_sequence = run_trails.last_sequence + 1
-                   RETURNING last_sequence),
-               audit AS (
-                   INSERT INTO run_events (run_id, sequence, kind, payload)
-                   SELECT $2, next.last_sequence, $9::text, $10::jsonb
-                   FROM next
-                   RETURNING sequence)
-               INSERT INTO event_outbox (id, run_id, kind, body)
-               SELECT $11, $2, $9,
-                      announced_body($12::jsonb, $11::uuid)
-               FROM decided
-               RETURNING id, run_id, kind, body, created_at,
-                         (SELECT waited FROM released) AS waited"#,
+               announced AS (
+                   SELECT announce($2, $11, $9, $12,
+                                   CASE WHEN $13 AND EXISTS (SELECT 1 FROM runs WHERE id = $2)
+                                        THEN $10::jsonb END) AS e
+                   FROM decided)
+               SELECT (e).id AS "id!", (e).run_id, (e).kind AS "kind!", (e).body AS "body!",
+                      (e).created_at AS "created_at!", (SELECT waited FROM released) AS waited
+               FROM announced"#,
             m.decision_id,
             m.run_id.as_uuid(),
             m.suspension_seq.as_i32(),

@@ -81,14 +81,7 @@ pub(crate) async fn append_locked(
         .map(|c| keyring.seal(Purpose::Event, run_id, c))
         .transpose()?;
     let sequence = sqlx::query_scalar!(
-        r#"WITH next AS (
-               INSERT INTO run_trails (run_id, last_sequence) VALUES ($1, 1)
-               ON CONFLICT (run_id) DO UPDATE SET last_sequence = run_trails.last_sequence + 1
-               RETURNING last_sequence)
-           INSERT INTO run_events (run_id, sequence, kind, round, duration_ms, payload, sealed)
-           SELECT $1, next.last_sequence, $2::text, $3::int4, $4::int8, $5::jsonb, $6::bytea
-           FROM next
-           RETURNING sequence"#,
+        r#"SELECT trail_append($1, $2, $5, $6, $3, $4) AS "sequence!""#,
         run_id.as_uuid(),
         event.kind,
         event.round,

@@ -89,22 +89,11 @@ pub(crate) async fn journal_guarded<'e, E: PgExecutor<'e>>(
                ON CONFLICT (run_id, suspension_seq, call_index) DO NOTHING
                RETURNING call_index),
            audited AS (
-               SELECT a.payload, a.sealed, row_number() OVER (ORDER BY a.call_index) AS n
+               SELECT trail_append($1, 'tool_write', a.payload, a.sealed) AS sequence
                FROM unnest($7::int[], $11::jsonb[], $12::bytea[]) AS a (call_index, payload, sealed)
                JOIN journaled j ON j.call_index = a.call_index
-               WHERE a.payload IS NOT NULL),
-           tally AS (SELECT count(*) AS k FROM audited),
-           numbered AS (
-               INSERT INTO run_trails (run_id, last_sequence)
-               SELECT $1, t.k FROM tally t WHERE t.k > 0
-               ON CONFLICT (run_id) DO UPDATE
-                   SET last_sequence = run_trails.last_sequence + excluded.last_sequence
-               RETURNING last_sequence),
-           audit AS (
-               INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
-               SELECT $1, n.last_sequence - t.k + a.n, 'tool_write', a.payload, a.sealed
-               FROM numbered n, tally t, audited a
-               RETURNING sequence),
+               WHERE a.payload IS NOT NULL
+               ORDER BY a.call_index),
            owed AS (
                INSERT INTO run_owed_commits (run_id, suspension_seq, call_index)
                SELECT f.id, $4, o.call_index FROM fenced f, unnest($13::int[]) AS o (call_index)
@@ -116,7 +105,8 @@ pub(crate) async fn journal_guarded<'e, E: PgExecutor<'e>>(
                  AND d.call_index = ANY ($7::int[])
                RETURNING d.call_index)
            SELECT (SELECT count(*) FROM fenced) AS "fenced!",
-                  (SELECT count(*) FROM journaled) AS "inserted!""#,
+                  (SELECT count(*) FROM journaled) AS "inserted!",
+                  (SELECT count(*) FROM audited) AS "audited!""#,
         lease.run_id.as_uuid(),
         lease.owner,
         lease.epoch.get(),

@@ -32,6 +32,7 @@ pub use agents::{AgentConfig, StoredAgent};
 pub use approvers::{
     is_group_name, AgentApprovers, ApproverGroup, CastVote, Delegation, VoteFacts, VoteRecord,
 };
+pub use decisions::decision_event;
 pub use decisions::{
     DecidedRun, DecisionFacts, DecisionOutcome, DecisionRecord, NewDecision, PolicyMark, Replay,
 };
@@ -48,6 +49,7 @@ pub use policies::{
 };
 pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
 pub use rotation::{ColumnRotation, RotationReport};
+pub use runs::run_accepted;
 pub use runs::{
     CreatedRun, Lease, NewRun, RunCounters, RunRecord, RunStatus, Segment, SentCallRef,
     StoredRequest, TerminationReason, LOCAL_PRODUCER,

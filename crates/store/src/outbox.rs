@@ -32,15 +32,12 @@ use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use countersign_core::{Event, EventName, RunId, SuspendedRunState, TerminationReason};
+use countersign_core::{Event, EventName, RunId};
 use countersign_crypto::Keyring;
-use serde_json::{json, Value};
+use serde_json::Value;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use crate::decisions::DecisionOutcome;
-use crate::runs::RunStatus;
-use crate::settlements::Settlement;
 use crate::{millis, Store, StoreError};
 use countersign_crypto::Purpose;
 
@@ -87,18 +84,29 @@ pub async fn append(
     run_id: Option<RunId>,
     event: &Event,
 ) -> Result<OutboxEvent, StoreError> {
-    let id = Uuid::now_v7();
-    let body = stored_body(event);
+    announce(conn, run_id, event, None, None).await
+}
+
+/// The statement both [`append`] and [`announce_locked`] are: the SQL function `announce`
+/// writes the outbox row and, when a payload is given, the audit row first.
+async fn announce(
+    conn: &mut PgConnection,
+    run_id: Option<RunId>,
+    event: &Event,
+    payload: Option<Value>,
+    sealed: Option<Vec<u8>>,
+) -> Result<OutboxEvent, StoreError> {
     let row = sqlx::query_as!(
         Row,
-        r#"INSERT INTO event_outbox (id, run_id, kind, body)
-           VALUES ($1, $2, $3,
-                   announced_body($4::jsonb, $1::uuid))
-           RETURNING id, run_id, kind, body, created_at"#,
-        id,
+        r#"SELECT e.id AS "id!", e.run_id, e.kind AS "kind!", e.body AS "body!",
+                  e.created_at AS "created_at!"
+           FROM announce($1, $2, $3, $4, $5, $6) AS e"#,
         run_id.map(|r| r.as_uuid()),
+        Uuid::now_v7(),
         event.name.as_str(),
-        body,
+        stored_body(event),
+        payload,
+        sealed,
     )
     .fetch_one(conn)
     .await?;
@@ -153,38 +161,17 @@ pub(crate) async fn announce_locked(
     event: &Event,
     content: Option<&[u8]>,
 ) -> Result<OutboxEvent, StoreError> {
-    let payload = audit_payload(event);
     let sealed = content
         .map(|c| keyring.seal(Purpose::Event, run_id, c))
         .transpose()?;
-    let id = Uuid::now_v7();
-    let body = stored_body(event);
-    let row = sqlx::query_as!(
-        Row,
-        r#"WITH next AS (
-               INSERT INTO run_trails (run_id, last_sequence) VALUES ($1, 1)
-               ON CONFLICT (run_id) DO UPDATE SET last_sequence = run_trails.last_sequence + 1
-               RETURNING last_sequence),
-           audit AS (
-               INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
-               SELECT $1, next.last_sequence, $2::text, $3::jsonb, $4::bytea
-               FROM next
-               RETURNING sequence)
-           INSERT INTO event_outbox (id, run_id, kind, body)
-           SELECT $5, $1, $2,
-                  announced_body($6::jsonb, $5::uuid)
-           FROM audit
-           RETURNING id, run_id, kind, body, created_at"#,
-        run_id.as_uuid(),
-        event.name.as_str(),
-        payload,
+    announce(
+        conn,
+        Some(run_id),
+        event,
+        Some(audit_payload(event)),
         sealed,
-        id,
-        body,
     )
-    .fetch_one(conn)
-    .await?;
-    Ok(row.into())
+    .await
 }
 
 /// How many handed-off rows a process keeps for its relay at most.
@@ -220,80 +207,6 @@ impl OutboxEvent {
 
 /// How long a relay's claim on a batch lasts: longer than publishing a batch can take.
 const RELAY_CLAIM: Duration = Duration::from_secs(30);
-
-/// `run.accepted`: a run exists for the request.
-pub fn run_accepted(request_id: Uuid, run_id: RunId) -> Event {
-    Event::new(
-        EventName::RunAccepted,
-        json!({"request_id": request_id, "run_id": run_id}),
-    )
-}
-
-/// `decision.accepted` / `decision.refused` with the gated outcome.
-pub fn decision_event(decision_id: Uuid, run_id: RunId, outcome: DecisionOutcome) -> Event {
-    let name = match outcome {
-        DecisionOutcome::Accepted => EventName::DecisionAccepted,
-        DecisionOutcome::ApprovalRecorded => EventName::CardApprovalRecorded,
-        DecisionOutcome::DenialRecorded => EventName::CardDenialRecorded,
-        _ => EventName::DecisionRefused,
-    };
-    Event::new(
-        name,
-        json!({"decision_id": decision_id, "run_id": run_id, "outcome": outcome.as_str()}),
-    )
-}
-
-/// `run.preview_moved`, when the binding refused an approved turn, then `run.suspended`.
-pub(crate) fn suspension_events(
-    run_id: RunId,
-    state: &SuspendedRunState,
-    moved_tools: &[&str],
-) -> Vec<Event> {
-    let seq = state.suspension_seq.get();
-    let stale: Vec<usize> = state.stale_call_indexes.iter().map(|i| i.get()).collect();
-    let mut events = Vec::with_capacity(2);
-    if !moved_tools.is_empty() {
-        events.push(Event::new(
-            EventName::RunPreviewMoved,
-            json!({"run_id": run_id, "suspension_seq": seq, "stale_call_indexes": stale,
-                   "tools": moved_tools}),
-        ));
-    }
-    let failed_previews = state.call_previews.iter().filter(|p| p.failed).count();
-    events.push(Event::new(
-        EventName::RunSuspended,
-        json!({
-            "run_id": run_id,
-            "suspension_seq": seq,
-            "turn_digest": state.turn_digest().as_str(),
-            "stale_call_indexes": stale,
-            "failed_previews": failed_previews,
-        }),
-    ));
-    events
-}
-
-/// `run.completed` or `run.failed`, as a worker settles.
-pub(crate) fn settlement_event(run_id: RunId, settlement: &Settlement) -> Event {
-    let mut fields = json!({"run_id": run_id, "termination_reason": settlement.reason.as_str()});
-    if let Some(code) = settlement.error_code {
-        fields["error_code"] = json!(code);
-    }
-    let name = if settlement.status == RunStatus::Completed {
-        EventName::RunCompleted
-    } else {
-        EventName::RunFailed
-    };
-    Event::new(name, fields)
-}
-
-/// `run.failed`, `run.cancelled`: a run ended by the reaper or an operator.
-pub(crate) fn ended_event(name: EventName, run_id: RunId, reason: TerminationReason) -> Event {
-    Event::new(
-        name,
-        json!({"run_id": run_id, "termination_reason": reason.as_str()}),
-    )
-}
 
 /// An `event_outbox` row as a statement returns it.
 pub(crate) struct Row {

@@ -223,15 +223,8 @@ impl Store {
                         rule, facts_digest, turn_digest, decision_id)
                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
                    ON CONFLICT DO NOTHING
-                   RETURNING run_id),
-               next AS (
-                   INSERT INTO run_trails (run_id, last_sequence)
-                   SELECT run_id, 1 FROM evaluated
-                   ON CONFLICT (run_id) DO UPDATE
-                       SET last_sequence = run_trails.last_sequence + 1
-                   RETURNING last_sequence)
-               INSERT INTO run_events (run_id, sequence, kind, payload)
-               SELECT $1, next.last_sequence, 'policy_evaluated', $12::jsonb FROM next"#,
+                   RETURNING run_id)
+               SELECT trail_append(run_id, 'policy_evaluated', $12::jsonb) FROM evaluated"#,
             e.run_id.as_uuid(),
             e.suspension_seq.as_i32(),
             e.policy_id,
@@ -245,7 +238,7 @@ impl Store {
             e.decision_id,
             payload,
         )
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
         Ok(())
     }
@@ -317,19 +310,12 @@ impl Store {
                    INSERT INTO policy_grants
                        (id, run_id, agent, tool, source, granted_by, expires_at)
                    VALUES ($1, $2, $3, $4, $5, $6, now() + make_interval(hours => $7))
-                   RETURNING id, expires_at),
-               next AS (
-                   INSERT INTO run_trails (run_id, last_sequence)
-                   SELECT $2, 1 FROM granted
-                   ON CONFLICT (run_id) DO UPDATE
-                       SET last_sequence = run_trails.last_sequence + 1
-                   RETURNING last_sequence)
-               INSERT INTO run_events (run_id, sequence, kind, payload)
-               SELECT $2, next.last_sequence, 'policy_grant_created',
-                      jsonb_build_object('grant_id', g.id, 'granted_by', $6::text,
-                                         'tool', $4::text, 'suspension_seq', $8::int,
-                                         'expires_at', g.expires_at)
-               FROM next, granted g"#,
+                   RETURNING id, expires_at)
+               SELECT trail_append($2, 'policy_grant_created',
+                                   jsonb_build_object('grant_id', g.id, 'granted_by', $6::text,
+                                                      'tool', $4::text, 'suspension_seq', $8::int,
+                                                      'expires_at', g.expires_at))
+               FROM granted g"#,
             g.id,
             g.run_id.as_uuid(),
             g.agent,
@@ -339,7 +325,7 @@ impl Store {
             g.hours,
             g.suspension_seq.as_i32(),
         )
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
         Ok(())
     }
@@ -347,27 +333,20 @@ impl Store {
     /// Revokes grant `id` on behalf of `by`, with its audit event (`policy_grant_revoked`) in
     /// the trail of the run it was given from: `true` when it was active until now.
     pub async fn revoke_grant(&self, id: Uuid, by: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query!(
+        let audited = sqlx::query_scalar!(
             r#"WITH revoked AS (
                    UPDATE policy_grants SET revoked_at = now(), revoked_by = $2
                    WHERE id = $1 AND revoked_at IS NULL
-                   RETURNING run_id),
-               next AS (
-                   INSERT INTO run_trails (run_id, last_sequence)
-                   SELECT run_id, 1 FROM revoked
-                   ON CONFLICT (run_id) DO UPDATE
-                       SET last_sequence = run_trails.last_sequence + 1
-                   RETURNING run_id, last_sequence)
-               INSERT INTO run_events (run_id, sequence, kind, payload)
-               SELECT next.run_id, next.last_sequence, 'policy_grant_revoked',
-                      jsonb_build_object('grant_id', $1::uuid, 'revoked_by', $2::text)
-               FROM next"#,
+                   RETURNING run_id)
+               SELECT trail_append(run_id, 'policy_grant_revoked',
+                                   jsonb_build_object('grant_id', $1::uuid, 'revoked_by', $2::text))
+               FROM revoked"#,
             id,
             by
         )
-        .execute(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(audited.is_some())
     }
 
     /// The generated policies of `agent`'s grants that are neither expired nor revoked.

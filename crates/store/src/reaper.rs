@@ -20,10 +20,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use countersign_core::{Effect, EventName, LeaseEpoch, RunId, SuspensionSeq, TerminationReason};
-use sqlx::{Postgres, Transaction};
 
 use crate::runs::{epoch, pending_effect, run_id, segment, seq};
-use crate::{millis, outbox, Segment, Store, StoreError};
+use crate::{millis, Segment, Store, StoreError};
 
 /// A running run whose lease expired, as the scan saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,9 +99,7 @@ impl Store {
         let done = sqlx::query!(
             r#"UPDATE runs
                SET status = 'queued', requeue_count = requeue_count + 1,
-                   available_at = now() + $4 * interval '1 millisecond',
-                   lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
-                   updated_at = now()
+                   available_at = now() + $4 * interval '1 millisecond', updated_at = now()
                WHERE id = $1 AND status = 'running' AND lease_epoch = $2
                  AND lease_expires_at < now()
                  AND requeue_count < $3
@@ -136,8 +133,7 @@ impl Store {
         let done = sqlx::query!(
             r#"UPDATE runs
                SET status = 'failed', termination_reason = $4,
-                   error_code = CASE WHEN $5 THEN $4 ELSE error_code END,
-                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+                   error_code = CASE WHEN $5 THEN $4 ELSE error_code END, updated_at = now()
                WHERE id = $1 AND status = 'running' AND lease_epoch = $2
                  AND lease_expires_at < now()
                  AND requeue_count >= $3
@@ -262,26 +258,5 @@ impl Store {
             TerminationReason::ApprovalExpired,
         )
         .await
-    }
-
-    /// Finishes the transaction of a guarded transition that ends a run: when it won (`rows`
-    /// is 1), its event is announced and everything commits; otherwise nothing does.
-    async fn end_announced(
-        &self,
-        mut tx: Transaction<'_, Postgres>,
-        rows: u64,
-        name: EventName,
-        run_id: RunId,
-        reason: TerminationReason,
-    ) -> Result<bool, StoreError> {
-        if rows != 1 {
-            tx.rollback().await?;
-            return Ok(false);
-        }
-        let event = outbox::ended_event(name, run_id, reason);
-        let row = outbox::announce_locked(&mut tx, &self.keyring, run_id, &event, None).await?;
-        tx.commit().await?;
-        self.hand_off(vec![row]);
-        Ok(true)
     }
 }

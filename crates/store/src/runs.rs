@@ -15,10 +15,12 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use countersign_core::{
-    CallIndex, Effect, EventName, FenceToken, LeaseEpoch, RunId, SuspendedRunState, SuspensionSeq,
-    TurnDigest,
+    CallIndex, Effect, Event, EventName, FenceToken, LeaseEpoch, RunId, SuspendedRunState,
+    SuspensionSeq, TurnDigest,
 };
 use countersign_crypto::Purpose;
+use serde_json::json;
+use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::{millis, outbox, Store, StoreError};
@@ -248,6 +250,52 @@ pub(crate) fn digest(s: &str) -> Result<TurnDigest, StoreError> {
     TurnDigest::parse(s).map_err(|_| StoreError::unreadable("runs.turn_digest"))
 }
 
+/// `run.accepted`: a run exists for the request.
+pub fn run_accepted(request_id: Uuid, run_id: RunId) -> Event {
+    Event::new(
+        EventName::RunAccepted,
+        json!({"request_id": request_id, "run_id": run_id}),
+    )
+}
+
+/// `run.preview_moved`, when the binding refused an approved turn, then `run.suspended`.
+pub(crate) fn suspension_events(
+    run_id: RunId,
+    state: &SuspendedRunState,
+    moved_tools: &[&str],
+) -> Vec<Event> {
+    let seq = state.suspension_seq.get();
+    let stale: Vec<usize> = state.stale_call_indexes.iter().map(|i| i.get()).collect();
+    let mut events = Vec::with_capacity(2);
+    if !moved_tools.is_empty() {
+        events.push(Event::new(
+            EventName::RunPreviewMoved,
+            json!({"run_id": run_id, "suspension_seq": seq, "stale_call_indexes": stale,
+                   "tools": moved_tools}),
+        ));
+    }
+    let failed_previews = state.call_previews.iter().filter(|p| p.failed).count();
+    events.push(Event::new(
+        EventName::RunSuspended,
+        json!({
+            "run_id": run_id,
+            "suspension_seq": seq,
+            "turn_digest": state.turn_digest().as_str(),
+            "stale_call_indexes": stale,
+            "failed_previews": failed_previews,
+        }),
+    ));
+    events
+}
+
+/// `run.failed`, `run.cancelled`: a run ended by the reaper or an operator.
+pub(crate) fn ended_event(name: EventName, run_id: RunId, reason: TerminationReason) -> Event {
+    Event::new(
+        name,
+        json!({"run_id": run_id, "termination_reason": reason.as_str()}),
+    )
+}
+
 impl Store {
     /// [`Store::create_run_for`] as this repository's own tools request runs (tests, benchmarks,
     /// the demo's fixtures), under the producer [`LOCAL_PRODUCER`].
@@ -311,7 +359,7 @@ impl Store {
             .seal(Purpose::Request, id, &stored.to_bytes())?;
         // One statement, one commit: the gates' facts, then the run and its `run.accepted`
         // outbox row — or, when a fact refuses or the request id is a duplicate, neither.
-        let event = outbox::run_accepted(new.request_id, id);
+        let event = run_accepted(new.request_id, id);
         let row = sqlx::query!(
             r#"WITH facts AS (
                    SELECT $11::text IS NULL OR producer_may_assert($9, $11, $4) AS granted,
@@ -329,11 +377,7 @@ impl Store {
                    ON CONFLICT (producer, request_id) DO NOTHING
                    RETURNING id),
                announced AS (
-                   INSERT INTO event_outbox (id, run_id, kind, body)
-                   SELECT $6, created.id, $7,
-                          announced_body($8::jsonb, $6::uuid)
-                   FROM created
-                   RETURNING id, run_id, kind, body, created_at)
+                   SELECT e.* FROM created, announce(created.id, $6, $7, $8) AS e)
                SELECT f.granted AS "granted!", f.active AS "active!",
                       a.id AS "id?", a.run_id, a.kind AS "kind?", a.body AS "body?",
                       a.created_at AS "created_at?"
@@ -468,8 +512,7 @@ impl Store {
             completion_tokens: state.tokens.completion,
         }
         .columns();
-        let events =
-            outbox::Batch::of(&outbox::suspension_events(lease.run_id, state, moved_tools));
+        let events = outbox::Batch::of(&suspension_events(lease.run_id, state, moved_tools));
         // One statement: the guarded transition, which takes the audit numbers from the run's
         // counter, the audit rows and the outbox rows. Nothing is written when the guard loses.
         let rows = sqlx::query_as!(
@@ -484,31 +527,18 @@ impl Store {
                             WHERE a.name = runs.agent),
                            604800) * interval '1 second',
                        iterations = $8, prompt_tokens = $9, completion_tokens = $10,
-                       lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
                        sent_seq = NULL, sent_call = NULL, updated_at = now()
                    WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3
                    RETURNING id),
-               numbered AS (
-                   INSERT INTO run_trails (run_id, last_sequence)
-                   SELECT id, cardinality($11::text[]) FROM suspended
-                   ON CONFLICT (run_id) DO UPDATE
-                       SET last_sequence = run_trails.last_sequence + excluded.last_sequence
-                   RETURNING run_id, last_sequence - cardinality($11::text[]) AS first_seq),
                announced AS (
-                   SELECT e.kind, e.payload, e.id, e.body, e.n
-                   FROM unnest($11::text[], $12::jsonb[], $13::uuid[], $14::jsonb[])
-                        WITH ORDINALITY AS e (kind, payload, id, body, n)),
-               audit AS (
-                   INSERT INTO run_events (run_id, sequence, kind, payload)
-                   SELECT t.run_id, t.first_seq + a.n, a.kind, a.payload
-                   FROM numbered t, announced a
-                   RETURNING sequence)
-               INSERT INTO event_outbox (id, run_id, kind, body)
-               SELECT a.id, s.id, a.kind,
-                      announced_body(a.body, a.id)
-               FROM suspended s, announced a
-               ORDER BY a.n
-               RETURNING id, run_id, kind, body, created_at"#,
+                   SELECT announce(s.id, a.id, a.kind, a.body, a.payload) AS e
+                   FROM suspended s,
+                        unnest($11::text[], $12::jsonb[], $13::uuid[], $14::jsonb[])
+                            WITH ORDINALITY AS a (kind, payload, id, body, n)
+                   ORDER BY a.n)
+               SELECT (e).id AS "id!", (e).run_id, (e).kind AS "kind!", (e).body AS "body!",
+                      (e).created_at AS "created_at!"
+               FROM announced"#,
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),
@@ -547,8 +577,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         let done = sqlx::query!(
             r#"UPDATE runs
-               SET status = 'queued', lease_owner = NULL, lease_expires_at = NULL,
-                   pending_effect = NULL,
+               SET status = 'queued',
                    available_at = now() + $4 * interval '1 millisecond', dispatched_at = NULL,
                    updated_at = now()
                WHERE id = $1 AND status = 'running' AND lease_owner = $2 AND lease_epoch = $3"#,
@@ -570,22 +599,37 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let done = sqlx::query!(
             r#"UPDATE runs
-               SET status = 'cancelled', termination_reason = 'cancelled',
-                   lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
+               SET status = 'cancelled', termination_reason = 'cancelled', updated_at = now()
                WHERE id = $1 AND status IN ('queued', 'running', 'waiting_for_approval')"#,
             run_id.as_uuid(),
         )
         .execute(&mut *tx)
         .await?;
-        if done.rows_affected() != 1 {
-            tx.rollback().await?;
-            return Ok(false);
-        }
-        let event = outbox::ended_event(
+        self.end_announced(
+            tx,
+            done.rows_affected(),
             EventName::RunCancelled,
             run_id,
             TerminationReason::Cancelled,
-        );
+        )
+        .await
+    }
+
+    /// Finishes the transaction of a guarded transition that ends a run: when it won (`rows`
+    /// is 1), its event is announced and everything commits; otherwise nothing does.
+    pub(crate) async fn end_announced(
+        &self,
+        mut tx: Transaction<'_, Postgres>,
+        rows: u64,
+        name: EventName,
+        run_id: RunId,
+        reason: TerminationReason,
+    ) -> Result<bool, StoreError> {
+        if rows != 1 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        let event = ended_event(name, run_id, reason);
         let row = outbox::announce_locked(&mut tx, &self.keyring, run_id, &event, None).await?;
         tx.commit().await?;
         self.hand_off(vec![row]);

@@ -1,6 +1,8 @@
 //! Settlements: how a segment ends its run, alone or in a batch with others.
 
+use countersign_core::{Event, EventName, RunId};
 use countersign_crypto::Purpose;
+use serde_json::json;
 use uuid::Uuid;
 
 use crate::runs::{Lease, RunCounters, RunStatus, TerminationReason};
@@ -81,7 +83,7 @@ struct SettlementColumns {
 
 impl SettlementColumns {
     fn push(&mut self, store: &Store, lease: &Lease, s: &Settlement) -> Result<(), StoreError> {
-        let event = outbox::settlement_event(lease.run_id, s);
+        let event = settlement_event(lease.run_id, s);
         let counters = s.counters.map(RunCounters::columns);
         self.sealed.push(
             s.answer
@@ -108,6 +110,20 @@ impl SettlementColumns {
         self.bodies.push(outbox::stored_body(&event));
         Ok(())
     }
+}
+
+/// `run.completed` or `run.failed`, as a worker settles.
+pub(crate) fn settlement_event(run_id: RunId, settlement: &Settlement) -> Event {
+    let mut fields = json!({"run_id": run_id, "termination_reason": settlement.reason.as_str()});
+    if let Some(code) = settlement.error_code {
+        fields["error_code"] = json!(code);
+    }
+    let name = if settlement.status == RunStatus::Completed {
+        EventName::RunCompleted
+    } else {
+        EventName::RunFailed
+    };
+    Event::new(name, fields)
 }
 
 impl Store {
@@ -158,27 +174,18 @@ impl Store {
                        iterations = coalesce(g.iterations, r.iterations),
                        prompt_tokens = coalesce(g.prompt_tokens, r.prompt_tokens),
                        completion_tokens = coalesce(g.completion_tokens, r.completion_tokens),
-                       lease_owner = NULL, lease_expires_at = NULL, pending_effect = NULL,
                        updated_at = now()
                    FROM given g
                    WHERE r.id = g.id AND r.id IN (SELECT id FROM held)
                      AND r.status = 'running' AND r.lease_owner = g.owner
                      AND r.lease_epoch = g.epoch
                    RETURNING r.id),
-               numbered AS (
-                   INSERT INTO run_trails (run_id, last_sequence)
-                   SELECT id, 1 FROM settled
-                   ON CONFLICT (run_id) DO UPDATE SET last_sequence = run_trails.last_sequence + 1
-                   RETURNING run_id, last_sequence),
-               audit AS (
-                   INSERT INTO run_events (run_id, sequence, kind, payload, sealed)
-                   SELECT t.run_id, t.last_sequence, g.kind, g.payload, g.sealed
-                   FROM numbered t JOIN given g ON g.id = t.run_id
-                   RETURNING sequence)
-               INSERT INTO event_outbox (id, run_id, kind, body)
-               SELECT g.event_id, s.id, g.kind, announced_body(g.body, g.event_id)
-               FROM settled s JOIN given g ON g.id = s.id
-               RETURNING id, run_id, kind, body, created_at"#,
+               announced AS (
+                   SELECT announce(s.id, g.event_id, g.kind, g.body, g.payload, g.sealed) AS e
+                   FROM settled s JOIN given g ON g.id = s.id)
+               SELECT (e).id AS "id!", (e).run_id, (e).kind AS "kind!", (e).body AS "body!",
+                      (e).created_at AS "created_at!"
+               FROM announced"#,
             &given.ids,
             &given.owners,
             &given.epochs,

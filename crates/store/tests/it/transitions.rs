@@ -2,7 +2,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_core::RunId;
-use countersign_core::{Approves, CallIndex, SuspensionSeq, ToolOutput};
+use countersign_core::{Approves, CallIndex, Effect, SuspensionSeq, ToolOutput};
 use countersign_store::Store;
 use countersign_store::{
     DecisionOutcome, DecisionRecord, NewDecision, RunCounters, RunStatus, Segment, Settlement,
@@ -819,4 +819,71 @@ async fn a_hand_written_statement_that_breaks_a_run_invariant_is_refused_naming_
     .await
     .unwrap();
     assert!(validated);
+}
+
+#[sqlx::test(migrator = "countersign_store::MIGRATOR")]
+async fn a_run_that_stops_running_gives_up_its_lease_whoever_stops_it_and_keeps_its_sent_call(
+    pool: PgPool,
+) {
+    let store = store(pool.clone());
+    // The store's own transitions: a requeue by the worker, a cancellation.
+    let (run, lease) = running(&store).await;
+    assert!(store
+        .renew_stamping(&lease, TTL, Some(sent(Effect::NonIdempotentWrite)))
+        .await
+        .unwrap());
+    assert!(store.requeue_segment(&lease, Duration::ZERO).await.unwrap());
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Queued);
+    assert_eq!(
+        (row.lease_owner, row.pending_effect),
+        (None, None),
+        "requeued"
+    );
+    let sent_call: Option<i32> = sqlx::query_scalar("SELECT sent_call FROM runs WHERE id = $1")
+        .bind(run.as_uuid())
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(sent_call.is_some(), "the call in doubt stays named");
+
+    let (run, lease) = running(&store).await;
+    assert!(store
+        .renew_stamping(&lease, TTL, Some(sent(Effect::IdempotentWrite)))
+        .await
+        .unwrap());
+    assert!(store.cancel(run).await.unwrap());
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Cancelled);
+    assert_eq!(
+        (row.lease_owner, row.pending_effect),
+        (None, None),
+        "cancelled"
+    );
+
+    // A colleague's plain UPDATE that names only the status: the lease goes with it, where
+    // before such a statement was refused by `runs_lease_iff_running`.
+    let (run, lease) = running(&store).await;
+    assert!(store
+        .renew_stamping(&lease, TTL, Some(sent(Effect::NonIdempotentWrite)))
+        .await
+        .unwrap());
+    sqlx::query(
+        "UPDATE runs SET status = 'failed', termination_reason = 'cancelled' WHERE id = $1",
+    )
+    .bind(run.as_uuid())
+    .execute(&pool)
+    .await
+    .expect("a run stopped by hand keeps every invariant");
+    let row = store.run(run).await.unwrap().unwrap();
+    assert_eq!(row.status, RunStatus::Failed);
+    assert_eq!(
+        (row.lease_owner, row.lease_expires_at, row.pending_effect),
+        (None, None, None),
+        "stopped by hand"
+    );
+    assert!(
+        !store.renew(&lease, TTL).await.unwrap(),
+        "the old holder's lease is gone"
+    );
 }
