@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use countersign_core::quorum::{self, Quorum, Requirement, Standing, Tally};
-use countersign_core::{DataClass, EventName, RunId};
+use countersign_core::{DataClass, DecisionMessage, EventName, RunId};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -432,18 +432,7 @@ impl Store {
     ) -> Result<VoteRecord, StoreError> {
         let m = &d.message;
         let mut tx = self.pool.begin().await?;
-        let run = sqlx::query!(
-            r#"SELECT status, suspension_seq, turn_digest, card_editors FROM runs
-               WHERE id = $1 FOR UPDATE"#,
-            m.run_id.as_uuid(),
-        )
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(run) = run.filter(|r| {
-            r.status == "waiting_for_approval"
-                && r.suspension_seq == Some(m.suspension_seq.as_i32())
-                && r.turn_digest.as_deref() == Some(m.turn_digest.as_str())
-        }) else {
+        let Some(card_editors) = card_editors_locked(&mut tx, m).await? else {
             return Ok(VoteRecord::TransitionLost);
         };
         let groups: Vec<String> = vote.groups.iter().cloned().collect();
@@ -452,12 +441,13 @@ impl Store {
         }
         let votes = card_votes(&mut tx, m.run_id, m.suspension_seq.as_i32()).await?;
         let escalated = escalated_to(&mut tx, m.run_id, m.suspension_seq.as_i32()).await?;
-        let outcome = match quorum::tally(
+        let tally = quorum::tally(
             &approvers.quorum,
             &votes,
-            &run.card_editors,
+            &card_editors,
             escalated.as_deref(),
-        ) {
+        );
+        let outcome = match tally {
             Tally::Released | Tally::Denied => DecisionOutcome::Accepted,
             Tally::CallsDiffer => {
                 return Ok(VoteRecord::Refused(DecisionOutcome::QuorumCallsDiffer))
@@ -579,6 +569,28 @@ impl Store {
         self.hand_off(rows.into_iter().map(Into::into).collect());
         Ok(n)
     }
+}
+
+/// Locks the run `m` decides and returns the editors of its card, when the run still waits
+/// on the card `m` names (its suspension and digest); `None` otherwise.
+async fn card_editors_locked(
+    tx: &mut sqlx::PgConnection,
+    m: &DecisionMessage,
+) -> Result<Option<Vec<String>>, StoreError> {
+    let run = sqlx::query!(
+        r#"SELECT status, suspension_seq, turn_digest, card_editors FROM runs
+               WHERE id = $1 FOR UPDATE"#,
+        m.run_id.as_uuid(),
+    )
+    .fetch_optional(tx)
+    .await?;
+    Ok(run
+        .filter(|r| {
+            r.status == "waiting_for_approval"
+                && r.suspension_seq == Some(m.suspension_seq.as_i32())
+                && r.turn_digest.as_deref() == Some(m.turn_digest.as_str())
+        })
+        .map(|r| r.card_editors))
 }
 
 /// The votes of card `seq` of `run_id`, oldest first.

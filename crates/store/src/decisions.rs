@@ -355,33 +355,8 @@ impl Store {
     ) -> Result<Option<(outbox::Row, Option<f64>)>, StoreError> {
         let m = &d.message;
         let Sealed { comment, detail } = sealed;
-        let announced = sqlx::query!(
-            r#"WITH released AS (
-                   UPDATE runs
-                   SET status = 'queued', segment = 'resume', available_at = now(),
-                       dispatched_at = NULL, approval_deadline = NULL, requeue_count = 0,
-                       updated_at = now()
-                   WHERE $8 = 'accepted' AND id = $2 AND status = 'waiting_for_approval'
-                     AND suspension_seq = $3 AND turn_digest = $4
-                     AND NOT EXISTS (SELECT 1 FROM run_decisions WHERE decision_id = $1)
-                   RETURNING extract(epoch FROM now() - (SELECT w.updated_at FROM runs w
-                                                         WHERE w.id = $2))::float8 AS waited),
-               decided AS (
-                   INSERT INTO run_decisions
-                       (decision_id, run_id, suspension_seq, turn_digest, approved, approver,
-                        comment, outcome, kind, detail)
-                   SELECT $1, $2, $3, $4, $5, $6, $7, $8, $14, $15
-                   WHERE $8 <> 'accepted' OR EXISTS (SELECT 1 FROM released)
-                   ON CONFLICT (decision_id) DO NOTHING
-                   RETURNING decision_id),
-               announced AS (
-                   SELECT announce($2, $11, $9, $12,
-                                   CASE WHEN $13 AND EXISTS (SELECT 1 FROM runs WHERE id = $2)
-                                        THEN $10::jsonb END) AS e
-                   FROM decided)
-               SELECT (e).id AS "id!", (e).run_id, (e).kind AS "kind!", (e).body AS "body!",
-                      (e).created_at AS "created_at!", (SELECT waited FROM released) AS waited
-               FROM announced"#,
+        let announced = sqlx::query_file!(
+            "sql/insert_decision.sql",
             m.decision_id,
             m.run_id.as_uuid(),
             m.suspension_seq.as_i32(),
@@ -597,28 +572,16 @@ impl Store {
         )
         .map(|row| self.replay(row, d))
         .transpose()?;
-        let run = match (r.status, r.acting_user, r.run_agent, r.pending_tools) {
-            (Some(status), Some(acting_user), Some(agent), Some(pending_tools)) => {
-                Some(DecidedRun {
-                    status: runs::status(&status)?,
-                    suspension_seq: runs::opt_seq(r.suspension_seq)?,
-                    turn_digest: r.turn_digest.as_deref().map(runs::digest).transpose()?,
-                    acting_user,
-                    agent,
-                    pending_tools,
-                    card_landed: r
-                        .card_landed
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(CallIndex::from_i32)
-                        .collect::<Result<_, _>>()
-                        .map_err(|_| StoreError::unreadable("runs.card_landed"))?,
-                    card_editors: r.card_editors.unwrap_or_default(),
-                    producer_follows: r.follows,
-                })
-            }
-            _ => None,
-        };
+        let run = DecidedRun::of_columns(
+            (r.status, r.acting_user, r.run_agent, r.pending_tools),
+            (
+                r.suspension_seq,
+                r.turn_digest,
+                r.card_landed,
+                r.card_editors,
+            ),
+            r.follows,
+        )?;
         Ok(DecisionFacts {
             producer_granted: r.granted,
             recorded,
@@ -656,4 +619,50 @@ pub struct DecidedRun {
     pub card_editors: Vec<String>,
     /// The decision's producer may start runs as the run's acting user, and so may follow it.
     pub producer_follows: bool,
+}
+
+/// The columns of a run as [`Store::decision_facts`] reads them through an outer join: the
+/// run's status, acting user, agent and pending tools (all null when no run has the id); its
+/// card (suspension, digest, the calls landed under an earlier card, the editors); whether the
+/// producer may assert the acting user.
+type RunColumns = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<Vec<String>>,
+);
+type CardColumns = (
+    Option<i32>,
+    Option<String>,
+    Option<Vec<i32>>,
+    Option<Vec<String>>,
+);
+
+impl DecidedRun {
+    fn of_columns(
+        run: RunColumns,
+        card: CardColumns,
+        producer_follows: bool,
+    ) -> Result<Option<DecidedRun>, StoreError> {
+        let (Some(status), Some(acting_user), Some(agent), Some(pending_tools)) = run else {
+            return Ok(None);
+        };
+        let (suspension_seq, turn_digest, card_landed, card_editors) = card;
+        Ok(Some(DecidedRun {
+            status: runs::status(&status)?,
+            suspension_seq: runs::opt_seq(suspension_seq)?,
+            turn_digest: turn_digest.as_deref().map(runs::digest).transpose()?,
+            acting_user,
+            agent,
+            pending_tools,
+            card_landed: card_landed
+                .unwrap_or_default()
+                .into_iter()
+                .map(CallIndex::from_i32)
+                .collect::<Result<_, _>>()
+                .map_err(|_| StoreError::unreadable("runs.card_landed"))?,
+            card_editors: card_editors.unwrap_or_default(),
+            producer_follows,
+        }))
+    }
 }

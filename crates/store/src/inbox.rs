@@ -105,36 +105,7 @@ impl Store {
                       (SELECT count(*) FROM run_events e
                        WHERE e.run_id = runs.id AND e.kind = 'run.preview_moved') AS "bounces!",
                       NOT w.single AS "team!"
-               FROM runs,
-                    LATERAL (SELECT array(
-                        SELECT group_name FROM approver_group_members WHERE member = $2
-                        UNION
-                        SELECT m.group_name FROM approver_delegations d
-                        JOIN approver_group_members m ON m.member = d.delegator
-                        WHERE d.delegate = $2 AND d.starts_at <= now() AND now() < d.ends_at)
-                        AS groups) mine,
-                    LATERAL (SELECT
-                        EXISTS (SELECT 1 FROM agent_approvers a,
-                                      jsonb_array_elements(a.requirements) q
-                                WHERE a.agent = runs.agent AND q->>'group' = ANY(mine.groups))
-                        OR EXISTS (SELECT 1 FROM card_routes r, jsonb_array_elements(r.requirements) q
-                                   WHERE (r.run_id, r.suspension_seq) = (runs.id, runs.suspension_seq)
-                                     AND q->>'group' = ANY(mine.groups))
-                        OR EXISTS (SELECT 1 FROM card_alerts c
-                                   WHERE c.run_id = runs.id
-                                     AND c.suspension_seq = runs.suspension_seq
-                                     AND c.kind = 'escalated'
-                                     AND c.backup_group = ANY(mine.groups)) AS ours,
-                        EXISTS (SELECT 1 FROM card_votes v
-                                WHERE v.run_id = runs.id
-                                  AND v.suspension_seq = runs.suspension_seq
-                                  AND v.voter = $2) AS voted,
-                        NOT EXISTS (SELECT 1 FROM agent_approvers a
-                                    WHERE a.agent = runs.agent
-                                      AND jsonb_array_length(a.requirements) > 0)
-                        AND NOT EXISTS (SELECT 1 FROM card_routes r WHERE (r.run_id, r.suspension_seq)
-                                                                      = (runs.id, runs.suspension_seq))
-                            AS single) w
+               FROM runs, card_waits_on(runs.id, runs.suspension_seq, runs.agent, $2) w
                WHERE status = 'waiting_for_approval'
                  AND ($1 OR agent = ANY($6) OR acting_user = $2)
                  AND ($7::text IS NULL OR agent = $7)

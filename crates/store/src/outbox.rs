@@ -217,6 +217,26 @@ pub(crate) struct Row {
     pub(crate) created_at: DateTime<Utc>,
 }
 
+impl Row {
+    /// The row a statement announced, from its columns read through an outer join: `None`
+    /// when it announced nothing.
+    pub(crate) fn announced(
+        id: Option<Uuid>,
+        run_id: Option<Uuid>,
+        kind: Option<String>,
+        body: Option<Value>,
+        created_at: Option<DateTime<Utc>>,
+    ) -> Option<Row> {
+        Some(Row {
+            id: id?,
+            run_id,
+            kind: kind?,
+            body: body?,
+            created_at: created_at?,
+        })
+    }
+}
+
 impl From<Row> for OutboxEvent {
     fn from(r: Row) -> Self {
         OutboxEvent {
@@ -315,9 +335,7 @@ impl Store {
         let result = self
             .within(async {
                 if !published.is_empty() {
-                    sqlx::query!("DELETE FROM event_outbox WHERE id = ANY($1)", &published)
-                        .execute(&self.pool)
-                        .await?;
+                    self.delete_sent(&published).await?;
                 }
                 if !dispatched.is_empty() {
                     let (runs, woken_at): (Vec<Uuid>, Vec<DateTime<Utc>>) =
@@ -363,27 +381,7 @@ impl Store {
     ) -> Result<RelayReport<P::Error>, StoreError> {
         // One statement claims the batch (a lease on the rows, not locks held while the broker
         // is waited on), one deletes what was confirmed.
-        let mut rows = self
-            .within(async {
-                Ok(sqlx::query_as!(
-                    Row,
-                    r#"UPDATE event_outbox SET claimed_until = now() + $3 * interval '1 millisecond'
-               WHERE id IN (
-                   SELECT id FROM event_outbox
-                   WHERE published_at IS NULL
-                     AND (claimed_until IS NULL OR claimed_until < now())
-                     AND created_at <= now() - $1 * interval '1 millisecond'
-                   ORDER BY created_at, id LIMIT $2
-                   FOR UPDATE SKIP LOCKED)
-               RETURNING id, run_id, kind, body, created_at"#,
-                    millis(older_than) as f64,
-                    limit,
-                    millis(RELAY_CLAIM) as f64,
-                )
-                .fetch_all(&self.pool)
-                .await?)
-            })
-            .await?;
+        let mut rows = self.claim_unpublished(older_than, limit).await?;
         rows.sort_by_key(|r| (r.created_at, r.id));
         let claimed = rows.len() as u64;
         let claimed_ids: Vec<Uuid> = rows.iter().map(|r| r.id).collect();
@@ -400,13 +398,7 @@ impl Store {
             }
         }
         if !sent.is_empty() {
-            self.within(async {
-                sqlx::query!("DELETE FROM event_outbox WHERE id = ANY($1)", &sent)
-                    .execute(&self.pool)
-                    .await?;
-                Ok(())
-            })
-            .await?;
+            self.within(self.delete_sent(&sent)).await?;
         }
         if sent.len() < claimed_ids.len() {
             // What was not sent is claimable again at once, not only once the claim runs out.
@@ -414,22 +406,64 @@ impl Store {
                 .into_iter()
                 .filter(|id| !sent.contains(id))
                 .collect();
-            self.within(async {
-                sqlx::query!(
-                    "UPDATE event_outbox SET claimed_until = NULL WHERE id = ANY($1)",
-                    &unsent,
-                )
-                .execute(&self.pool)
-                .await?;
-                Ok(())
-            })
-            .await?;
+            self.release_claims(&unsent).await?;
         }
         Ok(RelayReport {
             published: sent.len() as u64,
             claimed,
             error,
         })
+    }
+
+    /// Claims up to `limit` unpublished rows created at least `older_than` ago that no other
+    /// relay holds, for [`RELAY_CLAIM`].
+    async fn claim_unpublished(
+        &self,
+        older_than: Duration,
+        limit: i64,
+    ) -> Result<Vec<Row>, StoreError> {
+        self.within(async {
+            Ok(sqlx::query_as!(
+                Row,
+                r#"UPDATE event_outbox SET claimed_until = now() + $3 * interval '1 millisecond'
+               WHERE id IN (
+                   SELECT id FROM event_outbox
+                   WHERE published_at IS NULL
+                     AND (claimed_until IS NULL OR claimed_until < now())
+                     AND created_at <= now() - $1 * interval '1 millisecond'
+                   ORDER BY created_at, id LIMIT $2
+                   FOR UPDATE SKIP LOCKED)
+               RETURNING id, run_id, kind, body, created_at"#,
+                millis(older_than) as f64,
+                limit,
+                millis(RELAY_CLAIM) as f64,
+            )
+            .fetch_all(&self.pool)
+            .await?)
+        })
+        .await
+    }
+
+    /// Deletes the rows the broker confirmed: the outbox holds what is still to be sent.
+    async fn delete_sent(&self, ids: &[Uuid]) -> Result<(), StoreError> {
+        sqlx::query!("DELETE FROM event_outbox WHERE id = ANY($1)", ids)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Makes rows claimable again at once, rather than once their claim runs out.
+    async fn release_claims(&self, ids: &[Uuid]) -> Result<(), StoreError> {
+        self.within(async {
+            sqlx::query!(
+                "UPDATE event_outbox SET claimed_until = NULL WHERE id = ANY($1)",
+                ids,
+            )
+            .execute(&self.pool)
+            .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Deletes up to `limit` outbox rows marked published more than `retention` ago; returns how

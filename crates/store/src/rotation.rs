@@ -147,33 +147,12 @@ impl Store {
         let mut after = FIRST;
         loop {
             let mut tx = self.pool.begin().await?;
-            let rows = sqlx::query!(
-                r#"SELECT key_id AS "key_id!", key_seq AS "key_seq!", key_index AS "key_index!",
-                          sealed_under AS "sealed_under!", envelope AS "envelope!"
-                   FROM sealed_page($1, $2, $3, $4, $5)"#,
-                column,
-                after.0,
-                after.1,
-                after.2,
-                limit,
-            )
-            .fetch_all(&mut *tx)
-            .await?;
-            let Some(last) = rows.last() else {
+            let rows = sealed_page(&mut tx, column, after, limit).await?;
+            let Some((last, _, _)) = rows.last() else {
                 break;
             };
-            after = (last.key_id, last.key_seq, last.key_index);
+            after = *last;
             let full = rows.len() as i64 == limit;
-            let rows = rows
-                .into_iter()
-                .map(|r| {
-                    (
-                        (r.key_id, r.key_seq, r.key_index),
-                        r.sealed_under,
-                        r.envelope,
-                    )
-                })
-                .collect();
             let r = reseal_batch(&self.keyring, purpose, rows, &mut stats)?;
             let written = sqlx::query_scalar!(
                 r#"SELECT sealed_write($1, $2, $3, $4, $5, $6) AS "written!""#,
@@ -195,4 +174,35 @@ impl Store {
         }
         Ok(stats)
     }
+}
+/// One page of `column`'s envelopes after `after`, in key order: each row's key, the run (or
+/// endpoint) it is sealed under, and the envelope.
+async fn sealed_page(
+    tx: &mut sqlx::PgConnection,
+    column: &str,
+    after: Key,
+    limit: i64,
+) -> Result<Vec<(Key, Uuid, Vec<u8>)>, StoreError> {
+    let rows = sqlx::query!(
+        r#"SELECT key_id AS "key_id!", key_seq AS "key_seq!", key_index AS "key_index!",
+                          sealed_under AS "sealed_under!", envelope AS "envelope!"
+                   FROM sealed_page($1, $2, $3, $4, $5)"#,
+        column,
+        after.0,
+        after.1,
+        after.2,
+        limit,
+    )
+    .fetch_all(tx)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            (
+                (r.key_id, r.key_seq, r.key_index),
+                r.sealed_under,
+                r.envelope,
+            )
+        })
+        .collect())
 }

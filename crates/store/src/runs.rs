@@ -350,38 +350,12 @@ impl Store {
         traceparent: Option<&str>,
     ) -> Result<Result<CreatedRun, RequestFacts>, StoreError> {
         let id = RunId::new();
-        let stored = StoredRequest {
-            prompt: new.prompt.clone(),
-            inputs: new.inputs.clone(),
-        };
-        let request = self
-            .keyring
-            .seal(Purpose::Request, id, &stored.to_bytes())?;
+        let request = self.seal_request(id, new)?;
         // One statement, one commit: the gates' facts, then the run and its `run.accepted`
         // outbox row — or, when a fact refuses or the request id is a duplicate, neither.
         let event = run_accepted(new.request_id, id);
-        let row = sqlx::query!(
-            r#"WITH facts AS (
-                   SELECT $11::text IS NULL OR producer_may_assert($9, $11, $4) AS granted,
-                          $11::text IS NULL
-                              OR EXISTS (SELECT 1 FROM agents WHERE name = $3 AND active)
-                              AS active),
-               created AS (
-                   INSERT INTO runs (id, request_id, producer, agent, acting_user, status, segment,
-                                     request, request_traceparent)
-                   SELECT $1, $2, $9, $3, $4, 'queued', 'start', $5, $10
-                   FROM facts
-                   WHERE facts.granted AND facts.active
-                     AND NOT EXISTS (SELECT 1 FROM runs
-                                     WHERE request_id = $2 AND producer IS NULL)
-                   ON CONFLICT (producer, request_id) DO NOTHING
-                   RETURNING id),
-               announced AS (
-                   SELECT e.* FROM created, announce(created.id, $6, $7, $8) AS e)
-               SELECT f.granted AS "granted!", f.active AS "active!",
-                      a.id AS "id?", a.run_id, a.kind AS "kind?", a.body AS "body?",
-                      a.created_at AS "created_at?"
-               FROM facts f LEFT JOIN announced a ON true"#,
+        let row = sqlx::query_file!(
+            "sql/insert_run.sql",
             id.as_uuid(),
             new.request_id,
             new.agent,
@@ -402,23 +376,27 @@ impl Store {
                 agent_active: row.active,
             }));
         }
-        if let (Some(event_id), Some(kind), Some(body), Some(created_at)) =
-            (row.id, row.kind, row.body, row.created_at)
-        {
-            self.hand_off(vec![outbox::Row {
-                id: event_id,
-                run_id: row.run_id,
-                kind,
-                body,
-                created_at,
-            }
-            .into()]);
-            return Ok(Ok(CreatedRun {
-                run_id: id,
-                created: true,
-            }));
-        }
-        self.duplicate_run(producer, new).await.map(Ok)
+        let Some(announced) =
+            outbox::Row::announced(row.id, row.run_id, row.kind, row.body, row.created_at)
+        else {
+            return self.duplicate_run(producer, new).await.map(Ok);
+        };
+        self.hand_off(vec![announced.into()]);
+        Ok(Ok(CreatedRun {
+            run_id: id,
+            created: true,
+        }))
+    }
+
+    /// The request of run `id` as `new` gives it, sealed for its row.
+    fn seal_request(&self, id: RunId, new: &NewRun) -> Result<Vec<u8>, StoreError> {
+        let stored = StoredRequest {
+            prompt: new.prompt.clone(),
+            inputs: new.inputs.clone(),
+        };
+        Ok(self
+            .keyring
+            .seal(Purpose::Request, id, &stored.to_bytes())?)
     }
 
     /// The run an earlier copy of `new` created, or [`StoreError::IdempotencyConflict`] when
@@ -500,18 +478,7 @@ impl Store {
         state: &SuspendedRunState,
         moved_tools: &[&str],
     ) -> Result<bool, StoreError> {
-        let sealed = self
-            .keyring
-            .seal(Purpose::State, lease.run_id, &state.to_bytes())?;
-        let digest = state.turn_digest();
-        let tools: Vec<String> = state.pending_calls.iter().map(|c| c.tool.clone()).collect();
-        let (landed, editors) = card_facts(state);
-        let (iterations, prompt_tokens, completion_tokens) = RunCounters {
-            iterations: state.iterations,
-            prompt_tokens: state.tokens.prompt,
-            completion_tokens: state.tokens.completion,
-        }
-        .columns();
+        let card = CardColumns::of(self, lease.run_id, state)?;
         let events = outbox::Batch::of(&suspension_events(lease.run_id, state, moved_tools));
         // One statement: the guarded transition, which takes the audit numbers from the run's
         // counter, the audit rows and the outbox rows. Nothing is written when the guard loses.
@@ -542,19 +509,19 @@ impl Store {
             lease.run_id.as_uuid(),
             lease.owner,
             lease.epoch.get(),
-            sealed,
-            digest.as_str(),
-            &tools,
+            card.sealed,
+            card.digest.as_str(),
+            &card.tools,
             state.suspension_seq.as_i32(),
-            iterations,
-            prompt_tokens,
-            completion_tokens,
+            card.counters.0,
+            card.counters.1,
+            card.counters.2,
             &events.kinds,
             &events.payloads,
             &events.ids,
             &events.bodies,
-            &landed,
-            &editors,
+            &card.landed,
+            &card.editors,
         )
         .fetch_all(&self.pool)
         .await?;
@@ -754,14 +721,41 @@ impl Store {
 
 /// What the decision gates read of a card beside its digest, stored in clear: the calls that
 /// landed under an earlier card of the turn, and who edited the card (each once, sorted).
-fn card_facts(state: &SuspendedRunState) -> (Vec<i32>, Vec<String>) {
-    let landed = state
-        .landed_calls
-        .iter()
-        .map(|c| c.index.as_i32())
-        .collect();
-    let mut editors: Vec<String> = state.edits.iter().map(|e| e.editor.clone()).collect();
-    editors.sort();
-    editors.dedup();
-    (landed, editors)
+/// What a suspension writes of its card besides the events: the state sealed, the turn digest,
+/// the pending tool names, the calls that landed under an earlier card and who edited it (in
+/// clear, for the inbox), and the run's counters.
+struct CardColumns {
+    sealed: Vec<u8>,
+    digest: TurnDigest,
+    tools: Vec<String>,
+    landed: Vec<i32>,
+    editors: Vec<String>,
+    counters: (i32, i64, i64),
+}
+
+impl CardColumns {
+    fn of(store: &Store, run_id: RunId, state: &SuspendedRunState) -> Result<Self, StoreError> {
+        let mut editors: Vec<String> = state.edits.iter().map(|e| e.editor.clone()).collect();
+        editors.sort();
+        editors.dedup();
+        Ok(CardColumns {
+            sealed: store
+                .keyring
+                .seal(Purpose::State, run_id, &state.to_bytes())?,
+            digest: state.turn_digest(),
+            tools: state.pending_calls.iter().map(|c| c.tool.clone()).collect(),
+            landed: state
+                .landed_calls
+                .iter()
+                .map(|c| c.index.as_i32())
+                .collect(),
+            editors,
+            counters: RunCounters {
+                iterations: state.iterations,
+                prompt_tokens: state.tokens.prompt,
+                completion_tokens: state.tokens.completion,
+            }
+            .columns(),
+        })
+    }
 }

@@ -11,8 +11,9 @@
 use chrono::{DateTime, Utc};
 use countersign_core::{Event, EventName};
 use serde_json::{json, Value};
+use sqlx::PgConnection;
 
-use crate::{outbox, Store, StoreError};
+use crate::{outbox, OutboxEvent, Store, StoreError};
 
 /// What a listing of a tool is, measured against what was accepted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,28 +103,7 @@ impl Store {
         let announced = row.pending_identity.as_deref() != Some(listing.identity);
         let mut handed = Vec::new();
         if announced {
-            sqlx::query!(
-                r#"UPDATE tool_identities
-                   SET pending_identity = $2, pending_server = $3, pending_facts = $4,
-                       pending_since = now()
-                   WHERE tool = $1"#,
-                listing.tool,
-                listing.identity,
-                listing.server,
-                listing.facts,
-            )
-            .execute(&mut *tx)
-            .await?;
-            let event = Event::new(
-                EventName::ToolWithheld,
-                json!({
-                    "tool": listing.tool,
-                    "server": listing.server,
-                    "identity": listing.identity,
-                    "accepted_identity": row.identity,
-                }),
-            );
-            handed.push(outbox::append(&mut tx, None, &event).await?);
+            handed.push(withhold(&mut tx, &listing, &row.identity).await?);
         }
         tx.commit().await?;
         self.hand_off(handed);
@@ -198,4 +178,35 @@ impl Store {
         .await?;
         Ok(done.rows_affected() == 1)
     }
+}
+
+/// Keeps `listing` pending beside the accepted identity and announces `tool.withheld`, in the
+/// caller's transaction.
+async fn withhold(
+    tx: &mut PgConnection,
+    listing: &Listing<'_>,
+    accepted_identity: &str,
+) -> Result<OutboxEvent, StoreError> {
+    sqlx::query!(
+        r#"UPDATE tool_identities
+                   SET pending_identity = $2, pending_server = $3, pending_facts = $4,
+                       pending_since = now()
+                   WHERE tool = $1"#,
+        listing.tool,
+        listing.identity,
+        listing.server,
+        listing.facts,
+    )
+    .execute(&mut *tx)
+    .await?;
+    let event = Event::new(
+        EventName::ToolWithheld,
+        json!({
+            "tool": listing.tool,
+            "server": listing.server,
+            "identity": listing.identity,
+            "accepted_identity": accepted_identity,
+        }),
+    );
+    outbox::append(tx, None, &event).await
 }

@@ -131,6 +131,15 @@ impl Store {
         Ok(done.rows_affected() > 0)
     }
 
+    /// The signing secret of endpoint `endpoint_id`, opened.
+    fn open_secret(&self, endpoint_id: Uuid, sealed: &[u8]) -> Result<String, StoreError> {
+        let under = sealed_under(endpoint_id)?;
+        let bytes = self.keyring.open(Purpose::WebhookSecret, under, sealed)?;
+        String::from_utf8(bytes).map_err(|_| StoreError::Unreadable {
+            what: "webhook_endpoints.secret",
+        })
+    }
+
     /// Claims up to `limit` pending deliveries that are due, oldest first, for `claim_for`:
     /// until then no other deliverer takes them. A delivery whose secret does not open is
     /// failed at once (`state_unreadable`): no attempt could ever sign it.
@@ -160,18 +169,7 @@ impl Store {
         .await?;
         let mut due = Vec::with_capacity(rows.len());
         for r in rows {
-            let opened = sealed_under(r.endpoint_id)
-                .and_then(|under| {
-                    let bytes = self
-                        .keyring
-                        .open(Purpose::WebhookSecret, under, &r.secret)?;
-                    Ok(bytes)
-                })
-                .and_then(|bytes| {
-                    String::from_utf8(bytes).map_err(|_| StoreError::Unreadable {
-                        what: "webhook_endpoints.secret",
-                    })
-                });
+            let opened = self.open_secret(r.endpoint_id, &r.secret);
             match opened {
                 Ok(secret) => due.push(DueDelivery {
                     endpoint_id: r.endpoint_id,
