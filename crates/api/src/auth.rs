@@ -15,6 +15,7 @@ use std::net::{IpAddr, SocketAddr};
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderValue};
+use countersign_core::DatabaseCode;
 use uuid::Uuid;
 
 use crate::problem::{unavailable, Problem, ProblemCode};
@@ -267,7 +268,7 @@ pub async fn web_caller(
     let session = match secret {
         Some(secret) => sessions::find(pool, secret)
             .await
-            .map_err(|e| unavailable("sessions", "database_error", &e))?
+            .map_err(|e| unavailable("sessions", DatabaseCode::Error.as_str(), &e))?
             .map(|s| (secret.to_owned(), s)),
         None => None,
     };
@@ -286,7 +287,7 @@ pub async fn web_caller(
             let producer = config.proxy_producer.clone();
             let secret = sessions::open(pool, &user, &producer, None, config.session_ttl)
                 .await
-                .map_err(|e| unavailable("sessions", "database_error", &e))?;
+                .map_err(|e| unavailable("sessions", DatabaseCode::Error.as_str(), &e))?;
             WebCaller {
                 caller: Caller {
                     user,

@@ -17,7 +17,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use chrono::Utc;
 use countersign_coordinator::grants::DEFAULT_GRANT_HOURS;
-use countersign_core::{RunId, SuspensionSeq};
+use countersign_core::{DatabaseCode, RunId, SuspensionSeq};
 use countersign_store::{DecisionOutcome, RunStatus};
 use maud::Markup;
 use serde::Deserialize;
@@ -245,7 +245,7 @@ pub async fn sign_in(
             state.config.session_ttl,
         )
         .await
-        .map_err(|e| unavailable("sessions", "database_error", &e))?;
+        .map_err(|e| unavailable("sessions", DatabaseCode::Error.as_str(), &e))?;
         Ok::<_, Problem>(Some(session))
     }
     .await;
@@ -287,7 +287,10 @@ pub async fn sign_out(
     }
     if let Some(secret) = auth::session_secret(&headers, &state.config) {
         if let Err(e) = sessions::close(state.coordinator.store.pool(), secret).await {
-            return problem_page(Some(&web), &unavailable("sessions", "database_error", &e));
+            return problem_page(
+                Some(&web),
+                &unavailable("sessions", DatabaseCode::Error.as_str(), &e),
+            );
         }
     }
     let mut response = Redirect::to("/inbox/sign-in").into_response();
@@ -322,11 +325,11 @@ pub async fn list(
         .as_deref()
         .map(str::trim)
         .filter(|a| !a.is_empty());
-    let waiting = match params.waiting.as_deref() {
-        Some("me") => Waiting::OnMe,
-        Some("groups") => Waiting::OnMyGroups,
-        _ => Waiting::Any,
-    };
+    let waiting: Waiting = params
+        .waiting
+        .as_deref()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_default();
     let result = async {
         let cursor = match params.cursor.as_deref() {
             None => None,

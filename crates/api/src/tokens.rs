@@ -19,6 +19,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
 use countersign_coordinator::producers::{self, ProducerError, ProducerKind};
+use countersign_core::DatabaseCode;
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
@@ -95,7 +96,8 @@ impl fmt::Debug for IssuedToken {
 
 /// Why a token could not be issued, listed or revoked. Only [`TokenError::code`] may leave
 /// the log.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum TokenError {
     #[error("{0} must be 1 to 200 characters, not padded with whitespace")]
@@ -109,9 +111,9 @@ pub enum TokenError {
 impl TokenError {
     pub fn code(&self) -> &'static str {
         match self {
-            TokenError::InvalidName(_) => "invalid_name",
             TokenError::Producers(e) => e.code(),
-            TokenError::Database(_) => "database_error",
+            TokenError::Database(_) => DatabaseCode::Error.as_str(),
+            other => other.into(),
         }
     }
 }
@@ -234,4 +236,31 @@ pub async fn verify(pool: &PgPool, secret: &str) -> Result<Option<TokenInfo>, To
         .await?;
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_token_error_has_the_code_it_always_had() {
+        let errors = [
+            (TokenError::InvalidName("user"), "invalid_name"),
+            (
+                TokenError::Producers(ProducerError::InvalidName("name")),
+                "invalid_name",
+            ),
+            (
+                TokenError::Producers(ProducerError::Unreadable),
+                "state_unreadable",
+            ),
+            (
+                TokenError::Database(sqlx::Error::PoolTimedOut),
+                "database_error",
+            ),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
+    }
 }

@@ -34,16 +34,19 @@ pub struct GivenGrant {
 }
 
 /// Why no grant was given.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum GrantError {
     /// No such run, or the person may not approve its agent's runs: nothing to tell apart.
     #[error("no run whose runs the approver may approve")]
     NotFound,
     /// The hours are outside 1 to [`MAX_GRANT_HOURS`].
     #[error("a grant lasts 1 to {MAX_GRANT_HOURS} hours")]
+    #[strum(serialize = "grant_hours")]
     Hours,
     /// The coordinator kept no facts of this card: no policy ever saw it.
     #[error("no facts were kept of this card")]
+    #[strum(serialize = "grant_no_facts")]
     NoFacts,
     #[error("call {index} may not be granted: {refusal}")]
     Refused { index: i64, refusal: GrantRefusal },
@@ -54,11 +57,9 @@ pub enum GrantError {
 impl GrantError {
     pub fn code(&self) -> &'static str {
         match self {
-            GrantError::NotFound => "not_found",
-            GrantError::Hours => "grant_hours",
-            GrantError::NoFacts => "grant_no_facts",
             GrantError::Refused { refusal, .. } => refusal.code(),
             GrantError::Coordinator(e) => e.code(),
+            other => other.into(),
         }
     }
 }
@@ -161,5 +162,43 @@ impl Coordinator {
             });
         }
         Ok(given)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use countersign_core::DirectoryError;
+    use countersign_store::StoreError;
+
+    use super::*;
+    use crate::ProducerError;
+
+    #[test]
+    fn every_grant_error_has_the_code_it_always_had() {
+        let refused = |refusal| GrantError::Refused { index: 1, refusal };
+        let errors = [
+            (GrantError::NotFound, "not_found"),
+            (GrantError::Hours, "grant_hours"),
+            (GrantError::NoFacts, "grant_no_facts"),
+            (refused(GrantRefusal::Removes), "grant_removes"),
+            (refused(GrantRefusal::NoWrites), "grant_no_writes"),
+            (
+                GrantError::Coordinator(CoordinatorError::Store(StoreError::FenceLost)),
+                "fence_lost",
+            ),
+            (
+                GrantError::Coordinator(CoordinatorError::Users(DirectoryError::database(
+                    std::io::Error::other("reset"),
+                ))),
+                "database_error",
+            ),
+            (
+                GrantError::Coordinator(CoordinatorError::Producers(ProducerError::Unreadable)),
+                "state_unreadable",
+            ),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
     }
 }

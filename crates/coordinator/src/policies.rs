@@ -20,23 +20,17 @@ use std::time::Duration;
 
 use countersign_core::{DecisionMessage, SuspendedRunState};
 use countersign_policy::{
-    AskReason, CardFacts, Evaluation, Loaded, Outcome, Policy, PolicySource, RunFacts,
+    AskReason, CardFacts, Evaluation, Loaded, Mode, Outcome, OutcomeKind, Policy, PolicySource,
+    RunFacts, SourceError,
 };
 use countersign_store::{DueCard, PolicyEvaluation, PolicyMark, RunRecord, RunStatus};
+use strum::VariantArray;
 use uuid::Uuid;
 
 use crate::{Coordinator, CoordinatorError, DecisionCode};
 
 /// Accepted policy approvals of one turn after which the policies ask a person.
 pub const BOUNCE_LIMIT: i64 = 3;
-/// The codes a policy file's reload may be refused with (`SourceError::code`).
-const LOAD_REFUSALS: [&str; 5] = [
-    "policy_unreadable",
-    "policy_header",
-    "policy_syntax",
-    "policy_invalid",
-    "policy_empty",
-];
 /// Cards evaluated per pass at most.
 const BATCH: i64 = 32;
 
@@ -287,17 +281,18 @@ impl Coordinator {
 /// card is seen.
 fn register_metrics(loaded: &Loaded) {
     let _ = metrics::histogram!("countersign_policy_evaluation_seconds");
-    for code in LOAD_REFUSALS {
+    for code in SourceError::codes() {
         let _ = metrics::counter!("countersign_policy_load_refused_total", "code" => code);
     }
     if loaded.policies.is_empty() {
         let _ = metrics::counter!("countersign_policy_decisions_total",
-            "policy" => "none", "outcome" => "ask", "mode" => "enforce");
+            "policy" => "none", "outcome" => OutcomeKind::Ask.as_str(),
+            "mode" => Mode::Enforce.as_str());
     }
     for policy in &loaded.policies {
-        for outcome in ["approve", "deny", "ask"] {
+        for outcome in OutcomeKind::VARIANTS {
             let _ = metrics::counter!("countersign_policy_decisions_total",
-                "policy" => policy.id.clone(), "outcome" => outcome,
+                "policy" => policy.id.clone(), "outcome" => outcome.as_str(),
                 "mode" => policy.mode.as_str());
         }
     }

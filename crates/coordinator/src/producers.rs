@@ -13,14 +13,15 @@
 use std::fmt;
 
 use chrono::{DateTime, Utc};
-use countersign_core::TerminationReason;
+use countersign_core::{DatabaseCode, TerminationReason};
 use sqlx::PgPool;
 
 /// The grant name that covers every user of its kind.
 pub const ANY: &str = "*";
 
-/// Which identity in a message a grant covers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Which identity in a message a grant covers. Stored as its code (`approver`, `acting_user`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
 pub enum ProducerKind {
     /// The `approver` of a decision.
     Approver,
@@ -30,18 +31,11 @@ pub enum ProducerKind {
 
 impl ProducerKind {
     pub fn as_str(self) -> &'static str {
-        match self {
-            ProducerKind::Approver => "approver",
-            ProducerKind::ActingUser => "acting_user",
-        }
+        self.into()
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "approver" => Some(ProducerKind::Approver),
-            "acting_user" => Some(ProducerKind::ActingUser),
-            _ => None,
-        }
+        s.parse().ok()
     }
 }
 
@@ -62,7 +56,8 @@ pub struct ProducerGrant {
 }
 
 /// Why the registry could not answer. Only [`ProducerError::code`] may leave the log.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum ProducerError {
     /// An AMQP user or a name that is empty or padded with whitespace.
@@ -78,9 +73,9 @@ pub enum ProducerError {
 impl ProducerError {
     pub fn code(&self) -> &'static str {
         match self {
-            ProducerError::InvalidName(_) => "invalid_name",
             ProducerError::Unreadable => TerminationReason::StateUnreadable.as_str(),
-            ProducerError::Database(_) => "database_error",
+            ProducerError::Database(_) => DatabaseCode::Error.as_str(),
+            other => other.into(),
         }
     }
 }
@@ -166,4 +161,39 @@ pub async fn list(pool: &PgPool) -> Result<Vec<ProducerGrant>, ProducerError> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_producer_error_has_the_code_it_always_had() {
+        let errors = [
+            (ProducerError::InvalidName("amqp_user"), "invalid_name"),
+            (ProducerError::Unreadable, "state_unreadable"),
+            (
+                ProducerError::Database(sqlx::Error::PoolTimedOut),
+                "database_error",
+            ),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn every_producer_kind_is_stored_as_the_word_it_always_was_and_read_back_from_it() {
+        let kinds = [
+            (ProducerKind::Approver, "approver"),
+            (ProducerKind::ActingUser, "acting_user"),
+        ];
+        for (kind, word) in kinds {
+            assert_eq!(kind.as_str(), word);
+            assert_eq!(kind.to_string(), word);
+            assert_eq!(ProducerKind::parse(word), Some(kind));
+        }
+        assert_eq!(ProducerKind::parse("Approver"), None);
+        assert_eq!(ProducerKind::parse("acting-user"), None);
+    }
 }

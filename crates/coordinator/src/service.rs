@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use chrono::{SecondsFormat, Utc};
-use countersign_core::{Event, RunId};
+use countersign_core::{DatabaseCode, Event, RunId};
 use countersign_queue::{Broker, Delivery};
 use countersign_service::relay::{self, RelayConfig};
 use serde_json::Value;
@@ -269,7 +269,7 @@ async fn run_gates(coordinator: &Coordinator, inbox: Inbox, delivery: &Delivery)
                     ?within,
                     "gates not answered in time; message held until the store answers"
                 );
-                "database_timeout"
+                DatabaseCode::Timeout.as_str()
             }
         };
         coordinator.store.vitals().failed();

@@ -18,6 +18,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 
+use crate::errors::DatabaseCode;
 use crate::tool::Principal;
 
 /// Where the principals runs act as, and their approvers, come from: the users of the system
@@ -137,7 +138,7 @@ impl DirectoryError {
 
     pub fn code(&self) -> &'static str {
         match self {
-            DirectoryError::Database(_) => "database_error",
+            DirectoryError::Database(_) => DatabaseCode::Error.as_str(),
         }
     }
 }

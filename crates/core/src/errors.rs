@@ -53,4 +53,68 @@ impl HookError {
 
 /// The code of a transient failure that says a row was locked by someone else: at suspension,
 /// the local writes are then previewed each on its own ([`crate::SegmentHooks::begin_preview`]).
-pub const PREVIEW_CONFLICT: &str = "database_conflict";
+pub const PREVIEW_CONFLICT: DatabaseCode = DatabaseCode::Conflict;
+
+/// The stable codes of a database's failures: what names one where its message may not go (a
+/// preview line, a run row, an event, a log field). The store decides which a failure is; every
+/// crate that reports a database failure spells its code from here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(prefix = "database_", serialize_all = "snake_case")]
+#[non_exhaustive]
+pub enum DatabaseCode {
+    /// The connection was lost or refused, the pool had none to give, the server is shutting
+    /// down or starting up.
+    Unavailable,
+    /// A serialization failure, a deadlock, a lock that could not be had at once.
+    Conflict,
+    /// A statement ran past its time or was cancelled, or the database did not answer within
+    /// the caller's deadline.
+    Timeout,
+    PermissionDenied,
+    /// A column or table that is not there.
+    SchemaMismatch,
+    /// A value a column refuses.
+    DataException,
+    ConstraintViolation,
+    /// A trigger's refusal.
+    Refused,
+    /// Any other failure.
+    Error,
+}
+
+impl DatabaseCode {
+    pub fn as_str(self) -> &'static str {
+        self.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_database_code_is_the_string_it_always_was() {
+        let codes = [
+            (DatabaseCode::Unavailable, "database_unavailable"),
+            (DatabaseCode::Conflict, "database_conflict"),
+            (DatabaseCode::Timeout, "database_timeout"),
+            (DatabaseCode::PermissionDenied, "database_permission_denied"),
+            (DatabaseCode::SchemaMismatch, "database_schema_mismatch"),
+            (DatabaseCode::DataException, "database_data_exception"),
+            (
+                DatabaseCode::ConstraintViolation,
+                "database_constraint_violation",
+            ),
+            (DatabaseCode::Refused, "database_refused"),
+            (DatabaseCode::Error, "database_error"),
+        ];
+        assert_eq!(
+            codes.len(),
+            <DatabaseCode as strum::VariantArray>::VARIANTS.len()
+        );
+        for (code, string) in codes {
+            assert_eq!(code.as_str(), string, "{code:?}");
+        }
+        assert_eq!(PREVIEW_CONFLICT.as_str(), "database_conflict");
+    }
+}

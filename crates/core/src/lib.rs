@@ -38,7 +38,7 @@ pub mod tool;
 
 pub use decision::{CallEdit, Decision};
 pub use directory::{Approver, Approves, DirectoryError, UserDirectory};
-pub use errors::{HookError, PREVIEW_CONFLICT};
+pub use errors::{DatabaseCode, HookError, PREVIEW_CONFLICT};
 pub use ids::{CallIndex, IdError, LeaseEpoch, RunId, SuspensionSeq, TurnDigest};
 pub use local_writer::{
     JournalEntry, LocalWriter, LocalWriters, LockMode, LockSubject, PlannedWrite,

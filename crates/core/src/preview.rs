@@ -154,6 +154,11 @@ pub fn failed_at_suspend_line(code: &str) -> String {
     format!("The preview for this call failed ({code}), so it shows nothing about what the call would do.")
 }
 
+/// The line stored when a preview panics at suspend.
+pub fn panicked_at_suspend_line() -> String {
+    failed_at_suspend_line(Attempt::Panic.code())
+}
+
 /// The line stored when a preview returns nothing.
 pub const EMPTY_PREVIEW_LINE: &str = "The tool produced no preview for this call.";
 
@@ -244,11 +249,14 @@ pub fn quote_excerpt(value: &str) -> String {
 }
 
 /// What became of one attempt to preview a call.
-#[derive(Debug)]
+#[derive(Debug, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub(crate) enum Attempt {
     /// The bounded lines, their forms (empty when the tool gave none), and the whole preview
     /// when the bounds cut the lines (empty otherwise).
+    #[strum(serialize = "ok")]
     Lines(Vec<String>, Vec<Option<LineForm>>, Vec<String>),
+    #[strum(serialize = "empty_preview")]
     Empty,
     Error(ToolError),
     Panic,
@@ -289,10 +297,8 @@ impl Attempt {
 
     pub(crate) fn code(&self) -> &'static str {
         match self {
-            Attempt::Lines(..) => "ok",
-            Attempt::Empty => "empty_preview",
             Attempt::Error(e) => e.code(),
-            Attempt::Panic => "panic",
+            other => other.into(),
         }
     }
 }
@@ -339,7 +345,7 @@ pub(crate) fn at_suspend(index: CallIndex, tool: &str, attempt: Attempt) -> Call
         }
         Attempt::Panic => {
             tracing::error!(tool, %index, "preview panicked at suspend");
-            (vec![failed_at_suspend_line("panic")], true, vec![], vec![])
+            (vec![panicked_at_suspend_line()], true, vec![], vec![])
         }
     };
     CallPreview {
@@ -413,6 +419,23 @@ pub async fn assert_deterministic(previewer: &dyn ToolPreview, user: &Principal,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_preview_attempt_has_the_code_it_always_had() {
+        let attempts = [
+            (Attempt::Lines(vec!["a".into()], vec![None], vec![]), "ok"),
+            (Attempt::Empty, "empty_preview"),
+            (
+                Attempt::Error(ToolError::failed("row_gone", "d")),
+                "row_gone",
+            ),
+            (Attempt::Error(ToolError::Moved), "preview_moved"),
+            (Attempt::Panic, "panic"),
+        ];
+        for (attempt, code) in attempts {
+            assert_eq!(attempt.code(), code, "{attempt:?}");
+        }
+    }
 
     #[test]
     fn lines_past_twenty_are_cut_and_counted() {

@@ -398,7 +398,7 @@ async fn local_previews<H: SegmentHooks>(
             }
             Ok((now, false))
         }
-        Err(HookError::Unavailable { code, detail }) if code == PREVIEW_CONFLICT => {
+        Err(HookError::Unavailable { code, detail }) if code == PREVIEW_CONFLICT.as_str() => {
             tracing::info!(
                 code,
                 detail,

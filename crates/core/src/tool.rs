@@ -328,7 +328,8 @@ pub enum Fault {
 ///
 /// Only [`ToolError::code`] may reach a preview line, an event or the database; the detail
 /// goes to the log, because it can carry credentials or content.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum ToolError {
     /// The lease was lost: the write did not happen and the segment must stop.
@@ -355,6 +356,7 @@ pub enum ToolError {
     /// The resource compared the preview the approver was shown with its own at the write,
     /// found that it moved, and wrote nothing.
     #[error("the preview moved at the resource; nothing was written")]
+    #[strum(serialize = "preview_moved")]
     Moved,
 }
 
@@ -389,14 +391,14 @@ impl ToolError {
         }
     }
 
+    /// The code a failure carries, or else its own.
     pub fn code(&self) -> &'static str {
         match self {
-            ToolError::FenceLost => "fence_lost",
-            ToolError::Moved => "preview_moved",
             ToolError::Failed { code, .. }
             | ToolError::Unavailable { code, .. }
             | ToolError::Broken { code, .. }
             | ToolError::OutcomeUnknown { code, .. } => code,
+            other => other.into(),
         }
     }
 
@@ -615,7 +617,8 @@ pub struct ToolPolicy {
 }
 
 /// Why a tool is not offered to a run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Withheld {
     /// Not on the agent's allow-list of tool names.
     NotAllowed,
@@ -631,13 +634,7 @@ pub enum Withheld {
 
 impl Withheld {
     pub fn code(self) -> &'static str {
-        match self {
-            Withheld::NotAllowed => "not_allowed",
-            Withheld::GroupNotAllowed => "group_not_allowed",
-            Withheld::NotEnabled => "not_enabled",
-            Withheld::AdminOnly => "admin_only",
-            Withheld::DataClass(_) => "data_class",
-        }
+        self.into()
     }
 }
 
@@ -1003,5 +1000,43 @@ mod tests {
             ToolRegistry::new().effect_of("nope"),
             Effect::NonIdempotentWrite
         );
+    }
+
+    #[test]
+    fn every_tool_error_has_the_code_it_always_had() {
+        let errors = [
+            (ToolError::FenceLost, "fence_lost"),
+            (ToolError::Moved, "preview_moved"),
+            (ToolError::failed("row_gone", "d"), "row_gone"),
+            (
+                ToolError::unavailable("database_unavailable", "d"),
+                "database_unavailable",
+            ),
+            (
+                ToolError::infrastructure(Fault::Persistent, "database_refused", "d"),
+                "database_refused",
+            ),
+            (
+                ToolError::outcome_unknown("remote_unreachable", "d"),
+                "remote_unreachable",
+            ),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn every_withheld_reason_has_the_code_it_always_had() {
+        let reasons = [
+            (Withheld::NotAllowed, "not_allowed"),
+            (Withheld::GroupNotAllowed, "group_not_allowed"),
+            (Withheld::NotEnabled, "not_enabled"),
+            (Withheld::AdminOnly, "admin_only"),
+            (Withheld::DataClass(DataClass::PersonalData), "data_class"),
+        ];
+        for (reason, code) in reasons {
+            assert_eq!(reason.code(), code, "{reason:?}");
+        }
     }
 }

@@ -53,7 +53,8 @@ const WRAPPED_KEY_LEN: usize = KEY_LEN + TAG_LEN;
 
 /// What a sealed value is for. Part of the associated data, so a value sealed for one
 /// purpose does not open as another.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum Purpose {
     /// Suspended run state.
     State,
@@ -83,14 +84,7 @@ impl Purpose {
     /// The name used in the associated data. Stable: changing one makes every stored value
     /// of that purpose unreadable.
     pub fn as_str(&self) -> &'static str {
-        match self {
-            Purpose::State => "state",
-            Purpose::Request => "request",
-            Purpose::Event => "event",
-            Purpose::Journal => "journal",
-            Purpose::Comment => "comment",
-            Purpose::WebhookSecret => "webhook_secret",
-        }
+        self.into()
     }
 }
 
@@ -102,7 +96,8 @@ impl fmt::Display for Purpose {
 
 /// Why a value could not be sealed or opened. Messages name key ids and version numbers,
 /// never key material or plaintext.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum CryptoError {
     #[error("envelope is truncated")]
@@ -116,6 +111,7 @@ pub enum CryptoError {
     #[error("envelope does not authenticate under key {key_id} for this purpose and run")]
     Unauthentic { key_id: KeyId },
     #[error("the value is too large to seal")]
+    #[strum(serialize = "seal_too_large")]
     TooLarge,
     #[error("the operating system's random source failed")]
     RandomUnavailable,
@@ -132,8 +128,7 @@ impl CryptoError {
             | CryptoError::MalformedKeyId
             | CryptoError::UnknownKey { .. }
             | CryptoError::Unauthentic { .. } => TerminationReason::StateUnreadable.as_str(),
-            CryptoError::TooLarge => "seal_too_large",
-            CryptoError::RandomUnavailable => "random_unavailable",
+            other => other.into(),
         }
     }
 }

@@ -26,18 +26,22 @@ pub(crate) const KEY_ID_MAX_LEN: usize = 32;
 
 /// Why a keyring could not be loaded. Messages name entries by their 1-based position and
 /// key ids, never the text of an entry, so they never contain key material.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum KeyringError {
     #[error("no keyring configured: neither keys nor a key file given")]
+    #[strum(serialize = "keyring_not_configured")]
     NotConfigured,
     #[error("could not read the key file {}", path.display())]
+    #[strum(serialize = "keyring_file_unreadable")]
     FileUnreadable {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
     #[error("the keyring holds no keys")]
+    #[strum(serialize = "keyring_empty")]
     Empty,
     #[error("key id must be 1 to 32 characters from A-Z, a-z, 0-9, '_' and '-'")]
     InvalidKeyId,
@@ -45,32 +49,27 @@ pub enum KeyringError {
         "keyring entry {entry} is not of the form id:BASE64KEY \
          (an id of 1 to 32 characters from A-Z, a-z, 0-9, '_' and '-')"
     )]
+    #[strum(serialize = "keyring_malformed_entry")]
     MalformedEntry { entry: usize },
     #[error("keyring entry {entry} (key id {key_id}): the key is not standard padded base64")]
+    #[strum(serialize = "keyring_invalid_base64")]
     InvalidBase64 { entry: usize, key_id: KeyId },
     #[error("keyring entry {entry} (key id {key_id}): the key is {length} bytes, expected 32")]
+    #[strum(serialize = "keyring_wrong_key_length")]
     WrongKeyLength {
         entry: usize,
         key_id: KeyId,
         length: usize,
     },
     #[error("keyring entry {entry}: key id {key_id} appears more than once")]
+    #[strum(serialize = "keyring_duplicate_key_id")]
     DuplicateKeyId { entry: usize, key_id: KeyId },
 }
 
 impl KeyringError {
     /// The stable code of this error.
     pub fn code(&self) -> &'static str {
-        match self {
-            KeyringError::NotConfigured => "keyring_not_configured",
-            KeyringError::FileUnreadable { .. } => "keyring_file_unreadable",
-            KeyringError::Empty => "keyring_empty",
-            KeyringError::InvalidKeyId => "invalid_key_id",
-            KeyringError::MalformedEntry { .. } => "keyring_malformed_entry",
-            KeyringError::InvalidBase64 { .. } => "keyring_invalid_base64",
-            KeyringError::WrongKeyLength { .. } => "keyring_wrong_key_length",
-            KeyringError::DuplicateKeyId { .. } => "keyring_duplicate_key_id",
-        }
+        self.into()
     }
 }
 
@@ -484,5 +483,50 @@ mod tests {
             a.get(a.active_key_id()).expect("key").bytes(),
             b.get(b.active_key_id()).expect("key").bytes()
         );
+    }
+
+    #[test]
+    fn every_keyring_error_has_the_code_it_always_had() {
+        let errors = [
+            (KeyringError::NotConfigured, "keyring_not_configured"),
+            (
+                KeyringError::FileUnreadable {
+                    path: PathBuf::from("keys"),
+                    source: std::io::ErrorKind::NotFound.into(),
+                },
+                "keyring_file_unreadable",
+            ),
+            (KeyringError::Empty, "keyring_empty"),
+            (KeyringError::InvalidKeyId, "invalid_key_id"),
+            (
+                KeyringError::MalformedEntry { entry: 1 },
+                "keyring_malformed_entry",
+            ),
+            (
+                KeyringError::InvalidBase64 {
+                    entry: 1,
+                    key_id: id("k1"),
+                },
+                "keyring_invalid_base64",
+            ),
+            (
+                KeyringError::WrongKeyLength {
+                    entry: 1,
+                    key_id: id("k1"),
+                    length: 16,
+                },
+                "keyring_wrong_key_length",
+            ),
+            (
+                KeyringError::DuplicateKeyId {
+                    entry: 2,
+                    key_id: id("k1"),
+                },
+                "keyring_duplicate_key_id",
+            ),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
     }
 }

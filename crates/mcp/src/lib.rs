@@ -68,7 +68,8 @@ pub const MAX_PREVIEW_BYTES: usize = 1024 * 1024;
 const PREVIEW_RETRY: Duration = Duration::from_millis(250);
 
 /// Why the MCP servers could not be set up. Each has a stable [`code`](Self::code).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum McpError {
     #[error("the MCP servers configuration is not usable: {0}")]
@@ -76,6 +77,7 @@ pub enum McpError {
     #[error("the name of MCP server `{0}` is not [A-Za-z0-9_-]+")]
     InvalidServerName(String),
     #[error("the MCP servers file {path} cannot be read: {reason}")]
+    #[strum(serialize = "servers_file_unreadable")]
     ServersFile { path: String, reason: String },
     #[error("the secret of MCP server {server} is not set (variable {variable})")]
     SecretMissing { server: String, variable: String },
@@ -86,14 +88,11 @@ pub enum McpError {
 }
 
 impl McpError {
+    /// The code a failed discovery carries, or else its own.
     pub fn code(&self) -> &'static str {
         match self {
-            McpError::BadConfiguration(_) => "bad_configuration",
-            McpError::InvalidServerName(_) => "invalid_server_name",
-            McpError::ServersFile { .. } => "servers_file_unreadable",
-            McpError::SecretMissing { .. } => "secret_missing",
             McpError::Discovery { code, .. } => code,
-            McpError::DuplicateTool(_) => "duplicate_tool",
+            other => other.into(),
         }
     }
 }
@@ -580,6 +579,45 @@ impl ToolPreview for McpTool {
 mod tests {
     use super::*;
     use rmcp::model::ToolAnnotations;
+
+    #[test]
+    fn every_mcp_error_has_the_code_it_always_had() {
+        let errors = [
+            (
+                McpError::BadConfiguration(String::new()),
+                "bad_configuration",
+            ),
+            (
+                McpError::InvalidServerName("no tes".into()),
+                "invalid_server_name",
+            ),
+            (
+                McpError::ServersFile {
+                    path: "mcp.json".into(),
+                    reason: "gone".into(),
+                },
+                "servers_file_unreadable",
+            ),
+            (
+                McpError::SecretMissing {
+                    server: "notes".into(),
+                    variable: "NOTES_SECRET".into(),
+                },
+                "secret_missing",
+            ),
+            (
+                McpError::Discovery {
+                    server: "notes".into(),
+                    code: "mcp_timeout",
+                },
+                "mcp_timeout",
+            ),
+            (McpError::DuplicateTool("t".into()), "duplicate_tool"),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
+    }
 
     fn listed(
         name: &str,

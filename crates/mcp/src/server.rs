@@ -56,46 +56,46 @@ const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
 /// How one request to an MCP server failed. [`code`](Self::code) is what may reach a preview
 /// line, an event or a log field.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 pub enum CallError {
     /// No session could be opened (or an opening waits out its backoff), or the request
     /// otherwise certainly did not reach the server.
     #[error("the MCP server is not running")]
+    #[strum(serialize = "mcp_unavailable")]
     NotSent,
     /// The server refused countersign's credentials: nothing was done.
     #[error("the MCP server refused the credentials")]
+    #[strum(serialize = "mcp_unauthorized")]
     Unauthorized,
     /// The session ended after the request may have been sent.
     #[error("the MCP server's answer was lost")]
+    #[strum(serialize = "mcp_answer_lost")]
     Lost,
     /// No answer came in the time the call was given, after the request may have been sent.
     #[error("the MCP server did not answer in time")]
+    #[strum(serialize = "mcp_timeout")]
     TimedOut,
     /// The server refused the request without carrying it out: a JSON-RPC error that says so
     /// (a request it could not parse, an unknown method, invalid parameters, a protocol version
     /// or header it does not take), or an HTTP 4xx refusal.
     #[error("the MCP server refused the request: {0}")]
+    #[strum(serialize = "mcp_request_refused")]
     Refused(String),
     /// The server answered with any other JSON-RPC error (its internal error, one of its own):
     /// nothing says whether the request was carried out.
     #[error("the MCP server answered with a protocol error: {0}")]
+    #[strum(serialize = "mcp_protocol_error")]
     Protocol(String),
     /// The tool is withheld: the server lists it otherwise than it was accepted. Not sent.
     #[error("the tool is withheld: its server lists it otherwise than it was accepted")]
+    #[strum(serialize = "tool_withheld")]
     Withheld,
 }
 
 impl CallError {
     pub fn code(&self) -> &'static str {
-        match self {
-            CallError::NotSent => "mcp_unavailable",
-            CallError::Unauthorized => "mcp_unauthorized",
-            CallError::Lost => "mcp_answer_lost",
-            CallError::TimedOut => "mcp_timeout",
-            CallError::Refused(_) => "mcp_request_refused",
-            CallError::Protocol(_) => "mcp_protocol_error",
-            CallError::Withheld => "tool_withheld",
-        }
+        self.into()
     }
 }
 
@@ -610,5 +610,26 @@ fn opening_failure(error: &ClientInitializeError) -> CallError {
         CallError::Unauthorized
     } else {
         CallError::NotSent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_call_error_has_the_code_it_always_had() {
+        let errors = [
+            (CallError::NotSent, "mcp_unavailable"),
+            (CallError::Unauthorized, "mcp_unauthorized"),
+            (CallError::Lost, "mcp_answer_lost"),
+            (CallError::TimedOut, "mcp_timeout"),
+            (CallError::Refused("-32602".into()), "mcp_request_refused"),
+            (CallError::Protocol("-32603".into()), "mcp_protocol_error"),
+            (CallError::Withheld, "tool_withheld"),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
     }
 }

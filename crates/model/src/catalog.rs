@@ -37,10 +37,12 @@ const PROVIDERS: &str = "\"scripted\", \"openai\" (or \"openai_compatible\")";
 /// Why the `model` settings of an agent configuration name no usable provider.
 ///
 /// Messages name settings fields and environment variable names, never a key.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum ModelConfigError {
     #[error("the model settings name no provider: \"provider\" is one of {PROVIDERS}")]
+    #[strum(serialize = "unknown_provider")]
     MissingProvider,
     #[error("unknown model provider {0:?}: \"provider\" is one of {PROVIDERS}")]
     UnknownProvider(String),
@@ -49,6 +51,7 @@ pub enum ModelConfigError {
     #[error("invalid model settings: {0}")]
     InvalidSettings(String),
     #[error("invalid model endpoint: {0}")]
+    #[strum(serialize = "invalid_settings")]
     Endpoint(#[from] EndpointError),
     #[error("cannot load the model script {}: {source}", path.display())]
     ScriptUnreadable {
@@ -61,16 +64,7 @@ pub enum ModelConfigError {
 impl ModelConfigError {
     /// A stable code for the database, events and metrics.
     pub fn code(&self) -> &'static str {
-        match self {
-            ModelConfigError::MissingProvider | ModelConfigError::UnknownProvider(_) => {
-                "unknown_provider"
-            }
-            ModelConfigError::MissingApiKey(_) => "missing_api_key",
-            ModelConfigError::InvalidSettings(_) | ModelConfigError::Endpoint(_) => {
-                "invalid_settings"
-            }
-            ModelConfigError::ScriptUnreadable { .. } => "script_unreadable",
-        }
+        self.into()
     }
 }
 
@@ -391,4 +385,42 @@ fn optional_string(
 fn required_string(fields: &Map<String, Value>, name: &str) -> Result<String, ModelConfigError> {
     optional_string(fields, name)?
         .ok_or_else(|| ModelConfigError::InvalidSettings(format!("{name} is missing")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_model_config_error_has_the_code_it_always_had() {
+        let errors = [
+            (ModelConfigError::MissingProvider, "unknown_provider"),
+            (
+                ModelConfigError::UnknownProvider("claude".into()),
+                "unknown_provider",
+            ),
+            (
+                ModelConfigError::MissingApiKey("OPENAI_API_KEY".into()),
+                "missing_api_key",
+            ),
+            (
+                ModelConfigError::InvalidSettings("timeout_secs".into()),
+                "invalid_settings",
+            ),
+            (
+                ModelConfigError::Endpoint(EndpointError::InvalidUrl),
+                "invalid_settings",
+            ),
+            (
+                ModelConfigError::ScriptUnreadable {
+                    path: PathBuf::from("script.json"),
+                    source: ScriptError::Read(std::io::ErrorKind::NotFound.into()),
+                },
+                "script_unreadable",
+            ),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
+    }
 }

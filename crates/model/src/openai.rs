@@ -107,7 +107,8 @@ type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 type Connector = HttpConnector;
 
 /// Why an endpoint cannot be used. Never carries the key or the URL.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum EndpointError {
     #[error("the base URL is not an absolute http:// or https:// URL")]
@@ -124,13 +125,7 @@ pub enum EndpointError {
 
 impl EndpointError {
     pub fn code(&self) -> &'static str {
-        match self {
-            EndpointError::InvalidUrl => "invalid_url",
-            EndpointError::CredentialsInUrl => "credentials_in_url",
-            EndpointError::TlsNotBuilt => "tls_not_built",
-            EndpointError::EmptyModel => "empty_model",
-            EndpointError::UnusableKey => "unusable_key",
-        }
+        self.into()
     }
 }
 
@@ -797,5 +792,19 @@ mod tests {
                 completion: 7
             }
         );
+    }
+
+    #[test]
+    fn every_endpoint_error_has_the_code_it_always_had() {
+        let errors = [
+            (EndpointError::InvalidUrl, "invalid_url"),
+            (EndpointError::CredentialsInUrl, "credentials_in_url"),
+            (EndpointError::TlsNotBuilt, "tls_not_built"),
+            (EndpointError::EmptyModel, "empty_model"),
+            (EndpointError::UnusableKey, "unusable_key"),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
     }
 }

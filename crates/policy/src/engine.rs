@@ -17,7 +17,7 @@ use cedar_policy::{
     ValidationMode, Validator,
 };
 use miette::Diagnostic;
-use strum::{EnumString, IntoStaticStr};
+use strum::{EnumString, IntoStaticStr, VariantArray, VariantNames};
 
 use countersign_core::quorum::Requirement;
 
@@ -50,12 +50,17 @@ impl Mode {
 }
 
 /// Why a policy file was refused at load. Each names the line it found wrong (1-based).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Its codes are [`VariantNames::VARIANTS`] (the header's twice).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, IntoStaticStr, VariantNames)]
+#[strum(prefix = "policy_", serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum LoadError {
     #[error("line {line}: the header lacks `// {key}: …`")]
+    #[strum(serialize = "header")]
     MissingHeader { line: usize, key: &'static str },
     #[error("line {line}: header `{key}` has an unusable value")]
+    #[strum(serialize = "header")]
     BadHeader { line: usize, key: &'static str },
     #[error("line {line}: {message}")]
     Syntax { line: usize, message: String },
@@ -68,12 +73,7 @@ pub enum LoadError {
 impl LoadError {
     /// A stable code for the log, a metric or a problem document.
     pub fn code(&self) -> &'static str {
-        match self {
-            LoadError::MissingHeader { .. } | LoadError::BadHeader { .. } => "policy_header",
-            LoadError::Syntax { .. } => "policy_syntax",
-            LoadError::Invalid { .. } => "policy_invalid",
-            LoadError::Empty => "policy_empty",
-        }
+        self.into()
     }
 
     /// The line it names (0 for none).
@@ -128,7 +128,7 @@ pub enum Outcome {
 }
 
 /// The outcomes' stable spellings, as recorded and counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, VariantArray)]
 #[strum(serialize_all = "snake_case")]
 pub enum OutcomeKind {
     Approve,
@@ -484,5 +484,50 @@ impl Header {
                 })?;
         let mode = mode.map(|(_, m)| m).unwrap_or(Mode::Enforce);
         Ok(Header { id, version, mode })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_load_error_has_the_code_it_always_had() {
+        let errors = [
+            (
+                LoadError::MissingHeader {
+                    line: 1,
+                    key: "policy",
+                },
+                "policy_header",
+            ),
+            (
+                LoadError::BadHeader {
+                    line: 2,
+                    key: "mode",
+                },
+                "policy_header",
+            ),
+            (
+                LoadError::Syntax {
+                    line: 3,
+                    message: String::new(),
+                },
+                "policy_syntax",
+            ),
+            (
+                LoadError::Invalid {
+                    line: 4,
+                    message: String::new(),
+                },
+                "policy_invalid",
+            ),
+            (LoadError::Empty, "policy_empty"),
+        ];
+        for (error, code) in &errors {
+            assert_eq!(error.code(), *code, "{error:?}");
+        }
+        let codes: Vec<&str> = errors.iter().map(|(_, code)| *code).collect();
+        assert_eq!(LoadError::VARIANTS, codes);
     }
 }

@@ -8,7 +8,8 @@
 use crate::facts::CallFacts;
 
 /// Why a call cannot be granted. Recorded and shown as its code.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error, strum::IntoStaticStr)]
+#[strum(prefix = "grant_", serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum GrantRefusal {
     #[error("the call removes something")]
@@ -23,12 +24,7 @@ pub enum GrantRefusal {
 
 impl GrantRefusal {
     pub fn code(self) -> &'static str {
-        match self {
-            GrantRefusal::Removes => "grant_removes",
-            GrantRefusal::DataClass => "grant_data_class",
-            GrantRefusal::NoSubject => "grant_no_subject",
-            GrantRefusal::NoWrites => "grant_no_writes",
-        }
+        self.into()
     }
 }
 
@@ -65,4 +61,22 @@ pub fn grant_source(id: &str, agent: &str, call: &CallFacts) -> String {
         tool = q(&call.tool),
         subjects = subjects.join(", "),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_grant_refusal_has_the_code_it_always_had() {
+        let refusals = [
+            (GrantRefusal::Removes, "grant_removes"),
+            (GrantRefusal::DataClass, "grant_data_class"),
+            (GrantRefusal::NoSubject, "grant_no_subject"),
+            (GrantRefusal::NoWrites, "grant_no_writes"),
+        ];
+        for (refusal, code) in refusals {
+            assert_eq!(refusal.code(), code, "{refusal:?}");
+        }
+    }
 }

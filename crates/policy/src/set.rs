@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use strum::VariantNames;
+
 use crate::engine::{LoadError, Mode, Policy};
 
 /// The policies loaded from a set of files, in the order given.
@@ -30,10 +32,12 @@ impl Loaded {
 }
 
 /// Why a file could not be (re)loaded.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum SourceError {
     #[error("{path}: {source}")]
+    #[strum(serialize = "policy_unreadable")]
     Read {
         path: PathBuf,
         source: std::io::Error,
@@ -45,9 +49,25 @@ pub enum SourceError {
 impl SourceError {
     pub fn code(&self) -> &'static str {
         match self {
-            SourceError::Read { .. } => "policy_unreadable",
             SourceError::Load { source, .. } => source.code(),
+            other => other.into(),
         }
+    }
+
+    /// Every code a file may be refused with, each once: an unreadable file's, then
+    /// [`LoadError`]'s.
+    pub fn codes() -> Vec<&'static str> {
+        let unreadable = SourceError::Read {
+            path: PathBuf::new(),
+            source: std::io::ErrorKind::NotFound.into(),
+        };
+        let mut codes = vec![unreadable.code()];
+        for code in LoadError::VARIANTS {
+            if !codes.contains(code) {
+                codes.push(code);
+            }
+        }
+        codes
     }
 }
 
@@ -121,4 +141,52 @@ pub fn read(path: &Path) -> Result<Policy, SourceError> {
         path: path.to_owned(),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_source_error_has_the_code_it_always_had() {
+        let errors = [
+            (
+                SourceError::Read {
+                    path: PathBuf::from("a.cedar"),
+                    source: std::io::ErrorKind::PermissionDenied.into(),
+                },
+                "policy_unreadable",
+            ),
+            (
+                SourceError::Load {
+                    path: PathBuf::from("a.cedar"),
+                    source: LoadError::Empty,
+                },
+                "policy_empty",
+            ),
+            (
+                SourceError::Load {
+                    path: PathBuf::from("a.cedar"),
+                    source: LoadError::BadHeader {
+                        line: 1,
+                        key: "mode",
+                    },
+                },
+                "policy_header",
+            ),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
+        assert_eq!(
+            SourceError::codes(),
+            [
+                "policy_unreadable",
+                "policy_header",
+                "policy_syntax",
+                "policy_invalid",
+                "policy_empty",
+            ]
+        );
+    }
 }

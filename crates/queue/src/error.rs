@@ -5,7 +5,8 @@
 //! broker address, so a password in `AMQP_ADDR` never leaks through an error.
 
 /// A failure of the transport. Every variant has a [`code`](QueueError::code).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum QueueError {
     /// No connection could be (re-)established within the retry budget.
@@ -14,6 +15,7 @@ pub enum QueueError {
     /// Declaring or deleting the topology failed, e.g. a queue already exists with other
     /// arguments.
     #[error("declaring or deleting the topology failed")]
+    #[strum(serialize = "topology_failed")]
     Topology(#[source] lapin::Error),
     /// A process that declares nothing found a queue or exchange missing (named here):
     /// the broker's definitions were not imported, or the prefix or vhost is wrong.
@@ -44,10 +46,12 @@ pub enum QueueError {
     },
     /// Opening a consumer (channel, qos or basic.consume) failed.
     #[error("consuming failed")]
+    #[strum(serialize = "consume_failed")]
     Consume(#[source] lapin::Error),
     /// The delivery could not be settled; the broker redelivers it once its channel is
     /// gone.
     #[error("settling the delivery failed")]
+    #[strum(serialize = "settle_failed")]
     Settle(#[source] lapin::Error),
     /// The channel the delivery came on is already closed; the broker redelivers it.
     #[error("the delivery's channel is closed")]
@@ -57,27 +61,14 @@ pub enum QueueError {
     NameTooLong,
     /// A body could not be serialised.
     #[error("the body could not be serialised")]
+    #[strum(serialize = "encode_failed")]
     Encode(#[from] serde_json::Error),
 }
 
 impl QueueError {
     /// A stable, machine-readable code.
     pub fn code(&self) -> &'static str {
-        match self {
-            QueueError::BrokerUnavailable(_) => "broker_unavailable",
-            QueueError::Topology(_) => "topology_failed",
-            QueueError::TopologyMissing(_) => "topology_missing",
-            QueueError::PublishRefused(_) => "publish_refused",
-            QueueError::PublishFailed(_) => "publish_failed",
-            QueueError::PublishNacked => "publish_nacked",
-            QueueError::PublishTimeout => "publish_timeout",
-            QueueError::Unroutable { .. } => "unroutable",
-            QueueError::Consume(_) => "consume_failed",
-            QueueError::Settle(_) => "settle_failed",
-            QueueError::ChannelClosed => "channel_closed",
-            QueueError::NameTooLong => "name_too_long",
-            QueueError::Encode(_) => "encode_failed",
-        }
+        self.into()
     }
 
     /// A publish error caused by the broker closing the channel over this message (a
@@ -96,23 +87,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn codes_are_distinct() {
+    fn every_queue_error_has_the_code_it_always_had_and_no_two_share_one() {
+        let lapin = || lapin::Error::from(std::io::Error::other("reset"));
         let errors = [
-            QueueError::PublishNacked,
-            QueueError::PublishTimeout,
-            QueueError::Unroutable {
-                exchange: String::new(),
-                routing_key: "q".into(),
-            },
-            QueueError::ChannelClosed,
-            QueueError::NameTooLong,
-            QueueError::TopologyMissing("queue q".into()),
-            QueueError::Encode(serde_json::from_str::<u8>("x").unwrap_err()),
+            (QueueError::BrokerUnavailable(lapin()), "broker_unavailable"),
+            (QueueError::Topology(lapin()), "topology_failed"),
+            (
+                QueueError::TopologyMissing("queue q".into()),
+                "topology_missing",
+            ),
+            (QueueError::PublishRefused(lapin()), "publish_refused"),
+            (QueueError::PublishFailed(lapin()), "publish_failed"),
+            (QueueError::PublishNacked, "publish_nacked"),
+            (QueueError::PublishTimeout, "publish_timeout"),
+            (
+                QueueError::Unroutable {
+                    exchange: String::new(),
+                    routing_key: "q".into(),
+                },
+                "unroutable",
+            ),
+            (QueueError::Consume(lapin()), "consume_failed"),
+            (QueueError::Settle(lapin()), "settle_failed"),
+            (QueueError::ChannelClosed, "channel_closed"),
+            (QueueError::NameTooLong, "name_too_long"),
+            (
+                QueueError::Encode(serde_json::from_str::<u8>("x").unwrap_err()),
+                "encode_failed",
+            ),
         ];
-        let mut codes: Vec<_> = errors.iter().map(QueueError::code).collect();
+        for (error, code) in &errors {
+            assert_eq!(error.code(), *code, "{error:?}");
+        }
+        let mut codes: Vec<_> = errors.iter().map(|(e, _)| e.code()).collect();
         codes.sort_unstable();
         codes.dedup();
         assert_eq!(codes.len(), errors.len());
-        assert_eq!(QueueError::PublishNacked.code(), "publish_nacked");
     }
 }

@@ -86,7 +86,8 @@ impl Default for Limits {
 }
 
 /// Why a tool server could not be set up or discovered. Each has a stable [`code`](Self::code).
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum RemoteError {
     #[error("the tool server configuration is not usable: {0}")]
@@ -98,8 +99,10 @@ pub enum RemoteError {
     #[error("tool server `{0}` is configured already")]
     DuplicateServer(String),
     #[error("the tool servers file {path} cannot be read or written: {reason}")]
+    #[strum(serialize = "servers_file_unreadable")]
     ServersFile { path: String, reason: String },
     #[error("the certificate authorities file {path} is not usable: {reason}")]
+    #[strum(serialize = "ca_file_unusable")]
     CaFile { path: String, reason: String },
     #[error("the secret of tool server {server} is not set (variable {variable})")]
     SecretMissing { server: String, variable: String },
@@ -116,66 +119,60 @@ pub enum RemoteError {
 }
 
 impl RemoteError {
+    /// The code a failed discovery carries, or else its own.
     pub fn code(&self) -> &'static str {
         match self {
-            RemoteError::BadConfiguration(_) => "bad_configuration",
-            RemoteError::InvalidServerName(_) => "invalid_server_name",
-            RemoteError::InvalidUrl(_) => "invalid_url",
-            RemoteError::DuplicateServer(_) => "duplicate_server",
-            RemoteError::ServersFile { .. } => "servers_file_unreadable",
-            RemoteError::CaFile { .. } => "ca_file_unusable",
-            RemoteError::SecretMissing { .. } => "secret_missing",
             RemoteError::Discovery { code, .. } => code,
-            RemoteError::InvalidTool { .. } => "invalid_tool",
-            RemoteError::DuplicateTool(_) => "duplicate_tool",
+            other => other.into(),
         }
     }
 }
 
 /// How one HTTP exchange with a tool server failed. [`code`](Self::code) is what reaches a
 /// preview line or a tool result.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum CallError {
     /// No connection: the request was not sent.
     #[error("the tool server could not be reached")]
+    #[strum(serialize = "remote_unreachable")]
     Unreachable,
     /// The TLS handshake failed (an untrusted certificate, one for another host, a server that
     /// does not speak TLS): the request was not sent.
     #[error("the TLS handshake with the tool server failed")]
+    #[strum(serialize = "remote_tls")]
     Tls,
     /// The connection broke after the request may have been sent.
     #[error("the exchange with the tool server broke off")]
+    #[strum(serialize = "remote_unreachable")]
     BrokenOff,
     #[error("the tool server did not answer in time")]
+    #[strum(serialize = "remote_timeout")]
     Timeout,
     #[error("the tool server refused the credentials (HTTP {0})")]
+    #[strum(serialize = "remote_unauthorized")]
     Unauthorized(u16),
     #[error("the tool server does not know the tool")]
+    #[strum(serialize = "remote_not_found")]
     NotFound,
     #[error("the tool server refused a fenced-out epoch")]
+    #[strum(serialize = "remote_fenced")]
     Fenced,
     #[error("the tool server answered HTTP {0}")]
+    #[strum(serialize = "remote_status")]
     Status(u16),
     #[error("the answer exceeds the size limit")]
+    #[strum(serialize = "response_too_large")]
     TooLarge,
     #[error("the answer is not the protocol's message: {0}")]
+    #[strum(serialize = "malformed_response")]
     Malformed(String),
 }
 
 impl CallError {
     pub fn code(&self) -> &'static str {
-        match self {
-            CallError::Unreachable | CallError::BrokenOff => "remote_unreachable",
-            CallError::Tls => "remote_tls",
-            CallError::Timeout => "remote_timeout",
-            CallError::Unauthorized(_) => "remote_unauthorized",
-            CallError::NotFound => "remote_not_found",
-            CallError::Fenced => "remote_fenced",
-            CallError::Status(_) => "remote_status",
-            CallError::TooLarge => "response_too_large",
-            CallError::Malformed(_) => "malformed_response",
-        }
+        self.into()
     }
 
     /// Whether the server may have received the request.
@@ -431,7 +428,7 @@ impl RemoteToolServer {
                 tracing::warn!(server = %self.name, error = %e, "the discovery answer is not the protocol's");
                 RemoteError::Discovery {
                     server: self.name.clone(),
-                    code: "malformed_response",
+                    code: CallError::Malformed(String::new()).code(),
                 }
             })?;
         if !(1..=PROTOCOL_VERSION).contains(&discovery.protocol) {
@@ -812,6 +809,88 @@ impl ToolPreview for RemoteTool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_remote_error_has_the_code_it_always_had() {
+        let file = || (String::from("servers"), String::from("gone"));
+        let errors = [
+            (
+                RemoteError::BadConfiguration(String::new()),
+                "bad_configuration",
+            ),
+            (
+                RemoteError::InvalidServerName("wi/ki".into()),
+                "invalid_server_name",
+            ),
+            (RemoteError::InvalidUrl("wiki".into()), "invalid_url"),
+            (
+                RemoteError::DuplicateServer("wiki".into()),
+                "duplicate_server",
+            ),
+            (
+                RemoteError::ServersFile {
+                    path: file().0,
+                    reason: file().1,
+                },
+                "servers_file_unreadable",
+            ),
+            (
+                RemoteError::CaFile {
+                    path: file().0,
+                    reason: file().1,
+                },
+                "ca_file_unusable",
+            ),
+            (
+                RemoteError::SecretMissing {
+                    server: "wiki".into(),
+                    variable: "WIKI_SECRET".into(),
+                },
+                "secret_missing",
+            ),
+            (
+                RemoteError::Discovery {
+                    server: "wiki".into(),
+                    code: "unsupported_protocol",
+                },
+                "unsupported_protocol",
+            ),
+            (
+                RemoteError::InvalidTool {
+                    server: "wiki".into(),
+                    tool: "t".into(),
+                    reason: String::new(),
+                },
+                "invalid_tool",
+            ),
+            (RemoteError::DuplicateTool("t".into()), "duplicate_tool"),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn every_call_error_has_the_code_it_always_had() {
+        let errors = [
+            (CallError::Unreachable, "remote_unreachable"),
+            (CallError::Tls, "remote_tls"),
+            (CallError::BrokenOff, "remote_unreachable"),
+            (CallError::Timeout, "remote_timeout"),
+            (CallError::Unauthorized(401), "remote_unauthorized"),
+            (CallError::NotFound, "remote_not_found"),
+            (CallError::Fenced, "remote_fenced"),
+            (CallError::Status(502), "remote_status"),
+            (CallError::TooLarge, "response_too_large"),
+            (
+                CallError::Malformed("not JSON".into()),
+                "malformed_response",
+            ),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
+    }
 
     #[test]
     fn a_url_with_credentials_or_another_scheme_is_refused() {

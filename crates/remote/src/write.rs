@@ -268,7 +268,7 @@ impl ExternalWrite for RemoteTool {
             });
         }
         Err(ToolError::unavailable(
-            "remote_unreachable",
+            CallError::Unreachable.code(),
             "the prepare never reached the tool server",
         ))
     }
@@ -289,7 +289,7 @@ impl ExternalWrite for RemoteTool {
             }
         }
         Err(ToolError::outcome_unknown(
-            "remote_unreachable",
+            CallError::Unreachable.code(),
             "the commit was never confirmed",
         ))
     }

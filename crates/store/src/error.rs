@@ -1,12 +1,12 @@
 //! The errors of the store. Only [`StoreError::code`] may reach the database, an event or a
 //! queue; the `Display` text is for the log.
 
-use countersign_core::{Fault, RunId, TerminationReason};
+use countersign_core::{DatabaseCode, Fault, RunId, TerminationReason};
 
-use crate::DecisionOutcome;
 use countersign_crypto::CryptoError;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, strum::IntoStaticStr)]
+#[strum(serialize_all = "snake_case")]
 #[non_exhaustive]
 pub enum StoreError {
     /// The segment no longer holds the lease (another owner or epoch, or the run left
@@ -17,6 +17,7 @@ pub enum StoreError {
     RunNotFound(RunId),
     /// The run has no sealed state to resume from.
     #[error("run {0} has no suspended state")]
+    #[strum(serialize = "state_missing")]
     NoState(RunId),
     /// The call was journaled already: executing it again would repeat a write.
     #[error("call already journaled")]
@@ -46,15 +47,11 @@ impl StoreError {
     /// The stable code of this error.
     pub fn code(&self) -> &'static str {
         match self {
-            StoreError::FenceLost => "fence_lost",
-            StoreError::RunNotFound(_) => "run_not_found",
-            StoreError::NoState(_) => "state_missing",
-            StoreError::AlreadyJournaled => "already_journaled",
-            StoreError::IdempotencyConflict => DecisionOutcome::IdempotencyConflict.as_str(),
             StoreError::Unreadable { .. } => TerminationReason::StateUnreadable.as_str(),
             StoreError::Crypto(e) => e.code(),
             StoreError::Database(e) => classify(e).1,
-            StoreError::TimedOut(_) => "database_timeout",
+            StoreError::TimedOut(_) => DatabaseCode::Timeout.as_str(),
+            other => other.into(),
         }
     }
 
@@ -101,34 +98,36 @@ impl StoreError {
 /// everything else — a permission, a column or table that is not there, a value a column
 /// refuses, a constraint, a trigger's refusal.
 pub fn classify(e: &sqlx::Error) -> (Fault, &'static str) {
-    match e {
+    let (fault, code) = match e {
         sqlx::Error::Io(_)
         | sqlx::Error::Tls(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => (Fault::Transient, "database_unavailable"),
+        | sqlx::Error::WorkerCrashed => (Fault::Transient, DatabaseCode::Unavailable),
         sqlx::Error::Database(db) => classify_sqlstate(db.code().as_deref().unwrap_or("")),
-        _ => (Fault::Persistent, "database_error"),
-    }
+        _ => (Fault::Persistent, DatabaseCode::Error),
+    };
+    (fault, code.as_str())
 }
 
 /// [`classify`] for a SQLSTATE.
-fn classify_sqlstate(code: &str) -> (Fault, &'static str) {
+fn classify_sqlstate(code: &str) -> (Fault, DatabaseCode) {
+    use DatabaseCode as C;
     match code {
         // Class 08: connection exception; 57P01–57P03: the server shuts down or starts up.
-        c if c.starts_with("08") => (Fault::Transient, "database_unavailable"),
-        "57P01" | "57P02" | "57P03" => (Fault::Transient, "database_unavailable"),
+        c if c.starts_with("08") => (Fault::Transient, C::Unavailable),
+        "57P01" | "57P02" | "57P03" => (Fault::Transient, C::Unavailable),
         // serialization_failure, deadlock_detected, lock_not_available.
-        "40001" | "40P01" | "55P03" => (Fault::Transient, "database_conflict"),
+        "40001" | "40P01" | "55P03" => (Fault::Transient, C::Conflict),
         // query_canceled (statement_timeout, a cancel request);
         // idle_in_transaction_session_timeout; a statement inside a failed transaction block.
-        "57014" | "25P03" | "25P02" => (Fault::Transient, "database_timeout"),
-        "42501" => (Fault::Persistent, "database_permission_denied"),
-        c if c.starts_with("42") => (Fault::Persistent, "database_schema_mismatch"),
-        c if c.starts_with("22") => (Fault::Persistent, "database_data_exception"),
-        c if c.starts_with("23") => (Fault::Persistent, "database_constraint_violation"),
-        "P0001" => (Fault::Persistent, "database_refused"),
-        _ => (Fault::Persistent, "database_error"),
+        "57014" | "25P03" | "25P02" => (Fault::Transient, C::Timeout),
+        "42501" => (Fault::Persistent, C::PermissionDenied),
+        c if c.starts_with("42") => (Fault::Persistent, C::SchemaMismatch),
+        c if c.starts_with("22") => (Fault::Persistent, C::DataException),
+        c if c.starts_with("23") => (Fault::Persistent, C::ConstraintViolation),
+        "P0001" => (Fault::Persistent, C::Refused),
+        _ => (Fault::Persistent, C::Error),
     }
 }
 
@@ -182,16 +181,49 @@ mod tests {
 
     #[test]
     fn a_persistent_error_is_named_by_its_class_and_never_by_its_message() {
-        assert_eq!(classify_sqlstate("42501").1, "database_permission_denied");
-        assert_eq!(classify_sqlstate("42703").1, "database_schema_mismatch");
-        assert_eq!(classify_sqlstate("22001").1, "database_data_exception");
-        assert_eq!(
-            classify_sqlstate("23514").1,
-            "database_constraint_violation"
-        );
-        assert_eq!(classify_sqlstate("P0001").1, "database_refused");
-        assert_eq!(classify_sqlstate("XX000").1, "database_error");
-        assert_eq!(classify_sqlstate("40P01").1, "database_conflict");
-        assert_eq!(classify_sqlstate("57014").1, "database_timeout");
+        let code = |sqlstate| classify_sqlstate(sqlstate).1.as_str();
+        assert_eq!(code("42501"), "database_permission_denied");
+        assert_eq!(code("42703"), "database_schema_mismatch");
+        assert_eq!(code("22001"), "database_data_exception");
+        assert_eq!(code("23514"), "database_constraint_violation");
+        assert_eq!(code("P0001"), "database_refused");
+        assert_eq!(code("XX000"), "database_error");
+        assert_eq!(code("40P01"), "database_conflict");
+        assert_eq!(code("57014"), "database_timeout");
+        assert_eq!(code("08006"), "database_unavailable");
+        assert_eq!(code("57P01"), "database_unavailable");
+    }
+
+    #[test]
+    fn every_store_error_has_the_code_it_always_had() {
+        let run = RunId::new();
+        let errors = [
+            (StoreError::FenceLost, "fence_lost"),
+            (StoreError::RunNotFound(run), "run_not_found"),
+            (StoreError::NoState(run), "state_missing"),
+            (StoreError::AlreadyJournaled, "already_journaled"),
+            (StoreError::IdempotencyConflict, "idempotency_conflict"),
+            (StoreError::unreadable("runs.state"), "state_unreadable"),
+            (
+                StoreError::Crypto(CryptoError::Truncated),
+                "state_unreadable",
+            ),
+            (StoreError::Crypto(CryptoError::TooLarge), "seal_too_large"),
+            (
+                StoreError::Database(sqlx::Error::PoolTimedOut),
+                "database_unavailable",
+            ),
+            (
+                StoreError::Database(sqlx::Error::RowNotFound),
+                "database_error",
+            ),
+            (
+                StoreError::TimedOut(std::time::Duration::from_secs(1)),
+                "database_timeout",
+            ),
+        ];
+        for (error, code) in errors {
+            assert_eq!(error.code(), code, "{error:?}");
+        }
     }
 }

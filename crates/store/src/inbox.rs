@@ -32,7 +32,8 @@ pub struct WaitingRun {
 }
 
 /// Which of the viewer's waiting runs an inbox lists.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, strum::IntoStaticStr, strum::EnumString)]
+#[strum(serialize_all = "snake_case")]
 pub enum Waiting {
     /// Every run the viewer may see.
     #[default]
@@ -40,18 +41,17 @@ pub enum Waiting {
     /// The runs waiting on the viewer: a card of an agent with one approver, or a card of a team
     /// agent whose groups (the viewer's own, a delegator's now, or the backup group it was
     /// escalated to) include the viewer's and that the viewer has not voted on.
+    #[strum(serialize = "me")]
     OnMe,
     /// The cards of team agents that wait on one of the viewer's groups, voted on or not.
+    #[strum(serialize = "groups")]
     OnMyGroups,
 }
 
 impl Waiting {
+    /// The word for it in the inbox's query (`waiting=me`) and the SQL that lists it.
     fn as_str(self) -> &'static str {
-        match self {
-            Waiting::Any => "any",
-            Waiting::OnMe => "me",
-            Waiting::OnMyGroups => "groups",
-        }
+        self.into()
     }
 }
 
@@ -181,5 +181,24 @@ impl InboxPage {
             None
         };
         InboxPage { runs, next }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_waiting_filter_has_the_word_it_always_had_and_is_parsed_from_it() {
+        let words = [
+            (Waiting::Any, "any"),
+            (Waiting::OnMe, "me"),
+            (Waiting::OnMyGroups, "groups"),
+        ];
+        for (waiting, word) in words {
+            assert_eq!(waiting.as_str(), word, "{waiting:?}");
+            assert_eq!(word.parse::<Waiting>(), Ok(waiting));
+        }
+        assert!("on_me".parse::<Waiting>().is_err());
     }
 }

@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use countersign_core::preview::{
-    bound_lines, collapse_whitespace, failed_at_suspend_line, EMPTY_PREVIEW_LINE, MAX_LINES,
-    MAX_LINE_CHARS,
+    bound_lines, collapse_whitespace, failed_at_suspend_line, panicked_at_suspend_line,
+    EMPTY_PREVIEW_LINE, MAX_LINES, MAX_LINE_CHARS,
 };
 use countersign_core::{Principal, Tool, ToolError};
 use serde_json::Value;
@@ -129,7 +129,7 @@ pub fn judge(previews: &[Attempt; 2]) -> PreviewCheck {
             Attempt::Panicked => {
                 report.lines.push(format!(
                     "preview {n}: panicked; the card would show: {}",
-                    failed_at_suspend_line("panic")
+                    panicked_at_suspend_line()
                 ));
                 report.problems.push(format!("preview {n} panicked"));
             }
