@@ -16,9 +16,10 @@ use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use chrono::Utc;
-use countersign_coordinator::grants::DEFAULT_GRANT_HOURS;
+use countersign_coordinator::grants::{GivenGrant, DEFAULT_GRANT_HOURS};
+use countersign_core::card::ApprovalCard;
 use countersign_core::{DatabaseCode, RunId, SuspensionSeq};
-use countersign_store::{DecisionOutcome, RunStatus};
+use countersign_store::{DecisionOutcome, RunRecord, RunStatus};
 use maud::Markup;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -35,7 +36,7 @@ use crate::problem::{unavailable, Problem, ProblemCode};
 use crate::queries::{decode_cursor, encode_cursor, inbox_page, visible_run, Access};
 use crate::sessions;
 use crate::tokens;
-use crate::v1::take_decision;
+use crate::v1::{take_decision, DecisionAccepted};
 use crate::AppState;
 
 /// Runs per inbox page.
@@ -379,19 +380,7 @@ pub async fn run(
     let result = async {
         let run_id = RunId::parse(&run_id).map_err(|_| Problem::new(ProblemCode::NotFound))?;
         let (run, access) = visible_run(&state, &web.caller, run_id).await?;
-        let card = if run.status == RunStatus::WaitingForApproval && access.may_decide(&run) {
-            match card_for(&state, &run, &access).await {
-                Ok(card) => Some(card),
-                // Moved on between the read of the row and the state: show what it is now.
-                Err(p) if p.code == ProblemCode::Decision(DecisionOutcome::NotAwaitingApproval) => {
-                    None
-                }
-                Err(p) if p.code == ProblemCode::StateUnreadable => None,
-                Err(p) => return Err(p),
-            }
-        } else {
-            None
-        };
+        let card = shown_card(&state, &run, &access).await?;
         let events = state
             .coordinator
             .store
@@ -428,6 +417,25 @@ pub async fn run(
     }
 }
 
+/// The card of `run` its page shows: when it waits for approval and the viewer may decide on
+/// it, and it is still there to be read.
+async fn shown_card(
+    state: &AppState,
+    run: &RunRecord,
+    access: &Access,
+) -> Result<Option<ApprovalCard>, Problem> {
+    if run.status != RunStatus::WaitingForApproval || !access.may_decide(run) {
+        return Ok(None);
+    }
+    match card_for(state, run, access).await {
+        Ok(card) => Ok(Some(card)),
+        // Moved on between the read of the row and the state: show what it is now.
+        Err(p) if p.code == ProblemCode::Decision(DecisionOutcome::NotAwaitingApproval) => Ok(None),
+        Err(p) if p.code == ProblemCode::StateUnreadable => Ok(None),
+        Err(p) => Err(p),
+    }
+}
+
 pub async fn decide(
     State(state): State<AppState>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
@@ -444,38 +452,10 @@ pub async fn decide(
         checked_form(&web, &headers, &fields)?;
         let run_id =
             RunId::parse(&run_id).map_err(|_| Problem::malformed("invalid_path:run_id"))?;
-        // Numbers and ids travel as form text: put them back as JSON types, so that gate 1
-        // judges them as it judges a queue producer's (a non-number stays a string, and is
-        // refused `invalid_field:suspension_seq`).
-        let seq = field(&fields, "suspension_seq").unwrap_or("");
-        let draft = DecisionDraft::new(run_id, &web.caller.user)
-            .field("decision_id", json!(field(&fields, "decision_id")))
-            .field("suspension_seq", number(seq))
-            .field("turn_digest", json!(field(&fields, "turn_digest")));
         let decided = decided_as(&fields)?;
-        let draft = match decided {
-            pages::DecidedAs::Edit => {
-                // The arguments as written: JSON when they read as JSON, else the text, which
-                // gate 1 refuses `invalid_field:edits`.
-                let text = field(&fields, "arguments").unwrap_or("");
-                let arguments = serde_json::from_str::<Value>(text).unwrap_or_else(|_| json!(text));
-                draft.field(
-                    "edits",
-                    json!([{
-                        "index": number(field(&fields, "edit_index").unwrap_or("")),
-                        "tool": field(&fields, "edit_tool"),
-                        "arguments": arguments,
-                    }]),
-                )
-            }
-            pages::DecidedAs::ByCall => draft.field("calls", Value::Array(verdicts(&fields))),
-            pages::DecidedAs::Turn { approved } => draft.field("approved", json!(approved)).field(
-                "comment",
-                json!(field(&fields, "comment").filter(|c| !c.trim().is_empty())),
-            ),
-            pages::DecidedAs::ApprovedWithGrant => draft.field("approved", json!(true)),
-        };
+        let draft = decision_draft(run_id, &web.caller.user, &fields, decided);
         let outcome = take_decision(&state, &web.caller, draft.message()).await?;
+        let seq = field(&fields, "suspension_seq").unwrap_or("");
         // The grant only with an accepted approval of the card it names.
         let granted = match (
             decided,
@@ -494,31 +474,88 @@ pub async fn decide(
     }
     .await;
     match result {
-        Ok((run_id, outcome, decided, queue, granted)) => {
-            let status = match &outcome {
-                Ok(_) => StatusCode::OK,
-                Err(problem) => problem.status(),
-            };
-            let markup = pages::outcome(
-                viewer(&web),
-                &run_id.to_string(),
-                &outcome,
-                decided,
-                queue.next,
-                granted.as_ref(),
-            );
-            let mut response = page(status, Some(&web), markup);
-            if let Err(problem) = &outcome {
-                if let Some(secs) = problem.retry_after {
-                    response
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-                }
-            }
-            response
-        }
+        Ok((run_id, outcome, decided, queue, granted)) => outcome_page(
+            &web,
+            run_id,
+            &outcome,
+            decided,
+            queue.next,
+            granted.as_ref(),
+        ),
         Err(problem) => problem_page(Some(&web), &problem),
     }
+}
+
+/// The decision the card's form `fields` make, `decided` as they say, on `run_id` by
+/// `approver`, as a queue producer would send it. Numbers and ids travel as form text: they
+/// are put back as JSON types, so that gate 1 judges them as it judges a queue producer's (a
+/// non-number stays a string, and is refused `invalid_field:suspension_seq`).
+fn decision_draft(
+    run_id: RunId,
+    approver: &str,
+    fields: &[(String, String)],
+    decided: pages::DecidedAs,
+) -> DecisionDraft {
+    let seq = field(fields, "suspension_seq").unwrap_or("");
+    let draft = DecisionDraft::new(run_id, approver)
+        .field("decision_id", json!(field(fields, "decision_id")))
+        .field("suspension_seq", number(seq))
+        .field("turn_digest", json!(field(fields, "turn_digest")));
+    match decided {
+        pages::DecidedAs::Edit => {
+            // The arguments as written: JSON when they read as JSON, else the text, which
+            // gate 1 refuses `invalid_field:edits`.
+            let text = field(fields, "arguments").unwrap_or("");
+            let arguments = serde_json::from_str::<Value>(text).unwrap_or_else(|_| json!(text));
+            draft.field(
+                "edits",
+                json!([{
+                    "index": number(field(fields, "edit_index").unwrap_or("")),
+                    "tool": field(fields, "edit_tool"),
+                    "arguments": arguments,
+                }]),
+            )
+        }
+        pages::DecidedAs::ByCall => draft.field("calls", Value::Array(verdicts(fields))),
+        pages::DecidedAs::Turn { approved } => draft.field("approved", json!(approved)).field(
+            "comment",
+            json!(field(fields, "comment").filter(|c| !c.trim().is_empty())),
+        ),
+        pages::DecidedAs::ApprovedWithGrant => draft.field("approved", json!(true)),
+    }
+}
+
+/// The page that answers a decision on `run_id`: its `outcome` (with `Retry-After` when a
+/// refusal says when to try again), the `next` card waiting, and the grant it `granted`.
+fn outcome_page(
+    web: &WebCaller,
+    run_id: RunId,
+    outcome: &Result<DecisionAccepted, Problem>,
+    decided: pages::DecidedAs,
+    next: Option<RunId>,
+    granted: Option<&Result<Vec<GivenGrant>, Problem>>,
+) -> Response {
+    let status = match outcome {
+        Ok(_) => StatusCode::OK,
+        Err(problem) => problem.status(),
+    };
+    let markup = pages::outcome(
+        viewer(web),
+        &run_id.to_string(),
+        outcome,
+        decided,
+        next,
+        granted,
+    );
+    let mut response = page(status, Some(web), markup);
+    if let Err(problem) = outcome {
+        if let Some(secs) = problem.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+    }
+    response
 }
 
 /// Which of the card's forms was sent: the whole turn (its button says approve or deny), the

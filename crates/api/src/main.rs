@@ -10,8 +10,12 @@ use axum::http::HeaderName;
 use clap::Parser;
 use countersign_api::{ApiConfig, AppState};
 use countersign_coordinator::Coordinator;
+use countersign_queue::Broker;
 use countersign_service::relay::{self, RelayConfig};
 use countersign_service::{Connections, KeySettings, ToolSettings};
+use countersign_store::Store;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -106,7 +110,26 @@ async fn main() -> anyhow::Result<()> {
         registry, users, ..
     } = tools;
     let coordinator = Coordinator::with_users(store.clone(), Arc::new(registry), users);
-    let mut state = AppState::new(
+    let addr = args.listen;
+    let state = app_state(args, coordinator);
+
+    // The events this process's transactions write leave through its own relay.
+    let (stop_relay, relay) = spawn_relay(store, broker);
+
+    tracing::info!(addr = %addr, "serving /v1 and /inbox");
+    countersign_api::serve(listener, state, shutdown)
+        .await
+        .context("serving the API")?;
+    let _ = stop_relay.send(());
+    let _ = relay.await;
+    telemetry.shutdown().await;
+    Ok(())
+}
+
+/// The API's state over `coordinator`, as `args` configure it: with the Slack interactions
+/// when the Slack app's signing secret is set.
+fn app_state(args: Args, coordinator: Coordinator) -> AppState {
+    let state = AppState::new(
         coordinator,
         ApiConfig {
             trusted_header: args.trusted_header,
@@ -120,16 +143,19 @@ async fn main() -> anyhow::Result<()> {
             secure_cookies: !args.insecure_cookies,
         },
     );
-    if let Some(secret) = args.slack_signing_secret {
-        state = state.with_slack(countersign_api::slack::SlackConfig {
+    match args.slack_signing_secret {
+        Some(secret) => state.with_slack(countersign_api::slack::SlackConfig {
             signing_secret: secret.into(),
             producer: args.slack_producer,
             inbox_url: args.inbox_url,
-        });
+        }),
+        None => state,
     }
+}
 
-    // The events this process's transactions write leave through its own relay.
-    let (stop_relay, relay_stopped) = tokio::sync::oneshot::channel::<()>();
+/// The outbox relay of this process, until the sender it returns is used or dropped.
+fn spawn_relay(store: Store, broker: Broker) -> (oneshot::Sender<()>, JoinHandle<()>) {
+    let (stop_relay, relay_stopped) = oneshot::channel::<()>();
     let relay = tokio::spawn(relay::run(
         store,
         broker,
@@ -138,15 +164,7 @@ async fn main() -> anyhow::Result<()> {
             let _ = relay_stopped.await;
         },
     ));
-
-    tracing::info!(addr = %args.listen, "serving /v1 and /inbox");
-    countersign_api::serve(listener, state, shutdown)
-        .await
-        .context("serving the API")?;
-    let _ = stop_relay.send(());
-    let _ = relay.await;
-    telemetry.shutdown().await;
-    Ok(())
+    (stop_relay, relay)
 }
 
 #[cfg(test)]

@@ -210,37 +210,7 @@ pub fn inbox(
                     } }
                     tbody {
                         @for (e, glimpse) in entries.iter().zip(glimpses.iter().chain(std::iter::repeat(&Glimpse::default()))) {
-                            tr.inbox-run.bounced[e.bounces > 0] data-run-id=(e.run_id) {
-                                td {
-                                    a.run-link href={ "/inbox/runs/" (e.run_id) } {
-                                        code { (short(&e.run_id.to_string())) }
-                                    }
-                                    @if e.bounces > 0 {
-                                        " " span.bounce-mark title="An approval found a preview moved and nothing was written; the card came back" {
-                                            "↺ back " (e.bounces) "×"
-                                        }
-                                    }
-                                }
-                                td.agent { a href={ "/inbox?agent=" (e.agent) } { (e.agent) } }
-                                td { (e.acting_user) }
-                                td.age title=(when(e.waiting_since)) { (age(e.waiting_since, now)) }
-                                td.deadline.overdue[e.approval_deadline <= now] title=(when(e.approval_deadline)) {
-                                    (left(e.approval_deadline, now))
-                                }
-                                td.glimpse {
-                                    @if !glimpse.request.is_empty() {
-                                        p.request { "“" (glimpse.request) "”" }
-                                    }
-                                    @if glimpse.calls.is_empty() {
-                                        (e.pending_tools.join(", "))
-                                    } @else {
-                                        ul.call-summary {
-                                            @for line in &glimpse.calls { li { (line) } }
-                                        }
-                                    }
-                                }
-                                td.quorum { @if let Some(q) = &e.quorum { (q) } }
-                            }
+                            (inbox_row(e, glimpse, now))
                         }
                     }
                 }
@@ -250,6 +220,43 @@ pub fn inbox(
             }
         },
     )
+}
+
+/// One waiting run of the inbox, with its `glimpse`: the request and the proposed calls.
+fn inbox_row(e: &WaitingRun, glimpse: &Glimpse, now: DateTime<Utc>) -> Markup {
+    html! {
+        tr.inbox-run.bounced[e.bounces > 0] data-run-id=(e.run_id) {
+            td {
+                a.run-link href={ "/inbox/runs/" (e.run_id) } {
+                    code { (short(&e.run_id.to_string())) }
+                }
+                @if e.bounces > 0 {
+                    " " span.bounce-mark title="An approval found a preview moved and nothing was written; the card came back" {
+                        "↺ back " (e.bounces) "×"
+                    }
+                }
+            }
+            td.agent { a href={ "/inbox?agent=" (e.agent) } { (e.agent) } }
+            td { (e.acting_user) }
+            td.age title=(when(e.waiting_since)) { (age(e.waiting_since, now)) }
+            td.deadline.overdue[e.approval_deadline <= now] title=(when(e.approval_deadline)) {
+                (left(e.approval_deadline, now))
+            }
+            td.glimpse {
+                @if !glimpse.request.is_empty() {
+                    p.request { "“" (glimpse.request) "”" }
+                }
+                @if glimpse.calls.is_empty() {
+                    (e.pending_tools.join(", "))
+                } @else {
+                    ul.call-summary {
+                        @for line in &glimpse.calls { li { (line) } }
+                    }
+                }
+            }
+            td.quorum { @if let Some(q) = &e.quorum { (q) } }
+        }
+    }
 }
 
 /// `value` percent-encoded for a query string: what an agent's name may hold passes as it is.
@@ -372,73 +379,89 @@ fn card_section(card: &ApprovalCard, deciding: Option<Deciding<'_>>) -> Markup {
                 p.notice.moved #moved-notice role="alert" { "⚠ " (notice) }
             }
             @for call in &card.calls {
-                article.call.moved[call.moved].landed[call.landed] data-index=(call.index) data-tool=(call.tool) {
-                    h3 {
-                        "Call " (call.index) " · " code { (call.tool) }
-                        @if call.moved { " " span.moved-mark { "⚠ moved" } }
-                        @if call.landed { " " span.landed-mark { "✓ written" } }
-                    }
-                    @if call.landed {
-                        p.notice.landed { (countersign_core::card::LANDED_NOTICE) }
-                    }
-                    @if call.alone {
-                        p.notice.alone { (countersign_core::card::ALONE_NOTICE) }
-                    }
-                    @if call.excluded {
-                        p.notice.excluded { (countersign_core::card::EXCLUDED_NOTICE) }
-                    }
-                    @if let Some(edit) = &call.edit {
-                        div.notice.edited {
-                            p { "✎ Edited by " strong.editor { (edit.editor) } ". " (countersign_core::card::EDITED_NOTICE) }
-                            div.arguments-change {
-                                div { h4 { "Arguments the model proposed" } pre.before { (pretty(&edit.before)) } }
-                                div { h4 { "Arguments now" } pre.after { (pretty(&call.arguments)) } }
-                            }
-                        }
-                    }
-                    @match &call.preview {
-                        CardPreview::Shown { lines, forms, full } => {
-                            ul.preview-lines {
-                                @for (i, line) in lines.iter().enumerate() {
-                                    li {
-                                        @match forms.get(i).and_then(Option::as_ref) {
-                                            Some(form) => (shown_form(line, form)),
-                                            None => (line),
-                                        }
-                                    }
-                                }
-                            }
-                            @if !full.is_empty() {
-                                details.full-preview {
-                                    summary { "The whole preview (" (full.len()) " lines) — the approval binds to all of it" }
-                                    ol.preview-lines.full { @for line in full { li { (line) } } }
-                                }
-                            }
-                        }
-                        CardPreview::Failed { notice, lines } => {
-                            p.notice.failed { (notice) }
-                            @if !lines.is_empty() {
-                                ul.preview-lines.failed { @for line in lines { li { (line) } } }
-                            }
-                        }
-                        CardPreview::Withheld { notice } => {
-                            p.notice.withheld { (notice) }
-                        }
-                        CardPreview::None => {
-                            p.notice.none { (countersign_core::card::NONE_NOTICE) }
-                        }
-                    }
-                    details.arguments {
-                        summary { "Arguments" }
-                        pre { (pretty(&call.arguments)) }
-                    }
-                    @if let Some(deciding) = deciding.filter(|_| !call.landed) {
-                        (edit_form(deciding, call))
-                    }
-                }
+                (call_article(call, deciding))
             }
             (as_if_accepted(card))
             p.caption #caption { (card.caption) " Captured at " (card.captured_at) "." }
+        }
+    }
+}
+
+/// One call of the card: its marks and notices, its preview and arguments, and with
+/// `deciding` the form to edit them unless it landed.
+fn call_article(call: &CardCall, deciding: Option<Deciding<'_>>) -> Markup {
+    html! {
+        article.call.moved[call.moved].landed[call.landed] data-index=(call.index) data-tool=(call.tool) {
+            h3 {
+                "Call " (call.index) " · " code { (call.tool) }
+                @if call.moved { " " span.moved-mark { "⚠ moved" } }
+                @if call.landed { " " span.landed-mark { "✓ written" } }
+            }
+            @if call.landed {
+                p.notice.landed { (countersign_core::card::LANDED_NOTICE) }
+            }
+            @if call.alone {
+                p.notice.alone { (countersign_core::card::ALONE_NOTICE) }
+            }
+            @if call.excluded {
+                p.notice.excluded { (countersign_core::card::EXCLUDED_NOTICE) }
+            }
+            @if let Some(edit) = &call.edit {
+                div.notice.edited {
+                    p { "✎ Edited by " strong.editor { (edit.editor) } ". " (countersign_core::card::EDITED_NOTICE) }
+                    div.arguments-change {
+                        div { h4 { "Arguments the model proposed" } pre.before { (pretty(&edit.before)) } }
+                        div { h4 { "Arguments now" } pre.after { (pretty(&call.arguments)) } }
+                    }
+                }
+            }
+            (call_preview(&call.preview))
+            details.arguments {
+                summary { "Arguments" }
+                pre { (pretty(&call.arguments)) }
+            }
+            @if let Some(deciding) = deciding.filter(|_| !call.landed) {
+                (edit_form(deciding, call))
+            }
+        }
+    }
+}
+
+/// What the card shows of a call's preview: its lines (and the whole of it when they were
+/// cut), or the notice of why there are none.
+fn call_preview(preview: &CardPreview) -> Markup {
+    html! {
+        @match preview {
+            CardPreview::Shown { lines, forms, full } => {
+                ul.preview-lines {
+                    @for (i, line) in lines.iter().enumerate() {
+                        li {
+                            @match forms.get(i).and_then(Option::as_ref) {
+                                Some(form) => (shown_form(line, form)),
+                                None => (line),
+                            }
+                        }
+                    }
+                }
+                @if !full.is_empty() {
+                    details.full-preview {
+                        summary { "The whole preview (" (full.len()) " lines) — the approval binds to all of it" }
+                        ol.preview-lines.full { @for line in full { li { (line) } } }
+                    }
+                }
+            }
+            CardPreview::Failed { notice, lines } => {
+                p.notice.failed { (notice) }
+                @if !lines.is_empty() {
+                    ul.preview-lines.failed { @for line in lines { li { (line) } } }
+                }
+            }
+            CardPreview::Withheld { notice } => {
+                p.notice.withheld { (notice) }
+            }
+            CardPreview::None => {
+                p.notice.none { (countersign_core::card::NONE_NOTICE) }
+            }
         }
     }
 }
@@ -611,33 +634,40 @@ fn decision_form(
                 }
             }
             @if card.calls.len() > 1 {
-                details #by-call.by-call {
-                    summary { "Decide call by call" }
-                    p.hint {
-                        "The approved calls run as a turn of their own, previewed again without the denied ones. If any of them would then do something other than the card shows, nothing is written and the card comes back."
-                    }
-                    @for call in &card.calls {
-                        fieldset.call-verdict data-index=(call.index) {
-                            legend { "Call " (call.index) " · " code { (call.tool) } }
-                            @if call.landed {
-                                p.hint { "Already written under an earlier card." }
-                                input type="hidden" name={ "call-" (call.index) } value="approve";
-                            } @else {
-                                label { input type="radio" name={ "call-" (call.index) } value="approve" checked id={ "call-" (call.index) "-approve" }; " Approve" }
-                                label { input type="radio" name={ "call-" (call.index) } value="deny" id={ "call-" (call.index) "-deny" }; " Deny" }
-                                label for={ "message-" (call.index) } { "If denied, what the agent is told (optional)" }
-                                input type="text" id={ "message-" (call.index) } name={ "message-" (call.index) } maxlength="4096";
-                            }
-                        }
-                    }
-                    button.approve #decide-calls type="submit" name="by_call" value="true" {
-                        "Decide suspension " (card.suspension_seq) " call by call"
-                    }
-                }
+                (by_call_form(card))
             }
             p.hint {
                 "You decide on exactly this card. If the run has moved on since it was shown, the "
                 "decision is refused and nothing changes."
+            }
+        }
+    }
+}
+
+/// The part of the card's form that decides call by call, for a card of more than one call.
+fn by_call_form(card: &ApprovalCard) -> Markup {
+    html! {
+        details #by-call.by-call {
+            summary { "Decide call by call" }
+            p.hint {
+                "The approved calls run as a turn of their own, previewed again without the denied ones. If any of them would then do something other than the card shows, nothing is written and the card comes back."
+            }
+            @for call in &card.calls {
+                fieldset.call-verdict data-index=(call.index) {
+                    legend { "Call " (call.index) " · " code { (call.tool) } }
+                    @if call.landed {
+                        p.hint { "Already written under an earlier card." }
+                        input type="hidden" name={ "call-" (call.index) } value="approve";
+                    } @else {
+                        label { input type="radio" name={ "call-" (call.index) } value="approve" checked id={ "call-" (call.index) "-approve" }; " Approve" }
+                        label { input type="radio" name={ "call-" (call.index) } value="deny" id={ "call-" (call.index) "-deny" }; " Deny" }
+                        label for={ "message-" (call.index) } { "If denied, what the agent is told (optional)" }
+                        input type="text" id={ "message-" (call.index) } name={ "message-" (call.index) } maxlength="4096";
+                    }
+                }
+            }
+            button.approve #decide-calls type="submit" name="by_call" value="true" {
+                "Decide suspension " (card.suspension_seq) " call by call"
             }
         }
     }
@@ -686,13 +716,7 @@ pub fn outcome(
         Ok(accepted) => (
             "Decision accepted",
             accepted.outcome,
-            match decided {
-                DecidedAs::Turn { approved: true } | DecidedAs::ApprovedWithGrant => "The turn is released: the writes run only if every preview still reads as you saw it; otherwise the run comes back with the moved calls marked.",
-                DecidedAs::Turn { approved: false } => "The turn is released as denied: none of its calls runs, and the agent is told.",
-                DecidedAs::ByCall => "The turn is released call by call: the approved calls run only if each still reads as you saw it without the denied ones; otherwise the run comes back with the moved calls marked. The agent is told of each denial.",
-                DecidedAs::Edit => "The card is being issued anew with the new arguments: reload the run to see it previewed, marked as your edit. Nothing is written until someone approves it.",
-            }
-            .to_owned(),
+            released_as(decided).to_owned(),
         ),
         Err(problem) => (
             "Decision refused",
@@ -711,25 +735,7 @@ pub fn outcome(
                 h1 { (heading) }
                 p { "Outcome: " code #outcome-code { (code) } }
                 p #outcome-explanation { (explanation) }
-                @match granted {
-                    Some(Ok(grants)) => {
-                        p #grant-outcome {
-                            "Standing grant given for 8 hours: "
-                            @for (i, g) in grants.iter().enumerate() {
-                                @if i > 0 { "; " }
-                                code { (g.tool) } " on " (g.subjects.join(", "))
-                                " (policy " code { (g.policy) } ")"
-                            }
-                            "."
-                        }
-                    }
-                    Some(Err(problem)) => {
-                        p #grant-outcome.error {
-                            "No standing grant was given: " code { (problem.reason.as_deref().unwrap_or(problem.code.code())) } "."
-                        }
-                    }
-                    None => {}
-                }
+                (grant_outcome(granted))
                 @if stale {
                     p #reload-hint role="alert" {
                         "This card is out of date: the run has moved on since this page was loaded. "
@@ -743,6 +749,41 @@ pub fn outcome(
             (queue_nav(Queue { prev: None, next }))
         },
     )
+}
+
+/// What an accepted decision made with the form `decided` does to the turn.
+fn released_as(decided: DecidedAs) -> &'static str {
+    match decided {
+        DecidedAs::Turn { approved: true } | DecidedAs::ApprovedWithGrant => "The turn is released: the writes run only if every preview still reads as you saw it; otherwise the run comes back with the moved calls marked.",
+        DecidedAs::Turn { approved: false } => "The turn is released as denied: none of its calls runs, and the agent is told.",
+        DecidedAs::ByCall => "The turn is released call by call: the approved calls run only if each still reads as you saw it without the denied ones; otherwise the run comes back with the moved calls marked. The agent is told of each denial.",
+        DecidedAs::Edit => "The card is being issued anew with the new arguments: reload the run to see it previewed, marked as your edit. Nothing is written until someone approves it.",
+    }
+}
+
+/// What became of the standing grant an approval asked for, if it asked for one.
+fn grant_outcome(granted: Option<&Result<Vec<GivenGrant>, Problem>>) -> Markup {
+    html! {
+        @match granted {
+            Some(Ok(grants)) => {
+                p #grant-outcome {
+                    "Standing grant given for 8 hours: "
+                    @for (i, g) in grants.iter().enumerate() {
+                        @if i > 0 { "; " }
+                        code { (g.tool) } " on " (g.subjects.join(", "))
+                        " (policy " code { (g.policy) } ")"
+                    }
+                    "."
+                }
+            }
+            Some(Err(problem)) => {
+                p #grant-outcome.error {
+                    "No standing grant was given: " code { (problem.reason.as_deref().unwrap_or(problem.code.code())) } "."
+                }
+            }
+            None => {}
+        }
+    }
 }
 
 /// A page for a problem of the inbox itself (not found, unavailable, …).

@@ -40,6 +40,7 @@ use crate::auth::{Caller, Via, CALLER_PROBLEMS};
 use crate::cards::{card_for, CARD_PROBLEMS};
 use crate::problem::{route_problems, unavailable, Problem, ProblemCode, EVERY_REQUEST};
 use crate::queries::{visible_run, VISIBLE_RUN_PROBLEMS};
+use crate::v1::DecisionAccepted;
 use crate::AppState;
 
 /// How far a request's timestamp may be from now, in seconds: Slack's own advice.
@@ -338,6 +339,23 @@ fn press(body: &[u8]) -> Option<Press> {
     })
 }
 
+impl Press {
+    /// The decision the press makes on the whole turn, as `approver`.
+    fn decision(&self, approver: &str) -> DecisionMessage {
+        DecisionMessage {
+            decision_id: decision_id(self),
+            run_id: self.run_id,
+            suspension_seq: self.seq,
+            turn_digest: self.digest.clone(),
+            approved: self.approve,
+            calls: vec![],
+            edits: vec![],
+            approver: approver.to_owned(),
+            comment: None,
+        }
+    }
+}
+
 /// The decision id of a press: one press, one decision, however often Slack sends it.
 fn decision_id(p: &Press) -> Uuid {
     let hash = Sha256::new()
@@ -399,23 +417,23 @@ pub async fn interactions(
         }
         Err(e) => return unavailable("slack users", e.code(), &e).into_response(),
     };
-    let message = DecisionMessage {
-        decision_id: decision_id(&press),
-        run_id: press.run_id,
-        suspension_seq: press.seq,
-        turn_digest: press.digest.clone(),
-        approved: press.approve,
-        calls: vec![],
-        edits: vec![],
-        approver: user.clone(),
-        comment: None,
-    };
+    let message = press.decision(&user);
     let caller = Caller {
         user: user.clone(),
         producer: slack.producer.clone(),
         via: Via::Proxy,
     };
-    match crate::v1::take_decision(&state, &caller, Ok(message)).await {
+    let decided = crate::v1::take_decision(&state, &caller, Ok(message)).await;
+    decided_reply(&press, &user, decided)
+}
+
+/// The reply to `press` by `user` once its decision was taken: what became of it, in words.
+fn decided_reply(
+    press: &Press,
+    user: &str,
+    decided: Result<Result<DecisionAccepted, Problem>, Problem>,
+) -> Response {
+    match decided {
         Ok(Ok(accepted)) => {
             let verb = if press.approve { "Approved" } else { "Denied" };
             let text = match accepted.outcome {

@@ -683,15 +683,7 @@ pub async fn create_run(
             }
             .to_json(),
         ),
-        Err(_) => {
-            let known = ["request_id", "agent", "acting_user", "prompt", "inputs"];
-            let mut fields = copied(&Value::Object(body), &known);
-            fields.entry("request_id").or_insert(json!(request_id));
-            fields.entry("acting_user").or_insert(json!(caller.user));
-            let message =
-                RunRequest::from_json(typed_message(fields, RunRequest::TYPE, MESSAGE_VERSION));
-            return Err(gate_one_reason(message));
-        }
+        Err(_) => return Err(untyped_run_request(body, request_id, &caller.user)),
     };
     let verdict = state
         .coordinator
@@ -701,24 +693,7 @@ pub async fn create_run(
     effects::after_run_request(&verdict);
     match (&verdict.outcome, verdict.run_id) {
         (RequestOutcome::Accepted, Some(run_id)) => {
-            let status = if verdict.created {
-                StatusCode::ACCEPTED
-            } else {
-                StatusCode::OK
-            };
-            let mut response = (
-                status,
-                Json(RunAccepted {
-                    run_id: run_id.as_uuid(),
-                    request_id,
-                    created: verdict.created,
-                }),
-            )
-                .into_response();
-            if let Ok(location) = HeaderValue::from_str(&format!("/v1/runs/{run_id}")) {
-                response.headers_mut().insert(header::LOCATION, location);
-            }
-            Ok(response)
+            Ok(run_accepted(run_id, request_id, verdict.created))
         }
         (RequestOutcome::Malformed, _) => Err(Problem::malformed(
             verdict.dead_letter_reason().unwrap_or_default(),
@@ -727,6 +702,40 @@ pub async fn create_run(
             ProblemCode::of_request(outcome).unwrap_or(ProblemCode::Unavailable),
         )),
     }
+}
+
+/// Gate 1's refusal of a body that is not a [`NewRun`]: the run request its known fields make,
+/// with the id it is deduplicated by and the caller's own user when it names none.
+fn untyped_run_request(body: Map<String, Value>, request_id: Uuid, user: &str) -> Problem {
+    let known = ["request_id", "agent", "acting_user", "prompt", "inputs"];
+    let mut fields = copied(&Value::Object(body), &known);
+    fields.entry("request_id").or_insert(json!(request_id));
+    fields.entry("acting_user").or_insert(json!(user));
+    let message = RunRequest::from_json(typed_message(fields, RunRequest::TYPE, MESSAGE_VERSION));
+    gate_one_reason(message)
+}
+
+/// The answer to an accepted run request: `202` for a run it created, `200` for the one a
+/// duplicate created before, with the run's `Location`.
+fn run_accepted(run_id: RunId, request_id: Uuid, created: bool) -> Response {
+    let status = if created {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    let mut response = (
+        status,
+        Json(RunAccepted {
+            run_id: run_id.as_uuid(),
+            request_id,
+            created,
+        }),
+    )
+        .into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/runs/{run_id}")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
 }
 
 /// A run's status and audit trail: codes only, never content.

@@ -17,6 +17,7 @@ use anyhow::Context;
 use clap::{ArgGroup, Parser, Subcommand};
 use countersign_core::{SuspensionSeq, TurnDigest};
 use countersign_crypto::{KeyId, Keyring};
+use countersign_queue::Broker;
 use countersign_store::Store;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -181,37 +182,7 @@ pub enum Command {
     /// with them, marked as your edit: it approves nothing.
     #[command(group(ArgGroup::new("card_shown").required(true).args(["card", "seq"])))]
     #[command(group(ArgGroup::new("verdict").required(true).args(["approve", "deny", "calls", "edits"])))]
-    Decide {
-        run_id: countersign_core::RunId,
-        #[arg(long = "as", value_name = "APPROVER")]
-        approver: String,
-        #[arg(long)]
-        approve: bool,
-        #[arg(long)]
-        deny: bool,
-        /// With `--approve` or `--deny`: the comment the agent reads with a denial.
-        #[arg(long, conflicts_with_all = ["calls", "edits"])]
-        comment: Option<String>,
-        /// One call's verdict: `INDEX=approve`, `INDEX=deny` or `INDEX=deny:MESSAGE`.
-        #[arg(long = "call", value_name = "INDEX=VERDICT", value_parser = parse_verdict)]
-        calls: Vec<countersign_core::CallVerdict>,
-        /// New arguments for call INDEX, from the JSON object in FILE (`-`: standard input).
-        #[arg(long = "edit", num_args = 2, value_names = ["INDEX", "FILE"])]
-        edits: Vec<String>,
-        /// The card file `inbox --save` or `show --save` wrote; the decision names RUN_ID's
-        /// card in it.
-        #[arg(long, value_name = "FILE", conflicts_with_all = ["seq", "digest"])]
-        card: Option<PathBuf>,
-        /// The suspension number of the card shown.
-        #[arg(long, value_name = "N", requires = "digest", value_parser = parse_seq)]
-        seq: Option<SuspensionSeq>,
-        /// The turn digest of the card shown: all 64 hex characters.
-        #[arg(long, value_name = "HEX", requires = "seq", value_parser = parse_digest)]
-        digest: Option<TurnDigest>,
-        /// Seconds to wait for the coordinator's reply.
-        #[arg(long, default_value_t = 30)]
-        wait: u64,
-    },
+    Decide(DecideArgs),
     /// Shows a run: its status, counters and audit trail (codes, no content); with `--as`, its
     /// card as VIEWER may see it.
     Show {
@@ -238,6 +209,40 @@ pub enum Command {
         #[arg(long, default_value_t = 3)]
         timeout_secs: u64,
     },
+}
+
+// The arguments of `decide` (its help is the variant's).
+#[derive(Debug, clap::Args)]
+pub struct DecideArgs {
+    pub run_id: countersign_core::RunId,
+    #[arg(long = "as", value_name = "APPROVER")]
+    pub approver: String,
+    #[arg(long)]
+    pub approve: bool,
+    #[arg(long)]
+    pub deny: bool,
+    /// With `--approve` or `--deny`: the comment the agent reads with a denial.
+    #[arg(long, conflicts_with_all = ["calls", "edits"])]
+    pub comment: Option<String>,
+    /// One call's verdict: `INDEX=approve`, `INDEX=deny` or `INDEX=deny:MESSAGE`.
+    #[arg(long = "call", value_name = "INDEX=VERDICT", value_parser = parse_verdict)]
+    pub calls: Vec<countersign_core::CallVerdict>,
+    /// New arguments for call INDEX, from the JSON object in FILE (`-`: standard input).
+    #[arg(long = "edit", num_args = 2, value_names = ["INDEX", "FILE"])]
+    pub edits: Vec<String>,
+    /// The card file `inbox --save` or `show --save` wrote; the decision names RUN_ID's
+    /// card in it.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["seq", "digest"])]
+    pub card: Option<PathBuf>,
+    /// The suspension number of the card shown.
+    #[arg(long, value_name = "N", requires = "digest", value_parser = parse_seq)]
+    pub seq: Option<SuspensionSeq>,
+    /// The turn digest of the card shown: all 64 hex characters.
+    #[arg(long, value_name = "HEX", requires = "seq", value_parser = parse_digest)]
+    pub digest: Option<TurnDigest>,
+    /// Seconds to wait for the coordinator's reply.
+    #[arg(long, default_value_t = 30)]
+    pub wait: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -316,13 +321,9 @@ pub enum KeysCommand {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let url = cli.endpoints.database_url.as_str();
     let endpoints = &cli.endpoints;
-    let broker = || ops::connect_broker(&endpoints.amqp_addr, &endpoints.queue_prefix);
     match cli.command {
         Command::Migrate { with_content } => migrate(url, with_content).await,
-        Command::Users { command } => {
-            let users = countersign_store::TableUsers::new(connect(url).await?);
-            ops::users(&users, command).await
-        }
+        Command::Users { command } => users(url, command).await,
         Command::Keys { command } => keys(url, &cli.keys, command).await,
         Command::Agents { command } => agents(url, &cli.tools, command).await,
         Command::Producers { command } => producers(url, command).await,
@@ -345,32 +346,20 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             inputs,
             wait,
         } => {
-            let broker = broker().await?;
-            let inputs = inputs.as_deref().map(ops::parse_inputs).transpose()?;
-            ops::submit(&broker, &agent, &acting_user, &prompt, inputs, secs(wait)).await
+            submit(
+                endpoints,
+                &agent,
+                &acting_user,
+                &prompt,
+                inputs.as_deref(),
+                wait,
+            )
+            .await
         }
         Command::Inbox { viewer, save } => {
-            let (store, registry, users) = card_reader(url, &cli.keys, &cli.tools).await?;
-            ops::inbox(&store, &registry, &*users, &viewer, save.as_deref()).await
+            inbox(url, &cli.keys, &cli.tools, &viewer, save.as_deref()).await
         }
-        Command::Decide {
-            run_id,
-            approver,
-            approve,
-            deny: _,
-            comment,
-            calls,
-            edits,
-            card,
-            seq,
-            digest,
-            wait,
-        } => {
-            let reviewed = reviewed(run_id, card, seq, digest)?;
-            let verdict = ops::Verdict::of_flags(approve, comment, calls, &edits)?;
-            let broker = broker().await?;
-            ops::decide(&broker, &reviewed, &approver, verdict, secs(wait)).await
-        }
+        Command::Decide(args) => decide(endpoints, args).await,
         Command::Show {
             run_id,
             viewer,
@@ -383,15 +372,83 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             show(url, &cli.keys, &cli.tools, run_id, viewer.as_deref(), shown).await
         }
-        Command::Cancel { run_id } => {
-            let store = ops::store_without_keys(connect(url).await?);
-            let broker = broker().await?;
-            ops::cancel(&store, &broker, run_id).await
-        }
+        Command::Cancel { run_id } => cancel(url, endpoints, run_id).await,
         Command::Healthcheck { url, timeout_secs } => {
             healthcheck::ready(&url, secs(timeout_secs)).await
         }
     }
+}
+
+/// The broker the commands that go through the queue publish to.
+async fn broker(endpoints: &countersign_service::Endpoints) -> anyhow::Result<Broker> {
+    ops::connect_broker(&endpoints.amqp_addr, &endpoints.queue_prefix).await
+}
+
+/// `decide`: a decision on the card the approver names, through the queue.
+async fn decide(
+    endpoints: &countersign_service::Endpoints,
+    args: DecideArgs,
+) -> anyhow::Result<()> {
+    let DecideArgs {
+        run_id,
+        approver,
+        approve,
+        deny: _,
+        comment,
+        calls,
+        edits,
+        card,
+        seq,
+        digest,
+        wait,
+    } = args;
+    let reviewed = reviewed(run_id, card, seq, digest)?;
+    let verdict = ops::Verdict::of_flags(approve, comment, calls, &edits)?;
+    let broker = broker(endpoints).await?;
+    ops::decide(&broker, &reviewed, &approver, verdict, secs(wait)).await
+}
+
+/// `users`: the table directory of a deployment without the content store.
+async fn users(url: &str, command: UsersCommand) -> anyhow::Result<()> {
+    let users = countersign_store::TableUsers::new(connect(url).await?);
+    ops::users(&users, command).await
+}
+
+/// `submit`: a run request through the queue, its `inputs` a JSON object.
+async fn submit(
+    endpoints: &countersign_service::Endpoints,
+    agent: &str,
+    acting_user: &str,
+    prompt: &str,
+    inputs: Option<&str>,
+    wait: u64,
+) -> anyhow::Result<()> {
+    let broker = broker(endpoints).await?;
+    let inputs = inputs.map(ops::parse_inputs).transpose()?;
+    ops::submit(&broker, agent, acting_user, prompt, inputs, secs(wait)).await
+}
+
+/// `inbox`: the waiting runs' cards as `viewer` may see them, saved to `save` if given.
+async fn inbox(
+    url: &str,
+    keys: &countersign_service::KeySettings,
+    tools: &countersign_service::ToolSettings,
+    viewer: &str,
+    save: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let (store, registry, users) = card_reader(url, keys, tools).await?;
+    ops::inbox(&store, &registry, &*users, viewer, save).await
+}
+
+/// `cancel`: ends the run `run_id` unless it has ended.
+async fn cancel(
+    url: &str,
+    endpoints: &countersign_service::Endpoints,
+    run_id: countersign_core::RunId,
+) -> anyhow::Result<()> {
+    let store = ops::store_without_keys(connect(url).await?);
+    let broker = broker(endpoints).await?;
+    ops::cancel(&store, &broker, run_id).await
 }
 
 /// The store without the keyring: for the commands that seal nothing (the directory's).
@@ -677,7 +734,7 @@ mod tests {
 
     #[test]
     fn a_decision_call_by_call_names_each_verdict_and_excludes_a_whole_turn_verdict() {
-        let Command::Decide { calls, approve, .. } = decide_with(&[
+        let Command::Decide(DecideArgs { calls, approve, .. }) = decide_with(&[
             "--call",
             "0=approve",
             "--call",
@@ -729,7 +786,7 @@ mod tests {
             let err = decide_with(&args).expect_err(&format!("{args:?} is refused"));
             assert_eq!(err.kind(), kind, "{args:?}: {err}");
         }
-        let Command::Decide { edits, .. } =
+        let Command::Decide(DecideArgs { edits, .. }) =
             decide_with(&["--edit", "1", "a.json", "--edit", "2", "-"])
                 .unwrap()
                 .command
@@ -742,12 +799,12 @@ mod tests {
     #[test]
     fn a_decision_names_its_card_by_file_or_by_number_and_digest() {
         let digest = "0123456789abcdef".repeat(4);
-        let Command::Decide {
+        let Command::Decide(DecideArgs {
             seq,
             digest: d,
             card,
             ..
-        } = decide(&["--seq", "2", "--digest", &digest])
+        }) = decide(&["--seq", "2", "--digest", &digest])
             .unwrap()
             .command
         else {
@@ -757,7 +814,8 @@ mod tests {
         assert_eq!(d.as_ref().map(TurnDigest::as_str), Some(digest.as_str()));
         assert_eq!(card, None);
 
-        let Command::Decide { seq, card, .. } = decide(&["--card", "c.json"]).unwrap().command
+        let Command::Decide(DecideArgs { seq, card, .. }) =
+            decide(&["--card", "c.json"]).unwrap().command
         else {
             panic!("not decide")
         };

@@ -753,7 +753,17 @@ pub async fn decide(
         wait,
     )
     .await?;
+    if report_taken(&reply, &decision, reviewed) {
+        return Ok(());
+    }
     let outcome = reply["outcome"].as_str().unwrap_or("unknown");
+    let why = refusal_reason(outcome, reviewed);
+    bail!("decision refused: {outcome}{why}")
+}
+
+/// Says what became of `decision` when the coordinator's `reply` took it: a vote recorded, a
+/// turn released, or a card issued anew. Whether it did.
+fn report_taken(reply: &Value, decision: &DecisionMessage, reviewed: &Reviewed) -> bool {
     if reply["event"] == EventName::CardApprovalRecorded.as_str()
         || reply["event"] == EventName::CardDenialRecorded.as_str()
     {
@@ -767,7 +777,7 @@ pub async fn decide(
             reviewed.run_id,
             reviewed.suspension_seq
         );
-        return Ok(());
+        return true;
     }
     if reply["event"] == EventName::DecisionAccepted.as_str() {
         if decision.edits_calls() {
@@ -783,9 +793,15 @@ pub async fn decide(
                 reviewed.suspension_seq
             );
         }
-        return Ok(());
+        return true;
     }
-    let why = match outcome.parse().ok() {
+    false
+}
+
+/// What the decision's refusal `outcome` means for the card `reviewed`, as words to add to
+/// its code; nothing for an outcome that says enough itself.
+fn refusal_reason(outcome: &str, reviewed: &Reviewed) -> String {
+    match outcome.parse().ok() {
         Some(DecisionOutcome::StaleTurn) => format!(
             " — run {} no longer shows the card decided on (suspension {}, turn {}); \
              nothing changed: look at the run again and decide on the card it shows now",
@@ -803,8 +819,7 @@ pub async fn decide(
                 .to_owned()
         }
         _ => String::new(),
-    };
-    bail!("decision refused: {outcome}{why}")
+    }
 }
 
 /// A run as an operator reads it: its row (no content) and its audit trail (codes only).

@@ -120,68 +120,90 @@ pub async fn run(
             let coordinator = Coordinator::with_users(store, Arc::new(registry), users);
             grant(&coordinator, run_id, seq, &approver, hours).await
         }
-        PoliciesCommand::Revoke { grant_id, by } => {
-            let store = crate::ops::store_without_keys(crate::connect(database_url).await?);
-            if store.revoke_grant(grant_id, &by).await? {
-                say!("grant {grant_id} revoked by {by}");
-                Ok(())
-            } else {
-                anyhow::bail!("no active grant {grant_id}")
-            }
-        }
-        PoliciesCommand::Grants => {
-            let store = crate::ops::store_without_keys(crate::connect(database_url).await?);
-            for g in store.grants().await? {
-                say_columns!(
-                    g.id,
-                    g.agent,
-                    g.tool,
-                    format!("by {}", g.granted_by),
-                    format!("until {}", g.expires_at.format("%Y-%m-%d %H:%M UTC")),
-                    match (g.active, &g.revoked_by) {
-                        (true, _) => "active".to_owned(),
-                        (false, Some(by)) => format!("revoked by {by}"),
-                        (false, None) => "expired".to_owned(),
-                    }
-                );
-            }
-            Ok(())
-        }
-        PoliciesCommand::List { files } => {
-            for file in &files {
-                let policy = load(file)?;
-                say_columns!(
-                    policy.id,
-                    format!("v{}", policy.version),
-                    policy.mode.as_str(),
-                    format!("{} rule(s)", policy.rules()),
-                    file.display()
-                );
-            }
-            Ok(())
-        }
+        PoliciesCommand::Revoke { grant_id, by } => revoke(database_url, grant_id, &by).await,
+        PoliciesCommand::Grants => list_grants(database_url).await,
+        PoliciesCommand::List { files } => list(&files),
         PoliciesCommand::Show { id, files } => show(database_url, &id, &files).await,
-        PoliciesCommand::Validate { file } => {
-            let policy = load(&file)?;
-            say!(
-                "valid: policy {} v{} ({}), {} rule(s)",
-                policy.id,
-                policy.version,
-                policy.mode.as_str(),
-                policy.rules()
-            );
-            Ok(())
-        }
+        PoliciesCommand::Validate { file } => validate(&file),
         PoliciesCommand::Replay { file, since } => {
-            let policy = load(&file)?;
-            let pool = crate::connect(database_url).await?;
-            let keyring = keys
-                .keyring()
-                .context("loading the keyring to open the cards")?;
-            let store = Store::new(pool, std::sync::Arc::new(keyring));
-            replay(&store, &policy, since).await
+            replay_file(database_url, keys, &file, since).await
         }
     }
+}
+
+/// `revoke`: takes the active grant `grant_id` back, `by` whom.
+async fn revoke(database_url: &str, grant_id: uuid::Uuid, by: &str) -> anyhow::Result<()> {
+    let store = crate::ops::store_without_keys(crate::connect(database_url).await?);
+    if store.revoke_grant(grant_id, by).await? {
+        say!("grant {grant_id} revoked by {by}");
+        Ok(())
+    } else {
+        anyhow::bail!("no active grant {grant_id}")
+    }
+}
+
+/// `grants`: every standing grant, one line each, with whether it is active.
+async fn list_grants(database_url: &str) -> anyhow::Result<()> {
+    let store = crate::ops::store_without_keys(crate::connect(database_url).await?);
+    for g in store.grants().await? {
+        say_columns!(
+            g.id,
+            g.agent,
+            g.tool,
+            format!("by {}", g.granted_by),
+            format!("until {}", g.expires_at.format("%Y-%m-%d %H:%M UTC")),
+            match (g.active, &g.revoked_by) {
+                (true, _) => "active".to_owned(),
+                (false, Some(by)) => format!("revoked by {by}"),
+                (false, None) => "expired".to_owned(),
+            }
+        );
+    }
+    Ok(())
+}
+
+/// `list`: each policy file the coordinator loads, one line each.
+fn list(files: &[PathBuf]) -> anyhow::Result<()> {
+    for file in files {
+        let policy = load(file)?;
+        say_columns!(
+            policy.id,
+            format!("v{}", policy.version),
+            policy.mode.as_str(),
+            format!("{} rule(s)", policy.rules()),
+            file.display()
+        );
+    }
+    Ok(())
+}
+
+/// `validate`: loads `file` against the schema, and says what it holds.
+fn validate(file: &Path) -> anyhow::Result<()> {
+    let policy = load(file)?;
+    say!(
+        "valid: policy {} v{} ({}), {} rule(s)",
+        policy.id,
+        policy.version,
+        policy.mode.as_str(),
+        policy.rules()
+    );
+    Ok(())
+}
+
+/// `replay`: the policy in `file` over the cards decided `since` ago, opened with the keyring.
+async fn replay_file(
+    database_url: &str,
+    keys: &countersign_service::KeySettings,
+    file: &Path,
+    since: Duration,
+) -> anyhow::Result<()> {
+    let policy = load(file)?;
+    let pool = crate::connect(database_url).await?;
+    let keyring = keys
+        .keyring()
+        .context("loading the keyring to open the cards")?;
+    let store = Store::new(pool, std::sync::Arc::new(keyring));
+    replay(&store, &policy, since).await
 }
 
 fn load(file: &Path) -> anyhow::Result<Policy> {

@@ -96,6 +96,42 @@ fn call_notices(out: &mut String, call: &countersign_core::card::CardCall) {
     }
 }
 
+/// The preview of one call of a card: its lines (all of them when `whole`), or the notice of
+/// why there are none.
+fn call_preview(out: &mut String, preview: &CardPreview, whole: bool) {
+    match preview {
+        CardPreview::Shown { lines, full, .. } => {
+            let shown = if whole && !full.is_empty() {
+                full
+            } else {
+                lines
+            };
+            for line in shown {
+                let _ = writeln!(out, "  │     {}", inert(line));
+            }
+            if !whole && !full.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "  │     (the whole preview, {} lines, binds the approval: show it with --full)",
+                    full.len()
+                );
+            }
+        }
+        CardPreview::Failed { notice, lines } => {
+            let _ = writeln!(out, "  │     {notice}");
+            for line in lines {
+                let _ = writeln!(out, "  │     ({})", inert(line));
+            }
+        }
+        CardPreview::Withheld { notice } => {
+            let _ = writeln!(out, "  │     {notice}");
+        }
+        CardPreview::None => {
+            let _ = writeln!(out, "  │     {NONE_NOTICE}");
+        }
+    }
+}
+
 /// The card, each long preview shown whole when `whole` (else its bounded lines and how to see
 /// the rest).
 pub fn card_with(card: &ApprovalCard, whole: bool) -> String {
@@ -122,37 +158,7 @@ pub fn card_with(card: &ApprovalCard, whole: bool) -> String {
             "  │     arguments: {}",
             inert(&call.arguments.to_string())
         );
-        match &call.preview {
-            CardPreview::Shown { lines, full, .. } => {
-                let shown = if whole && !full.is_empty() {
-                    full
-                } else {
-                    lines
-                };
-                for line in shown {
-                    let _ = writeln!(out, "  │     {}", inert(line));
-                }
-                if !whole && !full.is_empty() {
-                    let _ = writeln!(
-                        out,
-                        "  │     (the whole preview, {} lines, binds the approval: show it with --full)",
-                        full.len()
-                    );
-                }
-            }
-            CardPreview::Failed { notice, lines } => {
-                let _ = writeln!(out, "  │     {notice}");
-                for line in lines {
-                    let _ = writeln!(out, "  │     ({})", inert(line));
-                }
-            }
-            CardPreview::Withheld { notice } => {
-                let _ = writeln!(out, "  │     {notice}");
-            }
-            CardPreview::None => {
-                let _ = writeln!(out, "  │     {NONE_NOTICE}");
-            }
-        }
+        call_preview(&mut out, &call.preview, whole);
     }
     let _ = writeln!(
         out,

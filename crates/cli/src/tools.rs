@@ -28,6 +28,7 @@ use countersign_remote::{DecidedBy, RemoteError, ServerEntry};
 use countersign_service::tools::{Origin, Tools};
 use countersign_service::ToolSettings;
 use countersign_store::ToolIdentity;
+use countersign_tooltest::PreviewCheck;
 use serde_json::Value;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -318,11 +319,7 @@ async fn check(
     let Some(tool) = first.registry.get(name).cloned() else {
         bail!("no tool {name} is registered; `countersign tools list` lists them");
     };
-    let acting_user = ContentUsers::new(first_pool.clone())
-        .principal(user)
-        .await
-        .with_context(|| format!("looking up user {user}"))?
-        .with_context(|| format!("no user {user} in the content store (unknown or disabled)"))?;
+    let acting_user = content_user(&first_pool, user).await?;
 
     let spec = tool.spec();
     describe(&first, name, spec, &acting_user, &args);
@@ -358,6 +355,20 @@ async fn check(
     }
     first_pool.close().await;
     second_pool.close().await;
+    verdict(name, &report)
+}
+
+/// The content store's user `user`, whom a check's call acts as.
+async fn content_user(pool: &PgPool, user: &str) -> anyhow::Result<countersign_core::Principal> {
+    ContentUsers::new(pool.clone())
+        .principal(user)
+        .await
+        .with_context(|| format!("looking up user {user}"))?
+        .with_context(|| format!("no user {user} in the content store (unknown or disabled)"))
+}
+
+/// The check's last line: the preview passed, or the error naming its problems.
+fn verdict(name: &str, report: &PreviewCheck) -> anyhow::Result<()> {
     if report.problems.is_empty() {
         say!(
             "ok: the preview is deterministic and within the bounds{}",

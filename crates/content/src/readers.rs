@@ -321,17 +321,7 @@ impl Reader for ListContentElements {
         .fetch_all(&mut *conn)
         .await?;
         let uids: Vec<i64> = elements.iter().map(|e| e.uid).collect();
-        let references = sqlx::query!(
-            r#"SELECT r.element, r.field, r.file, r.title, r.alternative, f.storage, f.identifier,
-                      f.name
-               FROM content.file_references r
-               JOIN content.files f ON f.uid = r.file
-               WHERE r.element = ANY($1) AND NOT r.deleted
-               ORDER BY r.element, r.field, r.sorting, r.uid"#,
-            &uids
-        )
-        .fetch_all(&mut *conn)
-        .await?;
+        let references = Self::references(conn, user, &uids).await?;
         let mut position = 0;
         let mut column = None;
         let list: Vec<Value> = elements
@@ -344,18 +334,8 @@ impl Reader for ListContentElements {
                 position += 1;
                 let refs: Vec<Value> = references
                     .iter()
-                    .filter(|r| r.element == e.uid)
-                    .map(|r| {
-                        // A reference to a file outside the user's mounts is listed without
-                        // anything that describes the file.
-                        if user.may_access_file(r.storage, &r.identifier) {
-                            json!({"field": r.field, "file": r.file, "name": r.name,
-                                   "identifier": r.identifier, "title": r.title,
-                                   "alternative": r.alternative})
-                        } else {
-                            json!({"field": r.field, "file": r.file, "accessible": false})
-                        }
-                    })
+                    .filter(|(element, _)| *element == e.uid)
+                    .map(|(_, shown)| shown.clone())
                     .collect();
                 json!({
                     "uid": e.uid, "type": e.ctype, "column": e.colpos, "position": position,
@@ -367,6 +347,43 @@ impl Reader for ListContentElements {
         Ok(Ok(
             json!({"page": page.uid, "language": language, "elements": list}),
         ))
+    }
+}
+
+impl ListContentElements {
+    /// The live file references of the elements `uids`, in listing order, each as `user` is
+    /// shown it, beside the element it belongs to.
+    async fn references(
+        conn: &mut PgConnection,
+        user: &User,
+        uids: &[i64],
+    ) -> Result<Vec<(i64, Value)>, sqlx::Error> {
+        let references = sqlx::query!(
+            r#"SELECT r.element, r.field, r.file, r.title, r.alternative, f.storage, f.identifier,
+                      f.name
+               FROM content.file_references r
+               JOIN content.files f ON f.uid = r.file
+               WHERE r.element = ANY($1) AND NOT r.deleted
+               ORDER BY r.element, r.field, r.sorting, r.uid"#,
+            uids
+        )
+        .fetch_all(&mut *conn)
+        .await?;
+        Ok(references
+            .iter()
+            .map(|r| {
+                // A reference to a file outside the user's mounts is listed without
+                // anything that describes the file.
+                let shown = if user.may_access_file(r.storage, &r.identifier) {
+                    json!({"field": r.field, "file": r.file, "name": r.name,
+                           "identifier": r.identifier, "title": r.title,
+                           "alternative": r.alternative})
+                } else {
+                    json!({"field": r.field, "file": r.file, "accessible": false})
+                };
+                (r.element, shown)
+            })
+            .collect())
     }
 }
 

@@ -6,7 +6,7 @@
 //! They read the card's facts the store keeps in clear beside the sealed state: the tool of
 //! each call, the calls that landed under an earlier card of the turn, and who edited it.
 
-use countersign_core::{CallIndex, DecisionMessage, ToolRegistry, ToolSpec};
+use countersign_core::{ArgumentsEdit, CallIndex, DecisionMessage, ToolRegistry, ToolSpec};
 use countersign_store::DecisionOutcome;
 
 /// What the gates read of the card decided on.
@@ -41,62 +41,89 @@ pub(crate) fn refusal(
         }
     }
 
-    for edit in &d.edits {
-        let i = edit.index;
-        let Some(tool) = card.tools.get(i.get()) else {
-            return Some(DecisionOutcome::EditNotOfTheCard);
-        };
-        if card.landed.contains(&i) {
-            return Some(DecisionOutcome::EditNotOfTheCard);
-        }
-        if edit.tool.as_ref().is_some_and(|named| named != tool) {
-            return Some(DecisionOutcome::EditChangesTool);
-        }
-        // A tool the registry does not know: nobody may craft its arguments.
-        let Some(spec) = registry.get(tool).map(|t| t.spec().clone()) else {
-            return Some(DecisionOutcome::ApproverNotPermitted);
-        };
-        let arguments = serde_json::Value::Object(edit.arguments.clone());
-        if let Err(e) = spec.check_arguments(&arguments) {
-            // The details quote the arguments: the log may have them, the record may not.
-            tracing::info!(
-                run.id = %d.run_id,
-                decision.id = %d.decision_id,
-                call.index = %i,
-                tool = %tool,
-                error = %e,
-                "edit refused: its arguments do not fit the tool"
-            );
-            return Some(DecisionOutcome::EditInvalidArguments);
-        }
-        if spec.effect.is_write() && !permits(&spec) {
-            return Some(DecisionOutcome::ApproverNotPermitted);
-        }
+    if let Some(refused) = d
+        .edits
+        .iter()
+        .find_map(|edit| edit_refusal(d, edit, card, registry, &permits))
+    {
+        return Some(refused);
     }
 
     if d.approved && d.edits.is_empty() {
-        if four_eyes && card.editors.contains(&d.approver) {
-            return Some(DecisionOutcome::EditorApprovalDenied);
-        }
-        // The approver may release each write the decision lets run. An unknown tool counts as
-        // a non-idempotent write, and nobody is permitted to release it.
-        let released = card
-            .tools
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| approves(d, CallIndex::new(*i)))
-            .all(|(_, name)| match registry.get(name) {
-                None => false,
-                Some(tool) => {
-                    let spec = tool.spec();
-                    !spec.effect.is_write() || permits(spec)
-                }
-            });
-        if !released {
-            return Some(DecisionOutcome::ApproverNotPermitted);
-        }
+        return release_refusal(d, card, registry, &permits, four_eyes);
     }
     None
+}
+
+/// The refusal of one `edit` of `d`, if any: it must name a call of the card still to run,
+/// keep its tool, fit the tool's schema, and be a write the approver may craft.
+fn edit_refusal(
+    d: &DecisionMessage,
+    edit: &ArgumentsEdit,
+    card: CardCalls<'_>,
+    registry: &ToolRegistry,
+    permits: &impl Fn(&ToolSpec) -> bool,
+) -> Option<DecisionOutcome> {
+    let i = edit.index;
+    let Some(tool) = card.tools.get(i.get()) else {
+        return Some(DecisionOutcome::EditNotOfTheCard);
+    };
+    if card.landed.contains(&i) {
+        return Some(DecisionOutcome::EditNotOfTheCard);
+    }
+    if edit.tool.as_ref().is_some_and(|named| named != tool) {
+        return Some(DecisionOutcome::EditChangesTool);
+    }
+    // A tool the registry does not know: nobody may craft its arguments.
+    let Some(spec) = registry.get(tool).map(|t| t.spec().clone()) else {
+        return Some(DecisionOutcome::ApproverNotPermitted);
+    };
+    let arguments = serde_json::Value::Object(edit.arguments.clone());
+    if let Err(e) = spec.check_arguments(&arguments) {
+        // The details quote the arguments: the log may have them, the record may not.
+        tracing::info!(
+            run.id = %d.run_id,
+            decision.id = %d.decision_id,
+            call.index = %i,
+            tool = %tool,
+            error = %e,
+            "edit refused: its arguments do not fit the tool"
+        );
+        return Some(DecisionOutcome::EditInvalidArguments);
+    }
+    if spec.effect.is_write() && !permits(&spec) {
+        return Some(DecisionOutcome::ApproverNotPermitted);
+    }
+    None
+}
+
+/// The refusal of an approval `d` that edits nothing, if any: under four-eyes its approver
+/// did not edit the card, and they may release each write it lets run.
+fn release_refusal(
+    d: &DecisionMessage,
+    card: CardCalls<'_>,
+    registry: &ToolRegistry,
+    permits: &impl Fn(&ToolSpec) -> bool,
+    four_eyes: bool,
+) -> Option<DecisionOutcome> {
+    if four_eyes && card.editors.contains(&d.approver) {
+        return Some(DecisionOutcome::EditorApprovalDenied);
+    }
+    // The approver may release each write the decision lets run. An unknown tool counts as
+    // a non-idempotent write, and nobody is permitted to release it.
+    let released = card
+        .tools
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| approves(d, CallIndex::new(*i)))
+        .all(|(_, name)| match registry.get(name) {
+            None => false,
+            Some(tool) => {
+                let spec = tool.spec();
+                !spec.effect.is_write() || permits(spec)
+            }
+        });
+    (!released).then_some(DecisionOutcome::ApproverNotPermitted)
 }
 
 /// Whether `d` lets call `index` run: the whole turn approved, or this call approved.

@@ -94,15 +94,7 @@ impl Coordinator {
 
         // 2. Producer.
         if producer.is_none() || !facts.producer_granted {
-            tracing::warn!(
-                run.id = %decision.run_id,
-                decision.id = %decision.decision_id,
-                "decision from an unauthenticated producer"
-            );
-            return Ok(DecisionVerdict::unauthenticated(
-                decision.decision_id,
-                decision.run_id,
-            ));
+            return Ok(unauthenticated(&decision));
         }
 
         // 3. Replay, of this very decision only.
@@ -112,16 +104,7 @@ impl Coordinator {
             None => {}
         }
 
-        // Who must approve the run's agent, and what the approver may vote for.
-        let votes = match &facts.run {
-            Some(run) => {
-                let seq = decision.suspension_seq.as_i32();
-                self.store
-                    .vote_facts(&run.agent, &decision.approver, decision.run_id, seq)
-                    .await?
-            }
-            None => VoteFacts::default(),
-        };
+        let votes = self.vote_facts(&decision, facts.run.as_ref()).await?;
 
         // 4. A run the approver may not see is one that does not exist.
         let Some(seen) = self.seen(&decision, facts.run, &votes).await? else {
@@ -132,20 +115,48 @@ impl Coordinator {
 
         // 5–10.
         let outcome = self.gate(&decision, seen, facts.agent, &votes);
+        self.record_gated(&decision, outcome, &votes).await
+    }
 
+    /// Who must approve the agent of `run`, and what the approver of `d` may vote for; nothing
+    /// for a run that does not exist.
+    async fn vote_facts(
+        &self,
+        d: &DecisionMessage,
+        run: Option<&DecidedRun>,
+    ) -> Result<VoteFacts, CoordinatorError> {
+        Ok(match run {
+            Some(run) => {
+                let seq = d.suspension_seq.as_i32();
+                self.store
+                    .vote_facts(&run.agent, &d.approver, d.run_id, seq)
+                    .await?
+            }
+            None => VoteFacts::default(),
+        })
+    }
+
+    /// Records the `outcome` gates 5–10 gave `d`: a vote when a quorum decides the card, gate
+    /// 11 otherwise.
+    async fn record_gated(
+        &self,
+        d: &DecisionMessage,
+        outcome: DecisionOutcome,
+        votes: &VoteFacts,
+    ) -> Result<DecisionVerdict, CoordinatorError> {
         // Under a quorum an approval or a denial is a vote: recorded, and released only with
         // the quorum. An edit issues the card anew, which dismisses the votes.
         if let (DecisionOutcome::Accepted, Some(approvers)) = (outcome, &votes.approvers) {
-            if approvers.quorum.is_team() && !decision.edits_calls() {
-                return match team::cast(&votes, approvers) {
-                    Ok(vote) => self.record_vote(&decision, &vote, approvers).await,
-                    Err(refused) => self.record(&decision, refused, true, None).await,
+            if approvers.quorum.is_team() && !d.edits_calls() {
+                return match team::cast(votes, approvers) {
+                    Ok(vote) => self.record_vote(d, &vote, approvers).await,
+                    Err(refused) => self.record(d, refused, true, None).await,
                 };
             }
         }
 
         // 11, and the record of a refusal.
-        self.record(&decision, outcome, true, None).await
+        self.record(d, outcome, true, None).await
     }
 
     /// Gates a decision a policy made, records it and, when accepted, releases its turn — the
@@ -388,6 +399,21 @@ impl Coordinator {
             }
             Err(e) => return Err(e.into()),
         };
+        let verdict = self.verdict_of(d, new, record).await?;
+        Ok(DecisionVerdict {
+            approval_wait,
+            ..verdict
+        })
+    }
+
+    /// The verdict of `d` stored as `record` for `new`; a release that lost its transition is
+    /// first recorded as the refusal it now is.
+    async fn verdict_of(
+        &self,
+        d: &DecisionMessage,
+        new: NewDecision,
+        record: DecisionRecord,
+    ) -> Result<DecisionVerdict, CoordinatorError> {
         let record = match record {
             DecisionRecord::TransitionLost => {
                 // Another decision, a cancel or the reaper moved the run between the gates'
@@ -400,7 +426,7 @@ impl Coordinator {
             }
             record => record,
         };
-        let verdict = match record {
+        Ok(match record {
             DecisionRecord::Recorded(recorded) => self.verdict(d, recorded, false),
             DecisionRecord::Replayed(recorded) => self.verdict(d, recorded, true),
             DecisionRecord::Conflict => self.conflict(d),
@@ -408,10 +434,6 @@ impl Coordinator {
             DecisionRecord::TransitionLost => {
                 self.verdict(d, DecisionOutcome::NotAwaitingApproval, false)
             }
-        };
-        Ok(DecisionVerdict {
-            approval_wait,
-            ..verdict
         })
     }
 
@@ -460,6 +482,16 @@ impl Coordinator {
         );
         DecisionVerdict::gated(d.decision_id, d.run_id, outcome, replayed)
     }
+}
+
+/// Gate 2's refusal: the decision's producer is missing or may not assert its approver.
+fn unauthenticated(d: &DecisionMessage) -> DecisionVerdict {
+    tracing::warn!(
+        run.id = %d.run_id,
+        decision.id = %d.decision_id,
+        "decision from an unauthenticated producer"
+    );
+    DecisionVerdict::unauthenticated(d.decision_id, d.run_id)
 }
 
 /// What gate 4 lets through: the run, and the approver when they may decide on it (by the

@@ -6,6 +6,7 @@
 
 use countersign_core::{MessageError, RunRequest};
 use countersign_store::StoreError;
+use uuid::Uuid;
 
 use crate::producers::ProducerKind;
 use crate::{Coordinator, CoordinatorError, RequestOutcome, RequestVerdict};
@@ -45,19 +46,7 @@ impl Coordinator {
                 return Ok(RequestVerdict::malformed(e.reason()));
             }
         };
-        let request_id = request.request_id;
-        let refuse = |outcome: RequestOutcome| async move {
-            tracing::info!(
-                request.id = %request_id,
-                outcome = outcome.code(),
-                "run request refused"
-            );
-            let verdict = RequestVerdict::refused(request_id, outcome);
-            if let Some(event) = &verdict.event {
-                self.store.announce(None, event).await?;
-            }
-            Ok(verdict)
-        };
+        let refuse = |outcome: RequestOutcome| self.refuse_request(request.request_id, outcome);
 
         let Some(producer) = producer.filter(|p| !p.is_empty()) else {
             return refuse(RequestOutcome::UnauthenticatedProducer).await;
@@ -67,16 +56,8 @@ impl Coordinator {
         // refusing gate's, in the order above.
         let kind = ProducerKind::ActingUser.as_str();
         if self.users.principal(&request.acting_user).await?.is_none() {
-            let facts = self
-                .store
-                .request_facts(producer, kind, &request.acting_user, &request.agent)
-                .await?;
-            return refuse(if facts.producer_granted {
-                RequestOutcome::UnknownActingUser
-            } else {
-                RequestOutcome::UnauthenticatedProducer
-            })
-            .await;
+            let outcome = self.unknown_user_outcome(producer, &request).await?;
+            return refuse(outcome).await;
         }
         let traceparent = crate::spans::current_traceparent();
         let created = self
@@ -109,5 +90,43 @@ impl Coordinator {
             run.run_id,
             run.created,
         ))
+    }
+
+    /// Refuses the run request `request_id` with `outcome`: logged, and its `run.refused`
+    /// written to the outbox when it has one.
+    async fn refuse_request(
+        &self,
+        request_id: Uuid,
+        outcome: RequestOutcome,
+    ) -> Result<RequestVerdict, CoordinatorError> {
+        tracing::info!(
+            request.id = %request_id,
+            outcome = outcome.code(),
+            "run request refused"
+        );
+        let verdict = RequestVerdict::refused(request_id, outcome);
+        if let Some(event) = &verdict.event {
+            self.store.announce(None, event).await?;
+        }
+        Ok(verdict)
+    }
+
+    /// The refusal of a request whose acting user the directory does not know: gate 3's,
+    /// unless the facts show `producer` may not assert that user at all (gate 2's).
+    async fn unknown_user_outcome(
+        &self,
+        producer: &str,
+        request: &RunRequest,
+    ) -> Result<RequestOutcome, CoordinatorError> {
+        let kind = ProducerKind::ActingUser.as_str();
+        let facts = self
+            .store
+            .request_facts(producer, kind, &request.acting_user, &request.agent)
+            .await?;
+        Ok(if facts.producer_granted {
+            RequestOutcome::UnknownActingUser
+        } else {
+            RequestOutcome::UnauthenticatedProducer
+        })
     }
 }

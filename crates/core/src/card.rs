@@ -11,7 +11,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::ids::{CallIndex, SuspensionSeq, TurnDigest};
-use crate::state::SuspendedRunState;
+use crate::preview::CallPreview;
+use crate::state::{PendingCall, SuspendedRunState};
 use crate::tool::{Principal, ToolRegistry};
 
 /// Shown under every card: the previews are a snapshot of the pause.
@@ -109,35 +110,7 @@ pub async fn build_card(
     let mut calls = Vec::with_capacity(state.pending_calls.len());
     for (i, call) in state.pending_calls.iter().enumerate() {
         let index = CallIndex::new(i);
-        let preview = match state.preview_of(index) {
-            None => CardPreview::None,
-            Some(p) if p.failed => CardPreview::Failed {
-                notice: NO_PREVIEW_NOTICE,
-                lines: p.lines.clone(),
-            },
-            Some(p) => {
-                let previewer = registry.get(&call.tool).and_then(|t| t.previewer());
-                let may_read = match (viewer, previewer) {
-                    (Some(viewer), Some(previewer)) => {
-                        previewer
-                            .may_viewer_read_preview(&call.arguments, viewer)
-                            .await
-                    }
-                    _ => false,
-                };
-                if may_read {
-                    CardPreview::Shown {
-                        lines: p.lines.clone(),
-                        forms: p.forms.clone(),
-                        full: p.full.clone(),
-                    }
-                } else {
-                    CardPreview::Withheld {
-                        notice: WITHHELD_NOTICE,
-                    }
-                }
-            }
-        };
+        let preview = card_preview(state.preview_of(index), call, registry, viewer).await;
         calls.push(CardCall {
             index,
             tool: call.tool.clone(),
@@ -160,5 +133,44 @@ pub async fn build_card(
         caption: CAPTION,
         moved_notice: (!state.stale_call_indexes.is_empty()).then_some(MOVED_NOTICE),
         calls,
+    }
+}
+
+/// What the card shows of `call`'s stored preview to `viewer`: the lines only when the tool
+/// lets the viewer read them.
+async fn card_preview(
+    preview: Option<&CallPreview>,
+    call: &PendingCall,
+    registry: &ToolRegistry,
+    viewer: Option<&Principal>,
+) -> CardPreview {
+    match preview {
+        None => CardPreview::None,
+        Some(p) if p.failed => CardPreview::Failed {
+            notice: NO_PREVIEW_NOTICE,
+            lines: p.lines.clone(),
+        },
+        Some(p) => {
+            let previewer = registry.get(&call.tool).and_then(|t| t.previewer());
+            let may_read = match (viewer, previewer) {
+                (Some(viewer), Some(previewer)) => {
+                    previewer
+                        .may_viewer_read_preview(&call.arguments, viewer)
+                        .await
+                }
+                _ => false,
+            };
+            if may_read {
+                CardPreview::Shown {
+                    lines: p.lines.clone(),
+                    forms: p.forms.clone(),
+                    full: p.full.clone(),
+                }
+            } else {
+                CardPreview::Withheld {
+                    notice: WITHHELD_NOTICE,
+                }
+            }
+        }
     }
 }

@@ -322,19 +322,7 @@ pub(crate) async fn previews<H: SegmentHooks>(
         .iter()
         .map(|c| offered.get(&c.tool).map(|t| t.as_ref()))
         .collect();
-    let local_calls: Vec<LocalCall<'_, H::Transaction>> = pending
-        .iter()
-        .zip(&tools)
-        .enumerate()
-        .filter(|(_, (_, tool))| tool.is_some_and(|t| t.spec().effect.is_write()))
-        .filter_map(|(i, (call, _))| {
-            Some(LocalCall {
-                index: CallIndex::new(i),
-                call,
-                writer: seg.hooks.local(&call.tool)?,
-            })
-        })
-        .collect();
+    let local_calls = local_writes(seg.hooks, pending, &tools);
     let (mut local_now, local_alone) =
         local_previews(seg, seq, pending.len(), &local_calls).await?;
     let first_local = local_calls.first().map(|c| c.index.get());
@@ -373,6 +361,28 @@ pub(crate) async fn previews<H: SegmentHooks>(
         previews.push(preview);
     }
     Ok(previews)
+}
+
+/// The offered calls that are writes the store makes itself, in call order; `tools[i]` is the
+/// offered tool of `pending[i]`, if any.
+fn local_writes<'a, H: SegmentHooks>(
+    hooks: &'a H,
+    pending: &'a [PendingCall],
+    tools: &[Option<&dyn Tool>],
+) -> Vec<LocalCall<'a, H::Transaction>> {
+    pending
+        .iter()
+        .zip(tools)
+        .enumerate()
+        .filter(|(_, (_, tool))| tool.is_some_and(|t| t.spec().effect.is_write()))
+        .filter_map(|(i, (call, _))| {
+            Some(LocalCall {
+                index: CallIndex::new(i),
+                call,
+                writer: hooks.local(&call.tool)?,
+            })
+        })
+        .collect()
 }
 
 /// The previews of the local writes of a turn about to suspend, by call position, when there

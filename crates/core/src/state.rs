@@ -206,37 +206,17 @@ impl SuspendedRunState {
             .ok_or(StateError::Malformed("pending_calls"))?;
 
         let survivors = Survivors::of(raw_calls);
-        let mut seen = BTreeSet::new();
-        let call_previews = array(doc, "call_previews")
-            .iter()
-            .filter_map(|raw| {
-                let p = stored_preview(raw)?;
-                let index = survivors.renumber(p.index, &p.tool, &mut seen)?;
-                Some(CallPreview { index, ..p })
-            })
-            .collect();
+        let call_previews = call_previews(doc, &survivors);
         let stale_call_indexes = call_indexes(doc, "stale_call_indexes", &survivors);
         let landed_calls = landed_calls(doc, &survivors)?;
-        let tool_identities = renumbered(doc, "tool_identities", &survivors, |t: &ToolIdentity| {
-            (t.index, t.tool.as_str())
-        })
-        .map(|(index, t)| ToolIdentity { index, ..t })
-        .collect();
+        let tool_identities = tool_identities(doc, &survivors);
         let excluded_calls = call_indexes(doc, "excluded_calls", &survivors);
-        let edits = renumbered(doc, "edits", &survivors, |e: &EditRecord| {
-            (e.index, e.tool.as_str())
-        })
-        .map(|(index, e)| EditRecord { index, ..e })
-        .collect();
+        let edits = edits(doc, &survivors);
 
         Ok(SuspendedRunState {
             transcript,
             pending_calls: survivors.calls,
-            iterations: doc
-                .get("iterations")
-                .and_then(Value::as_u64)
-                .and_then(|n| u32::try_from(n).ok())
-                .unwrap_or(0),
+            iterations: stored_iterations(doc),
             tokens: doc
                 .get("tokens")
                 .cloned()
@@ -265,6 +245,45 @@ impl SuspendedRunState {
                 .to_owned(),
         })
     }
+}
+
+/// The stored previews that still match a surviving call, renumbered onto the survivors.
+fn call_previews(doc: &Map<String, Value>, survivors: &Survivors) -> Vec<CallPreview> {
+    let mut seen = BTreeSet::new();
+    array(doc, "call_previews")
+        .iter()
+        .filter_map(|raw| {
+            let p = stored_preview(raw)?;
+            let index = survivors.renumber(p.index, &p.tool, &mut seen)?;
+            Some(CallPreview { index, ..p })
+        })
+        .collect()
+}
+
+/// The stored tool identities that still match a surviving call, renumbered onto the survivors.
+fn tool_identities(doc: &Map<String, Value>, survivors: &Survivors) -> Vec<ToolIdentity> {
+    renumbered(doc, "tool_identities", survivors, |t: &ToolIdentity| {
+        (t.index, t.tool.as_str())
+    })
+    .map(|(index, t)| ToolIdentity { index, ..t })
+    .collect()
+}
+
+/// The stored edits that still match a surviving call, renumbered onto the survivors.
+fn edits(doc: &Map<String, Value>, survivors: &Survivors) -> Vec<EditRecord> {
+    renumbered(doc, "edits", survivors, |e: &EditRecord| {
+        (e.index, e.tool.as_str())
+    })
+    .map(|(index, e)| EditRecord { index, ..e })
+    .collect()
+}
+
+/// The model iterations stored; 0 when absent or not a count.
+fn stored_iterations(doc: &Map<String, Value>) -> u32 {
+    doc.get("iterations")
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+        .unwrap_or(0)
 }
 
 /// A state this build reads: version [`STATE_VERSION`], not a newer one nor none.

@@ -552,38 +552,11 @@ async fn cycle_hops(bench: &Bench, pace: Pace, period: Duration) -> anyhow::Resu
     };
     let before = CpuTimes::now(&[]);
     let started = Instant::now();
-    let until = started + period;
-    let ids = Arc::new(AtomicU64::new(0));
-    let mut tasks = JoinSet::new();
-    match pace {
-        Pace::InFlight(n) => {
-            for _ in 0..n {
-                let (skeleton, ids) = (skeleton.clone(), ids.clone());
-                tasks.spawn(async move {
-                    while Instant::now() < until {
-                        skeleton.cycle(ids.fetch_add(1, Ordering::Relaxed)).await?;
-                    }
-                    Ok::<(), anyhow::Error>(())
-                });
-            }
-        }
-        Pace::Offered(rate) => {
-            let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1.0)));
-            while Instant::now() < until {
-                ticks.tick().await;
-                let skeleton = skeleton.clone();
-                let id = ids.fetch_add(1, Ordering::Relaxed);
-                tasks.spawn(async move { skeleton.cycle(id).await });
-            }
-        }
-    }
-    while let Some(done) = tasks.join_next().await {
-        done??;
-    }
+    let cycles = skeleton.run_paced(pace, started + period).await?;
     let elapsed = started.elapsed();
     let after = CpuTimes::now(&[]);
     drop(consumers);
-    let n = ids.load(Ordering::Relaxed).max(1) as f64;
+    let n = cycles.max(1) as f64;
     Ok(Hops {
         rate: n / elapsed.as_secs_f64(),
         cpu: CpuTimes {
@@ -606,6 +579,39 @@ struct Skeleton {
 }
 
 impl Skeleton {
+    /// Skeleton cycles at `pace` until `until`, each given the next id; how many were started,
+    /// once every one of them ended.
+    async fn run_paced(&self, pace: Pace, until: Instant) -> anyhow::Result<u64> {
+        let ids = Arc::new(AtomicU64::new(0));
+        let mut tasks = JoinSet::new();
+        match pace {
+            Pace::InFlight(n) => {
+                for _ in 0..n {
+                    let (skeleton, ids) = (self.clone(), ids.clone());
+                    tasks.spawn(async move {
+                        while Instant::now() < until {
+                            skeleton.cycle(ids.fetch_add(1, Ordering::Relaxed)).await?;
+                        }
+                        Ok::<(), anyhow::Error>(())
+                    });
+                }
+            }
+            Pace::Offered(rate) => {
+                let mut ticks = tokio::time::interval(Duration::from_secs_f64(1.0 / rate.max(1.0)));
+                while Instant::now() < until {
+                    ticks.tick().await;
+                    let skeleton = self.clone();
+                    let id = ids.fetch_add(1, Ordering::Relaxed);
+                    tasks.spawn(async move { skeleton.cycle(id).await });
+                }
+            }
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        Ok(ids.load(Ordering::Relaxed))
+    }
+
     /// Skeleton cycle `id`: its [`HOPS`], each with its statements, on a row of its own among
     /// 64.
     async fn cycle(&self, id: u64) -> anyhow::Result<()> {

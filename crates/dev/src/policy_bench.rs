@@ -106,10 +106,7 @@ pub(crate) fn evaluation_time() -> anyhow::Result<()> {
 fn hundred_rules() -> String {
     let mut source = String::from("// policy: hundred\n// version: 1\n");
     for i in 0..99 {
-        source.push_str(&format!(
-            "permit (principal == Agent::\"agent-{i}\", action == Action::\"approve\", resource == Tool::\"tool-{i}\")\n\
-             when {{ context.call.preview.changed_fields.contains(\"field-{i}\") && context.call.preview.max_after_chars <= {i} }};\n"
-        ));
+        source.push_str(&other_rule(i));
     }
     source.push_str(
         APPROVING
@@ -117,6 +114,13 @@ fn hundred_rules() -> String {
             .map_or("", |(_, r)| r),
     );
     source
+}
+
+/// A rule for agent, tool and field number `i`, none of them the bench's.
+fn other_rule(i: u32) -> String {
+    let scope = format!("permit (principal == Agent::\"agent-{i}\", action == Action::\"approve\", resource == Tool::\"tool-{i}\")");
+    let condition = format!("context.call.preview.changed_fields.contains(\"field-{i}\") && context.call.preview.max_after_chars <= {i}");
+    format!("{scope}\nwhen {{ {condition} }};\n")
 }
 
 /// A card like the bench's: one description change on one page.

@@ -414,23 +414,53 @@ pub(crate) async fn declare(
         channel: None,
     };
     if config.declare == Declare::Nothing {
-        for (name, _) in exchanges(t) {
-            if !probe.exists(Entity::Exchange, &name).await? {
-                return Err(QueueError::TopologyMissing(format!("exchange {name}")));
-            }
-        }
-        for (name, _) in queues(t) {
-            if !probe.exists(Entity::Queue, &name).await? {
-                return Err(QueueError::TopologyMissing(format!("queue {name}")));
-            }
-        }
-        return Ok(());
+        return check_present(&mut probe, t).await;
     }
 
     let channel = connection
         .create_channel()
         .await
         .map_err(QueueError::Topology)?;
+    let created = create_missing(&channel, &mut probe, config).await?;
+    // A binding between two entities that both existed is left alone like them: binding
+    // needs permissions (write on the queue, read on the exchange) a process that found
+    // everything in place should not need.
+    for binding in bindings(t) {
+        if !created.contains(&binding.queue) && !created.contains(&binding.exchange) {
+            continue;
+        }
+        bind(&channel, &binding).await?;
+    }
+    if !created.is_empty() {
+        tracing::info!(prefix = %t.prefix, created = created.len(), declare = ?config.declare, "declared the missing parts of the topology");
+    }
+    rebind_wake_ups(connection, t).await;
+    Ok(())
+}
+
+/// Checks that every exchange and queue of the topology exists, declaring nothing.
+async fn check_present(probe: &mut Probe<'_>, t: &Topology) -> Result<(), QueueError> {
+    for (name, _) in exchanges(t) {
+        if !probe.exists(Entity::Exchange, &name).await? {
+            return Err(QueueError::TopologyMissing(format!("exchange {name}")));
+        }
+    }
+    for (name, _) in queues(t) {
+        if !probe.exists(Entity::Queue, &name).await? {
+            return Err(QueueError::TopologyMissing(format!("queue {name}")));
+        }
+    }
+    Ok(())
+}
+
+/// Declares on `channel` every exchange and queue of the topology that does not exist yet;
+/// the names of those it created.
+async fn create_missing(
+    channel: &Channel,
+    probe: &mut Probe<'_>,
+    config: &QueueConfig,
+) -> Result<HashSet<String>, QueueError> {
+    let t = &config.topology;
     let mut created = HashSet::new();
     let exchange = ExchangeDeclareOptions {
         durable: true,
@@ -461,20 +491,7 @@ pub(crate) async fn declare(
             .map_err(QueueError::Topology)?;
         created.insert(name);
     }
-    // A binding between two entities that both existed is left alone like them: binding
-    // needs permissions (write on the queue, read on the exchange) a process that found
-    // everything in place should not need.
-    for binding in bindings(t) {
-        if !created.contains(&binding.queue) && !created.contains(&binding.exchange) {
-            continue;
-        }
-        bind(&channel, &binding).await?;
-    }
-    if !created.is_empty() {
-        tracing::info!(prefix = %t.prefix, created = created.len(), declare = ?config.declare, "declared the missing parts of the topology");
-    }
-    rebind_wake_ups(connection, t).await;
-    Ok(())
+    Ok(created)
 }
 
 async fn bind(channel: &Channel, binding: &Binding) -> Result<(), QueueError> {

@@ -197,6 +197,39 @@ pub async fn pass(
 ) -> Result<PassSummary, ReaperError> {
     let mut summary = PassSummary::default();
 
+    reap_expired_leases(store, config, &mut summary).await?;
+    summary.redispatched = redispatch_lost(store, broker, config).await?;
+    // Reminders and escalations before expiries: a card due for both is escalated first.
+    (summary.cards_reminded, summary.cards_escalated) = store.remind_and_escalate().await?;
+    summary.approvals_expired = expire_approvals(store, config).await?;
+
+    let relay = RelayConfig {
+        batch: config.batch,
+        ..RelayConfig::default()
+    };
+    summary.events_republished = sweep(store, broker, config.republish_after, relay, 1).await?;
+    // Its own, handed off by its transitions, and the rest no process relay is still sending.
+    summary.events_published = relay_round(store, broker, SWEEP_AFTER, relay, 1).await?;
+    summary.events_pruned = store
+        .prune_published_events(config.outbox_retention, config.batch)
+        .await?;
+    summary.webhook_deliveries_pruned = store
+        .prune_webhook_deliveries(config.outbox_retention, config.batch)
+        .await?;
+    for (action, n) in summary.actions() {
+        metrics::counter!("countersign_reaper_actions_total", "action" => action.as_str())
+            .increment(n);
+    }
+    Ok(summary)
+}
+
+/// Requeues or fails the runs whose lease expired, counting each outcome in `summary`. A run
+/// whose reap fails transiently is skipped, left for the next pass.
+async fn reap_expired_leases(
+    store: &Store,
+    config: &ReaperConfig,
+    summary: &mut PassSummary,
+) -> Result<(), ReaperError> {
     let expired = store.expired_leases(config.batch).await;
     store.vitals().record(&expired);
     for lease in expired? {
@@ -222,27 +255,40 @@ pub async fn pass(
             ReapOutcome::OutcomeUnknown => summary.outcome_unknown += 1,
         }
     }
+    Ok(())
+}
 
+/// Publishes the wake-up of each queued run whose dispatch was lost again; how many it marked
+/// dispatched.
+async fn redispatch_lost(
+    store: &Store,
+    broker: &Broker,
+    config: &ReaperConfig,
+) -> Result<u64, ReaperError> {
+    let mut redispatched = 0;
     for run_id in store
         .lost_dispatches(config.dispatch_grace, config.batch)
         .await?
     {
         broker.publish_segment(run_id).await?;
         if store.mark_dispatched(run_id).await? {
-            summary.redispatched += 1;
+            redispatched += 1;
         }
         tracing::info!(run.id = %run_id, "lost dispatch published again");
     }
+    Ok(redispatched)
+}
 
-    // Reminders and escalations before expiries: a card due for both is escalated first.
-    (summary.cards_reminded, summary.cards_escalated) = store.remind_and_escalate().await?;
-
+/// Expires the approvals past their deadline; how many it expired. One whose expiry fails
+/// transiently is left for the next pass.
+async fn expire_approvals(store: &Store, config: &ReaperConfig) -> Result<u64, ReaperError> {
+    let mut expired = 0;
     for waiting in store.expired_approvals(config.batch).await? {
         match store
             .expire_approval(waiting.run_id, waiting.suspension_seq)
             .await
         {
-            Ok(true) => summary.approvals_expired += 1,
+            Ok(true) => expired += 1,
             Ok(false) => {}
             Err(e) if e.is_transient() => {
                 tracing::warn!(run.id = %waiting.run_id, code = e.code(), error = %e, "expired approval left for the next pass");
@@ -250,25 +296,7 @@ pub async fn pass(
             Err(e) => return Err(e.into()),
         }
     }
-
-    let relay = RelayConfig {
-        batch: config.batch,
-        ..RelayConfig::default()
-    };
-    summary.events_republished = sweep(store, broker, config.republish_after, relay, 1).await?;
-    // Its own, handed off by its transitions, and the rest no process relay is still sending.
-    summary.events_published = relay_round(store, broker, SWEEP_AFTER, relay, 1).await?;
-    summary.events_pruned = store
-        .prune_published_events(config.outbox_retention, config.batch)
-        .await?;
-    summary.webhook_deliveries_pruned = store
-        .prune_webhook_deliveries(config.outbox_retention, config.batch)
-        .await?;
-    for (action, n) in summary.actions() {
-        metrics::counter!("countersign_reaper_actions_total", "action" => action.as_str())
-            .increment(n);
-    }
-    Ok(summary)
+    Ok(expired)
 }
 
 /// Registers `countersign_reaper_actions_total` at zero for every action, and the pass duration

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use countersign_crypto::Keyring;
+use countersign_queue::Broker;
 use countersign_reaper::{pass, ReaperConfig};
 use countersign_service::{Connections, Ready, SessionLimits};
 use countersign_store::Store;
@@ -73,23 +74,28 @@ async fn main() -> ExitCode {
     code
 }
 
-async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> ExitCode {
-    tokio::pin!(shutdown);
-    let config = ReaperConfig {
-        max_requeues: args.max_requeues,
-        backoff: Duration::from_secs(args.backoff_secs),
-        dispatch_grace: Duration::from_secs(args.dispatch_grace_secs),
-        republish_after: Duration::from_secs(args.republish_after_secs),
-        outbox_retention: Duration::from_secs(args.outbox_retention_hours.saturating_mul(3600)),
-        ..ReaperConfig::default()
-    };
-    let limits = SessionLimits::default();
-    let pool = match args.connections.pool(NAME, 2, &limits).await {
+impl Args {
+    /// What a pass does, as the arguments set it.
+    fn config(&self) -> ReaperConfig {
+        ReaperConfig {
+            max_requeues: self.max_requeues,
+            backoff: Duration::from_secs(self.backoff_secs),
+            dispatch_grace: Duration::from_secs(self.dispatch_grace_secs),
+            republish_after: Duration::from_secs(self.republish_after_secs),
+            outbox_retention: Duration::from_secs(self.outbox_retention_hours.saturating_mul(3600)),
+            ..ReaperConfig::default()
+        }
+    }
+}
+
+/// The store and the broker a pass works with; the exit code when either is unreachable.
+async fn connect(args: &Args, limits: &SessionLimits) -> Result<(Store, Broker), ExitCode> {
+    let pool = match args.connections.pool(NAME, 2, limits).await {
         Ok(pool) => pool,
         Err(e) => {
             tracing::error!(error = %e, "PostgreSQL unreachable");
             eprintln!("reaper: PostgreSQL unreachable (database_error)");
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
     };
     // The reaper seals and opens nothing: a key that lives only in this process will do.
@@ -100,8 +106,19 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
         Err(e) => {
             tracing::error!(code = e.code(), error = %e, "RabbitMQ unreachable");
             eprintln!("reaper: RabbitMQ unreachable ({})", e.code());
-            return ExitCode::from(2);
+            return Err(ExitCode::from(2));
         }
+    };
+    Ok((store, broker))
+}
+
+async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> ExitCode {
+    tokio::pin!(shutdown);
+    let config = args.config();
+    let limits = SessionLimits::default();
+    let (store, broker) = match connect(&args, &limits).await {
+        Ok(connected) => connected,
+        Err(code) => return code,
     };
 
     let probe = match args.connections.probe(NAME, &limits) {
@@ -141,12 +158,7 @@ async fn reap(args: Args, shutdown: impl std::future::Future<Output = ()>) -> Ex
 
 /// One pass within `within`, timed into `countersign_reaper_pass_duration_seconds`; prints its
 /// summary line, or logs why it failed. Whether it succeeded.
-async fn one_pass(
-    store: &Store,
-    broker: &countersign_queue::Broker,
-    config: &ReaperConfig,
-    within: Duration,
-) -> bool {
+async fn one_pass(store: &Store, broker: &Broker, config: &ReaperConfig, within: Duration) -> bool {
     let started = std::time::Instant::now();
     let passed = tokio::time::timeout(
         within,

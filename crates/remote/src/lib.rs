@@ -463,24 +463,7 @@ impl RemoteToolServer {
         timeout: Duration,
         limit: usize,
     ) -> Result<Bytes, CallError> {
-        let uri: Uri = format!("{}{path}", self.base)
-            .parse()
-            .map_err(|_| CallError::Unreachable)?;
-        let mut builder = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(AUTHORIZATION, self.authorization.clone())
-            .header(ACCEPT, "application/json");
-        let payload = match body {
-            Some(v) => {
-                builder = builder.header(CONTENT_TYPE, "application/json");
-                Bytes::from(v.to_string())
-            }
-            None => Bytes::new(),
-        };
-        let request = builder
-            .body(Full::new(payload))
-            .map_err(|_| CallError::Unreachable)?;
+        let request = self.request(method, path, body)?;
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
                 tracing::warn!(server = %self.name, path, error = %e, "tool server request failed");
@@ -511,15 +494,34 @@ impl RemoteToolServer {
         let (status, body) = tokio::time::timeout(timeout, exchange)
             .await
             .map_err(|_| CallError::Timeout)??;
-        match status {
-            StatusCode::OK => Ok(body),
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
-                Err(CallError::Unauthorized(status.as_u16()))
+        answer(status, body)
+    }
+
+    /// The request of an exchange: `method` on `path` of the server, with `body` as JSON.
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Request<Full<Bytes>>, CallError> {
+        let uri: Uri = format!("{}{path}", self.base)
+            .parse()
+            .map_err(|_| CallError::Unreachable)?;
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(AUTHORIZATION, self.authorization.clone())
+            .header(ACCEPT, "application/json");
+        let payload = match body {
+            Some(v) => {
+                builder = builder.header(CONTENT_TYPE, "application/json");
+                Bytes::from(v.to_string())
             }
-            StatusCode::NOT_FOUND => Err(CallError::NotFound),
-            StatusCode::CONFLICT => Err(CallError::Fenced),
-            other => Err(CallError::Status(other.as_u16())),
-        }
+            None => Bytes::new(),
+        };
+        builder
+            .body(Full::new(payload))
+            .map_err(|_| CallError::Unreachable)
     }
 
     pub(crate) async fn post<T: for<'de> Deserialize<'de>>(
@@ -538,6 +540,20 @@ impl RemoteToolServer {
             )
             .await?;
         serde_json::from_slice(&bytes).map_err(|e| CallError::Malformed(e.to_string()))
+    }
+}
+
+/// What an exchange gives for the `status` of a whole answer: a 200 its `body`, anything else
+/// its [`CallError`].
+fn answer(status: StatusCode, body: Bytes) -> Result<Bytes, CallError> {
+    match status {
+        StatusCode::OK => Ok(body),
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => {
+            Err(CallError::Unauthorized(status.as_u16()))
+        }
+        StatusCode::NOT_FOUND => Err(CallError::NotFound),
+        StatusCode::CONFLICT => Err(CallError::Fenced),
+        other => Err(CallError::Status(other.as_u16())),
     }
 }
 

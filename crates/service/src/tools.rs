@@ -154,21 +154,7 @@ pub async fn tools(store: &Store, settings: &ToolSettings) -> anyhow::Result<Too
     let content_store = settings.content_store;
     let mut registry = ToolRegistry::new();
     let mut local = LocalWriters::new();
-    let users: Arc<dyn UserDirectory> = match content_store {
-        ContentStore::On => {
-            let installed = countersign_content::is_installed(store.pool())
-                .await
-                .context("checking for the content store's schema")?;
-            anyhow::ensure!(
-                installed,
-                "the content store is on but its schema is not in the database: run \
-                 `countersign migrate --with-content`, or set COUNTERSIGN_CONTENT_STORE=off"
-            );
-            countersign_content::register(&mut registry, &mut local, store.clone());
-            content_users(store)
-        }
-        ContentStore::Off => Arc::new(TableUsers::new(store.pool().clone())),
-    };
+    let users = users_and_content_tools(store, content_store, &mut registry, &mut local).await?;
     let servers = settings
         .servers()
         .context("reading the tool server settings")?;
@@ -206,6 +192,50 @@ pub async fn tools(store: &Store, settings: &ToolSettings) -> anyhow::Result<Too
     let mcp = countersign_mcp::register_servers(&mut registry, mcp, &trust, environment, pins)
         .await
         .context("discovering the MCP servers' tools")?;
+    let (origins, registered) = provenance(servers, mcp);
+    Ok(Tools {
+        registry,
+        local,
+        users,
+        content_store,
+        withholding,
+        origins,
+        registered,
+    })
+}
+
+/// The users the tools act for: with the content store on, its users, once its schema is
+/// found in `store`'s database and its tools and local writers are registered; otherwise the
+/// table directory.
+async fn users_and_content_tools(
+    store: &Store,
+    content_store: ContentStore,
+    registry: &mut ToolRegistry,
+    local: &mut LocalWriters<FencedWrite>,
+) -> anyhow::Result<Arc<dyn UserDirectory>> {
+    Ok(match content_store {
+        ContentStore::On => {
+            let installed = countersign_content::is_installed(store.pool())
+                .await
+                .context("checking for the content store's schema")?;
+            anyhow::ensure!(
+                installed,
+                "the content store is on but its schema is not in the database: run \
+                 `countersign migrate --with-content`, or set COUNTERSIGN_CONTENT_STORE=off"
+            );
+            countersign_content::register(registry, local, store.clone());
+            content_users(store)
+        }
+        ContentStore::Off => Arc::new(TableUsers::new(store.pool().clone())),
+    })
+}
+
+/// Where each discovered tool comes from and how it was registered, by name: `servers` from
+/// the remote tool servers, `mcp` from the MCP servers.
+fn provenance(
+    servers: Vec<Registered>,
+    mcp: Vec<Registered>,
+) -> (BTreeMap<String, Origin>, BTreeMap<String, Registered>) {
     let origins = servers
         .iter()
         .map(|r| (r.tool.clone(), Origin::Server(r.server.clone())))
@@ -219,15 +249,7 @@ pub async fn tools(store: &Store, settings: &ToolSettings) -> anyhow::Result<Too
         .chain(mcp)
         .map(|r| (r.tool.clone(), r))
         .collect();
-    Ok(Tools {
-        registry,
-        local,
-        users,
-        content_store,
-        withholding,
-        origins,
-        registered,
-    })
+    (origins, registered)
 }
 
 /// The users of the reference content store, in `store`'s database.

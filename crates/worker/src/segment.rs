@@ -10,14 +10,14 @@ use countersign_core::{
     AgentConfig, Decision, Interruption, Outcome, Segment, SegmentHooks, TerminationReason,
 };
 use countersign_core::{
-    DataClasses, LocalWriters, Model, ModelError, ModelRequest, ModelResponse, SuspendedRunState,
-    TokenUsage, ToolRegistry, UserDirectory,
+    CallIndex, DataClasses, LocalWriters, Model, ModelError, ModelRequest, ModelResponse,
+    SuspendedRunState, TokenUsage, ToolRegistry, UserDirectory,
 };
 use countersign_model::ModelCatalog;
 use countersign_service::tools::Tools;
 use countersign_store::{
     Claim, DecisionOutcome, FencedWrite, Lease, RunCounters, Segment as SegmentKind, Settlement,
-    Store, StoreError,
+    Store, StoreError, StoredAgent,
 };
 use serde_json::Value;
 use tracing::Instrument;
@@ -51,6 +51,9 @@ enum Unresumable {
     /// With this reason and code.
     Fail(TerminationReason, &'static str),
 }
+
+/// The reason and the code a run fails with.
+type Failure = (TerminationReason, &'static str);
 
 /// How often a segment interrupted by the store is run again before it is left to the reaper.
 const SEGMENT_RETRIES: usize = 3;
@@ -202,29 +205,9 @@ impl SegmentRunner {
         let lease = &claim.lease;
         let run_id = lease.run_id;
         let inputs = &claim.inputs;
-        let (agent, model) = match &inputs.agent {
-            Some(stored) if stored.config.active => {
-                match self.models.for_agent(&stored.config.model) {
-                    Ok((model, data_classes)) => (
-                        loop_config(&stored.config, data_classes),
-                        observed(model, &stored.config.model),
-                    ),
-                    Err(code) => {
-                        return self
-                            .fail(lease, TerminationReason::ProviderFailed, code)
-                            .await
-                    }
-                }
-            }
-            _ => {
-                return self
-                    .fail(
-                        lease,
-                        TerminationReason::NotRetryable,
-                        DecisionOutcome::ConfigurationGone.as_str(),
-                    )
-                    .await
-            }
+        let (agent, model) = match self.agent_and_model(inputs.agent.as_ref()) {
+            Ok(found) => found,
+            Err((reason, code)) => return self.fail(lease, reason, code).await,
         };
         let acting_user = match self.users.principal(&claim.acting_user).await {
             Ok(Some(user)) => user,
@@ -270,6 +253,30 @@ impl SegmentRunner {
             },
         };
         self.settle(lease, outcome).await
+    }
+
+    /// The loop's configuration of the claimed run's `agent` and the model it runs on; the
+    /// reason and code to fail the run with when the agent is gone or inactive, or its model
+    /// cannot be made.
+    fn agent_and_model(
+        &self,
+        agent: Option<&StoredAgent>,
+    ) -> Result<(AgentConfig, Arc<dyn Model>), Failure> {
+        match agent {
+            Some(stored) if stored.config.active => {
+                match self.models.for_agent(&stored.config.model) {
+                    Ok((model, data_classes)) => Ok((
+                        loop_config(&stored.config, data_classes),
+                        observed(model, &stored.config.model),
+                    )),
+                    Err(code) => Err((TerminationReason::ProviderFailed, code)),
+                }
+            }
+            _ => Err((
+                TerminationReason::NotRetryable,
+                DecisionOutcome::ConfigurationGone.as_str(),
+            )),
+        }
     }
 
     /// What a resume continues from: the suspended state of the card the claim resumes, and
@@ -342,35 +349,7 @@ impl SegmentRunner {
                 failed(run_id, reason, code);
                 Ok(SegmentEnd::Failed(reason))
             }
-            Outcome::Suspended { state, moved } => {
-                // `run.preview_moved` (when the binding refused the approved turn) and
-                // `run.suspended` commit with the suspension, or the run fails `suspend_failed`.
-                let moved_tools: Vec<&str> = moved.iter().map(|(_, t)| t.as_str()).collect();
-                match self.store.suspend(lease, &state, &moved_tools).await {
-                    Ok(true) => {}
-                    Ok(false) => return Ok(SegmentEnd::Interrupted(Interruption::LeaseLost)),
-                    Err(e) => {
-                        tracing::error!(run.id = %run_id, code = e.code(), error = %e, "suspend failed");
-                        return self
-                            .fail(lease, TerminationReason::SuspendFailed, e.code())
-                            .await;
-                    }
-                }
-                let seq = state.suspension_seq.get();
-                metrics::counter!("countersign_suspensions_total").increment(1);
-                for p in state.call_previews.iter().filter(|p| p.failed) {
-                    metrics::counter!("countersign_preview_failures_total", "tool" => p.tool.clone()).increment(1);
-                }
-                for (_, tool) in &moved {
-                    metrics::counter!("countersign_preview_moves_total", "tool" => tool.clone())
-                        .increment(1);
-                }
-                tracing::info!(run.id = %run_id, suspension_seq = seq, moved = moved.len(), "run suspended for approval");
-                Ok(SegmentEnd::Suspended {
-                    suspension_seq: seq,
-                    moved: moved.len(),
-                })
-            }
+            Outcome::Suspended { state, moved } => self.suspend(lease, &state, &moved).await,
             Outcome::Interrupted(cause) => {
                 if cause == Interruption::LeaseLost {
                     metrics::counter!("countersign_leases_lost_total").increment(1);
@@ -379,6 +358,45 @@ impl SegmentRunner {
                 Ok(SegmentEnd::Interrupted(cause))
             }
         }
+    }
+
+    /// Stores the suspension of the run for approval; `moved` are the calls whose preview
+    /// moved, when it follows a refused binding.
+    async fn suspend(
+        &self,
+        lease: &Lease,
+        state: &SuspendedRunState,
+        moved: &[(CallIndex, String)],
+    ) -> Result<SegmentEnd, StoreError> {
+        let run_id = lease.run_id;
+        // `run.preview_moved` (when the binding refused the approved turn) and
+        // `run.suspended` commit with the suspension, or the run fails `suspend_failed`.
+        let moved_tools: Vec<&str> = moved.iter().map(|(_, t)| t.as_str()).collect();
+        match self.store.suspend(lease, state, &moved_tools).await {
+            Ok(true) => {}
+            Ok(false) => return Ok(SegmentEnd::Interrupted(Interruption::LeaseLost)),
+            Err(e) => {
+                tracing::error!(run.id = %run_id, code = e.code(), error = %e, "suspend failed");
+                return self
+                    .fail(lease, TerminationReason::SuspendFailed, e.code())
+                    .await;
+            }
+        }
+        let seq = state.suspension_seq.get();
+        metrics::counter!("countersign_suspensions_total").increment(1);
+        for p in state.call_previews.iter().filter(|p| p.failed) {
+            metrics::counter!("countersign_preview_failures_total", "tool" => p.tool.clone())
+                .increment(1);
+        }
+        for (_, tool) in moved {
+            metrics::counter!("countersign_preview_moves_total", "tool" => tool.clone())
+                .increment(1);
+        }
+        tracing::info!(run.id = %run_id, suspension_seq = seq, moved = moved.len(), "run suspended for approval");
+        Ok(SegmentEnd::Suspended {
+            suspension_seq: seq,
+            moved: moved.len(),
+        })
     }
 
     async fn unreadable(&self, lease: &Lease, e: &StoreError) -> Result<SegmentEnd, StoreError> {

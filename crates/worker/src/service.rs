@@ -11,6 +11,7 @@
 //! the segments, and publishes what they committed before the process exits.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,7 @@ use countersign_core::{ModelError, TerminationReason};
 use countersign_queue::{parse_segment, Broker, Delivery};
 use countersign_service::relay::{self, RelayConfig};
 use countersign_store::{Claim, Segment};
-use tokio::sync::{oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, watch, AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -59,23 +60,12 @@ pub async fn run(
         runner.store.vitals().clone(),
         runner.lease_ttl / 3,
     );
-    let mut slots = Slots {
-        free: Arc::new(Semaphore::new(config.concurrency.max(1))),
-        running: JoinSet::new(),
-        released,
-        runner,
-    };
+    let mut slots = Slots::new(runner, config.concurrency, released);
     let mut wake_ups = WakeUps::new(broker.clone(), prefetch, DEAF_AFTER);
     // The wake-up taken when the shutdown came, while it waited for a slot.
     let mut held = None;
-    // The first look comes one interval after the start: the wake-ups waiting for this worker
-    // fill its slots first.
-    let mut poll = tokio::time::interval_at(
-        tokio::time::Instant::now() + config.poll_interval,
-        config.poll_interval,
-    );
-    let mut look = tokio::time::interval(STANDING_EVERY);
-    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut poll = poll_timer(config.poll_interval);
+    let mut look = standing_timer();
     tokio::pin!(shutdown);
     let (stop_relay, relay) = spawn_relay(&slots.runner, &broker);
 
@@ -96,12 +86,9 @@ pub async fn run(
             delivery = wake_ups.next(), if claiming => {
                 // With every slot busy the wait for one may be long (a segment waits on its
                 // model): a shutdown meanwhile hands the wake-up back and stops.
-                let permit = tokio::select! {
-                    permit = slots.free.clone().acquire_owned() => permit,
-                    () = &mut shutdown => {
-                        held = Some(delivery);
-                        break;
-                    }
+                let Some(permit) = free_slot(&slots.free, shutdown.as_mut()).await else {
+                    held = Some(delivery);
+                    break;
                 };
                 let Ok(permit) = permit else { break };
                 slots.start_woken(&claimer, &broker, delivery, permit);
@@ -111,14 +98,44 @@ pub async fn run(
 
     stop_consuming(&broker, wake_ups.take(), held).await;
     slots.drain(config.shutdown_grace, release).await;
+    end_relay(stop_relay, relay).await;
+}
+
+/// How often the worker looks at its broker connection ([`Standing::check`]).
+const STANDING_EVERY: Duration = Duration::from_secs(1);
+
+/// The worker's poll for available runs. The first look comes one interval after the start:
+/// the wake-ups waiting for this worker fill its slots first.
+fn poll_timer(poll_interval: Duration) -> tokio::time::Interval {
+    tokio::time::interval_at(tokio::time::Instant::now() + poll_interval, poll_interval)
+}
+
+/// The worker's look at its broker connection, every [`STANDING_EVERY`].
+fn standing_timer() -> tokio::time::Interval {
+    let mut look = tokio::time::interval(STANDING_EVERY);
+    look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    look
+}
+
+/// A free slot for a woken segment, once one frees; `None` when `shutdown` comes first.
+async fn free_slot(
+    free: &Arc<Semaphore>,
+    shutdown: Pin<&mut impl Future<Output = ()>>,
+) -> Option<Result<OwnedSemaphorePermit, AcquireError>> {
+    tokio::select! {
+        permit = free.clone().acquire_owned() => Some(permit),
+        () = shutdown => None,
+    }
+}
+
+/// Stops the outbox relay spawned by [`spawn_relay`] and waits for it to publish what the
+/// segments committed.
+async fn end_relay(stop_relay: oneshot::Sender<()>, relay: tokio::task::JoinHandle<()>) {
     let _ = stop_relay.send(());
     if let Err(e) = relay.await {
         tracing::warn!(error = %e, "the outbox relay stopped abnormally");
     }
 }
-
-/// How often the worker looks at its broker connection ([`Standing::check`]).
-const STANDING_EVERY: Duration = Duration::from_secs(1);
 
 /// The outbox relay beside the segments, until the sender it returns is used or dropped.
 fn spawn_relay(
@@ -147,6 +164,16 @@ struct Slots {
 }
 
 impl Slots {
+    /// `concurrency` free slots (at least one) for the segments of `runner`.
+    fn new(runner: SegmentRunner, concurrency: usize, released: watch::Receiver<bool>) -> Slots {
+        Slots {
+            free: Arc::new(Semaphore::new(concurrency.max(1))),
+            running: JoinSet::new(),
+            released,
+            runner,
+        }
+    }
+
     /// Claims the oldest available runs, as many as slots are free now, not while slots keep
     /// freeing: under a backlog that would claim one statement after another in this loop the
     /// runs whose wake-ups are on their way, starve the wake-ups (which claim in parallel), and

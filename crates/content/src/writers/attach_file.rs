@@ -224,6 +224,30 @@ impl Writer for AttachFile {
             )
             .await?;
 
+        let (check, total) = plan.read_back(conn, reference).await?;
+        let success = format!(
+            "Attached file [{}] {} to field {} of content element [{element}] as reference \
+             [{reference}], last of {total}; the read-back confirms it.",
+            plan.file.uid,
+            quote_excerpt(&plan.file.name),
+            plan.field,
+        );
+        Ok(check.output(
+            success,
+            &format!("Reference [{reference}] of content element [{element}]"),
+            "the acting user may hold no grant for a text field",
+        ))
+    }
+}
+
+impl AttachPlan {
+    /// Reads the new reference back: which of the values this plan asked for it holds, and
+    /// how many references its field now has.
+    async fn read_back(
+        &self,
+        conn: &mut PgConnection,
+        reference: i64,
+    ) -> Result<(ReadBack, i64), sqlx::Error> {
         let stored = sqlx::query!(
             r#"SELECT r.element, r.field, r.file, r.title, r.alternative, r.description, r.deleted,
                       (SELECT count(*) FROM content.file_references o
@@ -244,10 +268,12 @@ impl Writer for AttachFile {
             Some(r) => {
                 check.field(
                     "reference",
-                    r.element == element && r.field == plan.field && r.file == plan.file.uid,
+                    r.element == self.element.uid
+                        && r.field == self.field
+                        && r.file == self.file.uid,
                 );
                 check.field("position", !r.deleted && r.after == 0);
-                for (name, value) in &plan.texts {
+                for (name, value) in &self.texts {
                     let got = match *name {
                         "title" => &r.title,
                         "alternative" => &r.alternative,
@@ -258,18 +284,7 @@ impl Writer for AttachFile {
             }
         }
         let total = stored.as_ref().map_or(0, |r| r.total);
-        let success = format!(
-            "Attached file [{}] {} to field {} of content element [{element}] as reference \
-             [{reference}], last of {total}; the read-back confirms it.",
-            plan.file.uid,
-            quote_excerpt(&plan.file.name),
-            plan.field,
-        );
-        Ok(check.output(
-            success,
-            &format!("Reference [{reference}] of content element [{element}]"),
-            "the acting user may hold no grant for a text field",
-        ))
+        Ok((check, total))
     }
 }
 

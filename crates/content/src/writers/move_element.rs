@@ -94,6 +94,52 @@ pub(crate) fn check_content_page(page: &Page) -> Option<Refusal> {
     })
 }
 
+/// The records a move involves.
+struct MoveRecords {
+    element: Element,
+    /// The page the element is on.
+    source: Page,
+    target: Page,
+    /// The element to place it after, if any.
+    after: Option<Element>,
+}
+
+/// The records `args` names, if they all exist and `user` may edit them.
+async fn load_records(
+    conn: &mut PgConnection,
+    user: &User,
+    args: &MoveArgs,
+) -> Result<Planned<MoveRecords>, sqlx::Error> {
+    let element = Element::load(conn, args.uid.get()).await?;
+    let target = Page::load(conn, args.target_page.get()).await?;
+    let after = match args.after_content_uid {
+        Some(uid) => match Element::load(conn, uid.get()).await? {
+            Some(a) => Some(a),
+            None => return Ok(Err(Refusal::NotPermitted)),
+        },
+        None => None,
+    };
+    let (Some(element), Some(target)) = (element, target) else {
+        return Ok(Err(Refusal::NotPermitted));
+    };
+    let source = Page::load(conn, element.pid).await?;
+    let Some(source) = source else {
+        return Ok(Err(Refusal::NotPermitted));
+    };
+    if !element.permits(user)
+        || !target.permits(user)
+        || after.as_ref().is_some_and(|a| !a.permits(user))
+    {
+        return Ok(Err(Refusal::NotPermitted));
+    }
+    Ok(Ok(MoveRecords {
+        element,
+        source,
+        target,
+        after,
+    }))
+}
+
 #[async_trait]
 impl Writer for MoveElement {
     type Args = MoveArgs;
@@ -132,28 +178,15 @@ impl Writer for MoveElement {
         user: &User,
         args: &MoveArgs,
     ) -> Result<Planned<MovePlan>, sqlx::Error> {
-        let element = Element::load(conn, args.uid.get()).await?;
-        let target = Page::load(conn, args.target_page.get()).await?;
-        let after = match args.after_content_uid {
-            Some(uid) => match Element::load(conn, uid.get()).await? {
-                Some(a) => Some(a),
-                None => return Ok(Err(Refusal::NotPermitted)),
-            },
-            None => None,
+        let MoveRecords {
+            element,
+            source,
+            target,
+            after,
+        } = match load_records(conn, user, args).await? {
+            Ok(records) => records,
+            Err(refusal) => return Ok(Err(refusal)),
         };
-        let (Some(element), Some(target)) = (element, target) else {
-            return Ok(Err(Refusal::NotPermitted));
-        };
-        let source = Page::load(conn, element.pid).await?;
-        let Some(source) = source else {
-            return Ok(Err(Refusal::NotPermitted));
-        };
-        if !element.permits(user)
-            || !target.permits(user)
-            || after.as_ref().is_some_and(|a| !a.permits(user))
-        {
-            return Ok(Err(Refusal::NotPermitted));
-        }
 
         let colpos = args.column.map_or(element.colpos, |c| c.get() as i32);
         if let Some(refusal) = refuse_move(&element, &target, after.as_ref(), colpos) {

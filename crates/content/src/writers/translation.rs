@@ -45,6 +45,14 @@ impl Table {
             Table::Content => "content element",
         }
     }
+
+    /// The kind, as a sentence begins with it.
+    fn capitalised(self) -> &'static str {
+        match self {
+            Table::Pages => "Page",
+            Table::Content => "Content element",
+        }
+    }
 }
 
 /// The language to translate into: any but the default language 0, which is refused in words
@@ -174,6 +182,50 @@ async fn load_source(
             _ => Err(Refusal::NotPermitted),
         },
     })
+}
+
+/// Why the source record of `args` cannot be translated, if it cannot: it is a draft
+/// (`workspace`), or itself a translation (of `translated_from`).
+fn refuse_origin(
+    args: &TranslationArgs,
+    workspace: i32,
+    translated_from: Option<i64>,
+) -> Option<Refusal> {
+    let kind = args.table.kind();
+    let capitalised = args.table.capitalised();
+    if workspace != 0 {
+        return Some(Refusal::draft(capitalised, args.uid(), workspace));
+    }
+    let default = translated_from?;
+    Some(Refusal::invalid(format!(
+        "{capitalised} [{}] is itself a translation; translate its default-language \
+         {kind} [{default}] instead. Nothing was written.",
+        args.uid()
+    )))
+}
+
+/// The refusal of a call that would discard the `existing` translations in `language_name`
+/// without saying `overwrite`.
+fn refuse_overwrite(
+    args: &TranslationArgs,
+    existing: &[Named],
+    language_name: &str,
+) -> Option<Refusal> {
+    if existing.is_empty() || args.overwrite() {
+        return None;
+    }
+    let list: Vec<String> = existing
+        .iter()
+        .map(|e| named(args.table.kind(), e.uid, &e.label))
+        .collect();
+    Some(Refusal::invalid(format!(
+        "{} [{}] already has a translation in {language_name}: {}. Nothing \
+         was written; to discard it and start again from the default language, call \
+         again with \"overwrite\": true.",
+        args.table.capitalised(),
+        args.uid(),
+        list.join(", ")
+    )))
 }
 
 /// The live translations of `source` into `language` a translation would discard, and the
@@ -440,21 +492,8 @@ impl Writer for CreateTranslationDraft {
         if !user.may_use_language(args.language()) {
             return Ok(Err(Refusal::NotPermitted));
         }
-
-        let kind = args.table.kind();
-        let capitalised = match args.table {
-            Table::Pages => "Page",
-            Table::Content => "Content element",
-        };
-        if workspace != 0 {
-            return Ok(Err(Refusal::draft(capitalised, args.uid(), workspace)));
-        }
-        if let Some(default) = translated_from {
-            return Ok(Err(Refusal::invalid(format!(
-                "{capitalised} [{}] is itself a translation; translate its default-language \
-                 {kind} [{default}] instead. Nothing was written.",
-                args.uid()
-            ))));
+        if let Some(refusal) = refuse_origin(args, workspace, translated_from) {
+            return Ok(Err(refusal));
         }
         let Some(title) = language_title(conn, args.language()).await? else {
             return Ok(Err(Refusal::invalid(format!(
@@ -469,18 +508,8 @@ impl Writer for CreateTranslationDraft {
                 Ok(found) => found,
                 Err(refusal) => return Ok(Err(refusal)),
             };
-        if !existing.is_empty() && !args.overwrite() {
-            let list: Vec<String> = existing
-                .iter()
-                .map(|e| named(kind, e.uid, &e.label))
-                .collect();
-            return Ok(Err(Refusal::invalid(format!(
-                "{capitalised} [{}] already has a translation in {language_name}: {}. Nothing \
-                 was written; to discard it and start again from the default language, call \
-                 again with \"overwrite\": true.",
-                args.uid(),
-                list.join(", ")
-            ))));
+        if let Some(refusal) = refuse_overwrite(args, &existing, &language_name) {
+            return Ok(Err(refusal));
         }
 
         Ok(Ok(TranslationPlan {
