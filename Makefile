@@ -13,7 +13,7 @@ test: services
 	cargo fmt --all -- --check
 	cargo deny --locked check licenses bans sources  # deny.toml; the advisories are `make audit`
 	cargo clippy --workspace --all-targets -- -D warnings
-	# No function of the shipped and dev code over 80 lines of code (clippy.toml); tests may be.
+	# No function of the shipped and dev code over 60 lines of code (clippy.toml); tests may be.
 	cargo clippy --workspace --exclude countersign-e2e --lib --bins -- -D warnings -W clippy::too_many_lines
 	cargo build --workspace --bins  # the end-to-end tests in tests/ run these binaries
 	cargo test --workspace --no-fail-fast

@@ -20,7 +20,7 @@ pub use producers::{ProducerError, ProducerGrant, ProducerKind};
 pub use verdict::{DecisionCode, DecisionVerdict, Dispatch, RequestOutcome, RequestVerdict};
 
 /// Re-exported so that a caller can name the segment of a [`Dispatch`] and the gated outcomes.
-pub use countersign_store::{DecisionOutcome, Segment};
+pub use countersign_store::{DecisionOutcome, SegmentKind};
 
 /// The gates, with what they read: runs, decisions and agent configurations from the store,
 /// users from the directory, and the tools the approver's permissions are checked against.

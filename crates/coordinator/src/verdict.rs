@@ -24,7 +24,7 @@
 
 use countersign_core::{Event, EventName, RunId};
 use countersign_store::{decision_event, run_accepted};
-use countersign_store::{DecisionOutcome, Segment};
+use countersign_store::{DecisionOutcome, SegmentKind};
 use serde_json::json;
 use strum::VariantArray;
 use uuid::Uuid;
@@ -35,7 +35,7 @@ use uuid::Uuid;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dispatch {
     pub run_id: RunId,
-    pub segment: Segment,
+    pub segment: SegmentKind,
 }
 
 /// What became of a run request.
@@ -141,7 +141,7 @@ impl RequestVerdict {
             created,
             dispatch: created.then_some(Dispatch {
                 run_id,
-                segment: Segment::Start,
+                segment: SegmentKind::Start,
             }),
             event: Some(event.clone()),
             reply: Some(event),
@@ -286,7 +286,7 @@ impl DecisionVerdict {
             replayed,
             dispatch: (accepted && !replayed).then_some(Dispatch {
                 run_id,
-                segment: Segment::Resume,
+                segment: SegmentKind::Resume,
             }),
             event: Some(event.clone()),
             reply: Some(event),

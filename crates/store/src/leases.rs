@@ -15,7 +15,7 @@ use countersign_core::{CallIndex, Effect, RunId, SuspensionSeq};
 use uuid::Uuid;
 
 use crate::agents::{AgentColumns, StoredAgent};
-use crate::runs::{epoch, opt_seq, run_id, segment, Lease, Segment};
+use crate::runs::{epoch, opt_seq, run_id, segment, Lease, SegmentKind};
 use crate::{millis, Store, StoreError};
 
 /// What one heartbeat did with a lease still held ([`Store::renew_all`]).
@@ -34,7 +34,7 @@ pub struct Claim {
     pub lease: Lease,
     /// By the database clock; renew every third of the ttl.
     pub lease_expires_at: DateTime<Utc>,
-    pub segment: Segment,
+    pub segment: SegmentKind,
     pub agent: String,
     pub acting_user: String,
     /// The suspension a resume segment continues; `None` for a start that never suspended.

@@ -51,7 +51,7 @@ pub use reaper::{ExpiredLease, ReapOutcome, WaitingDeadline};
 pub use rotation::{ColumnRotation, RotationReport};
 pub use runs::run_accepted;
 pub use runs::{
-    CreatedRun, Lease, NewRun, RunCounters, RunRecord, RunStatus, Segment, SentCallRef,
+    CreatedRun, Lease, NewRun, RunCounters, RunRecord, RunStatus, SegmentKind, SentCallRef,
     StoredRequest, TerminationReason, LOCAL_PRODUCER,
 };
 pub use settlements::Settlement;

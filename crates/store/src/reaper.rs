@@ -22,14 +22,14 @@ use chrono::{DateTime, Utc};
 use countersign_core::{Effect, EventName, LeaseEpoch, RunId, SuspensionSeq, TerminationReason};
 
 use crate::runs::{epoch, pending_effect, run_id, segment, seq};
-use crate::{millis, Segment, Store, StoreError};
+use crate::{millis, SegmentKind, Store, StoreError};
 
 /// A running run whose lease expired, as the scan saw it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExpiredLease {
     pub run_id: RunId,
     pub epoch: LeaseEpoch,
-    pub segment: Segment,
+    pub segment: SegmentKind,
     pub requeue_count: i32,
     pub pending_effect: Option<Effect>,
     /// A call of its turn was sent outside the store and not journaled (`sent_call`).

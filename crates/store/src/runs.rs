@@ -113,12 +113,12 @@ impl RunStatus {
 /// Which stretch of a run a claim executes: from the prompt, or after a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::EnumString)]
 #[strum(serialize_all = "snake_case")]
-pub enum Segment {
+pub enum SegmentKind {
     Start,
     Resume,
 }
 
-impl Segment {
+impl SegmentKind {
     pub fn as_str(self) -> &'static str {
         self.into()
     }
@@ -183,7 +183,7 @@ pub struct RunRecord {
     pub agent: String,
     pub acting_user: String,
     pub status: RunStatus,
-    pub segment: Segment,
+    pub segment: SegmentKind,
     pub suspension_seq: Option<SuspensionSeq>,
     pub turn_digest: Option<TurnDigest>,
     pub pending_tools: Vec<String>,
@@ -229,7 +229,7 @@ pub(crate) fn opt_seq(n: Option<i32>) -> Result<Option<SuspensionSeq>, StoreErro
     n.map(seq).transpose()
 }
 
-pub(crate) fn segment(s: &str) -> Result<Segment, StoreError> {
+pub(crate) fn segment(s: &str) -> Result<SegmentKind, StoreError> {
     s.parse()
         .map_err(|_| StoreError::unreadable("runs.segment"))
 }

@@ -93,48 +93,70 @@ impl PreviewCheck {
 pub fn judge(previews: &[Attempt; 2]) -> PreviewCheck {
     let mut report = PreviewCheck::default();
     for (n, attempt) in previews.iter().enumerate().map(|(i, a)| (i + 1, a)) {
-        match attempt {
-            Attempt::Lines(lines)
-                if n == 2 && matches!(&previews[0], Attempt::Lines(l) if l == lines) =>
-            {
-                report
-                    .lines
-                    .push("preview 2: the same, line for line".to_owned());
+        let same_as_first = n == 2
+            && matches!((&previews[0], attempt), (Attempt::Lines(a), Attempt::Lines(b)) if a == b);
+        read_attempt(&mut report, n, attempt, same_as_first);
+    }
+    compare(&mut report, previews);
+    let mut checked: Vec<&Vec<String>> = Vec::new();
+    for (n, attempt) in previews.iter().enumerate().map(|(i, a)| (i + 1, a)) {
+        if let Attempt::Lines(lines) = attempt {
+            if checked.contains(&lines) {
+                continue;
             }
-            Attempt::Lines(lines) => {
-                report
-                    .lines
-                    .push(format!("preview {n}: {} line(s)", lines.len()));
-                report.lines.extend(numbered(lines));
-            }
-            Attempt::Failed(e) if e.interrupts() => {
-                report.lines.push(format!(
-                    "preview {n}: interrupted ({}): the infrastructure under the tool failed; a segment would stop and be retried, with no card",
-                    e.code()
-                ));
-                report
-                    .problems
-                    .push(format!("preview {n} was interrupted ({})", e.code()));
-            }
-            Attempt::Failed(e) => {
-                report.lines.push(format!(
-                    "preview {n}: failed ({}); the card would show: {}",
-                    e.code(),
-                    failed_at_suspend_line(e.code())
-                ));
-                report
-                    .problems
-                    .push(format!("preview {n} failed ({})", e.code()));
-            }
-            Attempt::Panicked => {
-                report.lines.push(format!(
-                    "preview {n}: panicked; the card would show: {}",
-                    panicked_at_suspend_line()
-                ));
-                report.problems.push(format!("preview {n} panicked"));
-            }
+            checked.push(lines);
+            bounds(&mut report, n, lines);
         }
     }
+    report
+}
+
+/// What preview `n` says, and its problem if it failed or panicked; a second preview the same
+/// as the first is said to be so rather than shown again.
+fn read_attempt(report: &mut PreviewCheck, n: usize, attempt: &Attempt, same_as_first: bool) {
+    match attempt {
+        Attempt::Lines(_) if same_as_first => {
+            report
+                .lines
+                .push("preview 2: the same, line for line".to_owned());
+        }
+        Attempt::Lines(lines) => {
+            report
+                .lines
+                .push(format!("preview {n}: {} line(s)", lines.len()));
+            report.lines.extend(numbered(lines));
+        }
+        Attempt::Failed(e) if e.interrupts() => {
+            report.lines.push(format!(
+                "preview {n}: interrupted ({}): the infrastructure under the tool failed; a segment would stop and be retried, with no card",
+                e.code()
+            ));
+            report
+                .problems
+                .push(format!("preview {n} was interrupted ({})", e.code()));
+        }
+        Attempt::Failed(e) => {
+            report.lines.push(format!(
+                "preview {n}: failed ({}); the card would show: {}",
+                e.code(),
+                failed_at_suspend_line(e.code())
+            ));
+            report
+                .problems
+                .push(format!("preview {n} failed ({})", e.code()));
+        }
+        Attempt::Panicked => {
+            report.lines.push(format!(
+                "preview {n}: panicked; the card would show: {}",
+                panicked_at_suspend_line()
+            ));
+            report.problems.push(format!("preview {n} panicked"));
+        }
+    }
+}
+
+/// The two previews against each other: lines that differ, or failures that differ.
+fn compare(report: &mut PreviewCheck, previews: &[Attempt; 2]) {
     match previews {
         [Attempt::Lines(a), Attempt::Lines(b)] if a != b => {
             report
@@ -152,17 +174,6 @@ pub fn judge(previews: &[Attempt; 2]) -> PreviewCheck {
         }
         _ => {}
     }
-    let mut checked: Vec<&Vec<String>> = Vec::new();
-    for (n, attempt) in previews.iter().enumerate().map(|(i, a)| (i + 1, a)) {
-        if let Attempt::Lines(lines) = attempt {
-            if checked.contains(&lines) {
-                continue;
-            }
-            checked.push(lines);
-            bounds(&mut report, n, lines);
-        }
-    }
-    report
 }
 
 /// `  N  line` for each line.

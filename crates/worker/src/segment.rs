@@ -16,8 +16,8 @@ use countersign_core::{
 use countersign_model::ModelCatalog;
 use countersign_service::tools::Tools;
 use countersign_store::{
-    Claim, DecisionOutcome, FencedWrite, Lease, RunCounters, Segment as SegmentKind, Settlement,
-    Store, StoreError, StoredAgent,
+    Claim, DecisionOutcome, FencedWrite, Lease, RunCounters, SegmentKind, Settlement, Store,
+    StoreError, StoredAgent,
 };
 use serde_json::Value;
 use tracing::Instrument;

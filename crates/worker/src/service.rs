@@ -18,7 +18,7 @@ use std::time::Duration;
 use countersign_core::{ModelError, TerminationReason};
 use countersign_queue::{parse_segment, Broker, Delivery};
 use countersign_service::relay::{self, RelayConfig};
-use countersign_store::{Claim, Segment};
+use countersign_store::{Claim, SegmentKind};
 use tokio::sync::{oneshot, watch, AcquireError, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tracing::Instrument;
@@ -455,7 +455,7 @@ const RUN_ENDS: [(&str, &[TerminationReason]); 2] = [
 /// segment kind and end, each provider and outcome of a model call, each way a run ends, each
 /// tool with a preview.
 fn register_metrics(runner: &SegmentRunner) {
-    for segment in [Segment::Start, Segment::Resume] {
+    for segment in [SegmentKind::Start, SegmentKind::Resume] {
         for &end in <SegmentEnd as strum::VariantNames>::VARIANTS {
             let _ = metrics::histogram!("countersign_segment_duration_seconds", "segment" => segment.as_str(), "end" => end);
         }

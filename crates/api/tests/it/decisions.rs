@@ -1,6 +1,6 @@
 //! The inbox, the card and decisions over HTTP: every gate's outcome, mapped to its status.
 
-use countersign_store::{RunStatus, Segment};
+use countersign_store::{RunStatus, SegmentKind};
 use countersign_worker::SegmentEnd;
 use serde_json::{json, Value};
 use sqlx::PgPool;
@@ -194,7 +194,7 @@ async fn an_approval_of_the_current_card_is_accepted_and_a_replay_of_it_changes_
     let run = h.store.run(run_id).await.unwrap().unwrap();
     assert_eq!(
         (run.status, run.segment),
-        (RunStatus::Queued, Segment::Resume)
+        (RunStatus::Queued, SegmentKind::Resume)
     );
     // Its `decision.accepted` is the resume's wake-up: once the relay has it confirmed, the run
     // is dispatched.

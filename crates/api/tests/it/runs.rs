@@ -1,6 +1,6 @@
 //! `POST /v1/runs` and `GET /v1/runs/{id}`: the run-request gates over HTTP.
 
-use countersign_store::{RunStatus, Segment};
+use countersign_store::{RunStatus, SegmentKind};
 use serde_json::json;
 use sqlx::PgPool;
 
@@ -55,7 +55,7 @@ async fn a_run_request_creates_one_queued_run_and_a_repeated_idempotency_key_cre
         .unwrap();
     assert_eq!(
         (run.status, run.segment),
-        (RunStatus::Queued, Segment::Start)
+        (RunStatus::Queued, SegmentKind::Start)
     );
     assert_eq!(run.acting_user, "editor");
     // Its `run.accepted` is its wake-up: once the relay has it confirmed, the run is dispatched.

@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use countersign_coordinator::producers::{self, ProducerKind, ANY};
-use countersign_coordinator::{CoordinatorError, DecisionVerdict, Segment};
+use countersign_coordinator::{CoordinatorError, DecisionVerdict, SegmentKind};
 use countersign_queue::{Broker, MessageProperties, QueueConfig, Topology};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -133,7 +133,7 @@ async fn a_serialization_failure_while_recording_an_approval_is_an_error_and_its
     let again = h.decide(&d, Some(INBOX)).await;
     assert!(again.is_accepted(), "{:?}", again.outcome);
     assert!(!again.replayed);
-    assert_eq!(again.dispatch.map(|d| d.segment), Some(Segment::Resume));
+    assert_eq!(again.dispatch.map(|d| d.segment), Some(SegmentKind::Resume));
     assert_eq!(h.decisions(card.run_id).await.len(), 1);
     assert_eq!(h.row(card.run_id).await["status"], "queued");
 }

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use countersign_coordinator::{DecisionCode, DecisionOutcome, DecisionVerdict, Dispatch, Segment};
+use countersign_coordinator::{
+    DecisionCode, DecisionOutcome, DecisionVerdict, Dispatch, SegmentKind,
+};
 use countersign_store::{RunStatus, TerminationReason};
 use countersign_worker::SegmentEnd;
 use serde_json::json;
@@ -34,7 +36,7 @@ async fn an_accepted_approval_moves_the_run_to_its_resume_segment_with_one_decis
         v.dispatch,
         Some(Dispatch {
             run_id: card.run_id,
-            segment: Segment::Resume
+            segment: SegmentKind::Resume
         })
     );
     let event = v.event.as_ref().unwrap();
@@ -99,11 +101,11 @@ async fn a_denial_is_accepted_and_resumes_the_run_so_the_model_is_told(pool: PgP
 
     let v = h.decide(&d, Some(INBOX)).await;
     assert!(v.is_accepted(), "{:?}", v.outcome);
-    assert_eq!(v.dispatch.map(|d| d.segment), Some(Segment::Resume));
+    assert_eq!(v.dispatch.map(|d| d.segment), Some(SegmentKind::Resume));
     assert_eq!(v.event.as_ref().unwrap().name, "decision.accepted");
     let run = h.store.run(card.run_id).await.unwrap().unwrap();
     assert_eq!(run.status, RunStatus::Queued);
-    assert_eq!(run.segment, countersign_store::Segment::Resume);
+    assert_eq!(run.segment, countersign_store::SegmentKind::Resume);
     assert_eq!(h.decisions(card.run_id).await.len(), 1);
 
     // The model reads the denial as the calls' results and ends.
@@ -165,7 +167,7 @@ async fn assert_released_once(
 
     let run = h.store.run(card.run_id).await.unwrap().unwrap();
     assert_eq!(run.status, RunStatus::Queued);
-    assert_eq!(run.segment, countersign_store::Segment::Resume);
+    assert_eq!(run.segment, countersign_store::SegmentKind::Resume);
     let decisions = h.decisions(card.run_id).await;
     assert_eq!(decisions.iter().filter(|(_, o)| o == "accepted").count(), 1);
     assert_eq!(

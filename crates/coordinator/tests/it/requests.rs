@@ -1,7 +1,7 @@
 //! Run requests: created once, refused with nothing created.
 
 use countersign_coordinator::producers::{self, ProducerKind};
-use countersign_coordinator::{Dispatch, RequestOutcome, RequestVerdict, Segment};
+use countersign_coordinator::{Dispatch, RequestOutcome, RequestVerdict, SegmentKind};
 use countersign_store::RunStatus;
 use serde_json::json;
 use sqlx::PgPool;
@@ -28,7 +28,7 @@ async fn a_run_request_creates_one_queued_run_and_asks_for_its_start_segment(poo
         v.dispatch,
         Some(Dispatch {
             run_id,
-            segment: Segment::Start
+            segment: SegmentKind::Start
         })
     );
     let event = v.event.as_ref().unwrap();
@@ -46,7 +46,7 @@ async fn a_run_request_creates_one_queued_run_and_asks_for_its_start_segment(poo
 
     let run = h.store.run(run_id).await.unwrap().unwrap();
     assert_eq!(run.status, RunStatus::Queued);
-    assert_eq!(run.segment, countersign_store::Segment::Start);
+    assert_eq!(run.segment, countersign_store::SegmentKind::Start);
     assert_eq!(run.acting_user, "editor");
     assert_eq!(
         h.store.load_prompt(run_id).await.unwrap(),

@@ -1,6 +1,6 @@
 use countersign_core::{DecisionMessage, RunId, SuspendedRunState, SuspensionSeq};
 use countersign_store::{
-    DecisionOutcome, DecisionRecord, NewDecision, RunEvent, RunStatus, Segment, Store,
+    DecisionOutcome, DecisionRecord, NewDecision, RunEvent, RunStatus, SegmentKind, Store,
 };
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -53,7 +53,7 @@ async fn an_accepted_decision_releases_the_turn_with_its_audit_event(pool: PgPoo
     let row = store.run(run).await.unwrap().unwrap();
     assert_eq!(
         (row.status, row.segment),
-        (RunStatus::Queued, Segment::Resume)
+        (RunStatus::Queued, SegmentKind::Resume)
     );
     assert_eq!(row.dispatched_at, None);
     let events = decision_events(&store, run).await;

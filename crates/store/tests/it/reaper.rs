@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use countersign_core::{Approves, Effect, SuspensionSeq};
-use countersign_store::{ReapOutcome, RunStatus, Segment, TerminationReason};
+use countersign_store::{ReapOutcome, RunStatus, SegmentKind, TerminationReason};
 use sqlx::PgPool;
 
 use crate::support::*;
@@ -74,7 +74,7 @@ async fn an_expired_lease_is_requeued_with_backoff_until_retries_are_exhausted(p
         let row = store.run(run).await.unwrap().unwrap();
         assert_eq!(
             (row.status, row.segment),
-            (RunStatus::Queued, Segment::Start)
+            (RunStatus::Queued, SegmentKind::Start)
         );
         assert_eq!(row.requeue_count, attempt);
         let backoff_s: f64 = sqlx::query_scalar(

@@ -5,7 +5,7 @@ use countersign_core::RunId;
 use countersign_core::{Approves, CallIndex, Effect, SuspensionSeq, ToolOutput};
 use countersign_store::Store;
 use countersign_store::{
-    DecisionOutcome, DecisionRecord, NewDecision, RunCounters, RunStatus, Segment, Settlement,
+    DecisionOutcome, DecisionRecord, NewDecision, RunCounters, RunStatus, SegmentKind, Settlement,
     StoreError, TerminationReason,
 };
 use sqlx::PgPool;
@@ -49,7 +49,7 @@ async fn two_claimers_released_by_a_barrier_exactly_one_wins(pool: PgPool) {
     assert_eq!(winners.len(), 1, "exactly one claimer wins");
     let won = &winners[0];
     assert_eq!(won.lease.epoch.get(), 1);
-    assert_eq!(won.segment, Segment::Start);
+    assert_eq!(won.segment, SegmentKind::Start);
     let row = store.run(run).await.unwrap().unwrap();
     assert_eq!(row.status, RunStatus::Running);
     assert_eq!(row.lease_owner.as_deref(), Some(won.lease.owner.as_str()));
@@ -107,14 +107,14 @@ async fn a_batched_claim_wins_each_free_run_once_and_skips_a_running_run_and_a_h
             // What a resume starts from comes with its claim, as with a claim alone.
             assert_eq!(
                 (claim.segment, claim.suspension_seq, claim.lease.epoch.get()),
-                (Segment::Resume, Some(SuspensionSeq::FIRST), 2)
+                (SegmentKind::Resume, Some(SuspensionSeq::FIRST), 2)
             );
             assert!(claim.inputs.state.is_some());
             assert!(claim.inputs.decision.as_ref().is_some_and(|d| d.approved));
         } else {
             assert_eq!(
                 (claim.segment, claim.lease.epoch.get()),
-                (Segment::Start, 1)
+                (SegmentKind::Start, 1)
             );
             assert!(claim.inputs.request.is_some());
         }
@@ -281,7 +281,7 @@ async fn every_transition_wins_once_and_loses_when_repeated(pool: PgPool) {
 
     // queued/resume → running, then handed back and claimed again
     let resume = claim(&store, run, "worker-b").await;
-    assert_eq!(resume.segment, Segment::Resume);
+    assert_eq!(resume.segment, SegmentKind::Resume);
     assert_eq!(resume.suspension_seq, Some(SuspensionSeq::FIRST));
     assert_eq!(resume.lease.epoch.get(), 2);
     assert!(store
@@ -293,7 +293,7 @@ async fn every_transition_wins_once_and_loses_when_repeated(pool: PgPool) {
         .await
         .unwrap());
     let resume = claim(&store, run, "worker-b").await;
-    assert_eq!(resume.segment, Segment::Resume);
+    assert_eq!(resume.segment, SegmentKind::Resume);
     assert_eq!(resume.lease.epoch.get(), 3);
 
     // running → completed
