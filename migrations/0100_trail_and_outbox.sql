@@ -9,22 +9,26 @@
 -- transaction ends, so appenders serialise there and the numbers stay 1, 2, … without gaps,
 -- whatever else the transaction holds. Called for several rows of one statement, it numbers
 -- them in the order it is called; a statement that needs an order calls it from a select list
--- under `order by` (such a call is evaluated after the sort).
+-- under `order by` (such a call is evaluated after the sort). PL/pgSQL rather than SQL for
+-- both functions: a session keeps their statements' plans, where a SQL function that writes
+-- is planned again at every call.
 create function trail_append(for_run uuid, event_kind text, event_payload jsonb,
                              event_sealed bytea default null, event_round integer default null,
                              event_duration_ms bigint default null)
 returns bigint
-language sql volatile
+language plpgsql volatile
 as $$
-    with next as (
-        insert into run_trails (run_id, last_sequence) values (for_run, 1)
-        on conflict (run_id) do update set last_sequence = run_trails.last_sequence + 1
-        returning last_sequence)
+declare
+    numbered bigint;
+begin
+    insert into run_trails (run_id, last_sequence) values (for_run, 1)
+    on conflict (run_id) do update set last_sequence = run_trails.last_sequence + 1
+    returning last_sequence into numbered;
     insert into run_events (run_id, sequence, kind, round, duration_ms, payload, sealed)
-    select for_run, next.last_sequence, event_kind, event_round, event_duration_ms,
-           event_payload, event_sealed
-    from next
-    returning sequence
+    values (for_run, numbered, event_kind, event_round, event_duration_ms, event_payload,
+            event_sealed);
+    return numbered;
+end
 $$;
 
 -- `announce` writes an event's outbox row, its body completed by `announced_body` (the row's
