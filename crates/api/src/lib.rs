@@ -127,7 +127,7 @@ pub fn router(state: AppState) -> Router {
             "/groups/{group}/members/{user}",
             put(groups::add).delete(groups::remove),
         )
-        .route("/openapi.json", get(v1::openapi))
+        .route("/openapi.json", get(openapi::openapi))
         .fallback(v1::not_found)
         .method_not_allowed_fallback(v1::method_not_allowed);
     let web = Router::new()

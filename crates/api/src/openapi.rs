@@ -2,10 +2,12 @@
 //! write ([`crate::v1`]). The committed copy, `crates/api/openapi.json`, is checked against
 //! this by a test: a change to the API that does not update it fails.
 
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::problem::ProblemDetails;
+use crate::problem::{route_problems, ProblemDetails, EVERY_REQUEST};
 use crate::{grants, groups, slack, v1};
 
 #[derive(Debug, OpenApi)]
@@ -30,7 +32,7 @@ use crate::{grants, groups, slack, v1};
         groups::create,
         groups::add,
         groups::remove,
-        v1::openapi,
+        openapi,
     ),
     components(schemas(
         ProblemDetails,
@@ -83,6 +85,25 @@ impl Modify for Bearer {
             ),
         );
     }
+}
+
+route_problems!(
+    /// The problems of `GET /v1/openapi.json`.
+    OpenApiProblems = [EVERY_REQUEST]
+);
+
+/// The OpenAPI document of this API (OpenAPI 3.1), generated from the code.
+#[utoipa::path(
+    get,
+    path = "/v1/openapi.json",
+    tag = "meta",
+    responses(
+        (status = 200, description = "This document.", content_type = "application/json"),
+        OpenApiProblems,
+    )
+)]
+pub async fn openapi() -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], document()).into_response()
 }
 
 /// The document as served and committed: pretty JSON with a final newline.

@@ -6,7 +6,7 @@
 //! [`Coordinator::take_run_request`] / [`Coordinator::take_decision`]. Schema validation is
 //! therefore gate 1 itself, with its reasons (`missing_field:turn_digest`), and no rule can
 //! hold for the queues but not here. The types below are the OpenAPI document's schemas
-//! ([`crate::openapi`]); the document is generated from them.
+//! ([`crate::openapi`], which also serves it); the document is generated from them.
 //!
 //! [`Coordinator::take_run_request`]: countersign_coordinator::Coordinator::take_run_request
 //! [`Coordinator::take_decision`]: countersign_coordinator::Coordinator::take_decision
@@ -632,10 +632,6 @@ route_problems!(
         STORE_PROBLEMS,
     ]
 );
-route_problems!(
-    /// The problems of `GET /v1/openapi.json`.
-    OpenApiProblems = [EVERY_REQUEST]
-);
 
 // ---------------------------------------------------------------------------------------------
 // Handlers
@@ -984,24 +980,6 @@ pub(crate) async fn take_decision(
             Err(problem)
         }
     })
-}
-
-/// The OpenAPI document of this API (OpenAPI 3.1), generated from the code.
-#[utoipa::path(
-    get,
-    path = "/v1/openapi.json",
-    tag = "meta",
-    responses(
-        (status = 200, description = "This document.", content_type = "application/json"),
-        OpenApiProblems,
-    )
-)]
-pub async fn openapi() -> Response {
-    (
-        [(header::CONTENT_TYPE, "application/json")],
-        crate::openapi::document(),
-    )
-        .into_response()
 }
 
 /// The run a path names: any string that is not a run id (a version-7 UUID) names no run, so
